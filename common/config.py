@@ -1,0 +1,144 @@
+"""One frozen dataclass of hyper-parameters; its fields generate the command-line flags of every train.py.
+
+A field's default is the flag's default and its metadata the help text. A bool that defaults to False becomes
+`--name`; one that defaults to True becomes `--no_name`. A mode with flags of its own subclasses `Config` inline.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import sys
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DATASETS = ("cifar10", "synthetic")
+LOADERS = ("gpu", "torchvision")
+BLOCKS = ("basic", "bottleneck")
+BASE_BATCH = 128  # --lr is given per this many images of global batch
+
+
+class UsageError(Exception):
+    """A mistake the user can fix: reported as one line, exit status 2, no traceback."""
+
+
+def flag(default, help: str, **argparse_kwargs):
+    return field(default=default, metadata={"help": help, **argparse_kwargs})
+
+
+@dataclass(frozen=True)
+class Config:
+    # optimisation
+    batch_size: int = flag(128, "GLOBAL batch: images per optimizer step summed over every GPU")
+    epochs: int = flag(300, "passes over the training set (the paper's 300)")
+    max_steps: int = flag(0, "stop after this many optimizer steps in total; 0 = no limit")
+    lr: float = flag(0.1, "learning rate per 128 images of global batch, scaled linearly with --batch_size")
+    lr_warmup_epochs: float = flag(5.0, "linear warm-up length when the global batch is above 128 "
+                                        "(at most a tenth of the run)")
+    momentum: float = flag(0.9, "SGD momentum")
+    weight_decay: float = flag(1e-4, "L2 weight decay")
+    nesterov: bool = flag(True, "Nesterov momentum (the paper's)")
+    # model
+    depth: int = flag(110, "PyramidNet depth: 6n+2 (basic) or 9n+2 (bottleneck)")
+    alpha: float = flag(270.0, "PyramidNet widening factor: channels added over the whole network")
+    block: str = flag("basic", "residual block", choices=BLOCKS)
+    # data
+    dataset: str = flag("cifar10", "cifar10 (downloaded into --data_dir) or synthetic (generated, offline)",
+                        choices=DATASETS)
+    data_dir: str = flag(str(REPO_ROOT / "data"), "where datasets are downloaded and read")
+    synthetic_size: int = flag(50_000, "training images of --dataset synthetic; the test set is a fifth of it")
+    loader: str | None = flag(None, "gpu: dataset held on the device, augmented there (default with CUDA); "
+                                    "torchvision: DataLoader workers with PIL transforms (default without)",
+                              choices=LOADERS)
+    num_workers: int = flag(4, "DataLoader worker processes per training process (torchvision loader)")
+    shuffle: bool = flag(True, "reshuffle the training set every epoch")
+    augment: bool = flag(True, "pad-4 random crop and horizontal flip of training images")
+    # hardware and reproducibility
+    gpu_devices: tuple[int, ...] | None = flag(None, "CUDA device ids to use", nargs="+")
+    seed: int = flag(0, "seed of the weights, the epoch order and the augmentation")
+    # logging and outputs
+    log_dir: str = flag(str(REPO_ROOT / "runs"), "TensorBoard runs go to <log_dir>/<run_name>/")
+    run_name: str | None = flag(None, "default: <mode>-<n>gpu-<timestamp>")
+    overwrite: bool = flag(False, "replace an existing run folder of the same name")
+    log_interval: int = flag(50, "optimizer steps per log window (a log line, TensorBoard points)")
+    warmup_steps: int = flag(10, "first optimizer steps left out of the timing (cuDNN autotune, allocator)")
+    save_model: bool = flag(False, "write the trained weights to <run folder>/model.pt")
+    evaluate: str | None = flag(None, "load weights from PATH, evaluate on the test set, write results, exit")
+    progress: bool = flag(True, "a tqdm bar per epoch when stdout is a terminal")
+
+    def __post_init__(self):
+        checks = [
+            (self.batch_size > 0, f"--batch_size must be a positive number of images, not {self.batch_size}"),
+            (self.epochs >= 0, f"--epochs must be 0 or more, not {self.epochs}"),
+            (self.max_steps >= 0, f"--max_steps must be 0 (no limit) or more, not {self.max_steps}"),
+            (self.lr > 0, f"--lr must be positive, not {self.lr}"),
+            (self.lr_warmup_epochs >= 0, "--lr_warmup_epochs must be 0 or more"),
+            (self.synthetic_size >= 5, f"--synthetic_size must be at least 5 images, not {self.synthetic_size}"),
+            (self.num_workers >= 0, "--num_workers must be 0 or more"),
+            (self.log_interval > 0, "--log_interval must be at least 1"),
+            (self.warmup_steps >= 0, "--warmup_steps must be 0 or more"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise UsageError(message)
+        from models.pyramidnet import BLOCKS as MODEL_BLOCKS, _check_arguments
+        assert set(MODEL_BLOCKS) == set(BLOCKS)
+        try:
+            _check_arguments(self.depth, self.alpha, self.block, 10, 3)
+        except ValueError as error:
+            raise UsageError(f"--depth/--alpha: {error}") from None
+
+    def effective_lr(self) -> float:
+        return self.lr * self.batch_size / BASE_BATCH
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse prints usage plus the error; here a mistake is one line that says what to do."""
+
+    def error(self, message):
+        raise UsageError(f"{message} (see --help)")
+
+
+def build_parser(config_class: type[Config], description: str) -> argparse.ArgumentParser:
+    parser = _OneLineParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    hints = typing.get_type_hints(config_class)
+    for f in dataclasses.fields(config_class):
+        meta = dict(f.metadata)
+        help_text = meta.pop("help")
+        kind = hints[f.name]
+        if kind is bool:
+            name = f"--no_{f.name}" if f.default else f"--{f.name}"
+            parser.add_argument(name, dest=f.name, action="store_false" if f.default else "store_true",
+                                help=help_text)
+            continue
+        base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)  # X | None -> X
+        if typing.get_origin(base) is tuple:
+            base = typing.get_args(base)[0]
+        parser.add_argument(f"--{f.name}", type=base, default=f.default, help=help_text, **meta)
+    return parser
+
+
+def parse_config(config_class: type[Config], argv=None, description: str = "") -> Config:
+    """Command-line flags -> a validated, frozen config."""
+    args = vars(build_parser(config_class, description).parse_args(argv))
+    if args["gpu_devices"] is not None:
+        args["gpu_devices"] = tuple(args["gpu_devices"])
+    name = args["run_name"]
+    if name is not None and (not name or "/" in name or name in (".", "..")):
+        raise UsageError(f"--run_name must be a plain folder name, not {name!r}")
+    return config_class(**args)
+
+
+@contextlib.contextmanager
+def user_errors():
+    """Turn the user's mistakes and Ctrl-C into one line and a non-zero exit instead of a traceback."""
+    try:
+        yield
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        raise SystemExit(130) from None

@@ -1,0 +1,208 @@
+"""Datasets, samplers and the two loaders: the one data path every mode shares.
+
+Both loaders draw indices from a torch Sampler, so the epoch order depends only on the seed and the epoch:
+`ShuffleSampler` (one process) gives exactly the order of `DistributedSampler` with one replica, and each mode
+calls `set_epoch` every epoch. Batches come out on the device, normalised, as (float images NCHW, int64 labels).
+"""
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from common.config import UsageError
+
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+IMAGE_SIZE, PAD = 32, 4
+NUM_CLASSES = 10
+CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+
+
+# ---- datasets: .data uint8 (N, 32, 32, 3), .targets list of int, .transform applied in __getitem__ (PIL in) ----
+
+class SyntheticCIFAR(Dataset):
+    """CIFAR-10's shapes and dtype, generated in memory from the seed, never downloaded, and learnable.
+
+    Each class is a smooth random colour pattern (a 4x4x3 grid upsampled to 32x32); an image is its class pattern
+    with random contrast, brightness and pixel noise. The patterns depend only on the seed; train and test draw
+    their samples from separate streams.
+    """
+
+    def __init__(self, size: int, seed: int, train: bool, transform=None):
+        patterns = torch.rand(NUM_CLASSES, 3, 4, 4, generator=torch.Generator().manual_seed(seed))
+        patterns = torch.nn.functional.interpolate(patterns, size=IMAGE_SIZE, mode="bilinear", align_corners=False)
+        stream = torch.Generator().manual_seed(seed * 2 + (1 if train else 2))
+        labels = torch.randint(NUM_CLASSES, (size,), generator=stream)
+        contrast = 0.6 + 0.4 * torch.rand(size, 1, 1, 1, generator=stream)
+        brightness = 0.2 * torch.rand(size, 1, 1, 1, generator=stream) - 0.1
+        noise = 0.4 * torch.randn(size, 3, IMAGE_SIZE, IMAGE_SIZE, generator=stream)
+        images = (patterns[labels] - 0.5) * contrast + 0.5 + brightness + noise
+        self.data = (images.clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).contiguous().numpy()
+        self.targets = labels.tolist()
+        self.transform = transform
+
+    def __len__(self):
+        return len(self.targets)
+
+    def __getitem__(self, index):
+        from PIL import Image
+
+        image = Image.fromarray(self.data[index])
+        return (self.transform(image) if self.transform else image), self.targets[index]
+
+
+def load_datasets(dataset: str, data_dir: str, synthetic_size: int, seed: int, download: bool = True):
+    """(train, test) datasets in torchvision's form; CIFAR-10 is downloaded into data_dir when missing."""
+    if dataset == "synthetic":
+        return (SyntheticCIFAR(synthetic_size, seed, train=True),
+                SyntheticCIFAR(synthetic_size // 5, seed, train=False))
+    if dataset == "cifar10":
+        return _cifar10(data_dir, train=True, download=download), _cifar10(data_dir, train=False, download=download)
+    raise UsageError(f"unknown dataset {dataset!r}: use cifar10 or synthetic")
+
+
+def _cifar10(data_dir: str, train: bool, download: bool):
+    from torchvision import datasets
+
+    root = Path(data_dir)
+    try:
+        return datasets.CIFAR10(str(root), train=train, download=download)
+    except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as error:
+        reason = " ".join(str(error).split())[:160]
+        raise UsageError(
+            f"CIFAR-10 could not be read from {root} or downloaded ({reason}): put {CIFAR10_URL.rsplit('/', 1)[1]} "
+            f"from {CIFAR10_URL} into {root}/ (or its extracted cifar-10-batches-py/ folder), "
+            f"or run offline with --dataset synthetic") from None
+
+
+# ---- samplers ----
+
+class ShuffleSampler(Sampler[int]):
+    """One process's epoch order: a permutation seeded by seed + epoch, exactly DistributedSampler's with one
+    replica, so a one-process run of every mode sees the same batches."""
+
+    def __init__(self, size: int, shuffle: bool, seed: int):
+        self.size, self.shuffle, self.seed, self.epoch = size, shuffle, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        if not self.shuffle:
+            return iter(range(self.size))
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        return iter(torch.randperm(self.size, generator=generator).tolist())
+
+    def __len__(self):
+        return self.size
+
+
+class EvalShard(Sampler[int]):
+    """Every `world_size`-th test index from `rank`: the shards cover the test set exactly once, with no padding,
+    so summed over ranks the evaluation is the single-process one."""
+
+    def __init__(self, size: int, rank: int = 0, world_size: int = 1):
+        self.indices = range(rank, size, world_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        pass
+
+    def __iter__(self):
+        return iter(self.indices)
+
+    def __len__(self):
+        return len(self.indices)
+
+
+# ---- loaders: iterate (images, labels) on the device; set_epoch; len = batches per epoch ----
+
+def make_loader(kind: str, dataset, sampler, batch_size: int, device: torch.device, *, train: bool, augment: bool,
+                num_workers: int, seed: int, rank: int = 0):
+    """The training loader drops its last partial batch, so every step has the full global batch."""
+    options = dict(batch_size=batch_size, device=device, augment=train and augment, drop_last=train,
+                   seed=seed, rank=rank)
+    if kind == "gpu":
+        return DeviceLoader(dataset, sampler, **options)
+    if kind == "torchvision":
+        return TorchvisionLoader(dataset, sampler, num_workers=num_workers, **options)
+    raise UsageError(f"unknown loader {kind!r}: use gpu or torchvision")
+
+
+def _batches(sampler, batch_size: int, drop_last: bool):
+    indices = list(sampler)
+    stop = len(indices) - len(indices) % batch_size if drop_last else len(indices)
+    return [indices[start:start + batch_size] for start in range(0, stop, batch_size)]
+
+
+def _augmentation_seed(seed: int, epoch: int, rank: int) -> int:
+    return int(np.random.SeedSequence([seed, epoch, rank]).generate_state(1)[0])
+
+
+class DeviceLoader:
+    """The `gpu` loader: the uint8 dataset is copied to the device once; each batch is one gather with the random
+    crop and flip folded into its indices, then a normalisation. No worker processes, no host round trip."""
+
+    def __init__(self, dataset, sampler, *, batch_size, device, augment, drop_last, seed, rank):
+        self.sampler, self.batch_size, self.device = sampler, batch_size, device
+        self.augment, self.drop_last, self.seed, self.rank, self.epoch = augment, drop_last, seed, rank, 0
+        images = torch.as_tensor(np.asarray(dataset.data)).to(device)  # (N, H, W, C) uint8
+        self.images = torch.nn.functional.pad(images, (0, 0, PAD, PAD, PAD, PAD)) if augment else images
+        self.labels = torch.as_tensor(dataset.targets, dtype=torch.int64).to(device)
+        self.mean = torch.tensor(CIFAR10_MEAN, device=device).view(1, 3, 1, 1) * 255
+        self.std = torch.tensor(CIFAR10_STD, device=device).view(1, 3, 1, 1) * 255
+        self.generator = torch.Generator(device=device)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.sampler.set_epoch(epoch)
+
+    def __len__(self):
+        return len(_batches(range(len(self.sampler)), self.batch_size, self.drop_last))
+
+    def __iter__(self):
+        self.generator.manual_seed(_augmentation_seed(self.seed, self.epoch, self.rank))
+        arange = torch.arange(IMAGE_SIZE, device=self.device)
+        for batch in _batches(self.sampler, self.batch_size, self.drop_last):
+            index = torch.tensor(batch, device=self.device)
+            if self.augment:  # pad-4 random crop + horizontal flip, as row/column indices into the padded images
+                n = len(batch)
+                top, left = torch.randint(0, 2 * PAD + 1, (2, n, 1), device=self.device, generator=self.generator)
+                flip = torch.rand(n, 1, device=self.device, generator=self.generator) < 0.5
+                rows = top + arange
+                cols = left + torch.where(flip, IMAGE_SIZE - 1 - arange, arange)
+                images = self.images[index[:, None, None], rows[:, :, None], cols[:, None, :]]
+            else:
+                images = self.images[index]
+            images = images.permute(0, 3, 1, 2).float().sub_(self.mean).div_(self.std)
+            yield images, self.labels[index]
+
+
+class TorchvisionLoader:
+    """The classic path: a DataLoader whose workers decode PIL images and run torchvision transforms, pinned
+    memory, persistent workers; batches are copied to the device without blocking the host."""
+
+    def __init__(self, dataset, sampler, *, batch_size, device, augment, drop_last, seed, rank, num_workers):
+        from torchvision import transforms
+
+        steps = [transforms.RandomCrop(IMAGE_SIZE, padding=PAD), transforms.RandomHorizontalFlip()] if augment else []
+        dataset.transform = transforms.Compose(
+            steps + [transforms.ToTensor(), transforms.Normalize(CIFAR10_MEAN, CIFAR10_STD)])
+        self.sampler, self.device = sampler, device
+        self.loader = DataLoader(
+            dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, drop_last=drop_last,
+            pin_memory=device.type == "cuda", persistent_workers=num_workers > 0,
+            generator=torch.Generator().manual_seed(_augmentation_seed(seed, 0, rank)))
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __iter__(self):
+        for images, labels in self.loader:
+            yield images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)

@@ -1,0 +1,38 @@
+"""Which devices a run uses, and seeding."""
+from __future__ import annotations
+
+import random
+import sys
+
+import numpy as np
+import torch
+
+from common.config import UsageError
+
+
+def cuda_devices(requested, *, default_all: bool) -> list[int]:
+    """The CUDA device ids to use, checked; [] on a machine without CUDA (the caller then runs on the CPU).
+    Without --gpu_devices: every visible GPU if `default_all`, else GPU 0."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if requested is None:
+        return list(range(count)) if default_all else [0][:count]
+    repeated = sorted({i for i in requested if list(requested).count(i) > 1})
+    if repeated:
+        raise UsageError(f"--gpu_devices lists GPU {repeated[0]} more than once; list each GPU once")
+    missing = [i for i in requested if not 0 <= i < count]
+    if missing:
+        seen = f"GPUs 0-{count - 1} are visible" if count else "this machine has no CUDA GPU"
+        hint = "list only visible ids" if count else "leave out --gpu_devices to run on the CPU"
+        raise UsageError(f"--gpu_devices: there is no GPU {missing[0]} ({seen}); {hint}")
+    return list(requested)
+
+
+def warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def seed_everything(seed: int) -> None:
+    """Same seed, same initial weights in every mode (DDP also broadcasts rank 0's weights at wrap time)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # seeds every CUDA device too

@@ -1,0 +1,144 @@
+"""What a run leaves behind: <log_dir>/<run_name>/ with TensorBoard events, results.json and model.pt; and what it
+prints: a tqdm bar per epoch on a terminal and a plain line per log window. Only the main process writes."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from common.config import Config, UsageError
+from common.telemetry import environment
+
+SUMMARY_FIELDS = ("images_per_sec", "batch_time_p50", "batch_time_p90", "data_wait_frac", "gpu_util_mean",
+                  "peak_mem_gb", "train_loss", "train_acc", "test_loss", "test_acc", "epoch_time_s", "wall_time_s",
+                  "steps")
+
+
+def resolve_run_dir(cfg: Config, mode: str, gpu_count: int) -> Path:
+    """The run's folder, checked before anything is written: log_dir must be a writable folder (or creatable),
+    and the run folder must not exist unless --overwrite."""
+    name = cfg.run_name or f"{mode}-{f'{gpu_count}gpu' if gpu_count else 'cpu'}-{time.strftime('%Y%m%d-%H%M%S')}"
+    log_dir = Path(cfg.log_dir)
+    existing = next(p for p in [log_dir, *log_dir.absolute().parents] if p.exists())
+    if not existing.is_dir():
+        raise UsageError(f"--log_dir {log_dir}: {existing} is a file, not a folder; give a folder for the runs")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"--log_dir {log_dir}: {existing} is not writable; give a folder you can write to")
+    run_dir = log_dir / name
+    if run_dir.exists() and not cfg.overwrite:
+        raise UsageError(f"run folder {run_dir} exists already: choose another --run_name or add --overwrite")
+    return run_dir
+
+
+class RunLogger:
+    """TensorBoard scalars (tensorboardX) and results.json in one run folder."""
+
+    def __init__(self, run_dir: Path, cfg: Config, mode: str, world_size: int):
+        from tensorboardX import SummaryWriter
+
+        if run_dir.exists():  # only with --overwrite, checked by resolve_run_dir
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True)
+        self.run_dir, self.cfg, self.mode, self.world_size = run_dir, cfg, mode, world_size
+        self.writer = SummaryWriter(logdir=str(run_dir))
+        self.writer.add_text("config", "\n".join(f"    {k}: {v}" for k, v in dataclasses.asdict(cfg).items()))
+
+    def scalars(self, step: int, values: dict) -> None:
+        for tag, value in values.items():
+            if value is not None:
+                self.writer.add_scalar(tag, value, step)
+
+    def write_results(self, summary: dict, **extra) -> Path:
+        assert set(SUMMARY_FIELDS) <= set(summary), f"summary lacks {set(SUMMARY_FIELDS) - set(summary)}"
+        results = {"mode": self.mode, "world_size": self.world_size, "config": dataclasses.asdict(self.cfg),
+                   "env": environment(), "summary": summary, **extra}
+        path = self.run_dir / "results.json"
+        _write_atomically(path, lambda f: f.write(json.dumps(results, indent=2).encode()))
+        return path
+
+    def save_model(self, state_dict: dict) -> Path:
+        path = self.run_dir / "model.pt"
+        _write_atomically(path, lambda f: torch.save(state_dict, f))
+        return path
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def _write_atomically(path: Path, write) -> None:
+    """Write to a temporary file, fsync, rename: a crash leaves the old file or the new one, never half of one."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    with open(temporary, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, path)
+
+
+def load_model_weights(raw_model: torch.nn.Module, path: str) -> None:
+    """Weights from a model.pt (a state_dict) into the unwrapped model, refusing anything that is not one."""
+    file = Path(path)
+    if not file.is_file():
+        raise UsageError(f"--evaluate: no file at {file}; give the model.pt a run wrote with --save_model")
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception:
+        raise UsageError(f"--evaluate: {file} is not a PyTorch weights file; give a model.pt written with "
+                         f"--save_model") from None
+    if isinstance(state, dict) and isinstance(state.get("model"), dict):
+        state = state["model"]  # a full checkpoint: its model part
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise UsageError(f"--evaluate: {file} holds no model weights (state_dict); give a model.pt written with "
+                         f"--save_model")
+    if state and all(key.startswith("module.") for key in state):
+        state = {key[len("module."):]: value for key, value in state.items()}  # saved from a wrapped model
+    try:
+        raw_model.load_state_dict(state)
+    except RuntimeError:
+        raise UsageError(f"--evaluate: the weights in {file} do not fit this model; pass the --depth, --alpha "
+                         f"and --block the run was trained with") from None
+
+
+def window_line(epoch: int, epochs: int, step: int, steps: int, loss: float, acc: float,
+                batch_time: float | None, data_frac: float | None, images_per_sec: float | None) -> str:
+    """The plain log line: `Epoch 1/3 [120/390] loss 1.464 acc 45.36% batch 0.052s data 0.1% 4912 img/s`."""
+    timing = ("warming up" if batch_time is None else
+              f"batch {batch_time:.3f}s data {100 * data_frac:.1f}% {images_per_sec:.0f} img/s")
+    return f"Epoch {epoch + 1}/{epochs} [{step}/{steps}] loss {loss:.3f} acc {100 * acc:.2f}% {timing}"
+
+
+class Progress:
+    """A tqdm bar per epoch when stdout is a terminal (and --no_progress is not given); plain lines always."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled and sys.stdout.isatty()
+        self.bar = None
+
+    def start(self, total: int, description: str) -> None:
+        if self.enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=description, leave=False, dynamic_ncols=True)
+
+    def update(self, steps: int = 1, **postfix) -> None:
+        if self.bar is not None:
+            self.bar.update(steps)
+            if postfix:
+                self.bar.set_postfix(postfix, refresh=False)
+
+    def line(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.write(text)
+        else:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None

@@ -1,0 +1,147 @@
+"""Honest step timing and on-device accumulation of loss and accuracy.
+
+GPU work is asynchronous, so host clocks around a step measure only the launch. On CUDA the timer records an event
+when the step starts waiting for its batch, one when the batch is ready and one when the step's work is queued;
+their elapsed times are read once per log window, after the window's last event has completed. The wait for data
+(DataLoader stalls, the device loader's kernels) is measured apart from compute; warm-up steps are left out.
+On the CPU the work is synchronous, and perf_counter gives the same three marks.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+
+class _HostClock:
+    def mark(self):
+        return time.perf_counter()
+
+    @staticmethod
+    def seconds(start, end) -> float:
+        return end - start
+
+    def wait(self, mark) -> None:
+        pass
+
+
+class _CudaClock:
+    def mark(self):
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    @staticmethod
+    def seconds(start, end) -> float:
+        return start.elapsed_time(end) / 1000.0
+
+    def wait(self, mark) -> None:
+        mark.synchronize()
+
+
+class StepTimer:
+    """`timed(loader)` yields batches and marks the data wait; `step_done()` closes a step; `window()` syncs once
+    and returns the window's (timed steps, step seconds, data seconds). Per-step times are kept for percentiles."""
+
+    def __init__(self, device: torch.device, warmup_steps: int):
+        self.clock = _CudaClock() if device.type == "cuda" else _HostClock()
+        self.warmup_steps = warmup_steps
+        self.steps_seen = 0
+        self.pending = []  # (start, batch ready, step done) marks of this window's timed steps
+        self.step_seconds = []  # every timed step of the run
+        self.data_seconds = 0.0
+
+    def timed(self, loader):
+        iterator = iter(loader)
+        while True:
+            start = self.clock.mark()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            self._marks = (start, self.clock.mark())
+            yield batch
+
+    def step_done(self) -> None:
+        self.steps_seen += 1
+        if self.steps_seen > self.warmup_steps:
+            self.pending.append((*self._marks, self.clock.mark()))
+
+    def window(self) -> tuple[int, float, float]:
+        """Wait for the window's last step, then read its marks: a host sync, once per log window."""
+        if not self.pending:
+            return 0, 0.0, 0.0
+        self.clock.wait(self.pending[-1][2])
+        step = [self.clock.seconds(start, done) for start, _, done in self.pending]
+        data = sum(self.clock.seconds(start, ready) for start, ready, _ in self.pending)
+        self.pending = []
+        self.step_seconds += step
+        self.data_seconds += data
+        return len(step), sum(step), data
+
+    def percentiles(self) -> tuple[float | None, float | None]:
+        if not self.step_seconds:
+            return None, None
+        p50, p90 = np.percentile(self.step_seconds, [50, 90])
+        return float(p50), float(p90)
+
+
+class TrainMeter:
+    """Loss sum, correct predictions and images seen, accumulated on the device: no `.item()` inside the loop."""
+
+    def __init__(self, device: torch.device):
+        self.totals = torch.zeros(3, dtype=torch.float64, device=device)
+
+    @torch.no_grad()
+    def update(self, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        n = labels.shape[0]
+        correct = (logits.argmax(dim=1) == labels).sum()
+        self.totals += torch.stack([loss.detach().double() * n, correct.double(), self.totals.new_tensor(n)])
+
+    def take(self) -> torch.Tensor:
+        """The window's [loss sum, correct, images] (still on the device), and a fresh start."""
+        totals, self.totals = self.totals, torch.zeros_like(self.totals)
+        return totals
+
+
+@torch.no_grad()
+def evaluation_sums(model, loader, device: torch.device) -> torch.Tensor:
+    """[loss sum, correct, images] over every batch of `loader`, on the device, in float64."""
+    sums = torch.zeros(3, dtype=torch.float64, device=device)
+    for images, labels in loader:
+        logits = model(images)
+        batch = torch.stack([torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum").double(),
+                             (logits.argmax(dim=1) == labels).sum().double(),
+                             sums.new_tensor(labels.shape[0])])
+        sums += batch
+    return sums
+
+
+class Sums:
+    """A window's totals as one flat vector, so a parallel mode reduces it with a single all-reduce:
+    [loss sum, correct, images, timed steps, step seconds, data seconds]. Windows add up to epochs and runs."""
+
+    SIZE = 6
+
+    def __init__(self, values=None):
+        self.values = list(values) if values is not None else [0.0] * self.SIZE
+
+    def __add__(self, other: "Sums") -> "Sums":
+        return Sums(a + b for a, b in zip(self.values, other.values))
+
+    loss = property(lambda self: self.values[0] / self.values[2] if self.values[2] else None)
+    acc = property(lambda self: self.values[1] / self.values[2] if self.values[2] else None)
+    images = property(lambda self: int(self.values[2]))
+    timed_steps = property(lambda self: int(self.values[3]))
+    batch_time = property(lambda self: self.values[4] / self.values[3] if self.values[3] else None)
+    data_frac = property(lambda self: self.values[5] / self.values[4] if self.values[3] else None)
+
+    def images_per_sec(self, global_batch: int) -> float | None:
+        return global_batch / self.batch_time if self.values[3] else None
+
+
+def window_sums(meter: TrainMeter, timer: StepTimer) -> torch.Tensor:
+    """The window's Sums as a float64 tensor on the meter's device (the timer's host sync happens here)."""
+    timing = timer.window()
+    return torch.cat([meter.take(), meter.totals.new_tensor(timing)])

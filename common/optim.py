@@ -1,0 +1,42 @@
+"""SGD and the learning-rate schedule, identical in every mode.
+
+--lr is per 128 images of GLOBAL batch and scales linearly with --batch_size (Goyal et al., 2017), so every mode
+trains with the same rate for the same global batch. Above 128 images the rate ramps up linearly over a short
+warm-up; then the paper's step schedule divides it by 10 at 50 % and at 75 % of the epochs.
+"""
+from __future__ import annotations
+
+import torch
+
+from common.config import BASE_BATCH, Config
+
+
+def build_optimizer(model: torch.nn.Module, cfg: Config) -> torch.optim.Optimizer:
+    return torch.optim.SGD(model.parameters(), lr=cfg.effective_lr(), momentum=cfg.momentum,
+                           weight_decay=cfg.weight_decay, nesterov=cfg.nesterov)
+
+
+def warmup_steps(cfg: Config, steps_per_epoch: int) -> int:
+    if cfg.batch_size <= BASE_BATCH:
+        return 0
+    return min(round(cfg.lr_warmup_epochs * steps_per_epoch), cfg.epochs * steps_per_epoch // 10)
+
+
+def lr_factor(step: int, cfg: Config, steps_per_epoch: int) -> float:
+    """The multiplier of the effective rate for optimizer step `step` (0-based)."""
+    ramp = warmup_steps(cfg, steps_per_epoch)
+    warm = (step + 1) / ramp if step < ramp else 1.0
+    epoch = step // max(steps_per_epoch, 1)
+    return warm * 0.1 ** ((epoch >= 0.5 * cfg.epochs) + (epoch >= 0.75 * cfg.epochs))
+
+
+def lr_schedule(optimizer: torch.optim.Optimizer, cfg: Config, steps_per_epoch: int):
+    """Stepped once per optimizer step. A LambdaLR keeps its position in its state_dict, so it can be resumed."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg, steps_per_epoch))
+
+
+def describe_lr(cfg: Config, steps_per_epoch: int) -> str:
+    ramp = warmup_steps(cfg, steps_per_epoch)
+    warm = f", linear warm-up over {ramp} steps" if ramp else ""
+    return (f"lr {cfg.effective_lr():g} (= {cfg.lr:g} per {BASE_BATCH} images x global batch {cfg.batch_size}"
+            f"{warm}; x0.1 after epochs {-(-cfg.epochs // 2)} and {-(-3 * cfg.epochs // 4)})")

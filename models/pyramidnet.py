@@ -1,0 +1,141 @@
+"""PyramidNet for CIFAR, as in Han, Kim & Kim, "Deep Pyramidal Residual Networks" (CVPR 2017).
+
+The width grows by alpha / N after every one of the N residual blocks (additive widening), from 16 channels to
+16 + alpha; PyramidNet-110 alpha=270 has 18 basic blocks per stage and ends at 286 channels. Blocks have no ReLU
+after the addition, a BatchNorm first and last, and an identity shortcut zero-padded to the new width (with 2x2
+average pooling where a stage halves the resolution), so every parameter sits on the residual branch.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class BasicBlock(nn.Module):
+    """BN - conv3x3 - BN - ReLU - conv3x3 - BN, plus the padded identity."""
+
+    expansion = 1
+
+    def __init__(self, in_channels: int, width: int, stride: int):
+        super().__init__()
+        self.bn1 = nn.BatchNorm2d(in_channels)
+        self.conv1 = nn.Conv2d(in_channels, width, 3, stride=stride, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, padding=1, bias=False)
+        self.bn3 = nn.BatchNorm2d(width)
+        self.stride = stride
+
+    def residual(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.conv1(self.bn1(x))
+        out = self.conv2(F.relu(self.bn2(out), inplace=True))
+        return self.bn3(out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.residual(x) + padded_shortcut(x, self.bn3.num_features, self.stride)
+
+
+class Bottleneck(nn.Module):
+    """BN - conv1x1 - BN - ReLU - conv3x3 - BN - ReLU - conv1x1 (4x width) - BN, plus the padded identity."""
+
+    expansion = 4
+
+    def __init__(self, in_channels: int, width: int, stride: int):
+        super().__init__()
+        out_channels = width * self.expansion
+        self.bn1 = nn.BatchNorm2d(in_channels)
+        self.conv1 = nn.Conv2d(in_channels, width, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, stride=stride, padding=1, bias=False)
+        self.bn3 = nn.BatchNorm2d(width)
+        self.conv3 = nn.Conv2d(width, out_channels, 1, bias=False)
+        self.bn4 = nn.BatchNorm2d(out_channels)
+        self.stride = stride
+
+    def residual(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.conv1(self.bn1(x))
+        out = self.conv2(F.relu(self.bn2(out), inplace=True))
+        out = self.conv3(F.relu(self.bn3(out), inplace=True))
+        return self.bn4(out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.residual(x) + padded_shortcut(x, self.bn4.num_features, self.stride)
+
+
+def padded_shortcut(x: torch.Tensor, out_channels: int, stride: int) -> torch.Tensor:
+    """Identity shortcut: 2x2 average pooling where the block downsamples, zero channels appended to match width."""
+    if stride != 1:
+        x = F.avg_pool2d(x, kernel_size=2, stride=2, ceil_mode=True)
+    extra = out_channels - x.shape[1]
+    return F.pad(x, (0, 0, 0, 0, 0, extra)) if extra else x
+
+
+BLOCKS = {"basic": (BasicBlock, 6), "bottleneck": (Bottleneck, 9)}  # block -> (class, layers per block per stage x 3)
+
+
+class PyramidNet(nn.Module):
+    def __init__(self, depth: int = 110, alpha: float = 270, block: str = "basic", num_classes: int = 10,
+                 in_channels: int = 3):
+        super().__init__()
+        block_class, blocks_per_stage = _check_arguments(depth, alpha, block, num_classes, in_channels)
+        step = alpha / (3 * blocks_per_stage)  # the width added by every block
+        width = 16.0
+        channels = 16
+        self.conv1 = nn.Conv2d(in_channels, channels, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        stages = []
+        for stage in range(3):
+            blocks = []
+            for index in range(blocks_per_stage):
+                width += step
+                stride = 2 if stage > 0 and index == 0 else 1
+                blocks.append(block_class(channels, int(round(width)), stride))
+                channels = int(round(width)) * block_class.expansion
+            stages.append(nn.Sequential(*blocks))
+        self.layer1, self.layer2, self.layer3 = stages
+        self.bn_final = nn.BatchNorm2d(channels)
+        self.fc = nn.Linear(channels, num_classes)
+        self.out_channels = channels
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """He (fan-out) init for convolutions, BN as identity, zero bias for the classifier."""
+        for module in self.modules():
+            if isinstance(module, nn.Conv2d):
+                fan_out = module.kernel_size[0] * module.kernel_size[1] * module.out_channels
+                nn.init.normal_(module.weight, 0.0, math.sqrt(2.0 / fan_out))
+            elif isinstance(module, nn.BatchNorm2d):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Linear):
+                nn.init.zeros_(module.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.bn1(self.conv1(x))
+        x = self.layer3(self.layer2(self.layer1(x)))
+        x = F.relu(self.bn_final(x), inplace=True)
+        x = torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)
+        return self.fc(x)
+
+
+def _check_arguments(depth, alpha, block, num_classes, in_channels):
+    if block not in BLOCKS:
+        raise ValueError(f"block must be 'basic' or 'bottleneck', not {block!r}")
+    block_class, layers_per_block = BLOCKS[block]
+    blocks_per_stage, remainder = divmod(depth - 2, layers_per_block)
+    if remainder or blocks_per_stage < 1:
+        forms = "6n+2 (8, 14, 20, ..., 110, 272)" if block == "basic" else "9n+2 (11, 20, ..., 164, 200, 272)"
+        raise ValueError(f"depth {depth} is not valid for {block} blocks: use {forms}")
+    if not alpha > 0:
+        raise ValueError(f"alpha must be a positive widening factor (e.g. 48, 84, 270), not {alpha}")
+    if num_classes < 1 or in_channels < 1:
+        raise ValueError("num_classes and in_channels must be at least 1")
+    return block_class, blocks_per_stage
+
+
+def pyramidnet(depth: int = 110, alpha: float = 270, block: str = "basic", num_classes: int = 10,
+               in_channels: int = 3) -> PyramidNet:
+    """PyramidNet-`depth` with widening factor `alpha`; depth is 6n+2 for basic blocks, 9n+2 for bottlenecks."""
+    return PyramidNet(depth, alpha, block, num_classes, in_channels)
