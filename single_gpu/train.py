@@ -39,10 +39,10 @@ def get_config(argv=None) -> Config:
 # ---------------------------------------------------------------------------------------------------- setup
 def setup(cfg: Config):
     """The device to train on, and the CUDA ids it uses ([] on the CPU)."""
-    gpus = cuda_devices(cfg.gpu_devices, default_all=False)
-    if len(gpus) > 1:
+    if cfg.gpu_devices and len(cfg.gpu_devices) > 1:
         raise UsageError("single_gpu trains on one GPU: for several use data_parallel/train.py or "
                          "dist_parallel/train.py")
+    gpus = cuda_devices(cfg.gpu_devices, default_all=False)
     if not gpus:
         warn("no CUDA GPU found: training on the CPU")
         return torch.device("cpu"), gpus
