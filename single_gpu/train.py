@@ -2,7 +2,7 @@
 
     python train.py                                    # CIFAR-10 on GPU 0, PyramidNet-110 alpha=270, batch 128
     python train.py --gpu_devices 3                    # on GPU 3
-    python train.py --dataset synthetic --depth 20 --alpha 24 --epochs 1     # offline, about a minute on a CPU
+    python train.py --dataset synthetic --depth 20 --alpha 24 --epochs 1     # offline; minutes on a CPU
     python train.py --evaluate ../runs/<run>/model.pt  # test loss and accuracy of saved weights
 
 It runs from this folder or from the repository root (`python single_gpu/train.py`); without a GPU it trains on
@@ -67,9 +67,9 @@ def get_loaders(cfg: Config, device: torch.device):
 
 # ---------------------------------------------------------------------------------------------------- model
 def get_model(cfg: Config, device: torch.device):
-    """The model to call, and the unwrapped one (the same here) whose weights are saved and evaluated."""
+    """The model to call, and the unwrapped one whose weights are saved and evaluated."""
     raw_model = pyramidnet(cfg.depth, cfg.alpha, cfg.block).to(device)
-    model = raw_model
+    model = raw_model  # one device: nothing to wrap
     return model, raw_model
 
 
@@ -113,6 +113,12 @@ def log_window(run, epoch: int, index: int) -> Sums:
     gpu = run.telemetry.window()
     run.totals += sums
     run.gpu_util += [util for util, _ in gpu.values() if util is not None]
+    report_window(run, epoch, index, sums, gpu)
+    return sums
+
+
+def report_window(run, epoch: int, index: int, sums: Sums, gpu: dict) -> None:
+    """The window's side effects: the log line, the progress bar's figures, TensorBoard."""
     rate = sums.images_per_sec(run.cfg.batch_size)
     run.progress.line(window_line(epoch, run.cfg.epochs, index, len(run.train_loader), sums.loss, sums.acc,
                                   sums.batch_time, sums.data_frac, rate))
@@ -122,7 +128,6 @@ def log_window(run, epoch: int, index: int) -> Sums:
         "time/batch": sums.batch_time, "time/data": sums.data_frac, "throughput/images_per_sec": rate,
         **{f"gpu/util/{i}": util for i, (util, _) in gpu.items()},
         **{f"gpu/mem_gb/{i}": mem for i, (_, mem) in gpu.items()}})
-    return sums
 
 
 @torch.no_grad()

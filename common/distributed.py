@@ -1,0 +1,135 @@
+"""Helpers that only a process group needs: where this process sits in it, launching workers with torch's own
+elastic launcher, and the end-of-run check that every rank holds the same weights."""
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+from common.config import UsageError
+
+
+def launched() -> bool:
+    """True inside a worker: torchrun, the self-launch, or a manual launch set RANK and WORLD_SIZE."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def rank_info() -> tuple[int, int, int]:
+    """(rank, local_rank, world_size), from the environment only. A manual launch may omit LOCAL_RANK: one node."""
+    try:
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    except ValueError:
+        raise UsageError("RANK, LOCAL_RANK and WORLD_SIZE must be whole numbers") from None
+    if not 0 <= rank < world_size:
+        raise UsageError(f"RANK {rank} is outside 0..WORLD_SIZE-1 ({world_size - 1}); set RANK per process")
+    return rank, local_rank, world_size
+
+
+def check_master_address(environ=os.environ) -> None:
+    """A loopback MASTER_ADDR with more than one node makes every node wait for a master on itself."""
+    address = environ.get("MASTER_ADDR", "")
+    nodes = int(environ.get("WORLD_SIZE", 1)) // max(int(environ.get("LOCAL_WORLD_SIZE", environ.get("WORLD_SIZE", 1))), 1)
+    if nodes > 1 and _is_loopback(address):
+        raise UsageError(f"MASTER_ADDR {address} is a loopback address but the job spans {nodes} nodes: give the "
+                         f"first node's reachable host name or IP (--master_addr, or --rdzv_endpoint HOST:PORT)")
+
+
+def _is_loopback(address: str) -> bool:
+    if address.lower() in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def launch_workers(script: str, argv: list[str], nproc: int) -> int:
+    """Start `nproc` workers of `script` on this machine through torch's elastic launcher, exactly as
+    `torchrun --standalone --nproc_per_node nproc script argv` would (a free port, c10d rendezvous)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    args = get_args_parser().parse_args(["--standalone", f"--nproc_per_node={nproc}", script, *argv])
+    try:
+        run(args)
+    except ChildFailedError as error:
+        ranks = ", ".join(str(failure.local_rank) for failure in error.failures.values())
+        codes = sorted({failure.exitcode for failure in error.failures.values()})
+        print(f"error: worker {ranks} failed (exit code {', '.join(map(str, codes))}); its message is above",
+              file=sys.stderr)
+        return max(codes, key=abs) or 1
+    return 0
+
+
+def _digest(tensor: torch.Tensor) -> str:
+    return hashlib.sha256(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def check_sync(raw_model: torch.nn.Module) -> dict:
+    """Every rank hashes each parameter and buffer; the hashes (and the small BatchNorm buffers) are gathered.
+    Parameters must be bit-identical on every rank; running statistics may differ without SyncBatchNorm.
+    Every rank computes the same verdict, so every rank can act on it."""
+    params = {name: _digest(p) for name, p in raw_model.named_parameters()}
+    buffers = {name: b.detach().cpu() for name, b in raw_model.named_buffers() if b.is_floating_point()}
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (params, buffers))
+    reference_params, reference_buffers = gathered[0]
+    mismatched = sorted({name for rank_params, _ in gathered[1:] for name, digest in rank_params.items()
+                         if reference_params.get(name) != digest})
+    worst_name, worst = None, 0.0
+    for _, rank_buffers in gathered[1:]:
+        for name, value in rank_buffers.items():
+            diff = (value.double() - reference_buffers[name].double()).abs().max().item() if value.numel() else 0.0
+            if diff > worst:
+                worst_name, worst = name, diff
+    return {"params_in_sync": not mismatched, "mismatched": mismatched, "buffers_max_abs_diff": worst,
+            "worst_buffer": worst_name, "ranks": len(gathered), "params": len(reference_params)}
+
+
+def describe_sync(report: dict, sync_bn: bool) -> str:
+    params = (f"all {report['params']} parameter tensors identical on {report['ranks']} ranks"
+              if report["params_in_sync"] else
+              f"parameters differ between ranks: {', '.join(report['mismatched'][:5])}"
+              f"{' ...' if len(report['mismatched']) > 5 else ''}")
+    if report["buffers_max_abs_diff"] == 0:
+        buffers = "buffers identical"
+    else:
+        why = "" if sync_bn else " (expected without --sync_bn: each rank's BatchNorm sees only its own share)"
+        buffers = (f"BatchNorm running statistics differ by up to {report['buffers_max_abs_diff']:.3g} "
+                   f"({report['worst_buffer']}){why}")
+    return f"sync check: {params}; {buffers}"
+
+
+def check_launch(batch_size: int, world_size: int, backend: str | None, sync_bn: bool) -> None:
+    """What can be refused before any worker starts: the same checks run again in every worker."""
+    cuda = torch.cuda.is_available()
+    if backend == "nccl" and not cuda:
+        raise UsageError("--backend nccl needs CUDA GPUs and this machine has none; use --backend gloo on CPUs")
+    if sync_bn and not cuda:
+        raise UsageError("--sync_bn needs GPUs: PyTorch's SyncBatchNorm refuses CPU modules; leave it out on CPUs")
+    if batch_size % world_size:
+        raise UsageError(f"--batch_size {batch_size} does not divide over {world_size} processes: use a multiple "
+                         f"of {world_size} (the global batch is split evenly)")
+
+
+def by_rank(per_gpu: dict) -> dict:
+    """Gather each rank's {gpu: value} (one GPU per rank) into {rank: value} on every rank."""
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, per_gpu)
+    return {rank: value for rank, values in enumerate(gathered) for value in values.values()}
+
+
+def verify_sync(raw_model: torch.nn.Module, sync_bn: bool, is_main: bool) -> dict:
+    """check_sync, reported by rank 0; parameters that differ end the run on every rank with a non-zero exit."""
+    report = check_sync(raw_model)
+    if is_main:
+        print(describe_sync(report, sync_bn), flush=True)
+    if not report["params_in_sync"]:
+        raise SystemExit("error: the ranks hold different parameters (named above): their training diverged"
+                         if is_main else 1)
+    return report

@@ -1,0 +1,215 @@
+"""Train PyramidNet on CIFAR-10 with nn.DataParallel: single_gpu/train.py plus the wrapper, nothing else.
+
+    python train.py                                    # every visible GPU, PyramidNet-110 alpha=270, batch 128
+    python train.py --gpu_devices 0 1 2 3 --batch_size 512   # four GPUs, 128 images each
+    python train.py --dataset synthetic --depth 20 --alpha 24 --epochs 1     # offline; minutes on a CPU
+    python train.py --evaluate ../runs/<run>/model.pt  # test loss and accuracy of saved weights
+
+One process drives every GPU: each step, DataParallel copies the weights from the first listed GPU to the others,
+splits the global batch across them, runs the replicas in threads and gathers the outputs back on the first GPU.
+It runs from this folder or from the repository root (`python data_parallel/train.py`); without a GPU it trains
+on the CPU, where DataParallel wraps nothing. `--batch_size` is the global batch, as in every mode.
+`python train.py --help` lists every flag.
+"""
+# ---------------------------------------------------------------------------------------------------- imports
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # so `python train.py` finds common/ and models/
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from common.config import Config, UsageError, parse_config, user_errors
+from common.data import EvalShard, ShuffleSampler, load_datasets, make_loader
+from common.devices import cuda_devices, seed_everything, warn
+from common.logger import Progress, RunLogger, load_model_weights, resolve_run_dir, window_line
+from common.metrics import StepTimer, Sums, TrainMeter, evaluation_sums, window_sums
+from common.optim import build_optimizer, describe_lr, lr_schedule
+from common.telemetry import GpuTelemetry, peak_memory_gb
+from models import pyramidnet
+
+MODE = "data_parallel"
+
+
+# ---------------------------------------------------------------------------------------------------- config
+def get_config(argv=None) -> Config:
+    return parse_config(Config, argv, description=__doc__)
+
+
+# ---------------------------------------------------------------------------------------------------- setup
+def setup(cfg: Config):
+    """The device to train on, and the CUDA ids it uses ([] on the CPU)."""
+    gpus = cuda_devices(cfg.gpu_devices, default_all=True)  # DataParallel: every visible GPU unless told
+    if not gpus:
+        warn("no CUDA GPU found: training on the CPU (DataParallel wraps nothing)")
+        return torch.device("cpu"), gpus
+    torch.cuda.set_device(gpus[0])
+    return torch.device("cuda", gpus[0]), gpus  # batches and the master weights live on the first listed GPU
+
+
+# ---------------------------------------------------------------------------------------------------- data
+def get_loaders(cfg: Config, device: torch.device):
+    train_set, test_set = load_datasets(cfg.dataset, cfg.data_dir, cfg.synthetic_size, cfg.seed)
+    if cfg.batch_size > len(train_set):
+        raise UsageError(f"--batch_size {cfg.batch_size} is larger than the training set ({len(train_set)} "
+                         f"images); use a smaller batch")
+    kind = cfg.loader or ("gpu" if device.type == "cuda" else "torchvision")
+    options = dict(augment=cfg.augment, num_workers=cfg.num_workers, seed=cfg.seed)
+    train_sampler = ShuffleSampler(len(train_set), cfg.shuffle, cfg.seed)
+    train_loader = make_loader(kind, train_set, train_sampler, cfg.batch_size, device, train=True, **options)
+    test_loader = make_loader(kind, test_set, EvalShard(len(test_set)), cfg.batch_size, device, train=False,
+                              **options)
+    return train_loader, test_loader
+
+
+# ---------------------------------------------------------------------------------------------------- model
+def get_model(cfg: Config, device: torch.device, gpus: list[int]):
+    """The model to call, and the unwrapped one whose weights are saved and evaluated."""
+    raw_model = pyramidnet(cfg.depth, cfg.alpha, cfg.block).to(device)
+    model = nn.DataParallel(raw_model, device_ids=gpus or None)  # splits each global batch over the GPUs
+    return model, raw_model
+
+
+# ---------------------------------------------------------------------------------------------------- optimizer
+def get_optimizer(cfg: Config, raw_model: torch.nn.Module, steps_per_epoch: int):
+    optimizer = build_optimizer(raw_model, cfg)
+    return optimizer, lr_schedule(optimizer, cfg, steps_per_epoch)
+
+
+# ---------------------------------------------------------------------------------------------------- train / evaluate
+def train_one_epoch(run, epoch: int) -> Sums:
+    """One pass over the training set, or up to --max_steps; a host sync only at the end of each log window."""
+    cfg, model, loader = run.cfg, run.model, run.train_loader
+    model.train()
+    loader.set_epoch(epoch)
+    epoch_sums = Sums()
+    run.progress.start(len(loader), f"Epoch {epoch + 1}/{cfg.epochs}")
+    for index, (images, labels) in enumerate(run.timer.timed(loader), start=1):
+        logits = model(images)
+        loss = F.cross_entropy(logits, labels)
+        run.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        run.optimizer.step()
+        run.scheduler.step()
+        run.meter.update(loss, logits, labels)
+        run.timer.step_done()
+        run.step += 1
+        run.progress.update()
+        last = index == len(loader) or run.step == cfg.max_steps
+        if index % cfg.log_interval == 0 or last:
+            epoch_sums += log_window(run, epoch, index)
+        if last:
+            break
+    run.progress.close()
+    return epoch_sums
+
+
+def log_window(run, epoch: int, index: int) -> Sums:
+    """Read the window's totals (one host sync), print a line, write TensorBoard."""
+    sums = Sums(window_sums(run.meter, run.timer).tolist())
+    gpu = run.telemetry.window()
+    run.totals += sums
+    run.gpu_util += [util for util, _ in gpu.values() if util is not None]
+    report_window(run, epoch, index, sums, gpu)
+    return sums
+
+
+def report_window(run, epoch: int, index: int, sums: Sums, gpu: dict) -> None:
+    """The window's side effects: the log line, the progress bar's figures, TensorBoard."""
+    rate = sums.images_per_sec(run.cfg.batch_size)
+    run.progress.line(window_line(epoch, run.cfg.epochs, index, len(run.train_loader), sums.loss, sums.acc,
+                                  sums.batch_time, sums.data_frac, rate))
+    run.progress.update(0, loss=f"{sums.loss:.3f}", acc=f"{100 * sums.acc:.1f}%", img_s=f"{rate or 0:.0f}")
+    run.logger.scalars(run.step, {
+        "train/loss": sums.loss, "train/acc": sums.acc, "train/lr": run.scheduler.get_last_lr()[0],
+        "time/batch": sums.batch_time, "time/data": sums.data_frac, "throughput/images_per_sec": rate,
+        **{f"gpu/util/{i}": util for i, (util, _) in gpu.items()},
+        **{f"gpu/mem_gb/{i}": mem for i, (_, mem) in gpu.items()}})
+
+
+@torch.no_grad()
+def evaluate(raw_model: torch.nn.Module, loader, device: torch.device) -> tuple[float, float]:
+    """Test loss and accuracy over every test image exactly once."""
+    raw_model.eval()
+    loss_sum, correct, images = evaluation_sums(raw_model, loader, device).tolist()
+    return loss_sum / images, correct / images
+
+
+# ---------------------------------------------------------------------------------------------------- main loop
+@dataclass
+class Run:
+    """What the loop carries from step to step."""
+    cfg: Config
+    model: torch.nn.Module
+    train_loader: object
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    logger: RunLogger
+    timer: StepTimer
+    meter: TrainMeter
+    telemetry: GpuTelemetry
+    progress: Progress
+    step: int = 0  # optimizer steps so far
+    totals: Sums = field(default_factory=Sums)  # every log window of the run
+    gpu_util: list = field(default_factory=list)  # every window's utilisation of every GPU
+
+
+def main(argv=None) -> None:
+    started = time.perf_counter()
+    cfg = get_config(argv)
+    device, gpus = setup(cfg)
+    run_dir = resolve_run_dir(cfg, MODE, len(gpus))
+    seed_everything(cfg.seed)
+    train_loader, test_loader = get_loaders(cfg, device)
+    model, raw_model = get_model(cfg, device, gpus)
+    if cfg.evaluate:
+        load_model_weights(raw_model, cfg.evaluate)
+    optimizer, scheduler = get_optimizer(cfg, raw_model, len(train_loader))
+    logger = RunLogger(run_dir, cfg, MODE, world_size=1)
+    print(f"{MODE}: PyramidNet-{cfg.depth} alpha={cfg.alpha:g} {cfg.block}, {cfg.dataset}, global batch "
+          f"{cfg.batch_size} on {device}; {describe_lr(cfg, len(train_loader))}; logs in {run_dir}", flush=True)
+    run = Run(cfg=cfg, model=model, train_loader=train_loader, optimizer=optimizer, scheduler=scheduler,
+              logger=logger, timer=StepTimer(device, cfg.warmup_steps), meter=TrainMeter(device),
+              telemetry=GpuTelemetry(gpus), progress=Progress(cfg.progress))
+    epoch_sums, test, epoch_times = Sums(), (None, None), []
+    try:
+        if cfg.evaluate:
+            test = evaluate(raw_model, test_loader, device)
+            print(f"{cfg.evaluate}: test loss {test[0]:.4f} acc {100 * test[1]:.2f}%", flush=True)
+        for epoch in range(0 if cfg.evaluate else cfg.epochs):
+            epoch_start = time.perf_counter()
+            epoch_sums = train_one_epoch(run, epoch)
+            epoch_times.append(time.perf_counter() - epoch_start)
+            test = evaluate(raw_model, test_loader, device)
+            logger.scalars(run.step, {"test/loss": test[0], "test/acc": test[1]})
+            print(f"Epoch {epoch + 1}/{cfg.epochs} test loss {test[0]:.3f} acc {100 * test[1]:.2f}% "
+                  f"({len(test_loader.sampler)} images) epoch {epoch_times[-1]:.1f}s", flush=True)
+            if run.step == cfg.max_steps:
+                break
+        if cfg.save_model and not cfg.evaluate:
+            print(f"weights saved to {logger.save_model(raw_model.state_dict())}")
+        p50, p90 = run.timer.percentiles()
+        peaks = peak_memory_gb(gpus)
+        summary = {
+            "images_per_sec": run.totals.images_per_sec(cfg.batch_size), "batch_time_p50": p50,
+            "batch_time_p90": p90, "data_wait_frac": run.totals.data_frac,
+            "gpu_util_mean": sum(run.gpu_util) / len(run.gpu_util) if run.gpu_util else None,
+            "peak_mem_gb": max(peaks.values(), default=None), "train_loss": epoch_sums.loss,
+            "train_acc": epoch_sums.acc, "test_loss": test[0], "test_acc": test[1],
+            "epoch_time_s": sum(epoch_times) / len(epoch_times) if epoch_times else None,
+            "wall_time_s": time.perf_counter() - started, "steps": run.step}
+        path = logger.write_results(summary, peak_mem_gb_per_gpu={str(i): gb for i, gb in peaks.items()})
+        print(f"results in {path}")
+    # ------------------------------------------------------------------------------------------------ teardown
+    finally:
+        run.telemetry.close()
+        logger.close()
+
+
+if __name__ == "__main__":
+    with user_errors():
+        main()

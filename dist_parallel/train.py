@@ -1,0 +1,286 @@
+"""Train PyramidNet on CIFAR-10 with DistributedDataParallel: one process per GPU, on one node or many.
+
+    torchrun --standalone --nproc_per_node 4 train.py --batch_size 512   # the reference launch: 4 GPUs, 128 each
+    python train.py --gpu_devices 0 1 2 3 --batch_size 512   # the same, started by torch's elastic launcher
+    python train.py --nproc_per_node 2 --dataset synthetic --depth 20 --alpha 24 --epochs 1   # 2 CPU workers
+    torchrun --nnodes 2 --node_rank R --nproc_per_node 8 --rdzv_backend c10d \
+             --rdzv_endpoint HOST:29500 train.py --batch_size 2048   # on each of two nodes
+    RANK=R WORLD_SIZE=2 MASTER_ADDR=HOST MASTER_PORT=29500 python train.py   # by hand, in each shell
+    python train.py --evaluate ../runs/<run>/model.pt  # exact test loss and accuracy, any number of processes
+
+single_gpu/train.py plus: a process group (NCCL on GPUs, Gloo on CPUs), a DistributedSampler that gives each rank
+its share of every epoch, the DDP wrapper that all-reduces gradients during backward, sums reduced across ranks,
+and side effects (prints, TensorBoard, files) on rank 0 only. `--batch_size` is the GLOBAL batch: each of the
+world_size processes takes batch_size / world_size. Rank information comes from the environment only.
+"""
+# ---------------------------------------------------------------------------------------------------- imports
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # so `python train.py` finds common/ and models/
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DistributedSampler
+
+from common.config import Config, UsageError, flag, parse_config, user_errors
+from common.data import EvalShard, load_datasets, make_loader
+from common.devices import cuda_devices, seed_everything, warn
+from common.distributed import (by_rank, check_launch, check_master_address, launch_workers, launched,
+                                rank_info, verify_sync)
+from common.logger import Progress, RunLogger, load_model_weights, resolve_run_dir, window_line
+from common.metrics import StepTimer, Sums, TrainMeter, evaluation_sums, window_sums
+from common.optim import build_optimizer, describe_lr, lr_schedule
+from common.telemetry import GpuTelemetry, peak_memory_gb
+from models import pyramidnet
+
+MODE = "dist_parallel"
+
+
+# ---------------------------------------------------------------------------------------------------- config
+@dataclass(frozen=True)
+class DistConfig(Config):  # the flags only a process group has
+    backend: str | None = flag(None, "nccl (default with CUDA) or gloo", choices=("nccl", "gloo"))
+    init_method: str = flag("env://", "rendezvous: env:// (MASTER_ADDR/PORT), tcp://HOST:PORT or file:///PATH")
+    sync_bn: bool = flag(False, "BatchNorm statistics over the global batch (SyncBatchNorm; GPUs only)")
+    verify_sync: bool = flag(False, "check every epoch, not only at the end, that all ranks hold the same weights")
+    nproc_per_node: int | None = flag(None, "started without torchrun: how many workers (default: one per GPU)")
+
+
+def get_config(argv=None) -> DistConfig:
+    return parse_config(DistConfig, argv, description=__doc__)
+
+
+# ---------------------------------------------------------------------------------------------------- setup
+def setup(cfg: DistConfig):
+    """Join the process group. The device is this process's GPU (the local_rank-th of --gpu_devices) or the CPU."""
+    rank, local_rank, world_size = rank_info()
+    check_master_address()
+    check_launch(cfg.batch_size, world_size, cfg.backend, cfg.sync_bn)
+    gpus = cuda_devices(cfg.gpu_devices, default_all=True)
+    if gpus and local_rank >= len(gpus):
+        raise UsageError(f"local rank {local_rank} has no GPU of its own ({len(gpus)} available): start at most "
+                         f"one process per GPU")
+    backend = cfg.backend or ("nccl" if gpus else "gloo")
+    if not gpus:
+        if rank == 0:
+            warn("no CUDA GPU found: training on the CPU with gloo")
+        dist.init_process_group(backend, init_method=cfg.init_method, rank=rank, world_size=world_size)
+        return torch.device("cpu"), []
+    torch.cuda.set_device(gpus[local_rank])  # before the process group: NCCL binds this process to its GPU
+    dist.init_process_group(backend, init_method=cfg.init_method, rank=rank, world_size=world_size)
+    return torch.device("cuda", gpus[local_rank]), [gpus[local_rank]]
+
+
+def launch_here(cfg: DistConfig, argv) -> int:
+    """`python train.py` without torchrun: refuse what can be refused, then start one worker per GPU (or
+    --nproc_per_node CPU workers) as `torchrun --standalone` would; each worker runs this file again."""
+    gpus = cuda_devices(cfg.gpu_devices, default_all=True)
+    nproc = cfg.nproc_per_node or len(gpus) or 1
+    if gpus and nproc > len(gpus):
+        raise UsageError(f"--nproc_per_node {nproc} is more than the {len(gpus)} GPUs available: one process per GPU")
+    check_launch(cfg.batch_size, nproc, cfg.backend, cfg.sync_bn)
+    resolve_run_dir(cfg, MODE, nproc)
+    return launch_workers(__file__, sys.argv[1:] if argv is None else [str(arg) for arg in argv], nproc)
+
+
+# ---------------------------------------------------------------------------------------------------- data
+def get_loaders(cfg: Config, device: torch.device):
+    rank, local_rank, world_size = rank_info()
+    if local_rank != 0:
+        dist.barrier()  # each node's first process downloads; the others then read its files
+    train_set, test_set = load_datasets(cfg.dataset, cfg.data_dir, cfg.synthetic_size, cfg.seed)
+    if local_rank == 0:
+        dist.barrier()
+    if cfg.batch_size > len(train_set):
+        raise UsageError(f"--batch_size {cfg.batch_size} is larger than the training set ({len(train_set)} "
+                         f"images); use a smaller batch")
+    kind = cfg.loader or ("gpu" if device.type == "cuda" else "torchvision")
+    options = dict(augment=cfg.augment, num_workers=cfg.num_workers, seed=cfg.seed, rank=rank)
+    per_rank_batch = cfg.batch_size // world_size  # the global batch, split evenly (checked in setup)
+    train_sampler = DistributedSampler(train_set, world_size, rank, shuffle=cfg.shuffle, seed=cfg.seed)
+    train_loader = make_loader(kind, train_set, train_sampler, per_rank_batch, device, train=True, **options)
+    test_shard = EvalShard(len(test_set), rank, world_size)  # every test image on exactly one rank, no padding
+    test_loader = make_loader(kind, test_set, test_shard, per_rank_batch, device, train=False, **options)
+    return train_loader, test_loader
+
+
+# ---------------------------------------------------------------------------------------------------- model
+def get_model(cfg: DistConfig, device: torch.device):
+    """The model to call, and the unwrapped one whose weights are saved and evaluated."""
+    raw_model = pyramidnet(cfg.depth, cfg.alpha, cfg.block).to(device)
+    if cfg.sync_bn:  # BatchNorm statistics over the global batch: an all-reduce in every BN layer's forward
+        raw_model = nn.SyncBatchNorm.convert_sync_batchnorm(raw_model)
+    # DDP broadcasts rank 0's weights now, then all-reduces (averages) gradients in buckets during backward
+    model = DDP(raw_model, device_ids=[device.index] if device.type == "cuda" else None)
+    return model, raw_model
+
+
+# ---------------------------------------------------------------------------------------------------- optimizer
+def get_optimizer(cfg: Config, raw_model: torch.nn.Module, steps_per_epoch: int):
+    optimizer = build_optimizer(raw_model, cfg)
+    return optimizer, lr_schedule(optimizer, cfg, steps_per_epoch)
+
+
+# ---------------------------------------------------------------------------------------------------- train / evaluate
+def train_one_epoch(run, epoch: int) -> Sums:
+    """One pass over the training set, or up to --max_steps; a host sync only at the end of each log window."""
+    cfg, model, loader = run.cfg, run.model, run.train_loader
+    model.train()
+    loader.set_epoch(epoch)
+    epoch_sums = Sums()
+    run.progress.start(len(loader), f"Epoch {epoch + 1}/{cfg.epochs}")
+    for index, (images, labels) in enumerate(run.timer.timed(loader), start=1):
+        logits = model(images)
+        loss = F.cross_entropy(logits, labels)
+        run.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        run.optimizer.step()
+        run.scheduler.step()
+        run.meter.update(loss, logits, labels)
+        run.timer.step_done()
+        run.step += 1
+        run.progress.update()
+        last = index == len(loader) or run.step == cfg.max_steps
+        if index % cfg.log_interval == 0 or last:
+            epoch_sums += log_window(run, epoch, index)
+        if last:
+            break
+    run.progress.close()
+    return epoch_sums
+
+
+def log_window(run, epoch: int, index: int) -> Sums:
+    """Read the window's totals (one host sync), print a line, write TensorBoard."""
+    totals = window_sums(run.meter, run.timer)
+    dist.all_reduce(totals)  # images and correct predictions add up over ranks
+    totals[3:] /= dist.get_world_size()  # timings: the mean over ranks
+    sums = Sums(totals.tolist())
+    gpu = by_rank(run.telemetry.window())  # every rank's GPU, keyed by rank
+    run.totals += sums
+    run.gpu_util += [util for util, _ in gpu.values() if util is not None]
+    if run.is_main:
+        report_window(run, epoch, index, sums, gpu)
+    return sums
+
+
+def report_window(run, epoch: int, index: int, sums: Sums, gpu: dict) -> None:
+    """The window's side effects: the log line, the progress bar's figures, TensorBoard."""
+    rate = sums.images_per_sec(run.cfg.batch_size)
+    run.progress.line(window_line(epoch, run.cfg.epochs, index, len(run.train_loader), sums.loss, sums.acc,
+                                  sums.batch_time, sums.data_frac, rate))
+    run.progress.update(0, loss=f"{sums.loss:.3f}", acc=f"{100 * sums.acc:.1f}%", img_s=f"{rate or 0:.0f}")
+    run.logger.scalars(run.step, {
+        "train/loss": sums.loss, "train/acc": sums.acc, "train/lr": run.scheduler.get_last_lr()[0],
+        "time/batch": sums.batch_time, "time/data": sums.data_frac, "throughput/images_per_sec": rate,
+        **{f"gpu/util/{i}": util for i, (util, _) in gpu.items()},
+        **{f"gpu/mem_gb/{i}": mem for i, (_, mem) in gpu.items()}})
+
+
+@torch.no_grad()
+def evaluate(raw_model: torch.nn.Module, loader, device: torch.device) -> tuple[float, float]:
+    """Test loss and accuracy over every test image exactly once."""
+    raw_model.eval()  # the unwrapped model: DDP's forward would sync buffers, and ranks have unequal shards
+    sums = evaluation_sums(raw_model, loader, device)
+    dist.all_reduce(sums)  # each rank evaluated its shard: summed, every test image counts once
+    loss_sum, correct, images = sums.tolist()
+    return loss_sum / images, correct / images
+
+
+# ---------------------------------------------------------------------------------------------------- main loop
+@dataclass
+class Run:
+    """What the loop carries from step to step."""
+    cfg: Config
+    model: torch.nn.Module
+    train_loader: object
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    logger: RunLogger
+    timer: StepTimer
+    meter: TrainMeter
+    telemetry: GpuTelemetry
+    progress: Progress
+    is_main: bool  # rank 0: the only process that prints and writes
+    step: int = 0  # optimizer steps so far
+    totals: Sums = field(default_factory=Sums)  # every log window of the run
+    gpu_util: list = field(default_factory=list)  # every window's utilisation of every GPU
+
+
+def main(argv=None) -> int:
+    started = time.perf_counter()
+    cfg = get_config(argv)
+    if not launched():
+        return launch_here(cfg, argv)
+    device, gpus = setup(cfg)
+    is_main = dist.get_rank() == 0  # the one process that prints and writes
+    run_dir = resolve_run_dir(cfg, MODE, dist.get_world_size()) if is_main else None
+    seed_everything(cfg.seed)
+    train_loader, test_loader = get_loaders(cfg, device)
+    model, raw_model = get_model(cfg, device)
+    if cfg.evaluate:
+        load_model_weights(raw_model, cfg.evaluate)
+    optimizer, scheduler = get_optimizer(cfg, raw_model, len(train_loader))
+    logger = RunLogger(run_dir, cfg, MODE, world_size=dist.get_world_size()) if is_main else None
+    if is_main:
+        print(f"{MODE}: PyramidNet-{cfg.depth} alpha={cfg.alpha:g} {cfg.block}, {cfg.dataset}, global batch "
+              f"{cfg.batch_size} = {dist.get_world_size()} x {cfg.batch_size // dist.get_world_size()} on "
+              f"{dist.get_backend()}; {describe_lr(cfg, len(train_loader))}; logs in {run_dir}", flush=True)
+    run = Run(cfg=cfg, model=model, train_loader=train_loader, optimizer=optimizer, scheduler=scheduler,
+              logger=logger, timer=StepTimer(device, cfg.warmup_steps), meter=TrainMeter(device),
+              telemetry=GpuTelemetry(gpus), progress=Progress(cfg.progress and is_main), is_main=is_main)
+    epoch_sums, test, epoch_times, sync = Sums(), (None, None), [], {}
+    try:
+        if cfg.evaluate:
+            test = evaluate(raw_model, test_loader, device)
+            if is_main:
+                print(f"{cfg.evaluate}: test loss {test[0]:.4f} acc {100 * test[1]:.2f}%", flush=True)
+        for epoch in range(0 if cfg.evaluate else cfg.epochs):
+            epoch_start = time.perf_counter()
+            epoch_sums = train_one_epoch(run, epoch)
+            epoch_times.append(time.perf_counter() - epoch_start)
+            test = evaluate(raw_model, test_loader, device)
+            if is_main:
+                logger.scalars(run.step, {"test/loss": test[0], "test/acc": test[1]})
+                print(f"Epoch {epoch + 1}/{cfg.epochs} test loss {test[0]:.3f} acc {100 * test[1]:.2f}% "
+                      f"({len(test_loader.sampler)} images on rank 0) epoch {epoch_times[-1]:.1f}s", flush=True)
+            if cfg.verify_sync:
+                verify_sync(raw_model, cfg.sync_bn, is_main)
+            if run.step == cfg.max_steps:
+                break
+        sync = verify_sync(raw_model, cfg.sync_bn, is_main)  # every rank must end with the same weights
+        if cfg.save_model and not cfg.evaluate and is_main:
+            print(f"weights saved to {logger.save_model(raw_model.state_dict())}")
+        p50, p90 = run.timer.percentiles()
+        peaks = by_rank(peak_memory_gb(gpus))
+        summary = {
+            "images_per_sec": run.totals.images_per_sec(cfg.batch_size), "batch_time_p50": p50,
+            "batch_time_p90": p90, "data_wait_frac": run.totals.data_frac,
+            "gpu_util_mean": sum(run.gpu_util) / len(run.gpu_util) if run.gpu_util else None,
+            "peak_mem_gb": max(peaks.values(), default=None), "train_loss": epoch_sums.loss,
+            "train_acc": epoch_sums.acc, "test_loss": test[0], "test_acc": test[1],
+            "epoch_time_s": sum(epoch_times) / len(epoch_times) if epoch_times else None,
+            "wall_time_s": time.perf_counter() - started, "steps": run.step,
+            "params_in_sync": sync["params_in_sync"], "buffers_max_abs_diff": sync["buffers_max_abs_diff"]}
+        if is_main:
+            path = logger.write_results(summary, peak_mem_gb_per_gpu={str(i): gb for i, gb in peaks.items()})
+            print(f"results in {path}")
+    # ------------------------------------------------------------------------------------------------ teardown
+    finally:
+        run.telemetry.close()
+        if is_main:
+            logger.close()
+
+
+if __name__ == "__main__":
+    with user_errors():
+        try:
+            sys.exit(main())
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()  # always, so no rank is left holding the group

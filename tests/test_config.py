@@ -1,0 +1,590 @@
+"""common/config.py flags, common/optim.py schedule, common/devices.py, common/metrics.py, common/logger.py."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import re
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import common.logger
+import common.metrics
+from common.config import BASE_BATCH, REPO_ROOT, Config, UsageError, build_parser, flag, parse_config, user_errors
+from common.devices import cuda_devices, seed_everything
+from common.logger import load_model_weights, resolve_run_dir
+from common.metrics import StepTimer, Sums, TrainMeter, evaluation_sums, window_sums
+from common.optim import build_optimizer, describe_lr, lr_factor, lr_schedule, warmup_steps
+from models import pyramidnet
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def parse(*argv: str) -> Config:
+    return parse_config(Config, list(argv))
+
+
+# ---------------------------------------------------------------------------------------------- config
+
+def test_defaults():
+    cfg = parse()
+    assert cfg == Config()
+    assert (cfg.batch_size, cfg.lr, cfg.momentum, cfg.weight_decay, cfg.nesterov) == (128, 0.1, 0.9, 1e-4, True)
+    assert (cfg.depth, cfg.alpha, cfg.block) == (110, 270.0, "basic")
+    assert (cfg.epochs, cfg.max_steps, cfg.lr_warmup_epochs) == (300, 0, 5.0)
+    assert (cfg.dataset, cfg.synthetic_size, cfg.loader, cfg.num_workers) == ("cifar10", 50_000, None, 4)
+    assert (cfg.shuffle, cfg.augment, cfg.progress) == (True, True, True)
+    assert (cfg.save_model, cfg.overwrite, cfg.evaluate, cfg.run_name, cfg.gpu_devices) == (False, False, None,
+                                                                                             None, None)
+    assert (cfg.log_interval, cfg.warmup_steps, cfg.seed) == (50, 10, 0)
+    assert cfg.data_dir == str(REPO_ROOT / "data") and cfg.log_dir == str(REPO_ROOT / "runs")
+    assert REPO_ROOT == __import__("pathlib").Path(__file__).resolve().parents[1]
+    assert BASE_BATCH == 128 and cfg.effective_lr() == 0.1
+
+
+def test_bool_flags():
+    cfg = parse("--no_nesterov", "--no_shuffle", "--no_augment", "--no_progress", "--save_model", "--overwrite")
+    assert (cfg.nesterov, cfg.shuffle, cfg.augment, cfg.progress, cfg.save_model, cfg.overwrite) == \
+        (False, False, False, False, True, True)
+    for wrong in ("--nesterov", "--shuffle", "--no_save_model", "--no_overwrite"):  # one form per bool
+        with pytest.raises(UsageError, match=r"unrecognized arguments"):
+            parse(wrong)
+
+
+def test_typed_values():
+    cfg = parse("--gpu_devices", "0", "1", "--alpha", "48", "--depth", "20", "--lr", "0.05", "--batch_size", "512",
+                "--loader", "torchvision", "--dataset", "synthetic", "--block", "bottleneck", "--run_name", "x",
+                "--evaluate", "model.pt", "--lr_warmup_epochs", "2.5")
+    assert cfg.gpu_devices == (0, 1) and isinstance(cfg.gpu_devices, tuple)
+    assert cfg.alpha == 48.0 and isinstance(cfg.alpha, float)
+    assert cfg.depth == 20 and isinstance(cfg.depth, int)
+    assert (cfg.lr, cfg.batch_size, cfg.loader, cfg.dataset, cfg.block) == (0.05, 512, "torchvision", "synthetic",
+                                                                           "bottleneck")
+    assert (cfg.run_name, cfg.evaluate, cfg.lr_warmup_epochs) == ("x", "model.pt", 2.5)
+    assert cfg.effective_lr() == pytest.approx(0.2)
+    assert parse("--gpu_devices", "3").gpu_devices == (3,)
+
+
+@pytest.mark.parametrize("argv, pattern", [
+    (["--dataset", "imagenet"], "--dataset"), (["--loader", "dali"], "--loader"), (["--block", "wide"], "--block"),
+    (["--batch_size", "many"], "--batch_size"), (["--gpu_devices"], "--gpu_devices"), (["--bogus"], "--bogus"),
+    (["extra"], "extra")])
+def test_argparse_mistakes_are_one_line(argv, pattern):
+    with pytest.raises(UsageError) as error:
+        parse(*argv)
+    message = str(error.value)
+    assert "\n" not in message and message.endswith("(see --help)") and pattern in message
+
+
+@pytest.mark.parametrize("argv, pattern", [
+    (["--batch_size", "0"], "--batch_size"), (["--batch_size", "-3"], "--batch_size"), (["--epochs", "-1"], "--epochs"),
+    (["--depth", "109"], "--depth"), (["--alpha", "0"], "--alpha"), (["--alpha", "-5"], "--alpha"),
+    (["--depth", "110", "--block", "bottleneck", "--alpha", "0"], "--alpha"), (["--lr", "0"], "--lr"),
+    (["--max_steps", "-1"], "--max_steps"), (["--synthetic_size", "4"], "--synthetic_size"),
+    (["--num_workers", "-1"], "--num_workers"), (["--log_interval", "0"], "--log_interval"),
+    (["--warmup_steps", "-1"], "--warmup_steps"), (["--lr_warmup_epochs", "-1"], "--lr_warmup_epochs"),
+    (["--run_name", "a/b"], "--run_name"), (["--run_name", ".."], "--run_name"), (["--run_name", ""], "--run_name")])
+def test_invalid_values_name_their_flag(argv, pattern):
+    with pytest.raises(UsageError, match=re.escape(pattern)) as error:
+        parse(*argv)
+    assert "\n" not in str(error.value)
+
+
+def test_depth_error_names_the_valid_form():
+    with pytest.raises(UsageError, match=r"6n\+2"):
+        parse("--depth", "109")
+    with pytest.raises(UsageError, match=r"9n\+2"):
+        parse("--depth", "109", "--block", "bottleneck")
+    assert parse("--depth", "164", "--block", "bottleneck").depth == 164
+    assert parse("--epochs", "0").epochs == 0
+
+
+def test_config_is_frozen_and_validated_directly():
+    cfg = Config()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.lr = 1.0
+    with pytest.raises(UsageError, match="--batch_size"):
+        Config(batch_size=0)
+    assert dataclasses.replace(cfg, batch_size=256).effective_lr() == pytest.approx(0.2)
+
+
+def test_help_lists_every_field_with_its_default():
+    text = build_parser(Config, "the description").format_help()
+    assert "the description" in text
+    for f in dataclasses.fields(Config):
+        if f.type == "bool" or f.type is bool:
+            assert (f"--no_{f.name}" if f.default else f"--{f.name}") in text
+        else:
+            assert f"--{f.name}" in text
+    assert "(default: 128)" in text
+
+
+def test_a_mode_subclass_adds_its_own_flags():
+    @dataclass(frozen=True)
+    class ModeConfig(Config):
+        bucket_mb: int = flag(25, "gradient bucket size")
+        sync_bn: bool = flag(False, "synchronised BatchNorm")
+
+    cfg = parse_config(ModeConfig, ["--bucket_mb", "8", "--sync_bn", "--no_nesterov"])
+    assert (cfg.bucket_mb, cfg.sync_bn, cfg.nesterov) == (8, True, False)
+    assert parse_config(ModeConfig, []).bucket_mb == 25
+
+
+def test_user_errors_turns_usage_error_into_exit_2(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        with user_errors():
+            raise UsageError("bad flag")
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == "error: bad flag\n"
+    with pytest.raises(SystemExit) as exit_info:
+        with user_errors():
+            raise KeyboardInterrupt
+    assert exit_info.value.code == 130
+    with pytest.raises(ZeroDivisionError):  # a bug stays a traceback
+        with user_errors():
+            1 / 0
+
+
+# ---------------------------------------------------------------------------------------------- optim
+
+def cfg_for(**kwargs) -> Config:
+    return Config(**{"depth": 8, "alpha": 12, **kwargs})
+
+
+@pytest.mark.parametrize("batch, lr", [(128, 0.1), (512, 0.4), (64, 0.05), (1024, 0.8), (32, 0.025)])
+def test_effective_lr_scales_linearly(batch, lr):
+    cfg = cfg_for(batch_size=batch)
+    assert cfg.effective_lr() == pytest.approx(lr)
+    optimizer = build_optimizer(torch.nn.Linear(2, 2), cfg)
+    group = optimizer.param_groups[0]
+    assert group["lr"] == pytest.approx(lr)
+    assert (group["momentum"], group["weight_decay"], group["nesterov"]) == (0.9, 1e-4, True)
+    assert isinstance(optimizer, torch.optim.SGD)
+    assert build_optimizer(torch.nn.Linear(2, 2), cfg_for(nesterov=False)).param_groups[0]["nesterov"] is False
+
+
+@pytest.mark.parametrize("batch", [32, 128])
+def test_no_warmup_at_or_below_the_base_batch(batch):
+    cfg = cfg_for(batch_size=batch, epochs=10)
+    assert warmup_steps(cfg, 20) == 0
+    assert lr_factor(0, cfg, 20) == 1.0 and lr_factor(1, cfg, 20) == 1.0
+    assert "warm-up" not in describe_lr(cfg, 20)
+
+
+@pytest.mark.parametrize("epochs, warmup_epochs, steps_per_epoch, expected", [
+    (10, 5.0, 20, 20),  # capped at a tenth of the 200 steps
+    (300, 5.0, 10, 50),  # 5 epochs
+    (300, 2.5, 10, 25),
+    (100, 0.0, 10, 0)])
+def test_warmup_length(epochs, warmup_epochs, steps_per_epoch, expected):
+    cfg = cfg_for(batch_size=512, epochs=epochs, lr_warmup_epochs=warmup_epochs)
+    assert warmup_steps(cfg, steps_per_epoch) == expected
+    assert warmup_steps(cfg_for(batch_size=129, epochs=epochs, lr_warmup_epochs=warmup_epochs),
+                        steps_per_epoch) == expected
+
+
+def test_warmup_ramps_linearly():
+    cfg = cfg_for(batch_size=512, epochs=300, lr_warmup_epochs=5)
+    ramp = warmup_steps(cfg, 10)
+    assert ramp == 50
+    factors = [lr_factor(step, cfg, 10) for step in range(60)]
+    assert factors[:ramp] == pytest.approx([(step + 1) / ramp for step in range(ramp)])
+    assert factors[0] == pytest.approx(1 / 50) and factors[ramp - 1] == 1.0
+    assert factors[ramp:] == [1.0] * 10
+    assert np.all(np.diff(factors[:ramp]) > 0)
+
+
+def test_step_decay_at_half_and_three_quarters():
+    cfg = cfg_for(batch_size=128, epochs=300)
+    spe = 391
+    assert lr_factor(150 * spe - 1, cfg, spe) == 1.0
+    assert lr_factor(150 * spe, cfg, spe) == pytest.approx(0.1)
+    assert lr_factor(225 * spe - 1, cfg, spe) == pytest.approx(0.1)
+    assert lr_factor(225 * spe, cfg, spe) == pytest.approx(0.01)
+    assert lr_factor(300 * spe - 1, cfg, spe) == pytest.approx(0.01)
+    odd = cfg_for(epochs=5)  # 2.5 and 3.75: the rate drops at epoch index 3 and 4
+    assert [lr_factor(e * 10, odd, 10) for e in range(5)] == pytest.approx([1, 1, 1, 0.1, 0.01])
+    text = describe_lr(odd, 10)
+    assert "after epochs 3 and 4" in text
+
+
+def test_decay_after_warmup():
+    cfg = cfg_for(batch_size=256, epochs=20, lr_warmup_epochs=1)
+    assert warmup_steps(cfg, 10) == 10
+    assert lr_factor(9, cfg, 10) == 1.0 and lr_factor(100, cfg, 10) == pytest.approx(0.1)
+    assert lr_factor(150, cfg, 10) == pytest.approx(0.01)
+
+
+def test_lambda_lr_follows_lr_factor():
+    cfg = cfg_for(batch_size=512, epochs=8, lr_warmup_epochs=1)
+    spe = 5
+    optimizer = build_optimizer(torch.nn.Linear(2, 2), cfg)
+    scheduler = lr_schedule(optimizer, cfg, spe)
+    seen = []
+    for step in range(8 * spe):
+        seen.append(optimizer.param_groups[0]["lr"])  # the rate optimizer.step() uses for this step
+        assert scheduler.get_last_lr()[0] == pytest.approx(seen[-1])
+        optimizer.step()
+        scheduler.step()
+    assert seen == pytest.approx([0.4 * lr_factor(step, cfg, spe) for step in range(8 * spe)])
+    assert seen[0] == pytest.approx(0.4 / 4) and max(seen) == pytest.approx(0.4)
+    assert seen[-1] == pytest.approx(0.004)
+
+
+def test_scheduler_state_dict_round_trips():
+    cfg = cfg_for(batch_size=512, epochs=8, lr_warmup_epochs=1)
+    first = build_optimizer(torch.nn.Linear(2, 2), cfg)
+    scheduler = lr_schedule(first, cfg, 5)
+    for _ in range(13):
+        first.step()
+        scheduler.step()
+    state = scheduler.state_dict()
+    second = build_optimizer(torch.nn.Linear(2, 2), cfg)
+    resumed = lr_schedule(second, cfg, 5)
+    resumed.load_state_dict(state)
+    assert resumed.last_epoch == 13
+    for _ in range(10):
+        first.step()
+        second.step()
+        scheduler.step()
+        resumed.step()
+        assert second.param_groups[0]["lr"] == pytest.approx(first.param_groups[0]["lr"])
+    assert second.param_groups[0]["lr"] == pytest.approx(0.4 * lr_factor(23, cfg, 5))
+
+
+def test_describe_lr():
+    text = describe_lr(cfg_for(batch_size=512, epochs=300), 97)
+    assert text.startswith("lr 0.4 ")
+    assert "0.1 per 128 images x global batch 512" in text
+    assert "warm-up over 485 steps" in text and "after epochs 150 and 225" in text
+    assert describe_lr(cfg_for(batch_size=32, epochs=300), 97).startswith("lr 0.025 ")
+
+
+# ---------------------------------------------------------------------------------------------- devices
+
+@pytest.fixture
+def gpus(monkeypatch):
+    """Pretend the machine has `count` visible CUDA GPUs (0 = no CUDA)."""
+    def set_count(count):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    return set_count
+
+
+def test_cuda_devices_on_a_machine_without_cuda(gpus):
+    gpus(0)
+    assert cuda_devices(None, default_all=True) == []
+    assert cuda_devices(None, default_all=False) == []
+    for requested in [(3,), (0,)]:
+        with pytest.raises(UsageError) as error:
+            cuda_devices(requested, default_all=False)
+        message = str(error.value)
+        assert "no CUDA GPU" in message and "leave out --gpu_devices" in message
+        assert f"no GPU {requested[0]}" in message
+
+
+def test_cuda_devices_refuses_repeats(gpus):
+    gpus(0)
+    with pytest.raises(UsageError, match="GPU 0 more than once"):
+        cuda_devices((0, 0), default_all=True)
+    gpus(4)
+    with pytest.raises(UsageError, match="GPU 2 more than once"):
+        cuda_devices((1, 2, 3, 2), default_all=True)
+
+
+def test_cuda_devices_with_gpus(gpus):
+    gpus(2)
+    assert cuda_devices(None, default_all=True) == [0, 1]
+    assert cuda_devices(None, default_all=False) == [0]
+    assert cuda_devices((1,), default_all=False) == [1]
+    assert cuda_devices((1, 0), default_all=True) == [1, 0]
+    for requested in [(2,), (0, 5), (-1,)]:
+        with pytest.raises(UsageError, match="GPUs 0-1 are visible"):
+            cuda_devices(requested, default_all=True)
+
+
+def test_cuda_devices_on_this_machine():
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    assert cuda_devices(None, default_all=True) == list(range(visible))
+    with pytest.raises(UsageError):
+        cuda_devices((visible,), default_all=True)
+
+
+def test_seed_everything():
+    def draw():
+        return random.random(), np.random.rand(), torch.rand(1).item()
+
+    seed_everything(5)
+    a = draw()
+    seed_everything(5)
+    assert draw() == a
+    seed_everything(6)
+    assert draw() != a
+
+
+# ---------------------------------------------------------------------------------------------- metrics
+
+def test_sums_arithmetic():
+    sums = Sums([10.0, 6, 8, 4, 2.0, 0.5])
+    assert sums.loss == 1.25 and sums.acc == 0.75 and sums.images == 8 and sums.timed_steps == 4
+    assert sums.batch_time == 0.5 and sums.data_frac == 0.25
+    assert sums.images_per_sec(128) == 256.0
+    total = sums + Sums([2.0, 2, 2, 1, 0.5, 0.0])
+    assert total.values == [12.0, 8, 10, 5, 2.5, 0.5]
+    assert total.loss == 1.2 and total.acc == 0.8 and total.batch_time == 0.5 and total.data_frac == 0.2
+    empty = Sums()
+    assert empty.values == [0.0] * Sums.SIZE == [0.0] * 6
+    assert (empty.loss, empty.acc, empty.batch_time, empty.data_frac, empty.images_per_sec(128)) == (None,) * 5
+    assert (empty + sums).values == sums.values
+    no_timing = Sums([3.0, 1, 2, 0, 0.0, 0.0])  # images seen during warm-up only: loss yes, timing no
+    assert no_timing.loss == 1.5 and no_timing.batch_time is None and no_timing.images_per_sec(32) is None
+
+
+def test_train_meter_accumulates_on_the_device():
+    meter = TrainMeter(CPU)
+    logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 3.0, 0.0], [0.0, 0.0, 1.0], [5.0, 0.0, 0.0]])
+    meter.update(torch.tensor(0.5), logits, torch.tensor([0, 1, 0, 2]))  # 2 correct of 4
+    meter.update(torch.tensor(1.5, requires_grad=True), logits[:2], torch.tensor([0, 1]))  # 2 of 2
+    totals = meter.take()
+    assert totals.dtype == torch.float64 and totals.device == CPU
+    assert totals.tolist() == [0.5 * 4 + 1.5 * 2, 4.0, 6.0]
+    assert meter.take().tolist() == [0.0, 0.0, 0.0]  # take() starts afresh
+
+
+class FakeClock:
+    """Stands in for time.perf_counter: the 'loader' and the 'step' advance it by known amounts."""
+
+    def __init__(self):
+        self.now = 100.0
+
+    def perf_counter(self):
+        return self.now
+
+
+def test_step_timer_leaves_out_warmup_and_splits_data_from_compute(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(common.metrics, "time", clock)
+    data = [0.5, 0.25, 1.0, 0.125, 0.5, 0.25, 0.0]
+    compute = [4.0, 3.0, 2.0, 1.0, 3.0, 5.0, 1.0]
+
+    def loader(count):
+        for i in range(count):
+            clock.now += data[i]
+            yield i
+
+    timer = StepTimer(CPU, warmup_steps=2)
+    assert timer.window() == (0, 0.0, 0.0) and timer.percentiles() == (None, None)
+    seen = []
+    for batch in timer.timed(loader(5)):
+        seen.append(batch)
+        clock.now += compute[batch]
+        timer.step_done()
+    assert seen == [0, 1, 2, 3, 4]
+    steps, step_seconds, data_seconds = timer.window()
+    assert steps == 3  # steps 0 and 1 are warm-up
+    assert step_seconds == pytest.approx(sum(data[i] + compute[i] for i in (2, 3, 4)))
+    assert data_seconds == pytest.approx(sum(data[i] for i in (2, 3, 4)))
+    assert data_seconds <= step_seconds
+    assert timer.window() == (0, 0.0, 0.0)  # a window is read once
+    p50, p90 = timer.percentiles()
+    assert sorted(timer.step_seconds) == pytest.approx([1.125, 3.0, 3.5])  # per step: its data wait + compute
+    assert p50 == pytest.approx(3.0) and p90 == pytest.approx(3.4)  # linear interpolation between 3.0 and 3.5
+    # warm-up is counted over the run, not per window
+    timer2_batches = loader(2)
+    for batch in timer.timed(timer2_batches):
+        clock.now += compute[batch]
+        timer.step_done()
+    assert timer.window()[0] == 2
+    assert len(timer.step_seconds) == 5 and timer.data_seconds == pytest.approx(1.625 + 0.75)
+
+
+def test_step_timer_on_the_cpu_with_the_real_clock():
+    timer = StepTimer(CPU, warmup_steps=2)
+    x = torch.randn(64, 64)
+    for _ in timer.timed(range(6)):
+        (x @ x).sum().item()
+        timer.step_done()
+    steps, step_seconds, data_seconds = timer.window()
+    assert steps == 4 and step_seconds > 0 and 0 <= data_seconds <= step_seconds
+    p50, p90 = timer.percentiles()
+    assert p50 is not None and 0 < p50 <= p90
+
+
+def test_window_sums_joins_meter_and_timer(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(common.metrics, "time", clock)
+    meter, timer = TrainMeter(CPU), StepTimer(CPU, warmup_steps=0)
+    for _ in timer.timed(range(2)):
+        clock.now += 2.0
+        meter.update(torch.tensor(1.0), torch.tensor([[1.0, 0.0]] * 4), torch.tensor([0, 0, 1, 1]))
+        timer.step_done()
+    values = window_sums(meter, timer)
+    assert values.dtype == torch.float64 and values.shape == (Sums.SIZE,)
+    sums = Sums(values.tolist())
+    assert sums.values == [8.0, 4.0, 8.0, 2.0, 4.0, 0.0]
+    assert sums.loss == 1.0 and sums.acc == 0.5 and sums.images_per_sec(4) == 2.0
+
+
+def test_evaluation_sums_equals_a_manual_loop():
+    torch.manual_seed(0)
+    model = pyramidnet(8, 12, "basic").eval()
+    generator = torch.Generator().manual_seed(1)
+    loader = [(torch.randn(n, 3, 32, 32, generator=generator), torch.randint(10, (n,), generator=generator))
+              for n in (5, 3, 1)]
+    sums = evaluation_sums(model, loader, CPU)
+    assert sums.dtype == torch.float64 and sums.shape == (3,)
+    loss, correct, images = 0.0, 0, 0
+    with torch.no_grad():
+        for x, y in loader:
+            for i in range(len(y)):  # one image at a time: also checks the batch is summed, not averaged
+                logits = model(x[i:i + 1])
+                loss += F.cross_entropy(logits, y[i:i + 1]).item()
+                correct += int(logits.argmax(1).item() == y[i].item())
+                images += 1
+    assert sums[0].item() == pytest.approx(loss, rel=1e-5)
+    assert sums[1].item() == correct and sums[2].item() == images == 9
+    assert torch.is_grad_enabled()  # evaluation_sums left grad mode as it was
+
+
+def test_evaluation_sums_of_an_empty_loader():
+    sums = evaluation_sums(torch.nn.Linear(2, 2), [], CPU)
+    assert sums.dtype == torch.float64 and sums.tolist() == [0.0, 0.0, 0.0]
+
+
+# ---------------------------------------------------------------------------------------------- logger
+
+def test_resolve_run_dir(tmp_path):
+    log_dir = tmp_path / "runs" / "nested"
+    cfg = Config(log_dir=str(log_dir), run_name="first")
+    assert resolve_run_dir(cfg, "single_gpu", 0) == log_dir / "first"
+    assert list(tmp_path.iterdir()) == []  # checked, nothing created
+    default = resolve_run_dir(Config(log_dir=str(tmp_path)), "dist_parallel", 4)
+    assert default.parent == tmp_path and re.fullmatch(r"dist_parallel-4gpu-\d{8}-\d{6}", default.name)
+    assert re.fullmatch(r"single_gpu-cpu-\d{8}-\d{6}", resolve_run_dir(Config(log_dir=str(tmp_path)),
+                                                                      "single_gpu", 0).name)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_resolve_run_dir_refuses_an_existing_run(tmp_path):
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "results.json").write_text("{}")
+    with pytest.raises(UsageError, match="exists already.*--overwrite"):
+        resolve_run_dir(Config(log_dir=str(tmp_path), run_name="taken"), "single_gpu", 1)
+    assert resolve_run_dir(Config(log_dir=str(tmp_path), run_name="taken", overwrite=True), "single_gpu", 1) == \
+        tmp_path / "taken"
+    assert (tmp_path / "taken" / "results.json").read_text() == "{}"  # resolving never deletes
+
+
+@pytest.mark.parametrize("below", ["", "sub", "sub/deeper"])
+def test_resolve_run_dir_refuses_a_file_as_log_dir(tmp_path, below):
+    file = tmp_path / "not-a-folder"
+    file.write_text("x")
+    log_dir = file / below if below else file
+    with pytest.raises(UsageError, match="is a file") as error:
+        resolve_run_dir(Config(log_dir=str(log_dir), run_name="r"), "single_gpu", 0)
+    assert str(file) in str(error.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["not-a-folder"] and file.read_text() == "x"
+
+
+def test_resolve_run_dir_refuses_an_unwritable_log_dir(tmp_path, monkeypatch):
+    # the tests may run as root, for whom everything is writable: pretend the folder is read-only
+    monkeypatch.setattr(common.logger.os, "access", lambda path, mode: os.fspath(path) != str(tmp_path))
+    with pytest.raises(UsageError, match="not writable"):
+        resolve_run_dir(Config(log_dir=str(tmp_path / "runs"), run_name="r"), "single_gpu", 0)
+
+
+def test_resolve_run_dir_with_a_relative_log_dir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert resolve_run_dir(Config(log_dir="runs", run_name="r"), "single_gpu", 0).as_posix() == "runs/r"
+
+
+@pytest.fixture
+def tiny():
+    torch.manual_seed(0)
+    return pyramidnet(8, 12, "basic")
+
+
+def fresh(seed=1):
+    torch.manual_seed(seed)
+    return pyramidnet(8, 12, "basic")
+
+
+def same_weights(a, b) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+@pytest.mark.parametrize("wrap", ["plain", "checkpoint", "module", "checkpoint-module"])
+def test_load_model_weights_accepts(tmp_path, tiny, wrap):
+    with torch.no_grad():
+        tiny.bn1.running_mean.add_(1.0)  # buffers travel too
+    state = tiny.state_dict()
+    if "module" in wrap:
+        state = {f"module.{k}": v for k, v in state.items()}
+    if "checkpoint" in wrap:
+        optimizer = torch.optim.SGD(tiny.parameters(), lr=0.1, momentum=0.9)
+        state = {"model": state, "optimizer": optimizer.state_dict(), "epoch": 3}
+    path = tmp_path / "model.pt"
+    torch.save(state, path)
+    model = fresh()
+    assert not same_weights(model, tiny)
+    load_model_weights(model, str(path))
+    assert same_weights(model, tiny)
+
+
+def refused(model, path, pattern):
+    with pytest.raises(UsageError, match=pattern) as error:
+        load_model_weights(model, str(path))
+    assert "\n" not in str(error.value) and str(path) in str(error.value)
+
+
+def test_load_model_weights_refuses_missing_files(tmp_path):
+    refused(fresh(), tmp_path / "nothing.pt", "no file")
+    refused(fresh(), tmp_path, "no file")  # a folder
+
+
+def test_load_model_weights_refuses_non_torch_files(tmp_path):
+    path = tmp_path / "random.pt"
+    path.write_bytes(np.random.default_rng(0).bytes(4096))
+    refused(fresh(), path, "not a PyTorch weights file")
+    empty = tmp_path / "empty.pt"
+    empty.write_bytes(b"")
+    refused(fresh(), empty, "not a PyTorch weights file")
+
+
+@pytest.mark.parametrize("content", [
+    [torch.zeros(3)], torch.zeros(3), {"weight": 3}, {"model": [1, 2]}, {"a": torch.zeros(1), "b": "text"}, 42])
+def test_load_model_weights_refuses_files_without_a_state_dict(tmp_path, content):
+    path = tmp_path / "model.pt"
+    torch.save(content, path)
+    refused(fresh(), path, "holds no model weights")
+
+
+def test_load_model_weights_refuses_other_architectures(tmp_path):
+    for depth, alpha, block in [(14, 12, "basic"), (8, 24, "basic"), (11, 12, "bottleneck")]:
+        path = tmp_path / f"{depth}-{alpha}-{block}.pt"
+        torch.save(pyramidnet(depth, alpha, block).state_dict(), path)
+        model = fresh()
+        refused(model, path, "do not fit this model.*--depth")
+    empty = tmp_path / "empty.pt"
+    torch.save({}, empty)
+    refused(fresh(), empty, "do not fit")
+
+
+def test_load_model_weights_refuses_pickled_objects(tmp_path):
+    path = tmp_path / "whole-model.pt"
+    torch.save(SimpleNamespace(weights=torch.zeros(1)), path)  # not loadable with weights_only=True
+    refused(fresh(), path, "not a PyTorch weights file")
