@@ -2,6 +2,7 @@
 elastic launcher, and the end-of-run check that every rank holds the same weights."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import ipaddress
 import os
@@ -11,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from common.config import UsageError
+from common.devices import cuda_devices
 
 
 def launched() -> bool:
@@ -107,6 +109,7 @@ def describe_sync(report: dict, sync_bn: bool) -> str:
 
 def check_launch(batch_size: int, world_size: int, backend: str | None, sync_bn: bool) -> None:
     """What can be refused before any worker starts: the same checks run again in every worker."""
+    check_master_address()
     cuda = torch.cuda.is_available()
     if backend == "nccl" and not cuda:
         raise UsageError("--backend nccl needs CUDA GPUs and this machine has none; use --backend gloo on CPUs")
@@ -133,3 +136,37 @@ def verify_sync(raw_model: torch.nn.Module, sync_bn: bool, is_main: bool) -> dic
         raise SystemExit("error: the ranks hold different parameters (named above): their training diverged"
                          if is_main else 1)
     return report
+
+
+def own_gpu(gpu_devices, local_rank: int) -> list[int]:
+    """This process's GPU: the local_rank-th of --gpu_devices (default: of every visible GPU); [] without CUDA."""
+    gpus = cuda_devices(gpu_devices, default_all=True)
+    if gpus and local_rank >= len(gpus):
+        raise UsageError(f"local rank {local_rank} has no GPU of its own ({len(gpus)} available): start at most "
+                         f"one process per GPU")
+    return gpus[local_rank:local_rank + 1]
+
+
+@contextlib.contextmanager
+def node_leader_first(local_rank: int):
+    """The body runs first on each node's local rank 0 (a download, say), then on the others, which find its files."""
+    if local_rank != 0:
+        dist.barrier()
+    yield
+    if local_rank == 0:
+        dist.barrier()
+
+
+def self_launch(cfg, script: str, argv, mode: str) -> int:
+    """`python train.py` without torchrun: refuse what can be refused, then start one worker per GPU (or
+    --nproc_per_node CPU workers) as `torchrun --standalone` would; each worker runs `script` again."""
+    from common.logger import resolve_run_dir
+
+    gpus = cuda_devices(cfg.gpu_devices, default_all=True)
+    nproc = cfg.nproc_per_node or len(gpus) or 1
+    if gpus and nproc > len(gpus):
+        raise UsageError(f"--nproc_per_node {nproc} is more than the {len(gpus)} GPUs available: one process per GPU")
+    check_launch(cfg.batch_size, nproc, cfg.backend, cfg.sync_bn)
+    resolve_run_dir(cfg, mode, nproc)
+    os.environ.setdefault("OMP_NUM_THREADS", str(max((os.cpu_count() or 1) // nproc, 1)))  # share the cores
+    return launch_workers(script, sys.argv[1:] if argv is None else [str(arg) for arg in argv], nproc)

@@ -37,38 +37,49 @@ def resolve_run_dir(cfg: Config, mode: str, gpu_count: int) -> Path:
 
 
 class RunLogger:
-    """TensorBoard scalars (tensorboardX) and results.json in one run folder."""
+    """TensorBoard scalars (tensorboardX), results.json and model.pt in one run folder. Given no folder (every
+    process but the main one of a process group) it writes nothing, so callers need no guard."""
 
-    def __init__(self, run_dir: Path, cfg: Config, mode: str, world_size: int):
+    def __init__(self, run_dir: Path | None, cfg: Config, mode: str, world_size: int):
+        self.run_dir, self.cfg, self.mode, self.world_size = run_dir, cfg, mode, world_size
+        self.writer = None
+        if run_dir is None:
+            return
         from tensorboardX import SummaryWriter
 
         if run_dir.exists():  # only with --overwrite, checked by resolve_run_dir
             shutil.rmtree(run_dir)
         run_dir.mkdir(parents=True)
-        self.run_dir, self.cfg, self.mode, self.world_size = run_dir, cfg, mode, world_size
         self.writer = SummaryWriter(logdir=str(run_dir))
         self.writer.add_text("config", "\n".join(f"    {k}: {v}" for k, v in dataclasses.asdict(cfg).items()))
 
     def scalars(self, step: int, values: dict) -> None:
+        if self.writer is None:
+            return
         for tag, value in values.items():
             if value is not None:
                 self.writer.add_scalar(tag, value, step)
 
-    def write_results(self, summary: dict, **extra) -> Path:
+    def write_results(self, summary: dict, **extra) -> Path | None:
         assert set(SUMMARY_FIELDS) <= set(summary), f"summary lacks {set(SUMMARY_FIELDS) - set(summary)}"
+        if self.run_dir is None:
+            return None
         results = {"mode": self.mode, "world_size": self.world_size, "config": dataclasses.asdict(self.cfg),
                    "env": environment(), "summary": summary, **extra}
         path = self.run_dir / "results.json"
         _write_atomically(path, lambda f: f.write(json.dumps(results, indent=2).encode()))
         return path
 
-    def save_model(self, state_dict: dict) -> Path:
+    def save_model(self, state_dict: dict) -> Path | None:
+        if self.run_dir is None:
+            return None
         path = self.run_dir / "model.pt"
         _write_atomically(path, lambda f: torch.save(state_dict, f))
         return path
 
     def close(self) -> None:
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()
 
 
 def _write_atomically(path: Path, write) -> None:
@@ -113,15 +124,17 @@ def window_line(epoch: int, epochs: int, step: int, steps: int, loss: float, acc
     return f"Epoch {epoch + 1}/{epochs} [{step}/{steps}] loss {loss:.3f} acc {100 * acc:.2f}% {timing}"
 
 
-class Progress:
-    """A tqdm bar per epoch when stdout is a terminal (and --no_progress is not given); plain lines always."""
+class Console:
+    """What a run prints: plain lines, and a tqdm bar per epoch when stdout is a terminal and `bar` is set.
+    Disabled (every process but the main one of a process group), it prints nothing, so callers need no guard."""
 
-    def __init__(self, enabled: bool):
-        self.enabled = enabled and sys.stdout.isatty()
+    def __init__(self, enabled: bool, bar: bool):
+        self.enabled = enabled
+        self.show_bar = enabled and bar and sys.stdout.isatty()
         self.bar = None
 
     def start(self, total: int, description: str) -> None:
-        if self.enabled:
+        if self.show_bar:
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, desc=description, leave=False, dynamic_ncols=True)
@@ -135,7 +148,7 @@ class Progress:
     def line(self, text: str) -> None:
         if self.bar is not None:
             self.bar.write(text)
-        else:
+        elif self.enabled:
             print(text, flush=True)
 
     def close(self) -> None:

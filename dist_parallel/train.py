@@ -30,10 +30,10 @@ from torch.utils.data import DistributedSampler
 
 from common.config import Config, UsageError, flag, parse_config, user_errors
 from common.data import EvalShard, load_datasets, make_loader
-from common.devices import cuda_devices, seed_everything, warn
-from common.distributed import (by_rank, check_launch, check_master_address, launch_workers, launched,
-                                rank_info, verify_sync)
-from common.logger import Progress, RunLogger, load_model_weights, resolve_run_dir, window_line
+from common.devices import seed_everything, warn
+from common.distributed import (by_rank, check_launch, launched, node_leader_first, own_gpu, rank_info,
+                                self_launch, verify_sync)
+from common.logger import Console, RunLogger, load_model_weights, resolve_run_dir, window_line
 from common.metrics import StepTimer, Sums, TrainMeter, evaluation_sums, window_sums
 from common.optim import build_optimizer, describe_lr, lr_schedule
 from common.telemetry import GpuTelemetry, peak_memory_gb
@@ -59,44 +59,23 @@ def get_config(argv=None) -> DistConfig:
 # ---------------------------------------------------------------------------------------------------- setup
 def setup(cfg: DistConfig):
     """Join the process group. The device is this process's GPU (the local_rank-th of --gpu_devices) or the CPU."""
-    rank, local_rank, world_size = rank_info()
-    check_master_address()
+    rank, local_rank, world_size = rank_info()  # set by torchrun (or by hand)
     check_launch(cfg.batch_size, world_size, cfg.backend, cfg.sync_bn)
-    gpus = cuda_devices(cfg.gpu_devices, default_all=True)
-    if gpus and local_rank >= len(gpus):
-        raise UsageError(f"local rank {local_rank} has no GPU of its own ({len(gpus)} available): start at most "
-                         f"one process per GPU")
+    gpus = own_gpu(cfg.gpu_devices, local_rank)  # one GPU per process
+    if gpus:
+        torch.cuda.set_device(gpus[0])  # before the process group: NCCL binds this process to its GPU
+    elif rank == 0:
+        warn("no CUDA GPU found: training on the CPU")
     backend = cfg.backend or ("nccl" if gpus else "gloo")
-    if not gpus:
-        if rank == 0:
-            warn("no CUDA GPU found: training on the CPU with gloo")
-        dist.init_process_group(backend, init_method=cfg.init_method, rank=rank, world_size=world_size)
-        return torch.device("cpu"), []
-    torch.cuda.set_device(gpus[local_rank])  # before the process group: NCCL binds this process to its GPU
     dist.init_process_group(backend, init_method=cfg.init_method, rank=rank, world_size=world_size)
-    return torch.device("cuda", gpus[local_rank]), [gpus[local_rank]]
-
-
-def launch_here(cfg: DistConfig, argv) -> int:
-    """`python train.py` without torchrun: refuse what can be refused, then start one worker per GPU (or
-    --nproc_per_node CPU workers) as `torchrun --standalone` would; each worker runs this file again."""
-    gpus = cuda_devices(cfg.gpu_devices, default_all=True)
-    nproc = cfg.nproc_per_node or len(gpus) or 1
-    if gpus and nproc > len(gpus):
-        raise UsageError(f"--nproc_per_node {nproc} is more than the {len(gpus)} GPUs available: one process per GPU")
-    check_launch(cfg.batch_size, nproc, cfg.backend, cfg.sync_bn)
-    resolve_run_dir(cfg, MODE, nproc)
-    return launch_workers(__file__, sys.argv[1:] if argv is None else [str(arg) for arg in argv], nproc)
+    return (torch.device("cuda", gpus[0]) if gpus else torch.device("cpu")), gpus
 
 
 # ---------------------------------------------------------------------------------------------------- data
 def get_loaders(cfg: Config, device: torch.device):
     rank, local_rank, world_size = rank_info()
-    if local_rank != 0:
-        dist.barrier()  # each node's first process downloads; the others then read its files
-    train_set, test_set = load_datasets(cfg.dataset, cfg.data_dir, cfg.synthetic_size, cfg.seed)
-    if local_rank == 0:
-        dist.barrier()
+    with node_leader_first(local_rank):  # one download per node
+        train_set, test_set = load_datasets(cfg.dataset, cfg.data_dir, cfg.synthetic_size, cfg.seed)
     if cfg.batch_size > len(train_set):
         raise UsageError(f"--batch_size {cfg.batch_size} is larger than the training set ({len(train_set)} "
                          f"images); use a smaller batch")
@@ -134,7 +113,7 @@ def train_one_epoch(run, epoch: int) -> Sums:
     model.train()
     loader.set_epoch(epoch)
     epoch_sums = Sums()
-    run.progress.start(len(loader), f"Epoch {epoch + 1}/{cfg.epochs}")
+    run.console.start(len(loader), f"Epoch {epoch + 1}/{cfg.epochs}")
     for index, (images, labels) in enumerate(run.timer.timed(loader), start=1):
         logits = model(images)
         loss = F.cross_entropy(logits, labels)
@@ -145,18 +124,18 @@ def train_one_epoch(run, epoch: int) -> Sums:
         run.meter.update(loss, logits, labels)
         run.timer.step_done()
         run.step += 1
-        run.progress.update()
+        run.console.update()
         last = index == len(loader) or run.step == cfg.max_steps
         if index % cfg.log_interval == 0 or last:
             epoch_sums += log_window(run, epoch, index)
         if last:
             break
-    run.progress.close()
+    run.console.close()
     return epoch_sums
 
 
 def log_window(run, epoch: int, index: int) -> Sums:
-    """Read the window's totals (one host sync), print a line, write TensorBoard."""
+    """Read the window's totals (one host sync), then report them."""
     totals = window_sums(run.meter, run.timer)
     dist.all_reduce(totals)  # images and correct predictions add up over ranks
     totals[3:] /= dist.get_world_size()  # timings: the mean over ranks
@@ -164,17 +143,16 @@ def log_window(run, epoch: int, index: int) -> Sums:
     gpu = by_rank(run.telemetry.window())  # every rank's GPU, keyed by rank
     run.totals += sums
     run.gpu_util += [util for util, _ in gpu.values() if util is not None]
-    if run.is_main:
-        report_window(run, epoch, index, sums, gpu)
+    report_window(run, epoch, index, sums, gpu)
     return sums
 
 
 def report_window(run, epoch: int, index: int, sums: Sums, gpu: dict) -> None:
     """The window's side effects: the log line, the progress bar's figures, TensorBoard."""
     rate = sums.images_per_sec(run.cfg.batch_size)
-    run.progress.line(window_line(epoch, run.cfg.epochs, index, len(run.train_loader), sums.loss, sums.acc,
+    run.console.line(window_line(epoch, run.cfg.epochs, index, len(run.train_loader), sums.loss, sums.acc,
                                   sums.batch_time, sums.data_frac, rate))
-    run.progress.update(0, loss=f"{sums.loss:.3f}", acc=f"{100 * sums.acc:.1f}%", img_s=f"{rate or 0:.0f}")
+    run.console.update(0, loss=f"{sums.loss:.3f}", acc=f"{100 * sums.acc:.1f}%", img_s=f"{rate or 0:.0f}")
     run.logger.scalars(run.step, {
         "train/loss": sums.loss, "train/acc": sums.acc, "train/lr": run.scheduler.get_last_lr()[0],
         "time/batch": sums.batch_time, "time/data": sums.data_frac, "throughput/images_per_sec": rate,
@@ -182,14 +160,20 @@ def report_window(run, epoch: int, index: int, sums: Sums, gpu: dict) -> None:
         **{f"gpu/mem_gb/{i}": mem for i, (_, mem) in gpu.items()}})
 
 
+def report_test(run, epoch: int, test: tuple[float, float, int], epoch_seconds: float) -> None:
+    run.logger.scalars(run.step, {"test/loss": test[0], "test/acc": test[1]})
+    run.console.line(f"Epoch {epoch + 1}/{run.cfg.epochs} test loss {test[0]:.3f} acc {100 * test[1]:.2f}% "
+                     f"({test[2]} images) epoch {epoch_seconds:.1f}s")
+
+
 @torch.no_grad()
-def evaluate(raw_model: torch.nn.Module, loader, device: torch.device) -> tuple[float, float]:
-    """Test loss and accuracy over every test image exactly once."""
+def evaluate(raw_model: torch.nn.Module, loader, device: torch.device) -> tuple[float, float, int]:
+    """Test loss and accuracy over every test image exactly once, and how many images that was."""
     raw_model.eval()  # the unwrapped model: DDP's forward would sync buffers, and ranks have unequal shards
     sums = evaluation_sums(raw_model, loader, device)
     dist.all_reduce(sums)  # each rank evaluated its shard: summed, every test image counts once
     loss_sum, correct, images = sums.tolist()
-    return loss_sum / images, correct / images
+    return loss_sum / images, correct / images, int(images)
 
 
 # ---------------------------------------------------------------------------------------------------- main loop
@@ -205,8 +189,7 @@ class Run:
     timer: StepTimer
     meter: TrainMeter
     telemetry: GpuTelemetry
-    progress: Progress
-    is_main: bool  # rank 0: the only process that prints and writes
+    console: Console
     step: int = 0  # optimizer steps so far
     totals: Sums = field(default_factory=Sums)  # every log window of the run
     gpu_util: list = field(default_factory=list)  # every window's utilisation of every GPU
@@ -215,10 +198,10 @@ class Run:
 def main(argv=None) -> int:
     started = time.perf_counter()
     cfg = get_config(argv)
-    if not launched():
-        return launch_here(cfg, argv)
+    if not launched():  # `python train.py`: start the workers as torchrun would
+        return self_launch(cfg, __file__, argv, MODE)
     device, gpus = setup(cfg)
-    is_main = dist.get_rank() == 0  # the one process that prints and writes
+    is_main = dist.get_rank() == 0  # only rank 0 prints and writes: the others get a silent console and logger
     run_dir = resolve_run_dir(cfg, MODE, dist.get_world_size()) if is_main else None
     seed_everything(cfg.seed)
     train_loader, test_loader = get_loaders(cfg, device)
@@ -226,38 +209,33 @@ def main(argv=None) -> int:
     if cfg.evaluate:
         load_model_weights(raw_model, cfg.evaluate)
     optimizer, scheduler = get_optimizer(cfg, raw_model, len(train_loader))
-    logger = RunLogger(run_dir, cfg, MODE, world_size=dist.get_world_size()) if is_main else None
-    if is_main:
-        print(f"{MODE}: PyramidNet-{cfg.depth} alpha={cfg.alpha:g} {cfg.block}, {cfg.dataset}, global batch "
-              f"{cfg.batch_size} = {dist.get_world_size()} x {cfg.batch_size // dist.get_world_size()} on "
-              f"{dist.get_backend()}; {describe_lr(cfg, len(train_loader))}; logs in {run_dir}", flush=True)
+    logger, console = RunLogger(run_dir, cfg, MODE, dist.get_world_size()), Console(is_main, bar=cfg.progress)
+    console.line(f"{MODE}: PyramidNet-{cfg.depth} alpha={cfg.alpha:g} {cfg.block}, {cfg.dataset}, global batch "
+                 f"{cfg.batch_size} = {dist.get_world_size()} x {cfg.batch_size // dist.get_world_size()} over "
+                 f"{dist.get_backend()}; {describe_lr(cfg, len(train_loader))}; logs in {run_dir}")
     run = Run(cfg=cfg, model=model, train_loader=train_loader, optimizer=optimizer, scheduler=scheduler,
               logger=logger, timer=StepTimer(device, cfg.warmup_steps), meter=TrainMeter(device),
-              telemetry=GpuTelemetry(gpus), progress=Progress(cfg.progress and is_main), is_main=is_main)
-    epoch_sums, test, epoch_times, sync = Sums(), (None, None), [], {}
+              telemetry=GpuTelemetry(gpus), console=console)
+    epoch_sums, test, epoch_times = Sums(), (None, None, 0), []
     try:
         if cfg.evaluate:
             test = evaluate(raw_model, test_loader, device)
-            if is_main:
-                print(f"{cfg.evaluate}: test loss {test[0]:.4f} acc {100 * test[1]:.2f}%", flush=True)
+            console.line(f"{cfg.evaluate}: test loss {test[0]:.4f} acc {100 * test[1]:.2f}% ({test[2]} images)")
         for epoch in range(0 if cfg.evaluate else cfg.epochs):
             epoch_start = time.perf_counter()
             epoch_sums = train_one_epoch(run, epoch)
             epoch_times.append(time.perf_counter() - epoch_start)
             test = evaluate(raw_model, test_loader, device)
-            if is_main:
-                logger.scalars(run.step, {"test/loss": test[0], "test/acc": test[1]})
-                print(f"Epoch {epoch + 1}/{cfg.epochs} test loss {test[0]:.3f} acc {100 * test[1]:.2f}% "
-                      f"({len(test_loader.sampler)} images on rank 0) epoch {epoch_times[-1]:.1f}s", flush=True)
+            report_test(run, epoch, test, epoch_times[-1])
             if cfg.verify_sync:
                 verify_sync(raw_model, cfg.sync_bn, is_main)
             if run.step == cfg.max_steps:
                 break
-        sync = verify_sync(raw_model, cfg.sync_bn, is_main)  # every rank must end with the same weights
-        if cfg.save_model and not cfg.evaluate and is_main:
-            print(f"weights saved to {logger.save_model(raw_model.state_dict())}")
+        sync = verify_sync(raw_model, cfg.sync_bn, is_main)  # every rank must end with the same parameters
+        if cfg.save_model and not cfg.evaluate:
+            console.line(f"weights saved to {logger.save_model(raw_model.state_dict())}")
         p50, p90 = run.timer.percentiles()
-        peaks = by_rank(peak_memory_gb(gpus))
+        peaks = by_rank(peak_memory_gb(gpus))  # each rank's GPU, keyed by rank
         summary = {
             "images_per_sec": run.totals.images_per_sec(cfg.batch_size), "batch_time_p50": p50,
             "batch_time_p90": p90, "data_wait_frac": run.totals.data_frac,
@@ -267,14 +245,12 @@ def main(argv=None) -> int:
             "epoch_time_s": sum(epoch_times) / len(epoch_times) if epoch_times else None,
             "wall_time_s": time.perf_counter() - started, "steps": run.step,
             "params_in_sync": sync["params_in_sync"], "buffers_max_abs_diff": sync["buffers_max_abs_diff"]}
-        if is_main:
-            path = logger.write_results(summary, peak_mem_gb_per_gpu={str(i): gb for i, gb in peaks.items()})
-            print(f"results in {path}")
+        path = logger.write_results(summary, peak_mem_gb_per_gpu={str(i): gb for i, gb in peaks.items()})
+        console.line(f"results in {path}")
     # ------------------------------------------------------------------------------------------------ teardown
     finally:
         run.telemetry.close()
-        if is_main:
-            logger.close()
+        logger.close()
 
 
 if __name__ == "__main__":
@@ -283,4 +259,4 @@ if __name__ == "__main__":
             sys.exit(main())
         finally:
             if dist.is_initialized():
-                dist.destroy_process_group()  # always, so no rank is left holding the group
+                dist.destroy_process_group()  # always, even after an error, so no rank is left holding the group

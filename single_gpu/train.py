@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from common.config import Config, UsageError, parse_config, user_errors
 from common.data import EvalShard, ShuffleSampler, load_datasets, make_loader
 from common.devices import cuda_devices, seed_everything, warn
-from common.logger import Progress, RunLogger, load_model_weights, resolve_run_dir, window_line
+from common.logger import Console, RunLogger, load_model_weights, resolve_run_dir, window_line
 from common.metrics import StepTimer, Sums, TrainMeter, evaluation_sums, window_sums
 from common.optim import build_optimizer, describe_lr, lr_schedule
 from common.telemetry import GpuTelemetry, peak_memory_gb
@@ -43,11 +43,11 @@ def setup(cfg: Config):
         raise UsageError("single_gpu trains on one GPU: for several use data_parallel/train.py or "
                          "dist_parallel/train.py")
     gpus = cuda_devices(cfg.gpu_devices, default_all=False)
-    if not gpus:
+    if gpus:
+        torch.cuda.set_device(gpus[0])
+    else:
         warn("no CUDA GPU found: training on the CPU")
-        return torch.device("cpu"), gpus
-    torch.cuda.set_device(gpus[0])
-    return torch.device("cuda", gpus[0]), gpus
+    return (torch.device("cuda", gpus[0]) if gpus else torch.device("cpu")), gpus
 
 
 # ---------------------------------------------------------------------------------------------------- data
@@ -86,7 +86,7 @@ def train_one_epoch(run, epoch: int) -> Sums:
     model.train()
     loader.set_epoch(epoch)
     epoch_sums = Sums()
-    run.progress.start(len(loader), f"Epoch {epoch + 1}/{cfg.epochs}")
+    run.console.start(len(loader), f"Epoch {epoch + 1}/{cfg.epochs}")
     for index, (images, labels) in enumerate(run.timer.timed(loader), start=1):
         logits = model(images)
         loss = F.cross_entropy(logits, labels)
@@ -97,18 +97,18 @@ def train_one_epoch(run, epoch: int) -> Sums:
         run.meter.update(loss, logits, labels)
         run.timer.step_done()
         run.step += 1
-        run.progress.update()
+        run.console.update()
         last = index == len(loader) or run.step == cfg.max_steps
         if index % cfg.log_interval == 0 or last:
             epoch_sums += log_window(run, epoch, index)
         if last:
             break
-    run.progress.close()
+    run.console.close()
     return epoch_sums
 
 
 def log_window(run, epoch: int, index: int) -> Sums:
-    """Read the window's totals (one host sync), print a line, write TensorBoard."""
+    """Read the window's totals (one host sync), then report them."""
     sums = Sums(window_sums(run.meter, run.timer).tolist())
     gpu = run.telemetry.window()
     run.totals += sums
@@ -120,9 +120,9 @@ def log_window(run, epoch: int, index: int) -> Sums:
 def report_window(run, epoch: int, index: int, sums: Sums, gpu: dict) -> None:
     """The window's side effects: the log line, the progress bar's figures, TensorBoard."""
     rate = sums.images_per_sec(run.cfg.batch_size)
-    run.progress.line(window_line(epoch, run.cfg.epochs, index, len(run.train_loader), sums.loss, sums.acc,
+    run.console.line(window_line(epoch, run.cfg.epochs, index, len(run.train_loader), sums.loss, sums.acc,
                                   sums.batch_time, sums.data_frac, rate))
-    run.progress.update(0, loss=f"{sums.loss:.3f}", acc=f"{100 * sums.acc:.1f}%", img_s=f"{rate or 0:.0f}")
+    run.console.update(0, loss=f"{sums.loss:.3f}", acc=f"{100 * sums.acc:.1f}%", img_s=f"{rate or 0:.0f}")
     run.logger.scalars(run.step, {
         "train/loss": sums.loss, "train/acc": sums.acc, "train/lr": run.scheduler.get_last_lr()[0],
         "time/batch": sums.batch_time, "time/data": sums.data_frac, "throughput/images_per_sec": rate,
@@ -130,12 +130,18 @@ def report_window(run, epoch: int, index: int, sums: Sums, gpu: dict) -> None:
         **{f"gpu/mem_gb/{i}": mem for i, (_, mem) in gpu.items()}})
 
 
+def report_test(run, epoch: int, test: tuple[float, float, int], epoch_seconds: float) -> None:
+    run.logger.scalars(run.step, {"test/loss": test[0], "test/acc": test[1]})
+    run.console.line(f"Epoch {epoch + 1}/{run.cfg.epochs} test loss {test[0]:.3f} acc {100 * test[1]:.2f}% "
+                     f"({test[2]} images) epoch {epoch_seconds:.1f}s")
+
+
 @torch.no_grad()
-def evaluate(raw_model: torch.nn.Module, loader, device: torch.device) -> tuple[float, float]:
-    """Test loss and accuracy over every test image exactly once."""
+def evaluate(raw_model: torch.nn.Module, loader, device: torch.device) -> tuple[float, float, int]:
+    """Test loss and accuracy over every test image exactly once, and how many images that was."""
     raw_model.eval()
     loss_sum, correct, images = evaluation_sums(raw_model, loader, device).tolist()
-    return loss_sum / images, correct / images
+    return loss_sum / images, correct / images, int(images)
 
 
 # ---------------------------------------------------------------------------------------------------- main loop
@@ -151,7 +157,7 @@ class Run:
     timer: StepTimer
     meter: TrainMeter
     telemetry: GpuTelemetry
-    progress: Progress
+    console: Console
     step: int = 0  # optimizer steps so far
     totals: Sums = field(default_factory=Sums)  # every log window of the run
     gpu_util: list = field(default_factory=list)  # every window's utilisation of every GPU
@@ -168,29 +174,27 @@ def main(argv=None) -> None:
     if cfg.evaluate:
         load_model_weights(raw_model, cfg.evaluate)
     optimizer, scheduler = get_optimizer(cfg, raw_model, len(train_loader))
-    logger = RunLogger(run_dir, cfg, MODE, world_size=1)
-    print(f"{MODE}: PyramidNet-{cfg.depth} alpha={cfg.alpha:g} {cfg.block}, {cfg.dataset}, global batch "
-          f"{cfg.batch_size} on {device}; {describe_lr(cfg, len(train_loader))}; logs in {run_dir}", flush=True)
+    logger, console = RunLogger(run_dir, cfg, MODE, world_size=1), Console(enabled=True, bar=cfg.progress)
+    console.line(f"{MODE}: PyramidNet-{cfg.depth} alpha={cfg.alpha:g} {cfg.block}, {cfg.dataset}, global batch "
+                 f"{cfg.batch_size} on {device}; {describe_lr(cfg, len(train_loader))}; logs in {run_dir}")
     run = Run(cfg=cfg, model=model, train_loader=train_loader, optimizer=optimizer, scheduler=scheduler,
               logger=logger, timer=StepTimer(device, cfg.warmup_steps), meter=TrainMeter(device),
-              telemetry=GpuTelemetry(gpus), progress=Progress(cfg.progress))
-    epoch_sums, test, epoch_times = Sums(), (None, None), []
+              telemetry=GpuTelemetry(gpus), console=console)
+    epoch_sums, test, epoch_times = Sums(), (None, None, 0), []
     try:
         if cfg.evaluate:
             test = evaluate(raw_model, test_loader, device)
-            print(f"{cfg.evaluate}: test loss {test[0]:.4f} acc {100 * test[1]:.2f}%", flush=True)
+            console.line(f"{cfg.evaluate}: test loss {test[0]:.4f} acc {100 * test[1]:.2f}% ({test[2]} images)")
         for epoch in range(0 if cfg.evaluate else cfg.epochs):
             epoch_start = time.perf_counter()
             epoch_sums = train_one_epoch(run, epoch)
             epoch_times.append(time.perf_counter() - epoch_start)
             test = evaluate(raw_model, test_loader, device)
-            logger.scalars(run.step, {"test/loss": test[0], "test/acc": test[1]})
-            print(f"Epoch {epoch + 1}/{cfg.epochs} test loss {test[0]:.3f} acc {100 * test[1]:.2f}% "
-                  f"({len(test_loader.sampler)} images) epoch {epoch_times[-1]:.1f}s", flush=True)
+            report_test(run, epoch, test, epoch_times[-1])
             if run.step == cfg.max_steps:
                 break
         if cfg.save_model and not cfg.evaluate:
-            print(f"weights saved to {logger.save_model(raw_model.state_dict())}")
+            console.line(f"weights saved to {logger.save_model(raw_model.state_dict())}")
         p50, p90 = run.timer.percentiles()
         peaks = peak_memory_gb(gpus)
         summary = {
@@ -202,7 +206,7 @@ def main(argv=None) -> None:
             "epoch_time_s": sum(epoch_times) / len(epoch_times) if epoch_times else None,
             "wall_time_s": time.perf_counter() - started, "steps": run.step}
         path = logger.write_results(summary, peak_mem_gb_per_gpu={str(i): gb for i, gb in peaks.items()})
-        print(f"results in {path}")
+        console.line(f"results in {path}")
     # ------------------------------------------------------------------------------------------------ teardown
     finally:
         run.telemetry.close()
