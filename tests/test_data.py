@@ -101,6 +101,9 @@ def test_synthetic_depends_only_on_the_seed():
     train, test = SyntheticCIFAR(60, 1, train=True), SyntheticCIFAR(60, 1, train=False)
     assert not np.array_equal(train.data, test.data) and train.targets != test.targets
     assert not any(np.array_equal(image, a_train.data[0]) for image in test.data)
+    # load_datasets' test set is the train=False stream, not a prefix of the training stream
+    assert np.array_equal(a_test.data, SyntheticCIFAR(12, 1, train=False).data)
+    assert a_test.targets != a_train.targets[:12]
 
 
 def test_synthetic_is_learnable_and_test_matches_train():
@@ -226,8 +229,8 @@ def test_device_loader_labels_follow_the_sampler():
         assert np.array_equal(unnormalise(images), dataset.data[order].astype(np.int64))
 
 
-def augmented_epoch(dataset, seed=0, epoch=0, rank=0, batch=32, sampler_seed=0):
-    sampler = ShuffleSampler(len(dataset.targets), shuffle=True, seed=sampler_seed)
+def augmented_epoch(dataset, seed=0, epoch=0, rank=0, batch=32, sampler_seed=0, shuffle=True):
+    sampler = ShuffleSampler(len(dataset.targets), shuffle=shuffle, seed=sampler_seed)
     loader = make_loader("gpu", dataset, sampler, batch, CPU, train=True, augment=True, num_workers=0, seed=seed,
                          rank=rank)
     loader.set_epoch(epoch)
@@ -244,10 +247,13 @@ def test_augmentation_is_reproducible():
     loader = make_loader("gpu", dataset, sampler, 32, CPU, train=True, augment=True, num_workers=0, seed=1)
     loader.set_epoch(2)
     assert torch.equal(collect(loader)[1], collect(loader)[1])
-    # another epoch, seed or rank: other crops (same sampler order, so only the augmentation differs)
+    # another epoch, seed or rank: other crops, even in the same order (no shuffling: only the augmentation differs)
+    reference = augmented_epoch(dataset, seed=1, epoch=2, shuffle=False)
+    assert torch.equal(reference[1], torch.tensor(dataset.targets))
     for other in (dict(seed=1, epoch=3), dict(seed=2, epoch=2), dict(seed=1, epoch=2, rank=1)):
-        ordered = augmented_epoch(dataset, **other, sampler_seed=0)
-        assert not torch.equal(images, ordered[0])
+        ordered = augmented_epoch(dataset, **other, shuffle=False)
+        assert torch.equal(ordered[1], reference[1])
+        assert not torch.equal(ordered[0], reference[0])
 
 
 def find_crop(image: np.ndarray, padded: np.ndarray):
@@ -286,6 +292,7 @@ def test_augmentation_is_a_pad4_crop_and_an_optional_flip():
     assert flips == {False, True}
     assert 0.3 < np.mean(seen) < 0.7  # flips are about half
     assert {top for top, _ in offsets} == set(range(9)) and {left for _, left in offsets} == set(range(9))
+    assert len(offsets) > 60  # top and left drawn independently: ~80 of the 81 pairs in 400 draws
 
 
 def test_device_loader_without_augmentation_keeps_images_unpadded():

@@ -1,0 +1,53 @@
+"""The three train.py files stay in step: the same sections in the same order, and the parallel ones differ from
+single_gpu/train.py only by a bounded number of lines (the module docstrings, which must differ, are left out)."""
+from __future__ import annotations
+
+import ast
+import difflib
+import re
+
+import pytest
+
+from conftest import REPO
+
+SECTIONS = ["imports", "config", "setup", "data", "model", "optimizer", "train / evaluate", "main loop", "teardown"]
+# Changed lines (added + removed) of code against single_gpu/train.py, as measured when the budgets were set
+# (data_parallel 18, dist_parallel 107), with a little room. A file that drifts past its budget fails here.
+BUDGETS = {"data_parallel/train.py": 25, "dist_parallel/train.py": 120}
+
+
+def code_lines(path: str) -> list[str]:
+    source = (REPO / path).read_text()
+    docstring_end = ast.parse(source).body[0].end_lineno
+    return source.splitlines()[docstring_end:]
+
+
+def changed_lines(other: str) -> list[str]:
+    diff = difflib.unified_diff(code_lines("single_gpu/train.py"), code_lines(other), lineterm="", n=0)
+    return [line for line in diff if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+
+
+@pytest.mark.parametrize("path", ["single_gpu/train.py", *BUDGETS])
+def test_sections_in_the_same_order(path):
+    headers = re.findall(r"^\s*# -{20,} (.+)$", (REPO / path).read_text(), flags=re.M)
+    assert headers == SECTIONS
+
+
+@pytest.mark.parametrize("path", BUDGETS)
+def test_parallel_modes_differ_only_within_budget(path):
+    changed = changed_lines(path)
+    assert len(changed) <= BUDGETS[path], "\n".join(changed)
+
+
+def test_data_parallel_adds_the_wrapper_and_nothing_else():
+    added = "\n".join(line for line in changed_lines("data_parallel/train.py") if line.startswith("+"))
+    assert "nn.DataParallel(raw_model" in added
+    for unrelated in ("dist.", "DistributedSampler", "optimizer", "evaluate(", "loss"):
+        assert unrelated not in added, unrelated
+
+
+def test_no_mode_flags_in_the_shared_code():
+    for path in ["single_gpu/train.py", "data_parallel/train.py", *(p.relative_to(REPO).as_posix()
+                                                                    for p in (REPO / "common").glob("*.py"))]:
+        text = (REPO / path).read_text()
+        assert not re.search(r"if\s+(ddp|distributed|is_distributed)\b", text), path
