@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import math
 import sys
 import typing
 from dataclasses import dataclass, field
@@ -73,8 +74,10 @@ class Config:
             (self.batch_size > 0, f"--batch_size must be a positive number of images, not {self.batch_size}"),
             (self.epochs >= 0, f"--epochs must be 0 or more, not {self.epochs}"),
             (self.max_steps >= 0, f"--max_steps must be 0 (no limit) or more, not {self.max_steps}"),
-            (self.lr > 0, f"--lr must be positive, not {self.lr}"),
-            (self.lr_warmup_epochs >= 0, "--lr_warmup_epochs must be 0 or more"),
+            (0 < self.lr < math.inf, f"--lr must be a positive number, not {self.lr}"),
+            (0 <= self.lr_warmup_epochs < math.inf, "--lr_warmup_epochs must be a number, 0 or more"),
+            (math.isfinite(self.momentum) and math.isfinite(self.weight_decay),
+             "--momentum and --weight_decay must be finite numbers"),
             (self.synthetic_size >= 5, f"--synthetic_size must be at least 5 images, not {self.synthetic_size}"),
             (self.num_workers >= 0, "--num_workers must be 0 or more"),
             (self.log_interval > 0, "--log_interval must be at least 1"),

@@ -128,7 +128,7 @@ def _check_arguments(depth, alpha, block, num_classes, in_channels):
     if remainder or blocks_per_stage < 1:
         forms = "6n+2 (8, 14, 20, ..., 110, 272)" if block == "basic" else "9n+2 (11, 20, ..., 164, 200, 272)"
         raise ValueError(f"depth {depth} is not valid for {block} blocks: use {forms}")
-    if not alpha > 0:
+    if not (alpha > 0 and math.isfinite(alpha)):
         raise ValueError(f"alpha must be a positive widening factor (e.g. 48, 84, 270), not {alpha}")
     if num_classes < 1 or in_channels < 1:
         raise ValueError("num_classes and in_channels must be at least 1")

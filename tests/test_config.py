@@ -103,6 +103,19 @@ def test_invalid_values_name_their_flag(argv, pattern):
     assert "\n" not in str(error.value)
 
 
+@pytest.mark.parametrize("argv, pattern", [(["--alpha", "inf"], "--alpha"),
+                                           (["--lr_warmup_epochs", "inf", "--batch_size", "256"], "--lr_warmup_epochs")])
+def test_infinite_values_are_usage_errors(argv, pattern):
+    """BUG (common/config.py Config.__post_init__ and models/pyramidnet.py _check_arguments): the checks are
+    `alpha > 0` and `lr_warmup_epochs >= 0`, which inf passes; the run then dies with a traceback (OverflowError:
+    cannot convert float infinity to integer, in int(round(width)) of PyramidNet.__init__ and in round() of
+    common.optim.warmup_steps) instead of the promised one-line usage error."""
+    with pytest.raises(UsageError, match=re.escape(pattern)):
+        cfg = parse(*argv)
+        pyramidnet(cfg.depth, cfg.alpha, cfg.block)  # what a run does next
+        describe_lr(cfg, 10)
+
+
 def test_depth_error_names_the_valid_form():
     with pytest.raises(UsageError, match=r"6n\+2"):
         parse("--depth", "109")

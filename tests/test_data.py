@@ -406,6 +406,11 @@ def test_cifar10_is_read_from_its_python_batches(tmp_path, monkeypatch, offline)
     images, labels = next(iter(loader))
     assert np.array_equal(unnormalise(images), test.data.astype(np.int64))
     assert labels.tolist() == written["test_batch"][1]
+    classic = make_loader("torchvision", test, EvalShard(6), 6, CPU, train=False, augment=False, num_workers=0,
+                          seed=0)
+    classic_images, classic_labels = next(iter(classic))
+    torch.testing.assert_close(classic_images, images, atol=1e-5, rtol=0)
+    assert torch.equal(classic_labels, labels)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cifar-10-batches-py"]  # nothing downloaded
 
 

@@ -127,7 +127,8 @@ def test_seventeen_blocks_per_stage_would_be_caught():
 
 def test_num_classes_changes_only_the_classifier():
     base = trainable(pyramidnet(**TINY_BASIC))
-    assert trainable(pyramidnet(**TINY_BASIC, num_classes=100)) - base == 90 * (pyramidnet(**TINY_BASIC).fc.in_features + 1)
+    features = pyramidnet(**TINY_BASIC).fc.in_features
+    assert trainable(pyramidnet(**TINY_BASIC, num_classes=100)) - base == 90 * (features + 1)
     assert trainable(pyramidnet(**TINY_BASIC, in_channels=1)) == base - 2 * 16 * 9
 
 
@@ -175,7 +176,7 @@ def call_order(module: nn.Module, forward, x):
             return forward(self.inner, x)
 
     graph = torch.fx.symbolic_trace(Wrapper()).graph
-    return [node.target.removeprefix("inner.") if node.op == "call_module" else getattr(node.target, "__name__", str(node.target))
+    return [node.target.removeprefix("inner.") if node.op == "call_module" else node.target.__name__
             for node in graph.nodes if node.op in ("call_module", "call_function")]
 
 
