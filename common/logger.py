@@ -124,6 +124,27 @@ def window_line(epoch: int, epochs: int, step: int, steps: int, loss: float, acc
     return f"Epoch {epoch + 1}/{epochs} [{step}/{steps}] loss {loss:.3f} acc {100 * acc:.2f}% {timing}"
 
 
+def report_window(run, epoch: int, index: int, sums, gpu: dict) -> None:
+    """A log window's side effects: the plain line, the progress bar's figures, TensorBoard scalars.
+    `run` is the training loop's state (cfg, console, logger, scheduler, step, train_loader)."""
+    rate = sums.images_per_sec(run.cfg.batch_size)
+    run.console.line(window_line(epoch, run.cfg.epochs, index, len(run.train_loader), sums.loss, sums.acc,
+                                  sums.batch_time, sums.data_frac, rate))
+    run.console.update(0, loss=f"{sums.loss:.3f}", acc=f"{100 * sums.acc:.1f}%", img_s=f"{rate or 0:.0f}")
+    run.logger.scalars(run.step, {
+        "train/loss": sums.loss, "train/acc": sums.acc, "train/lr": run.scheduler.get_last_lr()[0],
+        "time/batch": sums.batch_time, "time/data": sums.data_frac, "throughput/images_per_sec": rate,
+        **{f"gpu/util/{i}": util for i, (util, _) in gpu.items()},
+        **{f"gpu/mem_gb/{i}": mem for i, (_, mem) in gpu.items()}})
+
+
+def report_test(run, epoch: int, test: tuple[float, float, int], epoch_seconds: float) -> None:
+    """An epoch's test loss and accuracy, on the terminal and in TensorBoard."""
+    run.logger.scalars(run.step, {"test/loss": test[0], "test/acc": test[1]})
+    run.console.line(f"Epoch {epoch + 1}/{run.cfg.epochs} test loss {test[0]:.3f} acc {100 * test[1]:.2f}% "
+                     f"({test[2]} images) epoch {epoch_seconds:.1f}s")
+
+
 class Console:
     """What a run prints: plain lines, and a tqdm bar per epoch when stdout is a terminal and `bar` is set.
     Disabled (every process but the main one of a process group), it prints nothing, so callers need no guard."""

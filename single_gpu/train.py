@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from common.config import Config, UsageError, parse_config, user_errors
 from common.data import EvalShard, ShuffleSampler, load_datasets, make_loader
 from common.devices import cuda_devices, seed_everything, warn
-from common.logger import Console, RunLogger, load_model_weights, resolve_run_dir, window_line
+from common.logger import Console, RunLogger, load_model_weights, report_test, report_window, resolve_run_dir
 from common.metrics import StepTimer, Sums, TrainMeter, evaluation_sums, window_sums
 from common.optim import build_optimizer, describe_lr, lr_schedule
 from common.telemetry import GpuTelemetry, peak_memory_gb
@@ -115,25 +115,6 @@ def log_window(run, epoch: int, index: int) -> Sums:
     run.gpu_util += [util for util, _ in gpu.values() if util is not None]
     report_window(run, epoch, index, sums, gpu)
     return sums
-
-
-def report_window(run, epoch: int, index: int, sums: Sums, gpu: dict) -> None:
-    """The window's side effects: the log line, the progress bar's figures, TensorBoard."""
-    rate = sums.images_per_sec(run.cfg.batch_size)
-    run.console.line(window_line(epoch, run.cfg.epochs, index, len(run.train_loader), sums.loss, sums.acc,
-                                  sums.batch_time, sums.data_frac, rate))
-    run.console.update(0, loss=f"{sums.loss:.3f}", acc=f"{100 * sums.acc:.1f}%", img_s=f"{rate or 0:.0f}")
-    run.logger.scalars(run.step, {
-        "train/loss": sums.loss, "train/acc": sums.acc, "train/lr": run.scheduler.get_last_lr()[0],
-        "time/batch": sums.batch_time, "time/data": sums.data_frac, "throughput/images_per_sec": rate,
-        **{f"gpu/util/{i}": util for i, (util, _) in gpu.items()},
-        **{f"gpu/mem_gb/{i}": mem for i, (_, mem) in gpu.items()}})
-
-
-def report_test(run, epoch: int, test: tuple[float, float, int], epoch_seconds: float) -> None:
-    run.logger.scalars(run.step, {"test/loss": test[0], "test/acc": test[1]})
-    run.console.line(f"Epoch {epoch + 1}/{run.cfg.epochs} test loss {test[0]:.3f} acc {100 * test[1]:.2f}% "
-                     f"({test[2]} images) epoch {epoch_seconds:.1f}s")
 
 
 @torch.no_grad()
