@@ -47,6 +47,13 @@ def read_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     return scalars
 
 
-@pytest.fixture
-def log_dir(tmp_path) -> Path:
-    return tmp_path / "runs"
+@pytest.fixture(autouse=True, scope="session")
+def one_thread():
+    """In-process tests: tiny convolutions run ~100x faster on one intra-op thread than on two contended ones
+    (2-core machine). Subprocesses are not affected."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

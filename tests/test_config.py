@@ -25,13 +25,6 @@ from models import pyramidnet
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def parse(*argv: str) -> Config:
     return parse_config(Config, list(argv))

@@ -24,13 +24,6 @@ MEAN = torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1) * 255
 STD = torch.tensor(CIFAR10_STD).view(1, 3, 1, 1) * 255
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def random_dataset(n: int, seed: int = 0) -> SimpleNamespace:
     rng = np.random.default_rng(seed)

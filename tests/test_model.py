@@ -17,14 +17,6 @@ TINY_BASIC = dict(depth=8, alpha=12, block="basic")  # one basic block per stage
 TINY_BOTTLENECK = dict(depth=11, alpha=12, block="bottleneck")  # one bottleneck block per stage
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny convolutions run ~100x faster on one intra-op thread than on two contended ones (2-core machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def trainable(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
