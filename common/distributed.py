@@ -33,12 +33,21 @@ def rank_info() -> tuple[int, int, int]:
 
 
 def check_master_address(environ=os.environ) -> None:
-    """A loopback MASTER_ADDR with more than one node makes every node wait for a master on itself."""
+    """A loopback MASTER_ADDR with more than one node makes every other node look for the master on itself.
+    Set by hand, it is refused. Under torchrun it came from the rendezvous (the first agent's own name, or
+    --local_addr), which cannot tell two agents on one host from two hosts: rank 0 warns instead."""
     address = environ.get("MASTER_ADDR", "")
-    nodes = int(environ.get("WORLD_SIZE", 1)) // max(int(environ.get("LOCAL_WORLD_SIZE", environ.get("WORLD_SIZE", 1))), 1)
-    if nodes > 1 and _is_loopback(address):
-        raise UsageError(f"MASTER_ADDR {address} is a loopback address but the job spans {nodes} nodes: give the "
-                         f"first node's reachable host name or IP (--master_addr, or --rdzv_endpoint HOST:PORT)")
+    world_size = int(environ.get("WORLD_SIZE", 1))
+    nodes = world_size // max(int(environ.get("LOCAL_WORLD_SIZE", world_size)), 1)
+    if nodes <= 1 or not _is_loopback(address):
+        return
+    if "TORCHELASTIC_RUN_ID" in environ:
+        if environ.get("RANK") == "0":
+            print(f"warning: MASTER_ADDR is {address} for a job on {nodes} nodes: fine on one host; across "
+                  f"machines give torchrun --local_addr <reachable address> on the first node", file=sys.stderr)
+        return
+    raise UsageError(f"MASTER_ADDR {address} is a loopback address but the job spans {nodes} nodes: set it to the "
+                     f"first node's reachable host name or IP")
 
 
 def _is_loopback(address: str) -> bool:

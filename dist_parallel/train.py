@@ -14,6 +14,7 @@ and side effects (prints, TensorBoard, files) on rank 0 only. `--batch_size` is 
 world_size processes takes batch_size / world_size. Rank information comes from the environment only.
 """
 # ---------------------------------------------------------------------------------------------------- imports
+import gc
 import sys
 import time
 from dataclasses import dataclass, field
@@ -151,6 +152,8 @@ def log_window(run, epoch: int, index: int) -> Sums:
 def evaluate(raw_model: torch.nn.Module, loader, device: torch.device) -> tuple[float, float, int]:
     """Test loss and accuracy over every test image exactly once, and how many images that was."""
     raw_model.eval()  # the unwrapped model: DDP's forward would sync buffers, and ranks have unequal shards
+    for buffer in raw_model.buffers():  # rank 0's BatchNorm statistics, as DDP's next forward would broadcast:
+        dist.broadcast(buffer, src=0)  # the figures are then those of the weights rank 0 saves
     sums = evaluation_sums(raw_model, loader, device)
     dist.all_reduce(sums)  # each rank evaluated its shard: summed, every test image counts once
     loss_sum, correct, images = sums.tolist()
@@ -198,6 +201,7 @@ def main(argv=None) -> int:
               logger=logger, timer=StepTimer(device, cfg.warmup_steps), meter=TrainMeter(device),
               telemetry=GpuTelemetry(gpus), console=console)
     epoch_sums, test, epoch_times = Sums(), (None, None, 0), []
+    sync = {"params_in_sync": None, "buffers_max_abs_diff": None}  # checked after training
     try:
         if cfg.evaluate:
             test = evaluate(raw_model, test_loader, device)
@@ -206,13 +210,12 @@ def main(argv=None) -> int:
             epoch_start = time.perf_counter()
             epoch_sums = train_one_epoch(run, epoch)
             epoch_times.append(time.perf_counter() - epoch_start)
+            if cfg.verify_sync or epoch + 1 == cfg.epochs or run.step == cfg.max_steps:  # before evaluate()
+                sync = verify_sync(raw_model, cfg.sync_bn, is_main)  # aligns the buffers: ranks must agree
             test = evaluate(raw_model, test_loader, device)
             report_test(run, epoch, test, epoch_times[-1])
-            if cfg.verify_sync:
-                verify_sync(raw_model, cfg.sync_bn, is_main)
             if run.step == cfg.max_steps:
                 break
-        sync = verify_sync(raw_model, cfg.sync_bn, is_main)  # every rank must end with the same parameters
         if cfg.save_model and not cfg.evaluate:
             console.line(f"weights saved to {logger.save_model(raw_model.state_dict())}")
         p50, p90 = run.timer.percentiles()
@@ -240,4 +243,5 @@ if __name__ == "__main__":
             sys.exit(main())
         finally:
             if dist.is_initialized():
+                gc.collect()  # free DDP's reducer first: alive, it keeps the group's threads past the exit
                 dist.destroy_process_group()  # always, even after an error, so no rank is left holding the group
