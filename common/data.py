@@ -132,12 +132,6 @@ def make_loader(kind: str, dataset, sampler, batch_size: int, device: torch.devi
     raise UsageError(f"unknown loader {kind!r}: use gpu or torchvision")
 
 
-def _batches(sampler, batch_size: int, drop_last: bool):
-    indices = list(sampler)
-    stop = len(indices) - len(indices) % batch_size if drop_last else len(indices)
-    return [indices[start:start + batch_size] for start in range(0, stop, batch_size)]
-
-
 def _augmentation_seed(seed: int, epoch: int, rank: int) -> int:
     return int(np.random.SeedSequence([seed, epoch, rank]).generate_state(1)[0])
 
@@ -161,15 +155,17 @@ class DeviceLoader:
         self.sampler.set_epoch(epoch)
 
     def __len__(self):
-        return len(_batches(range(len(self.sampler)), self.batch_size, self.drop_last))
+        size = len(self.sampler)
+        return size // self.batch_size if self.drop_last else -(-size // self.batch_size)
 
     def __iter__(self):
         self.generator.manual_seed(_augmentation_seed(self.seed, self.epoch, self.rank))
         arange = torch.arange(IMAGE_SIZE, device=self.device)
-        for batch in _batches(self.sampler, self.batch_size, self.drop_last):
-            index = torch.tensor(batch, device=self.device)
+        order = torch.tensor(list(self.sampler), dtype=torch.int64).to(self.device)  # one copy per epoch
+        for start in range(0, len(self) * self.batch_size, self.batch_size):
+            index = order[start:start + self.batch_size]
             if self.augment:  # pad-4 random crop + horizontal flip, as row/column indices into the padded images
-                n = len(batch)
+                n = index.shape[0]
                 top, left = torch.randint(0, 2 * PAD + 1, (2, n, 1), device=self.device, generator=self.generator)
                 flip = torch.rand(n, 1, device=self.device, generator=self.generator) < 0.5
                 rows = top + arange

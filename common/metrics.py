@@ -88,34 +88,38 @@ class StepTimer:
 
 
 class TrainMeter:
-    """Loss sum, correct predictions and images seen, accumulated on the device: no `.item()` inside the loop."""
+    """Loss sum and correct predictions accumulated on the device (no `.item()`, no host-to-device copy inside the
+    loop); the image count, known on the host, joins them once per window."""
 
     def __init__(self, device: torch.device):
-        self.totals = torch.zeros(3, dtype=torch.float64, device=device)
+        self.totals = torch.zeros(2, dtype=torch.float64, device=device)
+        self.images = 0
 
     @torch.no_grad()
     def update(self, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> None:
         n = labels.shape[0]
         correct = (logits.argmax(dim=1) == labels).sum()
-        self.totals += torch.stack([loss.detach().double() * n, correct.double(), self.totals.new_tensor(n)])
+        self.totals += torch.stack([loss.detach().double() * n, correct.double()])
+        self.images += n
 
     def take(self) -> torch.Tensor:
-        """The window's [loss sum, correct, images] (still on the device), and a fresh start."""
-        totals, self.totals = self.totals, torch.zeros_like(self.totals)
+        """The window's [loss sum, correct, images] (on the device), and a fresh start."""
+        totals = torch.cat([self.totals, self.totals.new_tensor([self.images])])
+        self.totals, self.images = torch.zeros_like(self.totals), 0
         return totals
 
 
 @torch.no_grad()
 def evaluation_sums(model, loader, device: torch.device) -> torch.Tensor:
     """[loss sum, correct, images] over every batch of `loader`, on the device, in float64."""
-    sums = torch.zeros(3, dtype=torch.float64, device=device)
-    for images, labels in loader:
-        logits = model(images)
-        batch = torch.stack([torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum").double(),
-                             (logits.argmax(dim=1) == labels).sum().double(),
-                             sums.new_tensor(labels.shape[0])])
-        sums += batch
-    return sums
+    sums = torch.zeros(2, dtype=torch.float64, device=device)
+    images = 0
+    for batch_images, labels in loader:
+        logits = model(batch_images)
+        sums += torch.stack([torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum").double(),
+                             (logits.argmax(dim=1) == labels).sum().double()])
+        images += labels.shape[0]
+    return torch.cat([sums, sums.new_tensor([images])])
 
 
 class Sums:
@@ -144,4 +148,5 @@ class Sums:
 def window_sums(meter: TrainMeter, timer: StepTimer) -> torch.Tensor:
     """The window's Sums as a float64 tensor on the meter's device (the timer's host sync happens here)."""
     timing = timer.window()
-    return torch.cat([meter.take(), meter.totals.new_tensor(timing)])
+    sums = meter.take()
+    return torch.cat([sums, sums.new_tensor(timing)])
