@@ -14,10 +14,11 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from models.pyramidnet import BLOCKS as MODEL_BLOCKS, check_arguments
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DATASETS = ("cifar10", "synthetic")
 LOADERS = ("gpu", "torchvision")
-BLOCKS = ("basic", "bottleneck")
 BASE_BATCH = 128  # --lr is given per this many images of global batch
 
 
@@ -44,7 +45,7 @@ class Config:
     # model
     depth: int = flag(110, "PyramidNet depth: 6n+2 (basic) or 9n+2 (bottleneck)")
     alpha: float = flag(270.0, "PyramidNet widening factor: channels added over the whole network")
-    block: str = flag("basic", "residual block", choices=BLOCKS)
+    block: str = flag("basic", "residual block", choices=tuple(MODEL_BLOCKS))
     # data
     dataset: str = flag("cifar10", "cifar10 (downloaded into --data_dir) or synthetic (generated, offline)",
                         choices=DATASETS)
@@ -86,10 +87,8 @@ class Config:
         for ok, message in checks:
             if not ok:
                 raise UsageError(message)
-        from models.pyramidnet import BLOCKS as MODEL_BLOCKS, _check_arguments
-        assert set(MODEL_BLOCKS) == set(BLOCKS)
         try:
-            _check_arguments(self.depth, self.alpha, self.block, 10, 3)
+            check_arguments(self.depth, self.alpha, self.block, 10, 3)
         except ValueError as error:
             raise UsageError(f"--depth/--alpha: {error}") from None
 

@@ -79,7 +79,7 @@ class PyramidNet(nn.Module):
     def __init__(self, depth: int = 110, alpha: float = 270, block: str = "basic", num_classes: int = 10,
                  in_channels: int = 3):
         super().__init__()
-        block_class, blocks_per_stage = _check_arguments(depth, alpha, block, num_classes, in_channels)
+        block_class, blocks_per_stage = check_arguments(depth, alpha, block, num_classes, in_channels)
         step = alpha / (3 * blocks_per_stage)  # the width added by every block
         width = 16.0
         channels = 16
@@ -120,7 +120,8 @@ class PyramidNet(nn.Module):
         return self.fc(x)
 
 
-def _check_arguments(depth, alpha, block, num_classes, in_channels):
+def check_arguments(depth, alpha, block, num_classes, in_channels):
+    """The block class and blocks per stage, or a ValueError naming the valid forms."""
     if block not in BLOCKS:
         raise ValueError(f"block must be 'basic' or 'bottleneck', not {block!r}")
     block_class, layers_per_block = BLOCKS[block]
