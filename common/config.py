@@ -1,7 +1,7 @@
 """One frozen dataclass of hyper-parameters; its fields generate the command-line flags of every train.py.
 
 A field's default is the flag's default and its metadata the help text. A bool that defaults to False becomes
-`--name`; one that defaults to True becomes `--no_name`. A mode with flags of its own subclasses `Config` inline.
+`--name`; one that defaults to True becomes `--no_name`; an optional bool (None: the run decides) gets both. A mode with flags of its own subclasses `Config` inline.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from models.pyramidnet import BLOCKS as MODEL_BLOCKS, check_arguments
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DATASETS = ("cifar10", "synthetic")
 LOADERS = ("gpu", "torchvision")
+AMPS = ("bf16", "fp16", "off")
 BASE_BATCH = 128  # --lr is given per this many images of global batch
 
 
@@ -57,6 +58,16 @@ class Config:
     num_workers: int = flag(4, "DataLoader worker processes per training process (torchvision loader)")
     shuffle: bool = flag(True, "reshuffle the training set every epoch")
     augment: bool = flag(True, "pad-4 random crop and horizontal flip of training images")
+    # speed
+    amp: str | None = flag(None, "autocast precision: bf16 (default on GPUs that have it), fp16 (with loss "
+                                 "scaling; the default on older GPUs) or off (fp32; the default on the CPU)",
+                           choices=AMPS)
+    channels_last: bool | None = flag(None, "NHWC memory format for the model and the batches, which tensor cores "
+                                            "prefer (default: on with CUDA, off on the CPU)")
+    compile: bool = flag(False, "torch.compile the model; the compile time is reported apart and not timed")
+    benchmark: bool = flag(False, "measure speed only: synthetic data, --warmup_steps untimed, then "
+                                  "--benchmark_steps timed steps, no evaluation")
+    benchmark_steps: int = flag(100, "timed optimizer steps of --benchmark")
     # hardware and reproducibility
     gpu_devices: tuple[int, ...] | None = flag(None, "CUDA device ids to use", nargs="+")
     seed: int = flag(0, "seed of the weights, the epoch order and the augmentation")
@@ -83,6 +94,8 @@ class Config:
             (self.num_workers >= 0, "--num_workers must be 0 or more"),
             (self.log_interval > 0, "--log_interval must be at least 1"),
             (self.warmup_steps >= 0, "--warmup_steps must be 0 or more"),
+            (self.benchmark_steps > 0, "--benchmark_steps must be at least 1"),
+            (not (self.benchmark and self.evaluate), "--benchmark trains and --evaluate does not: give one of them"),
         ]
         for ok, message in checks:
             if not ok:
@@ -115,6 +128,11 @@ def build_parser(config_class: type[Config], description: str) -> argparse.Argum
             parser.add_argument(name, dest=f.name, action="store_false" if f.default else "store_true",
                                 help=help_text)
             continue
+        if kind == bool | None:  # on, off, or None: the run decides (from the device)
+            parser.add_argument(f"--{f.name}", dest=f.name, action="store_const", const=True, help=help_text)
+            parser.add_argument(f"--no_{f.name}", dest=f.name, action="store_const", const=False,
+                                help=f"turn --{f.name} off")
+            continue
         base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)  # X | None -> X
         if typing.get_origin(base) is tuple:
             base = typing.get_args(base)[0]
@@ -130,7 +148,17 @@ def parse_config(config_class: type[Config], argv=None, description: str = "") -
     name = args["run_name"]
     if name is not None and (not name or "/" in name or name in (".", "..")):
         raise UsageError(f"--run_name must be a plain folder name, not {name!r}")
-    return config_class(**args)
+    cfg = config_class(**args)
+    return benchmark_config(cfg) if cfg.benchmark else cfg
+
+
+def benchmark_config(cfg: Config) -> Config:
+    """--benchmark: synthetic data, exactly --warmup_steps + --benchmark_steps optimizer steps, no files but the
+    run folder's results.json and TensorBoard events. Enough epochs are allowed to reach the step count."""
+    steps = cfg.warmup_steps + cfg.benchmark_steps
+    steps_per_epoch = max(cfg.synthetic_size // cfg.batch_size, 1)
+    return dataclasses.replace(cfg, dataset="synthetic", max_steps=steps, epochs=-(-steps // steps_per_epoch),
+                               save_model=False)
 
 
 @contextlib.contextmanager

@@ -121,10 +121,11 @@ class EvalShard(Sampler[int]):
 # ---- loaders: iterate (images, labels) on the device; set_epoch; len = batches per epoch ----
 
 def make_loader(kind: str, dataset, sampler, batch_size: int, device: torch.device, *, train: bool, augment: bool,
-                num_workers: int, seed: int, rank: int = 0):
-    """The training loader drops its last partial batch, so every step has the full global batch."""
+                num_workers: int, seed: int, rank: int = 0, memory_format=torch.contiguous_format):
+    """The training loader drops its last partial batch, so every step has the full global batch (and the same
+    shapes, which cuDNN autotuning and torch.compile rely on). Batches come in `memory_format`."""
     options = dict(batch_size=batch_size, device=device, augment=train and augment, drop_last=train,
-                   seed=seed, rank=rank)
+                   seed=seed, rank=rank, memory_format=memory_format)
     if kind == "gpu":
         return DeviceLoader(dataset, sampler, **options)
     if kind == "torchvision":
@@ -140,8 +141,9 @@ class DeviceLoader:
     """The `gpu` loader: the uint8 dataset is copied to the device once; each batch is one gather with the random
     crop and flip folded into its indices, then a normalisation. No worker processes, no host round trip."""
 
-    def __init__(self, dataset, sampler, *, batch_size, device, augment, drop_last, seed, rank):
-        self.sampler, self.batch_size, self.device = sampler, batch_size, device
+    def __init__(self, dataset, sampler, *, batch_size, device, augment, drop_last, seed, rank,
+                 memory_format=torch.contiguous_format):
+        self.sampler, self.batch_size, self.device, self.memory_format = sampler, batch_size, device, memory_format
         self.augment, self.drop_last, self.seed, self.rank, self.epoch = augment, drop_last, seed, rank, 0
         images = torch.as_tensor(np.asarray(dataset.data)).to(device)  # (N, H, W, C) uint8
         self.images = torch.nn.functional.pad(images, (0, 0, PAD, PAD, PAD, PAD)) if augment else images
@@ -173,21 +175,22 @@ class DeviceLoader:
                 images = self.images[index[:, None, None], rows[:, :, None], cols[:, None, :]]
             else:
                 images = self.images[index]
-            images = images.permute(0, 3, 1, 2).float().sub_(self.mean).div_(self.std)
-            yield images, self.labels[index]
+            images = images.permute(0, 3, 1, 2).contiguous(memory_format=self.memory_format)  # NHWC is channels_last
+            yield images.float().sub_(self.mean).div_(self.std), self.labels[index]
 
 
 class TorchvisionLoader:
     """The classic path: a DataLoader whose workers decode PIL images and run torchvision transforms, pinned
     memory, persistent workers; batches are copied to the device without blocking the host."""
 
-    def __init__(self, dataset, sampler, *, batch_size, device, augment, drop_last, seed, rank, num_workers):
+    def __init__(self, dataset, sampler, *, batch_size, device, augment, drop_last, seed, rank, num_workers,
+                 memory_format=torch.contiguous_format):
         from torchvision import transforms
 
         steps = [transforms.RandomCrop(IMAGE_SIZE, padding=PAD), transforms.RandomHorizontalFlip()] if augment else []
         dataset.transform = transforms.Compose(
             steps + [transforms.ToTensor(), transforms.Normalize(CIFAR10_MEAN, CIFAR10_STD)])
-        self.sampler, self.device = sampler, device
+        self.sampler, self.device, self.memory_format = sampler, device, memory_format
         self.loader = DataLoader(
             dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, drop_last=drop_last,
             pin_memory=device.type == "cuda", persistent_workers=num_workers > 0,
@@ -201,4 +204,5 @@ class TorchvisionLoader:
 
     def __iter__(self):
         for images, labels in self.loader:
-            yield images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
+            yield (images.to(self.device, non_blocking=True, memory_format=self.memory_format),
+                   labels.to(self.device, non_blocking=True))

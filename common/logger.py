@@ -15,9 +15,9 @@ import torch
 from common.config import Config, UsageError
 from common.telemetry import environment
 
-SUMMARY_FIELDS = ("images_per_sec", "batch_time_p50", "batch_time_p90", "data_wait_frac", "gpu_util_mean",
-                  "peak_mem_gb", "train_loss", "train_acc", "test_loss", "test_acc", "epoch_time_s", "wall_time_s",
-                  "steps")
+SUMMARY_FIELDS = ("images_per_sec", "images_per_sec_per_gpu", "batch_time_p50", "batch_time_p90", "data_wait_frac",
+                  "flops_per_image", "mfu", "first_step_s", "compile_time_s", "gpu_util_mean", "peak_mem_gb",
+                  "train_loss", "train_acc", "test_loss", "test_acc", "epoch_time_s", "wall_time_s", "steps")
 
 
 def resolve_run_dir(cfg: Config, mode: str, gpu_count: int) -> Path:
@@ -143,6 +143,23 @@ def report_test(run, epoch: int, test: tuple[float, float, int], epoch_seconds: 
     run.logger.scalars(run.step, {"test/loss": test[0], "test/acc": test[1]})
     run.console.line(f"Epoch {epoch + 1}/{run.cfg.epochs} test loss {test[0]:.3f} acc {100 * test[1]:.2f}% "
                      f"({test[2]} images) epoch {epoch_seconds:.1f}s")
+
+
+def speed_line(summary: dict) -> str:
+    """The run's speed in one line: `speed: 15012 img/s (15012 per GPU), batch p50 17.1 ms p90 17.4 ms, ...`."""
+    if summary["images_per_sec"] is None:
+        return "speed: no timed steps (raise --max_steps or --benchmark_steps above --warmup_steps)"
+    figures = [f"speed: {summary['images_per_sec']:.0f} img/s ({summary['images_per_sec_per_gpu']:.0f} per GPU)",
+               f"batch p50 {1e3 * summary['batch_time_p50']:.1f} ms p90 {1e3 * summary['batch_time_p90']:.1f} ms",
+               f"data wait {100 * summary['data_wait_frac']:.2f}%",
+               f"{summary['flops_per_image'] / 1e9:.2f} GFLOP/img"]
+    if summary["mfu"] is not None:
+        figures.append(f"MFU {100 * summary['mfu']:.1f}%")
+    if summary["peak_mem_gb"] is not None:
+        figures.append(f"peak mem {summary['peak_mem_gb']:.2f} GB")
+    if summary["compile_time_s"] is not None:
+        figures.append(f"compile {summary['compile_time_s']:.1f} s (untimed)")
+    return ", ".join(figures)
 
 
 class Console:

@@ -4,7 +4,8 @@ GPU work is asynchronous, so host clocks around a step measure only the launch. 
 when the step starts waiting for its batch, one when the batch is ready and one when the step's work is queued;
 their elapsed times are read once per log window, after the window's last event has completed. The wait for data
 (DataLoader stalls, the device loader's kernels) is measured apart from compute; warm-up steps are left out.
-On the CPU the work is synchronous, and perf_counter gives the same three marks.
+On the CPU the work is synchronous, and perf_counter gives the same three marks. The run's first step, which
+carries torch.compile's compilation and cuDNN's autotuning, is synchronised once and timed on the host.
 """
 from __future__ import annotations
 
@@ -51,11 +52,14 @@ class StepTimer:
         self.pending = []  # (start, batch ready, step done) marks of this window's timed steps
         self.step_seconds = []  # every timed step of the run
         self.data_seconds = 0.0
+        self.first_step_seconds = None
 
     def timed(self, loader):
         iterator = iter(loader)
         while True:
             start = self.clock.mark()
+            if self.steps_seen == 0:
+                self._first_start = time.perf_counter()
             try:
                 batch = next(iterator)
             except StopIteration:
@@ -65,8 +69,12 @@ class StepTimer:
 
     def step_done(self) -> None:
         self.steps_seen += 1
+        done = self.clock.mark()
+        if self.steps_seen == 1:
+            self.clock.wait(done)
+            self.first_step_seconds = time.perf_counter() - self._first_start
         if self.steps_seen > self.warmup_steps:
-            self.pending.append((*self._marks, self.clock.mark()))
+            self.pending.append((*self._marks, done))
 
     def window(self) -> tuple[int, float, float]:
         """Wait for the window's last step, then read its marks: a host sync, once per log window."""

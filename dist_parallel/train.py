@@ -34,9 +34,12 @@ from common.data import EvalShard, load_datasets, make_loader
 from common.devices import seed_everything, warn
 from common.distributed import (by_rank, check_launch, launched, node_leader_first, own_gpu, rank_info,
                                 self_launch, verify_sync)
-from common.logger import Console, RunLogger, load_model_weights, report_test, report_window, resolve_run_dir
+from common.logger import (Console, RunLogger, load_model_weights, report_test, report_window, resolve_run_dir,
+                           speed_line)
 from common.metrics import StepTimer, Sums, TrainMeter, evaluation_sums, window_sums
 from common.optim import build_optimizer, describe_lr, lr_schedule
+from common.performance import (autocast, describe_fast_path, grad_scaler, memory_format, resolve_fast_path,
+                                speed_summary)
 from common.telemetry import GpuTelemetry, peak_memory_gb
 from models import pyramidnet
 
@@ -51,6 +54,8 @@ class DistConfig(Config):  # the flags only a process group has
     sync_bn: bool = flag(False, "BatchNorm statistics over the global batch (SyncBatchNorm; GPUs only)")
     verify_sync: bool = flag(False, "check every epoch, not only at the end, that all ranks hold the same weights")
     nproc_per_node: int | None = flag(None, "started without torchrun: how many workers (default: one per GPU)")
+    bucket_cap_mb: float = flag(25.0, "DDP gradient bucket size: each full bucket is all-reduced while backward "
+                                      "goes on")
 
 
 def get_config(argv=None) -> DistConfig:
@@ -81,7 +86,8 @@ def get_loaders(cfg: Config, device: torch.device):
         raise UsageError(f"--batch_size {cfg.batch_size} is larger than the training set ({len(train_set)} "
                          f"images); use a smaller batch")
     kind = cfg.loader or ("gpu" if device.type == "cuda" else "torchvision")
-    options = dict(augment=cfg.augment, num_workers=cfg.num_workers, seed=cfg.seed, rank=rank)
+    options = dict(augment=cfg.augment, num_workers=cfg.num_workers, seed=cfg.seed, rank=rank,
+                   memory_format=memory_format(cfg))
     per_rank_batch = cfg.batch_size // world_size  # the global batch, split evenly (checked in setup)
     train_sampler = DistributedSampler(train_set, world_size, rank, shuffle=cfg.shuffle, seed=cfg.seed)
     train_loader = make_loader(kind, train_set, train_sampler, per_rank_batch, device, train=True, **options)
@@ -93,18 +99,24 @@ def get_loaders(cfg: Config, device: torch.device):
 # ---------------------------------------------------------------------------------------------------- model
 def get_model(cfg: DistConfig, device: torch.device):
     """The model to call, and the unwrapped one whose weights are saved and evaluated."""
-    raw_model = pyramidnet(cfg.depth, cfg.alpha, cfg.block).to(device)
+    raw_model = pyramidnet(cfg.depth, cfg.alpha, cfg.block).to(device, memory_format=memory_format(cfg))
     if cfg.sync_bn:  # BatchNorm statistics over the global batch: an all-reduce in every BN layer's forward
         raw_model = nn.SyncBatchNorm.convert_sync_batchnorm(raw_model)
     # DDP broadcasts rank 0's weights now, then all-reduces (averages) gradients in buckets during backward
-    model = DDP(raw_model, device_ids=[device.index] if device.type == "cuda" else None)
+    # gradient_as_bucket_view: gradients live in the buckets (no copy); static_graph: the same parameters are used
+    # every step, so DDP can skip its per-step search for unused ones (left off under torch.compile's own DDP path)
+    model = DDP(raw_model, device_ids=[device.index] if device.type == "cuda" else None,
+                bucket_cap_mb=cfg.bucket_cap_mb, gradient_as_bucket_view=True, static_graph=not cfg.compile)
+    if cfg.compile:  # compiled in the first step; raw_model (evaluation, saving) stays eager
+        model = torch.compile(model)
     return model, raw_model
 
 
 # ---------------------------------------------------------------------------------------------------- optimizer
-def get_optimizer(cfg: Config, raw_model: torch.nn.Module, steps_per_epoch: int):
-    optimizer = build_optimizer(raw_model, cfg)
-    return optimizer, lr_schedule(optimizer, cfg, steps_per_epoch)
+def get_optimizer(cfg: Config, raw_model: torch.nn.Module, device: torch.device, steps_per_epoch: int):
+    """SGD, its learning-rate schedule, and fp16's loss scaler (a pass-through in bf16 and fp32)."""
+    optimizer = build_optimizer(raw_model, cfg, device)
+    return optimizer, lr_schedule(optimizer, cfg, steps_per_epoch), grad_scaler(cfg, device)
 
 
 # ---------------------------------------------------------------------------------------------------- train / evaluate
@@ -116,11 +128,13 @@ def train_one_epoch(run, epoch: int) -> Sums:
     epoch_sums = Sums()
     run.console.start(len(loader), f"Epoch {epoch + 1}/{cfg.epochs}")
     for index, (images, labels) in enumerate(run.timer.timed(loader), start=1):
-        logits = model(images)
-        loss = F.cross_entropy(logits, labels)
+        with autocast(cfg, images.device):  # bf16/fp16 where it is safe, fp32 elsewhere (or fp32 throughout)
+            logits = model(images)
+            loss = F.cross_entropy(logits, labels)
         run.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        run.optimizer.step()
+        run.scaler.scale(loss).backward()  # with fp16 the loss is scaled up so small gradients do not underflow
+        run.scaler.step(run.optimizer)  # unscales first, and skips the step if a gradient overflowed
+        run.scaler.update()
         run.scheduler.step()
         run.meter.update(loss, logits, labels)
         run.timer.step_done()
@@ -149,12 +163,13 @@ def log_window(run, epoch: int, index: int) -> Sums:
 
 
 @torch.no_grad()
-def evaluate(raw_model: torch.nn.Module, loader, device: torch.device) -> tuple[float, float, int]:
+def evaluate(cfg: Config, raw_model: torch.nn.Module, loader, device: torch.device) -> tuple[float, float, int]:
     """Test loss and accuracy over every test image exactly once, and how many images that was."""
     raw_model.eval()  # the unwrapped model: DDP's forward would sync buffers, and ranks have unequal shards
     for buffer in raw_model.buffers():  # rank 0's BatchNorm statistics, as DDP's next forward would broadcast:
         dist.broadcast(buffer, src=0)  # the figures are then those of the weights rank 0 saves
-    sums = evaluation_sums(raw_model, loader, device)
+    with autocast(cfg, device):
+        sums = evaluation_sums(raw_model, loader, device)
     dist.all_reduce(sums)  # each rank evaluated its shard: summed, every test image counts once
     loss_sum, correct, images = sums.tolist()
     return loss_sum / images, correct / images, int(images)
@@ -169,6 +184,7 @@ class Run:
     train_loader: object
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
     logger: RunLogger
     timer: StepTimer
     meter: TrainMeter
@@ -185,6 +201,7 @@ def main(argv=None) -> int:
     if not launched():  # `python train.py`: start the workers as torchrun would
         return self_launch(cfg, __file__, argv, MODE)
     device, gpus = setup(cfg)
+    cfg = resolve_fast_path(cfg, device)  # --amp and --channels_last made explicit for this device
     is_main = dist.get_rank() == 0  # only rank 0 prints and writes: the others get a silent console and logger
     run_dir = resolve_run_dir(cfg, MODE, dist.get_world_size()) if is_main else None
     seed_everything(cfg.seed)
@@ -192,19 +209,20 @@ def main(argv=None) -> int:
     model, raw_model = get_model(cfg, device)
     if cfg.evaluate:
         load_model_weights(raw_model, cfg.evaluate)
-    optimizer, scheduler = get_optimizer(cfg, raw_model, len(train_loader))
+    optimizer, scheduler, scaler = get_optimizer(cfg, raw_model, device, len(train_loader))
     logger, console = RunLogger(run_dir, cfg, MODE, dist.get_world_size()), Console(is_main, bar=cfg.progress)
     console.line(f"{MODE}: PyramidNet-{cfg.depth} alpha={cfg.alpha:g} {cfg.block}, {cfg.dataset}, global batch "
                  f"{cfg.batch_size} = {dist.get_world_size()} x {cfg.batch_size // dist.get_world_size()} over "
-                 f"{dist.get_backend()}; {describe_lr(cfg, len(train_loader))}; logs in {run_dir}")
+                 f"{dist.get_backend()} ({describe_fast_path(cfg)}); {describe_lr(cfg, len(train_loader))}; "
+                 f"logs in {run_dir}")
     run = Run(cfg=cfg, model=model, train_loader=train_loader, optimizer=optimizer, scheduler=scheduler,
-              logger=logger, timer=StepTimer(device, cfg.warmup_steps), meter=TrainMeter(device),
+              scaler=scaler, logger=logger, timer=StepTimer(device, cfg.warmup_steps), meter=TrainMeter(device),
               telemetry=GpuTelemetry(gpus), console=console)
     epoch_sums, test, epoch_times = Sums(), (None, None, 0), []
     sync = {"params_in_sync": None, "buffers_max_abs_diff": None}  # checked after training
     try:
         if cfg.evaluate:
-            test = evaluate(raw_model, test_loader, device)
+            test = evaluate(cfg, raw_model, test_loader, device)
             console.line(f"{cfg.evaluate}: test loss {test[0]:.4f} acc {100 * test[1]:.2f}% ({test[2]} images)")
         for epoch in range(0 if cfg.evaluate else cfg.epochs):
             epoch_start = time.perf_counter()
@@ -212,17 +230,16 @@ def main(argv=None) -> int:
             epoch_times.append(time.perf_counter() - epoch_start)
             if cfg.verify_sync or epoch + 1 == cfg.epochs or run.step == cfg.max_steps:  # before evaluate()
                 sync = verify_sync(raw_model, cfg.sync_bn, is_main)  # aligns the buffers: ranks must agree
-            test = evaluate(raw_model, test_loader, device)
-            report_test(run, epoch, test, epoch_times[-1])
+            if not cfg.benchmark:  # --benchmark measures training speed only
+                test = evaluate(cfg, raw_model, test_loader, device)
+                report_test(run, epoch, test, epoch_times[-1])
             if run.step == cfg.max_steps:
                 break
         if cfg.save_model and not cfg.evaluate:
             console.line(f"weights saved to {logger.save_model(raw_model.state_dict())}")
-        p50, p90 = run.timer.percentiles()
         peaks = by_rank(peak_memory_gb(gpus))  # each rank's GPU, keyed by rank
         summary = {
-            "images_per_sec": run.totals.images_per_sec(cfg.batch_size), "batch_time_p50": p50,
-            "batch_time_p90": p90, "data_wait_frac": run.totals.data_frac,
+            **speed_summary(cfg, run.totals, run.timer, device, devices=dist.get_world_size()),
             "gpu_util_mean": sum(run.gpu_util) / len(run.gpu_util) if run.gpu_util else None,
             "peak_mem_gb": max(peaks.values(), default=None), "train_loss": epoch_sums.loss,
             "train_acc": epoch_sums.acc, "test_loss": test[0], "test_acc": test[1],
@@ -230,6 +247,7 @@ def main(argv=None) -> int:
             "wall_time_s": time.perf_counter() - started, "steps": run.step,
             "params_in_sync": sync["params_in_sync"], "buffers_max_abs_diff": sync["buffers_max_abs_diff"]}
         path = logger.write_results(summary, peak_mem_gb_per_gpu={str(i): gb for i, gb in peaks.items()})
+        console.line(speed_line(summary))
         console.line(f"results in {path}")
     # ------------------------------------------------------------------------------------------------ teardown
     finally:

@@ -22,9 +22,12 @@ import torch.nn.functional as F
 from common.config import Config, UsageError, parse_config, user_errors
 from common.data import EvalShard, ShuffleSampler, load_datasets, make_loader
 from common.devices import cuda_devices, seed_everything, warn
-from common.logger import Console, RunLogger, load_model_weights, report_test, report_window, resolve_run_dir
+from common.logger import (Console, RunLogger, load_model_weights, report_test, report_window, resolve_run_dir,
+                           speed_line)
 from common.metrics import StepTimer, Sums, TrainMeter, evaluation_sums, window_sums
 from common.optim import build_optimizer, describe_lr, lr_schedule
+from common.performance import (autocast, describe_fast_path, grad_scaler, memory_format, resolve_fast_path,
+                                speed_summary)
 from common.telemetry import GpuTelemetry, peak_memory_gb
 from models import pyramidnet
 
@@ -57,7 +60,8 @@ def get_loaders(cfg: Config, device: torch.device):
         raise UsageError(f"--batch_size {cfg.batch_size} is larger than the training set ({len(train_set)} "
                          f"images); use a smaller batch")
     kind = cfg.loader or ("gpu" if device.type == "cuda" else "torchvision")
-    options = dict(augment=cfg.augment, num_workers=cfg.num_workers, seed=cfg.seed)
+    options = dict(augment=cfg.augment, num_workers=cfg.num_workers, seed=cfg.seed,
+                   memory_format=memory_format(cfg))
     train_sampler = ShuffleSampler(len(train_set), cfg.shuffle, cfg.seed)
     train_loader = make_loader(kind, train_set, train_sampler, cfg.batch_size, device, train=True, **options)
     test_loader = make_loader(kind, test_set, EvalShard(len(test_set)), cfg.batch_size, device, train=False,
@@ -68,15 +72,18 @@ def get_loaders(cfg: Config, device: torch.device):
 # ---------------------------------------------------------------------------------------------------- model
 def get_model(cfg: Config, device: torch.device):
     """The model to call, and the unwrapped one whose weights are saved and evaluated."""
-    raw_model = pyramidnet(cfg.depth, cfg.alpha, cfg.block).to(device)
+    raw_model = pyramidnet(cfg.depth, cfg.alpha, cfg.block).to(device, memory_format=memory_format(cfg))
     model = raw_model  # one device: nothing to wrap
+    if cfg.compile:  # compiled in the first step; raw_model (evaluation, saving) stays eager
+        model = torch.compile(model)
     return model, raw_model
 
 
 # ---------------------------------------------------------------------------------------------------- optimizer
-def get_optimizer(cfg: Config, raw_model: torch.nn.Module, steps_per_epoch: int):
-    optimizer = build_optimizer(raw_model, cfg)
-    return optimizer, lr_schedule(optimizer, cfg, steps_per_epoch)
+def get_optimizer(cfg: Config, raw_model: torch.nn.Module, device: torch.device, steps_per_epoch: int):
+    """SGD, its learning-rate schedule, and fp16's loss scaler (a pass-through in bf16 and fp32)."""
+    optimizer = build_optimizer(raw_model, cfg, device)
+    return optimizer, lr_schedule(optimizer, cfg, steps_per_epoch), grad_scaler(cfg, device)
 
 
 # ---------------------------------------------------------------------------------------------------- train / evaluate
@@ -88,11 +95,13 @@ def train_one_epoch(run, epoch: int) -> Sums:
     epoch_sums = Sums()
     run.console.start(len(loader), f"Epoch {epoch + 1}/{cfg.epochs}")
     for index, (images, labels) in enumerate(run.timer.timed(loader), start=1):
-        logits = model(images)
-        loss = F.cross_entropy(logits, labels)
+        with autocast(cfg, images.device):  # bf16/fp16 where it is safe, fp32 elsewhere (or fp32 throughout)
+            logits = model(images)
+            loss = F.cross_entropy(logits, labels)
         run.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        run.optimizer.step()
+        run.scaler.scale(loss).backward()  # with fp16 the loss is scaled up so small gradients do not underflow
+        run.scaler.step(run.optimizer)  # unscales first, and skips the step if a gradient overflowed
+        run.scaler.update()
         run.scheduler.step()
         run.meter.update(loss, logits, labels)
         run.timer.step_done()
@@ -118,10 +127,11 @@ def log_window(run, epoch: int, index: int) -> Sums:
 
 
 @torch.no_grad()
-def evaluate(raw_model: torch.nn.Module, loader, device: torch.device) -> tuple[float, float, int]:
+def evaluate(cfg: Config, raw_model: torch.nn.Module, loader, device: torch.device) -> tuple[float, float, int]:
     """Test loss and accuracy over every test image exactly once, and how many images that was."""
     raw_model.eval()
-    loss_sum, correct, images = evaluation_sums(raw_model, loader, device).tolist()
+    with autocast(cfg, device):
+        loss_sum, correct, images = evaluation_sums(raw_model, loader, device).tolist()
     return loss_sum / images, correct / images, int(images)
 
 
@@ -134,6 +144,7 @@ class Run:
     train_loader: object
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
     logger: RunLogger
     timer: StepTimer
     meter: TrainMeter
@@ -148,45 +159,47 @@ def main(argv=None) -> None:
     started = time.perf_counter()
     cfg = get_config(argv)
     device, gpus = setup(cfg)
+    cfg = resolve_fast_path(cfg, device)  # --amp and --channels_last made explicit for this device
     run_dir = resolve_run_dir(cfg, MODE, len(gpus))
     seed_everything(cfg.seed)
     train_loader, test_loader = get_loaders(cfg, device)
     model, raw_model = get_model(cfg, device)
     if cfg.evaluate:
         load_model_weights(raw_model, cfg.evaluate)
-    optimizer, scheduler = get_optimizer(cfg, raw_model, len(train_loader))
+    optimizer, scheduler, scaler = get_optimizer(cfg, raw_model, device, len(train_loader))
     logger, console = RunLogger(run_dir, cfg, MODE, world_size=1), Console(enabled=True, bar=cfg.progress)
     console.line(f"{MODE}: PyramidNet-{cfg.depth} alpha={cfg.alpha:g} {cfg.block}, {cfg.dataset}, global batch "
-                 f"{cfg.batch_size} on {device}; {describe_lr(cfg, len(train_loader))}; logs in {run_dir}")
+                 f"{cfg.batch_size} on {device} ({describe_fast_path(cfg)}); {describe_lr(cfg, len(train_loader))}; "
+                 f"logs in {run_dir}")
     run = Run(cfg=cfg, model=model, train_loader=train_loader, optimizer=optimizer, scheduler=scheduler,
-              logger=logger, timer=StepTimer(device, cfg.warmup_steps), meter=TrainMeter(device),
+              scaler=scaler, logger=logger, timer=StepTimer(device, cfg.warmup_steps), meter=TrainMeter(device),
               telemetry=GpuTelemetry(gpus), console=console)
     epoch_sums, test, epoch_times = Sums(), (None, None, 0), []
     try:
         if cfg.evaluate:
-            test = evaluate(raw_model, test_loader, device)
+            test = evaluate(cfg, raw_model, test_loader, device)
             console.line(f"{cfg.evaluate}: test loss {test[0]:.4f} acc {100 * test[1]:.2f}% ({test[2]} images)")
         for epoch in range(0 if cfg.evaluate else cfg.epochs):
             epoch_start = time.perf_counter()
             epoch_sums = train_one_epoch(run, epoch)
             epoch_times.append(time.perf_counter() - epoch_start)
-            test = evaluate(raw_model, test_loader, device)
-            report_test(run, epoch, test, epoch_times[-1])
+            if not cfg.benchmark:  # --benchmark measures training speed only
+                test = evaluate(cfg, raw_model, test_loader, device)
+                report_test(run, epoch, test, epoch_times[-1])
             if run.step == cfg.max_steps:
                 break
         if cfg.save_model and not cfg.evaluate:
             console.line(f"weights saved to {logger.save_model(raw_model.state_dict())}")
-        p50, p90 = run.timer.percentiles()
         peaks = peak_memory_gb(gpus)
         summary = {
-            "images_per_sec": run.totals.images_per_sec(cfg.batch_size), "batch_time_p50": p50,
-            "batch_time_p90": p90, "data_wait_frac": run.totals.data_frac,
+            **speed_summary(cfg, run.totals, run.timer, device, devices=1),
             "gpu_util_mean": sum(run.gpu_util) / len(run.gpu_util) if run.gpu_util else None,
             "peak_mem_gb": max(peaks.values(), default=None), "train_loss": epoch_sums.loss,
             "train_acc": epoch_sums.acc, "test_loss": test[0], "test_acc": test[1],
             "epoch_time_s": sum(epoch_times) / len(epoch_times) if epoch_times else None,
             "wall_time_s": time.perf_counter() - started, "steps": run.step}
         path = logger.write_results(summary, peak_mem_gb_per_gpu={str(i): gb for i, gb in peaks.items()})
+        console.line(speed_line(summary))
         console.line(f"results in {path}")
     # ------------------------------------------------------------------------------------------------ teardown
     finally:

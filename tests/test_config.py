@@ -172,12 +172,13 @@ def cfg_for(**kwargs) -> Config:
 def test_effective_lr_scales_linearly(batch, lr):
     cfg = cfg_for(batch_size=batch)
     assert cfg.effective_lr() == pytest.approx(lr)
-    optimizer = build_optimizer(torch.nn.Linear(2, 2), cfg)
+    optimizer = build_optimizer(torch.nn.Linear(2, 2), cfg, CPU)
     group = optimizer.param_groups[0]
     assert group["lr"] == pytest.approx(lr)
     assert (group["momentum"], group["weight_decay"], group["nesterov"]) == (0.9, 1e-4, True)
     assert isinstance(optimizer, torch.optim.SGD)
-    assert build_optimizer(torch.nn.Linear(2, 2), cfg_for(nesterov=False)).param_groups[0]["nesterov"] is False
+    assert build_optimizer(torch.nn.Linear(2, 2), cfg_for(nesterov=False),
+                           CPU).param_groups[0]["nesterov"] is False
 
 
 @pytest.mark.parametrize("batch", [32, 128])
@@ -235,7 +236,7 @@ def test_decay_after_warmup():
 def test_lambda_lr_follows_lr_factor():
     cfg = cfg_for(batch_size=512, epochs=8, lr_warmup_epochs=1)
     spe = 5
-    optimizer = build_optimizer(torch.nn.Linear(2, 2), cfg)
+    optimizer = build_optimizer(torch.nn.Linear(2, 2), cfg, CPU)
     scheduler = lr_schedule(optimizer, cfg, spe)
     seen = []
     for step in range(8 * spe):
@@ -250,13 +251,13 @@ def test_lambda_lr_follows_lr_factor():
 
 def test_scheduler_state_dict_round_trips():
     cfg = cfg_for(batch_size=512, epochs=8, lr_warmup_epochs=1)
-    first = build_optimizer(torch.nn.Linear(2, 2), cfg)
+    first = build_optimizer(torch.nn.Linear(2, 2), cfg, CPU)
     scheduler = lr_schedule(first, cfg, 5)
     for _ in range(13):
         first.step()
         scheduler.step()
     state = scheduler.state_dict()
-    second = build_optimizer(torch.nn.Linear(2, 2), cfg)
+    second = build_optimizer(torch.nn.Linear(2, 2), cfg, CPU)
     resumed = lr_schedule(second, cfg, 5)
     resumed.load_state_dict(state)
     assert resumed.last_epoch == 13

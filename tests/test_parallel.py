@@ -139,7 +139,7 @@ def _train_reference(world_size: int, steps: int) -> dict[str, torch.Tensor]:
         loader.set_epoch(0)
         loaders.append(loader)
     model = pyramidnet(cfg.depth, cfg.alpha, cfg.block)
-    optimizer = build_optimizer(model, cfg)
+    optimizer = build_optimizer(model, cfg, torch.device("cpu"))
     scheduler = lr_schedule(optimizer, cfg, len(loaders[0]))
     model.train()
     for _, shares in zip(range(steps), zip(*loaders)):

@@ -1,0 +1,273 @@
+"""The fast path on the CPU: --benchmark in every mode, autocast, channels_last, the FLOP count, MFU's peak table,
+and the suite's own overhead against a bare training loop. Speed itself is measured on GPUs (BENCHMARKS.md)."""
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import common.performance as performance
+from common.config import Config, UsageError, parse_config
+from common.data import EvalShard, ShuffleSampler, load_datasets, make_loader
+from common.devices import seed_everything
+from common.optim import build_optimizer
+from common.performance import (autocast, flops_per_image, grad_scaler, mfu, peak_tflops, resolve_fast_path,
+                                speed_summary)
+from conftest import TINY, read_results, run_script
+from models import pyramidnet
+
+CPU = torch.device("cpu")
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+BENCH = ["--benchmark", "--warmup_steps", "2", "--benchmark_steps", "6", "--log_interval", "3"]
+
+
+def run_ok(script: str, run_dir: Path, *flags, env=ONE_THREAD):
+    done = run_script(script, *TINY, *flags, "--log_dir", run_dir.parent, "--run_name", run_dir.name, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+# ---------------------------------------------------------------------------------------------------- --benchmark
+@pytest.mark.parametrize("script, flags, devices", [
+    ("single_gpu/train.py", [], 1),
+    ("data_parallel/train.py", [], 1),
+    ("dist_parallel/train.py", ["--nproc_per_node", "2", "--bucket_cap_mb", "1"], 2),
+])
+def test_benchmark_writes_the_speed_figures_and_nothing_else(tmp_path, script, flags, devices):
+    run_dir = tmp_path / "bench"
+    done = run_ok(script, run_dir, *BENCH, "--dataset", "cifar10", "--data_dir", tmp_path / "nothing", *flags)
+    results = read_results(run_dir)
+    summary, config = results["summary"], results["config"]
+    assert config["dataset"] == "synthetic"  # no download, whatever --dataset says
+    assert summary["steps"] == 8 and config["max_steps"] == 8  # 2 untimed + 6 timed
+    assert summary["images_per_sec"] > 0
+    assert summary["images_per_sec_per_gpu"] == pytest.approx(summary["images_per_sec"] / devices)
+    assert 0 < summary["batch_time_p50"] <= summary["batch_time_p90"]
+    assert 0 <= summary["data_wait_frac"] < 1
+    assert summary["flops_per_image"] == flops_per_image(parse_config(Config, TINY))
+    assert summary["mfu"] is None and summary["peak_mem_gb"] is None  # no GPU: no peak to divide by, no memory
+    assert summary["test_acc"] is None and summary["test_loss"] is None  # no evaluation
+    assert not (run_dir / "model.pt").exists()
+    assert "test loss" not in done.stdout
+    speed = next(line for line in done.stdout.splitlines() if line.startswith("speed: "))
+    assert "img/s" in speed and "GFLOP/img" in speed and "data wait" in speed
+
+
+def test_benchmark_times_exactly_the_benchmark_steps(tmp_path):
+    """The epochs are sized to reach warm-up + timed steps; the windows' timed steps add up to --benchmark_steps."""
+    run_dir = tmp_path / "bench"
+    run_ok("single_gpu/train.py", run_dir, "--benchmark", "--warmup_steps", "3", "--benchmark_steps", "13",
+           "--synthetic_size", "128")  # 4 steps per epoch: 4 epochs
+    from conftest import read_scalars
+
+    results = read_results(run_dir)
+    assert results["summary"]["steps"] == 16 and results["config"]["epochs"] == 4
+    assert len(read_scalars(run_dir)["time/batch"]) == 4  # one window per epoch's end (log_interval 4)
+
+
+def test_benchmark_and_evaluate_together_are_refused(tmp_path):
+    done = run_script("single_gpu/train.py", *TINY, "--benchmark", "--evaluate", tmp_path / "model.pt",
+                      "--log_dir", tmp_path)
+    assert done.returncode == 2 and done.stderr.strip().count("\n") == 0
+    assert "--benchmark" in done.stderr and "Traceback" not in done.stderr
+
+
+# ---------------------------------------------------------------------------------------------------- precision
+@pytest.mark.parametrize("amp", ["bf16", "fp16"])
+def test_autocast_trains_on_the_cpu(tmp_path, amp):
+    run_dir = tmp_path / amp
+    done = run_ok("single_gpu/train.py", run_dir, "--amp", amp, "--max_steps", "4")
+    results = read_results(run_dir)
+    assert results["config"]["amp"] == amp and f"amp {amp}" in done.stdout
+    assert results["summary"]["steps"] == 4
+    assert torch.isfinite(torch.tensor(results["summary"]["train_loss"]))
+
+
+def test_cpu_defaults_are_fp32_and_nchw():
+    cfg = resolve_fast_path(parse_config(Config, []), CPU)
+    assert (cfg.amp, cfg.channels_last) == ("off", False)
+    forced = resolve_fast_path(parse_config(Config, ["--amp", "bf16", "--channels_last"]), CPU)
+    assert (forced.amp, forced.channels_last) == ("bf16", True)
+    assert parse_config(Config, ["--no_channels_last"]).channels_last is False
+
+
+def test_autocast_computes_the_forward_pass_in_the_chosen_dtype():
+    layer = torch.nn.Linear(4, 4)
+    for amp, dtype in [("bf16", torch.bfloat16), ("fp16", torch.float16), ("off", torch.float32)]:
+        with autocast(dataclasses.replace(Config(), amp=amp), CPU):
+            assert layer(torch.randn(2, 4)).dtype == dtype
+
+
+def test_grad_scaler_scales_only_fp16():
+    assert grad_scaler(dataclasses.replace(Config(), amp="fp16"), CPU).is_enabled()
+    assert not grad_scaler(dataclasses.replace(Config(), amp="bf16"), CPU).is_enabled()
+    assert not grad_scaler(dataclasses.replace(Config(), amp="off"), CPU).is_enabled()
+
+
+def test_channels_last_reaches_the_model_and_the_batches(tmp_path):
+    dataset, _ = load_datasets("synthetic", "", 64, 0)
+    for kind in ("gpu", "torchvision"):
+        loader = make_loader(kind, dataset, ShuffleSampler(64, True, 0), 16, CPU, train=True, augment=True,
+                             num_workers=0, seed=0, memory_format=torch.channels_last)
+        images, _ = next(iter(loader))
+        assert images.is_contiguous(memory_format=torch.channels_last), kind
+        dataset, _ = load_datasets("synthetic", "", 64, 0)  # the torchvision loader set a transform on it
+    plain = make_loader("gpu", dataset, EvalShard(64), 16, CPU, train=False, augment=False, num_workers=0, seed=0)
+    assert next(iter(plain))[0].is_contiguous()
+    run_dir = tmp_path / "nhwc"
+    done = run_ok("single_gpu/train.py", run_dir, "--channels_last", "--max_steps", "2")
+    assert read_results(run_dir)["config"]["channels_last"] is True and "channels_last" in done.stdout
+
+
+def test_channels_last_changes_the_layout_not_the_result():
+    """The same weights and batch give the same loss in either memory format (up to float summation order)."""
+    seed_everything(0)
+    model = pyramidnet(8, 12, "basic").eval()
+    images = torch.randn(4, 3, 32, 32)
+    plain = model(images)
+    nhwc = model.to(memory_format=torch.channels_last)(images.contiguous(memory_format=torch.channels_last))
+    torch.testing.assert_close(nhwc, plain, rtol=1e-4, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------- FLOPs and MFU
+def test_default_model_costs_28_3_gflop_per_training_image():
+    """PyramidNet-110 alpha=270, forward + backward, counted by torch.utils.flop_counter: 28.3 GFLOP +- 2 %."""
+    assert flops_per_image(Config()) == pytest.approx(28.3e9, rel=0.02)
+
+
+def test_flops_follow_the_model_not_a_constant():
+    small, large = (flops_per_image(dataclasses.replace(Config(), depth=d, alpha=a)) for d, a in [(20, 24), (56, 48)])
+    assert 0 < small < large < flops_per_image(Config())
+    bottleneck = flops_per_image(dataclasses.replace(Config(), depth=272, alpha=200, block="bottleneck"))
+    assert bottleneck != flops_per_image(Config())
+
+
+def test_flop_count_is_three_forward_passes():
+    """Backward costs two forward passes (gradients of inputs and of weights): the count is 3x a forward."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    cfg = dataclasses.replace(Config(), depth=20, alpha=24)
+    with torch.device("meta"), FlopCounterMode(display=False) as counter:
+        pyramidnet(cfg.depth, cfg.alpha, cfg.block)(torch.empty(1, 3, 32, 32))
+    forward = counter.get_total_flops()
+    assert flops_per_image(cfg) == pytest.approx(3 * forward, rel=0.01)
+
+
+@pytest.mark.parametrize("name, amp, expected", [
+    ("NVIDIA H100 80GB HBM3", "bf16", 989.4),
+    ("NVIDIA H100 PCIe", "bf16", 756.5),
+    ("NVIDIA H200", "fp16", 989.4),
+    ("NVIDIA A100-SXM4-80GB", "off", 156.0),  # TF32 convolutions
+    ("NVIDIA GeForce RTX 4090", "bf16", 165.2),
+    ("NVIDIA L40S", "bf16", 362.05),
+    ("Tesla K80", "bf16", None),  # not in the table
+])
+def test_peak_table_matches_device_names(monkeypatch, name, amp, expected):
+    monkeypatch.setattr(performance.torch.cuda, "get_device_name", lambda device=None: name)
+    assert peak_tflops(torch.device("cuda", 0), amp) == expected
+
+
+def test_mfu_is_model_flops_over_peak():
+    assert peak_tflops(CPU, "off") is None and mfu(100.0, 10**9, None) is None
+    assert mfu(14_000.0, 28_300_000_000, 989.4) == pytest.approx(14_000 * 28.3e9 / 989.4e12)
+    assert mfu(None, 10**9, 989.4) is None
+
+
+def test_speed_summary_reports_compile_time_apart():
+    class Timer:
+        first_step_seconds = 30.5
+
+        def percentiles(self):
+            return 0.5, 0.6
+
+    from common.metrics import Sums
+
+    totals = Sums([0, 0, 0, 10, 5.0, 0.05])  # 10 timed steps of 0.5 s, 1 % of it waiting for data
+    cfg = dataclasses.replace(parse_config(Config, TINY), compile=True, amp="off")
+    summary = speed_summary(cfg, totals, Timer(), CPU, devices=2)
+    assert summary["images_per_sec"] == pytest.approx(32 / 0.5)
+    assert summary["images_per_sec_per_gpu"] == pytest.approx(32 / 0.5 / 2)
+    assert summary["compile_time_s"] == pytest.approx(30.0) and summary["first_step_s"] == 30.5
+    assert summary["data_wait_frac"] == pytest.approx(0.01)
+    assert speed_summary(dataclasses.replace(cfg, compile=False), totals, Timer(), CPU, 1)["compile_time_s"] is None
+
+
+# ---------------------------------------------------------------------------------------------------- overhead
+def bare_images_per_sec(cfg: Config, steps: int) -> float:
+    """The same model, batches and optimizer as a --benchmark run, in the plainest loop: no timer, no meter, no
+    logging; one host sync at the end."""
+    seed_everything(cfg.seed)
+    train_set, _ = load_datasets("synthetic", "", cfg.synthetic_size, cfg.seed)
+    loader = make_loader("gpu", train_set, ShuffleSampler(len(train_set), True, cfg.seed), cfg.batch_size, CPU,
+                         train=True, augment=True, num_workers=0, seed=cfg.seed)
+    model = pyramidnet(cfg.depth, cfg.alpha, cfg.block).train()
+    optimizer = build_optimizer(model, cfg, CPU)
+    batches = (batch for epoch in range(1000) for batch in (loader.set_epoch(epoch), loader)[1])
+    for step, (images, labels) in zip(range(cfg.warmup_steps + steps), batches):
+        if step == cfg.warmup_steps:
+            start = time.perf_counter()
+        loss = F.cross_entropy(model(images), labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    return cfg.batch_size * steps / (time.perf_counter() - start)
+
+
+def test_suite_overhead_is_small_against_a_bare_loop(tmp_path, capsys):
+    """--benchmark in-process against the bare loop, alternately, best of three each (the 2-core machine is noisy).
+    The ratio is printed; only a loose bound is asserted: speed is measured in benchmarks, not in tests."""
+    import single_gpu.train as single
+
+    flags = [*TINY, "--benchmark", "--warmup_steps", "3", "--benchmark_steps", "24", "--synthetic_size", "512",
+             "--log_interval", "9", "--no_progress", "--log_dir", str(tmp_path)]
+    cfg = parse_config(Config, flags)
+    suite, bare = [], []
+    for attempt in range(3):
+        single.main([*flags, "--run_name", f"bench{attempt}"])
+        suite.append(read_results(tmp_path / f"bench{attempt}")["summary"]["images_per_sec"])
+        bare.append(bare_images_per_sec(cfg, cfg.benchmark_steps))
+    ratio = max(suite) / max(bare)
+    with capsys.disabled():
+        print(f"\n--benchmark / bare loop images/s on the CPU: {ratio:.3f} ({max(suite):.0f} vs {max(bare):.0f})")
+    assert ratio > 0.8
+
+
+def test_bf16_on_a_gpu_without_it_is_a_usage_error(monkeypatch):
+    monkeypatch.setattr(performance.torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
+    monkeypatch.setattr(performance.torch.cuda, "get_device_name", lambda device=None: "Tesla V100-SXM2-16GB")
+    monkeypatch.setattr(performance.torch.backends.cudnn, "benchmark", False)  # restored after the test
+    monkeypatch.setattr(performance.torch, "set_float32_matmul_precision", lambda precision: None)
+    cuda = torch.device("cuda", 0)
+    assert resolve_fast_path(parse_config(Config, []), cuda).amp == "fp16"  # the default where bf16 is missing
+    with pytest.raises(UsageError, match="--amp fp16"):
+        resolve_fast_path(parse_config(Config, ["--amp", "bf16"]), cuda)
+
+
+def test_compile_wraps_the_training_model_and_reports_its_time_apart(tmp_path, monkeypatch):
+    """--compile in-process with TorchDynamo's eager backend: the graph capture is real, code generation skipped
+    (inductor's C++ build takes about a minute on this machine; `--compile` with inductor was run by hand). The
+    compiled run trains the same weights as the eager one, and its first step is reported as compile time."""
+    import single_gpu.train as single
+
+    compiled_models = []
+    real_compile = torch.compile
+
+    def eager_backend_compile(model, **options):
+        compiled_models.append(model)
+        return real_compile(model, backend="eager", **options)
+
+    monkeypatch.setattr(single.torch, "compile", eager_backend_compile)
+    flags = [*TINY, "--max_steps", "4", "--no_augment", "--save_model", "--no_progress", "--log_dir", str(tmp_path)]
+    single.main([*flags, "--compile", "--run_name", "compiled"])
+    single.main([*flags, "--run_name", "eager"])
+    assert len(compiled_models) == 1  # the compiled run only
+    compiled, eager = (read_results(tmp_path / name)["summary"] for name in ("compiled", "eager"))
+    assert compiled["compile_time_s"] > 0 and eager["compile_time_s"] is None
+    weights = [torch.load(tmp_path / name / "model.pt", weights_only=True) for name in ("compiled", "eager")]
+    assert weights[0].keys() == weights[1].keys()  # the unwrapped model is saved, not the compiled wrapper
+    for name in weights[0]:
+        torch.testing.assert_close(weights[0][name], weights[1][name], rtol=1e-5, atol=1e-6)
