@@ -47,6 +47,8 @@ class Config:
     depth: int = flag(110, "PyramidNet depth: 6n+2 (basic) or 9n+2 (bottleneck)")
     alpha: float = flag(270.0, "PyramidNet widening factor: channels added over the whole network")
     block: str = flag("basic", "residual block", choices=tuple(MODEL_BLOCKS))
+    width_multiple: int = flag(1, "round every block's width up to a multiple of this (8 suits tensor cores); "
+                                  "1 = the paper's widths")
     # data
     dataset: str = flag("cifar10", "cifar10 (downloaded into --data_dir) or synthetic (generated, offline)",
                         choices=DATASETS)
@@ -95,6 +97,7 @@ class Config:
             (self.log_interval > 0, "--log_interval must be at least 1"),
             (self.warmup_steps >= 0, "--warmup_steps must be 0 or more"),
             (self.benchmark_steps > 0, "--benchmark_steps must be at least 1"),
+            (self.width_multiple >= 1, "--width_multiple must be 1 (the paper's widths) or more"),
             (not (self.benchmark and self.evaluate), "--benchmark trains and --evaluate does not: give one of them"),
         ]
         for ok, message in checks:

@@ -75,7 +75,7 @@ def flops_per_image(cfg: Config) -> int:
 
     batch = 2
     with torch.device("meta"):
-        model = pyramidnet(cfg.depth, cfg.alpha, cfg.block)
+        model = pyramidnet(cfg.depth, cfg.alpha, cfg.block, width_multiple=cfg.width_multiple)
         images = torch.empty(batch, 3, 32, 32)
         labels = torch.zeros(batch, dtype=torch.int64)
     with FlopCounterMode(display=False) as counter:

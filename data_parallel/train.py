@@ -73,7 +73,8 @@ def get_loaders(cfg: Config, device: torch.device):
 # ---------------------------------------------------------------------------------------------------- model
 def get_model(cfg: Config, device: torch.device, gpus: list[int]):
     """The model to call, and the unwrapped one whose weights are saved and evaluated."""
-    raw_model = pyramidnet(cfg.depth, cfg.alpha, cfg.block).to(device, memory_format=memory_format(cfg))
+    raw_model = pyramidnet(cfg.depth, cfg.alpha, cfg.block, width_multiple=cfg.width_multiple)
+    raw_model = raw_model.to(device, memory_format=memory_format(cfg))
     model = nn.DataParallel(raw_model, device_ids=gpus or None)  # splits each global batch over the GPUs
     if cfg.compile:  # compiled in the first step; raw_model (evaluation, saving) stays eager
         model = torch.compile(model)

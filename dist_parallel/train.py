@@ -99,7 +99,8 @@ def get_loaders(cfg: Config, device: torch.device):
 # ---------------------------------------------------------------------------------------------------- model
 def get_model(cfg: DistConfig, device: torch.device):
     """The model to call, and the unwrapped one whose weights are saved and evaluated."""
-    raw_model = pyramidnet(cfg.depth, cfg.alpha, cfg.block).to(device, memory_format=memory_format(cfg))
+    raw_model = pyramidnet(cfg.depth, cfg.alpha, cfg.block, width_multiple=cfg.width_multiple)
+    raw_model = raw_model.to(device, memory_format=memory_format(cfg))
     if cfg.sync_bn:  # BatchNorm statistics over the global batch: an all-reduce in every BN layer's forward
         raw_model = nn.SyncBatchNorm.convert_sync_batchnorm(raw_model)
     # DDP broadcasts rank 0's weights now, then all-reduces (averages) gradients in buckets during backward

@@ -77,9 +77,11 @@ BLOCKS = {"basic": (BasicBlock, 6), "bottleneck": (Bottleneck, 9)}  # block -> (
 
 class PyramidNet(nn.Module):
     def __init__(self, depth: int = 110, alpha: float = 270, block: str = "basic", num_classes: int = 10,
-                 in_channels: int = 3):
+                 in_channels: int = 3, width_multiple: int = 1):
         super().__init__()
         block_class, blocks_per_stage = check_arguments(depth, alpha, block, num_classes, in_channels)
+        if width_multiple < 1:
+            raise ValueError(f"width_multiple must be 1 (the paper's widths) or more, not {width_multiple}")
         step = alpha / (3 * blocks_per_stage)  # the width added by every block
         width = 16.0
         channels = 16
@@ -91,8 +93,9 @@ class PyramidNet(nn.Module):
             for index in range(blocks_per_stage):
                 width += step
                 stride = 2 if stage > 0 and index == 0 else 1
-                blocks.append(block_class(channels, int(round(width)), stride))
-                channels = int(round(width)) * block_class.expansion
+                planes = -(-int(round(width)) // width_multiple) * width_multiple  # rounded up to the multiple
+                blocks.append(block_class(channels, planes, stride))
+                channels = planes * block_class.expansion
             stages.append(nn.Sequential(*blocks))
         self.layer1, self.layer2, self.layer3 = stages
         self.bn_final = nn.BatchNorm2d(channels)
@@ -137,6 +140,8 @@ def check_arguments(depth, alpha, block, num_classes, in_channels):
 
 
 def pyramidnet(depth: int = 110, alpha: float = 270, block: str = "basic", num_classes: int = 10,
-               in_channels: int = 3) -> PyramidNet:
-    """PyramidNet-`depth` with widening factor `alpha`; depth is 6n+2 for basic blocks, 9n+2 for bottlenecks."""
-    return PyramidNet(depth, alpha, block, num_classes, in_channels)
+               in_channels: int = 3, width_multiple: int = 1) -> PyramidNet:
+    """PyramidNet-`depth` with widening factor `alpha`; depth is 6n+2 for basic blocks, 9n+2 for bottlenecks.
+    `width_multiple` > 1 rounds every block's width up to a multiple of it (8 suits tensor cores); 1 is the paper's
+    additive widening, whose widths are mostly not multiples of 8."""
+    return PyramidNet(depth, alpha, block, num_classes, in_channels, width_multiple)

@@ -271,3 +271,18 @@ def test_compile_wraps_the_training_model_and_reports_its_time_apart(tmp_path, m
     assert weights[0].keys() == weights[1].keys()  # the unwrapped model is saved, not the compiled wrapper
     for name in weights[0]:
         torch.testing.assert_close(weights[0][name], weights[1][name], rtol=1e-5, atol=1e-6)
+
+
+def test_profile_tool_splits_a_step_into_categories(tmp_path):
+    out = tmp_path / "profile.json"
+    done = run_script("benchmarks/profile_step.py", "--depth", "8", "--alpha", "12", "--batch_size", "16",
+                      "--steps", "2", "--warmup_steps", "1", "--top", "5", "--out", out, env=ONE_THREAD)
+    assert done.returncode == 0, done.stderr
+    import json
+
+    report = json.loads(out.read_text())
+    assert set(report["shares"]) == {"convolution", "batchnorm", "elementwise", "other"}
+    assert sum(report["shares"].values()) == pytest.approx(1.0)
+    assert max(report["shares"], key=report["shares"].get) == "convolution"  # a CNN's step is its convolutions
+    assert len(report["top"]) == 5 and report["top_kernels"] == []  # kernels only on a GPU
+    assert "convolution" in done.stdout and "ms of operator self time per step" in done.stdout

@@ -346,3 +346,17 @@ def test_invalid_classes_or_channels():
         pyramidnet(**TINY_BASIC, num_classes=0)
     with pytest.raises(ValueError):
         pyramidnet(**TINY_BASIC, in_channels=0)
+
+
+def test_width_multiple_rounds_every_width_up():
+    """--width_multiple 8 (for tensor cores): every convolution's output is a multiple of 8, no narrower than the
+    paper's; 1 is the paper's model exactly."""
+    paper, padded = pyramidnet(20, 48), pyramidnet(20, 48, width_multiple=8)
+    paper_widths = [m.out_channels for m in paper.modules() if isinstance(m, torch.nn.Conv2d)][1:]
+    padded_widths = [m.out_channels for m in padded.modules() if isinstance(m, torch.nn.Conv2d)][1:]
+    assert any(w % 8 for w in paper_widths) and all(w % 8 == 0 for w in padded_widths)
+    assert all(p <= q < p + 8 for p, q in zip(paper_widths, padded_widths))
+    assert padded(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    assert pyramidnet(20, 48, width_multiple=1).state_dict().keys() == paper.state_dict().keys()
+    with pytest.raises(ValueError, match="width_multiple"):
+        pyramidnet(20, 48, width_multiple=0)
