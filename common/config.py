@@ -1,7 +1,8 @@
 """One frozen dataclass of hyper-parameters; its fields generate the command-line flags of every train.py.
 
 A field's default is the flag's default and its metadata the help text. A bool that defaults to False becomes
-`--name`; one that defaults to True becomes `--no_name`; an optional bool (None: the run decides) gets both. A mode with flags of its own subclasses `Config` inline.
+`--name`; one that defaults to True becomes `--no_name`; an optional bool (None: the run decides) gets both.
+A mode with flags of its own subclasses `Config` inline.
 """
 from __future__ import annotations
 
@@ -25,6 +26,10 @@ BASE_BATCH = 128  # --lr is given per this many images of global batch
 
 class UsageError(Exception):
     """A mistake the user can fix: reported as one line, exit status 2, no traceback."""
+
+
+class RunError(Exception):
+    """A run that cannot go on (a loss that turned NaN, a process group that broke): one line, exit status 1."""
 
 
 def flag(default, help: str, **argparse_kwargs):
@@ -80,6 +85,10 @@ class Config:
     log_interval: int = flag(50, "optimizer steps per log window (a log line, TensorBoard points)")
     warmup_steps: int = flag(10, "first optimizer steps left out of the timing (cuDNN autotune, allocator)")
     save_model: bool = flag(False, "write the trained weights to <run folder>/model.pt")
+    checkpoint_interval: int = flag(0, "write <run folder>/checkpoint.pt every N optimizer steps as well; 0 = at "
+                                       "the end of every epoch only (and when stopped)")
+    resume: str | None = flag(None, "continue from a checkpoint.pt (PATH), or from this --run_name's latest one "
+                                    "(auto; a fresh start when it has none yet)")
     evaluate: str | None = flag(None, "load weights from PATH, evaluate on the test set, write results, exit")
     progress: bool = flag(True, "a tqdm bar per epoch when stdout is a terminal")
 
@@ -98,6 +107,13 @@ class Config:
             (self.warmup_steps >= 0, "--warmup_steps must be 0 or more"),
             (self.benchmark_steps > 0, "--benchmark_steps must be at least 1"),
             (self.width_multiple >= 1, "--width_multiple must be 1 (the paper's widths) or more"),
+            (self.checkpoint_interval >= 0, "--checkpoint_interval must be 0 (once per epoch) or more steps"),
+            (not (self.resume and self.overwrite), "--resume continues a run folder and --overwrite deletes it: "
+                                                   "give one of them"),
+            (not (self.resume and (self.evaluate or self.benchmark)),
+             "--resume continues training: leave out --evaluate and --benchmark"),
+            (self.resume != "auto" or self.run_name, "--resume auto finds the run by its name: add --run_name "
+                                                     "NAME (the same name on every restart)"),
             (not (self.benchmark and self.evaluate), "--benchmark trains and --evaluate does not: give one of them"),
         ]
         for ok, message in checks:
@@ -172,6 +188,9 @@ def user_errors():
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
+    except RunError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(1) from None
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         raise SystemExit(130) from None

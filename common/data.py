@@ -144,7 +144,7 @@ class DeviceLoader:
     def __init__(self, dataset, sampler, *, batch_size, device, augment, drop_last, seed, rank,
                  memory_format=torch.contiguous_format):
         self.sampler, self.batch_size, self.device, self.memory_format = sampler, batch_size, device, memory_format
-        self.augment, self.drop_last, self.seed, self.rank, self.epoch = augment, drop_last, seed, rank, 0
+        self.augment, self.drop_last, self.seed, self.rank, self.epoch, self.skip = augment, drop_last, seed, rank, 0, 0
         images = torch.as_tensor(np.asarray(dataset.data)).to(device)  # (N, H, W, C) uint8
         self.images = torch.nn.functional.pad(images, (0, 0, PAD, PAD, PAD, PAD)) if augment else images
         self.labels = torch.as_tensor(dataset.targets, dtype=torch.int64).to(device)
@@ -152,13 +152,19 @@ class DeviceLoader:
         self.std = torch.tensor(CIFAR10_STD, device=device).view(1, 3, 1, 1) * 255
         self.generator = torch.Generator(device=device)
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        """Iterate epoch `epoch` from its batch `skip` on (a resumed run: those were consumed before)."""
+        self.epoch, self.skip = epoch, skip
         self.sampler.set_epoch(epoch)
 
     def __len__(self):
         size = len(self.sampler)
         return size // self.batch_size if self.drop_last else -(-size // self.batch_size)
+
+    def _crop_and_flip(self, n: int):
+        top, left = torch.randint(0, 2 * PAD + 1, (2, n, 1), device=self.device, generator=self.generator)
+        flip = torch.rand(n, 1, device=self.device, generator=self.generator) < 0.5
+        return top, left, flip
 
     def __iter__(self):
         self.generator.manual_seed(_augmentation_seed(self.seed, self.epoch, self.rank))
@@ -166,10 +172,12 @@ class DeviceLoader:
         order = torch.tensor(list(self.sampler), dtype=torch.int64).to(self.device)  # one copy per epoch
         for start in range(0, len(self) * self.batch_size, self.batch_size):
             index = order[start:start + self.batch_size]
+            if start < self.skip * self.batch_size:  # consumed before a resume: its random draws, no batch
+                if self.augment:
+                    self._crop_and_flip(index.shape[0])
+                continue
             if self.augment:  # pad-4 random crop + horizontal flip, as row/column indices into the padded images
-                n = index.shape[0]
-                top, left = torch.randint(0, 2 * PAD + 1, (2, n, 1), device=self.device, generator=self.generator)
-                flip = torch.rand(n, 1, device=self.device, generator=self.generator) < 0.5
+                top, left, flip = self._crop_and_flip(index.shape[0])
                 rows = top + arange
                 cols = left + torch.where(flip, IMAGE_SIZE - 1 - arange, arange)
                 images = self.images[index[:, None, None], rows[:, :, None], cols[:, None, :]]
@@ -190,17 +198,38 @@ class TorchvisionLoader:
         steps = [transforms.RandomCrop(IMAGE_SIZE, padding=PAD), transforms.RandomHorizontalFlip()] if augment else []
         dataset.transform = transforms.Compose(
             steps + [transforms.ToTensor(), transforms.Normalize(CIFAR10_MEAN, CIFAR10_STD)])
-        self.sampler, self.device, self.memory_format = sampler, device, memory_format
+        self.sampler, self.device, self.memory_format = _Skipping(sampler, batch_size), device, memory_format
         self.loader = DataLoader(
-            dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers, drop_last=drop_last,
+            dataset, batch_size=batch_size, sampler=self.sampler, num_workers=num_workers, drop_last=drop_last,
             pin_memory=device.type == "cuda", persistent_workers=num_workers > 0,
             generator=torch.Generator().manual_seed(_augmentation_seed(seed, 0, rank)))
 
-    def set_epoch(self, epoch: int) -> None:
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        self.sampler.set_epoch(epoch, skip)
+
+    def __len__(self):  # batches in a whole epoch, skipped ones included, as DeviceLoader counts them
+        size = len(self.sampler.sampler)
+        return size // self.sampler.batch_size if self.loader.drop_last else -(-size // self.sampler.batch_size)
+
+
+class _Skipping(Sampler[int]):
+    """A sampler's epoch without its first `skip` batches, for a resumed run's first epoch."""
+
+    def __init__(self, sampler, batch_size: int):
+        self.sampler, self.batch_size, self.skip = sampler, batch_size, 0
+
+    def set_epoch(self, epoch: int, skip: int) -> None:
         self.sampler.set_epoch(epoch)
+        self.skip = skip
+
+    def __iter__(self):
+        indices = iter(self.sampler)
+        for _ in range(self.skip * self.batch_size):
+            next(indices)
+        return indices
 
     def __len__(self):
-        return len(self.loader)
+        return len(self.sampler) - self.skip * self.batch_size
 
     def __iter__(self):
         for images, labels in self.loader:

@@ -3,15 +3,18 @@ elastic launcher, and the end-of-run check that every rank holds the same weight
 from __future__ import annotations
 
 import contextlib
+import datetime
 import hashlib
 import ipaddress
 import os
 import sys
+import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from common.config import UsageError
+from common.config import RunError, UsageError
 from common.devices import cuda_devices
 
 
@@ -59,13 +62,15 @@ def _is_loopback(address: str) -> bool:
         return False
 
 
-def launch_workers(script: str, argv: list[str], nproc: int) -> int:
+def launch_workers(script: str, argv: list[str], nproc: int, max_restarts: int = 0) -> int:
     """Start `nproc` workers of `script` on this machine through torch's elastic launcher, exactly as
-    `torchrun --standalone --nproc_per_node nproc script argv` would (a free port, c10d rendezvous)."""
+    `torchrun --standalone --nproc_per_node nproc --max-restarts max_restarts script argv` would (a free port,
+    c10d rendezvous; after a worker fails, the whole group is restarted up to max_restarts times)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    args = get_args_parser().parse_args(["--standalone", f"--nproc_per_node={nproc}", script, *argv])
+    args = get_args_parser().parse_args(["--standalone", f"--nproc_per_node={nproc}",
+                                         f"--max-restarts={max_restarts}", script, *argv])
     try:
         run(args)
     except ChildFailedError as error:
@@ -178,4 +183,88 @@ def self_launch(cfg, script: str, argv, mode: str) -> int:
     check_launch(cfg.batch_size, nproc, cfg.backend, cfg.sync_bn)
     resolve_run_dir(cfg, mode, nproc)
     os.environ.setdefault("OMP_NUM_THREADS", str(max((os.cpu_count() or 1) // nproc, 1)))  # share the cores
-    return launch_workers(script, sys.argv[1:] if argv is None else [str(arg) for arg in argv], nproc)
+    return launch_workers(script, sys.argv[1:] if argv is None else [str(arg) for arg in argv], nproc,
+                          cfg.max_restarts)
+
+
+# ---------------------------------------------------------------------------------------------------- failures
+def init_group(backend: str, init_method: str, rank: int, world_size: int, timeout_s: float) -> None:
+    """dist.init_process_group, with a timeout on every collective (a dead peer ends the run instead of hanging
+    it), NCCL's asynchronous error handling on, and one line with the fix for the rendezvous failures users meet:
+    a port in use, a master that cannot be reached, a file:// rendezvous left over from a crashed run."""
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # a failed NCCL collective aborts, not hangs
+    if init_method.startswith("file://"):
+        check_rendezvous_file(Path(init_method[len("file://"):]), timeout_s)
+    try:
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+    except (RuntimeError, ValueError) as error:  # DistNetworkError and DistStoreError are RuntimeErrors
+        raise rendezvous_error(error, init_method, rank, timeout_s) from None
+
+
+def check_rendezvous_file(path: Path, timeout_s: float) -> None:
+    """A file:// rendezvous file must be new. One older than the timeout cannot belong to this launch (its first
+    process would have given up by now): it is left from a run that crashed, and would make this one hang."""
+    if path.exists() and time.time() - path.stat().st_mtime > timeout_s:
+        raise UsageError(f"the rendezvous file {path} is left over from an earlier run: delete it (or give a new "
+                         f"file:// path) and launch again")
+
+
+def rendezvous_error(error: Exception, init_method: str, rank: int, timeout_s: float) -> UsageError:
+    text = " ".join(str(error).split())
+    host, port = os.environ.get("MASTER_ADDR", "?"), os.environ.get("MASTER_PORT", "?")
+    if init_method.startswith("tcp://"):
+        host, _, port = init_method[len("tcp://"):].rpartition(":")
+    if "EADDRINUSE" in text or "address already in use" in text.lower():
+        return UsageError(f"port {port} is already in use on {host} (another job, or a run still shutting down): "
+                          f"give a free MASTER_PORT (or tcp://{host}:<free port>), e.g. one from 29500-29999")
+    if init_method.startswith("file://"):
+        return UsageError(f"rank {rank}: the file rendezvous {init_method} failed ({text[:120]}): give every "
+                          f"process the same path on a shared filesystem, delete a file left by an earlier run, "
+                          f"and launch again")
+    if "timed out" in text or "timeout" in text.lower() or "refused" in text.lower():
+        return UsageError(f"rank {rank} could not reach the master at {host}:{port} within {timeout_s:g} s: check "
+                          f"MASTER_ADDR/MASTER_PORT, that rank 0 is running, and that the port is open between "
+                          f"the nodes")
+    return UsageError(f"rank {rank}: joining the process group failed: {text[:200]}")
+
+
+# Raised by a collective whose peer died or stalled: gloo "Connection closed by peer", NCCL errors, watchdog
+# and store timeouts.
+_GROUP_FAILURES = ("closed by peer", "connection reset", "broken pipe", "gloo", "nccl", "timed out", "timeout",
+                   "watchdog", "process group", "processgroup")
+
+
+def group_failure(error: BaseException, rank: int, step: int) -> RunError | None:
+    """A RunError naming this rank and the step when `error` came from the process group, else None."""
+    text = " ".join(str(error).split())
+    if not (isinstance(error, dist.DistError) or any(key in text.lower() for key in _GROUP_FAILURES)):
+        return None
+    return RunError(f"rank {rank} stopped at step {step}: the process group failed ({text[:160]}); another rank "
+                    f"has died or stalled, and its own output says why")
+
+
+def all_rng_states() -> list:
+    """Every rank's RNG states, in rank order, on every rank (for the checkpoint rank 0 writes)."""
+    from common.checkpoint import rng_state
+
+    states = [None] * dist.get_world_size()
+    dist.all_gather_object(states, rng_state())
+    return states
+
+
+def from_rank0(load):
+    """`load()` on rank 0 only (it reads the file, which other nodes may not see), its result sent to every rank.
+    A UsageError on rank 0 is raised on every rank, so all of them exit."""
+    result = [None, None]
+    if dist.get_rank() == 0:
+        try:
+            result[0] = load()
+        except UsageError as error:
+            result[1] = str(error)
+    dist.broadcast_object_list(result, src=0)
+    if result[1] is not None:
+        if dist.get_rank() == 0:
+            raise UsageError(result[1])
+        raise SystemExit(2)  # rank 0 prints the line
+    return result[0]

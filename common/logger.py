@@ -31,8 +31,11 @@ def resolve_run_dir(cfg: Config, mode: str, gpu_count: int) -> Path:
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UsageError(f"--log_dir {log_dir}: {existing} is not writable; give a folder you can write to")
     run_dir = log_dir / name
-    if run_dir.exists() and not cfg.overwrite:
-        raise UsageError(f"run folder {run_dir} exists already: choose another --run_name or add --overwrite")
+    if run_dir.exists() and not (cfg.overwrite or cfg.resume):
+        raise UsageError(f"run folder {run_dir} exists already: choose another --run_name, add --overwrite, or "
+                         f"continue it with --resume auto")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UsageError(f"{run_dir} is a file, not a run folder: choose another --run_name")
     return run_dir
 
 
@@ -47,9 +50,9 @@ class RunLogger:
             return
         from tensorboardX import SummaryWriter
 
-        if run_dir.exists():  # only with --overwrite, checked by resolve_run_dir
+        if run_dir.exists() and not cfg.resume:  # only with --overwrite, checked by resolve_run_dir
             shutil.rmtree(run_dir)
-        run_dir.mkdir(parents=True)
+        run_dir.mkdir(parents=True, exist_ok=True)  # a resumed run adds to its folder
         self.writer = SummaryWriter(logdir=str(run_dir))
         self.writer.add_text("config", "\n".join(f"    {k}: {v}" for k, v in dataclasses.asdict(cfg).items()))
 
@@ -67,14 +70,14 @@ class RunLogger:
         results = {"mode": self.mode, "world_size": self.world_size, "config": dataclasses.asdict(self.cfg),
                    "env": environment(), "summary": summary, **extra}
         path = self.run_dir / "results.json"
-        _write_atomically(path, lambda f: f.write(json.dumps(results, indent=2).encode()))
+        write_atomically(path, lambda f: f.write(json.dumps(results, indent=2).encode()))
         return path
 
     def save_model(self, state_dict: dict) -> Path | None:
         if self.run_dir is None:
             return None
         path = self.run_dir / "model.pt"
-        _write_atomically(path, lambda f: torch.save(state_dict, f))
+        write_atomically(path, lambda f: torch.save(state_dict, f))
         return path
 
     def close(self) -> None:
@@ -82,14 +85,17 @@ class RunLogger:
             self.writer.close()
 
 
-def _write_atomically(path: Path, write) -> None:
+def write_atomically(path: Path, write) -> None:
     """Write to a temporary file, fsync, rename: a crash leaves the old file or the new one, never half of one."""
     temporary = path.with_name(f".{path.name}.tmp")
-    with open(temporary, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)  # only left if the write failed: the old file is untouched
 
 
 def load_model_weights(raw_model: torch.nn.Module, path: str) -> None:

@@ -9,10 +9,13 @@ carries torch.compile's compilation and cuDNN's autotuning, is synchronised once
 """
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
 import torch
+
+from common.config import RunError
 
 
 class _HostClock:
@@ -102,6 +105,10 @@ class TrainMeter:
     def __init__(self, device: torch.device):
         self.totals = torch.zeros(2, dtype=torch.float64, device=device)
         self.images = 0
+        self.updates = 0  # steps in this window, known on the host
+        self.counter = torch.zeros((), dtype=torch.int64, device=device)  # the same, on the device
+        self.first_bad = torch.zeros((), dtype=torch.int64, device=device)  # window step of the first NaN/inf loss
+        self.last_window = (0, self.first_bad)
 
     @torch.no_grad()
     def update(self, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> None:
@@ -109,12 +116,31 @@ class TrainMeter:
         correct = (logits.argmax(dim=1) == labels).sum()
         self.totals += torch.stack([loss.detach().double() * n, correct.double()])
         self.images += n
+        self.updates += 1
+        self.counter += 1
+        bad = ~torch.isfinite(loss.detach())
+        self.first_bad = torch.where(bad & (self.first_bad == 0), self.counter, self.first_bad)
 
     def take(self) -> torch.Tensor:
         """The window's [loss sum, correct, images] (on the device), and a fresh start."""
         totals = torch.cat([self.totals, self.totals.new_tensor([self.images])])
-        self.totals, self.images = torch.zeros_like(self.totals), 0
+        self.last_window = (self.updates, self.first_bad)
+        self.totals, self.images, self.updates = torch.zeros_like(self.totals), 0, 0
+        self.counter, self.first_bad = torch.zeros_like(self.counter), torch.zeros_like(self.first_bad)
         return totals
+
+    def first_nonfinite_step(self, step: int) -> int:
+        """The optimizer step (1-based, of the run) whose loss was first NaN/inf in the last window taken, read
+        only when the window's loss sum is not finite; `step` is the run's step count at the window's end."""
+        updates, first_bad = self.last_window
+        return step - updates + int(first_bad.item())
+
+
+def check_loss(sums: "Sums", meter: TrainMeter, step: int, checkpoint: str) -> None:
+    """A window whose loss is NaN/inf ends the run, naming the step; the last good checkpoint stays as it is."""
+    if not math.isfinite(sums.values[0]):
+        raise RunError(f"the training loss became NaN/inf at step {meter.first_nonfinite_step(step)}: stopped "
+                       f"({checkpoint}); try a lower --lr")
 
 
 @torch.no_grad()

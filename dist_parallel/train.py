@@ -29,14 +29,15 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
+from common.checkpoint import StopSignals, last_checkpoint, restore, resume_checkpoint, save_checkpoint
 from common.config import Config, UsageError, flag, parse_config, user_errors
 from common.data import EvalShard, load_datasets, make_loader
 from common.devices import seed_everything, warn
-from common.distributed import (by_rank, check_launch, launched, node_leader_first, own_gpu, rank_info,
-                                self_launch, verify_sync)
+from common.distributed import (all_rng_states, by_rank, check_launch, from_rank0, group_failure, init_group,
+                                launched, node_leader_first, own_gpu, rank_info, self_launch, verify_sync)
 from common.logger import (Console, RunLogger, load_model_weights, report_test, report_window, resolve_run_dir,
                            speed_line)
-from common.metrics import StepTimer, Sums, TrainMeter, evaluation_sums, window_sums
+from common.metrics import StepTimer, Sums, TrainMeter, check_loss, evaluation_sums, window_sums
 from common.optim import build_optimizer, describe_lr, lr_schedule
 from common.performance import (autocast, describe_fast_path, grad_scaler, memory_format, resolve_fast_path,
                                 speed_summary)
@@ -56,6 +57,10 @@ class DistConfig(Config):  # the flags only a process group has
     nproc_per_node: int | None = flag(None, "started without torchrun: how many workers (default: one per GPU)")
     bucket_cap_mb: float = flag(25.0, "DDP gradient bucket size: each full bucket is all-reduced while backward "
                                       "goes on")
+    dist_timeout: float = flag(600.0, "seconds a collective (or joining the group) may wait for the other ranks "
+                                      "before the run ends with an error instead of hanging")
+    max_restarts: int = flag(0, "started without torchrun: restart the workers up to N times after a failure "
+                                "(with --resume auto they continue from the last checkpoint)")
 
 
 def get_config(argv=None) -> DistConfig:
@@ -73,7 +78,7 @@ def setup(cfg: DistConfig):
     elif rank == 0:
         warn("no CUDA GPU found: training on the CPU")
     backend = cfg.backend or ("nccl" if gpus else "gloo")
-    dist.init_process_group(backend, init_method=cfg.init_method, rank=rank, world_size=world_size)
+    init_group(backend, cfg.init_method, rank, world_size, cfg.dist_timeout)  # one-line errors, collective timeout
     return (torch.device("cuda", gpus[0]) if gpus else torch.device("cpu")), gpus
 
 
@@ -122,13 +127,16 @@ def get_optimizer(cfg: Config, raw_model: torch.nn.Module, device: torch.device,
 
 # ---------------------------------------------------------------------------------------------------- train / evaluate
 def train_one_epoch(run, epoch: int) -> Sums:
-    """One pass over the training set, or up to --max_steps; a host sync only at the end of each log window."""
+    """One pass over the training set (the rest of it, when resumed mid-epoch), or up to --max_steps, or until a
+    stop signal; a host sync only at the end of each log window and at checkpoints."""
     cfg, model, loader = run.cfg, run.model, run.train_loader
     model.train()
-    loader.set_epoch(epoch)
+    skip = run.batch if epoch == run.epoch else 0  # batches a resumed epoch had already trained on
+    run.epoch, run.batch = epoch, skip
+    loader.set_epoch(epoch, skip)
     epoch_sums = Sums()
-    run.console.start(len(loader), f"Epoch {epoch + 1}/{cfg.epochs}")
-    for index, (images, labels) in enumerate(run.timer.timed(loader), start=1):
+    run.console.start(len(loader) - skip, f"Epoch {epoch + 1}/{cfg.epochs}")
+    for index, (images, labels) in enumerate(run.timer.timed(loader), start=skip + 1):
         with autocast(cfg, images.device):  # bf16/fp16 where it is safe, fp32 elsewhere (or fp32 throughout)
             logits = model(images)
             loss = F.cross_entropy(logits, labels)
@@ -139,27 +147,34 @@ def train_one_epoch(run, epoch: int) -> Sums:
         run.scheduler.step()
         run.meter.update(loss, logits, labels)
         run.timer.step_done()
-        run.step += 1
+        run.step, run.batch = run.step + 1, index
         run.console.update()
         last = index == len(loader) or run.step == cfg.max_steps
         if index % cfg.log_interval == 0 or last:
             epoch_sums += log_window(run, epoch, index)
-        if last:
+        if last or run.stop:
             break
+        if cfg.checkpoint_interval and run.step % cfg.checkpoint_interval == 0:
+            save_checkpoint(run, all_rng_states())
     run.console.close()
     return epoch_sums
 
 
 def log_window(run, epoch: int, index: int) -> Sums:
-    """Read the window's totals (one host sync), then report them."""
+    """Read the window's totals (one host sync), report them, stop on a NaN loss, and take note of a stop signal."""
     totals = window_sums(run.meter, run.timer)
-    dist.all_reduce(totals)  # images and correct predictions add up over ranks
-    totals[3:] /= dist.get_world_size()  # timings: the mean over ranks
-    sums = Sums(totals.tolist())
+    stop = totals.new_tensor([run.signals.received is not None])  # a signal to any rank stops every rank here
+    totals = torch.cat([totals, stop])
+    dist.all_reduce(totals)  # images and correct predictions add up over ranks; so do the stop votes
+    totals[3:6] /= dist.get_world_size()  # timings: the mean over ranks
+    values = totals.tolist()
+    sums = Sums(values[:Sums.SIZE])
     gpu = by_rank(run.telemetry.window())  # every rank's GPU, keyed by rank
     run.totals += sums
     run.gpu_util += [util for util, _ in gpu.values() if util is not None]
     report_window(run, epoch, index, sums, gpu)
+    check_loss(sums, run.meter, run.step, last_checkpoint(run.run_dir))
+    run.stop = (run.signals.received or "a signal to another rank") if values[Sums.SIZE] else None
     return sums
 
 
@@ -179,9 +194,10 @@ def evaluate(cfg: Config, raw_model: torch.nn.Module, loader, device: torch.devi
 # ---------------------------------------------------------------------------------------------------- main loop
 @dataclass
 class Run:
-    """What the loop carries from step to step."""
+    """What the loop carries from step to step, and what a checkpoint saves of it."""
     cfg: Config
     model: torch.nn.Module
+    raw_model: torch.nn.Module
     train_loader: object
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
@@ -191,7 +207,13 @@ class Run:
     meter: TrainMeter
     telemetry: GpuTelemetry
     console: Console
+    signals: StopSignals
+    run_dir: Path | None  # where checkpoints go (None: this process writes none)
     step: int = 0  # optimizer steps so far
+    epoch: int = 0  # the epoch being trained (or to train next)
+    batch: int = 0  # batches of that epoch done
+    best_acc: float = -1.0  # the best test accuracy so far
+    stop: str | None = None  # the signal that asked the run to stop
     totals: Sums = field(default_factory=Sums)  # every log window of the run
     gpu_util: list = field(default_factory=list)  # every window's utilisation of every GPU
 
@@ -205,6 +227,7 @@ def main(argv=None) -> int:
     cfg = resolve_fast_path(cfg, device)  # --amp and --channels_last made explicit for this device
     is_main = dist.get_rank() == 0  # only rank 0 prints and writes: the others get a silent console and logger
     run_dir = resolve_run_dir(cfg, MODE, dist.get_world_size()) if is_main else None
+    checkpoint = from_rank0(lambda: resume_checkpoint(cfg, run_dir))  # rank 0 reads it, every rank gets it
     seed_everything(cfg.seed)
     train_loader, test_loader = get_loaders(cfg, device)
     model, raw_model = get_model(cfg, device)
@@ -216,26 +239,39 @@ def main(argv=None) -> int:
                  f"{cfg.batch_size} = {dist.get_world_size()} x {cfg.batch_size // dist.get_world_size()} over "
                  f"{dist.get_backend()} ({describe_fast_path(cfg)}); {describe_lr(cfg, len(train_loader))}; "
                  f"logs in {run_dir}")
-    run = Run(cfg=cfg, model=model, train_loader=train_loader, optimizer=optimizer, scheduler=scheduler,
-              scaler=scaler, logger=logger, timer=StepTimer(device, cfg.warmup_steps), meter=TrainMeter(device),
-              telemetry=GpuTelemetry(gpus), console=console)
+    run = Run(cfg=cfg, model=model, raw_model=raw_model, train_loader=train_loader, optimizer=optimizer,
+              scheduler=scheduler, scaler=scaler, logger=logger, timer=StepTimer(device, cfg.warmup_steps),
+              meter=TrainMeter(device), telemetry=GpuTelemetry(gpus), console=console, signals=StopSignals(),
+              run_dir=None if cfg.benchmark else run_dir)
+    if checkpoint:
+        restore(checkpoint, run, rank=dist.get_rank())  # the same weights and position on every rank
+        console.line(f"resumed at step {run.step} (epoch {run.epoch + 1}, batch {run.batch}) from "
+                     f"{checkpoint['file']}")
     epoch_sums, test, epoch_times = Sums(), (None, None, 0), []
     sync = {"params_in_sync": None, "buffers_max_abs_diff": None}  # checked after training
     try:
         if cfg.evaluate:
             test = evaluate(cfg, raw_model, test_loader, device)
             console.line(f"{cfg.evaluate}: test loss {test[0]:.4f} acc {100 * test[1]:.2f}% ({test[2]} images)")
-        for epoch in range(0 if cfg.evaluate else cfg.epochs):
+        for epoch in range(run.epoch, 0 if cfg.evaluate else cfg.epochs):
             epoch_start = time.perf_counter()
             epoch_sums = train_one_epoch(run, epoch)
             epoch_times.append(time.perf_counter() - epoch_start)
+            if run.stop:
+                break
             if cfg.verify_sync or epoch + 1 == cfg.epochs or run.step == cfg.max_steps:  # before evaluate()
                 sync = verify_sync(raw_model, cfg.sync_bn, is_main)  # aligns the buffers: ranks must agree
-            if not cfg.benchmark:  # --benchmark measures training speed only
+            if not cfg.benchmark:  # --benchmark measures training speed only: no evaluation, no checkpoint
                 test = evaluate(cfg, raw_model, test_loader, device)
                 report_test(run, epoch, test, epoch_times[-1])
+                save_checkpoint(run, all_rng_states(), test_acc=test[1])
             if run.step == cfg.max_steps:
                 break
+        if run.stop:  # SIGTERM/SIGINT: a checkpoint where every rank stopped, then a clean exit
+            path = save_checkpoint(run, all_rng_states())
+            console.line(f"stopped by {run.stop} at step {run.step}; checkpoint {path}: continue with "
+                         f"--resume auto --run_name {run_dir.name if run_dir else ''}")
+            return StopSignals.EXIT_CODES.get(run.stop, 1)
         if cfg.save_model and not cfg.evaluate:
             console.line(f"weights saved to {logger.save_model(raw_model.state_dict())}")
         peaks = by_rank(peak_memory_gb(gpus))  # each rank's GPU, keyed by rank
@@ -250,8 +286,15 @@ def main(argv=None) -> int:
         path = logger.write_results(summary, peak_mem_gb_per_gpu={str(i): gb for i, gb in peaks.items()})
         console.line(speed_line(summary))
         console.line(f"results in {path}")
+        return 0
+    except RuntimeError as error:  # a collective whose peer died or stalled: one line naming this rank and step
+        failure = group_failure(error, dist.get_rank(), run.step + 1)
+        if failure is None:
+            raise
+        raise failure from None
     # ------------------------------------------------------------------------------------------------ teardown
     finally:
+        run.signals.restore()
         run.telemetry.close()
         logger.close()
 

@@ -19,12 +19,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # so `python train
 import torch
 import torch.nn.functional as F
 
+from common.checkpoint import StopSignals, last_checkpoint, restore, resume_checkpoint, rng_state, save_checkpoint
 from common.config import Config, UsageError, parse_config, user_errors
 from common.data import EvalShard, ShuffleSampler, load_datasets, make_loader
 from common.devices import cuda_devices, seed_everything, warn
 from common.logger import (Console, RunLogger, load_model_weights, report_test, report_window, resolve_run_dir,
                            speed_line)
-from common.metrics import StepTimer, Sums, TrainMeter, evaluation_sums, window_sums
+from common.metrics import StepTimer, Sums, TrainMeter, check_loss, evaluation_sums, window_sums
 from common.optim import build_optimizer, describe_lr, lr_schedule
 from common.performance import (autocast, describe_fast_path, grad_scaler, memory_format, resolve_fast_path,
                                 speed_summary)
@@ -89,13 +90,16 @@ def get_optimizer(cfg: Config, raw_model: torch.nn.Module, device: torch.device,
 
 # ---------------------------------------------------------------------------------------------------- train / evaluate
 def train_one_epoch(run, epoch: int) -> Sums:
-    """One pass over the training set, or up to --max_steps; a host sync only at the end of each log window."""
+    """One pass over the training set (the rest of it, when resumed mid-epoch), or up to --max_steps, or until a
+    stop signal; a host sync only at the end of each log window and at checkpoints."""
     cfg, model, loader = run.cfg, run.model, run.train_loader
     model.train()
-    loader.set_epoch(epoch)
+    skip = run.batch if epoch == run.epoch else 0  # batches a resumed epoch had already trained on
+    run.epoch, run.batch = epoch, skip
+    loader.set_epoch(epoch, skip)
     epoch_sums = Sums()
-    run.console.start(len(loader), f"Epoch {epoch + 1}/{cfg.epochs}")
-    for index, (images, labels) in enumerate(run.timer.timed(loader), start=1):
+    run.console.start(len(loader) - skip, f"Epoch {epoch + 1}/{cfg.epochs}")
+    for index, (images, labels) in enumerate(run.timer.timed(loader), start=skip + 1):
         with autocast(cfg, images.device):  # bf16/fp16 where it is safe, fp32 elsewhere (or fp32 throughout)
             logits = model(images)
             loss = F.cross_entropy(logits, labels)
@@ -106,24 +110,28 @@ def train_one_epoch(run, epoch: int) -> Sums:
         run.scheduler.step()
         run.meter.update(loss, logits, labels)
         run.timer.step_done()
-        run.step += 1
+        run.step, run.batch = run.step + 1, index
         run.console.update()
         last = index == len(loader) or run.step == cfg.max_steps
         if index % cfg.log_interval == 0 or last:
             epoch_sums += log_window(run, epoch, index)
-        if last:
+        if last or run.stop:
             break
+        if cfg.checkpoint_interval and run.step % cfg.checkpoint_interval == 0:
+            save_checkpoint(run, [rng_state()])
     run.console.close()
     return epoch_sums
 
 
 def log_window(run, epoch: int, index: int) -> Sums:
-    """Read the window's totals (one host sync), then report them."""
+    """Read the window's totals (one host sync), report them, stop on a NaN loss, and take note of a stop signal."""
     sums = Sums(window_sums(run.meter, run.timer).tolist())
     gpu = run.telemetry.window()
     run.totals += sums
     run.gpu_util += [util for util, _ in gpu.values() if util is not None]
     report_window(run, epoch, index, sums, gpu)
+    check_loss(sums, run.meter, run.step, last_checkpoint(run.run_dir))
+    run.stop = run.signals.received
     return sums
 
 
@@ -139,9 +147,10 @@ def evaluate(cfg: Config, raw_model: torch.nn.Module, loader, device: torch.devi
 # ---------------------------------------------------------------------------------------------------- main loop
 @dataclass
 class Run:
-    """What the loop carries from step to step."""
+    """What the loop carries from step to step, and what a checkpoint saves of it."""
     cfg: Config
     model: torch.nn.Module
+    raw_model: torch.nn.Module
     train_loader: object
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
@@ -151,17 +160,24 @@ class Run:
     meter: TrainMeter
     telemetry: GpuTelemetry
     console: Console
+    signals: StopSignals
+    run_dir: Path | None  # where checkpoints go (None: this process writes none)
     step: int = 0  # optimizer steps so far
+    epoch: int = 0  # the epoch being trained (or to train next)
+    batch: int = 0  # batches of that epoch done
+    best_acc: float = -1.0  # the best test accuracy so far
+    stop: str | None = None  # the signal that asked the run to stop
     totals: Sums = field(default_factory=Sums)  # every log window of the run
     gpu_util: list = field(default_factory=list)  # every window's utilisation of every GPU
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> int:
     started = time.perf_counter()
     cfg = get_config(argv)
     device, gpus = setup(cfg)
     cfg = resolve_fast_path(cfg, device)  # --amp and --channels_last made explicit for this device
     run_dir = resolve_run_dir(cfg, MODE, len(gpus))
+    checkpoint = resume_checkpoint(cfg, run_dir)  # read and checked before anything is written
     seed_everything(cfg.seed)
     train_loader, test_loader = get_loaders(cfg, device)
     model, raw_model = get_model(cfg, device)
@@ -172,23 +188,36 @@ def main(argv=None) -> None:
     console.line(f"{MODE}: PyramidNet-{cfg.depth} alpha={cfg.alpha:g} {cfg.block}, {cfg.dataset}, global batch "
                  f"{cfg.batch_size} on {device} ({describe_fast_path(cfg)}); {describe_lr(cfg, len(train_loader))}; "
                  f"logs in {run_dir}")
-    run = Run(cfg=cfg, model=model, train_loader=train_loader, optimizer=optimizer, scheduler=scheduler,
+    run = Run(cfg=cfg, model=model, raw_model=raw_model, train_loader=train_loader, optimizer=optimizer, scheduler=scheduler,
               scaler=scaler, logger=logger, timer=StepTimer(device, cfg.warmup_steps), meter=TrainMeter(device),
-              telemetry=GpuTelemetry(gpus), console=console)
+              telemetry=GpuTelemetry(gpus), console=console, signals=StopSignals(),
+              run_dir=None if cfg.benchmark else run_dir)
+    if checkpoint:
+        restore(checkpoint, run, rank=0)
+        console.line(f"resumed at step {run.step} (epoch {run.epoch + 1}, batch {run.batch}) from "
+                     f"{checkpoint['file']}")
     epoch_sums, test, epoch_times = Sums(), (None, None, 0), []
     try:
         if cfg.evaluate:
             test = evaluate(cfg, raw_model, test_loader, device)
             console.line(f"{cfg.evaluate}: test loss {test[0]:.4f} acc {100 * test[1]:.2f}% ({test[2]} images)")
-        for epoch in range(0 if cfg.evaluate else cfg.epochs):
+        for epoch in range(run.epoch, 0 if cfg.evaluate else cfg.epochs):
             epoch_start = time.perf_counter()
             epoch_sums = train_one_epoch(run, epoch)
             epoch_times.append(time.perf_counter() - epoch_start)
-            if not cfg.benchmark:  # --benchmark measures training speed only
+            if run.stop:
+                break
+            if not cfg.benchmark:  # --benchmark measures training speed only: no evaluation, no checkpoint
                 test = evaluate(cfg, raw_model, test_loader, device)
                 report_test(run, epoch, test, epoch_times[-1])
+                save_checkpoint(run, [rng_state()], test_acc=test[1])
             if run.step == cfg.max_steps:
                 break
+        if run.stop:  # SIGTERM/SIGINT: a checkpoint where the loop stopped, then a clean exit
+            path = save_checkpoint(run, [rng_state()])
+            console.line(f"stopped by {run.stop} at step {run.step}; checkpoint {path}: continue with "
+                         f"--resume auto --run_name {run_dir.name}")
+            return StopSignals.EXIT_CODES[run.stop]
         if cfg.save_model and not cfg.evaluate:
             console.line(f"weights saved to {logger.save_model(raw_model.state_dict())}")
         peaks = peak_memory_gb(gpus)
@@ -202,12 +231,14 @@ def main(argv=None) -> None:
         path = logger.write_results(summary, peak_mem_gb_per_gpu={str(i): gb for i, gb in peaks.items()})
         console.line(speed_line(summary))
         console.line(f"results in {path}")
+        return 0
     # ------------------------------------------------------------------------------------------------ teardown
     finally:
+        run.signals.restore()
         run.telemetry.close()
         logger.close()
 
 
 if __name__ == "__main__":
     with user_errors():
-        main()
+        sys.exit(main())

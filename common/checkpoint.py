@@ -1,0 +1,184 @@
+"""Checkpoints that resume bit-identically, and stopping cleanly on SIGTERM / SIGINT.
+
+A checkpoint is everything the rest of the run depends on: the unwrapped model, the optimizer, the learning-rate
+schedule, the GradScaler, the position (epoch, batches done in it, optimizer steps), the best test accuracy so far,
+every rank's RNG states (torch, CUDA, numpy, python) and the config. It is written by the main process only,
+atomically (temporary file, fsync, rename), as <run folder>/checkpoint.pt (the latest) and best.pt (the best test
+accuracy so far). Everything in it is a tensor or a plain Python value, so it loads with
+`torch.load(weights_only=True)`: a checkpoint file cannot run code.
+
+Resuming restores all of it, and the loaders skip the batches the epoch had already consumed (the gpu loader also
+draws, and discards, their random crops and flips), so a resumed run ends with the weights the uninterrupted run
+would have had. With `--loader torchvision` the remaining images are the same but DataLoader workers draw their
+augmentation anew, so the weights differ from an uninterrupted run's.
+"""
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import random
+import shutil
+import signal
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from common.config import Config, RunError, UsageError
+from common.logger import write_atomically
+
+FORMAT = "pytorch-multigpu checkpoint v1"
+LAST, BEST = "checkpoint.pt", "best.pt"
+# The flags that decide what training computes: a checkpoint resumes only under the same values. Flags of
+# logging, speed measurement and hardware may change (a restart on other GPUs, a longer --max_steps).
+MUST_MATCH = ("depth", "alpha", "block", "width_multiple", "dataset", "synthetic_size", "batch_size", "epochs", "lr",
+              "lr_warmup_epochs", "momentum", "weight_decay", "nesterov", "shuffle", "augment", "seed", "amp")
+
+
+# ---------------------------------------------------------------------------------------------------- RNG states
+def rng_state() -> dict:
+    """This process's RNG states, as tensors and plain values (weights_only-loadable)."""
+    _, keys, position, has_gauss, cached_gauss = np.random.get_state()
+    version, python_state, python_gauss = random.getstate()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": [state for state in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else [],
+        "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "position": int(position),
+                  "has_gauss": int(has_gauss), "cached_gauss": float(cached_gauss)},
+        "python": {"version": version, "state": list(python_state), "gauss": python_gauss},
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"][:torch.cuda.device_count()])
+    numpy = state["numpy"]
+    np.random.set_state(("MT19937", numpy["keys"].numpy().astype(np.uint32), numpy["position"], numpy["has_gauss"],
+                         numpy["cached_gauss"]))
+    python = state["python"]
+    random.setstate((python["version"], tuple(python["state"]), python["gauss"]))
+
+
+# ---------------------------------------------------------------------------------------------------- writing
+def checkpoint_state(run, rng_states: list[dict]) -> dict:
+    """The checkpoint of `run` (the training loop's state) at its current position; `rng_states` is one entry per
+    rank. A finished epoch is stored as the start of the next one."""
+    epoch, batch = run.epoch, run.batch
+    if batch == len(run.train_loader):
+        epoch, batch = epoch + 1, 0
+    return {
+        "format": FORMAT, "config": dataclasses.asdict(run.cfg), "epoch": epoch, "batch": batch, "step": run.step,
+        "best_acc": run.best_acc, "model": run.raw_model.state_dict(), "optimizer": run.optimizer.state_dict(),
+        "scheduler": run.scheduler.state_dict(), "scaler": run.scaler.state_dict(), "rng": rng_states,
+    }
+
+
+def save_checkpoint(run, rng_states: list[dict], test_acc: float | None = None) -> Path | None:
+    """Check that the weights are finite, then write the run's checkpoint (main process only), and best.pt too when
+    the epoch's `test_acc` is the best so far. Weights that turned NaN/inf stop the run instead: the last good
+    checkpoint is never replaced by a diverged one."""
+    if not all(torch.isfinite(tensor).all() for tensor in run.raw_model.state_dict().values()):
+        raise RunError(f"the weights are NaN/inf at step {run.step}: the training diverged; stopped without "
+                       f"writing a checkpoint ({last_checkpoint(run.run_dir)}); try a lower --lr")
+    best = test_acc is not None and test_acc > run.best_acc
+    run.best_acc = max(run.best_acc, test_acc if test_acc is not None else run.best_acc)
+    return write_checkpoint(run.run_dir, checkpoint_state(run, rng_states), best)
+
+
+def last_checkpoint(run_dir: Path | None) -> str:
+    """Where the last good checkpoint is, for a message."""
+    if run_dir is not None and (run_dir / LAST).exists():
+        return f"the last good checkpoint is {run_dir / LAST}"
+    return "no checkpoint was written before"
+
+
+def write_checkpoint(run_dir: Path | None, state: dict, best: bool) -> Path | None:
+    """checkpoint.pt, and best.pt when `best`; each replaced atomically. A process with no run folder (every rank
+    but 0) writes nothing."""
+    if run_dir is None:
+        return None
+    path = run_dir / LAST
+    write_atomically(path, lambda f: torch.save(state, f))
+    if best:
+        with open(path, "rb") as latest:
+            write_atomically(run_dir / BEST, lambda f: shutil.copyfileobj(latest, f))
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------- reading
+def resume_file(cfg: Config, run_dir: Path) -> Path | None:
+    """The checkpoint --resume names: a path, or with `auto` this run's latest one (None if it has none yet: a
+    first start, for instance the first attempt of an elastic job)."""
+    if cfg.resume is None:
+        return None
+    if cfg.resume == "auto":
+        path = run_dir / LAST
+        return path if path.exists() else None
+    return Path(cfg.resume)
+
+
+def resume_checkpoint(cfg: Config, run_dir: Path) -> dict | None:
+    """The checkpoint this run resumes from, loaded and checked; None for a fresh start."""
+    path = resume_file(cfg, run_dir)
+    return load_checkpoint(path, cfg) if path is not None else None
+
+
+def load_checkpoint(path: Path, cfg: Config) -> dict:
+    """A checkpoint read with weights_only=True and checked against this run's config; one-line errors."""
+    if not path.is_file():
+        raise UsageError(f"--resume: no checkpoint at {path}; give a {LAST} a run wrote, or --resume auto "
+                         f"with the run's --run_name")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (EOFError, RuntimeError, ValueError, OSError, pickle.UnpicklingError):
+        raise UsageError(f"--resume: {path} is truncated or not a checkpoint; use an intact {LAST} (the previous "
+                         f"one is kept until a new one is complete)") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise UsageError(f"--resume: {path} is not a checkpoint of this suite (a model.pt holds only weights: "
+                         f"use --evaluate for it)")
+    saved = state["config"]
+    differ = [name for name in MUST_MATCH if _as_saved(getattr(cfg, name)) != saved.get(name)]
+    if differ:
+        changes = ", ".join(f"--{name} {saved.get(name)} (now {getattr(cfg, name)})" for name in differ)
+        raise UsageError(f"--resume: {path} was written by a different run: {changes}; resume with the same flags")
+    state["file"] = str(path)  # for messages; not written back
+    return state
+
+
+def _as_saved(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
+def restore(state: dict, run, rank: int) -> None:
+    """Everything of `state` into `run`: weights, optimizer, schedule, scaler, position, this rank's RNG."""
+    run.raw_model.load_state_dict(state["model"])
+    run.optimizer.load_state_dict(state["optimizer"])
+    run.scheduler.load_state_dict(state["scheduler"])
+    run.scaler.load_state_dict(state["scaler"])
+    run.epoch, run.batch, run.step, run.best_acc = state["epoch"], state["batch"], state["step"], state["best_acc"]
+    rng = state["rng"]
+    set_rng_state(rng[rank] if rank < len(rng) else rng[0])
+
+
+# ---------------------------------------------------------------------------------------------------- signals
+class StopSignals:
+    """From creation to `restore()`: SIGTERM (SLURM preemption, torchrun shutting a job down, `kill`) and SIGINT
+    (Ctrl-C) ask the run to stop at the next log window, where every rank agrees to stop, the main process writes
+    a checkpoint and the process group is destroyed. A second Ctrl-C stops at once."""
+
+    NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "SIGINT"}
+    EXIT_CODES = {"SIGTERM": 128 + signal.SIGTERM, "SIGINT": 128 + signal.SIGINT}  # as if killed by it
+
+    def __init__(self):
+        self.received: str | None = None
+        self.previous = {number: signal.signal(number, self._handle) for number in self.NAMES}
+
+    def restore(self) -> None:
+        for number, handler in self.previous.items():
+            signal.signal(number, handler)
+
+    def _handle(self, number, frame):
+        if self.received == "SIGINT" and number == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.received = self.received or self.NAMES[number]
