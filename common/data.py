@@ -69,10 +69,15 @@ def _cifar10(data_dir: str, train: bool, download: bool):
     from torchvision import datasets
 
     root = Path(data_dir)
+    folder = root / datasets.CIFAR10.base_folder
     try:
         return datasets.CIFAR10(str(root), train=train, download=download)
     except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as error:
         reason = " ".join(str(error).split())[:160]
+        if folder.is_dir() and any(folder.iterdir()):  # files there, but unreadable or failing their md5
+            raise UsageError(f"CIFAR-10 in {folder} is corrupt or incomplete ({reason}): delete that folder and "
+                             f"run again to download it afresh (or put {CIFAR10_URL.rsplit('/', 1)[1]} into "
+                             f"{root}/), or run offline with --dataset synthetic") from None
         raise UsageError(
             f"CIFAR-10 could not be read from {root} or downloaded ({reason}): put {CIFAR10_URL.rsplit('/', 1)[1]} "
             f"from {CIFAR10_URL} into {root}/ (or its extracted cifar-10-batches-py/ folder), "
@@ -211,6 +216,11 @@ class TorchvisionLoader:
         size = len(self.sampler.sampler)
         return size // self.sampler.batch_size if self.loader.drop_last else -(-size // self.sampler.batch_size)
 
+    def __iter__(self):
+        for images, labels in self.loader:
+            yield (images.to(self.device, non_blocking=True, memory_format=self.memory_format),
+                   labels.to(self.device, non_blocking=True))
+
 
 class _Skipping(Sampler[int]):
     """A sampler's epoch without its first `skip` batches, for a resumed run's first epoch."""
@@ -230,8 +240,3 @@ class _Skipping(Sampler[int]):
 
     def __len__(self):
         return len(self.sampler) - self.skip * self.batch_size
-
-    def __iter__(self):
-        for images, labels in self.loader:
-            yield (images.to(self.device, non_blocking=True, memory_format=self.memory_format),
-                   labels.to(self.device, non_blocking=True))

@@ -66,6 +66,7 @@ def launch_workers(script: str, argv: list[str], nproc: int, max_restarts: int =
     """Start `nproc` workers of `script` on this machine through torch's elastic launcher, exactly as
     `torchrun --standalone --nproc_per_node nproc --max-restarts max_restarts script argv` would (a free port,
     c10d rendezvous; after a worker fails, the whole group is restarted up to max_restarts times)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
@@ -73,6 +74,9 @@ def launch_workers(script: str, argv: list[str], nproc: int, max_restarts: int =
                                          f"--max-restarts={max_restarts}", script, *argv])
     try:
         run(args)
+    except SignalException as stop:  # the launcher passed SIGTERM/SIGINT on; the workers checkpointed and left
+        print(f"stopped by {stop.sigval.name}: the workers have stopped; continue with --resume auto", file=sys.stderr)
+        return 128 + int(stop.sigval)
     except ChildFailedError as error:
         ranks = ", ".join(str(failure.local_rank) for failure in error.failures.values())
         codes = sorted({failure.exitcode for failure in error.failures.values()})
@@ -195,11 +199,26 @@ def init_group(backend: str, init_method: str, rank: int, world_size: int, timeo
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # a failed NCCL collective aborts, not hangs
     if init_method.startswith("file://"):
         check_rendezvous_file(Path(init_method[len("file://"):]), timeout_s)
+    timeout = datetime.timedelta(seconds=timeout_s)
     try:
-        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=timeout_s))
+        if init_method == "env://" and "TORCHELASTIC_RESTART_COUNT" in os.environ:
+            dist.init_process_group(backend, store=_attempt_store(rank, world_size, timeout), rank=rank,
+                                    world_size=world_size, timeout=timeout)
+        else:
+            dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
+                                    timeout=timeout)
     except (RuntimeError, ValueError) as error:  # DistNetworkError and DistStoreError are RuntimeErrors
         raise rendezvous_error(error, init_method, rank, timeout_s) from None
+
+
+def _attempt_store(rank: int, world_size: int, timeout: datetime.timedelta) -> dist.Store:
+    """Under torchrun, the store at MASTER_ADDR:MASTER_PORT outlives a restart of the workers, and with it the
+    keys the previous attempt's process group wrote (gloo's peer addresses): a restarted worker could read a dead
+    peer's address. Each attempt gets keys of its own, under TORCHELASTIC_RESTART_COUNT."""
+    agent_hosts_it = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                          is_master=rank == 0 and not agent_hosts_it, timeout=timeout)
+    return dist.PrefixStore(f"attempt_{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
 
 
 def check_rendezvous_file(path: Path, timeout_s: float) -> None:
@@ -222,6 +241,9 @@ def rendezvous_error(error: Exception, init_method: str, rank: int, timeout_s: f
         return UsageError(f"rank {rank}: the file rendezvous {init_method} failed ({text[:120]}): give every "
                           f"process the same path on a shared filesystem, delete a file left by an earlier run, "
                           f"and launch again")
+    if "gloo" in text.lower() or "nccl" in text.lower():  # the store was reached; a peer was not
+        return UsageError(f"rank {rank} reached the master but not every other rank ({text[:120]}): a rank died "
+                          f"while joining, or the nodes cannot open connections to each other (firewall)")
     if "timed out" in text or "timeout" in text.lower() or "refused" in text.lower():
         return UsageError(f"rank {rank} could not reach the master at {host}:{port} within {timeout_s:g} s: check "
                           f"MASTER_ADDR/MASTER_PORT, that rank 0 is running, and that the port is open between "

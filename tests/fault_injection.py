@@ -1,0 +1,23 @@
+"""A train.py run with one rank made to fail: `python tests/fault_injection.py SCRIPT flags...` runs SCRIPT as
+`__main__`, except that on rank FAULT_RANK the loss function raises on its FAULT_STEP-th call (a forward pass
+mid-training). The product carries no fault hooks; the failure is injected from outside, as a test would."""
+import os
+import runpy
+import sys
+
+import torch.nn.functional as F
+
+if os.environ.get("RANK") == os.environ["FAULT_RANK"]:
+    real_cross_entropy, calls = F.cross_entropy, []
+
+    def failing_cross_entropy(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == int(os.environ["FAULT_STEP"]):
+            raise RuntimeError(f"injected failure on rank {os.environ['RANK']}")
+        return real_cross_entropy(*args, **kwargs)
+
+    F.cross_entropy = failing_cross_entropy
+
+script = sys.argv[1]
+sys.argv = sys.argv[1:]
+runpy.run_path(script, run_name="__main__")

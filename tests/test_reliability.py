@@ -1,0 +1,294 @@
+"""Nothing is lost and nothing hangs, on the CPU with gloo, every launch as a user makes it:
+
+1. single_gpu and 2-process dist_parallel stopped after k steps and resumed end bit-identical to an uninterrupted
+   run;
+2. torchrun --max-restarts 1 with 2 workers, one killed with SIGKILL after the first checkpoint: the group restarts,
+   resumes from the checkpoint by itself, and ends bit-identical to the uninterrupted run;
+3. SIGTERM to a running 2-process job: a checkpoint, no worker left, and --resume auto finishes it (bit-identical);
+   SIGINT (Ctrl-C) to single_gpu: the same;
+4. a rank that raises mid-step: the other exits within the timeout with a line naming its rank and the step;
+5. a checkpoint write interrupted mid-way never replaces the previous good one.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from common.checkpoint import LAST, load_checkpoint, rng_state, set_rng_state, write_checkpoint
+from common.config import Config, UsageError, parse_config
+from common.data import ShuffleSampler, load_datasets, make_loader
+from conftest import REPO, TINY, read_results, run_script
+
+SINGLE, DIST = "single_gpu/train.py", "dist_parallel/train.py"
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+# 1024 images, batch 32: 32 steps an epoch, long enough to signal or kill a run while it trains.
+LONGER = [*TINY, "--synthetic_size", "1024", "--epochs", "2", "--save_model", "--no_progress"]
+
+
+# ---------------------------------------------------------------------------------------------------- helpers
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "model.pt", weights_only=True)
+
+
+def assert_bit_identical(ours: dict, theirs: dict) -> None:
+    assert ours.keys() == theirs.keys()
+    assert [name for name in ours if not torch.equal(ours[name], theirs[name])] == []
+
+
+def run_ok(script: str, log_dir: Path, name: str, *flags) -> subprocess.CompletedProcess:
+    done = run_script(script, *flags, "--log_dir", log_dir, "--run_name", name, env=ONE_THREAD)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def start(args: list, log_dir: Path, name: str) -> subprocess.Popen:
+    """A launch in the background, in its own session (so its whole process tree can be found and signalled)."""
+    return subprocess.Popen([sys.executable, *map(str, args), "--log_dir", str(log_dir), "--run_name", name],
+                            cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1", **ONE_THREAD}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid`, from /proc."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+        except (ValueError, OSError, IndexError):
+            continue
+    found, frontier = [], [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def session_alive(session: int) -> list[int]:
+    """Processes still in the session `session` (a launch and everything it started), zombies excluded."""
+    alive = []
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[3]) == session and fields[0] != "Z":
+                alive.append(int(entry.name))
+        except (ValueError, OSError, IndexError):
+            continue
+    return alive
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def read_until(process: subprocess.Popen, text: str) -> str:
+    """The launch's output up to and including the first line that contains `text` (training has started)."""
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if text in line:
+            return "".join(lines)
+    pytest.fail(f"the launch ended before printing {text!r}:\n{''.join(lines)}")
+
+
+def finish(process: subprocess.Popen, timeout: float = 240, before: str = "") -> tuple[int, str]:
+    try:
+        output, _ = process.communicate(timeout=timeout)
+        output = before + output
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        pytest.fail(f"the launch did not finish within {timeout} s:\n{output}")
+    return process.returncode, output
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The reference runs, uninterrupted: single_gpu and 2-process dist_parallel, LONGER flags."""
+    log_dir = tmp_path_factory.mktemp("uninterrupted")
+    run_ok(SINGLE, log_dir, "single", *LONGER)
+    run_ok(DIST, log_dir, "dist", *LONGER, "--nproc_per_node", "2")
+    return {"single": weights(log_dir / "single"), "dist": weights(log_dir / "dist")}
+
+
+# ---------------------------------------------------------------------------------------------------- 1. resume
+@pytest.mark.parametrize("script, flags, reference", [
+    (SINGLE, [], "single"),
+    (DIST, ["--nproc_per_node", "2"], "dist"),
+])
+def test_stopped_and_resumed_run_ends_bit_identical(tmp_path, uninterrupted, script, flags, reference):
+    """Stopped after 37 steps (mid-epoch 2, with crop/flip on), resumed with --resume auto."""
+    first = run_ok(script, tmp_path, "run", *LONGER, *flags, "--max_steps", "37")
+    assert read_results(tmp_path / "run")["summary"]["steps"] == 37, first.stdout
+    second = run_ok(script, tmp_path, "run", *LONGER, *flags, "--resume", "auto")
+    assert "resumed at step 37 (epoch 2, batch 5)" in second.stdout
+    assert read_results(tmp_path / "run")["summary"]["steps"] == 64
+    assert_bit_identical(weights(tmp_path / "run"), uninterrupted[reference])
+
+
+def test_resume_by_path_into_a_new_run_folder(tmp_path, uninterrupted):
+    """--checkpoint_interval 10 and --max_steps 25: checkpoints at steps 10 and 20, then the final one at 25,
+    resumed by its path under another --run_name. (The elastic test resumes from an interval checkpoint.)"""
+    run_ok(SINGLE, tmp_path, "first", *LONGER, "--checkpoint_interval", "10", "--max_steps", "25")
+    assert torch.load(tmp_path / "first" / LAST, weights_only=True)["step"] == 25
+    run_ok(SINGLE, tmp_path, "second", *LONGER, "--resume", tmp_path / "first" / LAST)
+    assert_bit_identical(weights(tmp_path / "second"), uninterrupted["single"])
+
+
+def test_checkpoint_holds_every_state_and_loads_weights_only(tmp_path):
+    run_ok(SINGLE, tmp_path, "run", *TINY, "--max_steps", "3")
+    state = torch.load(tmp_path / "run" / LAST, weights_only=True)  # no arbitrary code: tensors and plain values
+    assert {"model", "optimizer", "scheduler", "scaler", "epoch", "batch", "step", "best_acc", "rng",
+            "config"} <= set(state)
+    assert (state["epoch"], state["batch"], state["step"]) == (0, 3, 3)
+    assert set(state["rng"][0]) == {"torch", "cuda", "numpy", "python"}
+    assert state["config"]["depth"] == 8 and state["scheduler"]["last_epoch"] == 3
+    assert (tmp_path / "run" / "best.pt").exists()  # the one evaluation so far is the best
+
+
+def test_rng_states_round_trip():
+    state = rng_state()
+    expected = (torch.rand(3), np.random.rand(3), __import__("random").random())
+    set_rng_state(state)
+    again = (torch.rand(3), np.random.rand(3), __import__("random").random())
+    assert torch.equal(expected[0], again[0]) and np.array_equal(expected[1], again[1])
+    assert expected[2] == again[2]
+
+
+@pytest.mark.parametrize("kind", ["gpu", "torchvision"])
+def test_loaders_skip_the_consumed_batches(kind):
+    """Epoch 3 from batch 2 on is epoch 3's batches 2.. exactly (no augmentation, so the torchvision loader too)."""
+    dataset, _ = load_datasets("synthetic", "", 64, 0)
+    loader = make_loader(kind, dataset, ShuffleSampler(64, True, 0), 8, torch.device("cpu"), train=True,
+                         augment=False, num_workers=0, seed=0)
+    loader.set_epoch(3)
+    whole = list(loader)
+    loader.set_epoch(3, skip=2)
+    rest = list(loader)
+    assert len(loader) == 8 and len(rest) == 6
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(whole[2:], rest))
+
+
+def test_gpu_loader_skip_keeps_the_augmentation_stream():
+    dataset, _ = load_datasets("synthetic", "", 64, 0)
+    loader = make_loader("gpu", dataset, ShuffleSampler(64, True, 0), 8, torch.device("cpu"), train=True,
+                         augment=True, num_workers=0, seed=0)
+    loader.set_epoch(1)
+    whole = list(loader)
+    loader.set_epoch(1, skip=5)
+    rest = list(loader)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(whole[5:], rest)) and len(rest) == 3
+
+
+# ---------------------------------------------------------------------------------------------------- 2. elastic
+def test_torchrun_restarts_a_killed_worker_and_resumes(tmp_path, uninterrupted):
+    launch = start(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--max-restarts", "1",
+                    DIST, *LONGER, "--checkpoint_interval", "4", "--resume", "auto"], tmp_path, "elastic")
+    checkpoint = tmp_path / "elastic" / LAST
+    wait_for(checkpoint.exists, 120, "the first checkpoint")
+    workers = [pid for pid in descendants(launch.pid) if "train.py" in Path(f"/proc/{pid}/cmdline").read_text()]
+    assert len(workers) == 2, workers
+    os.kill(workers[-1], signal.SIGKILL)
+    code, output = finish(launch)
+    assert code == 0, output
+    assert "resumed at step" in output  # the restarted group found the checkpoint by itself
+    assert_bit_identical(weights(tmp_path / "elastic"), uninterrupted["dist"])
+
+
+# ---------------------------------------------------------------------------------------------------- 3. signals
+def test_sigterm_to_a_two_process_job_checkpoints_and_leaves_no_process(tmp_path, uninterrupted):
+    launch = start([DIST, *LONGER, "--nproc_per_node", "2", "--log_interval", "2"], tmp_path, "job")
+    before = read_until(launch, "Epoch 1/2 [4/32]")
+    os.kill(launch.pid, signal.SIGTERM)  # the launcher, as SLURM or a user would; it passes it to the workers
+    code, output = finish(launch, timeout=90, before=before)
+    assert code == 128 + signal.SIGTERM, output
+    assert "stopped by SIGTERM" in output
+    wait_for(lambda: not session_alive(launch.pid), 10, "every process of the job to exit")
+    state = torch.load(tmp_path / "job" / LAST, weights_only=True)
+    assert 0 < state["step"] < 64
+    assert not (tmp_path / "job" / "results.json").exists()  # an unfinished run has no results
+    resumed = run_ok(DIST, tmp_path, "job", *LONGER, "--nproc_per_node", "2", "--log_interval", "2",
+                     "--resume", "auto")
+    assert f"resumed at step {state['step']}" in resumed.stdout
+    assert_bit_identical(weights(tmp_path / "job"), uninterrupted["dist"])
+
+
+def test_ctrl_c_stops_single_gpu_with_a_checkpoint(tmp_path, uninterrupted):
+    launch = start([SINGLE, *LONGER, "--log_interval", "2"], tmp_path, "run")
+    before = read_until(launch, "Epoch 1/2 [4/32]")
+    os.kill(launch.pid, signal.SIGINT)
+    code, output = finish(launch, timeout=60, before=before)
+    assert code == 128 + signal.SIGINT and "stopped by SIGINT" in output, output
+    assert "Traceback" not in output
+    run_ok(SINGLE, tmp_path, "run", *LONGER, "--log_interval", "2", "--resume", "auto")
+    assert_bit_identical(weights(tmp_path / "run"), uninterrupted["single"])
+
+
+# ---------------------------------------------------------------------------------------------------- 4. no hangs
+def test_a_rank_that_raises_does_not_leave_the_other_hanging(tmp_path):
+    """Two processes started by hand (no torchrun to clean up after them): rank 1 raises in its 3rd forward pass;
+    rank 0, waiting in the gradient all-reduce, must exit by itself with a line naming its rank and the step."""
+    port = _free_port()
+    processes = []
+    for rank in range(2):
+        env = {**os.environ, **ONE_THREAD, "PYTHONUNBUFFERED": "1", "RANK": str(rank), "WORLD_SIZE": "2",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "FAULT_RANK": "1", "FAULT_STEP": "3"}
+        processes.append(subprocess.Popen(
+            [sys.executable, str(REPO / "tests" / "fault_injection.py"), DIST, *map(str, TINY), "--dist_timeout",
+             "60", "--log_dir", str(tmp_path), "--run_name", "faulty"], cwd=REPO, env=env, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    started = time.monotonic()
+    outputs = [process.communicate(timeout=120) for process in processes]
+    assert time.monotonic() - started < 90
+    assert processes[1].returncode != 0 and "injected failure on rank 1" in outputs[1][1]
+    assert processes[0].returncode == 1, outputs[0]
+    errors = [line for line in outputs[0][1].splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "rank 0 stopped at step 3" in errors[0], outputs[0][1]
+    assert "Traceback" not in outputs[0][1]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------------------------------------------- 5. atomic
+def test_an_interrupted_checkpoint_write_keeps_the_previous_one(tmp_path, monkeypatch):
+    good = {"format": "x", "model": {"w": torch.ones(1000)}}
+    write_checkpoint(tmp_path, good, best=False)
+    before = (tmp_path / LAST).read_bytes()
+
+    def dies_half_way(state, f):
+        f.write(b"\x80\x02" + b"0" * 4096)  # some bytes of a pickle, then the process "dies"
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", dies_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        write_checkpoint(tmp_path, {"format": "x", "model": {"w": torch.zeros(1000)}}, best=True)
+    assert (tmp_path / LAST).read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LAST]  # no temporary file, no best.pt
+    monkeypatch.undo()
+    assert torch.equal(torch.load(tmp_path / LAST, weights_only=True)["model"]["w"], torch.ones(1000))
+
+
+def test_a_truncated_checkpoint_is_refused_with_one_line(tmp_path):
+    run_ok(SINGLE, tmp_path, "run", *TINY, "--max_steps", "2")
+    data = (tmp_path / "run" / LAST).read_bytes()
+    (tmp_path / "cut.pt").write_bytes(data[:len(data) // 2])
+    with pytest.raises(UsageError, match="truncated or not a checkpoint"):
+        load_checkpoint(tmp_path / "cut.pt", parse_config(Config, TINY))
