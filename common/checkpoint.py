@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from common.config import Config, RunError, UsageError
 from common.logger import write_atomically
@@ -47,6 +48,15 @@ def rng_state() -> dict:
                   "has_gauss": int(has_gauss), "cached_gauss": float(cached_gauss)},
         "python": {"version": version, "state": list(python_state), "gauss": python_gauss},
     }
+
+
+def all_rng_states() -> list[dict]:
+    """Every rank's RNG states in rank order (gathered in a process group), or this process's alone."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [rng_state()]
+    states = [None] * dist.get_world_size()
+    dist.all_gather_object(states, rng_state())
+    return states
 
 
 def set_rng_state(state: dict) -> None:
@@ -74,16 +84,17 @@ def checkpoint_state(run, rng_states: list[dict]) -> dict:
     }
 
 
-def save_checkpoint(run, rng_states: list[dict], test_acc: float | None = None) -> Path | None:
+def save_checkpoint(run, test_acc: float | None = None) -> Path | None:
     """Check that the weights are finite, then write the run's checkpoint (main process only), and best.pt too when
     the epoch's `test_acc` is the best so far. Weights that turned NaN/inf stop the run instead: the last good
-    checkpoint is never replaced by a diverged one."""
+    checkpoint is never replaced by a diverged one. In a process group every rank must call it (RNG states are
+    gathered from all of them)."""
     if not all(torch.isfinite(tensor).all() for tensor in run.raw_model.state_dict().values()):
         raise RunError(f"the weights are NaN/inf at step {run.step}: the training diverged; stopped without "
                        f"writing a checkpoint ({last_checkpoint(run.run_dir)}); try a lower --lr")
     best = test_acc is not None and test_acc > run.best_acc
     run.best_acc = max(run.best_acc, test_acc if test_acc is not None else run.best_acc)
-    return write_checkpoint(run.run_dir, checkpoint_state(run, rng_states), best)
+    return write_checkpoint(run.run_dir, checkpoint_state(run, all_rng_states()), best)
 
 
 def last_checkpoint(run_dir: Path | None) -> str:

@@ -266,15 +266,6 @@ def group_failure(error: BaseException, rank: int, step: int) -> RunError | None
                     f"has died or stalled, and its own output says why")
 
 
-def all_rng_states() -> list:
-    """Every rank's RNG states, in rank order, on every rank (for the checkpoint rank 0 writes)."""
-    from common.checkpoint import rng_state
-
-    states = [None] * dist.get_world_size()
-    dist.all_gather_object(states, rng_state())
-    return states
-
-
 def from_rank0(load):
     """`load()` on rank 0 only (it reads the file, which other nodes may not see), its result sent to every rank.
     A UsageError on rank 0 is raised on every rank, so all of them exit."""

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.checkpoint import StopSignals, last_checkpoint, restore, resume_checkpoint, rng_state, save_checkpoint
+from common.checkpoint import StopSignals, last_checkpoint, restore, resume_checkpoint, save_checkpoint
 from common.config import Config, UsageError, parse_config, user_errors
 from common.data import EvalShard, ShuffleSampler, load_datasets, make_loader
 from common.devices import cuda_devices, seed_everything, warn
@@ -120,7 +120,7 @@ def train_one_epoch(run, epoch: int) -> Sums:
         if last or run.stop:
             break
         if cfg.checkpoint_interval and run.step % cfg.checkpoint_interval == 0:
-            save_checkpoint(run, [rng_state()])
+            save_checkpoint(run)
     run.console.close()
     return epoch_sums
 
@@ -190,9 +190,9 @@ def main(argv=None) -> int:
     console.line(f"{MODE}: PyramidNet-{cfg.depth} alpha={cfg.alpha:g} {cfg.block}, {cfg.dataset}, global batch "
                  f"{cfg.batch_size} on {device} ({describe_fast_path(cfg)}); {describe_lr(cfg, len(train_loader))}; "
                  f"logs in {run_dir}")
-    run = Run(cfg=cfg, model=model, raw_model=raw_model, train_loader=train_loader, optimizer=optimizer, scheduler=scheduler,
-              scaler=scaler, logger=logger, timer=StepTimer(device, cfg.warmup_steps), meter=TrainMeter(device),
-              telemetry=GpuTelemetry(gpus), console=console, signals=StopSignals(),
+    run = Run(cfg=cfg, model=model, raw_model=raw_model, train_loader=train_loader, optimizer=optimizer,
+              scheduler=scheduler, scaler=scaler, logger=logger, timer=StepTimer(device, cfg.warmup_steps),
+              meter=TrainMeter(device), telemetry=GpuTelemetry(gpus), console=console, signals=StopSignals(),
               run_dir=None if cfg.benchmark else run_dir)
     if checkpoint:
         restore(checkpoint, run, rank=0)
@@ -212,13 +212,13 @@ def main(argv=None) -> int:
             if not cfg.benchmark:  # --benchmark measures training speed only: no evaluation, no checkpoint
                 test = evaluate(cfg, raw_model, test_loader, device)
                 report_test(run, epoch, test, epoch_times[-1])
-                save_checkpoint(run, [rng_state()], test_acc=test[1])
+                save_checkpoint(run, test_acc=test[1])
             if run.step == cfg.max_steps:
                 break
-        if run.stop:  # SIGTERM/SIGINT: a checkpoint where the loop stopped, then a clean exit
-            path = save_checkpoint(run, [rng_state()])
+        if run.stop:  # SIGTERM/SIGINT: a checkpoint where every rank stopped, then a clean exit
+            path = save_checkpoint(run)
             console.line(f"stopped by {run.stop} at step {run.step}; checkpoint {path}: continue with "
-                         f"--resume auto --run_name {run_dir.name}")
+                         f"--resume auto --run_name {run_dir.name if run_dir else cfg.run_name}")
             return StopSignals.EXIT_CODES[run.stop]
         if cfg.save_model and not cfg.evaluate:
             console.line(f"weights saved to {logger.save_model(raw_model.state_dict())}")

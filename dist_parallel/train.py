@@ -33,8 +33,8 @@ from common.checkpoint import StopSignals, last_checkpoint, restore, resume_chec
 from common.config import Config, UsageError, flag, parse_config, user_errors
 from common.data import EvalShard, load_datasets, make_loader
 from common.devices import seed_everything, warn
-from common.distributed import (all_rng_states, by_rank, check_launch, from_rank0, group_failure, init_group,
-                                launched, node_leader_first, own_gpu, rank_info, self_launch, verify_sync)
+from common.distributed import (by_rank, check_launch, from_rank0, group_failure, init_group, launched,
+                                node_leader_first, own_gpu, rank_info, self_launch, verify_sync)
 from common.logger import (Console, RunLogger, load_model_weights, report_test, report_window, resolve_run_dir,
                            speed_line)
 from common.metrics import StepTimer, Sums, TrainMeter, check_loss, evaluation_sums, window_sums
@@ -155,7 +155,7 @@ def train_one_epoch(run, epoch: int) -> Sums:
         if last or run.stop:
             break
         if cfg.checkpoint_interval and run.step % cfg.checkpoint_interval == 0:
-            save_checkpoint(run, all_rng_states())
+            save_checkpoint(run)
     run.console.close()
     return epoch_sums
 
@@ -264,14 +264,14 @@ def main(argv=None) -> int:
             if not cfg.benchmark:  # --benchmark measures training speed only: no evaluation, no checkpoint
                 test = evaluate(cfg, raw_model, test_loader, device)
                 report_test(run, epoch, test, epoch_times[-1])
-                save_checkpoint(run, all_rng_states(), test_acc=test[1])
+                save_checkpoint(run, test_acc=test[1])
             if run.step == cfg.max_steps:
                 break
         if run.stop:  # SIGTERM/SIGINT: a checkpoint where every rank stopped, then a clean exit
-            path = save_checkpoint(run, all_rng_states())
+            path = save_checkpoint(run)
             console.line(f"stopped by {run.stop} at step {run.step}; checkpoint {path}: continue with "
-                         f"--resume auto --run_name {run_dir.name if run_dir else ''}")
-            return StopSignals.EXIT_CODES.get(run.stop, 1)
+                         f"--resume auto --run_name {run_dir.name if run_dir else cfg.run_name}")
+            return StopSignals.EXIT_CODES.get(run.stop, 1)  # a signal to another rank: 1
         if cfg.save_model and not cfg.evaluate:
             console.line(f"weights saved to {logger.save_model(raw_model.state_dict())}")
         peaks = by_rank(peak_memory_gb(gpus))  # each rank's GPU, keyed by rank

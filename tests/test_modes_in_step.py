@@ -11,9 +11,11 @@ import pytest
 from conftest import REPO
 
 SECTIONS = ["imports", "config", "setup", "data", "model", "optimizer", "train / evaluate", "main loop", "teardown"]
-# Changed lines (added + removed) of code against single_gpu/train.py, as measured when the budgets were set
-# (data_parallel 18, dist_parallel 111), with a little room. A file that drifts past its budget fails here.
-BUDGETS = {"data_parallel/train.py": 25, "dist_parallel/train.py": 120}
+# Changed lines (added + removed) of code against single_gpu/train.py, as measured when the budgets were set, with
+# a little room. A file that drifts past its budget fails here. dist_parallel was 111 before checkpoints and
+# preemption, which add what only a process group needs: ranks voting to stop at the same window, resuming through
+# rank 0, naming a dead peer's failure (now 134); data_parallel is 19.
+BUDGETS = {"data_parallel/train.py": 25, "dist_parallel/train.py": 145}
 
 
 def code_lines(path: str) -> list[str]:

@@ -29,8 +29,8 @@ from conftest import REPO, TINY, read_results, run_script
 
 SINGLE, DIST = "single_gpu/train.py", "dist_parallel/train.py"
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
-# 1024 images, batch 32: 32 steps an epoch, long enough to signal or kill a run while it trains.
-LONGER = [*TINY, "--synthetic_size", "1024", "--epochs", "2", "--save_model", "--no_progress"]
+# 512 images, batch 32: 16 steps an epoch, long enough to signal or kill a run while it trains.
+LONGER = [*TINY, "--synthetic_size", "512", "--epochs", "2", "--save_model", "--no_progress"]
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
@@ -129,20 +129,20 @@ def uninterrupted(tmp_path_factory):
     (DIST, ["--nproc_per_node", "2"], "dist"),
 ])
 def test_stopped_and_resumed_run_ends_bit_identical(tmp_path, uninterrupted, script, flags, reference):
-    """Stopped after 37 steps (mid-epoch 2, with crop/flip on), resumed with --resume auto."""
-    first = run_ok(script, tmp_path, "run", *LONGER, *flags, "--max_steps", "37")
-    assert read_results(tmp_path / "run")["summary"]["steps"] == 37, first.stdout
+    """Stopped after 21 steps (mid-epoch 2, with crop/flip on), resumed with --resume auto."""
+    first = run_ok(script, tmp_path, "run", *LONGER, *flags, "--max_steps", "21")
+    assert read_results(tmp_path / "run")["summary"]["steps"] == 21, first.stdout
     second = run_ok(script, tmp_path, "run", *LONGER, *flags, "--resume", "auto")
-    assert "resumed at step 37 (epoch 2, batch 5)" in second.stdout
-    assert read_results(tmp_path / "run")["summary"]["steps"] == 64
+    assert "resumed at step 21 (epoch 2, batch 5)" in second.stdout
+    assert read_results(tmp_path / "run")["summary"]["steps"] == 32
     assert_bit_identical(weights(tmp_path / "run"), uninterrupted[reference])
 
 
 def test_resume_by_path_into_a_new_run_folder(tmp_path, uninterrupted):
-    """--checkpoint_interval 10 and --max_steps 25: checkpoints at steps 10 and 20, then the final one at 25,
-    resumed by its path under another --run_name. (The elastic test resumes from an interval checkpoint.)"""
-    run_ok(SINGLE, tmp_path, "first", *LONGER, "--checkpoint_interval", "10", "--max_steps", "25")
-    assert torch.load(tmp_path / "first" / LAST, weights_only=True)["step"] == 25
+    """--checkpoint_interval 10 and --max_steps 13: a checkpoint at step 10, then the final one at 13, resumed by
+    its path under another --run_name. (The elastic test resumes from an interval checkpoint.)"""
+    run_ok(SINGLE, tmp_path, "first", *LONGER, "--checkpoint_interval", "10", "--max_steps", "13")
+    assert torch.load(tmp_path / "first" / LAST, weights_only=True)["step"] == 13
     run_ok(SINGLE, tmp_path, "second", *LONGER, "--resume", tmp_path / "first" / LAST)
     assert_bit_identical(weights(tmp_path / "second"), uninterrupted["single"])
 
@@ -210,14 +210,14 @@ def test_torchrun_restarts_a_killed_worker_and_resumes(tmp_path, uninterrupted):
 # ---------------------------------------------------------------------------------------------------- 3. signals
 def test_sigterm_to_a_two_process_job_checkpoints_and_leaves_no_process(tmp_path, uninterrupted):
     launch = start([DIST, *LONGER, "--nproc_per_node", "2", "--log_interval", "2"], tmp_path, "job")
-    before = read_until(launch, "Epoch 1/2 [4/32]")
+    before = read_until(launch, "Epoch 1/2 [4/16]")
     os.kill(launch.pid, signal.SIGTERM)  # the launcher, as SLURM or a user would; it passes it to the workers
     code, output = finish(launch, timeout=90, before=before)
     assert code == 128 + signal.SIGTERM, output
     assert "stopped by SIGTERM" in output
     wait_for(lambda: not session_alive(launch.pid), 10, "every process of the job to exit")
     state = torch.load(tmp_path / "job" / LAST, weights_only=True)
-    assert 0 < state["step"] < 64
+    assert 0 < state["step"] < 32
     assert not (tmp_path / "job" / "results.json").exists()  # an unfinished run has no results
     resumed = run_ok(DIST, tmp_path, "job", *LONGER, "--nproc_per_node", "2", "--log_interval", "2",
                      "--resume", "auto")
@@ -227,7 +227,7 @@ def test_sigterm_to_a_two_process_job_checkpoints_and_leaves_no_process(tmp_path
 
 def test_ctrl_c_stops_single_gpu_with_a_checkpoint(tmp_path, uninterrupted):
     launch = start([SINGLE, *LONGER, "--log_interval", "2"], tmp_path, "run")
-    before = read_until(launch, "Epoch 1/2 [4/32]")
+    before = read_until(launch, "Epoch 1/2 [4/16]")
     os.kill(launch.pid, signal.SIGINT)
     code, output = finish(launch, timeout=60, before=before)
     assert code == 128 + signal.SIGINT and "stopped by SIGINT" in output, output
