@@ -15,7 +15,6 @@ augmentation anew, so the weights differ from an uninterrupted run's.
 from __future__ import annotations
 
 import dataclasses
-import pickle
 import random
 import shutil
 import signal
@@ -142,7 +141,7 @@ def load_checkpoint(path: Path, cfg: Config) -> dict:
                          f"with the run's --run_name")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except (EOFError, RuntimeError, ValueError, OSError, pickle.UnpicklingError):
+    except Exception:  # the weights-only unpickler refuses in many ways (EOFError, UnpicklingError, KeyError...)
         raise UsageError(f"--resume: {path} is truncated or not a checkpoint; use an intact {LAST} (the previous "
                          f"one is kept until a new one is complete)") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:

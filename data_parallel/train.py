@@ -131,8 +131,8 @@ def log_window(run, epoch: int, index: int) -> Sums:
     gpu = run.telemetry.window()
     run.totals += sums
     run.gpu_util += [util for util, _ in gpu.values() if util is not None]
+    check_loss(sums, run.meter, run.step, last_checkpoint(run.run_dir))  # before NaNs reach the logs
     report_window(run, epoch, index, sums, gpu)
-    check_loss(sums, run.meter, run.step, last_checkpoint(run.run_dir))
     run.stop = run.signals.received
     return sums
 

@@ -43,7 +43,7 @@ def get_config(argv=None) -> Config:
 # ---------------------------------------------------------------------------------------------------- setup
 def setup(cfg: Config):
     """The device to train on, and the CUDA ids it uses ([] on the CPU)."""
-    if cfg.gpu_devices and len(cfg.gpu_devices) > 1:
+    if cfg.gpu_devices and len(set(cfg.gpu_devices)) > 1:
         raise UsageError("single_gpu trains on one GPU: for several use data_parallel/train.py or "
                          "dist_parallel/train.py")
     gpus = cuda_devices(cfg.gpu_devices, default_all=False)
@@ -129,8 +129,8 @@ def log_window(run, epoch: int, index: int) -> Sums:
     gpu = run.telemetry.window()
     run.totals += sums
     run.gpu_util += [util for util, _ in gpu.values() if util is not None]
+    check_loss(sums, run.meter, run.step, last_checkpoint(run.run_dir))  # before NaNs reach the logs
     report_window(run, epoch, index, sums, gpu)
-    check_loss(sums, run.meter, run.step, last_checkpoint(run.run_dir))
     run.stop = run.signals.received
     return sums
 

@@ -1,0 +1,375 @@
+"""Bad input, run the way a user runs it (a subprocess per launch), against the product's contract:
+
+- exactly one line on stderr that starts with "error: " and says what to do (lines starting with "warning:" and
+  torch's own C++ log output do not count);
+- a non-zero exit status: 2 for a usage error, 1 for a run that could not go on (a NaN loss);
+- no Python traceback;
+- nothing overwritten: every file that existed (run folders, checkpoints, the dataset, a rendezvous file) keeps
+  its bytes and its mtime, and a refused launch creates no run folder.
+
+The cases: --resume of a missing, truncated, foreign or differently configured checkpoint and the flags it
+excludes; reusing a run name; a corrupt or missing CIFAR-10; repeated and nonexistent --gpu_devices in every
+mode; a --log_dir that is a file; the rendezvous failures of a process started by hand (port in use, master
+unreachable, stale file:// rendezvous); a loss that turns NaN. Also what must NOT be refused: --resume auto for a
+run folder without a checkpoint (a fresh start), and with one (it continues).
+
+Speed: a launch costs ~2.5 s of CPU, nearly all of it importing torch; there are 26. The refused launches share
+one real run folder (module-scoped) and run three at a time, so the two cores stay busy while the
+unreachable-master case waits out its timeout.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from common.config import UsageError
+from common.distributed import check_rendezvous_file
+from common.metrics import TrainMeter
+from conftest import TINY, read_results, run_script
+from test_data import write_cifar10
+
+SINGLE, DATA, DIST = "single_gpu/train.py", "data_parallel/train.py", "dist_parallel/train.py"
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # several launches share two cores
+# A run with a checkpoint and weights to misuse: 3 of the 8 steps of TINY's epoch.
+TRAINED_FLAGS = ["--max_steps", "3", "--save_model"]
+FIRST_ATTEMPT_NOTES = "left in the run folder by a first attempt that died before its first checkpoint"
+# CIFAR-10 cases: the tiny model of TINY, on --dataset cifar10 (TINY itself names --dataset synthetic).
+CIFAR = ("--dataset", "cifar10", "--depth", "8", "--alpha", "12", "--batch_size", "4", "--epochs", "1",
+         "--max_steps", "1", "--loader", "gpu", "--num_workers", "0", "--warmup_steps", "0")
+# torch's C++ logging (glog format) and the C++ stack it may print: not the product's lines.
+TORCH_LOG = re.compile(r"\[[EWIF]\d{4} \d\d:\d\d:\d\d\.\d+ \S+:\d+\] |Exception raised from |frame #\d+: |"
+                       r"<omitting python frames>$|$")
+
+
+# ---------------------------------------------------------------------------------------------------- helpers
+def message_lines(stderr: str) -> list[str]:
+    """stderr without "warning:" lines and torch's own log output: what the contract allows is one error line."""
+    return [line for line in stderr.splitlines() if not line.startswith("warning:") and not TORCH_LOG.match(line)]
+
+
+def assert_refused(done: subprocess.CompletedProcess, *named: str, code: int = 2) -> str:
+    """The contract for bad input; returns the error line, which must contain every string in `named`."""
+    lines = message_lines(done.stderr)
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == code, (done.returncode, done.stderr)
+    for text in named:
+        assert text in lines[0], (text, lines[0])
+    return lines[0]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def no_network() -> dict[str, str]:
+    """Environment under which every HTTP(S) download fails at once, as on a machine without a network: urllib
+    (torchvision's downloader) goes through a proxy on a port where nobody listens."""
+    proxy = f"http://127.0.0.1:{free_port()}"
+    return {"http_proxy": proxy, "https_proxy": proxy, "HTTP_PROXY": proxy, "HTTPS_PROXY": proxy,
+            "no_proxy": "", "NO_PROXY": ""}
+
+
+def snapshot(root: Path) -> dict[str, object]:
+    """Every path under `root`: a file as (sha256 of its bytes, mtime in ns), a folder as "folder"."""
+    def state(path: Path):
+        if path.is_dir():
+            return "folder"
+        return hashlib.sha256(path.read_bytes()).hexdigest(), path.stat().st_mtime_ns
+    return {str(path.relative_to(root)): state(path) for path in sorted(root.rglob("*"))}
+
+
+def differences(before: dict, after: dict) -> list[str]:
+    return sorted(path for path in before.keys() | after.keys() if before.get(path) != after.get(path))
+
+
+def tensors(value):
+    """Every tensor in a nested checkpoint (dicts, lists, tuples)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from tensors(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from tensors(item)
+
+
+# ---------------------------------------------------------------------------------------------------- a real run
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    """The module's folder: runs/ (the --log_dir of every case), inputs/ (files to misuse), data/ (a dataset)."""
+    return tmp_path_factory.mktemp("bad_input")
+
+
+@pytest.fixture(scope="module")
+def first_start(work) -> tuple[Path, subprocess.CompletedProcess]:
+    """runs/a: a real TINY run of 3 steps with --save_model, so it holds checkpoint.pt and model.pt. It is started
+    as an elastic job's restart would be, with --resume auto in a run folder that exists without a checkpoint
+    (a first attempt died before writing one): (run folder, completed process)."""
+    run_dir = work / "runs" / "a"
+    run_dir.mkdir(parents=True)
+    (run_dir / "notes.txt").write_text(FIRST_ATTEMPT_NOTES)
+    done = run_script(SINGLE, *TINY, *TRAINED_FLAGS, "--resume", "auto", "--log_dir", run_dir.parent,
+                      "--run_name", run_dir.name, env=ONE_THREAD)
+    return run_dir, done
+
+
+@pytest.fixture(scope="module")
+def trained(first_start) -> Path:
+    """The run folder of `first_start`, which must have succeeded."""
+    run_dir, done = first_start
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (run_dir / "checkpoint.pt").is_file() and (run_dir / "model.pt").is_file()
+    return run_dir
+
+
+# ---------------------------------------------------------------------------------------------------- refusals
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    """One refused launch: `script` with the `base` flags (TINY unless told), --log_dir, --run_name `run_name`
+    (default: the case's id, a folder that must not appear; "": no --run_name) and `flags`. In flags and env
+    values, {work} is the module's folder, {busy_port} a port this test listens on, {closed_port} one where
+    nobody listens. `network=False`: downloads fail at once. The error line must contain every string in
+    `named`."""
+    id: str
+    script: str
+    flags: tuple
+    named: tuple
+    run_name: str | None = None
+    base: tuple = tuple(TINY)
+    log_dir: str = "{work}/runs"
+    env: tuple = ()
+    network: bool = True
+
+    def argv(self, where: dict) -> list[str]:
+        flags = [str(flag).format(**where) for flag in self.flags]
+        name = [] if self.run_name == "" else ["--run_name", self.run_name or self.id]
+        return [*self.base, "--log_dir", self.log_dir.format(**where), *name, *flags]
+
+    def environment(self, where: dict) -> dict[str, str]:
+        env = {**ONE_THREAD, **{key: value.format(**where) for key, value in self.env}}
+        return env if self.network else {**env, **no_network()}
+
+
+def by_hand(rank: int, port: str) -> tuple:
+    """The environment of one dist_parallel process of a 2-process job started by hand, without torchrun."""
+    return ("RANK", str(rank)), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", port)
+
+
+CHECKPOINT = "{work}/runs/a/checkpoint.pt"
+REFUSALS = [
+    # 1-3: --resume of something that is not a usable checkpoint
+    Refusal("resume-missing", SINGLE, ("--resume", "{work}/inputs/missing.pt"), ("no checkpoint at", "missing.pt")),
+    Refusal("resume-truncated", SINGLE, ("--resume", "{work}/inputs/truncated.pt"), ("truncated.pt", "truncated")),
+    Refusal("resume-text-file", SINGLE, ("--resume", "{work}/inputs/notes.txt"), ("notes.txt", "not a checkpoint")),
+    Refusal("resume-text-file-hello", SINGLE, ("--resume", "{work}/inputs/hello.txt"),
+            ("hello.txt", "not a checkpoint")),
+    Refusal("resume-model-pt", SINGLE, ("--resume", "{work}/runs/a/model.pt"), ("model.pt", "--evaluate")),
+    # 4: a checkpoint of a different config, resumed into its own run folder: that folder must stay unchanged
+    Refusal("resume-other-depth", SINGLE, ("--resume", CHECKPOINT, "--depth", "14"), ("--depth 8 (now 14)",),
+            run_name="a"),
+    Refusal("resume-other-batch", SINGLE, ("--resume", CHECKPOINT, "--batch_size", "16"),
+            ("--batch_size 32 (now 16)",), run_name="a"),
+    # 5: flags --resume excludes or needs
+    Refusal("resume-auto-without-run-name", SINGLE, ("--resume", "auto"), ("--run_name",), run_name=""),
+    Refusal("resume-auto-with-overwrite", SINGLE, ("--resume", "auto", "--overwrite"), ("--overwrite",),
+            run_name="a"),
+    Refusal("resume-with-benchmark", SINGLE, ("--resume", CHECKPOINT, "--benchmark"), ("--benchmark",)),
+    # 7: an existing run name without --resume
+    Refusal("existing-run-name", SINGLE, (), ("--overwrite", "--resume auto"), run_name="a"),
+    # 8: CIFAR-10 that cannot be read, and no network to download it
+    Refusal("cifar10-corrupt", SINGLE, ("--data_dir", "{work}/data"), ("corrupt", "delete"), base=CIFAR,
+            network=False),
+    Refusal("cifar10-missing", SINGLE, ("--data_dir", "{work}/inputs/no-data/here"), ("--dataset synthetic",),
+            base=CIFAR, network=False),
+    # 9: --gpu_devices on a machine without CUDA, in every mode
+    Refusal("gpus-repeated-single", SINGLE, ("--gpu_devices", "0", "0"), ("--gpu_devices", "more than once")),
+    Refusal("gpus-repeated-data-parallel", DATA, ("--gpu_devices", "0", "0"), ("--gpu_devices", "more than once")),
+    Refusal("gpus-repeated-dist-parallel", DIST, ("--nproc_per_node", "2", "--gpu_devices", "0", "0"),
+            ("--gpu_devices", "more than once")),
+    Refusal("gpu-missing-single", SINGLE, ("--gpu_devices", "7"), ("--gpu_devices", "no GPU 7")),
+    Refusal("gpu-missing-data-parallel", DATA, ("--gpu_devices", "7"), ("--gpu_devices", "no GPU 7")),
+    Refusal("gpu-missing-dist-parallel", DIST, ("--nproc_per_node", "2", "--gpu_devices", "7"),
+            ("--gpu_devices", "no GPU 7")),
+    # 10: a --log_dir that is a file
+    Refusal("log-dir-is-a-file", SINGLE, (), ("--log_dir", "is a file"), log_dir="{work}/inputs/notes.txt"),
+    # 11: one process of a 2-process job started by hand, whose rendezvous fails
+    Refusal("rendezvous-port-in-use", DIST, ("--dist_timeout", "10"), ("already in use", "MASTER_PORT"),
+            env=by_hand(0, "{busy_port}")),
+    Refusal("rendezvous-master-unreachable", DIST, ("--dist_timeout", "5"), ("could not reach the master",),
+            env=by_hand(1, "{closed_port}")),
+    Refusal("rendezvous-stale-file", DIST, ("--init_method", "file://{work}/inputs/rdzv", "--dist_timeout", "30"),
+            ("left over", "delete"), env=by_hand(0, "{closed_port}")),
+]
+
+
+def make_inputs(work: Path, checkpoint: Path) -> None:
+    """inputs/: a checkpoint cut to half its bytes, text files, a stale rendezvous file; data/: a CIFAR-10 whose
+    data_batch_1 is cut to half."""
+    inputs = work / "inputs"
+    inputs.mkdir()
+    raw = checkpoint.read_bytes()
+    (inputs / "truncated.pt").write_bytes(raw[:len(raw) // 2])
+    (inputs / "notes.txt").write_text("not a checkpoint: notes about run a\n")
+    (inputs / "hello.txt").write_text("hello\n")
+    rendezvous = inputs / "rdzv"
+    rendezvous.write_bytes(b"a file:// rendezvous of a crashed run")
+    an_hour_ago = time.time() - 3600
+    os.utime(rendezvous, (an_hour_ago, an_hour_ago))
+    write_cifar10(work / "data")
+    batch = work / "data" / "cifar-10-batches-py" / "data_batch_1"
+    raw = batch.read_bytes()
+    batch.write_bytes(raw[:len(raw) // 2])
+
+
+def timed_run(script: str, argv: list[str], env: dict) -> tuple[subprocess.CompletedProcess, float]:
+    start = time.perf_counter()
+    done = run_script(script, *argv, env=env, timeout=120)
+    return done, time.perf_counter() - start
+
+
+@pytest.fixture(scope="module")
+def refusals(work, trained) -> tuple[dict, dict, dict]:
+    """Every REFUSALS launch, three at a time, while this test listens on {busy_port}: ({id: (completed process,
+    seconds)}, snapshot of the module's folder before, snapshot after)."""
+    make_inputs(work, trained / "checkpoint.pt")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        where = {"work": work, "busy_port": busy.getsockname()[1], "closed_port": free_port()}
+        before = snapshot(work)
+        slowest_first = sorted(REFUSALS, key=lambda case: case.id != "rendezvous-master-unreachable")
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            futures = {case.id: pool.submit(timed_run, case.script, case.argv(where), case.environment(where))
+                       for case in slowest_first}
+            outcomes = {case_id: future.result() for case_id, future in futures.items()}
+    return outcomes, before, snapshot(work)
+
+
+@pytest.mark.parametrize("case", REFUSALS, ids=lambda case: case.id)
+def test_bad_input_is_refused_with_one_line(refusals, case):
+    """One "error: " line naming the problem and its fix, exit status 2, no traceback, within a minute (the
+    unreachable master: its --dist_timeout of 5 s, twice at most, not a hang)."""
+    done, seconds = refusals[0][case.id]
+    assert_refused(done, *case.named)
+    assert seconds < 60, seconds
+
+
+def test_refused_launches_change_no_file_and_create_no_run_folder(refusals):
+    """After every refusal: run folder a/ (whose checkpoint was resumed with other flags, whose name was reused),
+    its checkpoint.pt and model.pt, the truncated copy, the text files, the corrupt CIFAR-10 and the stale
+    rendezvous file keep their bytes and mtimes, and no run folder or file appeared (a missing data folder that
+    torchvision creates for its download attempt lies outside the runs and is not counted)."""
+    _, before, after = refusals
+    changed = [path for path in differences(before, after) if not path.startswith("inputs/no-data")]
+    assert not changed, changed
+    assert "runs/a/checkpoint.pt" in before and "inputs/rdzv" in before and "data/cifar-10-batches-py" in before
+    assert sorted(path for path in after if path.count("/") == 1 and path.startswith("runs/")) == ["runs/a"]
+
+
+# ---------------------------------------------------------------------------------------------------- resume auto
+def test_resume_auto_without_a_checkpoint_is_a_fresh_start(first_start):
+    """--resume auto --run_name a, where a/ exists without a checkpoint, is not an error: it starts afresh (exit
+    0, no "resumed"), trains to --max_steps and keeps the files already in the folder."""
+    run_dir, done = first_start
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "resumed" not in done.stdout and "Traceback" not in done.stderr
+    assert read_results(run_dir)["summary"]["steps"] == 3
+    assert (run_dir / "notes.txt").read_text() == FIRST_ATTEMPT_NOTES
+
+
+def test_resume_auto_continues_from_the_checkpoint(trained, tmp_path):
+    """A copy of run folder a/ (checkpoint at step 3), run again with --resume auto and a longer --max_steps:
+    it says where it resumed and ends at step 5."""
+    run_dir = tmp_path / "runs" / "a"
+    shutil.copytree(trained, run_dir)
+    done = run_script(SINGLE, *TINY, "--max_steps", "5", "--resume", "auto", "--log_dir", run_dir.parent,
+                      "--run_name", run_dir.name, env=ONE_THREAD)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "resumed at step 3 " in done.stdout
+    assert read_results(run_dir)["summary"]["steps"] == 5
+
+
+# ---------------------------------------------------------------------------------------------------- a NaN loss
+NAN_STEP = re.compile(r"error: the training loss became NaN/inf at step (\d+)\b")
+DIVERGING = ["--lr", "1e30", "--max_steps", "8", "--log_interval", "2"]
+
+
+@pytest.fixture(scope="module")
+def diverged(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """TINY with --lr 1e30 (its first update sends the loss to NaN), and a checkpoint after every step so that one
+    is written before the NaN: (completed process, run folder)."""
+    run_dir = tmp_path_factory.mktemp("diverged") / "runs" / "nan"
+    done = run_script(SINGLE, *TINY, *DIVERGING, "--checkpoint_interval", "1", "--log_dir", run_dir.parent,
+                      "--run_name", run_dir.name, env=ONE_THREAD)
+    return done, run_dir
+
+
+def test_a_nan_loss_stops_the_run_naming_the_step(diverged):
+    """Exit status 1, one error line naming the first step whose loss was NaN/inf (at most 8), no traceback; the
+    checkpoint the run wrote before holds only finite tensors (the diverged weights never replace it), and the
+    line points to it."""
+    done, run_dir = diverged
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, done.stderr
+    match = NAN_STEP.match(errors[0])
+    assert match and 1 <= int(match.group(1)) <= 8, errors[0]
+    assert "lower --lr" in errors[0]
+    checkpoint = run_dir / "checkpoint.pt"
+    assert checkpoint.is_file() and str(checkpoint) in errors[0]
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    assert state["step"] < int(match.group(1))
+    floats = [t for t in tensors(state) if t.is_floating_point()]
+    assert floats and all(torch.isfinite(t).all() for t in floats)
+
+
+def test_a_nan_loss_prints_only_the_error_line(diverged):
+    """The NaN stop meets the whole contract: besides warnings, its error line is all stderr holds."""
+    done, _ = diverged
+    assert_refused(done, "NaN/inf", code=1)
+
+
+def test_first_nonfinite_step_names_the_first_bad_update_of_the_window():
+    """TrainMeter records, on the device, the first update of a window whose loss is not finite: a window of 4
+    after 4 good steps, with a NaN at its 3rd update and an inf at its 4th, reports step 4 + 3 = 7."""
+    meter = TrainMeter(torch.device("cpu"))
+    logits, labels = torch.zeros(2, 10), torch.tensor([0, 1])
+    for _ in range(4):
+        meter.update(torch.tensor(2.3), logits, labels)
+    meter.take()
+    for loss in (2.2, 2.1, float("nan"), float("inf")):
+        meter.update(torch.tensor(loss), logits, labels)
+    totals = meter.take()
+    assert not torch.isfinite(totals[0])
+    assert meter.first_nonfinite_step(step=8) == 7
+
+
+# ---------------------------------------------------------------------------------------------------- rendezvous file
+def test_only_an_old_rendezvous_file_is_refused(tmp_path):
+    """A file:// rendezvous path that does not exist yet, or a file as new as this launch (another rank of it may
+    have created it), is accepted; one older than --dist_timeout is refused as a leftover."""
+    path = tmp_path / "rdzv"
+    check_rendezvous_file(path, timeout_s=30)
+    path.write_bytes(b"written by rank 1 of this launch")
+    check_rendezvous_file(path, timeout_s=30)
+    an_hour_ago = time.time() - 3600
+    os.utime(path, (an_hour_ago, an_hour_ago))
+    with pytest.raises(UsageError, match="left over"):
+        check_rendezvous_file(path, timeout_s=30)
+    assert path.read_bytes() == b"written by rank 1 of this launch"  # refused, not deleted
