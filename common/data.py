@@ -204,6 +204,7 @@ class TorchvisionLoader:
         dataset.transform = transforms.Compose(
             steps + [transforms.ToTensor(), transforms.Normalize(CIFAR10_MEAN, CIFAR10_STD)])
         self.sampler, self.device, self.memory_format = _Skipping(sampler, batch_size), device, memory_format
+        self.batches = len(sampler) // batch_size if drop_last else -(-len(sampler) // batch_size)
         self.loader = DataLoader(
             dataset, batch_size=batch_size, sampler=self.sampler, num_workers=num_workers, drop_last=drop_last,
             pin_memory=device.type == "cuda", persistent_workers=num_workers > 0,
@@ -213,8 +214,7 @@ class TorchvisionLoader:
         self.sampler.set_epoch(epoch, skip)
 
     def __len__(self):  # batches in a whole epoch, skipped ones included, as DeviceLoader counts them
-        size = len(self.sampler.sampler)
-        return size // self.sampler.batch_size if self.loader.drop_last else -(-size // self.sampler.batch_size)
+        return self.batches
 
     def __iter__(self):
         for images, labels in self.loader:

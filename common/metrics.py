@@ -105,10 +105,8 @@ class TrainMeter:
     def __init__(self, device: torch.device):
         self.totals = torch.zeros(2, dtype=torch.float64, device=device)
         self.images = 0
-        self.updates = 0  # steps in this window, known on the host
-        self.counter = torch.zeros((), dtype=torch.int64, device=device)  # the same, on the device
-        self.first_bad = torch.zeros((), dtype=torch.int64, device=device)  # window step of the first NaN/inf loss
-        self.last_window = (0, self.first_bad)
+        self.losses = []  # this window's per-step loss tensors: references only, no work in the step
+        self.last_losses = []
 
     @torch.no_grad()
     def update(self, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> None:
@@ -116,24 +114,20 @@ class TrainMeter:
         correct = (logits.argmax(dim=1) == labels).sum()
         self.totals += torch.stack([loss.detach().double() * n, correct.double()])
         self.images += n
-        self.updates += 1
-        self.counter += 1
-        bad = ~torch.isfinite(loss.detach())
-        self.first_bad = torch.where(bad & (self.first_bad == 0), self.counter, self.first_bad)
+        self.losses.append(loss.detach())
 
     def take(self) -> torch.Tensor:
         """The window's [loss sum, correct, images] (on the device), and a fresh start."""
         totals = torch.cat([self.totals, self.totals.new_tensor([self.images])])
-        self.last_window = (self.updates, self.first_bad)
-        self.totals, self.images, self.updates = torch.zeros_like(self.totals), 0, 0
-        self.counter, self.first_bad = torch.zeros_like(self.counter), torch.zeros_like(self.first_bad)
+        self.last_losses, self.losses = self.losses, []
+        self.totals, self.images = torch.zeros_like(self.totals), 0
         return totals
 
     def first_nonfinite_step(self, step: int) -> int:
         """The optimizer step (1-based, of the run) whose loss was first NaN/inf in the last window taken, read
         only when the window's loss sum is not finite; `step` is the run's step count at the window's end."""
-        updates, first_bad = self.last_window
-        return step - updates + int(first_bad.item())
+        bad = (~torch.isfinite(torch.stack(self.last_losses))).nonzero()
+        return step - len(self.last_losses) + int(bad[0].item()) + 1
 
 
 def check_loss(sums: "Sums", meter: TrainMeter, step: int, checkpoint: str) -> None:
