@@ -25,6 +25,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from common.config import Config, flag, parse_config, user_errors
+from common.data import DATASET_INFO
 from common.devices import seed_everything
 from common.performance import autocast, memory_format, resolve_fast_path
 from single_gpu.train import get_model, get_optimizer, setup
@@ -56,8 +57,10 @@ def profile_steps(cfg: ProfileConfig) -> dict:
     seed_everything(cfg.seed)
     model, raw_model = get_model(cfg, device)
     optimizer, _, scaler = get_optimizer(cfg, raw_model, device, steps_per_epoch=1)
-    images = torch.randn(cfg.batch_size, 3, 32, 32, device=device).contiguous(memory_format=memory_format(cfg))
-    labels = torch.randint(0, 10, (cfg.batch_size,), device=device)
+    data = DATASET_INFO[cfg.dataset]  # random images of the shape the model was built for
+    images = torch.randn(cfg.batch_size, data.channels, data.size, data.size, device=device)
+    images = images.contiguous(memory_format=memory_format(cfg))
+    labels = torch.randint(0, data.classes, (cfg.batch_size,), device=device)
 
     def step():
         with autocast(cfg, device):

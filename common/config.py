@@ -18,7 +18,7 @@ from pathlib import Path
 from models.pyramidnet import BLOCKS as MODEL_BLOCKS, check_arguments
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DATASETS = ("cifar10", "synthetic")
+DATASETS = ("cifar10", "mnist", "synthetic")  # their shapes and statistics: common/data.py
 LOADERS = ("gpu", "torchvision")
 AMPS = ("bf16", "fp16", "off")
 BASE_BATCH = 128  # --lr is given per this many images of global batch
@@ -55,8 +55,8 @@ class Config:
     width_multiple: int = flag(1, "round every block's width up to a multiple of this (8 suits tensor cores); "
                                   "1 = the paper's widths")
     # data
-    dataset: str = flag("cifar10", "cifar10 (downloaded into --data_dir) or synthetic (generated, offline)",
-                        choices=DATASETS)
+    dataset: str = flag("cifar10", "cifar10 or mnist (downloaded into --data_dir), or synthetic (CIFAR-10-shaped, "
+                                   "generated, offline)", choices=DATASETS)
     data_dir: str = flag(str(REPO_ROOT / "data"), "where datasets are downloaded and read")
     synthetic_size: int = flag(50_000, "training images of --dataset synthetic; the test set is a fifth of it")
     loader: str | None = flag(None, "gpu: dataset held on the device, augmented there (default with CUDA); "
@@ -64,7 +64,7 @@ class Config:
                               choices=LOADERS)
     num_workers: int = flag(4, "DataLoader worker processes per training process (torchvision loader)")
     shuffle: bool = flag(True, "reshuffle the training set every epoch")
-    augment: bool = flag(True, "pad-4 random crop and horizontal flip of training images")
+    augment: bool = flag(True, "pad-4 random crop and horizontal flip of training images (no flip for mnist)")
     # speed
     amp: str | None = flag(None, "autocast precision: bf16 (default on GPUs that have it), fp16 (with loss "
                                  "scaling; the default on older GPUs) or off (fp32; the default on the CPU)",

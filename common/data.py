@@ -7,22 +7,42 @@ calls `set_epoch` every epoch. Batches come out on the device, normalised, as (f
 from __future__ import annotations
 
 import pickle
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from common.config import UsageError
+from common.config import DATASETS, UsageError
 
+PAD = 4  # pixels of zero padding around an image before its random crop
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
-IMAGE_SIZE, PAD = 32, 4
-NUM_CLASSES = 10
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 
 
-# ---- datasets: .data uint8 (N, 32, 32, 3), .targets list of int, .transform applied in __getitem__ (PIL in) ----
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What the model and the loaders need to know of a dataset: its images' shape, its classes, the per-channel
+    mean and std (of pixels scaled to [0, 1]) that normalise it, and whether a mirror image is still an image of
+    the same class (a flipped digit is not)."""
+    channels: int
+    size: int  # square images of size x size pixels
+    classes: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    flip: bool
+
+
+DATASET_INFO = {
+    "cifar10": DatasetInfo(3, 32, 10, CIFAR10_MEAN, CIFAR10_STD, flip=True),
+    "mnist": DatasetInfo(1, 28, 10, (0.1307,), (0.3081,), flip=False),
+    "synthetic": DatasetInfo(3, 32, 10, CIFAR10_MEAN, CIFAR10_STD, flip=True),  # CIFAR-10's shapes and statistics
+}  # one entry per common.config.DATASETS
+
+
+# ---- datasets: .data uint8 (N, H, W, C) or (N, H, W), .targets (ints), .info, .transform (PIL in) ----
 
 class SyntheticCIFAR(Dataset):
     """CIFAR-10's shapes and dtype, generated in memory from the seed, never downloaded, and learnable.
@@ -32,14 +52,17 @@ class SyntheticCIFAR(Dataset):
     their samples from separate streams.
     """
 
+    info = DATASET_INFO["synthetic"]
+
     def __init__(self, size: int, seed: int, train: bool, transform=None):
-        patterns = torch.rand(NUM_CLASSES, 3, 4, 4, generator=torch.Generator().manual_seed(seed))
-        patterns = torch.nn.functional.interpolate(patterns, size=IMAGE_SIZE, mode="bilinear", align_corners=False)
+        classes, channels, side = self.info.classes, self.info.channels, self.info.size
+        patterns = torch.rand(classes, channels, 4, 4, generator=torch.Generator().manual_seed(seed))
+        patterns = torch.nn.functional.interpolate(patterns, size=side, mode="bilinear", align_corners=False)
         stream = torch.Generator().manual_seed(seed * 2 + (1 if train else 2))
-        labels = torch.randint(NUM_CLASSES, (size,), generator=stream)
+        labels = torch.randint(classes, (size,), generator=stream)
         contrast = 0.6 + 0.4 * torch.rand(size, 1, 1, 1, generator=stream)
         brightness = 0.2 * torch.rand(size, 1, 1, 1, generator=stream) - 0.1
-        noise = 0.4 * torch.randn(size, 3, IMAGE_SIZE, IMAGE_SIZE, generator=stream)
+        noise = 0.4 * torch.randn(size, channels, side, side, generator=stream)
         images = (patterns[labels] - 0.5) * contrast + 0.5 + brightness + noise
         self.data = (images.clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).contiguous().numpy()
         self.targets = labels.tolist()
@@ -56,13 +79,18 @@ class SyntheticCIFAR(Dataset):
 
 
 def load_datasets(dataset: str, data_dir: str, synthetic_size: int, seed: int, download: bool = True):
-    """(train, test) datasets in torchvision's form; CIFAR-10 is downloaded into data_dir when missing."""
+    """(train, test) datasets in torchvision's form, each with its DatasetInfo as `.info`; CIFAR-10 and MNIST are
+    downloaded into data_dir when missing."""
     if dataset == "synthetic":
         return (SyntheticCIFAR(synthetic_size, seed, train=True),
                 SyntheticCIFAR(synthetic_size // 5, seed, train=False))
-    if dataset == "cifar10":
-        return _cifar10(data_dir, train=True, download=download), _cifar10(data_dir, train=False, download=download)
-    raise UsageError(f"unknown dataset {dataset!r}: use cifar10 or synthetic")
+    read = {"cifar10": _cifar10, "mnist": _mnist}.get(dataset)
+    if read is None:
+        raise UsageError(f"unknown dataset {dataset!r}: use {', '.join(DATASETS[:-1])} or {DATASETS[-1]}")
+    splits = read(data_dir, train=True, download=download), read(data_dir, train=False, download=download)
+    for split in splits:
+        split.info = DATASET_INFO[dataset]
+    return splits
 
 
 def _cifar10(data_dir: str, train: bool, download: bool):
@@ -82,6 +110,32 @@ def _cifar10(data_dir: str, train: bool, download: bool):
             f"CIFAR-10 could not be read from {root} or downloaded ({reason}): put {CIFAR10_URL.rsplit('/', 1)[1]} "
             f"from {CIFAR10_URL} into {root}/ (or its extracted cifar-10-batches-py/ folder), "
             f"or run offline with --dataset synthetic") from None
+
+
+def _mnist(data_dir: str, train: bool, download: bool):
+    """torchvision reads <data_dir>/MNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte; the .gz files put there
+    are checked against their md5 and unpacked instead of downloaded."""
+    from torchvision import datasets
+
+    root = Path(data_dir)
+    folder = root / "MNIST" / "raw"  # where datasets.MNIST looks (its raw_folder)
+    try:
+        dataset, side = datasets.MNIST(str(root), train=train, download=download), DATASET_INFO["mnist"].size
+        if tuple(dataset.data.shape[1:]) != (side, side) or len(dataset.data) != len(dataset.targets):  # unchecked
+            raise ValueError(f"{len(dataset.targets)} labels for {tuple(dataset.data.shape)} images")
+        return dataset
+    # the IDX reader meets a cut or foreign file with any of these (its asserts included)
+    except (OSError, RuntimeError, ValueError, EOFError, AssertionError, KeyError, TypeError, IndexError) as error:
+        lines = [line for line in str(error).splitlines() if line.strip()]  # a failed download: a line a mirror
+        reason = " ".join(lines[-1].split())[:160] if lines else type(error).__name__  # the last mirror's error
+        files = ", ".join(name for name, _ in datasets.MNIST.resources)
+        if folder.is_dir() and any(folder.iterdir()):  # files there, but unreadable or failing their md5
+            raise UsageError(f"MNIST in {folder} is corrupt or incomplete ({reason}): delete that folder and run "
+                             f"again to download it afresh (or put {files} into {folder}/), or run offline with "
+                             f"--dataset synthetic") from None
+        raise UsageError(f"MNIST could not be read from {root} or downloaded ({reason}): put {files} from "
+                         f"{datasets.MNIST.mirrors[0]} into {folder}/, or run offline with --dataset synthetic") \
+            from None
 
 
 # ---- samplers ----
@@ -144,17 +198,20 @@ def _augmentation_seed(seed: int, epoch: int, rank: int) -> int:
 
 class DeviceLoader:
     """The `gpu` loader: the uint8 dataset is copied to the device once; each batch is one gather with the random
-    crop and flip folded into its indices, then a normalisation. No worker processes, no host round trip."""
+    crop and flip (where the dataset allows one) folded into its indices, then a normalisation. No worker
+    processes, no host round trip."""
 
     def __init__(self, dataset, sampler, *, batch_size, device, augment, drop_last, seed, rank,
                  memory_format=torch.contiguous_format):
         self.sampler, self.batch_size, self.device, self.memory_format = sampler, batch_size, device, memory_format
         self.augment, self.drop_last, self.seed, self.rank, self.epoch, self.skip = augment, drop_last, seed, rank, 0, 0
-        images = torch.as_tensor(np.asarray(dataset.data)).to(device)  # (N, H, W, C) uint8
+        images = torch.as_tensor(np.asarray(dataset.data)).to(device)
+        images = images.reshape(*images.shape[:3], -1)  # (N, H, W, C) uint8; greyscale (N, H, W) gets C = 1
+        self.height, self.width, self.flip = images.shape[1], images.shape[2], dataset.info.flip
         self.images = torch.nn.functional.pad(images, (0, 0, PAD, PAD, PAD, PAD)) if augment else images
         self.labels = torch.as_tensor(dataset.targets, dtype=torch.int64).to(device)
-        self.mean = torch.tensor(CIFAR10_MEAN, device=device).view(1, 3, 1, 1) * 255
-        self.std = torch.tensor(CIFAR10_STD, device=device).view(1, 3, 1, 1) * 255
+        self.mean = torch.tensor(dataset.info.mean, device=device).view(1, -1, 1, 1) * 255
+        self.std = torch.tensor(dataset.info.std, device=device).view(1, -1, 1, 1) * 255
         self.generator = torch.Generator(device=device)
 
     def set_epoch(self, epoch: int, skip: int = 0) -> None:
@@ -168,12 +225,15 @@ class DeviceLoader:
 
     def _crop_and_flip(self, n: int):
         top, left = torch.randint(0, 2 * PAD + 1, (2, n, 1), device=self.device, generator=self.generator)
+        if not self.flip:  # a mirrored digit is no digit: such datasets are never flipped
+            return top, left, None
         flip = torch.rand(n, 1, device=self.device, generator=self.generator) < 0.5
         return top, left, flip
 
     def __iter__(self):
         self.generator.manual_seed(_augmentation_seed(self.seed, self.epoch, self.rank))
-        arange = torch.arange(IMAGE_SIZE, device=self.device)
+        row_range = torch.arange(self.height, device=self.device)
+        col_range = torch.arange(self.width, device=self.device)
         order = torch.tensor(list(self.sampler), dtype=torch.int64).to(self.device)  # one copy per epoch
         for start in range(0, len(self) * self.batch_size, self.batch_size):
             index = order[start:start + self.batch_size]
@@ -183,8 +243,8 @@ class DeviceLoader:
                 continue
             if self.augment:  # pad-4 random crop + horizontal flip, as row/column indices into the padded images
                 top, left, flip = self._crop_and_flip(index.shape[0])
-                rows = top + arange
-                cols = left + torch.where(flip, IMAGE_SIZE - 1 - arange, arange)
+                rows = top + row_range
+                cols = left + (col_range if flip is None else torch.where(flip, self.width - 1 - col_range, col_range))
                 images = self.images[index[:, None, None], rows[:, :, None], cols[:, None, :]]
             else:
                 images = self.images[index]
@@ -200,9 +260,11 @@ class TorchvisionLoader:
                  memory_format=torch.contiguous_format):
         from torchvision import transforms
 
-        steps = [transforms.RandomCrop(IMAGE_SIZE, padding=PAD), transforms.RandomHorizontalFlip()] if augment else []
+        info = dataset.info
+        steps = [transforms.RandomCrop(info.size, padding=PAD)] if augment else []
+        steps += [transforms.RandomHorizontalFlip()] if augment and info.flip else []  # never a mirrored digit
         dataset.transform = transforms.Compose(
-            steps + [transforms.ToTensor(), transforms.Normalize(CIFAR10_MEAN, CIFAR10_STD)])
+            steps + [transforms.ToTensor(), transforms.Normalize(info.mean, info.std)])
         self.sampler, self.device, self.memory_format = _Skipping(sampler, batch_size), device, memory_format
         self.batches = len(sampler) // batch_size if drop_last else -(-len(sampler) // batch_size)
         self.loader = DataLoader(

@@ -118,8 +118,8 @@ def load_model_weights(raw_model: torch.nn.Module, path: str) -> None:
     try:
         raw_model.load_state_dict(state)
     except RuntimeError:
-        raise UsageError(f"--evaluate: the weights in {file} do not fit this model; pass the --depth, --alpha "
-                         f"and --block the run was trained with") from None
+        raise UsageError(f"--evaluate: the weights in {file} do not fit this model; pass the --depth, --alpha, "
+                         f"--block and --dataset the run was trained with") from None
 
 
 def window_line(epoch: int, epochs: int, step: int, steps: int, loss: float, acc: float,

@@ -13,6 +13,7 @@ import dataclasses
 import torch
 
 from common.config import Config, UsageError
+from common.data import DATASET_INFO
 from models import pyramidnet
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -73,10 +74,11 @@ def flops_per_image(cfg: Config) -> int:
     are counted (2 FLOPs per multiply-add); BatchNorm, ReLU and additions are not, as in the usual MFU convention."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    batch = 2
+    batch, data = 2, DATASET_INFO[cfg.dataset]  # the images' shape and the classes of the data trained on
     with torch.device("meta"):
-        model = pyramidnet(cfg.depth, cfg.alpha, cfg.block, width_multiple=cfg.width_multiple)
-        images = torch.empty(batch, 3, 32, 32)
+        model = pyramidnet(cfg.depth, cfg.alpha, cfg.block, num_classes=data.classes, in_channels=data.channels,
+                           width_multiple=cfg.width_multiple)
+        images = torch.empty(batch, data.channels, data.size, data.size)
         labels = torch.zeros(batch, dtype=torch.int64)
     with FlopCounterMode(display=False) as counter:
         torch.nn.functional.cross_entropy(model(images), labels).backward()

@@ -25,7 +25,7 @@ from torch import nn
 
 from common.checkpoint import StopSignals, last_checkpoint, restore, resume_checkpoint, save_checkpoint
 from common.config import Config, UsageError, parse_config, user_errors
-from common.data import EvalShard, ShuffleSampler, load_datasets, make_loader
+from common.data import DATASET_INFO, EvalShard, ShuffleSampler, load_datasets, make_loader
 from common.devices import cuda_devices, seed_everything, warn
 from common.logger import (Console, RunLogger, load_model_weights, report_test, report_window, resolve_run_dir,
                            speed_line)
@@ -75,7 +75,9 @@ def get_loaders(cfg: Config, device: torch.device):
 # ---------------------------------------------------------------------------------------------------- model
 def get_model(cfg: Config, device: torch.device, gpus: list[int]):
     """The model to call, and the unwrapped one whose weights are saved and evaluated."""
-    raw_model = pyramidnet(cfg.depth, cfg.alpha, cfg.block, width_multiple=cfg.width_multiple)
+    data = DATASET_INFO[cfg.dataset]  # the images' channels and the classes
+    raw_model = pyramidnet(cfg.depth, cfg.alpha, cfg.block, num_classes=data.classes, in_channels=data.channels,
+                           width_multiple=cfg.width_multiple)
     raw_model = raw_model.to(device, memory_format=memory_format(cfg))
     model = nn.DataParallel(raw_model, device_ids=gpus or None)  # splits each global batch over the GPUs
     if cfg.compile:  # compiled in the first step; raw_model (evaluation, saving) stays eager

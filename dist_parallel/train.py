@@ -31,7 +31,7 @@ from torch.utils.data import DistributedSampler
 
 from common.checkpoint import StopSignals, last_checkpoint, restore, resume_checkpoint, save_checkpoint
 from common.config import Config, UsageError, flag, parse_config, user_errors
-from common.data import EvalShard, load_datasets, make_loader
+from common.data import DATASET_INFO, EvalShard, load_datasets, make_loader
 from common.devices import seed_everything, warn
 from common.distributed import (by_rank, check_launch, from_rank0, group_failure, init_group, launched,
                                 node_leader_first, own_gpu, rank_info, self_launch, verify_sync)
@@ -104,7 +104,9 @@ def get_loaders(cfg: Config, device: torch.device):
 # ---------------------------------------------------------------------------------------------------- model
 def get_model(cfg: DistConfig, device: torch.device):
     """The model to call, and the unwrapped one whose weights are saved and evaluated."""
-    raw_model = pyramidnet(cfg.depth, cfg.alpha, cfg.block, width_multiple=cfg.width_multiple)
+    data = DATASET_INFO[cfg.dataset]  # the images' channels and the classes
+    raw_model = pyramidnet(cfg.depth, cfg.alpha, cfg.block, num_classes=data.classes, in_channels=data.channels,
+                           width_multiple=cfg.width_multiple)
     raw_model = raw_model.to(device, memory_format=memory_format(cfg))
     if cfg.sync_bn:  # BatchNorm statistics over the global batch: an all-reduce in every BN layer's forward
         raw_model = nn.SyncBatchNorm.convert_sync_batchnorm(raw_model)

@@ -584,6 +584,9 @@ def test_load_model_weights_refuses_other_architectures(tmp_path):
         torch.save(pyramidnet(depth, alpha, block).state_dict(), path)
         model = fresh()
         refused(model, path, "do not fit this model.*--depth")
+    mnist = tmp_path / "mnist.pt"  # the same architecture on one input channel: --dataset mnist
+    torch.save(pyramidnet(8, 12, "basic", in_channels=1).state_dict(), mnist)
+    refused(fresh(), mnist, "do not fit this model.*--dataset")
     empty = tmp_path / "empty.pt"
     torch.save({}, empty)
     refused(fresh(), empty, "do not fit")

@@ -16,8 +16,8 @@ import torchvision.datasets.utils
 from torch.utils.data import DistributedSampler
 
 from common.config import UsageError
-from common.data import (CIFAR10_MEAN, CIFAR10_STD, DeviceLoader, EvalShard, ShuffleSampler, SyntheticCIFAR,
-                         TorchvisionLoader, load_datasets, make_loader)
+from common.data import (CIFAR10_MEAN, CIFAR10_STD, DATASET_INFO, DeviceLoader, EvalShard, ShuffleSampler,
+                         SyntheticCIFAR, TorchvisionLoader, load_datasets, make_loader)
 
 CPU = torch.device("cpu")
 MEAN = torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1) * 255
@@ -28,7 +28,7 @@ STD = torch.tensor(CIFAR10_STD).view(1, 3, 1, 1) * 255
 def random_dataset(n: int, seed: int = 0) -> SimpleNamespace:
     rng = np.random.default_rng(seed)
     return SimpleNamespace(data=rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8),
-                           targets=rng.integers(0, 10, n).tolist())
+                           targets=rng.integers(0, 10, n).tolist(), info=DATASET_INFO["cifar10"])
 
 
 def coordinate_dataset(n: int) -> SimpleNamespace:
@@ -39,7 +39,7 @@ def coordinate_dataset(n: int) -> SimpleNamespace:
     data[..., 0] = np.arange(1, 33)[None, :, None]
     data[..., 1] = np.arange(1, 33)[None, None, :]
     data[..., 2] = np.arange(1, n + 1)[:, None, None]
-    return SimpleNamespace(data=data, targets=[(3 * i) % 10 for i in range(n)])
+    return SimpleNamespace(data=data, targets=[(3 * i) % 10 for i in range(n)], info=DATASET_INFO["cifar10"])
 
 
 def unnormalise(images: torch.Tensor) -> np.ndarray:
@@ -109,7 +109,7 @@ def test_synthetic_is_learnable_and_test_matches_train():
 
 
 def test_unknown_dataset():
-    with pytest.raises(UsageError, match="cifar10 or synthetic"):
+    with pytest.raises(UsageError, match="cifar10, mnist or synthetic"):
         load_datasets("imagenet", "", 10, 0)
 
 
@@ -385,7 +385,7 @@ def test_cifar10_is_read_from_its_python_batches(tmp_path, monkeypatch, offline)
     train, test = load_datasets("cifar10", str(tmp_path), 0, 0)
     assert len(train) == 20 and len(test) == 6
     assert train.data.shape == (20, 32, 32, 3) and train.data.dtype == np.uint8
-    assert train.classes == LABEL_NAMES
+    assert train.classes == LABEL_NAMES and train.info == test.info == DATASET_INFO["cifar10"]
     train_rows = np.concatenate([written[f"data_batch_{k}"][0] for k in range(1, 6)])
     train_labels = sum((written[f"data_batch_{k}"][1] for k in range(1, 6)), [])
     assert train.targets == train_labels and test.targets == written["test_batch"][1]
