@@ -271,6 +271,7 @@ def main(argv=None) -> int:
                 break
         if run.stop:  # SIGTERM/SIGINT: a checkpoint where every rank stopped, then a clean exit
             path = save_checkpoint(run)
+            dist.barrier()  # no rank exits before rank 0 has written it: a launcher may kill the job at the first exit
             console.line(f"stopped by {run.stop} at step {run.step}; checkpoint {path}: continue with "
                          f"--resume auto --run_name {run_dir.name if run_dir else cfg.run_name}")
             return StopSignals.EXIT_CODES.get(run.stop, 1)  # a signal to another rank: 1
