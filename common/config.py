@@ -137,26 +137,49 @@ class _OneLineParser(argparse.ArgumentParser):
 
 def build_parser(config_class: type[Config], description: str) -> argparse.ArgumentParser:
     parser = _OneLineParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_flags(parser, config_class)
+    return parser
+
+
+def add_flags(parser: argparse.ArgumentParser, config_class: type[Config], skip=(), defaults: bool = True) -> None:
+    """One flag per field of `config_class` (except `skip`). With defaults=False a flag that is not given is left
+    out of the parsed namespace, so a caller can tell what the user chose (compare.py passes only those on)."""
     hints = typing.get_type_hints(config_class)
     for f in dataclasses.fields(config_class):
+        if f.name in skip:
+            continue
         meta = dict(f.metadata)
         help_text = meta.pop("help")
         kind = hints[f.name]
+        default = f.default if defaults else argparse.SUPPRESS
         if kind is bool:
             name = f"--no_{f.name}" if f.default else f"--{f.name}"
             parser.add_argument(name, dest=f.name, action="store_false" if f.default else "store_true",
-                                help=help_text)
+                                default=default, help=f"turn off: {help_text}" if f.default else help_text)
             continue
         if kind == bool | None:  # on, off, or None: the run decides (from the device)
-            parser.add_argument(f"--{f.name}", dest=f.name, action="store_const", const=True, help=help_text)
+            parser.add_argument(f"--{f.name}", dest=f.name, action="store_const", const=True, default=default,
+                                help=help_text)
             parser.add_argument(f"--no_{f.name}", dest=f.name, action="store_const", const=False,
-                                help=f"turn --{f.name} off")
+                                default=default, help=f"turn --{f.name} off")
             continue
         base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)  # X | None -> X
         if typing.get_origin(base) is tuple:
             base = typing.get_args(base)[0]
-        parser.add_argument(f"--{f.name}", type=base, default=f.default, help=help_text, **meta)
-    return parser
+        parser.add_argument(f"--{f.name}", type=base, default=default, help=help_text, **meta)
+
+
+def config_argv(config_class: type[Config], values: dict) -> list[str]:
+    """The flags that set `values` (field name -> value) on the command line: the inverse of the parser."""
+    hints, argv = typing.get_type_hints(config_class), []
+    defaults = {f.name: f.default for f in dataclasses.fields(config_class)}
+    for name, value in values.items():
+        if hints[name] is bool or hints[name] == bool | None:
+            if value is not None and (hints[name] != bool or value != defaults[name]):
+                argv.append(f"--{name}" if value else f"--no_{name}")
+        elif value is not None:
+            argv += [f"--{name}", *map(str, value if isinstance(value, (tuple, list)) else [value])]
+    return argv
 
 
 def parse_config(config_class: type[Config], argv=None, description: str = "") -> Config:

@@ -1,0 +1,307 @@
+"""Run every mode the same way and write the comparison: report.md, results.csv and plots.
+
+    python compare.py                              # single_gpu, DataParallel and DDP (NCCL, Gloo) on every GPU here
+    python compare.py --gpu_counts 1 2 4 8         # a scaling sweep (the same global batch in every run)
+    python compare.py --gpu_counts 1 2 4 8 --batch_per_gpu 128   # each GPU keeps 128 images (weak scaling)
+    python compare.py --modes dist_parallel --backends nccl gloo --repeat 3
+    python compare.py --amp bf16 off --sync_bn off on
+    python compare.py --epochs 30 --dataset cifar10   # train for 30 epochs and compare test accuracy too
+    python compare.py --depth 56 --alpha 84           # any model/data flag of train.py goes to every run
+
+Each configuration runs as its own subprocess, started as a user would start it (`python single_gpu/train.py`,
+`python data_parallel/train.py`, `torchrun dist_parallel/train.py`), with the same model, data, global batch,
+learning rate and seed; by default in `--benchmark` mode (synthetic data, speed only). Each run's results.json is
+read back and everything goes to `--out` (default results/<timestamp>): report.md, results.csv, the plots, each
+run's log and run folder. A run that fails is kept in the report with its error. Without GPUs the same matrix runs
+as CPU processes over Gloo with a tiny PyramidNet, one thread per process standing in for a GPU.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # `python compare.py` from anywhere
+
+import torch  # noqa: E402
+
+from common.config import (REPO_ROOT, AMPS, Config, UsageError, _OneLineParser, add_flags,  # noqa: E402
+                           config_argv, flag, user_errors)
+from common.data import DATASET_INFO  # noqa: E402
+from comparison import environment as machine  # noqa: E402
+from comparison.matrix import (BACKENDS, MODES, Run, check_runs, command, dist_config_class, plan,  # noqa: E402
+                               run_environment)
+from comparison.plots import write_plots  # noqa: E402
+from comparison.projection import gradient_bytes  # noqa: E402
+from comparison.report import (READING, TABLE_HEADER, Outcome, failures, fill_rows, fmt_seconds,  # noqa: E402
+                               environment_section, groups, projection_section, table_row, write_csv)
+from models.pyramidnet import pyramidnet  # noqa: E402
+
+# ------------------------------------------------------------------------------------------------------ config
+
+@dataclass(frozen=True)
+class CompareConfig:
+    out: str | None = flag(None, "folder for everything compare.py writes (default: results/<timestamp>)")
+    modes: tuple[str, ...] = flag(MODES, "which modes to run", nargs="+", choices=MODES)
+    gpu_counts: tuple[int, ...] | None = flag(None, "GPU counts for data_parallel and dist_parallel (default: "
+                                                    "every GPU here; without GPUs, 2 CPU processes)", nargs="+")
+    backends: tuple[str, ...] | None = flag(None, "dist_parallel's backends (default: nccl and gloo with GPUs, gloo "
+                                                  "without)", nargs="+", choices=BACKENDS)
+    amp: tuple[str, ...] | None = flag(None, "--amp settings to compare (default: each run's default for the "
+                                             "device)", nargs="+", choices=AMPS)
+    sync_bn: tuple[str, ...] = flag(("off",), "dist_parallel with BatchNorm (off), SyncBatchNorm (on), or both",
+                                    nargs="+", choices=("off", "on"))
+    repeat: int = flag(1, "runs of each configuration; the report gives mean ± std")
+    epochs: int = flag(0, "0: --benchmark runs (synthetic data, speed only); N: train N epochs on --dataset and "
+                          "compare test accuracy too")
+    batch_per_gpu: int | None = flag(None, "images per GPU in every run, so the global batch grows with the GPUs "
+                                           "(weak scaling); instead of --batch_size")
+    run_timeout: int = flag(3600, "seconds a run may take before it is stopped and reported as failed")
+    overwrite: bool = flag(False, "write into an --out folder that already holds a comparison")
+
+
+# train.py flags that compare.py sets itself for every run, rather than passing the user's value on
+CONTROLLED = {"amp", "epochs", "overwrite", "gpu_devices", "log_dir", "run_name", "resume", "evaluate", "save_model",
+              "checkpoint_interval", "benchmark", "progress"}
+DIST_PASSED = ("bucket_cap_mb", "dist_timeout")  # dist_parallel's own flags that are passed on to its runs
+# without GPUs, unless given: a model and run small enough for a few seconds per run on a laptop's CPU
+CPU_DEFAULTS = {"depth": 8, "alpha": 12.0, "batch_size": 32, "synthetic_size": 512, "benchmark_steps": 20,
+                "warmup_steps": 3, "log_interval": 5, "loader": "gpu", "num_workers": 0}
+
+
+def parse(argv=None) -> tuple[CompareConfig, dict, dict]:
+    """compare.py's own flags, the train.py flags given (passed to every run) and dist_parallel's (its runs)."""
+    parser = _OneLineParser(description=__doc__.split("\n\n")[0])
+    add_flags(parser, CompareConfig)
+    group = parser.add_argument_group("passed to every train.py (their defaults unless given)")
+    add_flags(group, Config, skip=CONTROLLED, defaults=False)
+    dist_class = dist_config_class()
+    dist_group = parser.add_argument_group("passed to dist_parallel/train.py")
+    add_flags(dist_group, dist_class, skip=[f.name for f in dataclasses.fields(dist_class)
+                                            if f.name not in DIST_PASSED], defaults=False)
+    args = vars(parser.parse_args(argv))
+    own = {f.name: args.pop(f.name) for f in dataclasses.fields(CompareConfig)}
+    for name in ("modes", "gpu_counts", "backends", "amp", "sync_bn"):
+        own[name] = tuple(dict.fromkeys(own[name])) if own[name] is not None else None
+    dist_only = {name: args.pop(name) for name in DIST_PASSED if name in args}
+    return CompareConfig(**own), args, dist_only
+
+
+def resolve(cc: CompareConfig, train: dict, cuda: bool, gpus_here: int) -> CompareConfig:
+    """Defaults that depend on the machine, and the mistakes to refuse before any run starts."""
+    counts = cc.gpu_counts or ((gpus_here,) if cuda else (2,))
+    backends = cc.backends or (BACKENDS if cuda else ("gloo",))
+    checks = [
+        (cc.repeat >= 1, "--repeat must be at least 1"),
+        (cc.epochs >= 0, "--epochs must be 0 (benchmark) or more"),
+        (cc.run_timeout > 0, "--run_timeout must be a positive number of seconds"),
+        (all(n >= 1 for n in counts), "--gpu_counts must be 1 or more"),
+        (not cuda or max(counts) <= gpus_here,
+         f"--gpu_counts {max(counts)} is more GPUs than the {gpus_here} visible here"),
+        (cuda or "nccl" not in backends, "--backends nccl needs CUDA GPUs; without them use --backends gloo"),
+        (cuda or "on" not in cc.sync_bn, "--sync_bn on needs GPUs (PyTorch's SyncBatchNorm refuses CPU modules)"),
+        (cc.batch_per_gpu is None or cc.batch_per_gpu >= 1, "--batch_per_gpu must be at least 1"),
+        (cc.batch_per_gpu is None or "batch_size" not in train,
+         "--batch_size fixes the global batch and --batch_per_gpu each GPU's: give one of them"),
+        (cc.epochs or "max_steps" not in train, "--max_steps applies to training: give it with --epochs N"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise UsageError(message)
+    return dataclasses.replace(cc, gpu_counts=counts, backends=backends, amp=cc.amp or (None,))
+
+
+def output_folder(cc: CompareConfig) -> Path:
+    out = Path(cc.out) if cc.out else REPO_ROOT / "results" / datetime.now().strftime("%Y%m%d-%H%M%S")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file: give a folder")
+    if out.is_dir() and any(out.iterdir()) and not cc.overwrite:
+        raise UsageError(f"--out {out} already holds files: give another --out, or --overwrite to replace them")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- running
+
+def run_one(run: Run, argv: list[str], out: Path, cuda: bool, timeout: int) -> Outcome:
+    """One run as its own subprocess (own process group, so a timeout can stop torchrun and its workers), its
+    output to logs/<name>.log; then its results.json, or the error it ended with."""
+    log = out / "logs" / f"{run.name}.log"
+    started = time.monotonic()
+    with open(log, "w") as stream:
+        stream.write("$ " + " ".join(argv) + "\n\n")
+        stream.flush()
+        child = subprocess.Popen(argv, cwd=REPO_ROOT, env=run_environment(run, cuda), stdout=stream,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = child.wait(timeout)
+        except subprocess.TimeoutExpired:
+            stop(child, signal.SIGTERM)
+            return Outcome(run, "failed", time.monotonic() - started, f"stopped after --run_timeout {timeout} s",
+                           log=log)
+        except KeyboardInterrupt:
+            stop(child, signal.SIGINT)  # the run checkpoints and exits, like a Ctrl-C of its own
+            raise
+    seconds = time.monotonic() - started
+    results = out / "runs" / run.name / "results.json"
+    if code != 0:
+        return Outcome(run, "failed", seconds, f"exit status {code}: {last_error(log)}", log=log)
+    if not results.is_file():
+        return Outcome(run, "failed", seconds, "finished without writing results.json", log=log)
+    return Outcome(run, "ok", seconds, results=json.loads(results.read_text()), log=log)
+
+
+def stop(child: subprocess.Popen, sig: int) -> None:
+    """Signal the run's whole process group, give it a minute to checkpoint and exit, then kill what is left."""
+    try:
+        os.killpg(child.pid, sig)
+        child.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+    except ProcessLookupError:
+        pass
+
+
+def last_error(log: Path) -> str:
+    """The run's own one-line error if it printed one, else the last line it wrote."""
+    lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error:")]
+    return (errors or lines or ["no output"])[-1]
+
+
+# ----------------------------------------------------------------------------------------------------- report
+
+def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bool, argv: list[str],
+                 train: dict, env: dict, topology: str | None, elapsed: float) -> list[Path]:
+    fill_rows(outcomes, out)
+    write_csv(outcomes, out / "results.csv")
+    ok = [o for o in outcomes if o.status == "ok"]
+    config = ok[0].results["config"] if ok else {**{f.name: f.default for f in dataclasses.fields(Config)}, **train}
+    device = device_name(env, cuda)
+    grads = gradient_bytes(model_on_meta(config))
+    bucket_cap_mb = next((o.results["config"].get("bucket_cap_mb") for o in ok if o.run.mode == "dist_parallel"),
+                         25.0)
+    what = (f"`--benchmark`: synthetic data, {config['warmup_steps']} untimed then {config['benchmark_steps']} timed "
+            f"steps per run" if not cc.epochs else f"training for {cc.epochs} epochs on {config['dataset']}")
+    lines = [
+        f"# Comparison: PyramidNet-{config['depth']} α={config['alpha']:g} ({config['block']}) — {device}",
+        "",
+        f"`python compare.py {' '.join(argv)}` — {datetime.now():%Y-%m-%d %H:%M}, {len(outcomes)} runs in "
+        f"{fmt_seconds(elapsed)}; {what}; the same seed ({config['seed']}) and learning rate rule (--lr "
+        f"{config['lr']:g} per 128 images of global batch) in every run.",
+        "",
+        "## Results",
+        "",
+        TABLE_HEADER,
+        "|" + "---|" * TABLE_HEADER.count(" | ") + "---|",
+        *[table_row(group) for group in groups(outcomes)],
+        "",
+        *failures(outcomes),
+        "",
+        READING,
+        "",
+        "![images/s](images_per_sec.png) ![scaling efficiency](scaling_efficiency.png)",
+        "",
+        "Every run's figures, unrounded, are in `results.csv`; its log in `logs/`, its run folder (results.json, "
+        "TensorBoard events) in `runs/`.",
+        "",
+        "## Projection past this machine",
+        "",
+        *projection_section(outcomes, grads, cuda, bucket_cap_mb, machine.fabric(topology)),
+        "",
+        "## Environment",
+        "",
+        *environment_section(env, topology),
+    ]
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    projection = projection_inputs(outcomes, grads, bucket_cap_mb)
+    return [out / "report.md", out / "results.csv", *write_plots(outcomes, out, device, cuda, projection)]
+
+
+def model_on_meta(config: dict) -> torch.nn.Module:
+    """The model the runs trained, built without memory, to count its gradients."""
+    data = DATASET_INFO[config["dataset"]]
+    with torch.device("meta"):
+        return pyramidnet(config["depth"], config["alpha"], config["block"], num_classes=data.classes,
+                          in_channels=data.channels, width_multiple=config["width_multiple"])
+
+
+def projection_inputs(outcomes: list[Outcome], grads: list[int], bucket_cap_mb: float) -> dict | None:
+    single = [o.row for o in outcomes if o.status == "ok" and o.run.mode == "single_gpu"]
+    if not single:
+        return None
+    step = [r["batch_time_p50_s"] for r in single if r["amp"] == single[0]["amp"]]
+    ddp1 = [o.row["batch_time_p50_s"] for o in outcomes if o.status == "ok" and o.run.mode == "dist_parallel"
+            and o.run.gpus == 1 and o.row["amp"] == single[0]["amp"] and not o.run.sync_bn]
+    step_s = sum(step) / len(step)
+    return {"step_s": step_s, "ddp_step_s": sum(ddp1) / len(ddp1) if ddp1 else step_s, "grads": grads,
+            "bucket_cap_mb": bucket_cap_mb}
+
+
+def device_name(env: dict, cuda: bool) -> str:
+    gpus = env.get("gpus") or []
+    if cuda and gpus:
+        return ", ".join(f"{gpus.count(n)}× {n}" for n in dict.fromkeys(gpus))
+    return f"CPU ({env.get('cpu')}, {env.get('cpu_count')} cores), no GPU"
+
+
+# ------------------------------------------------------------------------------------------------------- main
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    with user_errors():
+        cc, train, dist_only = parse(argv)
+        cuda = torch.cuda.is_available()
+        cc = resolve(cc, train, cuda, torch.cuda.device_count())
+        if not cuda:
+            train = {**CPU_DEFAULTS, **train}
+        train["epochs"] = cc.epochs if cc.epochs else None
+        shared = config_argv(Config, {k: v for k, v in train.items() if k != "batch_size"})
+        shared += [] if cc.epochs else ["--benchmark"]
+        batch = train.get("batch_size", Config.batch_size)
+        runs = plan(cc.modes, cc.gpu_counts, cc.backends, cc.amp, [s == "on" for s in cc.sync_bn], cc.repeat, cuda,
+                    batch, cc.batch_per_gpu)
+        if not runs:
+            raise UsageError("--modes/--gpu_counts/--backends leave nothing to run")
+        dist_flags = config_argv(dist_config_class(), dist_only)
+        check_runs(runs, shared, dist_flags)
+        out = output_folder(cc)
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    env, topology = machine.environment(), machine.topology()
+    device = device_name(env, cuda)
+    print(f"compare: {len(runs)} runs on {device} -> {out}", flush=True)
+    started, outcomes = time.monotonic(), []
+    interrupted = False
+    for run in runs:
+        print(f"[{run.index}/{len(runs)}] {run.describe()}, global batch {run.batch_size}"
+              + (f", repeat {run.repeat}/{cc.repeat}" if cc.repeat > 1 else "")
+              + f" — {len(runs) - run.index} left after it, {fmt_seconds(time.monotonic() - started)} elapsed",
+              flush=True)
+        try:
+            outcome = run_one(run, command(run, shared, dist_flags, out / "runs", cuda), out, cuda, cc.run_timeout)
+        except KeyboardInterrupt:
+            interrupted = True
+            outcomes += [Outcome(r, "not run", error="compare.py was interrupted") for r in runs[run.index - 1:]]
+            break
+        outcomes.append(outcome)
+        summary = (f"{outcome.results['summary']['images_per_sec']:,.0f} images/s" if outcome.status == "ok"
+                   else f"FAILED: {outcome.error}")
+        print(f"    {summary} ({fmt_seconds(outcome.seconds)})", flush=True)
+    paths = write_report(cc, outcomes, out, cuda, argv, train, env, topology, time.monotonic() - started)
+    failed = sum(o.status != "ok" for o in outcomes)
+    print(f"wrote {', '.join(str(p.relative_to(out)) for p in paths)} in {out}"
+          + (f"; {failed} of {len(outcomes)} runs did not succeed (see report.md)" if failed else ""), flush=True)
+    if interrupted:
+        return 130
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,224 @@
+"""compare.py: one command runs every mode, and its report says what the runs measured — failed runs included.
+
+On this CPU machine compare.py runs its CPU matrix (single_gpu, data_parallel as one process, dist_parallel with 2
+gloo processes, tiny model). What only GPUs can show is not tested here: NCCL rows, SyncBatchNorm rows, DataParallel
+split over several GPUs (its first GPU's extra memory), NVML utilisation, MFU, and the measured-beside-projected
+table, which needs at least two GPUs. The projection model is tested against PyTorch's published DDP benchmark.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import textwrap
+
+import pytest
+import torch
+import torchvision
+
+from conftest import REPO, run_script
+
+import compare
+from comparison import environment as machine
+from comparison.projection import (FABRICS, SYNC_ALLOWANCE, Fabric, ddp_buckets, exposed_communication,
+                                   gradient_bytes, projected_efficiency, ring_allreduce_seconds)
+
+# A third configuration (3 gloo processes) is made to fail mid-run from outside, by a sitecustomize module that
+# every Python process on PYTHONPATH imports: rank 1 of a 3-process group raises in its second loss computation.
+FAILING_RANK = textwrap.dedent("""
+    import os
+    if os.environ.get("WORLD_SIZE") == "3" and os.environ.get("RANK") == "1":
+        import torch.nn.functional as F
+        real, calls = F.cross_entropy, []
+        def failing(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == 2:
+                raise RuntimeError("injected failure")
+            return real(*args, **kwargs)
+        F.cross_entropy = failing
+""")
+
+
+@pytest.fixture(scope="module")
+def comparison(tmp_path_factory):
+    """One compare.py run as a user starts it: every mode, plus a 3-process configuration that fails."""
+    hook = tmp_path_factory.mktemp("hook")
+    (hook / "sitecustomize.py").write_text(FAILING_RANK)
+    out = tmp_path_factory.mktemp("comparison") / "report"
+    done = run_script("compare.py", "--out", out, "--gpu_counts", "2", "3", "--batch_size", "48",
+                      "--benchmark_steps", "8", timeout=240, env={"PYTHONPATH": str(hook)})
+    return done, out
+
+
+def csv_rows(out):
+    with open(out / "results.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_every_mode_runs_and_one_failure_is_reported_not_dropped(comparison):
+    done, out = comparison
+    assert done.returncode == 1, done.stdout + done.stderr  # a run failed: the exit status says so
+    rows = {row["run"]: row for row in csv_rows(out)}
+    assert [(r["mode"], r["gpus"], r["status"]) for r in rows.values()] == [
+        ("single_gpu", "1", "ok"), ("data_parallel", "1", "ok"), ("dist_parallel", "2", "ok"),
+        ("dist_parallel", "3", "failed")]
+    failed = rows["04-dist_parallel-3cpu-gloo-r1"]
+    assert failed["error"].startswith("exit status") and failed["images_per_sec"] == ""
+    report = (out / "report.md").read_text()
+    assert "**1 of 4 runs did not succeed:**" in report and "`04-dist_parallel-3cpu-gloo-r1`: failed" in report
+    assert "| dist_parallel | 3 | gloo |" in report and "**1 failed**" in report
+    lines = done.stdout.splitlines()
+    assert [line.split("]")[0] for line in lines if line.startswith("[")] == ["[1/4", "[2/4", "[3/4", "[4/4"]
+    assert "3 left after it" in lines[1] and "FAILED: exit status" in done.stdout
+    assert (out / "logs" / "04-dist_parallel-3cpu-gloo-r1.log").read_text().count("injected failure")
+
+
+def test_the_report_numbers_are_the_runs_own(comparison):
+    _, out = comparison
+    ok = [row for row in csv_rows(out) if row["status"] == "ok"]
+    single = json.loads((out / "runs" / ok[0]["run"] / "results.json").read_text())["summary"]
+    report = (out / "report.md").read_text()
+    for row in ok:
+        results = json.loads((out / "runs" / row["run"] / "results.json").read_text())
+        summary = results["summary"]
+        assert float(row["images_per_sec"]) == summary["images_per_sec"]
+        assert float(row["batch_time_p50_s"]) == summary["batch_time_p50"]
+        assert float(row["data_wait_frac"]) == summary["data_wait_frac"]
+        assert float(row["epoch_time_50k_s"]) == pytest.approx(50_000 / summary["images_per_sec"])
+        speedup = summary["images_per_sec"] / single["images_per_sec"]
+        assert float(row["speedup"]) == pytest.approx(speedup)
+        assert float(row["scaling_efficiency"]) == pytest.approx(speedup / int(row["gpus"]))
+        assert int(row["global_batch"]) == results["config"]["batch_size"] == 48
+        assert int(row["per_gpu_batch"]) == 48 // int(row["gpus"])
+        # the same figures, rounded, in the report's row for this configuration
+        line = next(l for l in report.splitlines() if l.startswith(f"| {row['mode']} | {row['gpus']} |"))
+        assert f"| {summary['images_per_sec']:,.0f} |" in line
+        assert f"| {summary['batch_time_p50'] * 1000:,.1f} |" in line
+        assert f"| {speedup:,.2f}× |" in line
+    for plot in ("images_per_sec.png", "scaling_efficiency.png"):
+        assert (out / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_report_names_the_machine_and_labels_the_projection(comparison):
+    _, out = comparison
+    report = (out / "report.md").read_text()
+    assert f"torch {torch.__version__}" in report and "cores" in report
+    assert "`nvidia-smi topo -m`" in report
+    assert "**A projection, not a measurement.**" in report
+    for fabric in FABRICS:
+        assert fabric.source in report
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--backends", "nccl"], "--backends nccl needs CUDA GPUs"),
+    (["--sync_bn", "on"], "--sync_bn on needs GPUs"),
+    (["--gpu_counts", "3"], "--batch_size 32 does not divide over 3 GPUs"),
+    (["--depth", "7"], "--depth/--alpha"),
+    (["--batch_size", "64", "--batch_per_gpu", "32"], "give one of them"),
+    (["--modes", "ddp"], "invalid choice"),
+])
+def test_a_matrix_that_cannot_run_is_refused_before_anything_starts(argv, message, tmp_path, capsys):
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_:
+        compare.main(["--out", str(out), *argv])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()
+
+
+def test_an_earlier_comparison_is_never_overwritten(tmp_path, capsys):
+    (tmp_path / "report.md").write_text("earlier")
+    with pytest.raises(SystemExit):
+        compare.main(["--out", str(tmp_path)])
+    assert "--overwrite" in capsys.readouterr().err and (tmp_path / "report.md").read_text() == "earlier"
+
+
+# --- the projection -------------------------------------------------------------------------------------------
+
+def test_ring_allreduce_cost_follows_the_nccl_tests_definition():
+    fabric = Fabric("test", "", 100.0, 0.0, (8,), "")
+    # 1 GB over 8 ranks: each sends 2 * 7/8 GB at 100 GB/s, plus NCCL's 8.4 us base latency
+    assert ring_allreduce_seconds(1e9, 8, 100.0, 0.0) == pytest.approx(0.0175 + 8.4e-6)
+    assert ring_allreduce_seconds(1e9, 1, 100.0, 0.0) == 0.0
+    # buckets: parameters in reverse order, a 1 MiB first bucket, then 25 MiB ones; as in DDP, a bucket closes
+    # once it reaches its cap, so the parameter that reaches it stays in it
+    mib = 1024 * 1024
+    assert ddp_buckets([10 * mib, 10 * mib, 10 * mib, 10 * mib, 2 * mib]) == [2 * mib, 30 * mib, 10 * mib]
+    assert ddp_buckets([30 * mib, 10 * mib, 2 * mib]) == [2 * mib, 40 * mib]
+    assert sum(ddp_buckets([3, 5, 7] * 1000)) == 15_000
+    # buckets all-reduced while backward goes on cost nothing; the last one is ready only when backward ends
+    last = ring_allreduce_seconds(mib, 8, 100.0, 0.0)
+    assert exposed_communication(0.1, [mib] * 4, 8, fabric) == pytest.approx(last)
+    # a link too slow to keep up: every bucket's time outlasts backward, less the backward time after the first
+    slow = Fabric("slow", "", 0.01, 0.0, (8,), "")
+    each = ring_allreduce_seconds(mib, 8, 0.01, 0.0)
+    backward = 0.1 * 2 / 3
+    assert exposed_communication(0.1, [mib] * 4, 8, slow) == pytest.approx(4 * each - backward * 3 / 4)
+
+
+def test_projection_falls_with_gpus_and_slower_links():
+    with torch.device("meta"):
+        grads = gradient_bytes(compare.pyramidnet(110, 270, "basic"))
+    assert sum(grads) == 28_485_477 * 4
+    nvlink, pcie, _ = FABRICS
+    step = 0.020  # a fast GPU's step: communication matters
+    by_count = [projected_efficiency(step, step, grads, n, pcie) for n in (2, 4, 8)]
+    assert by_count == sorted(by_count, reverse=True)
+    assert projected_efficiency(step, step, grads, 8, pcie) < projected_efficiency(step, step, grads, 8, nvlink) < 1
+    assert projected_efficiency(step, step, grads, 1, nvlink) == 1.0
+
+
+# PyTorch's DDP benchmark, benchmarks/distributed/ddp/README.md: 8 V100s (DGX-1, NVLink), batch 32 per GPU, fp32,
+# bucket_cap_mb 25. p50 seconds per iteration: without DDP, DDP on 1 GPU, DDP on 8 GPUs.
+PUBLISHED = {"resnet50": (0.097, 0.100, 0.104), "resnet101": (0.162, 0.171, 0.179),
+             "resnext50_32x4d": (0.145, 0.147, 0.157), "resnext101_32x8d": (0.415, 0.425, 0.447)}
+# DGX-1 V100: 6 NVLink 2 links of 25 GB/s per direction (NVIDIA Tesla V100 datasheet: 300 GB/s NVLink, both
+# directions), at NCCL's ~80 % protocol efficiency (nccl-tests#212): a 120 GB/s ring
+DGX1 = Fabric("NVLink", "DGX-1 V100", 120.0, 5.7, (8,), "")
+
+
+def published(name: str):
+    with torch.device("meta"):
+        grads = gradient_bytes(getattr(torchvision.models, name)())
+    single, ddp1, ddp8 = PUBLISHED[name]
+    return grads, single, ddp1, ddp8
+
+
+def test_the_lockstep_allowance_is_what_the_published_benchmark_says():
+    """The allowance is fitted to ResNet-101, ResNeXt-50 and ResNeXt-101 on 8 V100s (ResNet-50 held out)."""
+    gaps = []
+    for name in ("resnet101", "resnext50_32x4d", "resnext101_32x8d"):
+        grads, single, ddp1, ddp8 = published(name)
+        exposed = exposed_communication(single, ddp_buckets(grads), 8, DGX1)
+        gaps.append((ddp8 - ddp1 - exposed) / single)
+    assert SYNC_ALLOWANCE == pytest.approx(sum(gaps) / len(gaps), abs=0.001)
+
+
+def test_projection_matches_resnet50_on_8_v100s():
+    """The held-out check: measured 93.3 % (0.097 s / 0.104 s); the model must be within 2 points. Stated
+    tolerance: the published times are rounded to 1 ms (±0.5 % each), and the allowance varies by ±1 point
+    between the models it was fitted to."""
+    grads, single, ddp1, ddp8 = published("resnet50")
+    projected = projected_efficiency(single, ddp1, grads, 8, DGX1)
+    assert projected == pytest.approx(single / ddp8, abs=0.02)
+
+
+DGX1_TOPOLOGY = """\
+        GPU0    GPU1    GPU2    GPU3    GPU4    GPU5    GPU6    GPU7    mlx5_0  CPU Affinity
+GPU0     X      NV1     NV1     NV2     NV2     SYS     SYS     SYS     PIX     0-19,40-59
+GPU1    NV1      X      NV2     NV1     SYS     NV2     SYS     SYS     PIX     0-19,40-59
+GPU2    NV1     NV2      X      NV2     SYS     SYS     NV1     SYS     PHB     0-19,40-59
+GPU3    NV2     NV1     NV2      X      SYS     SYS     SYS     NV1     PHB     0-19,40-59
+GPU4    NV2     SYS     SYS     SYS      X      NV1     NV1     NV2     SYS     0-19,40-59
+GPU5    SYS     NV2     SYS     SYS     NV1      X      NV2     NV1     SYS     0-19,40-59
+GPU6    SYS     SYS     NV1     SYS     NV1     NV2      X      NV2     SYS     0-19,40-59
+GPU7    SYS     SYS     SYS     NV1     NV2     NV1     NV2      X      SYS     0-19,40-59
+"""
+
+
+def test_the_fabric_is_read_from_nvidia_smi_topo():
+    assert machine.fabric(DGX1_TOPOLOGY) == "NVLink"  # not every pair, but a ring closes over NVLink
+    pcie = "\n".join(line.replace("NV1", "PIX").replace("NV2", "SYS") for line in DGX1_TOPOLOGY.splitlines())
+    assert machine.fabric(pcie) == "PCIe"
+    pairs = "        GPU0    GPU1    GPU2\nGPU0     X      NV12    SYS\nGPU1    NV12     X      SYS\nGPU2    SYS  SYS  X\n"
+    assert machine.fabric(pairs) == "PCIe"
+    assert machine.fabric(None) is None and machine.fabric("GPU0     X      0-7\n") is None
