@@ -40,8 +40,9 @@ from comparison.matrix import (BACKENDS, MODES, Run, check_runs, command, dist_c
                                run_environment)
 from comparison.plots import write_plots  # noqa: E402
 from comparison.projection import gradient_bytes  # noqa: E402
-from comparison.report import (READING, TABLE_HEADER, Outcome, failures, fill_rows, fmt_seconds,  # noqa: E402
-                               environment_section, groups, projection_section, table_row, write_csv)
+from comparison.report import (READING, TABLE_HEADER, Outcome, environment_section, failures,  # noqa: E402
+                               fill_rows, fmt_seconds, groups, projection_inputs, projection_section, table_row,
+                               write_csv)
 from models.pyramidnet import pyramidnet  # noqa: E402
 
 # ------------------------------------------------------------------------------------------------------ config
@@ -188,6 +189,7 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
     grads = gradient_bytes(model_on_meta(config))
     bucket_cap_mb = next((o.results["config"].get("bucket_cap_mb") for o in ok if o.run.mode == "dist_parallel"),
                          25.0)
+    projection = projection_inputs(outcomes, grads, bucket_cap_mb)
     what = (f"`--benchmark`: synthetic data, {config['warmup_steps']} untimed then {config['benchmark_steps']} timed "
             f"steps per run" if not cc.epochs else f"training for {cc.epochs} epochs on {config['dataset']}")
     lines = [
@@ -214,14 +216,13 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
         "",
         "## Projection past this machine",
         "",
-        *projection_section(outcomes, grads, cuda, bucket_cap_mb, machine.fabric(topology)),
+        *projection_section(outcomes, projection, cuda, machine.fabric(topology)),
         "",
         "## Environment",
         "",
         *environment_section(env, topology),
     ]
     (out / "report.md").write_text("\n".join(lines) + "\n")
-    projection = projection_inputs(outcomes, grads, bucket_cap_mb)
     return [out / "report.md", out / "results.csv", *write_plots(outcomes, out, device, cuda, projection)]
 
 
@@ -233,22 +234,9 @@ def model_on_meta(config: dict) -> torch.nn.Module:
                           in_channels=data.channels, width_multiple=config["width_multiple"])
 
 
-def projection_inputs(outcomes: list[Outcome], grads: list[int], bucket_cap_mb: float) -> dict | None:
-    single = [o.row for o in outcomes if o.status == "ok" and o.run.mode == "single_gpu"]
-    if not single:
-        return None
-    step = [r["batch_time_p50_s"] for r in single if r["amp"] == single[0]["amp"]]
-    ddp1 = [o.row["batch_time_p50_s"] for o in outcomes if o.status == "ok" and o.run.mode == "dist_parallel"
-            and o.run.gpus == 1 and o.row["amp"] == single[0]["amp"] and not o.run.sync_bn]
-    step_s = sum(step) / len(step)
-    return {"step_s": step_s, "ddp_step_s": sum(ddp1) / len(ddp1) if ddp1 else step_s, "grads": grads,
-            "bucket_cap_mb": bucket_cap_mb}
-
-
 def device_name(env: dict, cuda: bool) -> str:
-    gpus = env.get("gpus") or []
-    if cuda and gpus:
-        return ", ".join(f"{gpus.count(n)}× {n}" for n in dict.fromkeys(gpus))
+    if cuda and env.get("gpus"):
+        return machine.gpu_summary(env)
     return f"CPU ({env.get('cpu')}, {env.get('cpu_count')} cores), no GPU"
 
 

@@ -8,6 +8,12 @@ import subprocess
 from common.telemetry import environment
 
 
+def gpu_summary(env: dict) -> str:
+    """'4× NVIDIA H100 80GB HBM3' from an environment() record; '' without GPUs."""
+    gpus = env.get("gpus") or []
+    return ", ".join(f"{gpus.count(name)}× {name}" for name in dict.fromkeys(gpus))
+
+
 def topology() -> str | None:
     """`nvidia-smi topo -m`: which GPUs are joined by NVLink (NV#) and which only by PCIe. None without a driver."""
     if not shutil.which("nvidia-smi"):
@@ -32,4 +38,4 @@ def fabric(topo: str | None) -> str | None:
     return "NVLink" if min(nvlink_peers) >= min(2, gpus - 1) else "PCIe"
 
 
-__all__ = ["environment", "topology", "fabric"]
+__all__ = ["environment", "gpu_summary", "topology", "fabric"]

@@ -6,6 +6,7 @@ backend) and the settings being compared (--amp, --sync_bn) differ. Each is star
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import sys
@@ -18,6 +19,7 @@ MODES = ("single_gpu", "data_parallel", "dist_parallel")
 BACKENDS = ("nccl", "gloo")
 
 
+@functools.cache
 def dist_config_class() -> type[Config]:
     """dist_parallel's config (Config plus its inline DDP flags), read from the script itself."""
     spec = importlib.util.spec_from_file_location("dist_parallel_train", REPO_ROOT / "dist_parallel" / "train.py")
@@ -45,8 +47,8 @@ class Run:
 
     @property
     def name(self) -> str:
-        parts = [f"{self.index:02d}", self.mode, f"{self.gpus}{self.unit}", self.backend, self.amp and f"amp_{self.amp}",
-                 self.sync_bn and "syncbn", f"r{self.repeat}"]
+        parts = [f"{self.index:02d}", self.mode, f"{self.gpus}{self.unit}", self.backend,
+                 self.amp and f"amp_{self.amp}", self.sync_bn and "syncbn", f"r{self.repeat}"]
         return "-".join(p for p in parts if p)
 
     def describe(self) -> str:

@@ -36,8 +36,8 @@ def draw(ax, lines: dict[str, dict[int, list[float]]]) -> None:
 
 
 def write_plots(outcomes, out: Path, device: str, cuda: bool, projection: dict | None) -> list[Path]:
-    """images_per_sec.png and scaling_efficiency.png in `out`; `projection` = {step_s, ddp_step_s, grads,
-    bucket_cap_mb} draws the projected efficiency per fabric."""
+    """images_per_sec.png and scaling_efficiency.png in `out`; `projection` (report.projection_inputs) draws the
+    projected efficiency per fabric."""
     paths, xlabel = [], "GPUs" if cuda else "CPU processes (one thread each)"
     fig, ax = plt.subplots(figsize=(7, 4.5))
     draw(ax, series(outcomes, "images_per_sec"))
@@ -50,8 +50,9 @@ def write_plots(outcomes, out: Path, device: str, cuda: bool, projection: dict |
     if projection:
         for fabric in FABRICS:
             counts = sorted({1, *fabric.gpu_counts}) if fabric.gpu_counts[0] <= 8 else list(fabric.gpu_counts)
-            values = [100 * projected_efficiency(projection["step_s"], projection["ddp_step_s"], projection["grads"],
-                                                 n, fabric, projection["bucket_cap_mb"]) for n in counts]
+            step, ddp_step = projection["step_s"], projection["ddp1_step_s"] or projection["step_s"]
+            values = [100 * projected_efficiency(step, ddp_step, projection["grads"], n, fabric,
+                                                 projection["bucket_cap_mb"]) for n in counts]
             ax.plot(counts, values, linestyle="--", alpha=0.7, label=f"projected DDP, {fabric.name}")
         ax.set_xscale("log", base=2)
     ax.axhline(100, color="grey", linewidth=0.8)

@@ -7,6 +7,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from comparison.environment import gpu_summary
 from comparison.matrix import Run
 from comparison.projection import FABRICS, PROJECTED_GPU_COUNTS, SYNC_ALLOWANCE, projected_efficiency
 
@@ -141,17 +142,26 @@ Every row trains the same model with the same seed; with `--batch_size` the glob
 (each GPU's share shrinks as GPUs are added), with `--batch_per_gpu` each GPU keeps its batch."""
 
 
-def projection_section(outcomes: list[Outcome], grads: list[int], cuda: bool, bucket_cap_mb: float,
-                       fabric_name: str | None) -> list[str]:
-    single = [o for o in outcomes if o.run.mode == "single_gpu" and o.status == "ok"]
+def projection_inputs(outcomes: list[Outcome], grads: list[int], bucket_cap_mb: float) -> dict | None:
+    """What the projection starts from: the mean single_gpu step (the first --amp's), the mean one-process DDP step
+    (None when not measured), the gradients' bytes and the bucket size. None without a successful single_gpu run."""
+    single = [o.row for o in outcomes if o.status == "ok" and o.run.mode == "single_gpu"]
     if not single:
-        return ["No single_gpu run succeeded, so there is no step time to project from."]
-    amp = single[0].row["amp"]
-    step = statistics.fmean(o.row["batch_time_p50_s"] for o in single if o.row["amp"] == amp)
-    batch = single[0].row["per_gpu_batch"]
+        return None
+    amp = single[0]["amp"]
     ddp1 = [o.row["batch_time_p50_s"] for o in outcomes if o.status == "ok" and o.run.mode == "dist_parallel"
             and o.run.gpus == 1 and o.row["amp"] == amp and not o.run.sync_bn]
-    ddp_step = statistics.fmean(ddp1) if ddp1 else step
+    return {"amp": amp, "batch": single[0]["per_gpu_batch"], "grads": grads, "bucket_cap_mb": bucket_cap_mb,
+            "step_s": statistics.fmean(r["batch_time_p50_s"] for r in single if r["amp"] == amp),
+            "ddp1_step_s": statistics.fmean(ddp1) if ddp1 else None}
+
+
+def projection_section(outcomes: list[Outcome], inputs: dict | None, cuda: bool, fabric_name: str | None) -> list[str]:
+    if inputs is None:
+        return ["No single_gpu run succeeded, so there is no step time to project from."]
+    amp, batch, grads, bucket_cap_mb = inputs["amp"], inputs["batch"], inputs["grads"], inputs["bucket_cap_mb"]
+    step, ddp1 = inputs["step_s"], inputs["ddp1_step_s"]
+    ddp_step = ddp1 or step
     gradient_mb = sum(grads) / 1e6
     lines = [
         "**A projection, not a measurement.** DDP's scaling efficiency past this machine, from the measured "
@@ -175,7 +185,8 @@ def projection_section(outcomes: list[Outcome], grads: list[int], cuda: bool, bu
     for fabric in FABRICS:
         cells = [f"{projected_efficiency(step, ddp_step, grads, n, fabric, bucket_cap_mb):.0%}"
                  if n in fabric.gpu_counts else "—" for n in PROJECTED_GPU_COUNTS]
-        lines.append(f"| {fabric.name}: {fabric.setup} | {fabric.bus_bandwidth_gbs:g} GB/s | " + " | ".join(cells) + " |")
+        lines.append(f"| {fabric.name}: {fabric.setup} | {fabric.bus_bandwidth_gbs:g} GB/s | "
+                     + " | ".join(cells) + " |")
     lines += ["", "Bus bandwidths assumed (nccl-tests' `busbw` of an all-reduce, large messages):"]
     lines += [f"- {fabric.name}: {fabric.source}" for fabric in FABRICS]
     measured = [o for o in outcomes if o.status == "ok" and o.run.mode == "dist_parallel" and o.run.gpus > 1
@@ -196,9 +207,8 @@ def projection_section(outcomes: list[Outcome], grads: list[int], cuda: bool, bu
 
 
 def environment_section(env: dict, topology: str | None) -> list[str]:
-    gpus = env.get("gpus") or []
-    names = ", ".join(f"{gpus.count(n)}× {n}" for n in dict.fromkeys(gpus)) or "none"
-    lines = [f"- GPUs: {names}", f"- driver {env.get('driver') or '—'}, CUDA {env.get('cuda') or '—'}, "
+    lines = [f"- GPUs: {gpu_summary(env) or 'none'}",
+             f"- driver {env.get('driver') or '—'}, CUDA {env.get('cuda') or '—'}, "
              f"cuDNN {env.get('cudnn') or '—'}, NCCL {env.get('nccl') or '—'}, torch {env.get('torch')}, "
              f"Python {env.get('python')}",
              f"- CPU: {env.get('cpu')}, {env.get('cpu_count')} cores; host {env.get('hostname')}", ""]

@@ -47,6 +47,21 @@ def read_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     return scalars
 
 
+@pytest.fixture
+def offline(monkeypatch):
+    """Any attempt to reach the network fails as it does without one (torchvision's download helpers)."""
+    import urllib.error
+
+    import torchvision.datasets.utils
+
+    def no_network(*args, **kwargs):
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(torchvision.datasets.utils, "_urlretrieve", no_network)
+    monkeypatch.setattr(torchvision.datasets.utils, "_get_redirect_url", no_network)
+    monkeypatch.setattr(torchvision.datasets.utils, "_is_remote_location_available", lambda: False, raising=False)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def one_thread():
     """In-process tests: tiny convolutions run ~100x faster on one intra-op thread than on two contended ones

@@ -219,6 +219,7 @@ def test_the_fabric_is_read_from_nvidia_smi_topo():
     assert machine.fabric(DGX1_TOPOLOGY) == "NVLink"  # not every pair, but a ring closes over NVLink
     pcie = "\n".join(line.replace("NV1", "PIX").replace("NV2", "SYS") for line in DGX1_TOPOLOGY.splitlines())
     assert machine.fabric(pcie) == "PCIe"
-    pairs = "        GPU0    GPU1    GPU2\nGPU0     X      NV12    SYS\nGPU1    NV12     X      SYS\nGPU2    SYS  SYS  X\n"
+    pairs = ("        GPU0    GPU1    GPU2\nGPU0     X      NV12    SYS\nGPU1    NV12     X      SYS\n"
+             "GPU2    SYS     SYS      X\n")
     assert machine.fabric(pairs) == "PCIe"
     assert machine.fabric(None) is None and machine.fabric("GPU0     X      0-7\n") is None

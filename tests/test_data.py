@@ -363,17 +363,6 @@ def use_checksums(monkeypatch, checksums: dict) -> None:
                                         "md5": checksums["batches.meta"]})
 
 
-@pytest.fixture
-def offline(monkeypatch):
-    """Any attempt to reach the network fails as it does without one."""
-    def no_network(*args, **kwargs):
-        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
-
-    monkeypatch.setattr(torchvision.datasets.utils, "_urlretrieve", no_network)
-    monkeypatch.setattr(torchvision.datasets.utils, "_get_redirect_url", no_network)
-    monkeypatch.setattr(torchvision.datasets.utils, "_is_remote_location_available", lambda: False, raising=False)
-
-
 def test_cifar10_is_read_from_its_python_batches(tmp_path, monkeypatch, offline):
     written = write_cifar10(tmp_path)
     use_checksums(monkeypatch, written["md5"])

@@ -6,9 +6,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import hashlib
-import json
 import struct
-import urllib.error
 
 import numpy as np
 import pytest
@@ -74,16 +72,6 @@ def write_mnist(data_dir, train: int = 64, test: int = 16, compress: bool = Fals
 def mnist_dir(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("mnist")
     return data_dir, write_mnist(data_dir)
-
-
-@pytest.fixture
-def offline(monkeypatch):
-    """Any attempt to reach the network fails as it does without one."""
-    def no_network_here(*args, **kwargs):
-        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
-
-    monkeypatch.setattr(torchvision.datasets.utils, "_urlretrieve", no_network_here)
-    monkeypatch.setattr(torchvision.datasets.utils, "_get_redirect_url", no_network_here)
 
 
 def unnormalise(images: torch.Tensor) -> np.ndarray:
