@@ -163,12 +163,34 @@ def _as_saved(value):
 def restore(state: dict, run, rank: int) -> None:
     """Everything of `state` into `run`: weights, optimizer, schedule, scaler, position, this rank's RNG."""
     run.raw_model.load_state_dict(state["model"])
-    run.optimizer.load_state_dict(state["optimizer"])
+    load_optimizer_state(run.optimizer, state["optimizer"])
     run.scheduler.load_state_dict(state["scheduler"])
     run.scaler.load_state_dict(state["scaler"])
     run.epoch, run.batch, run.step, run.best_acc = state["epoch"], state["batch"], state["step"], state["best_acc"]
     rng = state["rng"]
     set_rng_state(rng[rank] if rank < len(rng) else rng[0])
+
+
+# How an optimizer computes, as opposed to what it has learnt: these stay as this run built them. A checkpoint
+# written on the CPU holds `fused: None`; loaded as it is on a GPU it would turn fused SGD off, and under fp16 the
+# GradScaler (which decided at construction that this SGD takes its scale) would then hand `grad_scale` to the
+# unfused SGD, which refuses it.
+IMPLEMENTATION = ("fused", "foreach", "differentiable", "capturable")
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None:
+    """`optimizer.load_state_dict(saved)`, except that the optimizer stays the kind this run built (fused or not)
+    and every state tensor is laid out like its parameter. load_state_dict keeps the saved tensors' strides, so a
+    momentum buffer written under the other --channels_last would be NCHW beside an NHWC parameter, which CUDA's
+    fused SGD refuses at the first step."""
+    built = [{key: group[key] for key in IMPLEMENTATION if key in group} for group in optimizer.param_groups]
+    optimizer.load_state_dict(saved)
+    for group, implementation in zip(optimizer.param_groups, built):
+        group.update(implementation)
+    for param, state in optimizer.state.items():
+        for key, value in state.items():
+            if torch.is_tensor(value) and value.shape == param.shape and value.stride() != param.stride():
+                state[key] = torch.empty_like(param, dtype=value.dtype).copy_(value)
 
 
 # ---------------------------------------------------------------------------------------------------- signals

@@ -1,7 +1,8 @@
 """Nothing is lost and nothing hangs, on the CPU with gloo, every launch as a user makes it:
 
 1. single_gpu and 2-process dist_parallel stopped after k steps and resumed end bit-identical to an uninterrupted
-   run;
+   run; the restored optimizer is the one the resuming run built (fused or not), its buffers laid out like the
+   parameters, whatever the memory format and device of the run that wrote the checkpoint;
 2. torchrun --max-restarts 1 with 2 workers, one killed with SIGKILL after the first checkpoint: the group restarts,
    resumes from the checkpoint by itself, and ends bit-identical to the uninterrupted run;
 3. SIGTERM to a running 2-process job: a checkpoint, no worker left, and --resume auto finishes it (bit-identical);
@@ -22,10 +23,12 @@ import numpy as np
 import pytest
 import torch
 
-from common.checkpoint import LAST, load_checkpoint, rng_state, set_rng_state, write_checkpoint
+from common.checkpoint import (LAST, load_checkpoint, load_optimizer_state, rng_state, set_rng_state,
+                               write_checkpoint)
 from common.config import Config, UsageError, parse_config
 from common.data import ShuffleSampler, load_datasets, make_loader
 from conftest import REPO, TINY, read_results, run_script
+from models import pyramidnet
 
 SINGLE, DIST = "single_gpu/train.py", "dist_parallel/train.py"
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
@@ -190,6 +193,37 @@ def test_gpu_loader_skip_keeps_the_augmentation_stream():
     loader.set_epoch(1, skip=5)
     rest = list(loader)
     assert all(torch.equal(a[0], b[0]) for a, b in zip(whole[5:], rest)) and len(rest) == 3
+
+
+def sgd_after_one_step(channels_last: bool, fused: bool | None):
+    """PyramidNet-8 in the given memory format and its SGD after one step, so every momentum buffer exists."""
+    torch.manual_seed(0)
+    model = pyramidnet(8, 12).to(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4, nesterov=True,
+                                fused=fused)
+    images = torch.randn(4, 3, 32, 32).contiguous(memory_format=torch.channels_last if channels_last else
+                                                  torch.contiguous_format)
+    torch.nn.functional.cross_entropy(model(images), torch.arange(4)).backward()
+    optimizer.step()
+    return model, optimizer
+
+
+@pytest.mark.parametrize("saved_channels_last", [False, True])
+@pytest.mark.parametrize("saved_fused, resumed_fused", [(None, True), (True, None)])
+def test_resumed_optimizer_is_the_one_this_run_built(saved_channels_last, saved_fused, resumed_fused):
+    """A checkpoint from a CPU run (fused None) resumed on a GPU (fused SGD), or the reverse, under the other
+    --channels_last: the optimizer keeps this run's implementation, each buffer takes its parameter's strides (CUDA's
+    fused SGD refuses anything else) and keeps the saved values."""
+    _, saved = sgd_after_one_step(saved_channels_last, saved_fused)
+    model, optimizer = sgd_after_one_step(not saved_channels_last, resumed_fused)
+    load_optimizer_state(optimizer, saved.state_dict())
+    assert [group["fused"] for group in optimizer.param_groups] == [resumed_fused]
+    saved_buffers = [saved.state[p]["momentum_buffer"] for p in saved.param_groups[0]["params"]]
+    for param, saved_buffer in zip(model.parameters(), saved_buffers, strict=True):
+        buffer = optimizer.state[param]["momentum_buffer"]
+        assert buffer.stride() == param.stride()
+        assert torch.equal(buffer, saved_buffer)
+    assert optimizer.param_groups[0]["lr"] == 0.1 and optimizer.param_groups[0]["momentum"] == 0.9
 
 
 # ---------------------------------------------------------------------------------------------------- 2. elastic
