@@ -40,9 +40,9 @@ from comparison.matrix import (BACKENDS, MODES, Run, check_runs, command, dist_c
                                run_environment)
 from comparison.plots import write_plots  # noqa: E402
 from comparison.projection import gradient_bytes  # noqa: E402
-from comparison.report import (READING, TABLE_HEADER, Outcome, environment_section, failures,  # noqa: E402
-                               fill_rows, fmt_seconds, groups, projection_inputs, projection_section, table_row,
-                               write_csv)
+from comparison.report import (READING, TABLE_HEADER, Outcome, environment_section, fabric_of_runs,  # noqa: E402
+                               failures, fill_rows, fmt_seconds, groups, projection_inputs, projection_section,
+                               table_row, write_csv)
 from models.pyramidnet import pyramidnet  # noqa: E402
 
 # ------------------------------------------------------------------------------------------------------ config
@@ -216,7 +216,7 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
         "",
         "## Projection past this machine",
         "",
-        *projection_section(outcomes, projection, cuda, machine.fabric(topology)),
+        *projection_section(outcomes, projection, cuda, fabric_of_runs(outcomes, topology)),
         "",
         "## Environment",
         "",

@@ -107,12 +107,17 @@ def run_environment(run: Run, cuda: bool) -> dict:
 
 def check_runs(runs: list[Run], shared: list[str], dist_only: list[str]) -> None:
     """Refuse, before anything starts, a matrix that some run would refuse: the flags each script would get
-    must parse, and the global batch must divide over every GPU count."""
+    must parse, the global batch must divide over every GPU count, and DataParallel on several GPUs is not
+    compiled (the report would call compiled what ran eager)."""
     dist_class = dist_config_class()
     for run in runs:
         if run.mode != "single_gpu" and run.batch_size % run.gpus:
             raise UsageError(f"--batch_size {run.batch_size} does not divide over {run.gpus} GPUs ({run.mode}): "
                              f"give a batch that every --gpu_counts value divides")
+        if run.mode == "data_parallel" and run.gpus > 1 and run.unit == "gpu" and "--compile" in shared:
+            raise UsageError(f"--compile with data_parallel on {run.gpus} GPUs would compile nothing (TorchDynamo "
+                             f"does not trace DataParallel's replica threads): leave out --compile, or data_parallel "
+                             f"(--modes single_gpu dist_parallel)")
         extra = ["--amp", run.amp] if run.amp else []
         extra += ["--batch_size", str(run.batch_size)]
         if run.mode == "dist_parallel":

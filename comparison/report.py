@@ -7,6 +7,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from comparison import environment as machine
 from comparison.environment import gpu_summary
 from comparison.matrix import Run
 from comparison.projection import FABRICS, PROJECTED_GPU_COUNTS, SYNC_ALLOWANCE, projected_efficiency
@@ -142,18 +143,33 @@ Every row trains the same model with the same seed; with `--batch_size` the glob
 (each GPU's share shrinks as GPUs are added), with `--batch_per_gpu` each GPU keeps its batch."""
 
 
+def modelled_backend(run: Run) -> bool:
+    """Whether a dist_parallel run's backend is the one the projection models: on GPUs NCCL only, as Gloo stages
+    every bucket through host memory (even in one process); without GPUs Gloo, the only backend there."""
+    return run.unit != "gpu" or run.backend == "nccl"
+
+
 def projection_inputs(outcomes: list[Outcome], grads: list[int], bucket_cap_mb: float) -> dict | None:
     """What the projection starts from: the mean single_gpu step (the first --amp's), the mean one-process DDP step
-    (None when not measured), the gradients' bytes and the bucket size. None without a successful single_gpu run."""
+    of the modelled backend (None when not measured), the gradients' bytes and the bucket size. None without a
+    successful single_gpu run."""
     single = [o.row for o in outcomes if o.status == "ok" and o.run.mode == "single_gpu"]
     if not single:
         return None
     amp = single[0]["amp"]
     ddp1 = [o.row["batch_time_p50_s"] for o in outcomes if o.status == "ok" and o.run.mode == "dist_parallel"
-            and o.run.gpus == 1 and o.row["amp"] == amp and not o.run.sync_bn]
+            and o.run.gpus == 1 and o.row["amp"] == amp and not o.run.sync_bn and modelled_backend(o.run)]
     return {"amp": amp, "batch": single[0]["per_gpu_batch"], "grads": grads, "bucket_cap_mb": bucket_cap_mb,
             "step_s": statistics.fmean(r["batch_time_p50_s"] for r in single if r["amp"] == amp),
             "ddp1_step_s": statistics.fmean(ddp1) if ddp1 else None}
+
+
+def fabric_of_runs(outcomes: list[Outcome], topology: str | None) -> str | None:
+    """The fabric under the measured DDP runs: of the GPUs the runs with the most GPUs used (the first N visible),
+    not of every GPU in the node. None when unknown (see environment.fabric)."""
+    counts = [o.run.gpus for o in outcomes if o.status == "ok" and o.run.mode == "dist_parallel"
+              and o.run.unit == "gpu" and modelled_backend(o.run)]
+    return machine.fabric(topology, max(counts)) if counts else None
 
 
 def projection_section(outcomes: list[Outcome], inputs: dict | None, cuda: bool, fabric_name: str | None) -> list[str]:
@@ -171,7 +187,8 @@ def projection_section(outcomes: list[Outcome], inputs: dict | None, cuda: bool,
         "scaling). "
         + ("DDP's own overhead comes from the measured one-process dist_parallel step "
            f"({ddp_step * 1000:.1f} ms). " if ddp1 else
-           "DDP's own one-process overhead was not measured (add `--gpu_counts 1 ...` to include it). ")
+           "DDP's own one-process overhead was not measured (add `--gpu_counts 1 ...`"
+           + (" with the nccl backend" if cuda else "") + " to include it). ")
         + f"An allowance of {SYNC_ALLOWANCE:.1%} of the step for keeping ranks in lock-step is fitted to "
         "PyTorch's published DDP benchmark; the model is checked against its ResNet-50 result on 8 V100s "
         "(93 %, NVLink). The model is in `comparison/projection.py`.",
@@ -190,10 +207,12 @@ def projection_section(outcomes: list[Outcome], inputs: dict | None, cuda: bool,
     lines += ["", "Bus bandwidths assumed (nccl-tests' `busbw` of an all-reduce, large messages):"]
     lines += [f"- {fabric.name}: {fabric.source}" for fabric in FABRICS]
     measured = [o for o in outcomes if o.status == "ok" and o.run.mode == "dist_parallel" and o.run.gpus > 1
-                and o.row["amp"] == amp and o.row["scaling_efficiency"] is not None]
+                and o.row["amp"] == amp and o.row["scaling_efficiency"] is not None and modelled_backend(o.run)]
     if measured and cuda:
         fabric = next(f for f in FABRICS if f.name == (fabric_name or "PCIe"))
-        lines += ["", f"Measured on this machine beside the projection for its fabric ({fabric.name}):", "",
+        known = (f"its fabric ({fabric.name})" if fabric_name else "PCIe, as `nvidia-smi topo -m` could not be "
+                 "matched to the GPUs used, so their fabric is not known")
+        lines += ["", f"The NCCL runs measured on this machine beside the projection for {known}:", "",
                   "| run | GPUs | per-GPU batch | measured efficiency | projected |", "|---|---|---|---|---|"]
         for o in measured:
             projected = projected_efficiency(step, ddp_step, grads, o.run.gpus, fabric, bucket_cap_mb)

@@ -18,9 +18,12 @@ import torchvision
 from conftest import REPO, run_script
 
 import compare
+from common.config import UsageError
 from comparison import environment as machine
+from comparison.matrix import Run, check_runs, plan
 from comparison.projection import (FABRICS, SYNC_ALLOWANCE, Fabric, ddp_buckets, exposed_communication,
                                    gradient_bytes, projected_efficiency, ring_allreduce_seconds)
+from comparison.report import Outcome, fabric_of_runs, fill_rows, projection_inputs, projection_section
 
 # A third configuration (3 gloo processes) is made to fail mid-run from outside, by a sitecustomize module that
 # every Python process on PYTHONPATH imports: rank 1 of a 3-process group raises in its second loss computation.
@@ -125,6 +128,17 @@ def test_a_matrix_that_cannot_run_is_refused_before_anything_starts(argv, messag
     assert not out.exists()
 
 
+def test_compiled_data_parallel_on_several_gpus_is_refused():
+    """TorchDynamo does not trace DataParallel's replica threads: on 2 GPUs `--compile` would compile nothing and
+    the report would say compiled. On one GPU (DataParallel calls the module itself) it is compiled, and allowed."""
+    runs = plan(("data_parallel",), (1, 2), ("nccl",), (None,), (False,), 1, cuda=True, batch_size=32,
+                batch_per_gpu=None)
+    check_runs(runs[:1], ["--compile"], [])
+    with pytest.raises(UsageError, match="--compile with data_parallel on 2 GPUs would compile nothing"):
+        check_runs(runs, ["--compile"], [])
+    check_runs(runs, [], [])
+
+
 def test_an_earlier_comparison_is_never_overwritten(tmp_path, capsys):
     (tmp_path / "report.md").write_text("earlier")
     with pytest.raises(SystemExit):
@@ -216,10 +230,90 @@ GPU7    SYS     SYS     SYS     NV1     NV2     NV1     NV2      X      SYS     
 
 
 def test_the_fabric_is_read_from_nvidia_smi_topo():
-    assert machine.fabric(DGX1_TOPOLOGY) == "NVLink"  # not every pair, but a ring closes over NVLink
+    fabric = lambda topo: machine.fabric(topo, env={})  # noqa: E731  every GPU visible
+    assert fabric(DGX1_TOPOLOGY) == "NVLink"  # not every pair, but a ring closes over NVLink
     pcie = "\n".join(line.replace("NV1", "PIX").replace("NV2", "SYS") for line in DGX1_TOPOLOGY.splitlines())
-    assert machine.fabric(pcie) == "PCIe"
+    assert fabric(pcie) == "PCIe"
     pairs = ("        GPU0    GPU1    GPU2\nGPU0     X      NV12    SYS\nGPU1    NV12     X      SYS\n"
              "GPU2    SYS     SYS      X\n")
-    assert machine.fabric(pairs) == "PCIe"
-    assert machine.fabric(None) is None and machine.fabric("GPU0     X      0-7\n") is None
+    assert fabric(pairs) == "PCIe"
+    assert fabric(None) is None and fabric("GPU0     X      0-7\n") is None
+
+
+def ddp_outcomes(unit: str, gloo_step_s: float) -> list:
+    """A GPU (or CPU) comparison's outcomes: single_gpu at 100 ms, one-process DDP at 102 ms on NCCL and
+    `gloo_step_s` on Gloo, and two-GPU DDP on each backend."""
+    settings = [("single_gpu", 1, None, 0.100), ("dist_parallel", 1, "nccl", 0.102),
+                ("dist_parallel", 1, "gloo", gloo_step_s), ("dist_parallel", 2, "nccl", 0.110),
+                ("dist_parallel", 2, "gloo", 0.300)]
+    outcomes = []
+    for index, (mode, gpus, backend, step_s) in enumerate(settings, 1):
+        if unit == "cpu" and backend == "nccl":
+            continue
+        run = Run(mode, gpus, backend, None, False, 64 * gpus, 1, index, unit)
+        results = {"summary": {"images_per_sec": 64 * gpus / step_s, "batch_time_p50": step_s},
+                   "config": {"batch_size": 64 * gpus, "amp": "bf16"}}
+        outcomes.append(Outcome(run, "ok", results=results))
+    fill_rows(outcomes, REPO)
+    return outcomes
+
+
+def test_the_projection_on_gpus_starts_from_nccl_runs_only():
+    """Gloo stages every bucket through host memory even in one process: its step is not the NCCL model's."""
+    grads = [4_000_000] * 10
+    outcomes = ddp_outcomes("gpu", gloo_step_s=0.150)
+    inputs = projection_inputs(outcomes, grads, 25.0)
+    assert inputs["step_s"] == pytest.approx(0.100) and inputs["ddp1_step_s"] == pytest.approx(0.102)
+    report = "\n".join(projection_section(outcomes, inputs, True, "NVLink"))
+    assert "one-process dist_parallel step (102.0 ms)" in report
+    measured = [line for line in report.splitlines() if "dist_parallel-2gpu" in line]
+    assert len(measured) == 1 and "-nccl-" in measured[0]
+    # without GPUs every run is Gloo, and Gloo's one-process step is the one there is
+    cpu = ddp_outcomes("cpu", gloo_step_s=0.150)
+    assert projection_inputs(cpu, grads, 25.0)["ddp1_step_s"] == pytest.approx(0.150)
+
+
+# GPUs 0 and 1 joined by NVLink, 2 and 3 only by PCIe; the header as nvidia-smi prints it, underlined
+FOUR_GPUS = """\
+\t\x1b[4mGPU0\tGPU1\tGPU2\tGPU3\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m
+GPU0\t X \tNV18\tPXB\tPXB\t0-31\t0\t\tN/A
+GPU1\tNV18\t X \tPXB\tPXB\t0-31\t0\t\tN/A
+GPU2\tPXB\tPXB\t X \tPIX\t0-31\t0\t\tN/A
+GPU3\tPXB\tPXB\tPIX\t X \t0-31\t0\t\tN/A
+"""
+
+
+def test_the_fabric_is_judged_on_the_gpus_the_runs_used():
+    visible = lambda devices: {"CUDA_VISIBLE_DEVICES": devices}  # noqa: E731
+    assert machine.fabric(FOUR_GPUS, 2, env={}) == "NVLink"
+    assert machine.fabric(FOUR_GPUS, 4, env={}) == machine.fabric(FOUR_GPUS, env={}) == "PCIe"
+    assert machine.fabric(FOUR_GPUS, 2, env=visible("2,3")) == "PCIe"
+    assert machine.fabric(FOUR_GPUS, 2, env=visible("1,0,2")) == "NVLink"
+    # UUIDs (or a unique start of one, as CUDA takes them), mapped through nvidia-smi's index
+    uuids = {"GPU-8932f937-d72c": 2, "GPU-8932aa00-0001": 3, "GPU-1b2c3d4e-aaaa": 0, "GPU-77aa0b1c-bbbb": 1}
+    assert machine.fabric(FOUR_GPUS, 2, env=visible("GPU-1b2c,GPU-77aa0b1c-bbbb"), uuids=uuids) == "NVLink"
+    assert machine.fabric(FOUR_GPUS, 2, env=visible("GPU-8932f,GPU-8932a"), uuids=uuids) == "PCIe"
+    # what cannot be mapped is not guessed: an ambiguous start, a MIG instance, a GPU beyond the matrix
+    for devices in ("GPU-8932,GPU-1b2c", "MIG-4f2a9c1e-0000-1111", "0,7"):
+        assert machine.fabric(FOUR_GPUS, 2, env=visible(devices), uuids=uuids) is None, devices
+    assert machine.fabric(FOUR_GPUS, 2, env=visible("")) is None  # no GPU visible
+
+
+def test_the_report_judges_the_fabric_of_its_largest_nccl_run(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert fabric_of_runs(ddp_outcomes("gpu", gloo_step_s=0.150), FOUR_GPUS) == "NVLink"  # 2 GPUs: 0 and 1
+    assert fabric_of_runs(ddp_outcomes("cpu", gloo_step_s=0.150), None) is None
+    outcomes = ddp_outcomes("gpu", gloo_step_s=0.150)
+    inputs = projection_inputs(outcomes, [4_000_000] * 10, 25.0)
+    unknown = "\n".join(projection_section(outcomes, inputs, True, None))
+    assert "could not be matched to the GPUs used, so their fabric is not known" in unknown
+
+
+def test_the_topology_in_the_report_has_no_terminal_escape_codes(monkeypatch):
+    monkeypatch.setattr(machine.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    monkeypatch.setattr(machine.subprocess, "run",
+                        lambda argv, **kwargs: machine.subprocess.CompletedProcess(argv, 0, FOUR_GPUS, ""))
+    topology = machine.topology()
+    assert "\x1b" not in topology and topology.startswith("\tGPU0\tGPU1\tGPU2\tGPU3\tCPU Affinity\t")
+    section = "\n".join(compare.environment_section({"torch": torch.__version__}, topology))
+    assert "\x1b" not in section and "GPU3\tPXB\tPXB\tPIX\t X " in section
