@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 
 import torch
 
@@ -20,21 +21,25 @@ AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 # Dense (no sparsity) peak tensor throughput in TFLOP/s, per GPU, by the dtype a run computes in. A run with
 # --amp off computes its convolutions in TF32 (cuDNN's default, kept here). GeForce figures are those with FP32
-# accumulation, which autocast uses. The first key found in the device name wins, so the specific names come first.
-# Sources: NVIDIA H100 Tensor Core GPU datasheet (SXM, PCIe and NVL columns); NVIDIA H200 datasheet; NVIDIA A100
-# datasheet; NVIDIA L40S datasheet; NVIDIA Ada GPU architecture whitepaper, appendix A (RTX 4090); NVIDIA Ampere
-# GA102 GPU architecture whitepaper, appendix A (RTX 3090). Datasheets quote "with sparsity": halved here.
+# accumulation, which autocast uses. A key matches whole words of torch.cuda.get_device_name() in any case ("H200"
+# is not in "GH200"; "H100 PCIe" is in "H100 PCIE"); the first key found wins, so the specific names come first.
+# Sources: NVIDIA H100 Tensor Core GPU datasheet (SXM, PCIe and NVL columns); NVIDIA H200 datasheet; NVIDIA GH200
+# Grace Hopper Superchip datasheet (its GPU: H100/H200 SXM-class peaks); NVIDIA A100 datasheet; NVIDIA L40S
+# datasheet; NVIDIA Ada GPU architecture whitepaper, appendix A (RTX 4090); NVIDIA Ampere GA102 GPU architecture
+# whitepaper, appendix A (RTX 3090). Datasheets quote "with sparsity": halved here.
 GPU_PEAK_TFLOPS = {
     "H100 PCIe": {"bf16": 756.5, "fp16": 756.5, "tf32": 378.0, "fp32": 51.2},
     "H100 NVL": {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0},
-    "H100": {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9},  # SXM5
+    "H100": {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9},  # SXM5: "NVIDIA H100 80GB HBM3"
     "H200 NVL": {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0},
     "H200": {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9},  # SXM
+    "GH200": {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9},  # Grace Hopper: "NVIDIA GH200 480GB"
     "A100": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},  # SXM4 and PCIe, 40 and 80 GB
     "L40S": {"bf16": 362.05, "fp16": 362.05, "tf32": 183.0, "fp32": 91.6},
     "RTX 4090": {"bf16": 165.2, "fp16": 165.2, "tf32": 82.6, "fp32": 82.6},
     "RTX 3090": {"bf16": 71.0, "fp16": 71.0, "tf32": 35.6, "fp32": 35.6},
 }
+MIG_NOTE = "MIG slice: a fraction of the chip, whose peak is not known"
 
 
 def resolve_fast_path(cfg: Config, device: torch.device) -> Config:
@@ -63,6 +68,23 @@ def autocast(cfg: Config, device: torch.device):
     return torch.autocast(device.type, dtype=AMP_DTYPES[cfg.amp])
 
 
+class AutocastForward(torch.nn.Module):
+    """`module` whose forward runs under the run's autocast, for a forward that runs in a thread of its own.
+    Autocast's state is thread-local, and nn.DataParallel runs each replica in a new thread under
+    `torch.autocast(device_type, enabled=...)`, passing on/off but not the dtype: the replicas would compute in
+    CUDA's default, fp16, with no loss scaling, while the run asked for bf16. Autocast inside the replicated
+    forward is the pattern of PyTorch's AMP notes ("DataParallel in a single process"). It holds no weights of
+    its own: `module` is still the one saved and evaluated."""
+
+    def __init__(self, module: torch.nn.Module, cfg: Config):
+        super().__init__()
+        self.module, self.cfg = module, cfg
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        with autocast(self.cfg, images.device):
+            return self.module(images)
+
+
 def grad_scaler(cfg: Config, device: torch.device) -> torch.amp.GradScaler:
     """Loss scaling for fp16, whose small range underflows gradients; a pass-through for bf16 and fp32."""
     return torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16")
@@ -85,13 +107,37 @@ def flops_per_image(cfg: Config) -> int:
     return counter.get_total_flops() // batch
 
 
-def peak_tflops(device: torch.device, amp: str) -> float | None:
-    """The GPU's dense peak for the dtype in use, or None on the CPU and on GPUs missing from the table."""
+def table_peaks(name: str) -> dict[str, float] | None:
+    """The first GPU_PEAK_TFLOPS entry whose key is in `name` as whole words, in any case."""
+    words = lambda key: rf"(?<![a-z0-9]){re.escape(key)}(?![a-z0-9])"  # noqa: E731  "H200" not in "GH200"
+    return next((peaks for key, peaks in GPU_PEAK_TFLOPS.items() if re.search(words(key), name, re.IGNORECASE)),
+                None)
+
+
+def is_mig(device: torch.device) -> bool:
+    """Whether `device` is a MIG instance: its name says "MIG" ("NVIDIA A100-SXM4-40GB MIG 1g.5gb"), or, where a
+    driver leaves the name alone, its UUID starts with "MIG-"."""
+    if re.search(r"\bMIG\b", torch.cuda.get_device_name(device)):
+        return True
+    return str(torch.cuda.get_device_properties(device).uuid).startswith("MIG-")
+
+
+def no_peak_reason(device: torch.device) -> str | None:
+    """Why `device` has no peak to compute MFU against, for results.json; None when it has one."""
     if device.type != "cuda":
-        return None
+        return "CPU: MFU is measured against a GPU's peak"
+    if is_mig(device):
+        return MIG_NOTE  # the table holds whole chips; a slice has a share of the SMs, not a known share of peak
     name = torch.cuda.get_device_name(device)
+    return None if table_peaks(name) is not None else f"GPU not in the peak table: {name}"
+
+
+def peak_tflops(device: torch.device, amp: str) -> float | None:
+    """The GPU's dense peak for the dtype in use, or None where no_peak_reason gives a reason."""
+    if no_peak_reason(device):
+        return None
     dtype = amp if amp != "off" else ("tf32" if torch.backends.cudnn.allow_tf32 else "fp32")
-    return next((peaks[dtype] for key, peaks in GPU_PEAK_TFLOPS.items() if key in name), None)
+    return table_peaks(torch.cuda.get_device_name(device))[dtype]
 
 
 def mfu(images_per_sec_per_gpu: float | None, flops: int, peak: float | None) -> float | None:
@@ -103,17 +149,19 @@ def mfu(images_per_sec_per_gpu: float | None, flops: int, peak: float | None) ->
 
 def speed_summary(cfg: Config, totals, timer, device: torch.device, devices: int) -> dict:
     """The run's speed figures for results.json, from its timed log windows (`totals`, a Sums) and its step timer.
-    `devices` is how many GPUs (or CPUs) the global batch is split over."""
+    `devices` is how many GPUs (or CPUs) the global batch is split over. `mfu_note` says why MFU is None."""
     rate = totals.images_per_sec(cfg.batch_size)
     per_device = rate / devices if rate is not None else None
     flops = flops_per_image(cfg)
     p50, p90 = timer.percentiles()
     first = timer.first_step_seconds
+    utilisation = mfu(per_device, flops, peak_tflops(device, cfg.amp))
     return {
         "images_per_sec": rate, "images_per_sec_per_gpu": per_device, "batch_time_p50": p50, "batch_time_p90": p90,
         "data_wait_frac": totals.data_frac, "flops_per_image": flops,
-        "mfu": mfu(per_device, flops, peak_tflops(device, cfg.amp)), "first_step_s": first,
-        "compile_time_s": first - (p50 or 0.0) if cfg.compile and first is not None else None}
+        "mfu": utilisation, "first_step_s": first,
+        "compile_time_s": first - (p50 or 0.0) if cfg.compile and first is not None else None,
+        "mfu_note": None if utilisation is not None else no_peak_reason(device) or "no timed steps"}
 
 
 def describe_fast_path(cfg: Config) -> str:

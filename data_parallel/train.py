@@ -33,6 +33,7 @@ from common.metrics import StepTimer, Sums, TrainMeter, check_loss, evaluation_s
 from common.optim import build_optimizer, describe_lr, lr_schedule
 from common.performance import (autocast, describe_fast_path, grad_scaler, memory_format, resolve_fast_path,
                                 speed_summary)
+from common.performance import AutocastForward  # DataParallel's replica threads need autocast inside the forward
 from common.telemetry import GpuTelemetry, peak_memory_gb
 from models import pyramidnet
 
@@ -48,6 +49,9 @@ def get_config(argv=None) -> Config:
 def setup(cfg: Config):
     """The device to train on, and the CUDA ids it uses ([] on the CPU)."""
     gpus = cuda_devices(cfg.gpu_devices, default_all=True)  # DataParallel: every visible GPU unless told
+    if cfg.compile and len(gpus) > 1:  # TorchDynamo does not trace the replica threads: nothing would be compiled
+        raise UsageError(f"--compile with DataParallel on {len(gpus)} GPUs would compile nothing (TorchDynamo "
+                         f"does not trace DataParallel's replica threads): leave it out, or use dist_parallel")
     if gpus:
         torch.cuda.set_device(gpus[0])
     else:
@@ -79,7 +83,8 @@ def get_model(cfg: Config, device: torch.device, gpus: list[int]):
     raw_model = pyramidnet(cfg.depth, cfg.alpha, cfg.block, num_classes=data.classes, in_channels=data.channels,
                            width_multiple=cfg.width_multiple)
     raw_model = raw_model.to(device, memory_format=memory_format(cfg))
-    model = nn.DataParallel(raw_model, device_ids=gpus or None)  # splits each global batch over the GPUs
+    # splits each global batch over the GPUs; each replica's thread enters the run's autocast itself
+    model = nn.DataParallel(AutocastForward(raw_model, cfg), device_ids=gpus or None)
     if cfg.compile:  # compiled in the first step; raw_model (evaluation, saving) stays eager
         model = torch.compile(model)
     return model, raw_model

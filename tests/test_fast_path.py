@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -102,6 +103,32 @@ def test_autocast_computes_the_forward_pass_in_the_chosen_dtype():
             assert layer(torch.randn(2, 4)).dtype == dtype
 
 
+@pytest.mark.parametrize("amp, dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_data_parallel_replicas_compute_in_the_requested_dtype(amp, dtype):
+    """On several GPUs, DataParallel's parallel_apply calls each replica in a new thread under
+    `torch.autocast(device, enabled=True)`, without the dtype: a fresh thread's own default (fp16 on CUDA, bf16 on
+    the CPU) would win over the run's --amp. Here the replicated module is called that way from a fresh thread,
+    on the CPU, whose default is bf16, so fp16 shows the defect; bf16 on CUDA is the same case. The saved and
+    evaluated model stays the plain PyramidNet."""
+    import threading
+
+    import data_parallel.train as data_parallel
+
+    cfg = dataclasses.replace(parse_config(Config, TINY), amp=amp)
+    model, raw_model = data_parallel.get_model(cfg, CPU, gpus=[])
+    replica, computed = model.module, []  # what DataParallel replicates onto each GPU
+
+    def replica_thread():
+        with torch.autocast("cpu", enabled=True):  # as parallel_apply enters it: on/off only
+            computed.append(replica(torch.randn(2, 3, 32, 32)).dtype)
+
+    thread = threading.Thread(target=replica_thread)
+    thread.start()
+    thread.join()
+    assert computed == [dtype]
+    assert set(raw_model.state_dict()) == set(pyramidnet(8, 12).state_dict())  # no wrapper in the saved keys
+
+
 def test_grad_scaler_scales_only_fp16():
     assert grad_scaler(dataclasses.replace(Config(), amp="fp16"), CPU).is_enabled()
     assert not grad_scaler(dataclasses.replace(Config(), amp="bf16"), CPU).is_enabled()
@@ -157,18 +184,54 @@ def test_flop_count_is_three_forward_passes():
     assert flops_per_image(cfg) == pytest.approx(3 * forward, rel=0.01)
 
 
+def fake_gpu(monkeypatch, name: str, uuid: str = "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6") -> torch.device:
+    """cuda:0 as peak_tflops sees it, with nothing touching CUDA: its name and its properties' UUID."""
+    monkeypatch.setattr(performance.torch.cuda, "get_device_name", lambda device=None: name)
+    monkeypatch.setattr(performance.torch.cuda, "get_device_properties", lambda device=None: SimpleNamespace(uuid=uuid))
+    return torch.device("cuda", 0)
+
+
+# torch.cuda.get_device_name() as it reads on each GPU, the table entry it must find, and that entry's bf16 peak
+@pytest.mark.parametrize("name, key, bf16", [
+    ("NVIDIA A100-SXM4-80GB", "A100", 312.0),
+    ("NVIDIA A100-SXM4-40GB", "A100", 312.0),
+    ("NVIDIA A100-PCIE-40GB", "A100", 312.0),
+    ("NVIDIA A100 80GB PCIe", "A100", 312.0),  # PCIe, but an A100: not "H100 PCIe"
+    ("NVIDIA H100 80GB HBM3", "H100", 989.4),  # SXM, as this project's GPU machine reports it
+    ("NVIDIA H100 PCIe", "H100 PCIe", 756.5),
+    ("NVIDIA H100 NVL", "H100 NVL", 835.5),
+    ("NVIDIA H200", "H200", 989.4),
+    ("NVIDIA H200 NVL", "H200 NVL", 835.5),
+    ("NVIDIA GH200 480GB", "GH200", 989.4),  # Grace Hopper: not "H200"
+    ("NVIDIA L40S", "L40S", 362.05),
+    ("NVIDIA GeForce RTX 4090", "RTX 4090", 165.2),
+    ("NVIDIA GeForce RTX 3090", "RTX 3090", 71.0),
+])
+def test_peak_table_matches_device_names(monkeypatch, name, key, bf16):
+    device = fake_gpu(monkeypatch, name)
+    assert performance.table_peaks(name) is performance.GPU_PEAK_TFLOPS[key]
+    assert peak_tflops(device, "bf16") == bf16 and performance.no_peak_reason(device) is None
+
+
 @pytest.mark.parametrize("name, amp, expected", [
-    ("NVIDIA H100 80GB HBM3", "bf16", 989.4),
-    ("NVIDIA H100 PCIe", "bf16", 756.5),
     ("NVIDIA H200", "fp16", 989.4),
     ("NVIDIA A100-SXM4-80GB", "off", 156.0),  # TF32 convolutions
-    ("NVIDIA GeForce RTX 4090", "bf16", 165.2),
-    ("NVIDIA L40S", "bf16", 362.05),
+    ("NVIDIA H100 PCIE", "bf16", 756.5),  # the case of a name is not relied on
     ("Tesla K80", "bf16", None),  # not in the table
 ])
-def test_peak_table_matches_device_names(monkeypatch, name, amp, expected):
-    monkeypatch.setattr(performance.torch.cuda, "get_device_name", lambda device=None: name)
-    assert peak_tflops(torch.device("cuda", 0), amp) == expected
+def test_peak_follows_the_dtype_in_use(monkeypatch, name, amp, expected):
+    assert peak_tflops(fake_gpu(monkeypatch, name), amp) == expected
+
+
+@pytest.mark.parametrize("name, uuid", [
+    ("NVIDIA A100-SXM4-40GB MIG 1g.5gb", "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6"),  # the name says so
+    ("NVIDIA A100-SXM4-40GB", "MIG-4f2a9c1e-5d3b-5a7e-9c1d-0e2f3a4b5c6d"),  # only the UUID does
+    ("NVIDIA H100 80GB HBM3 MIG 3g.40gb", "MIG-4f2a9c1e-5d3b-5a7e-9c1d-0e2f3a4b5c6d"),
+])
+def test_a_mig_slice_has_no_peak(monkeypatch, name, uuid):
+    """A MIG instance has a share of the chip's SMs and memory: the whole chip's peak would understate MFU."""
+    device = fake_gpu(monkeypatch, name, uuid)
+    assert peak_tflops(device, "bf16") is None and performance.no_peak_reason(device) == performance.MIG_NOTE
 
 
 def test_mfu_is_model_flops_over_peak():
@@ -194,6 +257,27 @@ def test_speed_summary_reports_compile_time_apart():
     assert summary["compile_time_s"] == pytest.approx(30.0) and summary["first_step_s"] == 30.5
     assert summary["data_wait_frac"] == pytest.approx(0.01)
     assert speed_summary(dataclasses.replace(cfg, compile=False), totals, Timer(), CPU, 1)["compile_time_s"] is None
+
+
+def test_results_json_says_why_mfu_is_missing(monkeypatch):
+    class Timer:
+        first_step_seconds = 0.6
+
+        def percentiles(self):
+            return 0.5, 0.6
+
+    from common.metrics import Sums
+
+    totals, cfg = Sums([0, 0, 0, 10, 5.0, 0.05]), dataclasses.replace(parse_config(Config, TINY), amp="bf16")
+    cpu = speed_summary(cfg, totals, Timer(), CPU, 1)
+    assert cpu["mfu"] is None and cpu["mfu_note"].startswith("CPU")
+    gpu = speed_summary(cfg, totals, Timer(), fake_gpu(monkeypatch, "NVIDIA H100 80GB HBM3"), 1)
+    assert gpu["mfu"] == pytest.approx(32 / 0.5 * gpu["flops_per_image"] / 989.4e12) and gpu["mfu_note"] is None
+    assert set(gpu) == set(cpu)  # the same keys, whatever the device
+    mig = speed_summary(cfg, totals, Timer(), fake_gpu(monkeypatch, "NVIDIA A100-SXM4-40GB MIG 1g.5gb"), 1)
+    assert mig["mfu"] is None and mig["mfu_note"] == performance.MIG_NOTE
+    unknown = speed_summary(cfg, totals, Timer(), fake_gpu(monkeypatch, "Tesla K80"), 1)
+    assert unknown["mfu"] is None and unknown["mfu_note"] == "GPU not in the peak table: Tesla K80"
 
 
 # ---------------------------------------------------------------------------------------------------- overhead

@@ -14,7 +14,8 @@ SECTIONS = ["imports", "config", "setup", "data", "model", "optimizer", "train /
 # Changed lines (added + removed) of code against single_gpu/train.py, as measured when the budgets were set, with
 # a little room. A file that drifts past its budget fails here. dist_parallel was 111 before checkpoints and
 # preemption, which add what only a process group needs: ranks voting to stop at the same window, resuming through
-# rank 0, naming a dead peer's failure (now 134); data_parallel is 19.
+# rank 0, naming a dead peer's failure (now 134); data_parallel was 19, and 24 with autocast inside the
+# replicas' forward and the refusal of --compile on several GPUs.
 BUDGETS = {"data_parallel/train.py": 25, "dist_parallel/train.py": 145}
 
 
@@ -43,7 +44,7 @@ def test_parallel_modes_differ_only_within_budget(path):
 
 def test_data_parallel_adds_the_wrapper_and_nothing_else():
     added = "\n".join(line for line in changed_lines("data_parallel/train.py") if line.startswith("+"))
-    assert "nn.DataParallel(raw_model" in added
+    assert "nn.DataParallel(AutocastForward(raw_model, cfg)" in added
     for unrelated in ("dist.", "DistributedSampler", "optimizer", "evaluate(", "loss"):
         assert unrelated not in added, unrelated
 
