@@ -10,15 +10,16 @@ import torch
 from common.config import UsageError
 
 
-def cuda_devices(requested, *, default_all: bool) -> list[int]:
+def cuda_devices(requested, *, default_all: bool, shared: bool = False, sharing_hint: str = "") -> list[int]:
     """The CUDA device ids to use, checked; [] on a machine without CUDA (the caller then runs on the CPU).
-    Without --gpu_devices: every visible GPU if `default_all`, else GPU 0."""
+    Without --gpu_devices: every visible GPU if `default_all`, else GPU 0. With `shared`, a GPU may be listed more
+    than once (several gloo ranks on one GPU)."""
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if requested is None:
         return list(range(count)) if default_all else [0][:count]
     repeated = sorted({i for i in requested if list(requested).count(i) > 1})
-    if repeated:
-        raise UsageError(f"--gpu_devices lists GPU {repeated[0]} more than once; list each GPU once")
+    if repeated and not shared:
+        raise UsageError(f"--gpu_devices lists GPU {repeated[0]} more than once; list each GPU once{sharing_hint}")
     missing = [i for i in requested if not 0 <= i < count]
     if missing:
         seen = f"GPUs 0-{count - 1} are visible" if count else "this machine has no CUDA GPU"

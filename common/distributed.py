@@ -156,9 +156,13 @@ def verify_sync(raw_model: torch.nn.Module, sync_bn: bool, is_main: bool) -> dic
     return report
 
 
-def own_gpu(gpu_devices, local_rank: int) -> list[int]:
-    """This process's GPU: the local_rank-th of --gpu_devices (default: of every visible GPU); [] without CUDA."""
-    gpus = cuda_devices(gpu_devices, default_all=True)
+SHARING_HINT = " (ranks may share a GPU under --backend gloo; NCCL refuses two ranks on one GPU)"
+
+
+def own_gpu(gpu_devices, local_rank: int, backend: str | None) -> list[int]:
+    """This process's GPU: the local_rank-th of --gpu_devices (default: of every visible GPU); [] without CUDA.
+    Under gloo a GPU may be listed more than once (`--gpu_devices 0 0`: two ranks on one GPU); NCCL refuses that."""
+    gpus = cuda_devices(gpu_devices, default_all=True, shared=backend == "gloo", sharing_hint=SHARING_HINT)
     if gpus and local_rank >= len(gpus):
         raise UsageError(f"local rank {local_rank} has no GPU of its own ({len(gpus)} available): start at most "
                          f"one process per GPU")
@@ -180,7 +184,7 @@ def self_launch(cfg, script: str, argv, mode: str) -> int:
     --nproc_per_node CPU workers) as `torchrun --standalone` would; each worker runs `script` again."""
     from common.logger import resolve_run_dir
 
-    gpus = cuda_devices(cfg.gpu_devices, default_all=True)
+    gpus = cuda_devices(cfg.gpu_devices, default_all=True, shared=cfg.backend == "gloo", sharing_hint=SHARING_HINT)
     nproc = cfg.nproc_per_node or len(gpus) or 1
     if gpus and nproc > len(gpus):
         raise UsageError(f"--nproc_per_node {nproc} is more than the {len(gpus)} GPUs available: one process per GPU")
@@ -192,23 +196,38 @@ def self_launch(cfg, script: str, argv, mode: str) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------- failures
-def init_group(backend: str, init_method: str, rank: int, world_size: int, timeout_s: float) -> None:
+def init_group(backend: str, init_method: str, rank: int, world_size: int, timeout_s: float,
+               gpus: list[int]) -> None:
     """dist.init_process_group, with a timeout on every collective (a dead peer ends the run instead of hanging
-    it), NCCL's asynchronous error handling on, and one line with the fix for the rendezvous failures users meet:
-    a port in use, a master that cannot be reached, a file:// rendezvous left over from a crashed run."""
-    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # a failed NCCL collective aborts, not hangs
+    it), NCCL errors that reach the main thread, and one line with the fix for the rendezvous failures users meet:
+    a port in use, a master that cannot be reached, a file:// rendezvous left over from a crashed run. Under NCCL
+    the group is bound to this process's GPU (`device_id`), so its barriers need not guess the device."""
+    nccl_error_handling(os.environ)
     if init_method.startswith("file://"):
         check_rendezvous_file(Path(init_method[len("file://"):]), timeout_s)
     timeout = datetime.timedelta(seconds=timeout_s)
+    device_id = torch.device("cuda", gpus[0]) if backend == "nccl" and gpus else None
     try:
         if init_method == "env://" and "TORCHELASTIC_RESTART_COUNT" in os.environ:
             dist.init_process_group(backend, store=_attempt_store(rank, world_size, timeout), rank=rank,
-                                    world_size=world_size, timeout=timeout)
+                                    world_size=world_size, timeout=timeout, device_id=device_id)
         else:
             dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
-                                    timeout=timeout)
+                                    timeout=timeout, device_id=device_id)
     except (RuntimeError, ValueError) as error:  # DistNetworkError and DistStoreError are RuntimeErrors
         raise rendezvous_error(error, init_method, rank, timeout_s) from None
+
+
+def nccl_error_handling(environ) -> None:
+    """How NCCL's watchdog thread handles a collective that failed or outlived --dist_timeout. torchrun gives every
+    worker TORCH_NCCL_ASYNC_ERROR_HANDLING=1 unless told otherwise, and torch's own default is 3; both make the
+    watchdog take the whole process down from its own thread ("To avoid data inconsistency, we are taking the
+    entire process down"), before the main thread can say which rank stopped at which step. 2 (CleanUpOnly) aborts
+    the communicators and no more: the collective the main thread waits on returns, the next one raises ("NCCL
+    communicator was aborted"), and group_failure turns that into one line; the process still ends, non-zero.
+    A value other than torchrun's 1, set by the user, is kept."""
+    if environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1") == "1":
+        environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "2"
 
 
 def _attempt_store(rank: int, world_size: int, timeout: datetime.timedelta) -> dist.Store:

@@ -46,12 +46,17 @@ class _CudaClock:
 
 class StepTimer:
     """`timed(loader)` yields batches and marks the data wait; `step_done()` closes a step; `window()` syncs once
-    and returns the window's (timed steps, step seconds, data seconds). Per-step times are kept for percentiles."""
+    and returns the window's (timed steps, step seconds, data seconds). Per-step times are kept for percentiles.
+    When the warm-up ends, the peak memory of `gpus` is reset too, so that peak memory, like time, describes the
+    training step and not cuDNN's autotuning workspaces or torch.compile's first step."""
 
-    def __init__(self, device: torch.device, warmup_steps: int):
+    def __init__(self, device: torch.device, warmup_steps: int, gpus=()):
         self.clock = _CudaClock() if device.type == "cuda" else _HostClock()
         self.warmup_steps = warmup_steps
+        self.gpus = list(gpus)
         self.steps_seen = 0
+        if warmup_steps == 0:
+            self._warmup_done()
         self.pending = []  # (start, batch ready, step done) marks of this window's timed steps
         self.step_seconds = []  # every timed step of the run
         self.data_seconds = 0.0
@@ -76,8 +81,14 @@ class StepTimer:
         if self.steps_seen == 1:
             self.clock.wait(done)
             self.first_step_seconds = time.perf_counter() - self._first_start
+        if self.steps_seen == self.warmup_steps:
+            self._warmup_done()
         if self.steps_seen > self.warmup_steps:
             self.pending.append((*self._marks, done))
+
+    def _warmup_done(self) -> None:
+        for gpu in self.gpus:  # the caching allocator keeps its statistics on the host: no sync needed
+            torch.cuda.reset_peak_memory_stats(gpu)
 
     def window(self) -> tuple[int, float, float]:
         """Wait for the window's last step, then read its marks: a host sync, once per log window."""

@@ -198,7 +198,7 @@ def main(argv=None) -> int:
                  f"{cfg.batch_size} on {device} ({describe_fast_path(cfg)}); {describe_lr(cfg, len(train_loader))}; "
                  f"logs in {run_dir}")
     run = Run(cfg=cfg, model=model, raw_model=raw_model, train_loader=train_loader, optimizer=optimizer,
-              scheduler=scheduler, scaler=scaler, logger=logger, timer=StepTimer(device, cfg.warmup_steps),
+              scheduler=scheduler, scaler=scaler, logger=logger, timer=StepTimer(device, cfg.warmup_steps, gpus),
               meter=TrainMeter(device), telemetry=GpuTelemetry(gpus), console=console, signals=StopSignals(),
               run_dir=None if cfg.benchmark else run_dir)
     if checkpoint:

@@ -72,13 +72,13 @@ def setup(cfg: DistConfig):
     """Join the process group. The device is this process's GPU (the local_rank-th of --gpu_devices) or the CPU."""
     rank, local_rank, world_size = rank_info()  # set by torchrun (or by hand)
     check_launch(cfg.batch_size, world_size, cfg.backend, cfg.sync_bn)
-    gpus = own_gpu(cfg.gpu_devices, local_rank)  # one GPU per process
+    gpus = own_gpu(cfg.gpu_devices, local_rank, cfg.backend)  # one GPU per process (gloo may share one)
     if gpus:
         torch.cuda.set_device(gpus[0])  # before the process group: NCCL binds this process to its GPU
     elif rank == 0:
         warn("no CUDA GPU found: training on the CPU")
     backend = cfg.backend or ("nccl" if gpus else "gloo")
-    init_group(backend, cfg.init_method, rank, world_size, cfg.dist_timeout)  # one-line errors, collective timeout
+    init_group(backend, cfg.init_method, rank, world_size, cfg.dist_timeout, gpus)  # one-line errors, timeouts
     return (torch.device("cuda", gpus[0]) if gpus else torch.device("cpu")), gpus
 
 
@@ -242,7 +242,7 @@ def main(argv=None) -> int:
                  f"{dist.get_backend()} ({describe_fast_path(cfg)}); {describe_lr(cfg, len(train_loader))}; "
                  f"logs in {run_dir}")
     run = Run(cfg=cfg, model=model, raw_model=raw_model, train_loader=train_loader, optimizer=optimizer,
-              scheduler=scheduler, scaler=scaler, logger=logger, timer=StepTimer(device, cfg.warmup_steps),
+              scheduler=scheduler, scaler=scaler, logger=logger, timer=StepTimer(device, cfg.warmup_steps, gpus),
               meter=TrainMeter(device), telemetry=GpuTelemetry(gpus), console=console, signals=StopSignals(),
               run_dir=None if cfg.benchmark else run_dir)
     if checkpoint:

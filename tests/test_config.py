@@ -310,6 +310,16 @@ def test_cuda_devices_refuses_repeats(gpus):
         cuda_devices((1, 2, 3, 2), default_all=True)
 
 
+def test_cuda_devices_may_share_a_gpu_when_asked(gpus):
+    """Several gloo ranks on one GPU (dist_parallel --backend gloo --gpu_devices 0 0); ids are still checked."""
+    gpus(1)
+    assert cuda_devices((0, 0), default_all=True, shared=True) == [0, 0]
+    with pytest.raises(UsageError, match="no GPU 1"):
+        cuda_devices((0, 1), default_all=True, shared=True)
+    with pytest.raises(UsageError, match="more than once; list each GPU once .under --backend gloo"):
+        cuda_devices((0, 0), default_all=True, sharing_hint=" (under --backend gloo ...)")
+
+
 def test_cuda_devices_with_gpus(gpus):
     gpus(2)
     assert cuda_devices(None, default_all=True) == [0, 1]
@@ -426,6 +436,20 @@ def test_step_timer_on_the_cpu_with_the_real_clock():
     assert steps == 4 and step_seconds > 0 and 0 <= data_seconds <= step_seconds
     p50, p90 = timer.percentiles()
     assert p50 is not None and 0 < p50 <= p90
+
+
+@pytest.mark.parametrize("warmup", [0, 3])
+def test_peak_memory_is_reset_when_the_warm_up_ends(monkeypatch, warmup):
+    """Peak memory describes the timed steps: the warm-up's cuDNN autotuning workspaces and compilation are left
+    out, on every GPU the run uses, once. (On a GPU, tests/gpu checks the figure itself.)"""
+    events = []
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda gpu: events.append(f"reset {gpu}"))
+    timer = StepTimer(CPU, warmup_steps=warmup, gpus=[2, 5])
+    for _ in timer.timed(range(6)):
+        timer.step_done()
+        events.append("step")
+    before = max(warmup - 1, 0)  # the reset comes as the last warm-up step closes (or at once, with none)
+    assert events == ["step"] * before + ["reset 2", "reset 5"] + ["step"] * (6 - before)
 
 
 def test_window_sums_joins_meter_and_timer(monkeypatch):

@@ -25,6 +25,8 @@ What only multi-GPU hardware can prove, and these tests therefore do not:
   refused. Gloo's all-reduce is proven exact above; NCCL's (ring/tree order, fp32 sums) is not.
 - nn.DataParallel's scatter, replicas and gather over several GPUs: on the CPU it wraps nothing.
 - One GPU per rank: `own_gpu` mapping LOCAL_RANK to a device, `torch.cuda.set_device`, and per-rank telemetry.
+- A dead NCCL peer: that NCCL's watchdog, set to abort the communicators without killing the process, lets
+  the main thread print its one line. Here only the setting is checked (and reasoned from PyTorch's source).
 """
 from __future__ import annotations
 
@@ -47,7 +49,7 @@ from torch.utils.data import DistributedSampler
 from common.config import Config, UsageError
 from common.data import load_datasets, make_loader
 from common.devices import seed_everything
-from common.distributed import check_master_address, check_sync, verify_sync
+from common.distributed import check_master_address, check_sync, nccl_error_handling, verify_sync
 from common.optim import build_optimizer, lr_schedule
 from conftest import REPO, TINY, read_results, run_script
 from models import pyramidnet
@@ -355,6 +357,20 @@ def test_a_loopback_master_address_is_refused_only_across_nodes():
     check_master_address({**across_nodes, "MASTER_ADDR": "10.1.2.3"})
     with pytest.raises(UsageError):
         check_master_address({**across_nodes, "MASTER_ADDR": "localhost"})
+
+
+def test_nccl_errors_reach_the_main_thread():
+    """torchrun sets TORCH_NCCL_ASYNC_ERROR_HANDLING=1 for its workers, and with it (as with torch's default, 3)
+    NCCL's watchdog kills the process before the one-line group failure can be printed: the workers switch to 2
+    (abort the communicators, raise in the main thread). A value the user chose otherwise is kept. Whether the line
+    then reaches the user needs two GPUs and a dead peer: see this module's docstring."""
+    for given in [{}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}]:
+        nccl_error_handling(given)
+        assert given == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
+    for chosen in ["0", "3"]:
+        environ = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": chosen}
+        nccl_error_handling(environ)
+        assert environ == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": chosen}
 
 
 def _sync_check_worker(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
