@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Every CUDA path of the suite on one GPU, in one go: the GPU tests (tests/gpu), the fast-path table with its
+# profile (benchmarks/fast_path.sh) and compare.py --repeat 3. At most 8 files straight under OUT, the summary first:
+#   summary.md  tests.log  fast_path.md  profile.json  compare_report.md  compare_results.csv  environment.txt
+#   logs.tar.gz (every run's log and results.json, the plots)
+#
+#   PYTHONUNBUFFERED=1 bash benchmarks/gpu_check.sh OUT
+#   PARTS="tests compare" COMPARE_ARGS="--repeat 3 --benchmark_steps 30" bash benchmarks/gpu_check.sh OUT
+#
+# PARTS picks the parts (default: tests fast_path compare); BENCHMARK_STEPS and COMPILE go to fast_path.sh (here
+# 100 timed steps and no --compile run of the full model, whose compilation alone takes minutes); COMPARE_ARGS to
+# compare.py. A part that fails is named in the summary, the others still run, and the exit status is 1.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:?usage: bash benchmarks/gpu_check.sh OUT}
+if ! python -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
+    echo "error: no CUDA GPU here: gpu_check.sh runs on a GPU machine (the CPU suite is python -m pytest -q)" >&2
+    exit 2
+fi
+mkdir -p "$OUT"
+WORK=$(mktemp -d)
+PARTS=${PARTS:-tests fast_path compare}
+SUMMARY=$OUT/summary.md
+FAILED=()
+
+{ nvidia-smi; nvidia-smi topo -m; python -c "import torch, torchvision; print('torch', torch.__version__, \
+'torchvision', torchvision.__version__, 'CUDA', torch.version.cuda, 'cuDNN', torch.backends.cudnn.version(), \
+'NCCL', '.'.join(map(str, torch.cuda.nccl.version())))"; echo "CPU cores: $(nproc)"; } > "$OUT/environment.txt" 2>&1
+{ echo "# GPU check, $(date -u +%Y-%m-%dT%H:%MZ)"; echo
+  echo "$(python -c "import torch; print(torch.cuda.get_device_name())"); $(grep '^torch ' "$OUT/environment.txt")"
+  echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo ' (with changes)')"
+  echo "parts: $PARTS"; echo; } > "$SUMMARY"
+
+part() {  # part NAME LOG COMMAND...: run it with its output to LOG, time it, add its outcome to the summary
+    local name=$1 log=$2; shift 2
+    local started=$SECONDS
+    echo "== $name: $* (output: $log)"
+    "$@" >> "$log" 2>&1
+    local code=$?
+    local outcome="ok"; [ $code -eq 0 ] || { outcome="FAILED (exit $code)"; FAILED+=("$name"); }
+    echo "- $name: $outcome in $((SECONDS - started)) s: \`$*\`" >> "$SUMMARY"
+}
+wanted() { [[ " $PARTS " == *" $1 "* ]]; }
+
+if wanted tests; then  # the comparison's own test waits for compare.py below
+    part tests "$OUT/tests.log" python -m pytest -q -rA tests/gpu -k "not compare_writes" -p no:cacheprovider
+fi
+if wanted fast_path; then
+    part fast_path "$WORK/fast_path.log" env BENCHMARK_STEPS="${BENCHMARK_STEPS:-100}" COMPILE="${COMPILE:-0}" \
+        bash benchmarks/fast_path.sh "$WORK/fast_path"
+    cp "$WORK/fast_path/summary.txt" "$OUT/fast_path.md" 2>/dev/null
+    cp "$WORK/fast_path/profile.json" "$OUT/profile.json" 2>/dev/null
+    grep -A40 "operator self time" "$WORK/fast_path.log" | head -60 >> "$OUT/fast_path.md"
+fi
+if wanted compare; then
+    # shellcheck disable=SC2086
+    part compare "$WORK/compare.log" python compare.py ${COMPARE_ARGS:---repeat 3} --out "$WORK/compare"
+    cp "$WORK/compare/report.md" "$OUT/compare_report.md" 2>/dev/null
+    cp "$WORK/compare/results.csv" "$OUT/compare_results.csv" 2>/dev/null
+    if wanted tests && [ -f "$WORK/compare/results.csv" ]; then
+        part compare_test "$OUT/tests.log" env GPU_CHECK_COMPARE="$WORK/compare" python -m pytest -q -rA \
+            tests/gpu -k compare_writes -p no:cacheprovider
+    fi
+fi
+
+{ echo; [ -f "$OUT/tests.log" ] && { echo "## Tests"; grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" \
+      "$OUT/tests.log" | tail -40; echo; }
+  [ -f "$OUT/fast_path.md" ] && { echo "## Fast path (PyramidNet-110 alpha=270, batch 256)"; head -12 "$OUT/fast_path.md"; echo; }
+  [ -f "$OUT/compare_report.md" ] && { echo "## compare.py"; grep "^|" "$OUT/compare_report.md" | head -20; echo; }
+  [ ${#FAILED[@]} -eq 0 ] && echo "every part passed" || echo "FAILED: ${FAILED[*]}"; } >> "$SUMMARY"
+tar czf "$OUT/logs.tar.gz" -C "$WORK" . 2>/dev/null
+cat "$SUMMARY"
+[ ${#FAILED[@]} -eq 0 ]

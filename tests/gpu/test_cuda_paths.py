@@ -1,0 +1,320 @@
+"""Every CUDA path of the suite, on one GPU: what no CPU test can show. Skipped, with the reason, without CUDA;
+`bash benchmarks/gpu_check.sh OUT` runs them on a GPU machine together with the benchmarks.
+
+In process: the gpu loader on the device (the same images as the torchvision loader, its crops replayed on
+resume); bf16 and fp16 autocast with fused SGD and the GradScaler (an fp16 overflow skips the step);
+channels_last; DataParallel's replica in bf16; CUDA-event timing against a synchronised host clock; NVML readings
+of the right GPU; peak memory without the warm-up. As a user runs them (subprocesses, several at once on the one
+GPU): every mode with the GPU defaults, one NCCL process with SyncBatchNorm, two Gloo ranks sharing the GPU,
+--compile, a CPU checkpoint resumed on the GPU under fp16 and channels_last, SIGTERM, profile_step.py and
+compare.py with its GPU columns filled.
+
+What one GPU cannot show: NCCL between GPUs (NCCL refuses two ranks on one GPU), SyncBatchNorm across GPUs,
+DataParallel's scatter and replica threads over several GPUs, scaling. Their mechanisms are tested on the CPU.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from common.config import Config, parse_config
+from common.data import EvalShard, ShuffleSampler, load_datasets, make_loader
+from common.devices import seed_everything
+from common.metrics import StepTimer
+from common.optim import build_optimizer
+from common.performance import autocast, grad_scaler, peak_tflops, resolve_fast_path
+from common.telemetry import GIB, GpuTelemetry, peak_memory_gb
+from conftest import REPO, TINY, read_results, read_scalars
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="needs a CUDA GPU: run `bash benchmarks/gpu_check.sh OUT` on a GPU machine")
+
+CUDA = torch.device("cuda", 0)
+# TINY without its --loader: on a GPU every default is the GPU's (gpu loader, bf16 or fp16, channels_last)
+GPU_TINY = [arg for arg in TINY if arg not in ("--loader", "gpu")]
+
+
+def config(*flags) -> Config:
+    return resolve_fast_path(parse_config(Config, [*GPU_TINY, *flags]), CUDA)
+
+
+# ---------------------------------------------------------------------------------------------------- scripts
+class Launch:
+    """A script started as a user starts it, output to a log file; `wait()` checks its exit status."""
+
+    def __init__(self, folder: Path, name: str, script: str, *flags, env=None, runs: Path | None = None):
+        self.name, self.log, self.run_dir = name, folder / f"{name}.log", (runs or folder / "runs") / name
+        command = [sys.executable, str(REPO / script), *map(str, flags)]
+        if "--log_dir" not in flags and "--out" not in flags:
+            command += ["--log_dir", str(self.run_dir.parent), "--run_name", name, "--no_progress"]
+        with open(self.log, "w") as log:
+            self.process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+
+    def wait(self, expected: int = 0, timeout: float = 300) -> str:
+        code = self.process.wait(timeout=timeout)
+        output = self.log.read_text()
+        assert code == expected, f"{self.name} exited {code}:\n{output[-4000:]}"
+        return output
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """The script runs, started together (they only need to be correct, not fast), then waited for."""
+    folder = tmp_path_factory.mktemp("gpu_runs")
+    cpu_first = Launch(folder, "cpu_fp16", "single_gpu/train.py", *TINY, "--amp", "fp16", "--epochs", "2",
+                       "--max_steps", "3", env={"CUDA_VISIBLE_DEVICES": ""})  # a checkpoint written on the CPU
+    longer = [*GPU_TINY, "--synthetic_size", "2048"]  # 64 steps: long enough for NVML to sample the GPU
+    runs = {
+        "single_gpu": Launch(folder, "single_gpu", "single_gpu/train.py", *longer),
+        "data_parallel": Launch(folder, "data_parallel", "data_parallel/train.py", *longer),
+        "nccl_sync_bn": Launch(folder, "nccl_sync_bn", "dist_parallel/train.py", *longer, "--nproc_per_node", "1",
+                               "--sync_bn"),
+        "gloo_shared": Launch(folder, "gloo_shared", "dist_parallel/train.py", *longer, "--backend", "gloo",
+                              "--gpu_devices", "0", "0"),
+        "compiled": Launch(folder, "compiled", "single_gpu/train.py", *GPU_TINY, "--compile", "--benchmark",
+                           "--warmup_steps", "2", "--benchmark_steps", "6", "--log_interval", "2"),
+        "profile": Launch(folder, "profile", "benchmarks/profile_step.py", "--depth", "8", "--alpha", "12",
+                          "--batch_size", "32", "--steps", "2", "--warmup_steps", "1", "--out",
+                          folder / "profile.json"),
+    }
+    cpu_first.wait()
+    runs["resumed_fp16"] = Launch(folder, "resumed_fp16", "single_gpu/train.py", *GPU_TINY, "--amp", "fp16",
+                                  "--epochs", "2", "--resume", cpu_first.run_dir / "checkpoint.pt")
+    outputs = {name: launch.wait() for name, launch in runs.items()}
+    return folder, runs, outputs
+
+
+def test_every_mode_runs_with_the_gpu_defaults(launched):
+    _, runs, outputs = launched
+    for name in ("single_gpu", "data_parallel", "nccl_sync_bn", "gloo_shared"):
+        results = read_results(runs[name].run_dir)
+        cfg, summary = results["config"], results["summary"]
+        expected_amp = "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"
+        assert (cfg["amp"], cfg["channels_last"], cfg["loader"] or "gpu") == (expected_amp, True, "gpu"), name
+        assert summary["test_acc"] is not None and 0 <= summary["test_acc"] <= 1, name
+        assert summary["gpu_util_mean"] is not None and summary["peak_mem_gb"] > 0, name
+        assert torch.isfinite(torch.tensor(summary["train_loss"])), name
+        assert "gpu/util/0" in read_scalars(runs[name].run_dir), name
+    assert "over nccl" in outputs["nccl_sync_bn"] and "over gloo" in outputs["gloo_shared"]
+    assert "identical on 2 ranks" in outputs["gloo_shared"]  # the sync check over the shared GPU
+
+
+def test_mfu_and_peak_memory_on_a_known_gpu(launched):
+    _, runs, _ = launched
+    summary = read_results(runs["single_gpu"].run_dir)["summary"]
+    if peak_tflops(CUDA, "bf16") is None:
+        pytest.skip(f"{torch.cuda.get_device_name(CUDA)} is not in the peak table: MFU is null by design")
+    assert summary["mfu"] is not None and 0 < summary["mfu"] < 1
+    assert 0 < summary["peak_mem_gb"] < torch.cuda.get_device_properties(CUDA).total_memory / GIB
+
+
+def test_compile_reports_its_time_apart(launched):
+    _, runs, outputs = launched
+    results = read_results(runs["compiled"].run_dir)
+    assert results["config"]["compile"] is True and results["summary"]["compile_time_s"] > 0
+    assert results["summary"]["steps"] == 8 and "compiled" in outputs["compiled"]
+
+
+def test_a_cpu_checkpoint_resumes_on_the_gpu_under_fp16_and_channels_last(launched):
+    """Fused SGD and the GradScaler on the GPU from an optimizer saved on the CPU (fused None, NCHW buffers)."""
+    _, runs, outputs = launched
+    results = read_results(runs["resumed_fp16"].run_dir)
+    assert "resumed at step 3" in outputs["resumed_fp16"]
+    assert results["config"]["amp"] == "fp16" and results["config"]["channels_last"] is True
+    assert results["summary"]["steps"] == 16  # 2 epochs of 8 steps, 3 of them on the CPU
+
+
+def test_profile_step_splits_a_gpu_step(launched):
+    folder, _, outputs = launched
+    report = json.loads((folder / "profile.json").read_text())
+    assert report["device"] == torch.cuda.get_device_name(CUDA)
+    assert sum(report["shares"].values()) == pytest.approx(1.0)
+    assert report["top_kernels"] and report["shares"]["convolution"] > 0 and report["shares"]["batchnorm"] > 0
+
+
+def test_sigterm_on_the_gpu_checkpoints_and_exits(tmp_path):
+    launch = Launch(tmp_path, "sigterm", "single_gpu/train.py", *GPU_TINY, "--epochs", "50", "--synthetic_size",
+                    "2048", "--log_interval", "2")
+    deadline = time.monotonic() + 120
+    while "Epoch 1/50 [" not in launch.log.read_text():
+        assert launch.process.poll() is None and time.monotonic() < deadline, launch.log.read_text()
+        time.sleep(0.2)
+    launch.process.send_signal(signal.SIGTERM)
+    output = launch.wait(expected=128 + signal.SIGTERM, timeout=120)
+    assert "stopped by SIGTERM" in output and (launch.run_dir / "checkpoint.pt").exists()
+    assert "Traceback" not in output
+
+
+def test_compare_writes_the_gpu_columns(tmp_path):
+    """The comparison gpu_check.sh ran (GPU_CHECK_COMPARE), or a small one on one GPU."""
+    given = os.environ.get("GPU_CHECK_COMPARE")
+    out = Path(given) if given else tmp_path / "compare"
+    if not given:
+        Launch(tmp_path, "compare", "compare.py", "--depth", "8", "--alpha", "12", "--synthetic_size", "512",
+               "--batch_size", "32", "--warmup_steps", "2", "--benchmark_steps", "60", "--log_interval", "20",
+               "--modes", "single_gpu",
+               "dist_parallel", "--backends", "nccl", "--out", out).wait()
+    import csv
+
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    assert rows and all(row["status"] == "ok" for row in rows), rows
+    for row in rows:
+        for column in ("gpu_util_mean", "peak_mem_gb_per_gpu", "images_per_sec"):
+            assert row[column] not in ("", None), (row["run"], column)
+    assert torch.cuda.get_device_name(CUDA) in (out / "report.md").read_text()
+
+
+# ---------------------------------------------------------------------------------------------------- in process
+def test_the_gpu_loader_feeds_the_images_the_torchvision_loader_feeds():
+    """Without augmentation both loaders give the same batches, equal up to float rounding of the normalisation;
+    with it, the same shapes, layout and statistics."""
+    def batches(kind, augment, count=4):
+        train_set, _ = load_datasets("synthetic", "", 1024, 0)
+        loader = make_loader(kind, train_set, ShuffleSampler(1024, True, 0), 128, CUDA, train=True,
+                             augment=augment, num_workers=2, seed=0, memory_format=torch.channels_last)
+        return [batch for batch, _ in zip(loader, range(count))]
+
+    for (gpu_images, gpu_labels), (tv_images, tv_labels) in zip(batches("gpu", False), batches("torchvision", False)):
+        assert gpu_images.device == CUDA and gpu_images.is_contiguous(memory_format=torch.channels_last)
+        assert torch.equal(gpu_labels, tv_labels)
+        torch.testing.assert_close(gpu_images, tv_images, rtol=0, atol=1e-5)
+    gpu = torch.cat([images for images, _ in batches("gpu", True)])
+    classic = torch.cat([images for images, _ in batches("torchvision", True)])
+    assert gpu.shape == classic.shape and gpu.dtype == classic.dtype == torch.float32
+    torch.testing.assert_close(gpu.mean(dim=(0, 2, 3)), classic.mean(dim=(0, 2, 3)), rtol=0, atol=0.05)
+    torch.testing.assert_close(gpu.std(dim=(0, 2, 3)), classic.std(dim=(0, 2, 3)), rtol=0.05, atol=0)
+
+
+def test_the_gpu_loader_replays_its_crops_on_resume():
+    train_set, _ = load_datasets("synthetic", "", 512, 0)
+    loader = make_loader("gpu", train_set, ShuffleSampler(512, True, 0), 64, CUDA, train=True, augment=True,
+                         num_workers=0, seed=0)
+    loader.set_epoch(3)
+    whole = [images for images, _ in loader]
+    loader.set_epoch(3, skip=5)
+    resumed = [images for images, _ in loader]
+    assert len(resumed) == 3 and all(torch.equal(a, b) for a, b in zip(resumed, whole[5:]))
+
+
+@pytest.mark.parametrize("amp", ["bf16", "fp16"])
+def test_autocast_with_fused_sgd_and_the_grad_scaler(amp):
+    if amp == "bf16" and not torch.cuda.is_bf16_supported(including_emulation=False):
+        pytest.skip("no bf16 on this GPU")
+    import single_gpu.train as single
+
+    cfg = config("--amp", amp)
+    seed_everything(0)
+    model, raw_model = single.get_model(cfg, CUDA)
+    optimizer, _, scaler = single.get_optimizer(cfg, raw_model, CUDA, steps_per_epoch=10)
+    assert optimizer.param_groups[0]["fused"] is True and scaler.is_enabled() == (amp == "fp16")
+    images = torch.randn(32, 3, 32, 32, device=CUDA).contiguous(memory_format=torch.channels_last)
+    labels = torch.randint(0, 10, (32,), device=CUDA)
+
+    def step(poison: bool = False):
+        with autocast(cfg, CUDA):
+            logits = model(images)
+            loss = F.cross_entropy(logits, labels) * (float("inf") if poison else 1.0)
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        return logits
+
+    assert step().dtype == {"bf16": torch.bfloat16, "fp16": torch.float16}[amp]
+    before = [p.detach().clone() for p in raw_model.parameters()]
+    if amp == "fp16":  # an overflow: the step is skipped and the scale halves
+        scale = scaler.get_scale()
+        step(poison=True)
+        assert scaler.get_scale() == scale / 2
+        assert all(torch.equal(a, b) for a, b in zip(before, raw_model.parameters()))
+    step()
+    assert any(not torch.equal(a, b) for a, b in zip(before, raw_model.parameters()))
+    assert all(torch.isfinite(p).all() for p in raw_model.parameters())
+    conv = next(m for m in raw_model.modules() if isinstance(m, torch.nn.Conv2d) and m.kernel_size == (3, 3))
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_data_parallel_on_one_gpu_computes_in_bf16():
+    if not torch.cuda.is_bf16_supported(including_emulation=False):
+        pytest.skip("no bf16 on this GPU")
+    import data_parallel.train as data_parallel
+
+    model, _ = data_parallel.get_model(config("--amp", "bf16"), CUDA, gpus=[0])
+    images = torch.randn(8, 3, 32, 32, device=CUDA).contiguous(memory_format=torch.channels_last)
+    assert model(images).dtype == torch.bfloat16
+
+
+def test_cuda_event_timing_agrees_with_a_synchronised_host_clock():
+    """A known workload (matrix products of about 20 ms a step): the events' step time and the host's clock around
+    synchronised steps agree within a few percent, and the host alone would have timed only the launches."""
+    a = torch.randn(8192, 8192, device=CUDA)
+    timer = StepTimer(CUDA, warmup_steps=2)
+    torch.cuda.synchronize()
+    launch_seconds, started = 0.0, None
+    for index in timer.timed(range(12)):
+        if index == 2:
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+        launched_at = time.perf_counter()
+        for _ in range(2):
+            a = (a @ a) / 8192 ** 0.5
+        launch_seconds += time.perf_counter() - launched_at
+        timer.step_done()
+    torch.cuda.synchronize()
+    host_seconds = time.perf_counter() - started
+    steps, event_seconds, _ = timer.window()
+    assert steps == 10
+    assert event_seconds == pytest.approx(host_seconds, rel=0.05)
+    assert launch_seconds < 0.5 * event_seconds  # what a host clock without a sync would have measured
+
+
+def test_nvml_reads_this_gpu():
+    """The NVML handle is the torch device's own GPU (by UUID, right under CUDA_VISIBLE_DEVICES), and a busy
+    second shows utilisation and memory."""
+    import pynvml
+
+    from common.telemetry import nvml_handle
+
+    pynvml.nvmlInit()
+    try:
+        uuid = pynvml.nvmlDeviceGetUUID(nvml_handle(pynvml, 0))
+        uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+        assert str(torch.cuda.get_device_properties(0).uuid) in uuid
+    finally:
+        pynvml.nvmlShutdown()
+    telemetry = GpuTelemetry([0], interval=0.05)
+    try:
+        a = torch.randn(4096, 4096, device=CUDA)
+        busy_until = time.monotonic() + 1.0
+        while time.monotonic() < busy_until:
+            a = (a @ a) / 64
+            torch.cuda.synchronize()
+        util, memory = telemetry.window()[0]
+    finally:
+        telemetry.close()
+    assert util is not None and util > 10 and memory is not None and memory > 0
+
+
+def test_peak_memory_leaves_the_warm_up_out():
+    """A large buffer freed during the warm-up (as cuDNN's autotuning workspaces are) is not in the peak."""
+    timer = StepTimer(CUDA, warmup_steps=1, gpus=[0])
+    for index in timer.timed(range(3)):
+        if index == 0:
+            workspace = torch.empty(2 * GIB, dtype=torch.uint8, device=CUDA)
+            del workspace
+        small = torch.ones(1024, 1024, device=CUDA)
+        timer.step_done()
+    assert peak_memory_gb([0])[0] < 1.0
+    del small
