@@ -13,9 +13,19 @@ from common.config import BASE_BATCH, Config
 
 def build_optimizer(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.optim.Optimizer:
     """SGD; on a GPU its fused form, one kernel for every parameter's update, which also takes fp16 loss scaling
-    without a host sync. On the CPU the default (for-each) form."""
-    return torch.optim.SGD(model.parameters(), lr=cfg.effective_lr(), momentum=cfg.momentum,
-                           weight_decay=cfg.weight_decay, nesterov=cfg.nesterov, fused=device.type == "cuda" or None)
+    without a host sync. On the CPU the default (for-each) form.
+
+    The momentum buffers start at zero, which is what SGD's first step makes of them anyway (0.9 x 0 + grad is
+    grad, exactly). Left to the first step, fused SGD creates them with torch.empty_like and lets its kernel fill
+    them; when the GradScaler skips that step (an fp16 overflow, common at the first step's 65536 loss scale) the
+    kernel does nothing, and every later step would build on uninitialised memory."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.effective_lr(), momentum=cfg.momentum,
+                                weight_decay=cfg.weight_decay, nesterov=cfg.nesterov,
+                                fused=device.type == "cuda" or None)
+    if cfg.momentum:
+        for param in model.parameters():
+            optimizer.state[param]["momentum_buffer"] = torch.zeros_like(param)  # in the parameter's layout
+    return optimizer
 
 
 def warmup_steps(cfg: Config, steps_per_epoch: int) -> int:
