@@ -5,11 +5,12 @@
 #   logs.tar.gz (every run's log and results.json, the plots)
 #
 #   PYTHONUNBUFFERED=1 bash benchmarks/gpu_check.sh OUT
-#   PARTS="tests compare" COMPARE_ARGS="--repeat 3 --benchmark_steps 30" bash benchmarks/gpu_check.sh OUT
+#   PARTS="tests compare" COMPARE_ARGS="--repeat 3 --backends nccl" bash benchmarks/gpu_check.sh OUT
 #
 # PARTS picks the parts (default: tests fast_path compare); BENCHMARK_STEPS and COMPILE go to fast_path.sh (here
-# 100 timed steps and no --compile run of the full model, whose compilation alone takes minutes); COMPARE_ARGS to
-# compare.py. A part that fails is named in the summary, the others still run, and the exit status is 1.
+# 100 timed steps and no --compile run of the full model, whose compilation alone takes minutes); COMPARE_ARGS
+# replaces compare.py's arguments (default: --repeat 3 --benchmark_steps 30, every run of the matrix three times, 30
+# timed steps each). A part that fails is named in the summary, the others still run, and the exit status is 1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: bash benchmarks/gpu_check.sh OUT}
@@ -54,7 +55,8 @@ if wanted fast_path; then
 fi
 if wanted compare; then
     # shellcheck disable=SC2086
-    part compare "$WORK/compare.log" python compare.py ${COMPARE_ARGS:---repeat 3} --out "$WORK/compare"
+    part compare "$WORK/compare.log" python compare.py ${COMPARE_ARGS:---repeat 3 --benchmark_steps 30} \
+        --out "$WORK/compare"
     cp "$WORK/compare/report.md" "$OUT/compare_report.md" 2>/dev/null
     cp "$WORK/compare/results.csv" "$OUT/compare_results.csv" 2>/dev/null
     if wanted tests && [ -f "$WORK/compare/results.csv" ]; then
