@@ -44,7 +44,9 @@ part() {  # part NAME LOG COMMAND...: run it with its output to LOG, time it, ad
 wanted() { [[ " $PARTS " == *" $1 "* ]]; }
 
 if wanted tests; then  # the comparison's own test waits for compare.py below
-    part tests "$OUT/tests.log" python -m pytest -q -rA tests/gpu -k "not compare_writes" -p no:cacheprovider
+    # -o addopts: one process (the GPU tests start their runs side by side themselves; no pytest-xdist needed)
+    part tests "$OUT/tests.log" python -m pytest -q -o addopts= -rA tests/gpu -k "not compare_writes" \
+        -p no:cacheprovider
 fi
 if wanted fast_path; then
     part fast_path "$WORK/fast_path.log" env BENCHMARK_STEPS="${BENCHMARK_STEPS:-100}" COMPILE="${COMPILE:-0}" \
@@ -60,8 +62,8 @@ if wanted compare; then
     cp "$WORK/compare/report.md" "$OUT/compare_report.md" 2>/dev/null
     cp "$WORK/compare/results.csv" "$OUT/compare_results.csv" 2>/dev/null
     if wanted tests && [ -f "$WORK/compare/results.csv" ]; then
-        part compare_test "$OUT/tests.log" env GPU_CHECK_COMPARE="$WORK/compare" python -m pytest -q -rA \
-            tests/gpu -k compare_writes -p no:cacheprovider
+        part compare_test "$OUT/tests.log" env GPU_CHECK_COMPARE="$WORK/compare" python -m pytest -q \
+            -o addopts= -rA tests/gpu -k compare_writes -p no:cacheprovider
     fi
 fi
 

@@ -1,11 +1,15 @@
 """Helpers shared by the tests: run a train.py the way a user does, and read what a run left behind."""
 from __future__ import annotations
 
+import contextlib
+import importlib
+import io
 import json
 import os
 import struct
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -18,10 +22,38 @@ TINY = ["--dataset", "synthetic", "--synthetic_size", "256", "--depth", "8", "--
 
 
 def run_script(script: str, *args, cwd=REPO, timeout=300, env=None) -> subprocess.CompletedProcess:
-    """`python <script> args...` in a subprocess, output captured; `script` is relative to the repository."""
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    """`python <script> args...` in a subprocess, output captured; `script` is relative to the repository. One
+    intra-op thread unless `env` says otherwise: the suite runs a file per core, and a second thread per process
+    would only contend (and spin) for a core another run is using."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run([sys.executable, str(REPO / script), *map(str, args)], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def two_at_a_time(*launches):
+    """Call each of `launches` (functions that start a run and wait for it), two at a time, and return their
+    results in order: a one-thread run leaves the other core idle. The first error is raised once all are done."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = [pool.submit(launch) for launch in launches]
+        return [future.result() for future in futures]
+
+
+def refuse_in_process(script: str, *args) -> subprocess.CompletedProcess:
+    """`python <script> args...` for a launch that is refused before anything starts, run inside this process as the
+    script's `__main__` block runs it (main() under user_errors(), stdout and stderr captured): the user's path
+    without the ~3 s of starting Python and importing torch. Only for launches that stop before training; a few
+    of every kind are also run as real subprocesses."""
+    from common.config import user_errors
+
+    module = importlib.import_module(script.removesuffix(".py").replace("/", "."))
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            with user_errors():
+                code = module.main([str(arg) for arg in args])
+        except SystemExit as exit_:
+            code = exit_.code
+    return subprocess.CompletedProcess([script, *map(str, args)], code or 0, out.getvalue(), err.getvalue())
 
 
 def read_results(run_dir: Path) -> dict:
@@ -45,6 +77,18 @@ def read_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
                 if value.HasField("simple_value"):
                     scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
     return scalars
+
+
+# The files whose tests launch the most runs, heaviest first (as measured with --durations). The suite is spread
+# over the cores a file at a time (pytest.ini); started first, the long files do not leave one core working alone
+# at the end while the short ones fill in beside them.
+HEAVIEST_FIRST = ("test_reliability.py", "test_parallel.py", "test_compare.py", "test_fast_path.py",
+                  "test_bad_input.py", "test_single_gpu.py", "test_slurm.py", "test_mnist.py", "test_vscode.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(HEAVIEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's own order is kept
 
 
 @pytest.fixture

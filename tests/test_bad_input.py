@@ -13,9 +13,10 @@ mode; a --log_dir that is a file; the rendezvous failures of a process started b
 unreachable, stale file:// rendezvous); a loss that turns NaN. Also what must NOT be refused: --resume auto for a
 run folder without a checkpoint (a fresh start), and with one (it continues).
 
-Speed: a launch costs ~2.5 s of CPU, nearly all of it importing torch; there are 26. The refused launches share
-one real run folder (module-scoped) and run three at a time, so the two cores stay busy while the
-unreachable-master case waits out its timeout.
+Speed: a launch costs ~2.5 s of CPU, nearly all of it importing torch. The refused launches share one real run
+folder (module-scoped). Those that need an environment of their own (the rendezvous cases, no network) and a few of
+every other kind run as subprocesses, two at a time; the rest run in this process through the scripts' own main()
+meanwhile (conftest.refuse_in_process), the same code without the start-up.
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ import torch
 from common.config import UsageError
 from common.distributed import check_rendezvous_file
 from common.metrics import TrainMeter
-from conftest import TINY, read_results, run_script
+from conftest import TINY, read_results, refuse_in_process, run_script
 from test_data import write_cifar10
 
 SINGLE, DATA, DIST = "single_gpu/train.py", "data_parallel/train.py", "dist_parallel/train.py"
@@ -154,11 +155,16 @@ class Refusal:
     log_dir: str = "{work}/runs"
     env: tuple = ()
     network: bool = True
+    as_a_user: bool = False  # a subprocess, as a user runs it (forced by env and network); else in-process
 
     def argv(self, where: dict) -> list[str]:
         flags = [str(flag).format(**where) for flag in self.flags]
         name = [] if self.run_name == "" else ["--run_name", self.run_name or self.id]
         return [*self.base, "--log_dir", self.log_dir.format(**where), *name, *flags]
+
+    @property
+    def subprocess(self) -> bool:
+        return self.as_a_user or bool(self.env) or not self.network
 
     def environment(self, where: dict) -> dict[str, str]:
         env = {**ONE_THREAD, **{key: value.format(**where) for key, value in self.env}}
@@ -200,7 +206,7 @@ REFUSALS = [
     Refusal("gpus-repeated-single", SINGLE, ("--gpu_devices", "0", "0"), ("--gpu_devices", "more than once")),
     Refusal("gpus-repeated-data-parallel", DATA, ("--gpu_devices", "0", "0"), ("--gpu_devices", "more than once")),
     Refusal("gpus-repeated-dist-parallel", DIST, ("--nproc_per_node", "2", "--gpu_devices", "0", "0"),
-            ("--gpu_devices", "more than once")),
+            ("--gpu_devices", "more than once"), as_a_user=True),
     Refusal("gpu-missing-single", SINGLE, ("--gpu_devices", "7"), ("--gpu_devices", "no GPU 7")),
     Refusal("gpu-missing-data-parallel", DATA, ("--gpu_devices", "7"), ("--gpu_devices", "no GPU 7")),
     Refusal("gpu-missing-dist-parallel", DIST, ("--nproc_per_node", "2", "--gpu_devices", "7"),
@@ -236,27 +242,32 @@ def make_inputs(work: Path, checkpoint: Path) -> None:
     batch.write_bytes(raw[:len(raw) // 2])
 
 
-def timed_run(script: str, argv: list[str], env: dict) -> tuple[subprocess.CompletedProcess, float]:
+def timed_run(script: str, argv: list[str], env: dict | None) -> tuple[subprocess.CompletedProcess, float]:
+    """A subprocess with `env`, or with env None, in this process."""
     start = time.perf_counter()
-    done = run_script(script, *argv, env=env, timeout=120)
+    done = run_script(script, *argv, env=env, timeout=120) if env is not None else refuse_in_process(script, *argv)
     return done, time.perf_counter() - start
 
 
 @pytest.fixture(scope="module")
 def refusals(work, trained) -> tuple[dict, dict, dict]:
-    """Every REFUSALS launch, three at a time, while this test listens on {busy_port}: ({id: (completed process,
-    seconds)}, snapshot of the module's folder before, snapshot after)."""
+    """Every REFUSALS launch while this test listens on {busy_port}, the subprocesses two at a time and the others
+    in this process meanwhile: ({id: (completed process, seconds)}, snapshot of the module's folder before,
+    snapshot after)."""
     make_inputs(work, trained / "checkpoint.pt")
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         where = {"work": work, "busy_port": busy.getsockname()[1], "closed_port": free_port()}
         before = snapshot(work)
-        slowest_first = sorted(REFUSALS, key=lambda case: case.id != "rendezvous-master-unreachable")
-        with ThreadPoolExecutor(max_workers=3) as pool:
+        slowest_first = sorted((case for case in REFUSALS if case.subprocess),
+                               key=lambda case: case.id != "rendezvous-master-unreachable")
+        with ThreadPoolExecutor(max_workers=2) as pool:
             futures = {case.id: pool.submit(timed_run, case.script, case.argv(where), case.environment(where))
                        for case in slowest_first}
-            outcomes = {case_id: future.result() for case_id, future in futures.items()}
+            outcomes = {case.id: timed_run(case.script, case.argv(where), None)
+                        for case in REFUSALS if not case.subprocess}
+            outcomes.update({case_id: future.result() for case_id, future in futures.items()})
     return outcomes, before, snapshot(work)
 
 

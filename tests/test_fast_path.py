@@ -3,6 +3,7 @@ and the suite's own overhead against a bare training loop. Speed itself is measu
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,7 +19,7 @@ from common.devices import seed_everything
 from common.optim import build_optimizer
 from common.performance import (autocast, flops_per_image, grad_scaler, mfu, peak_tflops, resolve_fast_path,
                                 speed_summary)
-from conftest import TINY, read_results, run_script
+from conftest import TINY, read_results, refuse_in_process, run_script
 from models import pyramidnet
 
 CPU = torch.device("cpu")
@@ -71,19 +72,24 @@ def test_benchmark_times_exactly_the_benchmark_steps(tmp_path):
 
 
 def test_benchmark_and_evaluate_together_are_refused(tmp_path):
-    done = run_script("single_gpu/train.py", *TINY, "--benchmark", "--evaluate", tmp_path / "model.pt",
-                      "--log_dir", tmp_path)
+    done = refuse_in_process("single_gpu/train.py", *TINY, "--benchmark", "--evaluate", tmp_path / "model.pt",
+                             "--log_dir", tmp_path)
     assert done.returncode == 2 and done.stderr.strip().count("\n") == 0
     assert "--benchmark" in done.stderr and "Traceback" not in done.stderr
 
 
 # ---------------------------------------------------------------------------------------------------- precision
-@pytest.mark.parametrize("amp", ["bf16"])  # fp16's scaler: test_grad_scaler_scales_only_fp16
-def test_autocast_trains_on_the_cpu(tmp_path, amp):
-    run_dir = tmp_path / amp
-    done = run_ok("single_gpu/train.py", run_dir, "--amp", amp, "--max_steps", "4")
+@pytest.fixture(scope="module")
+def bf16_nhwc(tmp_path_factory):
+    """One run with --amp bf16 and --channels_last (fp16's scaler: test_grad_scaler_scales_only_fp16)."""
+    run_dir = tmp_path_factory.mktemp("fast_path") / "bf16_nhwc"
+    return run_dir, run_ok("single_gpu/train.py", run_dir, "--amp", "bf16", "--channels_last", "--max_steps", "4")
+
+
+def test_autocast_trains_on_the_cpu(bf16_nhwc):
+    run_dir, done = bf16_nhwc
     results = read_results(run_dir)
-    assert results["config"]["amp"] == amp and f"amp {amp}" in done.stdout
+    assert results["config"]["amp"] == "bf16" and "amp bf16" in done.stdout
     assert results["summary"]["steps"] == 4
     assert torch.isfinite(torch.tensor(results["summary"]["train_loss"]))
 
@@ -135,7 +141,7 @@ def test_grad_scaler_scales_only_fp16():
     assert not grad_scaler(dataclasses.replace(Config(), amp="off"), CPU).is_enabled()
 
 
-def test_channels_last_reaches_the_model_and_the_batches(tmp_path):
+def test_channels_last_reaches_the_model_and_the_batches(bf16_nhwc):
     dataset, _ = load_datasets("synthetic", "", 64, 0)
     for kind in ("gpu", "torchvision"):
         loader = make_loader(kind, dataset, ShuffleSampler(64, True, 0), 16, CPU, train=True, augment=True,
@@ -145,8 +151,7 @@ def test_channels_last_reaches_the_model_and_the_batches(tmp_path):
         dataset, _ = load_datasets("synthetic", "", 64, 0)  # the torchvision loader set a transform on it
     plain = make_loader("gpu", dataset, EvalShard(64), 16, CPU, train=False, augment=False, num_workers=0, seed=0)
     assert next(iter(plain))[0].is_contiguous()
-    run_dir = tmp_path / "nhwc"
-    done = run_ok("single_gpu/train.py", run_dir, "--channels_last", "--max_steps", "2")
+    run_dir, done = bf16_nhwc
     assert read_results(run_dir)["config"]["channels_last"] is True and "channels_last" in done.stdout
 
 
@@ -163,14 +168,20 @@ def test_channels_last_changes_the_layout_not_the_result():
 # ---------------------------------------------------------------------------------------------------- FLOPs and MFU
 def test_default_model_costs_28_3_gflop_per_training_image():
     """PyramidNet-110 alpha=270, forward + backward, counted by torch.utils.flop_counter: 28.3 GFLOP +- 2 %."""
-    assert flops_per_image(Config()) == pytest.approx(28.3e9, rel=0.02)
+    assert default_model_flops() == pytest.approx(28.3e9, rel=0.02)
+
+
+@functools.cache
+def default_model_flops() -> int:
+    """PyramidNet-110 alpha=270's count, taken once for the tests that need it (about 1.5 s each time)."""
+    return flops_per_image(Config())
 
 
 def test_flops_follow_the_model_not_a_constant():
     small, large = (flops_per_image(dataclasses.replace(Config(), depth=d, alpha=a)) for d, a in [(20, 24), (56, 48)])
-    assert 0 < small < large < flops_per_image(Config())
+    assert 0 < small < large < default_model_flops()
     bottleneck = flops_per_image(dataclasses.replace(Config(), depth=272, alpha=200, block="bottleneck"))
-    assert bottleneck != flops_per_image(Config())
+    assert bottleneck != default_model_flops()
 
 
 def test_flop_count_is_three_forward_passes():

@@ -31,6 +31,7 @@ What only multi-GPU hardware can prove, and these tests therefore do not:
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import os
@@ -51,7 +52,7 @@ from common.data import load_datasets, make_loader
 from common.devices import seed_everything
 from common.distributed import check_master_address, check_sync, nccl_error_handling, verify_sync
 from common.optim import build_optimizer, lr_schedule
-from conftest import REPO, TINY, read_results, run_script
+from conftest import REPO, TINY, read_results, refuse_in_process, run_script, two_at_a_time
 from models import pyramidnet
 
 DIST = "dist_parallel/train.py"
@@ -164,10 +165,9 @@ def one_process_each(runs) -> dict[str, Path]:
     """The same 6 steps (with augmentation) in single_gpu, data_parallel and one-process dist_parallel."""
     launches = {"single_gpu": ("single_gpu/train.py",), "data_parallel": ("data_parallel/train.py",),
                 "dist_parallel": (DIST, "--nproc_per_node", "1")}
-    dirs = {}
-    for mode, (script, *flags) in launches.items():
-        dirs[mode] = runs / f"one-{mode}"
-        run_ok(script, dirs[mode], "--max_steps", "6", "--save_model", *flags)
+    dirs = {mode: runs / f"one-{mode}" for mode in launches}
+    two_at_a_time(*(functools.partial(run_ok, script, dirs[mode], "--max_steps", "6", "--save_model", *flags)
+                    for mode, (script, *flags) in launches.items()))
     return dirs
 
 
@@ -273,14 +273,18 @@ def test_two_torchrun_nodes_on_one_host(tmp_path):
 # ---------------------------------------------------------------------------------------------------- 4. evaluation
 @pytest.fixture(scope="module")
 def evaluations(ddp2, runs) -> dict[int, dict]:
-    """`--evaluate` of the 2-process run's model.pt with 1 (single_gpu), 2 and 3 processes: {processes: summary}."""
+    """The test loss and accuracy of the 2-process run's model.pt: `--evaluate` with 1 (single_gpu) and 3
+    processes, and for 2 the run's own evaluation of those weights as it ended (the same evaluate(); the
+    --evaluate path through a process group is the 3-process launch): {processes: summary}."""
     model = ddp2[0] / "model.pt"
-    launches = {1: ("single_gpu/train.py",), 2: (DIST, "--nproc_per_node", "2"),
-                3: (DIST, "--nproc_per_node", "3", "--batch_size", "30")}  # 30: divides over 3 ranks
-    summaries = {}
-    for processes, (script, *flags) in launches.items():
+    launches = {1: ("single_gpu/train.py",), 3: (DIST, "--nproc_per_node", "3", "--batch_size", "30")}  # 30: 3 ranks
+    done_by = dict(zip(launches, two_at_a_time(*(
+        functools.partial(run_ok, script, runs / f"evaluate{processes}", "--evaluate", model, *flags)
+        for processes, (script, *flags) in launches.items()))))
+    summaries = {2: read_results(ddp2[0])["summary"]}
+    assert "test loss" in ddp2[1].stdout and "(51 images)" in ddp2[1].stdout
+    for processes, done in done_by.items():
         run_dir = runs / f"evaluate{processes}"
-        done = run_ok(script, run_dir, "--evaluate", model, *flags)
         printed = [line for line in done.stdout.splitlines() if line.startswith(f"{model}: test loss")]
         assert len(printed) == 1 and printed[0].endswith("(51 images)"), (processes, done.stdout)
         results = read_results(run_dir)
@@ -336,8 +340,9 @@ needs_no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="refused onl
 ])
 def test_a_launch_that_cannot_work_is_refused_before_workers_start(tmp_path, flags, named):
     """One `error: ...` line naming the problem, a non-zero exit, no traceback, no worker output, and no run
-    folder: the self-launch checks what it can before starting torch's elastic launcher."""
-    done = run_script(DIST, *TINY, "--log_dir", tmp_path / "runs", "--run_name", "refused", *flags)
+    folder: the self-launch checks what it can before starting torch's elastic launcher. (In this process through
+    the script's main(); tests/test_bad_input.py refuses a dist_parallel launch as a subprocess.)"""
+    done = refuse_in_process(DIST, *TINY, "--log_dir", tmp_path / "runs", "--run_name", "refused", *flags)
     assert done.returncode != 0
     errors = error_lines(done.stderr)
     assert len(errors) == 1 and errors[0].startswith("error: "), done.stderr

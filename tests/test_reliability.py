@@ -27,7 +27,7 @@ from common.checkpoint import (LAST, load_checkpoint, load_optimizer_state, rng_
                                write_checkpoint)
 from common.config import Config, UsageError, parse_config
 from common.data import ShuffleSampler, load_datasets, make_loader
-from conftest import REPO, TINY, read_results, run_script
+from conftest import REPO, TINY, read_results, run_script, two_at_a_time
 from models import pyramidnet
 
 SINGLE, DIST = "single_gpu/train.py", "dist_parallel/train.py"
@@ -118,12 +118,27 @@ def finish(process: subprocess.Popen, timeout: float = 240, before: str = "") ->
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    """The reference runs, uninterrupted: single_gpu and 2-process dist_parallel, LONGER flags."""
-    log_dir = tmp_path_factory.mktemp("uninterrupted")
-    run_ok(SINGLE, log_dir, "single", *LONGER)
-    run_ok(DIST, log_dir, "dist", *LONGER, "--nproc_per_node", "2")
-    return {"single": weights(log_dir / "single"), "dist": weights(log_dir / "dist")}
+def uninterrupted(shared_runs):
+    """The reference runs' weights, uninterrupted: single_gpu and 2-process dist_parallel, LONGER flags."""
+    return {"single": weights(shared_runs / "single"), "dist": weights(shared_runs / "dist")}
+
+
+@pytest.fixture(scope="module")
+def interval_run(shared_runs) -> Path:
+    """single_gpu with LONGER, --checkpoint_interval 10 and --max_steps 13: a checkpoint at step 10, then the final
+    one at step 13 (mid-epoch), and best.pt from the evaluation at the end."""
+    return shared_runs / "first"
+
+
+@pytest.fixture(scope="module")
+def shared_runs(tmp_path_factory) -> Path:
+    """The runs several tests read, two at a time: uninterrupted's single and dist, interval_run's first."""
+    log_dir = tmp_path_factory.mktemp("shared")
+    two_at_a_time(lambda: run_ok(DIST, log_dir, "dist", *LONGER, "--nproc_per_node", "2"),
+                  lambda: run_ok(SINGLE, log_dir, "single", *LONGER),
+                  lambda: run_ok(SINGLE, log_dir, "first", *LONGER, "--checkpoint_interval", "10",
+                                 "--max_steps", "13"))
+    return log_dir
 
 
 # ---------------------------------------------------------------------------------------------------- 1. resume
@@ -141,24 +156,22 @@ def test_stopped_and_resumed_run_ends_bit_identical(tmp_path, uninterrupted, scr
     assert_bit_identical(weights(tmp_path / "run"), uninterrupted[reference])
 
 
-def test_resume_by_path_into_a_new_run_folder(tmp_path, uninterrupted):
-    """--checkpoint_interval 10 and --max_steps 13: a checkpoint at step 10, then the final one at 13, resumed by
-    its path under another --run_name. (The elastic test resumes from an interval checkpoint.)"""
-    run_ok(SINGLE, tmp_path, "first", *LONGER, "--checkpoint_interval", "10", "--max_steps", "13")
-    assert torch.load(tmp_path / "first" / LAST, weights_only=True)["step"] == 13
-    run_ok(SINGLE, tmp_path, "second", *LONGER, "--resume", tmp_path / "first" / LAST)
+def test_resume_by_path_into_a_new_run_folder(tmp_path, uninterrupted, interval_run):
+    """The final checkpoint of interval_run, resumed by its path under another --run_name. (The elastic test
+    resumes from an interval checkpoint.)"""
+    assert torch.load(interval_run / LAST, weights_only=True)["step"] == 13
+    run_ok(SINGLE, tmp_path, "second", *LONGER, "--resume", interval_run / LAST)
     assert_bit_identical(weights(tmp_path / "second"), uninterrupted["single"])
 
 
-def test_checkpoint_holds_every_state_and_loads_weights_only(tmp_path):
-    run_ok(SINGLE, tmp_path, "run", *TINY, "--max_steps", "3")
-    state = torch.load(tmp_path / "run" / LAST, weights_only=True)  # no arbitrary code: tensors and plain values
+def test_checkpoint_holds_every_state_and_loads_weights_only(interval_run):
+    state = torch.load(interval_run / LAST, weights_only=True)  # no arbitrary code: tensors and plain values
     assert {"model", "optimizer", "scheduler", "scaler", "epoch", "batch", "step", "best_acc", "rng",
             "config"} <= set(state)
-    assert (state["epoch"], state["batch"], state["step"]) == (0, 3, 3)
+    assert (state["epoch"], state["batch"], state["step"]) == (0, 13, 13)
     assert set(state["rng"][0]) == {"torch", "cuda", "numpy", "python"}
-    assert state["config"]["depth"] == 8 and state["scheduler"]["last_epoch"] == 3
-    assert (tmp_path / "run" / "best.pt").exists()  # the one evaluation so far is the best
+    assert state["config"]["depth"] == 8 and state["scheduler"]["last_epoch"] == 13
+    assert (interval_run / "best.pt").exists()  # the one evaluation so far is the best
 
 
 def test_rng_states_round_trip():
@@ -320,9 +333,8 @@ def test_an_interrupted_checkpoint_write_keeps_the_previous_one(tmp_path, monkey
     assert torch.equal(torch.load(tmp_path / LAST, weights_only=True)["model"]["w"], torch.ones(1000))
 
 
-def test_a_truncated_checkpoint_is_refused_with_one_line(tmp_path):
-    run_ok(SINGLE, tmp_path, "run", *TINY, "--max_steps", "2")
-    data = (tmp_path / "run" / LAST).read_bytes()
+def test_a_truncated_checkpoint_is_refused_with_one_line(tmp_path, interval_run):
+    data = (interval_run / LAST).read_bytes()
     (tmp_path / "cut.pt").write_bytes(data[:len(data) // 2])
     with pytest.raises(UsageError, match="truncated or not a checkpoint"):
         load_checkpoint(tmp_path / "cut.pt", parse_config(Config, TINY))

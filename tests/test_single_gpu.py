@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import REPO, TINY, read_results, read_scalars, run_script
+from conftest import REPO, TINY, read_results, read_scalars, refuse_in_process, run_script
 
 SCRIPT = "single_gpu/train.py"
 SUMMARY = {"images_per_sec", "images_per_sec_per_gpu", "batch_time_p50", "batch_time_p90", "data_wait_frac",
@@ -115,13 +115,18 @@ def _bad_inputs(tmp_path):
     }
 
 
+# run as a user runs them too (a subprocess each); the others in-process (refuse_in_process): the same main()
+AS_A_USER = ("existing run folder",)
+
+
 def test_bad_input_is_one_line_a_nonzero_exit_and_nothing_written(tmp_path):
     cases = _bad_inputs(tmp_path)
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     # Later flags win in argparse, so each case's flags follow the tiny defaults.
     args_default_dir = ["--log_dir", tmp_path / "runs", "--run_name", "fresh"]
     for name, (flags, expected) in cases.items():
-        done = run_script(SCRIPT, *TINY, *args_default_dir, *flags)
+        launch = run_script if name in AS_A_USER else refuse_in_process
+        done = launch(SCRIPT, *TINY, *args_default_dir, *flags)
         assert done.returncode != 0, name
         errors = [line for line in done.stderr.splitlines() if not line.startswith("warning:")]
         assert len(errors) == 1 and errors[0].startswith("error: "), (name, done.stderr)

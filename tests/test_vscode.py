@@ -67,7 +67,8 @@ def test_configuration_runs_an_existing_script_with_flags_it_accepts(configurati
 def test_the_dist_parallel_configuration_starts_and_finishes(tmp_path):
     configuration = next(c for c in CONFIGURATIONS if c.get("module") == "torch.distributed.run")
     launcher_args, script, flags = command(configuration)
-    env = {**os.environ, **configuration.get("env", {}), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **configuration.get("env", {}), "PYTHONUNBUFFERED": "1",
+           "OMP_NUM_THREADS": "1"}  # a core of its own: the suite runs a file per core
     done = subprocess.run([sys.executable, "-m", configuration["module"], *launcher_args, script, *flags,
                            "--log_dir", str(tmp_path), "--max_steps", "4"],  # into tmp_path, not runs/; short
                           cwd=resolved(configuration["cwd"]), env=env, capture_output=True, text=True, timeout=300)
