@@ -38,7 +38,7 @@ from common.data import DATASET_INFO  # noqa: E402
 from comparison import environment as machine  # noqa: E402
 from comparison.matrix import (BACKENDS, MODES, Run, check_runs, command, dist_config_class, plan,  # noqa: E402
                                run_environment)
-from comparison.plots import write_plots  # noqa: E402
+from comparison.plots import averaged, configurations, write_plots  # noqa: E402
 from comparison.projection import gradient_bytes  # noqa: E402
 from comparison.report import (READING, TABLE_HEADER, Outcome, environment_section, fabric_of_runs,  # noqa: E402
                                failures, fill_rows, fmt_seconds, groups, projection_inputs, projection_section,
@@ -190,6 +190,7 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
     bucket_cap_mb = next((o.results["config"].get("bucket_cap_mb") for o in ok if o.run.mode == "dist_parallel"),
                          25.0)
     projection = projection_inputs(outcomes, grads, bucket_cap_mb)
+    pictures = write_plots(outcomes, out, device, cuda, projection)
     what = (f"`--benchmark`: synthetic data, {config['warmup_steps']} untimed then {config['benchmark_steps']} timed "
             f"steps per run" if not cc.epochs else f"training for {cc.epochs} epochs on {config['dataset']}")
     lines = [
@@ -209,7 +210,7 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
         "",
         READING,
         "",
-        "![images/s](images_per_sec.png) ![scaling efficiency](scaling_efficiency.png)",
+        *pictures_section(outcomes, pictures),
         "",
         "Every run's figures, unrounded, are in `results.csv`; its log in `logs/`, its run folder (results.json, "
         "TensorBoard events) in `runs/`.",
@@ -223,7 +224,22 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
         *environment_section(env, topology),
     ]
     (out / "report.md").write_text("\n".join(lines) + "\n")
-    return [out / "report.md", out / "results.csv", *write_plots(outcomes, out, device, cuda, projection)]
+    return [out / "report.md", out / "results.csv", *pictures]
+
+
+def pictures_section(outcomes: list[Outcome], pictures: list[Path]) -> list[str]:
+    """The pictures written, and what each point or bar of them is: the mean of a configuration's successful runs."""
+    if not pictures:
+        return ["No run succeeded, so there are no pictures."]
+    lines = [" ".join(f"![{p.stem.replace('_', ' ')}]({p.name})" for p in pictures), "",
+             f"Each point or bar is one configuration: {averaged(configurations(outcomes))} (failed runs left "
+             f"out), the error bars their standard deviation. *step time* splits the mean step into the wait for "
+             f"data, compute and, for a parallel mode, the time above single_gpu's step at the same per-GPU batch: "
+             f"what the parallelism costs (gradient all-reduce not hidden by backward; DataParallel's "
+             f"scatter, replication and gather)."]
+    if not any(p.name == "memory_per_gpu.png" for p in pictures):
+        lines[-1] += " There is no memory picture: peak memory is measured on GPUs only."
+    return lines
 
 
 def model_on_meta(config: dict) -> torch.nn.Module:

@@ -97,8 +97,11 @@ def test_the_report_numbers_are_the_runs_own(comparison):
         assert f"| {summary['images_per_sec']:,.0f} |" in line
         assert f"| {summary['batch_time_p50'] * 1000:,.1f} |" in line
         assert f"| {speedup:,.2f}× |" in line
-    for plot in ("images_per_sec.png", "scaling_efficiency.png"):
+    for plot in ("images_per_sec.png", "scaling_efficiency.png", "step_time.png"):  # drawn without the failed run
         assert (out / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"]({plot})" in report  # and shown in the report
+    assert not (out / "memory_per_gpu.png").exists() and "peak memory is measured on GPUs only" in report
+    assert "one run each (failed runs left out)" in report  # what each picture averages
 
 
 def test_the_report_names_the_machine_and_labels_the_projection(comparison):
