@@ -38,7 +38,7 @@ from common.data import DATASET_INFO  # noqa: E402
 from comparison import environment as machine  # noqa: E402
 from comparison.matrix import (BACKENDS, MODES, Run, check_runs, command, dist_config_class, plan,  # noqa: E402
                                run_environment)
-from comparison.plots import averaged, configurations, write_plots  # noqa: E402
+from comparison.plots import pictures_section, write_plots  # noqa: E402
 from comparison.projection import gradient_bytes  # noqa: E402
 from comparison.report import (READING, TABLE_HEADER, Outcome, environment_section, fabric_of_runs,  # noqa: E402
                                failures, fill_rows, fmt_seconds, groups, projection_inputs, projection_section,
@@ -225,21 +225,6 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
     ]
     (out / "report.md").write_text("\n".join(lines) + "\n")
     return [out / "report.md", out / "results.csv", *pictures]
-
-
-def pictures_section(outcomes: list[Outcome], pictures: list[Path]) -> list[str]:
-    """The pictures written, and what each point or bar of them is: the mean of a configuration's successful runs."""
-    if not pictures:
-        return ["No run succeeded, so there are no pictures."]
-    lines = [" ".join(f"![{p.stem.replace('_', ' ')}]({p.name})" for p in pictures), "",
-             f"Each point or bar is one configuration: {averaged(configurations(outcomes))} (failed runs left "
-             f"out), the error bars their standard deviation. *step time* splits the mean step into the wait for "
-             f"data, compute and, for a parallel mode, the time above single_gpu's step at the same per-GPU batch: "
-             f"what the parallelism costs (gradient all-reduce not hidden by backward; DataParallel's "
-             f"scatter, replication and gather)."]
-    if not any(p.name == "memory_per_gpu.png" for p in pictures):
-        lines[-1] += " There is no memory picture: peak memory is measured on GPUs only."
-    return lines
 
 
 def model_on_meta(config: dict) -> torch.nn.Module:

@@ -24,6 +24,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import NullLocator  # noqa: E402
 
 from comparison.projection import FABRICS, projected_efficiency  # noqa: E402
+from comparison.report import groups  # noqa: E402
 
 COLOURS = {"data wait": "#b0b0b0", "compute": "#4c72b0", "parallelism": "#dd5555"}
 FABRIC_LINES = ("--", ":", "-.")  # one dash per projected curve
@@ -52,12 +53,8 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 
 
 def configurations(outcomes) -> list[list]:
-    """The successful runs grouped by configuration (repeats together), in the matrix's order."""
-    groups: dict[tuple, list] = {}
-    for o in outcomes:
-        if o.status == "ok":
-            groups.setdefault(o.run.setting, []).append(o)
-    return list(groups.values())
+    """The report's configurations (repeats together, in the matrix's order), each with its successful runs only."""
+    return [ok for ok in ([o for o in group if o.status == "ok"] for group in groups(outcomes)) if ok]
 
 
 def averaged(groups: list[list]) -> str:
@@ -248,6 +245,21 @@ def memory_figure(outcomes, device: str) -> Figure | None:
 
 
 # ---------------------------------------------------------------------------------------------------- the files
+def pictures_section(outcomes, pictures: list[Path]) -> list[str]:
+    """report.md's lines on the pictures written: each shown, and what each point or bar of them is."""
+    if not pictures:
+        return ["No run succeeded, so there are no pictures."]
+    lines = [" ".join(f"![{p.stem.replace('_', ' ')}]({p.name})" for p in pictures), "",
+             f"Each point or bar is one configuration: {averaged(configurations(outcomes))} (failed runs left "
+             f"out), the error bars their standard deviation. *step time* splits the mean step into the wait for "
+             f"data, compute and, for a parallel mode, the time above single_gpu's step at the same per-GPU batch: "
+             f"what the parallelism costs (gradient all-reduce not hidden by backward; DataParallel's "
+             f"scatter, replication and gather)."]
+    if not any(p.name == "memory_per_gpu.png" for p in pictures):
+        lines[-1] += " There is no memory picture: peak memory is measured on GPUs only."
+    return lines
+
+
 def figures(outcomes, device: str, cuda: bool, projection: dict | None) -> dict[str, Figure]:
     """{file name: figure} of every picture there is something to draw for."""
     made = {"images_per_sec.png": throughput_figure(outcomes, device, cuda),

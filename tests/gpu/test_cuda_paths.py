@@ -14,13 +14,11 @@ DataParallel's scatter and replica threads over several GPUs, scaling. Their mec
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -29,11 +27,10 @@ import torch
 import torch.nn.functional as F
 
 from common.config import Config, parse_config
-from common.data import EvalShard, ShuffleSampler, load_datasets, make_loader
+from common.data import ShuffleSampler, load_datasets, make_loader
 from common.devices import seed_everything
 from common.metrics import StepTimer
-from common.optim import build_optimizer
-from common.performance import autocast, grad_scaler, peak_tflops, resolve_fast_path
+from common.performance import autocast, peak_tflops, resolve_fast_path
 from common.telemetry import GIB, GpuTelemetry, peak_memory_gb
 from conftest import REPO, TINY, read_results, read_scalars
 
@@ -312,8 +309,7 @@ def test_peak_memory_leaves_the_warm_up_out():
     timer = StepTimer(CUDA, warmup_steps=1, gpus=[0])
     for index in timer.timed(range(3)):
         if index == 0:
-            workspace = torch.empty(2 * GIB, dtype=torch.uint8, device=CUDA)
-            del workspace
+            torch.empty(2 * GIB, dtype=torch.uint8, device=CUDA)  # allocated and freed at once
         small = torch.ones(1024, 1024, device=CUDA)
         timer.step_done()
     assert peak_memory_gb([0])[0] < 1.0
