@@ -3,10 +3,20 @@
 Both loaders draw indices from a torch Sampler, so the epoch order depends only on the seed and the epoch:
 `ShuffleSampler` (one process) gives exactly the order of `DistributedSampler` with one replica, and each mode
 calls `set_epoch` every epoch. Batches come out on the device, normalised, as (float images NCHW, int64 labels).
+
+The augmentation (pad-4 random crop, horizontal flip) is a function of (seed, epoch, image index), drawn for the
+whole dataset at once by `augmentation_draws`: an image is cropped and flipped alike in an epoch whatever the
+loader, the number of DataLoader workers or processes, or a resume in between. The two loaders' batches then
+differ only in the rounding of the normalisation, by at most one float32 ulp (2**-22 for values in [2, 4)).
 """
 from __future__ import annotations
 
+import os
 import pickle
+import signal
+import sys
+import threading
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,7 +52,7 @@ DATASET_INFO = {
 }  # one entry per common.config.DATASETS
 
 
-# ---- datasets: .data uint8 (N, H, W, C) or (N, H, W), .targets (ints), .info, .transform (PIL in) ----
+# ---- datasets: .data uint8 (N, H, W, C) or (N, H, W), .targets (ints), .info; [i] is (PIL image, label) ----
 
 class SyntheticCIFAR(Dataset):
     """CIFAR-10's shapes and dtype, generated in memory from the seed, never downloaded, and learnable.
@@ -177,14 +187,27 @@ class EvalShard(Sampler[int]):
         return len(self.indices)
 
 
+# ---- augmentation: a function of (seed, epoch, image index), the same in both loaders ----
+
+def augmentation_draws(seed: int, epoch: int, size: int, flip: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(top, left, flip) of every image of a `size`-image dataset in epoch `epoch`: the offsets of its crop (of the
+    image's own size) from the image padded by PAD on every side, and whether the crop is mirrored (never where
+    `flip` is False). Indexed by the dataset index: neither the loader, the worker, the rank nor a resume enters."""
+    rng = np.random.default_rng([seed, epoch])
+    top, left = rng.integers(0, 2 * PAD + 1, (2, size))
+    mirrored = rng.random(size) < 0.5 if flip else np.zeros(size, dtype=bool)
+    return top, left, mirrored
+
+
 # ---- loaders: iterate (images, labels) on the device; set_epoch; len = batches per epoch ----
 
 def make_loader(kind: str, dataset, sampler, batch_size: int, device: torch.device, *, train: bool, augment: bool,
-                num_workers: int, seed: int, rank: int = 0, memory_format=torch.contiguous_format):
+                num_workers: int | None, seed: int, rank: int = 0, memory_format=torch.contiguous_format):
     """The training loader drops its last partial batch, so every step has the full global batch (and the same
-    shapes, which cuDNN autotuning and torch.compile rely on). Batches come in `memory_format`."""
+    shapes, which cuDNN autotuning and torch.compile rely on). Batches come in `memory_format`. `num_workers` None:
+    `default_num_workers()`. `rank` is not used: no loader depends on it."""
     options = dict(batch_size=batch_size, device=device, augment=train and augment, drop_last=train,
-                   seed=seed, rank=rank, memory_format=memory_format)
+                   seed=seed, memory_format=memory_format)
     if kind == "gpu":
         return DeviceLoader(dataset, sampler, **options)
     if kind == "torchvision":
@@ -192,8 +215,40 @@ def make_loader(kind: str, dataset, sampler, batch_size: int, device: torch.devi
     raise UsageError(f"unknown loader {kind!r}: use gpu or torchvision")
 
 
-def _augmentation_seed(seed: int, epoch: int, rank: int) -> int:
-    return int(np.random.SeedSequence([seed, epoch, rank]).generate_state(1)[0])
+MAX_WORKERS = 4  # DataLoader workers per training process by default: enough to keep up with CIFAR-sized images
+
+
+def default_num_workers() -> int:
+    """Workers per training process when --num_workers is not given: the cores this process may use, shared among
+    the node's training processes (LOCAL_WORLD_SIZE; WORLD_SIZE on a launch without it, which is one node), less
+    one core of each share for the process itself, at most MAX_WORKERS. Never above the usable cores, where the
+    DataLoader warns of too many workers. 2 cores: 1 worker for one process, none for two."""
+    cores, processes = _usable_cores(), _processes_on_this_node()
+    return max(0, min(MAX_WORKERS, cores // processes - 1))
+
+
+def _usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _processes_on_this_node() -> int:
+    return max(int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1"))), 1)
+
+
+# torch's DataLoader warns of more workers than cores in every process, for every loader (twice a run, per rank):
+# the run says it once instead, from its first process, when training starts (after every refusal).
+warnings.filterwarnings("ignore", message=r"This DataLoader will create \d+ worker processes", category=UserWarning)
+_warned: set[str] = set()  # what this process has warned of
+
+
+def _say_once_if_too_many(num_workers: int) -> None:
+    cores, processes = _usable_cores(), _processes_on_this_node()
+    if num_workers * processes <= cores or "workers" in _warned or os.environ.get("RANK", "0") != "0":
+        return
+    _warned.add("workers")
+    print(f"warning: --num_workers {num_workers} in each of {processes} process(es) is more than the {cores} usable "
+          f"cores: the workers will compete with training for them; leave --num_workers out to fit the machine",
+          file=sys.stderr, flush=True)
 
 
 class DeviceLoader:
@@ -201,10 +256,10 @@ class DeviceLoader:
     crop and flip (where the dataset allows one) folded into its indices, then a normalisation. No worker
     processes, no host round trip."""
 
-    def __init__(self, dataset, sampler, *, batch_size, device, augment, drop_last, seed, rank,
+    def __init__(self, dataset, sampler, *, batch_size, device, augment, drop_last, seed,
                  memory_format=torch.contiguous_format):
         self.sampler, self.batch_size, self.device, self.memory_format = sampler, batch_size, device, memory_format
-        self.augment, self.drop_last, self.seed, self.rank, self.epoch, self.skip = augment, drop_last, seed, rank, 0, 0
+        self.augment, self.drop_last, self.seed, self.epoch, self.skip = augment, drop_last, seed, 0, 0
         images = torch.as_tensor(np.asarray(dataset.data)).to(device)
         images = images.reshape(*images.shape[:3], -1)  # (N, H, W, C) uint8; greyscale (N, H, W) gets C = 1
         self.height, self.width, self.flip = images.shape[1], images.shape[2], dataset.info.flip
@@ -212,7 +267,6 @@ class DeviceLoader:
         self.labels = torch.as_tensor(dataset.targets, dtype=torch.int64).to(device)
         self.mean = torch.tensor(dataset.info.mean, device=device).view(1, -1, 1, 1) * 255
         self.std = torch.tensor(dataset.info.std, device=device).view(1, -1, 1, 1) * 255
-        self.generator = torch.Generator(device=device)
 
     def set_epoch(self, epoch: int, skip: int = 0) -> None:
         """Iterate epoch `epoch` from its batch `skip` on (a resumed run: those were consumed before)."""
@@ -223,28 +277,18 @@ class DeviceLoader:
         size = len(self.sampler)
         return size // self.batch_size if self.drop_last else -(-size // self.batch_size)
 
-    def _crop_and_flip(self, n: int):
-        top, left = torch.randint(0, 2 * PAD + 1, (2, n, 1), device=self.device, generator=self.generator)
-        if not self.flip:  # a mirrored digit is no digit: such datasets are never flipped
-            return top, left, None
-        flip = torch.rand(n, 1, device=self.device, generator=self.generator) < 0.5
-        return top, left, flip
-
     def __iter__(self):
-        self.generator.manual_seed(_augmentation_seed(self.seed, self.epoch, self.rank))
         row_range = torch.arange(self.height, device=self.device)
         col_range = torch.arange(self.width, device=self.device)
         order = torch.tensor(list(self.sampler), dtype=torch.int64).to(self.device)  # one copy per epoch
-        for start in range(0, len(self) * self.batch_size, self.batch_size):
+        if self.augment:  # the epoch's crops and flips of every image, one copy per epoch, gathered by index
+            top, left, flip = (torch.from_numpy(draws).to(self.device) for draws in
+                               augmentation_draws(self.seed, self.epoch, len(self.labels), self.flip))
+        for start in range(self.skip * self.batch_size, len(self) * self.batch_size, self.batch_size):
             index = order[start:start + self.batch_size]
-            if start < self.skip * self.batch_size:  # consumed before a resume: its random draws, no batch
-                if self.augment:
-                    self._crop_and_flip(index.shape[0])
-                continue
             if self.augment:  # pad-4 random crop + horizontal flip, as row/column indices into the padded images
-                top, left, flip = self._crop_and_flip(index.shape[0])
-                rows = top + row_range
-                cols = left + (col_range if flip is None else torch.where(flip, self.width - 1 - col_range, col_range))
+                rows = top[index, None] + row_range
+                cols = left[index, None] + torch.where(flip[index, None], self.width - 1 - col_range, col_range)
                 images = self.images[index[:, None, None], rows[:, :, None], cols[:, None, :]]
             else:
                 images = self.images[index]
@@ -252,25 +296,29 @@ class DeviceLoader:
             yield images.float().sub_(self.mean).div_(self.std), self.labels[index]
 
 
+class LoaderWorkerDied(RuntimeError):
+    """A DataLoader worker process ended (killed by the OOM killer, say): the run can stop as if asked to."""
+
+
 class TorchvisionLoader:
     """The classic path: a DataLoader whose workers decode PIL images and run torchvision transforms, pinned
-    memory, persistent workers; batches are copied to the device without blocking the host."""
+    memory, persistent workers; batches are copied to the device without blocking the host.
 
-    def __init__(self, dataset, sampler, *, batch_size, device, augment, drop_last, seed, rank, num_workers,
+    Resuming mid-epoch needs no worker state (torchdata's StatefulDataLoader saves it; not used here): the
+    augmentation is a function of (seed, epoch, image index), which the sampler hands to the workers with each
+    index, so skipping the consumed batches in the sampler is the whole resume, with no extra dependency and the
+    same crops and flips as the gpu loader."""
+
+    def __init__(self, dataset, sampler, *, batch_size, device, augment, drop_last, seed, num_workers,
                  memory_format=torch.contiguous_format):
-        from torchvision import transforms
-
-        info = dataset.info
-        steps = [transforms.RandomCrop(info.size, padding=PAD)] if augment else []
-        steps += [transforms.RandomHorizontalFlip()] if augment and info.flip else []  # never a mirrored digit
-        dataset.transform = transforms.Compose(
-            steps + [transforms.ToTensor(), transforms.Normalize(info.mean, info.std)])
-        self.sampler, self.device, self.memory_format = _Skipping(sampler, batch_size), device, memory_format
+        self.num_workers = num_workers = default_num_workers() if num_workers is None else num_workers
+        self.sampler, self.device, self.memory_format = _EpochIndices(sampler, batch_size), device, memory_format
         self.batches = len(sampler) // batch_size if drop_last else -(-len(sampler) // batch_size)
         self.loader = DataLoader(
-            dataset, batch_size=batch_size, sampler=self.sampler, num_workers=num_workers, drop_last=drop_last,
-            pin_memory=device.type == "cuda", persistent_workers=num_workers > 0,
-            generator=torch.Generator().manual_seed(_augmentation_seed(seed, 0, rank)))
+            _Transformed(dataset, seed, augment), batch_size=batch_size, sampler=self.sampler,
+            num_workers=num_workers, drop_last=drop_last, pin_memory=device.type == "cuda",
+            persistent_workers=num_workers > 0, worker_init_fn=_leave_stopping_to_the_main_process,
+            generator=torch.Generator().manual_seed(seed))  # draws the workers' base seed: the global RNG is left alone
 
     def set_epoch(self, epoch: int, skip: int = 0) -> None:
         self.sampler.set_epoch(epoch, skip)
@@ -279,26 +327,100 @@ class TorchvisionLoader:
         return self.batches
 
     def __iter__(self):
-        for images, labels in self.loader:
-            yield (images.to(self.device, non_blocking=True, memory_format=self.memory_format),
-                   labels.to(self.device, non_blocking=True))
+        from torch.utils.data._utils.signal_handling import _error_if_any_worker_fails
+
+        _say_once_if_too_many(self.num_workers)
+        try:
+            batches = iter(self.loader)
+            _defer_worker_failures()
+            for images, labels in batches:
+                yield (images.to(self.device, non_blocking=True, memory_format=self.memory_format),
+                       labels.to(self.device, non_blocking=True))
+                _error_if_any_worker_fails()  # a worker that died during the step just taken: raised here
+        except RuntimeError as error:  # the DataLoader's own words for a worker that is gone
+            if not str(error).startswith("DataLoader worker (pid"):
+                raise
+            raise LoaderWorkerDied(" ".join(str(error).split()).split(". ")[0].rstrip(".")) from None
 
 
-class _Skipping(Sampler[int]):
-    """A sampler's epoch without its first `skip` batches, for a resumed run's first epoch."""
+def _leave_stopping_to_the_main_process(worker_id: int) -> None:
+    """Ctrl-C signals the whole foreground process group and SLURM every process: a worker that ended on SIGINT
+    or SIGTERM would make the main process fail ("DataLoader worker exited unexpectedly") before it wrote its stop
+    checkpoint. So a worker ignores both, except a SIGTERM from its own main process: that is how multiprocessing
+    ends the workers when the main process exits (and then waits for them). An orphaned worker exits by itself
+    (torch's watchdog, within 5 s)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "sigwaitinfo"):  # Linux; elsewhere (macOS) SIGTERM ends a worker as torch lets it
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # threads started from here on inherit it
+        threading.Thread(target=_exit_on_the_main_process_sigterm, daemon=True).start()
+
+
+def _exit_on_the_main_process_sigterm() -> None:
+    while signal.sigwaitinfo({signal.SIGTERM}).si_pid != os.getppid():  # the sender, which a handler is not told
+        pass
+    os._exit(0)  # as torch's own handler does on its main process's SIGTERM
+
+
+def _defer_worker_failures() -> None:
+    """torch's SIGCHLD handler raises a dead worker's error wherever the main thread is, mid-step too (with some
+    BatchNorm statistics or parameters updated and others not). Without it TorchvisionLoader.__iter__ finds the
+    death when the next batch is asked for (and the DataLoader within 5 s while it waits for one), between steps.
+    torch sets the handler once per process, from the main thread (and chains to a previous Python handler, which
+    these scripts lack)."""
+    from torch.utils.data._utils import signal_handling
+
+    handler = signal.getsignal(signal.SIGCHLD)
+    if getattr(handler, "__module__", None) == signal_handling.__name__ and threading.current_thread() is \
+            threading.main_thread():
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+
+
+class _Transformed(Dataset):
+    """The torchvision loader's dataset: item (epoch, index) is image `index` as a PIL image, padded, cropped and
+    flipped as `augmentation_draws` says for that epoch, then ToTensor and Normalize. Each worker keeps the draws
+    of the epoch it is in (persistent workers hold their own copy of this object)."""
+
+    def __init__(self, dataset, seed: int, augment: bool):
+        from torchvision import transforms
+
+        self.dataset, self.seed, self.augment, self.info = dataset, seed, augment, dataset.info
+        self.normalise = transforms.Compose([transforms.ToTensor(), transforms.Normalize(dataset.info.mean,
+                                                                                         dataset.info.std)])
+        self.epoch, self.draws = None, None
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, item: tuple[int, int]):
+        from torchvision.transforms import functional
+
+        epoch, index = item
+        image, label = self.dataset[index]
+        if self.augment:
+            if epoch != self.epoch:
+                self.epoch, self.draws = epoch, augmentation_draws(self.seed, epoch, len(self.dataset), self.info.flip)
+            top, left, flip = (int(draws[index]) for draws in self.draws)
+            image = functional.crop(functional.pad(image, PAD), top, left, self.info.size, self.info.size)
+            image = functional.hflip(image) if flip else image
+        return self.normalise(image), label
+
+
+class _EpochIndices(Sampler[tuple[int, int]]):
+    """A sampler's epoch as (epoch, index) pairs, without its first `skip` batches (a resumed run's first epoch):
+    the epoch travels with each index to the workers, whose copies of the dataset never see set_epoch."""
 
     def __init__(self, sampler, batch_size: int):
-        self.sampler, self.batch_size, self.skip = sampler, batch_size, 0
+        self.sampler, self.batch_size, self.epoch, self.skip = sampler, batch_size, 0, 0
 
     def set_epoch(self, epoch: int, skip: int) -> None:
         self.sampler.set_epoch(epoch)
-        self.skip = skip
+        self.epoch, self.skip = epoch, skip
 
     def __iter__(self):
         indices = iter(self.sampler)
         for _ in range(self.skip * self.batch_size):
             next(indices)
-        return indices
+        return ((self.epoch, index) for index in indices)
 
     def __len__(self):
         return len(self.sampler) - self.skip * self.batch_size

@@ -2,9 +2,16 @@
 from __future__ import annotations
 
 import hashlib
+import multiprocessing
+import os
 import pickle
+import signal
+import subprocess
 import tarfile
+import time
 import urllib.error
+import warnings
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -16,8 +23,10 @@ import torchvision.datasets.utils
 from torch.utils.data import DistributedSampler
 
 from common.config import UsageError
-from common.data import (CIFAR10_MEAN, CIFAR10_STD, DATASET_INFO, DeviceLoader, EvalShard, ShuffleSampler,
-                         SyntheticCIFAR, TorchvisionLoader, load_datasets, make_loader)
+from common import data
+from common.data import (CIFAR10_MEAN, CIFAR10_STD, DATASET_INFO, DeviceLoader, EvalShard, LoaderWorkerDied,
+                         ShuffleSampler, SyntheticCIFAR, TorchvisionLoader, augmentation_draws, default_num_workers,
+                         load_datasets, make_loader)
 
 CPU = torch.device("cpu")
 MEAN = torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1) * 255
@@ -222,10 +231,9 @@ def test_device_loader_labels_follow_the_sampler():
         assert np.array_equal(unnormalise(images), dataset.data[order].astype(np.int64))
 
 
-def augmented_epoch(dataset, seed=0, epoch=0, rank=0, batch=32, sampler_seed=0, shuffle=True):
+def augmented_epoch(dataset, seed=0, epoch=0, batch=32, sampler_seed=0, shuffle=True):
     sampler = ShuffleSampler(len(dataset.targets), shuffle=shuffle, seed=sampler_seed)
-    loader = make_loader("gpu", dataset, sampler, batch, CPU, train=True, augment=True, num_workers=0, seed=seed,
-                         rank=rank)
+    loader = make_loader("gpu", dataset, sampler, batch, CPU, train=True, augment=True, num_workers=0, seed=seed)
     loader.set_epoch(epoch)
     return collect(loader)[1:]
 
@@ -240,10 +248,10 @@ def test_augmentation_is_reproducible():
     loader = make_loader("gpu", dataset, sampler, 32, CPU, train=True, augment=True, num_workers=0, seed=1)
     loader.set_epoch(2)
     assert torch.equal(collect(loader)[1], collect(loader)[1])
-    # another epoch, seed or rank: other crops, even in the same order (no shuffling: only the augmentation differs)
+    # another epoch or seed: other crops, even in the same order (no shuffling: only the augmentation differs)
     reference = augmented_epoch(dataset, seed=1, epoch=2, shuffle=False)
     assert torch.equal(reference[1], torch.tensor(dataset.targets))
-    for other in (dict(seed=1, epoch=3), dict(seed=2, epoch=2), dict(seed=1, epoch=2, rank=1)):
+    for other in (dict(seed=1, epoch=3), dict(seed=2, epoch=2)):
         ordered = augmented_epoch(dataset, **other, shuffle=False)
         assert torch.equal(ordered[1], reference[1])
         assert not torch.equal(ordered[0], reference[0])
@@ -291,24 +299,210 @@ def test_augmentation_is_a_pad4_crop_and_an_optional_flip():
 def test_device_loader_without_augmentation_keeps_images_unpadded():
     dataset = coordinate_dataset(20)
     loader = DeviceLoader(dataset, EvalShard(20), batch_size=20, device=CPU, augment=False, drop_last=False,
-                          seed=0, rank=0)
+                          seed=0)
     assert loader.images.shape == (20, 32, 32, 3)
     images, labels = next(iter(loader))
     assert np.array_equal(unnormalise(images), dataset.data.astype(np.int64))
     augmented = DeviceLoader(dataset, EvalShard(20), batch_size=20, device=CPU, augment=True, drop_last=False,
-                             seed=0, rank=0)
+                             seed=0)
     assert augmented.images.shape == (20, 40, 40, 3)
 
 
-def test_torchvision_loader_augments_and_sets_the_transform():
+def test_torchvision_loader_augments_and_leaves_the_dataset_alone():
     dataset = SyntheticCIFAR(40, seed=0, train=True)
     loader = make_loader("torchvision", dataset, ShuffleSampler(40, True, 0), 16, CPU, train=True, augment=True,
                          num_workers=0, seed=0)
-    assert dataset.transform is not None and len(loader) == 2
+    assert dataset.transform is None and len(loader) == 2  # the loader transforms the PIL images dataset[i] gives
     batches = list(loader)
     assert [b[0].shape for b in batches] == [(16, 3, 32, 32)] * 2
     plain = normalised(dataset.data[list(ShuffleSampler(40, True, 0))[:32]])
     assert not torch.allclose(torch.cat([b[0] for b in batches]), plain)  # cropped/flipped
+
+
+def test_augmentation_draws_depend_on_the_seed_and_the_epoch_only():
+    top, left, flip = augmentation_draws(3, 1, 1000, flip=True)
+    assert top.shape == left.shape == flip.shape == (1000,) and flip.dtype == bool
+    assert set(top) == set(left) == set(range(9)) and 0.4 < flip.mean() < 0.6
+    assert all(np.array_equal(a, b) for a, b in zip((top, left, flip), augmentation_draws(3, 1, 1000, flip=True)))
+    never = augmentation_draws(3, 1, 1000, flip=False)  # a dataset never mirrored: the same crops, no flip
+    assert np.array_equal(never[0], top) and np.array_equal(never[1], left) and not never[2].any()
+    for seed, epoch in ((3, 2), (4, 1)):
+        assert (augmentation_draws(seed, epoch, 1000, flip=True)[0] != top).mean() > 0.8
+
+
+class PixelRamp:
+    """One 16x16 image holding every pixel value 0..255 once, in every channel, with the real dataset interface."""
+
+    def __init__(self, name: str):
+        self.info = DATASET_INFO[name]
+        ramp = np.arange(256, dtype=np.uint8).reshape(1, 16, 16)
+        self.data = ramp if self.info.channels == 1 else np.repeat(ramp[..., None], self.info.channels, axis=3)
+        self.targets = [0]
+
+    def __len__(self):
+        return 1
+
+    def __getitem__(self, index):
+        from PIL import Image
+
+        return Image.fromarray(self.data[index]), self.targets[index]
+
+
+ROUNDING = 2 ** -22  # the most the two loaders' normalised pixels differ by, measured below
+
+
+@pytest.mark.parametrize("name", ["cifar10", "mnist"])
+def test_the_loaders_normalisations_differ_by_a_float32_rounding(name):
+    """Every pixel value of every channel, normalised by each loader: the gpu loader computes (x - 255 mean) /
+    (255 std), torchvision's ToTensor + Normalize (x / 255 - mean) / std. Measured: they differ by at most 2**-22,
+    one float32 ulp of the largest normalised values (|x| in [2, 4))."""
+    dataset = PixelRamp(name)
+    ours, theirs = (next(iter(make_loader(kind, dataset, EvalShard(1), 1, CPU, train=False, augment=False,
+                                          num_workers=0, seed=0)))[0] for kind in ("gpu", "torchvision"))
+    assert ours.shape == theirs.shape == (1, dataset.info.channels, 16, 16)
+    assert 2 <= ours.abs().max() < 4 and 0 < (ours - theirs).abs().max() <= ROUNDING
+
+
+def by_index(loader, sampler, epoch: int) -> dict[int, torch.Tensor]:
+    """Epoch `epoch` of `loader` as {dataset index: augmented image} (the loader follows `sampler`'s order)."""
+    loader.set_epoch(epoch)
+    return dict(zip(list(sampler), torch.cat([images for images, _ in loader])))
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")  # more than 2 cores: fine
+def test_an_image_is_augmented_alike_whatever_the_loader_workers_or_processes():
+    """Image i in epoch e gets one crop and flip: from either loader (up to ROUNDING), with 0 or 3 DataLoader
+    workers (persistent: their copies of the dataset never see set_epoch), from one process or from two
+    DistributedSampler shards with half the batch each. Another epoch, other crops."""
+    dataset = SyntheticCIFAR(48, seed=0, train=True)
+
+    def loader(kind, sampler, batch, workers=0):
+        return make_loader(kind, dataset, sampler, batch, CPU, train=True, augment=True, num_workers=workers,
+                           seed=5)
+
+    one = ShuffleSampler(48, True, 5)
+    shards = [DistributedSampler(dataset, 2, rank, shuffle=True, seed=5) for rank in (0, 1)]
+    gpu, classic = loader("gpu", one, 8), loader("torchvision", one, 8)
+    classic_workers = loader("torchvision", one, 8, workers=3)
+    epochs = []
+    for epoch in (0, 1):
+        reference = by_index(gpu, one, epoch)
+        assert sorted(reference) == list(range(48))
+        images = by_index(classic, one, epoch)
+        assert all(torch.equal(a, b) for a, b in zip(images.values(), by_index(classic_workers, one, epoch).values()))
+        assert images.keys() == reference.keys()
+        assert max((images[i] - reference[i]).abs().max() for i in reference) <= ROUNDING
+        for kind, whole in (("gpu", reference), ("torchvision", images)):
+            sharded = {}
+            for shard in shards:
+                sharded.update(by_index(loader(kind, shard, 4), shard, epoch))
+            assert sharded.keys() == whole.keys() and all(torch.equal(sharded[i], whole[i]) for i in whole)
+        epochs.append(reference)
+    assert sum(not torch.equal(epochs[0][i], epochs[1][i]) for i in range(48)) > 40
+
+
+@pytest.mark.parametrize("cores, processes, workers", [
+    (1, 1, 0), (2, 1, 1), (2, 2, 0), (3, 2, 0), (4, 2, 1), (16, 1, 4), (16, 8, 1), (64, 8, 4), (64, 64, 0)])
+def test_default_worker_count_shares_the_cores(monkeypatch, cores, processes, workers):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(processes))
+    assert default_num_workers() == workers
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    monkeypatch.setenv("WORLD_SIZE", str(processes))  # a launch without LOCAL_WORLD_SIZE: one node
+    assert default_num_workers() == workers
+
+
+def test_default_worker_count_draws_no_dataloader_warning(monkeypatch):
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    loader = make_loader("torchvision", random_dataset(4), EvalShard(4), 2, CPU, train=False, augment=False,
+                         num_workers=None, seed=0)
+    assert loader.loader.num_workers == default_num_workers() == min(len(os.sched_getaffinity(0)) - 1, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loader.loader.check_worker_number_rationality()  # what the DataLoader runs when it starts its workers
+        for cores in range(1, 9):  # nor on any other machine
+            monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+            loader.loader.num_workers = default_num_workers()
+            loader.loader.check_worker_number_rationality()
+
+
+def test_too_many_workers_are_warned_of_once_per_run_when_training_starts(monkeypatch, capsys):
+    """More workers than cores, asked for: one line from the first process when the first batch is asked for
+    (after every refusal), instead of torch's warning per loader and per rank."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    monkeypatch.setattr(data, "_warned", set())
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    loaders = [make_loader("torchvision", SyntheticCIFAR(8, seed=0, train=False), EvalShard(8), 4, CPU, train=False,
+                           augment=False, num_workers=2, seed=0) for _ in range(2)]
+    assert capsys.readouterr().err == ""  # nothing yet: a refusal may still come
+    for loader in loaders:
+        collect(loader)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warning: --num_workers 2") and "1 usable cores" in lines[0]
+    monkeypatch.setattr(data, "_warned", set())
+    monkeypatch.setenv("RANK", "1")  # every other rank is silent
+    collect(loaders[0])
+    assert capsys.readouterr().err == ""
+
+
+def new_workers(before: set) -> list:
+    """The DataLoader worker processes started since `before` (multiprocessing.active_children())."""
+    return [process for process in multiprocessing.active_children() if process not in before]
+
+
+def test_workers_ignore_sigint_and_sigterm_but_their_main_process_sigterm():
+    """Ctrl-C reaches every process of the terminal's foreground group and SLURM signals every process: the
+    workers leave the stop to the main process and go on, and the epoch comes out whole. The main process's own
+    SIGTERM (multiprocessing's, as the interpreter exits) still ends them."""
+    dataset = SyntheticCIFAR(64, seed=0, train=True)
+    expected = [images for images, _ in make_loader("torchvision", dataset, ShuffleSampler(64, True, 0), 8, CPU,
+                                                    train=True, augment=True, num_workers=0, seed=0)]
+    loader = make_loader("torchvision", dataset, ShuffleSampler(64, True, 0), 8, CPU, train=True, augment=True,
+                         num_workers=2, seed=0)
+    before = set(multiprocessing.active_children())
+    batches = iter(loader)
+    received = [next(batches)[0], next(batches)[0]]  # a batch from each worker: both have started
+    workers = new_workers(before)
+    assert len(workers) == 2
+    pids = [str(worker.pid) for worker in workers]
+    subprocess.run(["kill", "-INT", *pids], check=True)  # from another process, as a terminal or SLURM sends them
+    subprocess.run(["kill", "-TERM", *pids], check=True)
+    time.sleep(0.2)
+    received += [images for images, _ in batches]
+    assert len(received) == 8 and all(torch.equal(a, b) for a, b in zip(received, expected))
+    assert all(worker.is_alive() for worker in workers)
+    for worker in workers:
+        os.kill(worker.pid, signal.SIGTERM)
+        worker.join(5)
+        assert worker.exitcode == 0
+
+
+def test_a_killed_worker_is_reported_between_steps_as_loader_worker_died():
+    """A worker killed (SIGKILL, as the OOM killer does) while the main process computes a step: nothing is
+    raised in the step; asking for the next batch raises LoaderWorkerDied, with one line."""
+    dataset = SyntheticCIFAR(64, seed=0, train=True)
+    loader = make_loader("torchvision", dataset, ShuffleSampler(64, True, 0), 8, CPU, train=True, augment=True,
+                         num_workers=2, seed=0)
+    before = set(multiprocessing.active_children())
+    batches = iter(loader)
+    next(batches)
+    worker = new_workers(before)[0]
+    os.kill(worker.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{worker.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":  # dead, not reaped
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    time.sleep(0.1)  # "the step": torch's own SIGCHLD handler would raise here
+    started = time.monotonic()
+    try:  # not pytest.raises: its reference cycle would keep the loader, whose late shutdown then waits 5 s
+        next(batches)
+        pytest.fail("no LoaderWorkerDied")
+    except LoaderWorkerDied as error:
+        assert time.monotonic() - started < 1  # found at once, not after the DataLoader's 5 s status check
+        assert str(error) == f"DataLoader worker (pid {worker.pid}) is killed by signal: Killed"
+        assert isinstance(error, RuntimeError)
 
 
 def test_unknown_loader():
