@@ -59,9 +59,9 @@ LAYOUT_HINT = "cuDNN reshaping inputs for tensor cores; --channels_last and --wi
 
 @dataclass(frozen=True)
 class ProfileConfig(Config):
-    steps: int = flag(5, "profiled steps, after --warmup_steps unprofiled ones")
-    top: int = flag(15, "operators listed by self time")
-    out: str | None = flag(None, "also write the breakdown as JSON to this file")
+    steps: int = flag(5, "profiled steps, after --warmup_steps unprofiled ones", at_least=1)
+    top: int = flag(15, "operators listed by self time", at_least=1)
+    out: str | None = flag(None, "also write the breakdown as JSON to this file", check="file")
 
 
 def category(name: str) -> str:

@@ -1,68 +1,273 @@
 """One frozen dataclass of hyper-parameters; its fields generate the command-line flags of every train.py.
 
-A field's default is the flag's default and its metadata the help text. A bool that defaults to False becomes
-`--name`; one that defaults to True becomes `--no_name`; an optional bool (None: the run decides) gets both.
-A mode with flags of its own subclasses `Config` inline.
+A field's default is the flag's default and its metadata the help text and the domain. A bool that defaults to
+False becomes `--name`; one that defaults to True becomes `--no_name`; an optional bool (None: the run decides) gets
+both. A mode with flags of its own subclasses `Config` inline.
+
+Every value is checked where it is parsed, before anything starts: each field against its own domain (check_domains,
+which any frozen config dataclass can call from __post_init__), then the rules between fields (Config.__post_init__).
+A value outside is refused in one line that names the flag, the value and what to give instead.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import dataclasses
+import functools
 import math
+import operator
+import os
 import sys
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from models.pyramidnet import BLOCKS as MODEL_BLOCKS, check_arguments
+from models.pyramidnet import BLOCKS as MODEL_BLOCKS, check_arguments, parameters_at_least
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DATASETS = ("cifar10", "mnist", "synthetic")  # their shapes and statistics: common/data.py
 LOADERS = ("gpu", "torchvision")
 AMPS = ("bf16", "fp16", "off")
 BASE_BATCH = 128  # --lr is given per this many images of global batch
+INT_MAX = 2**63 - 1  # torch's largest integer: a count above it reaches no tensor and no C++ call
+# While SyntheticCIFAR generates its images it holds two float32 copies of them at once (the pixel noise and the
+# class patterns, common/data.py): a lower bound of the memory --synthetic_size asks for.
+SYNTHETIC_BYTES_PER_IMAGE = 2 * 3 * 32 * 32 * 4
+PSEUDO_FILESYSTEMS = ("/proc", "/sys")  # the kernel's own views: nothing can be created there, not even by root
+
+
+def _path_limit(name: str, default: int) -> int:
+    try:
+        return os.pathconf("/", name)
+    except (AttributeError, OSError, ValueError):  # no pathconf (Windows), or no such limit
+        return default
+
+
+NAME_MAX, PATH_MAX = _path_limit("PC_NAME_MAX", 255), _path_limit("PC_PATH_MAX", 4096)  # bytes
 
 
 class UsageError(Exception):
-    """A mistake the user can fix: reported as one line, exit status 2, no traceback."""
+    """A mistake the user can fix: reported as one line, exit status 2, no traceback. In a process group every rank
+    meets the same mistake, and one line per node says it (see user_errors); a mistake only some ranks can meet
+    (a rank without a GPU, a rank that cannot reach the master) is `rank_specific` and said by each of them."""
+
+    def __init__(self, message: str, rank_specific: bool = False):
+        super().__init__(message)
+        self.rank_specific = rank_specific
 
 
 class RunError(Exception):
     """A run that cannot go on (a loss that turned NaN, a process group that broke): one line, exit status 1."""
 
 
-def flag(default, help: str, **argparse_kwargs):
-    return field(default=default, metadata={"help": help, **argparse_kwargs})
+def flag(default, help: str, *, at_least=None, above=None, at_most=None, below=None, check=None,
+         **argparse_kwargs):
+    """A field of a config dataclass: its default, its --help text, its domain and argparse's extras (nargs,
+    choices). The domain is what check_domains enforces. A bool's is its type, a choice's its `choices`; a number's
+    is its bounds (at_least, above, at_most, below; always finite, and an int at most INT_MAX); a string's is
+    `check`: a name from CHECKS or a function of the value that returns None, or what to give instead. An
+    optional field (`X | None`) also takes None, and a tuple's bounds or check hold for each item."""
+    given = dict(at_least=at_least, above=above, at_most=at_most, below=below, check=check)
+    domain = {name: value for name, value in given.items() if value is not None}
+    return field(default=default, metadata={"help": help, "domain": domain, **argparse_kwargs})
+
+
+# ---------------------------------------------------------------------------------------------------- domains
+BOUNDS = {"at_least": ("at least", operator.ge), "above": ("above", operator.gt),
+          "at_most": ("at most", operator.le), "below": ("below", operator.lt)}
+
+
+def physical_memory() -> int | None:
+    """This machine's memory in bytes (None where the system does not say): what no allocation can exceed."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _shown(value) -> str:
+    """A value as the error line shows it: numbers as typed, text quoted (an empty one visible), long ones cut."""
+    text = repr(value) if isinstance(value, str) else f"{value:g}" if isinstance(value, float) else str(value)
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(str(value))} characters)"
+
+
+def _gib(size: float) -> str:
+    return f"{size / 2**30:,.3g} GiB" if math.isfinite(size) else "more GiB than a float counts"
+
+
+def _path(value: str, room: int = 0) -> str | None:
+    """What is wrong with `value` as a path, leaving `room` bytes under PATH_MAX for what goes below it."""
+    if not value:
+        return "a path, not empty (. is the current folder)"
+    if "\0" in value:
+        return "a path without a NUL character"
+    try:
+        names = [os.fsencode(name) for name in value.split("/")]
+        length = len(os.fsencode(os.path.abspath(value)))
+    except UnicodeEncodeError:
+        return "a path the file system can encode"
+    if any(len(name) > NAME_MAX for name in names):
+        return f"a path whose every name is at most {NAME_MAX} bytes"
+    if length + room > PATH_MAX:
+        return f"a path of at most {PATH_MAX - room} bytes once made absolute"
+    return None
+
+
+def _folder(value: str) -> str | None:
+    """A folder a run writes into: room below it for a run folder and a file in it, and no kernel file system."""
+    wrong = _path(value, room=2 * (NAME_MAX + 1))
+    if wrong:
+        return wrong
+    real = os.path.realpath(value)
+    if any(real == root or real.startswith(root + "/") for root in PSEUDO_FILESYSTEMS):
+        return f"a folder outside {' and '.join(PSEUDO_FILESYSTEMS)} (the kernel's, where nothing can be written)"
+    return None
+
+
+def _file_or_auto(value: str) -> str | None:
+    wrong = None if value == "auto" else _path(value)
+    return wrong and f"auto, or {wrong}"
+
+
+def _folder_name(value: str) -> str | None:
+    """One name in a folder, as --run_name is: the run folder's own."""
+    plain = value not in ("", ".", "..") and "/" not in value and "\0" not in value
+    if not plain:
+        return "a plain folder name (not empty, . or .., without / or NUL)"
+    try:
+        size = len(os.fsencode(value))
+    except UnicodeEncodeError:
+        return "a folder name the file system can store"
+    return None if size <= NAME_MAX else f"a folder name of at most {NAME_MAX} bytes (this one has {size})"
+
+
+def _rendezvous(value: str) -> str | None:
+    """torch's three rendezvous: env:// (MASTER_ADDR/PORT from the environment), tcp://HOST:PORT, file:///PATH."""
+    scheme, separator, rest = value.partition("://")
+    host, _, port = rest.partition("?")[0].rpartition(":")
+    valid = {"env": bool(separator) and (not rest or rest.startswith("?")),
+             "tcp": bool(host) and port.isdigit() and 0 < int(port) < 65536,
+             "file": rest.startswith("/") and not _path(rest)}
+    return None if valid.get(scheme) else "env://, tcp://HOST:PORT or file:///ABSOLUTE/PATH"
+
+
+def _synthetic_images(size: int) -> str | None:
+    memory = physical_memory()
+    if memory is None or size * SYNTHETIC_BYTES_PER_IMAGE <= memory:
+        return None
+    return (f"at most {memory // SYNTHETIC_BYTES_PER_IMAGE} images on this machine (generating them takes "
+            f"{SYNTHETIC_BYTES_PER_IMAGE // 1024} KiB each; it has {_gib(memory)} of memory)")
+
+
+CHECKS = {"folder": _folder, "file": _path, "file_or_auto": _file_or_auto, "name": _folder_name,
+          "rendezvous": _rendezvous}
+
+
+def _number(value, kind: type, domain: dict) -> str | None:
+    """What to give instead of `value`, a number of type `kind` (int or float) with the bounds in `domain`."""
+    noun = "a whole number" if kind is int else "a finite number"
+    if isinstance(value, bool) or not isinstance(value, int if kind is int else (int, float)):
+        return noun
+    bounds = [(word, holds, domain[name]) for name, (word, holds) in BOUNDS.items() if name in domain]
+    if isinstance(value, float) and not math.isfinite(value) or not all(holds(value, b) for _, holds, b in bounds):
+        return f"{noun} {' and '.join(f'{word} {_shown(bound)}' for word, _, bound in bounds)}".rstrip()
+    if kind is int and value > INT_MAX:
+        return f"a whole number at most {INT_MAX} (2**63 - 1, torch's largest)"
+    return None
+
+
+def _outside(value, kind: type, domain: dict, choices) -> str | None:
+    """None when `value` (of a field, or an item of a tuple field, of type `kind`) lies in its domain, else what
+    to give instead."""
+    if kind is bool:
+        return None if isinstance(value, bool) else "true or false"
+    if choices is not None:
+        return None if value in choices else f"one of {', '.join(map(str, choices))}"
+    if kind in (int, float):
+        wanted = _number(value, kind, domain)
+    else:
+        wanted = None if isinstance(value, kind) else "text" if kind is str else f"a {kind.__name__}"
+    check = domain.get("check")
+    if wanted is None and check is not None:
+        wanted = (CHECKS[check] if isinstance(check, str) else check)(value)
+    return wanted
+
+
+@functools.cache
+def _typed_fields(config_class: type) -> tuple:
+    """(field, X, whether None is allowed, whether a tuple of X) for every field of `config_class`."""
+    hints, typed = typing.get_type_hints(config_class), []
+    for f in dataclasses.fields(config_class):
+        hint = hints[f.name]
+        optional = typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint)
+        kind = next(k for k in typing.get_args(hint) if k is not type(None)) if optional else hint  # X | None -> X
+        many = typing.get_origin(kind) is tuple
+        typed.append((f, typing.get_args(kind)[0] if many else kind, optional, many))
+    return tuple(typed)
+
+
+def _domain(f: dataclasses.Field) -> dict:
+    """The field's domain, as its flag(...) gives it."""
+    return f.metadata.get("domain", {})
+
+
+def missing_domains(config_class: type) -> list[str]:
+    """The fields of `config_class` that have no domain (see flag): a mistake the tests refuse."""
+    return [f.name for f, kind, _, _ in _typed_fields(config_class)
+            if kind is not bool and "choices" not in f.metadata and not _domain(f)]
+
+
+def check_domains(config) -> None:
+    """Refuse the first field of the frozen config dataclass `config` whose value lies outside its domain (see
+    flag), in one line that names its flag, the value and what to give instead. Any config dataclass calls it
+    first thing in __post_init__."""
+    for f, kind, optional, many in _typed_fields(type(config)):
+        value = getattr(config, f.name)
+        if value is None and optional:
+            continue
+        if many and not (isinstance(value, tuple) and value):
+            raise UsageError(f"--{f.name} must be one or more values, not {_shown(value)}")
+        domain = _domain(f)
+        for item in value if many else (value,):
+            if many and item is None and optional:
+                continue  # an item None: the run's default (compare.py's --amp)
+            wanted = _outside(item, kind, domain, f.metadata.get("choices"))
+            if wanted:
+                raise UsageError(f"--{f.name} must be {wanted}, not {_shown(item)}")
 
 
 @dataclass(frozen=True)
 class Config:
     # optimisation
-    batch_size: int = flag(128, "GLOBAL batch: images per optimizer step summed over every GPU")
-    epochs: int = flag(300, "passes over the training set (the paper's 300)")
-    max_steps: int = flag(0, "stop after this many optimizer steps in total; 0 = no limit")
-    lr: float = flag(0.1, "learning rate per 128 images of global batch, scaled linearly with --batch_size")
+    batch_size: int = flag(128, "GLOBAL batch: images per optimizer step summed over every GPU", at_least=1)
+    epochs: int = flag(300, "passes over the training set (the paper's 300)", at_least=0)
+    max_steps: int = flag(0, "stop after this many optimizer steps in total; 0 = no limit", at_least=0)
+    lr: float = flag(0.1, "learning rate per 128 images of global batch, scaled linearly with --batch_size", above=0)
     lr_warmup_epochs: float = flag(5.0, "linear warm-up length when the global batch is above 128 "
-                                        "(at most a tenth of the run)")
-    momentum: float = flag(0.9, "SGD momentum")
-    weight_decay: float = flag(1e-4, "L2 weight decay")
+                                        "(at most a tenth of the run)", at_least=0, at_most=1e9)  # x steps: a float
+    momentum: float = flag(0.9, "SGD momentum", at_least=0, below=1)  # 1 and more: steps that never shrink
+    weight_decay: float = flag(1e-4, "L2 weight decay", at_least=0)
     nesterov: bool = flag(True, "Nesterov momentum (the paper's)")
     # model
-    depth: int = flag(110, "PyramidNet depth: 6n+2 (basic) or 9n+2 (bottleneck)")
-    alpha: float = flag(270.0, "PyramidNet widening factor: channels added over the whole network")
+    depth: int = flag(110, "PyramidNet depth: 6n+2 (basic) or 9n+2 (bottleneck)", at_least=1)  # its form: __post_init__
+    alpha: float = flag(270.0, "PyramidNet widening factor: channels added over the whole network", above=0)
     block: str = flag("basic", "residual block", choices=tuple(MODEL_BLOCKS))
     width_multiple: int = flag(1, "round every block's width up to a multiple of this (8 suits tensor cores); "
-                                  "1 = the paper's widths")
+                                  "1 = the paper's widths", at_least=1)
     # data
     dataset: str = flag("cifar10", "cifar10 or mnist (downloaded into --data_dir), or synthetic (CIFAR-10-shaped, "
                                    "generated, offline)", choices=DATASETS)
-    data_dir: str = flag(str(REPO_ROOT / "data"), "where datasets are downloaded and read")
-    synthetic_size: int = flag(50_000, "training images of --dataset synthetic; the test set is a fifth of it")
+    data_dir: str = flag(str(REPO_ROOT / "data"), "where datasets are downloaded and read", check="folder")
+    synthetic_size: int = flag(50_000, "training images of --dataset synthetic; the test set is a fifth of it",
+                               at_least=5, check=_synthetic_images)
     loader: str | None = flag(None, "gpu: dataset held on the device, augmented there (default with CUDA); "
                                     "torchvision: DataLoader workers with PIL transforms (default without)",
                               choices=LOADERS)
-    num_workers: int = flag(4, "DataLoader worker processes per training process (torchvision loader)")
+    num_workers: int | None = flag(None, "DataLoader worker processes per training process (torchvision loader); "
+                                         "default: what fits this machine: the usable cores shared among the node's "
+                                         "training processes, one of each share left to the process, at most 4",
+                                   at_least=0)
     shuffle: bool = flag(True, "reshuffle the training set every epoch")
     augment: bool = flag(True, "pad-4 random crop and horizontal flip of training images (no flip for mnist)")
     # speed
@@ -74,40 +279,38 @@ class Config:
     compile: bool = flag(False, "torch.compile the model; the compile time is reported apart and not timed")
     benchmark: bool = flag(False, "measure speed only: synthetic data, --warmup_steps untimed, then "
                                   "--benchmark_steps timed steps, no evaluation")
-    benchmark_steps: int = flag(100, "timed optimizer steps of --benchmark")
+    benchmark_steps: int = flag(100, "timed optimizer steps of --benchmark", at_least=1)
     # hardware and reproducibility
-    gpu_devices: tuple[int, ...] | None = flag(None, "CUDA device ids to use", nargs="+")
-    seed: int = flag(0, "seed of the weights, the epoch order and the augmentation")
+    gpu_devices: tuple[int, ...] | None = flag(None, "CUDA device ids to use", nargs="+", at_least=0)
+    seed: int = flag(0, "seed of the weights, the epoch order and the augmentation",
+                     at_least=0, at_most=2**32 - 1)  # numpy's seeds
+    deterministic: bool = flag(False, "torch.use_deterministic_algorithms and cuDNN's deterministic mode "
+                                      "(cudnn.benchmark off): bitwise-reproducible runs, slower")
     # logging and outputs
-    log_dir: str = flag(str(REPO_ROOT / "runs"), "TensorBoard runs go to <log_dir>/<run_name>/")
-    run_name: str | None = flag(None, "default: <mode>-<n>gpu-<timestamp>")
+    log_dir: str = flag(str(REPO_ROOT / "runs"), "TensorBoard runs go to <log_dir>/<run_name>/", check="folder")
+    run_name: str | None = flag(None, "default: <mode>-<n>gpu-<timestamp>", check="name")
     overwrite: bool = flag(False, "replace an existing run folder of the same name")
-    log_interval: int = flag(50, "optimizer steps per log window (a log line, TensorBoard points)")
-    warmup_steps: int = flag(10, "first optimizer steps left out of the timing (cuDNN autotune, allocator)")
+    log_interval: int = flag(50, "optimizer steps per log window (a log line, TensorBoard points)", at_least=1)
+    warmup_steps: int = flag(10, "first optimizer steps left out of the timing (cuDNN autotune, allocator)",
+                             at_least=0)
     save_model: bool = flag(False, "write the trained weights to <run folder>/model.pt")
     checkpoint_interval: int = flag(0, "write <run folder>/checkpoint.pt every N optimizer steps as well; 0 = at "
-                                       "the end of every epoch only (and when stopped)")
+                                       "the end of every epoch only (and when stopped)", at_least=0)
     resume: str | None = flag(None, "continue from a checkpoint.pt (PATH), or from this --run_name's latest one "
-                                    "(auto; a fresh start when it has none yet)")
-    evaluate: str | None = flag(None, "load weights from PATH, evaluate on the test set, write results, exit")
+                                    "(auto; a fresh start when it has none yet)", check="file_or_auto")
+    evaluate: str | None = flag(None, "load weights from PATH, evaluate on the test set, write results, exit",
+                                check="file")
     progress: bool = flag(True, "a tqdm bar per epoch when stdout is a terminal")
 
     def __post_init__(self):
+        """Each field against its domain, then the rules between fields."""
+        check_domains(self)
+        lr = self.effective_lr()
         checks = [
-            (self.batch_size > 0, f"--batch_size must be a positive number of images, not {self.batch_size}"),
-            (self.epochs >= 0, f"--epochs must be 0 or more, not {self.epochs}"),
-            (self.max_steps >= 0, f"--max_steps must be 0 (no limit) or more, not {self.max_steps}"),
-            (0 < self.lr < math.inf, f"--lr must be a positive number, not {self.lr}"),
-            (0 <= self.lr_warmup_epochs < math.inf, "--lr_warmup_epochs must be a number, 0 or more"),
-            (math.isfinite(self.momentum) and math.isfinite(self.weight_decay),
-             "--momentum and --weight_decay must be finite numbers"),
-            (self.synthetic_size >= 5, f"--synthetic_size must be at least 5 images, not {self.synthetic_size}"),
-            (self.num_workers >= 0, "--num_workers must be 0 or more"),
-            (self.log_interval > 0, "--log_interval must be at least 1"),
-            (self.warmup_steps >= 0, "--warmup_steps must be 0 or more"),
-            (self.benchmark_steps > 0, "--benchmark_steps must be at least 1"),
-            (self.width_multiple >= 1, "--width_multiple must be 1 (the paper's widths) or more"),
-            (self.checkpoint_interval >= 0, "--checkpoint_interval must be 0 (once per epoch) or more steps"),
+            (self.momentum > 0 or not self.nesterov, f"--momentum {self.momentum:g} with Nesterov momentum (the "
+                                                     f"default): give --momentum above 0, or add --no_nesterov"),
+            (0 < lr < math.inf, f"--lr {self.lr:g} at --batch_size {self.batch_size} is a learning rate of {lr:g} "
+                                f"(x batch / {BASE_BATCH}): give a {'larger' if lr == 0 else 'smaller'} --lr"),
             (not (self.resume and self.overwrite), "--resume continues a run folder and --overwrite deletes it: "
                                                    "give one of them"),
             (not (self.resume and (self.evaluate or self.benchmark)),
@@ -123,15 +326,28 @@ class Config:
             check_arguments(self.depth, self.alpha, self.block, 10, 3)
         except ValueError as error:
             raise UsageError(f"--depth/--alpha: {error}") from None
+        weights = 4 * parameters_at_least(self.depth, self.alpha, self.block, self.width_multiple)  # float32
+        memory = physical_memory()  # the model is built in the host's memory before any device sees it
+        if memory is not None and weights > memory:
+            raise UsageError(f"--depth {self.depth} --alpha {self.alpha:g} --block {self.block} --width_multiple "
+                             f"{self.width_multiple}: the weights alone take at least {_gib(weights)}, more than "
+                             f"this machine's {_gib(memory)} of memory; give a smaller --depth, --alpha or "
+                             f"--width_multiple")
 
     def effective_lr(self) -> float:
         return self.lr * self.batch_size / BASE_BATCH
+
+    def reached_max_steps(self, step: int) -> bool:
+        """--max_steps is a ceiling: a run at or past it trains no further (resumed with a lower one, too)."""
+        return 0 < self.max_steps <= step
 
 
 class _OneLineParser(argparse.ArgumentParser):
     """argparse prints usage plus the error; here a mistake is one line that says what to do."""
 
     def error(self, message):
+        if message.endswith("expected one argument"):  # argparse takes -1e-4 or -inf for a flag
+            message += " (a value that starts with - goes after =, as in --flag=-value)"
         raise UsageError(f"{message} (see --help)")
 
 
@@ -150,6 +366,7 @@ def add_flags(parser: argparse.ArgumentParser, config_class: type[Config], skip=
             continue
         meta = dict(f.metadata)
         help_text = meta.pop("help")
+        meta.pop("domain", None)  # checked by the config itself (check_domains)
         kind = hints[f.name]
         default = f.default if defaults else argparse.SUPPRESS
         if kind is bool:
@@ -187,10 +404,7 @@ def parse_config(config_class: type[Config], argv=None, description: str = "") -
     args = vars(build_parser(config_class, description).parse_args(argv))
     if args["gpu_devices"] is not None:
         args["gpu_devices"] = tuple(args["gpu_devices"])
-    name = args["run_name"]
-    if name is not None and (not name or "/" in name or name in (".", "..")):
-        raise UsageError(f"--run_name must be a plain folder name, not {name!r}")
-    cfg = config_class(**args)
+    cfg = config_class(**args)  # checks every value (check_domains and __post_init__)
     return benchmark_config(cfg) if cfg.benchmark else cfg
 
 
@@ -205,11 +419,14 @@ def benchmark_config(cfg: Config) -> Config:
 
 @contextlib.contextmanager
 def user_errors():
-    """Turn the user's mistakes and Ctrl-C into one line and a non-zero exit instead of a traceback."""
+    """Turn the user's mistakes and Ctrl-C into one line and a non-zero exit instead of a traceback. Under torchrun
+    a usage error is printed by each node's first process only (the one line once, not once per rank; a node of
+    a multi-node job can meet a mistake of its own, such as a file missing there); every rank still exits 2."""
     try:
         yield
     except UsageError as error:
-        print(f"error: {error}", file=sys.stderr)
+        if error.rank_specific or os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")) == "0":
+            print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
     except RunError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import re
 
 import torch
@@ -44,7 +45,7 @@ MIG_NOTE = "MIG slice: a fraction of the chip, whose peak is not known"
 
 def resolve_fast_path(cfg: Config, device: torch.device) -> Config:
     """The config with --amp and --channels_last made explicit for `device` and checked against it; on a GPU,
-    cuDNN autotuning and TF32 matrix products switched on."""
+    cuDNN autotuning (unless --deterministic) and TF32 matrix products switched on."""
     cuda = device.type == "cuda"
     bf16_ok = not cuda or torch.cuda.is_bf16_supported(including_emulation=False)
     amp = cfg.amp or ("off" if not cuda else "bf16" if bf16_ok else "fp16")
@@ -52,8 +53,12 @@ def resolve_fast_path(cfg: Config, device: torch.device) -> Config:
         raise UsageError(f"{torch.cuda.get_device_name(device)} has no bf16 tensor cores: use --amp fp16 or off")
     channels_last = cuda if cfg.channels_last is None else cfg.channels_last
     if cuda:
-        torch.backends.cudnn.benchmark = True  # the fastest algorithm per shape; shapes are fixed (drop_last)
+        torch.backends.cudnn.benchmark = not cfg.deterministic  # the fastest algorithm per shape (drop_last fixes them)
         torch.set_float32_matmul_precision("high")  # TF32 for fp32 matrix products, as convolutions by default
+    if cfg.deterministic:  # the same bits on every run: deterministic kernels only, an error where none exists
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts: no matmul ran yet
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.deterministic = True
     return dataclasses.replace(cfg, amp=amp, channels_last=channels_last)
 
 

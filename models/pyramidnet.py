@@ -119,7 +119,7 @@ class PyramidNet(nn.Module):
         x = self.bn1(self.conv1(x))
         x = self.layer3(self.layer2(self.layer1(x)))
         x = F.relu(self.bn_final(x), inplace=True)
-        x = torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)
+        x = x.mean((2, 3))  # global average pooling; CUDA's adaptive_avg_pool2d backward is not deterministic
         return self.fc(x)
 
 
@@ -137,6 +137,31 @@ def check_arguments(depth, alpha, block, num_classes, in_channels):
     if num_classes < 1 or in_channels < 1:
         raise ValueError("num_classes and in_channels must be at least 1")
     return block_class, blocks_per_stage
+
+
+# Convolution weights of residual block j, per (width of block j-1) x (width of j) and per (width of j) squared:
+# basic: conv1 3x3 from the previous width, conv2 3x3; bottleneck: conv1 1x1 from 4x the previous width, conv2 3x3
+# and conv3 1x1 to 4x the width.
+BLOCK_WEIGHTS = {"basic": (9, 9), "bottleneck": (4, 9 + 4)}
+
+
+def parameters_at_least(depth: int, alpha: float, block: str = "basic", width_multiple: int = 1) -> float:
+    """A lower bound of pyramidnet(depth, alpha, block, width_multiple=...)'s parameter count, in constant time
+    whatever the depth, without building it: to refuse a model that cannot fit in memory before anything is
+    allocated. Only the residual blocks' convolutions count, block j of N at a width of at least 15 + alpha * j / N
+    (its unrounded 16 + alpha * j / N less rounding's 0.5, with room for the running sum's float error) and at
+    least `width_multiple`. From 77 % (depth 8) to 99 % (PyramidNet-110 alpha 270) of the real count. A float:
+    it may exceed any count a machine could hold."""
+    _, blocks_per_stage = check_arguments(depth, alpha, block, 10, 3)
+    cross, square = BLOCK_WEIGHTS[block]
+    n, step, low = 3 * blocks_per_stage, alpha / (3 * blocks_per_stage), 15.0
+    widths = n * low + step * n * (n + 1) / 2  # sum over j of low + step * j
+    squares = n * low * low + low * step * n * (n + 1) + step * step * n * (n + 1) * (2 * n + 1) / 6
+    first = low + step
+    neighbours = (squares - first * first) - step * (widths - first)  # sum over j >= 2 of width(j-1) * width(j)
+    by_width = square * squares + cross * neighbours
+    by_multiple = width_multiple ** 2 * (square * n + cross * (n - 1))
+    return max(by_width, by_multiple)
 
 
 def pyramidnet(depth: int = 110, alpha: float = 270, block: str = "basic", num_classes: int = 10,

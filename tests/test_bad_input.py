@@ -1,17 +1,18 @@
 """Bad input, run the way a user runs it (a subprocess per launch), against the product's contract:
 
-- exactly one line on stderr that starts with "error: " and says what to do (lines starting with "warning:" and
-  torch's own C++ log output do not count);
+- exactly one line on stderr that starts with "error: " and says what to do (torch's own C++ log output does not
+  count), with no warning before it: the CPU-fallback and DataLoader warnings come only once training starts;
 - a non-zero exit status: 2 for a usage error, 1 for a run that could not go on (a NaN loss);
 - no Python traceback;
 - nothing overwritten: every file that existed (run folders, checkpoints, the dataset, a rendezvous file) keeps
   its bytes and its mtime, and a refused launch creates no run folder.
 
-The cases: --resume of a missing, truncated, foreign or differently configured checkpoint and the flags it
-excludes; reusing a run name; a corrupt or missing CIFAR-10; repeated and nonexistent --gpu_devices in every
-mode; a --log_dir that is a file; the rendezvous failures of a process started by hand (port in use, master
-unreachable, stale file:// rendezvous); a loss that turns NaN. Also what must NOT be refused: --resume auto for a
-run folder without a checkpoint (a fresh start), and with one (it continues).
+The cases: --resume of a missing, truncated, foreign, incomplete or differently configured checkpoint and the flags
+it excludes; reusing a run name; a corrupt or missing CIFAR-10; repeated and nonexistent --gpu_devices in every
+mode; a --log_dir that is a file; values outside their flag's domain (tests/test_config.py holds every flag's, at
+its edges; here a few, in each mode, as a user meets them); the rendezvous failures of a process started by hand
+(port in use, master unreachable, stale file:// rendezvous); a loss that turns NaN. Also what must NOT be refused:
+--resume auto for a run folder without a checkpoint (a fresh start), and with one (it continues).
 
 Speed: a launch costs ~2.5 s of CPU, nearly all of it importing torch. The refused launches share one real run
 folder (module-scoped). Those that need an environment of their own (the rendezvous cases, no network) and a few of
@@ -34,7 +35,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.config import UsageError
+from common.checkpoint import CONTENTS, load_checkpoint
+from common.config import NAME_MAX, Config, UsageError
 from common.distributed import check_rendezvous_file
 from common.metrics import TrainMeter
 from conftest import TINY, read_results, refuse_in_process, run_script
@@ -55,8 +57,8 @@ TORCH_LOG = re.compile(r"\[[EWIF]\d{4} \d\d:\d\d:\d\d\.\d+ \S+:\d+\] |Exception 
 
 # ---------------------------------------------------------------------------------------------------- helpers
 def message_lines(stderr: str) -> list[str]:
-    """stderr without "warning:" lines and torch's own log output: what the contract allows is one error line."""
-    return [line for line in stderr.splitlines() if not line.startswith("warning:") and not TORCH_LOG.match(line)]
+    """stderr without torch's own log output: what the contract allows is one error line (a warning included)."""
+    return [line for line in stderr.splitlines() if not TORCH_LOG.match(line)]
 
 
 def assert_refused(done: subprocess.CompletedProcess, *named: str, code: int = 2) -> str:
@@ -213,6 +215,24 @@ REFUSALS = [
             ("--gpu_devices", "no GPU 7")),
     # 10: a --log_dir that is a file
     Refusal("log-dir-is-a-file", SINGLE, (), ("--log_dir", "is a file"), log_dir="{work}/inputs/notes.txt"),
+    # 10b: values outside their flag's domain, refused where they are parsed, before anything starts
+    Refusal("momentum-0-with-nesterov", SINGLE, ("--momentum", "0"), ("--momentum 0", "--no_nesterov")),
+    Refusal("dist-timeout-nan", DIST, ("--dist_timeout", "nan"), ("--dist_timeout", "not nan"), as_a_user=True),
+    Refusal("seed-above-numpy", DATA, ("--seed", str(2**32)), ("--seed", "at most 4294967295")),
+    Refusal("lr-overflows", SINGLE, ("--lr", "1e308", "--batch_size", "256"), ("--lr 1e+308", "smaller --lr")),
+    Refusal("nproc-per-node-0", DIST, ("--nproc_per_node", "0"), ("--nproc_per_node", "at least 1")),
+    Refusal("max-restarts-negative", DIST, ("--max_restarts=-1",), ("--max_restarts", "at least 0")),
+    Refusal("bucket-cap-nan", DIST, ("--bucket_cap_mb", "nan"), ("--bucket_cap_mb", "not nan")),
+    Refusal("synthetic-size-beyond-memory", DATA, ("--synthetic_size", str(10**13)),
+            ("--synthetic_size", "images on this machine")),
+    Refusal("model-beyond-memory", DIST, ("--alpha", "1e7"), ("--alpha 1e+07", "smaller --depth")),
+    Refusal("log-dir-under-proc", SINGLE, (), ("--log_dir", "outside /proc"), log_dir="/proc/runs"),
+    Refusal("log-dir-empty", DATA, (), ("--log_dir", "not empty"), log_dir=""),
+    Refusal("data-dir-empty", SINGLE, ("--data_dir", ""), ("--data_dir", "not empty")),
+    Refusal("run-name-too-long", SINGLE, (), ("--run_name", f"at most {NAME_MAX} bytes"),
+            run_name="x" * (NAME_MAX + 1)),
+    Refusal("resume-missing-entry", SINGLE, ("--resume", "{work}/inputs/no-optimizer.pt"),
+            ("no-optimizer.pt", "no 'optimizer' entry")),
     # 11: one process of a 2-process job started by hand, whose rendezvous fails
     Refusal("rendezvous-port-in-use", DIST, ("--dist_timeout", "10"), ("already in use", "MASTER_PORT"),
             env=by_hand(0, "{busy_port}")),
@@ -224,12 +244,15 @@ REFUSALS = [
 
 
 def make_inputs(work: Path, checkpoint: Path) -> None:
-    """inputs/: a checkpoint cut to half its bytes, text files, a stale rendezvous file; data/: a CIFAR-10 whose
-    data_batch_1 is cut to half."""
+    """inputs/: a checkpoint cut to half its bytes, one without its optimizer, text files, a stale rendezvous
+    file; data/: a CIFAR-10 whose data_batch_1 is cut to half."""
     inputs = work / "inputs"
     inputs.mkdir()
     raw = checkpoint.read_bytes()
     (inputs / "truncated.pt").write_bytes(raw[:len(raw) // 2])
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    del state["optimizer"]
+    torch.save(state, inputs / "no-optimizer.pt")
     (inputs / "notes.txt").write_text("not a checkpoint: notes about run a\n")
     (inputs / "hello.txt").write_text("hello\n")
     rendezvous = inputs / "rdzv"
@@ -292,6 +315,36 @@ def test_refused_launches_change_no_file_and_create_no_run_folder(refusals):
     assert sorted(path for path in after if path.count("/") == 1 and path.startswith("runs/")) == ["runs/a"]
 
 
+# ---------------------------------------------------------------------------------------------------- checkpoints
+def test_load_checkpoint_requires_every_entry_a_run_writes(trained):
+    """CONTENTS is what a real checkpoint holds (besides its format), each of its type."""
+    state = torch.load(trained / "checkpoint.pt", map_location="cpu", weights_only=True)
+    assert set(state) == {"format", *CONTENTS}
+    assert all(isinstance(state[key], kind) for key, kind in CONTENTS.items())
+
+
+@pytest.mark.parametrize("entry", [*CONTENTS, "config.depth", "epoch=text"])
+def test_a_checkpoint_without_an_entry_is_refused_naming_it(trained, tmp_path, entry):
+    """A checkpoint of the right format without one of its entries (or with one of the wrong type, or without a
+    config value resuming checks): one line that names it, not a KeyError at restore()."""
+    state = torch.load(trained / "checkpoint.pt", map_location="cpu", weights_only=True)
+    if entry == "config.depth":
+        del state["config"]["depth"]
+        named = "no --depth in its config"
+    elif entry == "epoch=text":
+        state["epoch"] = "three"
+        named = "a damaged 'epoch' entry"
+    else:
+        del state[entry]
+        named = f"no {entry!r} entry"
+    path = tmp_path / "checkpoint.pt"
+    torch.save(state, path)
+    with pytest.raises(UsageError) as error:
+        load_checkpoint(path, Config())
+    message = str(error.value)
+    assert "\n" not in message and str(path) in message and named in message, message
+
+
 # ---------------------------------------------------------------------------------------------------- resume auto
 def test_resume_auto_without_a_checkpoint_is_a_fresh_start(first_start):
     """--resume auto --run_name a, where a/ exists without a checkpoint, is not an error: it starts afresh (exit
@@ -351,9 +404,12 @@ def test_a_nan_loss_stops_the_run_naming_the_step(diverged):
 
 
 def test_a_nan_loss_prints_only_the_error_line(diverged):
-    """The NaN stop meets the whole contract: besides warnings, its error line is all stderr holds."""
+    """The NaN stop meets the whole contract: besides the warning that training started on the CPU, its error line
+    is all stderr holds."""
     done, _ = diverged
-    assert_refused(done, "NaN/inf", code=1)
+    assert done.stderr.startswith("warning: no CUDA GPU found: training on the CPU\n")
+    assert_refused(subprocess.CompletedProcess(done.args, done.returncode, done.stdout,
+                                               done.stderr.split("\n", 1)[1]), "NaN/inf", code=1)
 
 
 def test_first_nonfinite_step_names_the_first_bad_update_of_the_window():

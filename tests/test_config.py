@@ -13,14 +13,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import common.config
 import common.logger
 import common.metrics
-from common.config import BASE_BATCH, REPO_ROOT, Config, UsageError, build_parser, flag, parse_config, user_errors
+from common.config import (AMPS, BASE_BATCH, NAME_MAX, PATH_MAX, REPO_ROOT, SYNTHETIC_BYTES_PER_IMAGE, Config,
+                           UsageError, build_parser, check_domains, flag, missing_domains, parse_config, user_errors)
 from common.devices import cuda_devices, seed_everything
 from common.logger import load_model_weights, resolve_run_dir
 from common.metrics import StepTimer, Sums, TrainMeter, evaluation_sums, window_sums
 from common.optim import build_optimizer, describe_lr, lr_factor, lr_schedule, warmup_steps
+from dist_parallel.train import DistConfig
 from models import pyramidnet
+from models.pyramidnet import parameters_at_least
 
 CPU = torch.device("cpu")
 
@@ -38,11 +42,11 @@ def test_defaults():
     assert (cfg.batch_size, cfg.lr, cfg.momentum, cfg.weight_decay, cfg.nesterov) == (128, 0.1, 0.9, 1e-4, True)
     assert (cfg.depth, cfg.alpha, cfg.block) == (110, 270.0, "basic")
     assert (cfg.epochs, cfg.max_steps, cfg.lr_warmup_epochs) == (300, 0, 5.0)
-    assert (cfg.dataset, cfg.synthetic_size, cfg.loader, cfg.num_workers) == ("cifar10", 50_000, None, 4)
+    assert (cfg.dataset, cfg.synthetic_size, cfg.loader, cfg.num_workers) == ("cifar10", 50_000, None, None)
     assert (cfg.shuffle, cfg.augment, cfg.progress) == (True, True, True)
     assert (cfg.save_model, cfg.overwrite, cfg.evaluate, cfg.run_name, cfg.gpu_devices) == (False, False, None,
                                                                                              None, None)
-    assert (cfg.log_interval, cfg.warmup_steps, cfg.seed) == (50, 10, 0)
+    assert (cfg.log_interval, cfg.warmup_steps, cfg.seed, cfg.deterministic) == (50, 10, 0, False)
     assert cfg.data_dir == str(REPO_ROOT / "data") and cfg.log_dir == str(REPO_ROOT / "runs")
     assert REPO_ROOT == __import__("pathlib").Path(__file__).resolve().parents[1]
     assert BASE_BATCH == 128 and cfg.effective_lr() == 0.1
@@ -96,8 +100,8 @@ def test_invalid_values_name_their_flag(argv, pattern):
     assert "\n" not in str(error.value)
 
 
-@pytest.mark.parametrize("argv, pattern", [(["--alpha", "inf"], "--alpha"),
-                                           (["--lr_warmup_epochs", "inf", "--batch_size", "256"], "--lr_warmup_epochs")])
+@pytest.mark.parametrize("argv, pattern", [
+    (["--alpha", "inf"], "--alpha"), (["--lr_warmup_epochs", "inf", "--batch_size", "256"], "--lr_warmup_epochs")])
 def test_infinite_values_are_usage_errors(argv, pattern):
     """inf passes `> 0` and `>= 0`; unchecked, it would die later in round() with a traceback (OverflowError)
     instead of the one-line usage error."""
@@ -139,12 +143,14 @@ def test_help_lists_every_field_with_its_default():
 def test_a_mode_subclass_adds_its_own_flags():
     @dataclass(frozen=True)
     class ModeConfig(Config):
-        bucket_mb: int = flag(25, "gradient bucket size")
+        bucket_mb: int = flag(25, "gradient bucket size", at_least=1)
         sync_bn: bool = flag(False, "synchronised BatchNorm")
 
     cfg = parse_config(ModeConfig, ["--bucket_mb", "8", "--sync_bn", "--no_nesterov"])
     assert (cfg.bucket_mb, cfg.sync_bn, cfg.nesterov) == (8, True, False)
     assert parse_config(ModeConfig, []).bucket_mb == 25
+    with pytest.raises(UsageError, match="--bucket_mb must be a whole number at least 1, not 0"):
+        parse_config(ModeConfig, ["--bucket_mb", "0"])
 
 
 def test_user_errors_turns_usage_error_into_exit_2(capsys):
@@ -160,6 +166,216 @@ def test_user_errors_turns_usage_error_into_exit_2(capsys):
     with pytest.raises(ZeroDivisionError):  # a bug stays a traceback
         with user_errors():
             1 / 0
+
+
+# ---------------------------------------------------------------------------------------------- domains
+
+def path_of(size: int) -> str:
+    """An absolute path of exactly `size` bytes, in names of at most 200."""
+    names, left = [], size
+    while left > 0:
+        names.append("x" * min(200, left - 1))
+        left -= len(names[-1]) + 1
+    return "/" + "/".join(names)
+
+
+FOLDER_ROOM = PATH_MAX - 2 * (NAME_MAX + 1)  # the longest --log_dir: room below it for the run folder and a file
+BIG = str(2**63)  # one past torch's largest integer
+# Every flag's domain at its edges: field -> (values accepted, values refused). A value is the flag's argument, a
+# tuple of them (nargs), or, starting with "--", a whole command line (a bool's flag, or a value with the flags
+# it needs). Refusals of a rule between fields name the flag too (momentum 0 with Nesterov, an lr that overflows).
+DOMAINS = {
+    # optimisation
+    "batch_size": (["1"], ["0", "-3", BIG]),
+    "epochs": (["0"], ["-1", BIG]),
+    "max_steps": (["0", str(2**63 - 1)], ["-1", BIG]),
+    "lr": (["1e-300", "--lr 1e300 --batch_size 128"],
+           ["0", "-0.1", "nan", "inf", "--lr=-inf", "--lr 1e308 --batch_size 256", "--lr 1e-322 --batch_size 1"]),
+    "lr_warmup_epochs": (["0", "1e9"], ["-1", "nan", "inf", "1e10"]),
+    "momentum": (["0.999", "--momentum 0 --no_nesterov"], ["0", "-0.1", "1", "nan", "inf"]),  # 0: with Nesterov
+    "weight_decay": (["0", "10"], ["--weight_decay=-1e-4", "nan", "inf"]),
+    "nesterov": (["--no_nesterov"], []),
+    # model
+    "depth": (["8", "--depth 11 --block bottleneck"], ["2", "-4", "109", BIG, "--depth 8 --block bottleneck"]),
+    "alpha": (["1e-3"], ["0", "-5", "nan", "inf", "1e7"]),  # 1e7: petabytes of weights
+    "block": (["bottleneck"], ["wide"]),
+    "width_multiple": (["1", "64"], ["0", "-8", "1000000"]),
+    # data
+    "dataset": (["synthetic", "mnist"], ["imagenet"]),
+    "data_dir": ([".", "relative/data", path_of(FOLDER_ROOM)],
+                 ["", "/proc/data", "/sys/data", "a\0b", "/tmp/" + "x" * (NAME_MAX + 1), path_of(FOLDER_ROOM + 1)]),
+    "synthetic_size": (["5"], ["4", "0", "-1", str(10**13)]),  # 10**13: 246 PB while generated
+    "loader": (["gpu", "torchvision"], ["dali"]),
+    "num_workers": (["0"], ["-1", BIG]),
+    "shuffle": (["--no_shuffle"], []),
+    "augment": (["--no_augment"], []),
+    # speed
+    "amp": (list(AMPS), ["fp8"]),
+    "channels_last": (["--channels_last", "--no_channels_last"], []),
+    "compile": (["--compile"], []),
+    "benchmark": (["--benchmark"], []),
+    "benchmark_steps": (["1"], ["0", BIG]),
+    # hardware and reproducibility
+    "gpu_devices": ([("0", "1")], [("-1",), ("0", "-1")]),
+    "seed": (["0", str(2**32 - 1)], ["-1", str(2**32)]),  # numpy's seeds
+    "deterministic": (["--deterministic"], []),
+    # logging and outputs
+    "log_dir": ([".", "/tmp/runs", path_of(FOLDER_ROOM)],
+                ["", "/proc/runs", "/proc", "/sys/kernel/runs", "a\0b", "/tmp/" + "x" * (NAME_MAX + 1),
+                 path_of(FOLDER_ROOM + 1)]),
+    "run_name": (["r", "x" * NAME_MAX, "\u00e9" * (NAME_MAX // 2)],  # é: 2 bytes
+                 ["", ".", "..", "a/b", "a\0b", "x" * (NAME_MAX + 1), "\u00e9" * (NAME_MAX // 2 + 1)]),
+    "overwrite": (["--overwrite"], []),
+    "log_interval": (["1"], ["0"]),
+    "warmup_steps": (["0"], ["-1"]),
+    "save_model": (["--save_model"], []),
+    "checkpoint_interval": (["0"], ["-1"]),
+    "resume": (["--resume auto --run_name r", "checkpoint.pt", path_of(PATH_MAX)],
+               ["", "a\0b", path_of(PATH_MAX + 1)]),
+    "evaluate": (["model.pt", path_of(PATH_MAX)], ["", "/tmp/" + "x" * (NAME_MAX + 1), path_of(PATH_MAX + 1)]),
+    "progress": (["--no_progress"], []),
+    # dist_parallel's own
+    "backend": (["gloo", "nccl"], ["mpi"]),
+    "init_method": (["env://", "tcp://10.0.0.1:29500", "tcp://[::1]:1", "file:///tmp/rendezvous"],
+                    ["", "env", "tcp://host", "tcp://host:0", "tcp://host:65536", "tcp://:29500",
+                     "file://relative/path", "http://host:80"]),
+    "sync_bn": (["--sync_bn"], []),
+    "verify_sync": (["--verify_sync"], []),
+    "nproc_per_node": (["1"], ["0", "-2"]),
+    "bucket_cap_mb": (["1e-3", "8e12"], ["0", "-1", "nan", "inf", "9e12"]),  # 9e12 MiB: bytes past int64
+    "dist_timeout": (["1e-3", "1e9"], ["0", "-5", "nan", "inf", "1e10"]),  # 1e10 s: torch's ns clock overflows
+    "max_restarts": (["0"], ["-1"]),
+}
+DIST_ONLY = {f.name for f in dataclasses.fields(DistConfig)} - {f.name for f in dataclasses.fields(Config)}
+
+
+def argv_for(name: str, value) -> list[str]:
+    if isinstance(value, tuple):
+        return [f"--{name}", *value]
+    return value.split(" ") if value.startswith("--") else [f"--{name}", value]
+
+
+def test_a_negative_number_argparse_takes_for_a_flag_is_explained():
+    """argparse reads -1e-4 and -inf as flags, not values: the line says how to give them."""
+    with pytest.raises(UsageError, match=r"--weight_decay: expected one argument \(a value that starts with - goes "
+                                         r"after =, as in --flag=-value\)"):
+        parse("--weight_decay", "-1e-4")
+
+
+def shown(value) -> str | None:
+    """How the error line shows a single value: a number as Python prints it, text quoted; None for a command."""
+    if isinstance(value, tuple) or value.startswith("--"):
+        return None
+    for kind, form in ((int, str), (float, lambda number: f"{number:g}")):
+        try:
+            return form(kind(value))
+        except ValueError:
+            pass
+    return repr(value)[:40]
+
+
+def cases(column: int) -> list:
+    return [pytest.param(name, value, id=f"{name}={ascii(value)[:30]}")
+            for name, row in DOMAINS.items() for value in row[column]]
+
+
+def test_every_field_has_a_domain_and_its_edges_in_the_table():
+    """A field added without a domain (flag's bounds or check; a bool's type and a choice's choices count), or
+    without its row here, fails this test."""
+    assert missing_domains(Config) == [] and missing_domains(DistConfig) == []
+    assert list(DOMAINS) == [f.name for f in dataclasses.fields(DistConfig)]  # every field, in the classes' order
+
+    @dataclass(frozen=True)
+    class Forgotten(Config):
+        buckets: int = flag(25, "a number without a domain")
+        sync: bool = flag(False, "a bool: its type is its domain")
+
+    assert missing_domains(Forgotten) == ["buckets"]
+
+
+@pytest.mark.parametrize("name, value", cases(0))
+def test_edge_values_in_the_domain_are_accepted(name, value):
+    for config_class in (DistConfig,) if name in DIST_ONLY else (Config, DistConfig):
+        parse_config(config_class, argv_for(name, value))
+
+
+@pytest.mark.parametrize("name, value", cases(1))
+def test_values_outside_the_domain_are_refused_in_one_line(name, value):
+    """Through the parser, as every train.py parses: a UsageError (one line, exit status 2 under user_errors)
+    that names the flag and the value and says what to give instead."""
+    for config_class in (DistConfig,) if name in DIST_ONLY else (Config, DistConfig):
+        with pytest.raises(UsageError) as error:
+            parse_config(config_class, argv_for(name, value))
+        message = str(error.value)
+        assert "\n" not in message and f"--{name}" in message, message
+        assert any(advice in message for advice in ("must be", "give", "use", "choose from")), message
+        assert shown(value) is None or shown(value) in message, message
+
+
+def test_values_of_the_wrong_type_are_refused_when_built_directly():
+    """A config built in code (compare.py, tests) gets the same checks as the parser's, types included."""
+    for name, value, wanted in [("nesterov", "yes", "true or false"), ("lr", "0.1", "a finite number"),
+                                ("batch_size", 1.5, "a whole number"), ("batch_size", True, "a whole number"),
+                                ("log_dir", None, "text"), ("gpu_devices", (), "one or more values"),
+                                ("dataset", None, "one of cifar10")]:
+        with pytest.raises(UsageError, match=f"^--{name} must be {wanted}"):
+            Config(**{name: value})
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A config dataclass of its own, as compare.py's CompareConfig adopts check_domains."""
+    out: str | None = flag(None, "output folder", check="folder")
+    amp: tuple[str, ...] | None = flag(None, "precisions", nargs="+", choices=AMPS)
+    gpu_counts: tuple[int, ...] | None = flag(None, "GPU counts", nargs="+", at_least=1)
+    repeat: int = flag(1, "runs of each configuration", at_least=1)
+    run_timeout: int = flag(3600, "seconds a run may take", at_least=1)
+
+    def __post_init__(self):
+        check_domains(self)
+
+
+def test_any_frozen_config_dataclass_can_check_its_domains():
+    assert missing_domains(Sweep) == []
+    assert Sweep(gpu_counts=(1, 2)).gpu_counts == (1, 2)
+    assert dataclasses.replace(Sweep(), amp=(None,)).amp == (None,)  # an item None: each run's default
+    for kwargs, message in [({"repeat": 0}, "--repeat must be a whole number at least 1, not 0"),
+                            ({"gpu_counts": (2, 0)}, "--gpu_counts must be a whole number at least 1, not 0"),
+                            ({"amp": ("fp8",)}, "--amp must be one of bf16, fp16, off, not 'fp8'"),
+                            ({"out": "/proc/results"}, "--out must be a folder outside /proc and /sys"),
+                            ({"run_timeout": -1}, "--run_timeout must be a whole number at least 1, not -1")]:
+        with pytest.raises(UsageError, match=f"^{re.escape(message)}"):
+            Sweep(**kwargs)
+
+
+def test_sizes_beyond_the_machines_memory_are_refused_naming_them(monkeypatch):
+    """On a machine of 2 GiB: the largest --synthetic_size that fits is accepted and the next refused with the
+    largest; PyramidNet-110 alpha 270 (114 MB of weights) is accepted, alpha 2,700 (9 GiB) refused. Nothing is
+    allocated to find out."""
+    monkeypatch.setattr(common.config, "physical_memory", lambda: 2**31)
+    most = 2**31 // SYNTHETIC_BYTES_PER_IMAGE
+    assert parse("--synthetic_size", str(most)).synthetic_size == most
+    with pytest.raises(UsageError, match=f"--synthetic_size must be at most {most} images on this machine .*2 GiB"):
+        parse("--synthetic_size", str(most + 1))
+    assert parse().alpha == 270
+    with pytest.raises(UsageError, match=r"--alpha 2700 .* at least 9\.\d+ GiB, more than this machine's 2 GiB.*"
+                                         r"smaller --depth, --alpha or --width_multiple"):
+        parse("--alpha", "2700")
+    monkeypatch.setattr(common.config, "physical_memory", lambda: None)  # the system does not say: no refusal
+    assert parse("--alpha", "1e7", "--synthetic_size", str(10**13)).alpha == 1e7
+
+
+@pytest.mark.parametrize("depth, alpha, block, width_multiple", [
+    (8, 12, "basic", 1), (20, 24, "basic", 8), (56, 84, "basic", 1), (8, 12, "basic", 64), (11, 12, "bottleneck", 1),
+    (20, 48, "bottleneck", 8)])
+def test_parameters_at_least_is_a_close_lower_bound(depth, alpha, block, width_multiple):
+    real = sum(p.numel() for p in pyramidnet(depth, alpha, block, width_multiple=width_multiple).parameters())
+    assert 0.75 * real <= parameters_at_least(depth, alpha, block, width_multiple) <= real
+
+
+def test_parameters_at_least_takes_constant_time():
+    """A depth of 6e15 + 2 (3e15 blocks) is counted at once, as large as it is."""
+    assert 1e21 < parameters_at_least(6 * 10**15 + 2, 270) < float("inf")
 
 
 # ---------------------------------------------------------------------------------------------- optim

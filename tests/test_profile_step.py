@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 from torch.autograd import DeviceType
 
-from benchmarks.profile_step import breakdown, category, device_times, is_conv_layout, summary
+from benchmarks.profile_step import ProfileConfig, breakdown, category, device_times, is_conv_layout, summary
+from common.config import missing_domains
 
 # As the H100 profiles printed them: kernels cut at 120 characters, operators at 80.
 CONVOLUTION = [
@@ -149,3 +150,7 @@ def test_gpu_annotations_are_not_counted_as_kernels():
               event("Optimizer.step#SGD.step", DeviceType.CUDA, 5000, annotation=True)]
     operators, kernels = device_times(events, cuda=True, steps=2)
     assert operators == [("aten::cudnn_convolution", 0.0015)] and kernels == [(CONVOLUTION[11], 0.0015)]
+
+
+def test_every_flag_of_profile_step_has_a_domain():
+    assert missing_domains(ProfileConfig) == []
