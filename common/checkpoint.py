@@ -7,10 +7,13 @@ atomically (temporary file, fsync, rename), as <run folder>/checkpoint.pt (the l
 accuracy so far). Everything in it is a tensor or a plain Python value, so it loads with
 `torch.load(weights_only=True)`: a checkpoint file cannot run code.
 
-Resuming restores all of it, and the loaders skip the batches the epoch had already consumed (the gpu loader also
-draws, and discards, their random crops and flips), so a resumed run ends with the weights the uninterrupted run
-would have had. With `--loader torchvision` the remaining images are the same but DataLoader workers draw their
-augmentation anew, so the weights differ from an uninterrupted run's.
+Resuming restores all of it, and the loaders skip the batches the epoch had already consumed. Their crops and flips
+are a function of (seed, epoch, image index) alone (common/data.py), so the remaining images are augmented as
+before whatever the loader and the number of DataLoader workers, and a resumed run ends with the weights the
+uninterrupted run would have had: bit for bit with one or two processes (on the CPU, or with --deterministic). With
+more, the first step after a resume adds the ranks' gradients in another order (DDP lays out its gradient buckets
+anew in every process, after its first step, and the all-reduce's order of additions follows the layout), and the
+weights differ by float rounding: 2.4e-7 after 24 steps of 4 ranks on the CPU.
 """
 from __future__ import annotations
 
@@ -134,8 +137,14 @@ def resume_checkpoint(cfg: Config, run_dir: Path) -> dict | None:
     return load_checkpoint(path, cfg) if path is not None else None
 
 
+# What checkpoint_state writes besides the format, and the type of each: a file without one is refused by its name.
+CONTENTS = {"config": dict, "epoch": int, "batch": int, "step": int, "best_acc": (int, float), "model": dict,
+            "optimizer": dict, "scheduler": dict, "scaler": dict, "rng": list}
+
+
 def load_checkpoint(path: Path, cfg: Config) -> dict:
-    """A checkpoint read with weights_only=True and checked against this run's config; one-line errors."""
+    """A checkpoint read with weights_only=True, complete, and checked against this run's config; one-line errors
+    (the format's name is no promise that every entry is there: a file edited by hand, or by another version)."""
     if not path.is_file():
         raise UsageError(f"--resume: no checkpoint at {path}; give a {LAST} a run wrote, or --resume auto "
                          f"with the run's --run_name")
@@ -147,13 +156,35 @@ def load_checkpoint(path: Path, cfg: Config) -> dict:
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise UsageError(f"--resume: {path} is not a checkpoint of this suite (a model.pt holds only weights: "
                          f"use --evaluate for it)")
+    for key, kind in CONTENTS.items():
+        if not isinstance(state.get(key), kind):
+            raise UsageError(f"--resume: {path} has {'a damaged' if key in state else 'no'} {key!r} entry; use a "
+                             f"{LAST} as a run wrote it, or start afresh without --resume")
     saved = state["config"]
+    absent = [name for name in MUST_MATCH if name not in saved]
+    if absent:
+        raise UsageError(f"--resume: {path} has no --{absent[0]} in its config; use a {LAST} as a run wrote it, or "
+                         f"start afresh without --resume")
     differ = [name for name in MUST_MATCH if _as_saved(getattr(cfg, name)) != saved.get(name)]
     if differ:
         changes = ", ".join(f"--{name} {saved.get(name)} (now {getattr(cfg, name)})" for name in differ)
         raise UsageError(f"--resume: {path} was written by a different run: {changes}; resume with the same flags")
     state["file"] = str(path)  # for messages; not written back
     return state
+
+
+def has_ended(state: dict | None, cfg: Config) -> bool:
+    """A checkpoint with nothing left to train under this config: every epoch done, or --max_steps reached (a
+    ceiling, so a lower --max_steps on resume ends the run too)."""
+    return state is not None and (state["epoch"] >= cfg.epochs or cfg.reached_max_steps(state["step"]))
+
+
+def ended_line(state: dict, cfg: Config) -> str:
+    """What a run resumed after its end says before it exits, having written nothing."""
+    where = (f"all {cfg.epochs} epochs done" if state["epoch"] >= cfg.epochs else
+             f"--max_steps {cfg.max_steps} reached")
+    return (f"{state['file']}: this run has ended ({where}, step {state['step']}): nothing left to train; "
+            f"its folder is left as it is")
 
 
 def _as_saved(value):

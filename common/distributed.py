@@ -8,6 +8,7 @@ import hashlib
 import ipaddress
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,10 +30,28 @@ def rank_info() -> tuple[int, int, int]:
         rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local_rank = int(os.environ.get("LOCAL_RANK", rank))
     except ValueError:
-        raise UsageError("RANK, LOCAL_RANK and WORLD_SIZE must be whole numbers") from None
+        raise UsageError("RANK, LOCAL_RANK and WORLD_SIZE must be whole numbers", rank_specific=True) from None
     if not 0 <= rank < world_size:
-        raise UsageError(f"RANK {rank} is outside 0..WORLD_SIZE-1 ({world_size - 1}); set RANK per process")
+        raise UsageError(f"RANK {rank} is outside 0..WORLD_SIZE-1 ({world_size - 1}); set RANK per process",
+                         rank_specific=True)
     return rank, local_rank, world_size
+
+
+def die_with_launcher() -> None:
+    """A worker started by torch's elastic agent (torchrun or the self-launch) dies with it. The agent puts each
+    worker in a session of its own, so when the agent itself is killed (`kill -9`, an out-of-memory kill) nothing
+    reaches the workers: they would train on as orphans, writing checkpoints beside whatever run is started next in
+    their folder. Linux's parent-death signal kills them instead; the last checkpoint, written atomically, is intact."""
+    if "TORCHELASTIC_RESTART_COUNT" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    launcher = os.getppid()
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    if os.getppid() != launcher:  # the agent died before the signal was armed
+        os._exit(1)
 
 
 def check_master_address(environ=os.environ) -> None:
@@ -62,28 +81,52 @@ def _is_loopback(address: str) -> bool:
         return False
 
 
+STOP_REPORT = "PYTORCH_MULTIGPU_STOP_REPORT"  # a file the self-launch gives its workers for their stop line
+
+
 def launch_workers(script: str, argv: list[str], nproc: int, max_restarts: int = 0) -> int:
     """Start `nproc` workers of `script` on this machine through torch's elastic launcher, exactly as
     `torchrun --standalone --nproc_per_node nproc --max-restarts max_restarts script argv` would (a free port,
-    c10d rendezvous; after a worker fails, the whole group is restarted up to max_restarts times)."""
+    c10d rendezvous; after a worker fails, the whole group is restarted up to max_restarts times). Stopped by a
+    signal, it says the run stopped cleanly only when rank 0 reported its stop checkpoint (`report_stop`): torch's
+    agent passes the signal on and waits 30 s, then kills the workers, and does not tell how they ended."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
     args = get_args_parser().parse_args(["--standalone", f"--nproc_per_node={nproc}",
                                          f"--max-restarts={max_restarts}", script, *argv])
-    try:
-        run(args)
-    except SignalException as stop:  # the launcher passed SIGTERM/SIGINT on; the workers checkpointed and left
-        print(f"stopped by {stop.sigval.name}: the workers have stopped; continue with --resume auto", file=sys.stderr)
-        return 128 + int(stop.sigval)
-    except ChildFailedError as error:
-        ranks = ", ".join(str(failure.local_rank) for failure in error.failures.values())
-        codes = sorted({failure.exitcode for failure in error.failures.values()})
-        print(f"error: worker {ranks} failed (exit code {', '.join(map(str, codes))}); its message is above",
-              file=sys.stderr)
-        return max(codes, key=abs) or 1
+    with tempfile.TemporaryDirectory(prefix="stop-report-") as folder:
+        report = Path(folder) / "stopped"
+        os.environ[STOP_REPORT] = str(report)  # the workers inherit this process's environment
+        try:
+            run(args)
+        except SignalException as stop:  # the launcher passed SIGTERM/SIGINT on to the workers
+            if report.exists():
+                print(f"stopped by {stop.sigval.name}: the workers stopped cleanly ({report.read_text().strip()}); "
+                      f"continue with --resume auto", file=sys.stderr)
+                return 128 + int(stop.sigval)
+            print(f"error: stopped by {stop.sigval.name}, but the workers did not stop cleanly (no stop checkpoint "
+                  f"was reported; their output above says why): --resume auto continues from the last checkpoint",
+                  file=sys.stderr)
+            return 1
+        except ChildFailedError as error:
+            ranks = ", ".join(str(failure.local_rank) for failure in error.failures.values())
+            codes = sorted({failure.exitcode for failure in error.failures.values()})
+            print(f"error: worker {ranks} failed (exit code {', '.join(map(str, codes))}); its message is above",
+                  file=sys.stderr)
+            return max(codes, key=abs) or 1
+        finally:
+            del os.environ[STOP_REPORT]
     return 0
+
+
+def report_stop(step: int, checkpoint: Path | None) -> None:
+    """Stopped by a signal with the checkpoint written, rank 0 tells the self-launch, which cannot see how its
+    workers ended (under torchrun nothing is listening, and nothing is written)."""
+    path = os.environ.get(STOP_REPORT)
+    if path and dist.get_rank() == 0:
+        Path(path).write_text(f"step {step}, checkpoint {checkpoint}\n")
 
 
 def _digest(tensor: torch.Tensor) -> str:
@@ -125,17 +168,20 @@ def describe_sync(report: dict, sync_bn: bool) -> str:
     return f"sync check: {params}; {buffers}"
 
 
-def check_launch(batch_size: int, world_size: int, backend: str | None, sync_bn: bool) -> None:
-    """What can be refused before any worker starts: the same checks run again in every worker."""
+def check_launch(cfg, world_size: int) -> None:
+    """What can be refused before any worker starts: the same checks run again in every worker. Evaluation trains
+    nothing, so it takes any batch over any number of processes."""
     check_master_address()
+    if cfg.init_method.startswith("file://"):
+        check_rendezvous_file(Path(cfg.init_method[len("file://"):]), cfg.dist_timeout)
     cuda = torch.cuda.is_available()
-    if backend == "nccl" and not cuda:
+    if cfg.backend == "nccl" and not cuda:
         raise UsageError("--backend nccl needs CUDA GPUs and this machine has none; use --backend gloo on CPUs")
-    if sync_bn and not cuda:
+    if cfg.sync_bn and not cuda:
         raise UsageError("--sync_bn needs GPUs: PyTorch's SyncBatchNorm refuses CPU modules; leave it out on CPUs")
-    if batch_size % world_size:
-        raise UsageError(f"--batch_size {batch_size} does not divide over {world_size} processes: use a multiple "
-                         f"of {world_size} (the global batch is split evenly)")
+    if cfg.batch_size % world_size and not cfg.evaluate:
+        raise UsageError(f"--batch_size {cfg.batch_size} does not divide over {world_size} processes: use a "
+                         f"multiple of {world_size} (the global batch is split evenly)")
 
 
 def by_rank(per_gpu: dict) -> dict:
@@ -165,7 +211,7 @@ def own_gpu(gpu_devices, local_rank: int, backend: str | None) -> list[int]:
     gpus = cuda_devices(gpu_devices, default_all=True, shared=backend == "gloo", sharing_hint=SHARING_HINT)
     if gpus and local_rank >= len(gpus):
         raise UsageError(f"local rank {local_rank} has no GPU of its own ({len(gpus)} available): start at most "
-                         f"one process per GPU")
+                         f"one process per GPU", rank_specific=True)
     return gpus[local_rank:local_rank + 1]
 
 
@@ -188,7 +234,7 @@ def self_launch(cfg, script: str, argv, mode: str) -> int:
     nproc = cfg.nproc_per_node or len(gpus) or 1
     if gpus and nproc > len(gpus):
         raise UsageError(f"--nproc_per_node {nproc} is more than the {len(gpus)} GPUs available: one process per GPU")
-    check_launch(cfg.batch_size, nproc, cfg.backend, cfg.sync_bn)
+    check_launch(cfg, nproc)
     resolve_run_dir(cfg, mode, nproc)
     os.environ.setdefault("OMP_NUM_THREADS", str(max((os.cpu_count() or 1) // nproc, 1)))  # share the cores
     return launch_workers(script, sys.argv[1:] if argv is None else [str(arg) for arg in argv], nproc,
@@ -203,8 +249,6 @@ def init_group(backend: str, init_method: str, rank: int, world_size: int, timeo
     a port in use, a master that cannot be reached, a file:// rendezvous left over from a crashed run. Under NCCL
     the group is bound to this process's GPU (`device_id`), so its barriers need not guess the device."""
     nccl_error_handling(os.environ)
-    if init_method.startswith("file://"):
-        check_rendezvous_file(Path(init_method[len("file://"):]), timeout_s)
     timeout = datetime.timedelta(seconds=timeout_s)
     device_id = torch.device("cuda", gpus[0]) if backend == "nccl" and gpus else None
     try:
@@ -241,33 +285,41 @@ def _attempt_store(rank: int, world_size: int, timeout: datetime.timedelta) -> d
 
 
 def check_rendezvous_file(path: Path, timeout_s: float) -> None:
-    """A file:// rendezvous file must be new. One older than the timeout cannot belong to this launch (its first
-    process would have given up by now): it is left from a run that crashed, and would make this one hang."""
+    """A file:// rendezvous must be able to work: its folder must exist (torch's FileStore would wait for a file
+    it can never create, past any timeout), and the file must be new. One older than the timeout cannot belong to
+    this launch (its first process would have given up by now): it is left from a run that crashed, and would make
+    this one hang."""
+    if not path.parent.is_dir():
+        raise UsageError(f"the file rendezvous folder {path.parent} does not exist: create it on a filesystem every "
+                         f"process shares, or give a file:// path in an existing folder")
     if path.exists() and time.time() - path.stat().st_mtime > timeout_s:
         raise UsageError(f"the rendezvous file {path} is left over from an earlier run: delete it (or give a new "
                          f"file:// path) and launch again")
 
 
 def rendezvous_error(error: Exception, init_method: str, rank: int, timeout_s: float) -> UsageError:
-    text = " ".join(str(error).split())
+    """Joining the group failed on this rank: the line that says why, printed by this rank (others may not fail)."""
+    return UsageError(_rendezvous_advice(" ".join(str(error).split()), init_method, rank, timeout_s),
+                      rank_specific=True)
+
+
+def _rendezvous_advice(text: str, init_method: str, rank: int, timeout_s: float) -> str:
     host, port = os.environ.get("MASTER_ADDR", "?"), os.environ.get("MASTER_PORT", "?")
     if init_method.startswith("tcp://"):
         host, _, port = init_method[len("tcp://"):].rpartition(":")
     if "EADDRINUSE" in text or "address already in use" in text.lower():
-        return UsageError(f"port {port} is already in use on {host} (another job, or a run still shutting down): "
-                          f"give a free MASTER_PORT (or tcp://{host}:<free port>), e.g. one from 29500-29999")
+        return (f"port {port} is already in use on {host} (another job, or a run still shutting down): give a free "
+                f"MASTER_PORT (or tcp://{host}:<free port>), e.g. one from 29500-29999")
     if init_method.startswith("file://"):
-        return UsageError(f"rank {rank}: the file rendezvous {init_method} failed ({text[:120]}): give every "
-                          f"process the same path on a shared filesystem, delete a file left by an earlier run, "
-                          f"and launch again")
+        return (f"rank {rank}: the file rendezvous {init_method} failed ({text[:120]}): give every process the same "
+                f"path on a shared filesystem, delete a file left by an earlier run, and launch again")
     if "gloo" in text.lower() or "nccl" in text.lower():  # the store was reached; a peer was not
-        return UsageError(f"rank {rank} reached the master but not every other rank ({text[:120]}): a rank died "
-                          f"while joining, or the nodes cannot open connections to each other (firewall)")
+        return (f"rank {rank} reached the master but not every other rank ({text[:120]}): a rank died while "
+                f"joining, or the nodes cannot open connections to each other (firewall)")
     if "timed out" in text or "timeout" in text.lower() or "refused" in text.lower():
-        return UsageError(f"rank {rank} could not reach the master at {host}:{port} within {timeout_s:g} s: check "
-                          f"MASTER_ADDR/MASTER_PORT, that rank 0 is running, and that the port is open between "
-                          f"the nodes")
-    return UsageError(f"rank {rank}: joining the process group failed: {text[:200]}")
+        return (f"rank {rank} could not reach the master at {host}:{port} within {timeout_s:g} s: check "
+                f"MASTER_ADDR/MASTER_PORT, that rank 0 is running, and that the port is open between the nodes")
+    return f"rank {rank}: joining the process group failed: {text[:200]}"
 
 
 # Raised by a collective whose peer died or stalled: gloo "Connection closed by peer", NCCL errors, watchdog
@@ -295,8 +347,27 @@ def from_rank0(load):
         except UsageError as error:
             result[1] = str(error)
     dist.broadcast_object_list(result, src=0)
-    if result[1] is not None:
-        if dist.get_rank() == 0:
-            raise UsageError(result[1])
-        raise SystemExit(2)  # rank 0 prints the line
+    _refused_on_rank0(result[1])
     return result[0]
+
+
+def on_every_rank(make):
+    """`make()` on every rank, where only rank 0 can be refused (it alone claims the run folder): a UsageError
+    there is raised on every rank, so all of them exit instead of waiting for rank 0 at the next collective."""
+    value, error = None, [None]
+    try:
+        value = make()
+    except UsageError as refused:
+        if dist.get_rank() != 0:
+            raise
+        error = [str(refused)]
+    dist.broadcast_object_list(error, src=0)
+    _refused_on_rank0(error[0])
+    return value
+
+
+def _refused_on_rank0(message: str | None) -> None:
+    if message is not None:
+        if dist.get_rank() == 0:
+            raise UsageError(message)
+        raise SystemExit(2)  # rank 0 prints the line

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import secrets
 import shutil
 import sys
 import time
@@ -22,8 +23,9 @@ SUMMARY_FIELDS = ("images_per_sec", "images_per_sec_per_gpu", "batch_time_p50", 
 
 
 def resolve_run_dir(cfg: Config, mode: str, gpu_count: int) -> Path:
-    """The run's folder, checked before anything is written: log_dir must be a writable folder (or creatable),
-    and the run folder must not exist unless --overwrite."""
+    """The run's folder, checked before anything is written: log_dir must be a writable folder (or creatable), the
+    name must fit the file system, and the run folder must not exist unless --overwrite or --resume auto. A run
+    resumed from a checkpoint file continues in a new folder, or in that checkpoint's own, never in another run's."""
     name = cfg.run_name or f"{mode}-{f'{gpu_count}gpu' if gpu_count else 'cpu'}-{time.strftime('%Y%m%d-%H%M%S')}"
     log_dir = Path(cfg.log_dir)
     existing = next(p for p in [log_dir, *log_dir.absolute().parents] if p.exists())
@@ -32,12 +34,54 @@ def resolve_run_dir(cfg: Config, mode: str, gpu_count: int) -> Path:
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UsageError(f"--log_dir {log_dir}: {existing} is not writable; give a folder you can write to")
     run_dir = log_dir / name
-    if run_dir.exists() and not (cfg.overwrite or cfg.resume):
-        raise UsageError(f"run folder {run_dir} exists already: choose another --run_name, add --overwrite, or "
-                         f"continue it with --resume auto")
     if run_dir.exists() and not run_dir.is_dir():
         raise UsageError(f"{run_dir} is a file, not a run folder: choose another --run_name")
+    if run_dir.exists() and cfg.resume not in (None, "auto") and not cfg.overwrite:
+        own = Path(cfg.resume).absolute().parent
+        if run_dir.resolve() != own.resolve():
+            raise UsageError(f"run folder {run_dir} exists already and belongs to another run than {cfg.resume}: "
+                             f"choose a new --run_name (or --run_name {own.name} --log_dir {own.parent} to "
+                             f"continue in the checkpoint's own folder)")
+    elif run_dir.exists() and not (cfg.overwrite or cfg.resume):
+        raise UsageError(f"run folder {run_dir} exists already: choose another --run_name, add --overwrite, or "
+                         f"continue it with --resume auto")
     return run_dir
+
+
+LOCK = ".lock"  # held (flock) by the one process that writes a run folder, for as long as it runs
+
+
+def claim_run_dir(run_dir: Path, cfg: Config):
+    """Make `run_dir` this process's, for as long as the returned lock file stays open: a new folder is created
+    exclusively (a second run started with the same --run_name at the same moment is refused), and an existing
+    one (--resume, --overwrite) is locked, so a run whose folder is in use by a live run (an orphan, a second
+    `--resume auto`) is refused in one line rather than writing beside it. The lock dies with its process."""
+    import fcntl
+
+    fresh = not (cfg.resume or cfg.overwrite)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(exist_ok=not fresh)
+    except FileExistsError:
+        raise UsageError(f"run folder {run_dir} was created by another run a moment ago: choose another "
+                         f"--run_name") from None
+    lock = open(run_dir / LOCK, "a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "?"
+        lock.close()
+        raise UsageError(f"run folder {run_dir} is in use by a run that is still running (pid {holder}): wait "
+                         f"for it to end or stop it, or choose another --run_name") from None
+    lock.truncate(0)
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    if cfg.overwrite:  # the folder's files go, its lock stays held
+        for path in run_dir.iterdir():
+            if path.name != LOCK:
+                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    return lock
 
 
 class RunLogger:
@@ -46,14 +90,12 @@ class RunLogger:
 
     def __init__(self, run_dir: Path | None, cfg: Config, mode: str, world_size: int):
         self.run_dir, self.cfg, self.mode, self.world_size = run_dir, cfg, mode, world_size
-        self.writer = None
+        self.writer = self.lock = None
         if run_dir is None:
             return
         from tensorboardX import SummaryWriter
 
-        if run_dir.exists() and not cfg.resume:  # only with --overwrite, checked by resolve_run_dir
-            shutil.rmtree(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)  # a resumed run adds to its folder
+        self.lock = claim_run_dir(run_dir, cfg)  # a resumed run adds to its folder; --overwrite empties it
         self.writer = SummaryWriter(logdir=str(run_dir))
         self.writer.add_text("config", "\n".join(f"    {k}: {v}" for k, v in dataclasses.asdict(cfg).items()))
 
@@ -84,11 +126,14 @@ class RunLogger:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+        if self.lock is not None:
+            self.lock.close()  # releases the run folder
 
 
 def write_atomically(path: Path, write) -> None:
-    """Write to a temporary file, fsync, rename: a crash leaves the old file or the new one, never half of one."""
-    temporary = path.with_name(f".{path.name}.tmp")
+    """Write to a temporary file, fsync, rename: a crash leaves the old file or the new one, never half of one. The
+    temporary file's name is this process's own, so no two writers ever share one."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
         with open(temporary, "wb") as f:
             write(f)
@@ -195,6 +240,10 @@ class Console:
             self.bar.write(text)
         elif self.enabled:
             print(text, flush=True)
+
+    def warn(self, text: str) -> None:
+        if self.enabled:
+            print(f"warning: {text}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:

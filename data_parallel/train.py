@@ -23,10 +23,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.checkpoint import StopSignals, last_checkpoint, restore, resume_checkpoint, save_checkpoint
-from common.config import Config, UsageError, parse_config, user_errors
-from common.data import DATASET_INFO, EvalShard, ShuffleSampler, load_datasets, make_loader
-from common.devices import cuda_devices, seed_everything, warn
+from common.checkpoint import (StopSignals, ended_line, has_ended, last_checkpoint, restore, resume_checkpoint,
+                               save_checkpoint)
+from common.config import Config, RunError, UsageError, parse_config, user_errors
+from common.data import DATASET_INFO, EvalShard, LoaderWorkerDied, ShuffleSampler, load_datasets, make_loader
+from common.devices import cuda_devices, seed_everything
 from common.logger import (Console, RunLogger, load_model_weights, report_test, report_window, resolve_run_dir,
                            speed_line)
 from common.metrics import StepTimer, Sums, TrainMeter, check_loss, evaluation_sums, window_sums
@@ -54,8 +55,6 @@ def setup(cfg: Config):
                          f"does not trace DataParallel's replica threads): leave it out, or use dist_parallel")
     if gpus:
         torch.cuda.set_device(gpus[0])
-    else:
-        warn("no CUDA GPU found: training on the CPU (DataParallel wraps nothing)")
     # the batches and the master weights live on the first listed GPU
     return (torch.device("cuda", gpus[0]) if gpus else torch.device("cpu")), gpus
 
@@ -121,7 +120,7 @@ def train_one_epoch(run, epoch: int) -> Sums:
         run.timer.step_done()
         run.step, run.batch = run.step + 1, index
         run.console.update()
-        last = index == len(loader) or run.step == cfg.max_steps
+        last = index == len(loader) or cfg.reached_max_steps(run.step)
         if index % cfg.log_interval == 0 or last:
             epoch_sums += log_window(run, epoch, index)
         if last or run.stop:
@@ -187,6 +186,9 @@ def main(argv=None) -> int:
     cfg = resolve_fast_path(cfg, device)  # --amp and --channels_last made explicit for this device
     run_dir = resolve_run_dir(cfg, MODE, len(gpus))
     checkpoint = resume_checkpoint(cfg, run_dir)  # read and checked before anything is written
+    if has_ended(checkpoint, cfg):  # say an elastic command run again after the end: nothing to train or write
+        Console(enabled=True, bar=False).line(ended_line(checkpoint, cfg))
+        return 0
     seed_everything(cfg.seed)
     train_loader, test_loader = get_loaders(cfg, device)
     model, raw_model = get_model(cfg, device, gpus)
@@ -194,6 +196,8 @@ def main(argv=None) -> int:
         load_model_weights(raw_model, cfg.evaluate)
     optimizer, scheduler, scaler = get_optimizer(cfg, raw_model, device, len(train_loader))
     logger, console = RunLogger(run_dir, cfg, MODE, world_size=1), Console(enabled=True, bar=cfg.progress)
+    if not gpus:  # said here, after every refusal, so that it never stands between a mistake and its error
+        console.warn("no CUDA GPU found: training on the CPU (DataParallel wraps nothing)")
     console.line(f"{MODE}: PyramidNet-{cfg.depth} alpha={cfg.alpha:g} {cfg.block}, {cfg.dataset}, global batch "
                  f"{cfg.batch_size} on {device} ({describe_fast_path(cfg)}); {describe_lr(cfg, len(train_loader))}; "
                  f"logs in {run_dir}")
@@ -220,7 +224,7 @@ def main(argv=None) -> int:
                 test = evaluate(cfg, raw_model, test_loader, device)
                 report_test(run, epoch, test, epoch_times[-1])
                 save_checkpoint(run, test_acc=test[1])
-            if run.step == cfg.max_steps:
+            if cfg.reached_max_steps(run.step):
                 break
         if run.stop:  # SIGTERM/SIGINT: a checkpoint where every rank stopped, then a clean exit
             path = save_checkpoint(run)
@@ -241,6 +245,10 @@ def main(argv=None) -> int:
         console.line(speed_line(summary))
         console.line(f"results in {path}")
         return 0
+    except LoaderWorkerDied as died:  # found between two steps: the run is whole, so it stops as if signalled
+        path = save_checkpoint(run)
+        raise RunError(f"{died}; stopped at step {run.step}, checkpoint {path}: continue with --resume auto "
+                       f"--run_name {run_dir.name}") from None
     # ------------------------------------------------------------------------------------------------ teardown
     finally:
         run.signals.restore()

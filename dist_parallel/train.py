@@ -29,12 +29,14 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
-from common.checkpoint import StopSignals, last_checkpoint, restore, resume_checkpoint, save_checkpoint
-from common.config import Config, UsageError, flag, parse_config, user_errors
-from common.data import DATASET_INFO, EvalShard, load_datasets, make_loader
-from common.devices import seed_everything, warn
-from common.distributed import (by_rank, check_launch, from_rank0, group_failure, init_group, launched,
-                                node_leader_first, own_gpu, rank_info, self_launch, verify_sync)
+from common.checkpoint import (StopSignals, ended_line, has_ended, last_checkpoint, restore, resume_checkpoint,
+                               save_checkpoint)
+from common.config import Config, RunError, UsageError, flag, parse_config, user_errors
+from common.data import DATASET_INFO, EvalShard, LoaderWorkerDied, load_datasets, make_loader
+from common.devices import seed_everything
+from common.distributed import (by_rank, check_launch, die_with_launcher, from_rank0, group_failure, init_group,
+                                launched, node_leader_first, on_every_rank, own_gpu, rank_info, report_stop,
+                                self_launch, verify_sync)
 from common.logger import (Console, RunLogger, load_model_weights, report_test, report_window, resolve_run_dir,
                            speed_line)
 from common.metrics import StepTimer, Sums, TrainMeter, check_loss, evaluation_sums, window_sums
@@ -51,16 +53,17 @@ MODE = "dist_parallel"
 @dataclass(frozen=True)
 class DistConfig(Config):  # the flags only a process group has
     backend: str | None = flag(None, "nccl (default with CUDA) or gloo", choices=("nccl", "gloo"))
-    init_method: str = flag("env://", "rendezvous: env:// (MASTER_ADDR/PORT), tcp://HOST:PORT or file:///PATH")
+    init_method: str = flag("env://", "rendezvous: env:// (MASTER_ADDR/PORT), tcp://HOST:PORT or file:///PATH",
+                            check="rendezvous")
     sync_bn: bool = flag(False, "BatchNorm statistics over the global batch (SyncBatchNorm; GPUs only)")
     verify_sync: bool = flag(False, "check every epoch, not only at the end, that all ranks hold the same weights")
-    nproc_per_node: int | None = flag(None, "started without torchrun: how many workers (default: one per GPU)")
+    nproc_per_node: int | None = flag(None, "without torchrun: workers to start (default: one per GPU)", at_least=1)
     bucket_cap_mb: float = flag(25.0, "DDP gradient bucket size: each full bucket is all-reduced while backward "
-                                      "goes on")
+                                      "goes on", above=0, at_most=8e12)  # its bytes: a 64-bit int
     dist_timeout: float = flag(600.0, "seconds a collective (or joining the group) may wait for the other ranks "
-                                      "before the run ends with an error instead of hanging")
+                                      "before the run ends with an error instead of hanging", above=0, at_most=1e9)
     max_restarts: int = flag(0, "started without torchrun: restart the workers up to N times after a failure "
-                                "(with --resume auto they continue from the last checkpoint)")
+                                "(with --resume auto they continue from the last checkpoint)", at_least=0)
 
 
 def get_config(argv=None) -> DistConfig:
@@ -70,13 +73,12 @@ def get_config(argv=None) -> DistConfig:
 # ---------------------------------------------------------------------------------------------------- setup
 def setup(cfg: DistConfig):
     """Join the process group. The device is this process's GPU (the local_rank-th of --gpu_devices) or the CPU."""
+    die_with_launcher()  # a killed torchrun agent takes this worker with it: no orphan trains on in the run folder
     rank, local_rank, world_size = rank_info()  # set by torchrun (or by hand)
-    check_launch(cfg.batch_size, world_size, cfg.backend, cfg.sync_bn)
+    check_launch(cfg, world_size)
     gpus = own_gpu(cfg.gpu_devices, local_rank, cfg.backend)  # one GPU per process (gloo may share one)
     if gpus:
         torch.cuda.set_device(gpus[0])  # before the process group: NCCL binds this process to its GPU
-    elif rank == 0:
-        warn("no CUDA GPU found: training on the CPU")
     backend = cfg.backend or ("nccl" if gpus else "gloo")
     init_group(backend, cfg.init_method, rank, world_size, cfg.dist_timeout, gpus)  # one-line errors, timeouts
     return (torch.device("cuda", gpus[0]) if gpus else torch.device("cpu")), gpus
@@ -93,7 +95,7 @@ def get_loaders(cfg: Config, device: torch.device):
     kind = cfg.loader or ("gpu" if device.type == "cuda" else "torchvision")
     options = dict(augment=cfg.augment, num_workers=cfg.num_workers, seed=cfg.seed, rank=rank,
                    memory_format=memory_format(cfg))
-    per_rank_batch = cfg.batch_size // world_size  # the global batch, split evenly (checked in setup)
+    per_rank_batch = -(-cfg.batch_size // world_size)  # the global batch split evenly (rounded up by evaluation)
     train_sampler = DistributedSampler(train_set, world_size, rank, shuffle=cfg.shuffle, seed=cfg.seed)
     train_loader = make_loader(kind, train_set, train_sampler, per_rank_batch, device, train=True, **options)
     test_shard = EvalShard(len(test_set), rank, world_size)  # every test image on exactly one rank, no padding
@@ -151,7 +153,7 @@ def train_one_epoch(run, epoch: int) -> Sums:
         run.timer.step_done()
         run.step, run.batch = run.step + 1, index
         run.console.update()
-        last = index == len(loader) or run.step == cfg.max_steps
+        last = index == len(loader) or cfg.reached_max_steps(run.step)
         if index % cfg.log_interval == 0 or last:
             epoch_sums += log_window(run, epoch, index)
         if last or run.stop:
@@ -230,13 +232,19 @@ def main(argv=None) -> int:
     is_main = dist.get_rank() == 0  # only rank 0 prints and writes: the others get a silent console and logger
     run_dir = resolve_run_dir(cfg, MODE, dist.get_world_size()) if is_main else None
     checkpoint = from_rank0(lambda: resume_checkpoint(cfg, run_dir))  # rank 0 reads it, every rank gets it
+    if has_ended(checkpoint, cfg):  # say an elastic command run again after the end: nothing to train or write
+        Console(is_main, bar=False).line(ended_line(checkpoint, cfg))
+        return 0
     seed_everything(cfg.seed)
     train_loader, test_loader = get_loaders(cfg, device)
     model, raw_model = get_model(cfg, device)
     if cfg.evaluate:
         load_model_weights(raw_model, cfg.evaluate)
     optimizer, scheduler, scaler = get_optimizer(cfg, raw_model, device, len(train_loader))
-    logger, console = RunLogger(run_dir, cfg, MODE, dist.get_world_size()), Console(is_main, bar=cfg.progress)
+    logger = on_every_rank(lambda: RunLogger(run_dir, cfg, MODE, dist.get_world_size()))  # rank 0 may be refused
+    console = Console(is_main, bar=cfg.progress)
+    if not gpus:  # said here, after every refusal, so that it never stands between a mistake and its error
+        console.warn("no CUDA GPU found: training on the CPU")
     console.line(f"{MODE}: PyramidNet-{cfg.depth} alpha={cfg.alpha:g} {cfg.block}, {cfg.dataset}, global batch "
                  f"{cfg.batch_size} = {dist.get_world_size()} x {cfg.batch_size // dist.get_world_size()} over "
                  f"{dist.get_backend()} ({describe_fast_path(cfg)}); {describe_lr(cfg, len(train_loader))}; "
@@ -261,19 +269,20 @@ def main(argv=None) -> int:
             epoch_times.append(time.perf_counter() - epoch_start)
             if run.stop:
                 break
-            if cfg.verify_sync or epoch + 1 == cfg.epochs or run.step == cfg.max_steps:  # before evaluate()
+            if cfg.verify_sync or epoch + 1 == cfg.epochs or cfg.reached_max_steps(run.step):  # before evaluate()
                 sync = verify_sync(raw_model, cfg.sync_bn, is_main)  # aligns the buffers: ranks must agree
             if not cfg.benchmark:  # --benchmark measures training speed only: no evaluation, no checkpoint
                 test = evaluate(cfg, raw_model, test_loader, device)
                 report_test(run, epoch, test, epoch_times[-1])
                 save_checkpoint(run, test_acc=test[1])
-            if run.step == cfg.max_steps:
+            if cfg.reached_max_steps(run.step):
                 break
         if run.stop:  # SIGTERM/SIGINT: a checkpoint where every rank stopped, then a clean exit
             path = save_checkpoint(run)
             dist.barrier()  # no rank exits before rank 0 has written it: a launcher may kill the job at the first exit
             console.line(f"stopped by {run.stop} at step {run.step}; checkpoint {path}: continue with "
                          f"--resume auto --run_name {run_dir.name if run_dir else cfg.run_name}")
+            report_stop(run.step, path)  # to the self-launch, if that started this worker: it stopped cleanly
             return StopSignals.EXIT_CODES.get(run.stop, 1)  # a signal to another rank: 1
         if cfg.save_model and not cfg.evaluate:
             console.line(f"weights saved to {logger.save_model(raw_model.state_dict())}")
@@ -290,6 +299,8 @@ def main(argv=None) -> int:
         console.line(speed_line(summary))
         console.line(f"results in {path}")
         return 0
+    except LoaderWorkerDied as died:  # the other ranks cannot stop with this one in mid-window: no checkpoint
+        raise RunError(f"rank {dist.get_rank()}: {died} at step {run.step}; {last_checkpoint(run.run_dir)}") from None
     except RuntimeError as error:  # a collective whose peer died or stalled: one line naming this rank and step
         failure = group_failure(error, dist.get_rank(), run.step + 1)
         if failure is None:

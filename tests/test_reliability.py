@@ -1,12 +1,15 @@
 """Nothing is lost and nothing hangs, on the CPU with gloo, every launch as a user makes it:
 
-1. single_gpu and 2-process dist_parallel stopped after k steps and resumed end bit-identical to an uninterrupted
-   run; the restored optimizer is the one the resuming run built (fused or not), its buffers laid out like the
+1. single_gpu stopped by --max_steps mid-epoch (the torchvision loader's workers augmenting) and resumed from its
+   checkpoint's path ends bit-identical to an uninterrupted run; the restored optimizer is the one the resuming run built (fused or not), its buffers laid out like the
    parameters, whatever the memory format and device of the run that wrote the checkpoint;
 2. torchrun --max-restarts 1 with 2 workers, one killed with SIGKILL after the first checkpoint: the group restarts,
    resumes from the checkpoint by itself, and ends bit-identical to the uninterrupted run;
-3. SIGTERM to a running 2-process job: a checkpoint, no worker left, and --resume auto finishes it (bit-identical);
-   SIGINT (Ctrl-C) to single_gpu: the same;
+3. SIGTERM to every process of a running 2-process job, DataLoader workers included (torchvision loader): the
+   workers carry on, the ranks write a checkpoint, no process is left, and --resume auto finishes it (bit-identical
+   to the uninterrupted run, the torchvision loader's augmentation too); SIGINT (Ctrl-C) to the process group of
+   single_gpu: the same; `--resume auto` of a run that has ended (every epoch, or --max_steps, a lower one too)
+   trains nothing and changes no file;
 4. a rank that raises mid-step: the other exits within the timeout with a line naming its rank and the step;
 5. a checkpoint write interrupted mid-way never replaces the previous good one.
 """
@@ -27,13 +30,14 @@ from common.checkpoint import (LAST, load_checkpoint, load_optimizer_state, rng_
                                write_checkpoint)
 from common.config import Config, UsageError, parse_config
 from common.data import ShuffleSampler, load_datasets, make_loader
-from conftest import REPO, TINY, read_results, run_script, two_at_a_time
+from conftest import REPO, TINY, read_results, refuse_in_process, run_script, two_at_a_time
 from models import pyramidnet
 
 SINGLE, DIST = "single_gpu/train.py", "dist_parallel/train.py"
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 # 512 images, batch 32: 16 steps an epoch, long enough to signal or kill a run while it trains.
 LONGER = [*TINY, "--synthetic_size", "512", "--epochs", "2", "--save_model", "--no_progress"]
+TORCHVISION = ["--loader", "torchvision", "--num_workers", "2"]  # DataLoader workers (persistent) instead
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
@@ -119,48 +123,37 @@ def finish(process: subprocess.Popen, timeout: float = 240, before: str = "") ->
 
 @pytest.fixture(scope="module")
 def uninterrupted(shared_runs):
-    """The reference runs' weights, uninterrupted: single_gpu and 2-process dist_parallel, LONGER flags."""
-    return {"single": weights(shared_runs / "single"), "dist": weights(shared_runs / "dist")}
+    """The reference runs' weights, uninterrupted, LONGER flags and the torchvision loader (TORCHVISION): single_gpu
+    and 2-process dist_parallel. (compare.py --verify, in tests/test_parallel.py, resumes with the gpu loader.)"""
+    return {name: weights(shared_runs / name) for name in ("single", "dist_torchvision")}
 
 
 @pytest.fixture(scope="module")
 def interval_run(shared_runs) -> Path:
-    """single_gpu with LONGER, --checkpoint_interval 10 and --max_steps 13: a checkpoint at step 10, then the final
+    """single_gpu with LONGER, TORCHVISION, --checkpoint_interval 10 and --max_steps 13: a checkpoint at step 10, then the final
     one at step 13 (mid-epoch), and best.pt from the evaluation at the end."""
     return shared_runs / "first"
 
 
 @pytest.fixture(scope="module")
 def shared_runs(tmp_path_factory) -> Path:
-    """The runs several tests read, two at a time: uninterrupted's single and dist, interval_run's first."""
+    """The runs several tests read, two at a time: uninterrupted's, interval_run's first."""
     log_dir = tmp_path_factory.mktemp("shared")
-    two_at_a_time(lambda: run_ok(DIST, log_dir, "dist", *LONGER, "--nproc_per_node", "2"),
-                  lambda: run_ok(SINGLE, log_dir, "single", *LONGER),
-                  lambda: run_ok(SINGLE, log_dir, "first", *LONGER, "--checkpoint_interval", "10",
-                                 "--max_steps", "13"))
+    two_at_a_time(lambda: run_ok(SINGLE, log_dir, "single", *LONGER, *TORCHVISION),
+                  lambda: run_ok(SINGLE, log_dir, "first", *LONGER, *TORCHVISION, "--checkpoint_interval", "10",
+                                 "--max_steps", "13"),
+                  lambda: run_ok(DIST, log_dir, "dist_torchvision", *LONGER, "--nproc_per_node", "2", *TORCHVISION))
     return log_dir
 
 
 # ---------------------------------------------------------------------------------------------------- 1. resume
-@pytest.mark.parametrize("script, flags, reference", [
-    (SINGLE, [], "single"),
-    (DIST, ["--nproc_per_node", "2"], "dist"),
-])
-def test_stopped_and_resumed_run_ends_bit_identical(tmp_path, uninterrupted, script, flags, reference):
-    """Stopped after 21 steps (mid-epoch 2, with crop/flip on), resumed with --resume auto."""
-    first = run_ok(script, tmp_path, "run", *LONGER, *flags, "--max_steps", "21")
-    assert read_results(tmp_path / "run")["summary"]["steps"] == 21, first.stdout
-    second = run_ok(script, tmp_path, "run", *LONGER, *flags, "--resume", "auto")
-    assert "resumed at step 21 (epoch 2, batch 5)" in second.stdout
-    assert read_results(tmp_path / "run")["summary"]["steps"] == 32
-    assert_bit_identical(weights(tmp_path / "run"), uninterrupted[reference])
-
-
 def test_resume_by_path_into_a_new_run_folder(tmp_path, uninterrupted, interval_run):
-    """The final checkpoint of interval_run, resumed by its path under another --run_name. (The elastic test
-    resumes from an interval checkpoint.)"""
+    """interval_run, stopped by --max_steps 13 mid-epoch (crop/flip on, DataLoader workers), resumed from its final
+    checkpoint by its path under another --run_name. (The elastic test resumes from an interval checkpoint; the
+    SIGTERM and Ctrl-C tests from a stop checkpoint; compare.py --verify, in tests/test_parallel.py, a 2-process
+    run stopped by --max_steps.)"""
     assert torch.load(interval_run / LAST, weights_only=True)["step"] == 13
-    run_ok(SINGLE, tmp_path, "second", *LONGER, "--resume", interval_run / LAST)
+    run_ok(SINGLE, tmp_path, "second", *LONGER, *TORCHVISION, "--resume", interval_run / LAST)
     assert_bit_identical(weights(tmp_path / "second"), uninterrupted["single"])
 
 
@@ -183,29 +176,23 @@ def test_rng_states_round_trip():
     assert expected[2] == again[2]
 
 
-@pytest.mark.parametrize("kind", ["gpu", "torchvision"])
-def test_loaders_skip_the_consumed_batches(kind):
-    """Epoch 3 from batch 2 on is epoch 3's batches 2.. exactly (no augmentation, so the torchvision loader too)."""
+@pytest.mark.parametrize("kind, workers", [("gpu", 0), ("torchvision", 0), ("torchvision", 2)])
+def test_loaders_skip_the_consumed_batches(kind, workers):
+    """Epoch 3 from batch 5 on is epoch 3's batches 5.. exactly, crops and flips included: they depend on the image
+    and the epoch, not on the batches drawn before (nor on a persistent worker's past)."""
     dataset, _ = load_datasets("synthetic", "", 64, 0)
     loader = make_loader(kind, dataset, ShuffleSampler(64, True, 0), 8, torch.device("cpu"), train=True,
-                         augment=False, num_workers=0, seed=0)
+                         augment=True, num_workers=workers, seed=0)
     loader.set_epoch(3)
     whole = list(loader)
-    loader.set_epoch(3, skip=2)
+    loader.set_epoch(3, skip=5)
     rest = list(loader)
-    assert len(loader) == 8 and len(rest) == 6
-    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(whole[2:], rest))
-
-
-def test_gpu_loader_skip_keeps_the_augmentation_stream():
-    dataset, _ = load_datasets("synthetic", "", 64, 0)
-    loader = make_loader("gpu", dataset, ShuffleSampler(64, True, 0), 8, torch.device("cpu"), train=True,
-                         augment=True, num_workers=0, seed=0)
-    loader.set_epoch(1)
-    whole = list(loader)
-    loader.set_epoch(1, skip=5)
-    rest = list(loader)
-    assert all(torch.equal(a[0], b[0]) for a, b in zip(whole[5:], rest)) and len(rest) == 3
+    assert len(loader) == 8 and len(rest) == 3
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(whole[5:], rest))
+    fresh = make_loader(kind, dataset, ShuffleSampler(64, True, 0), 8, torch.device("cpu"), train=True,
+                        augment=True, num_workers=workers, seed=0)
+    fresh.set_epoch(3, skip=5)  # a resumed run's loader starts there
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(whole[5:], fresh, strict=True))
 
 
 def sgd_after_one_step(channels_last: bool, fused: bool | None):
@@ -242,45 +229,75 @@ def test_resumed_optimizer_is_the_one_this_run_built(saved_channels_last, saved_
 # ---------------------------------------------------------------------------------------------------- 2. elastic
 def test_torchrun_restarts_a_killed_worker_and_resumes(tmp_path, uninterrupted):
     launch = start(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--max-restarts", "1",
-                    DIST, *LONGER, "--checkpoint_interval", "4", "--resume", "auto"], tmp_path, "elastic")
+                    DIST, *LONGER, *TORCHVISION, "--checkpoint_interval", "4", "--resume", "auto"],
+                   tmp_path, "elastic")
     checkpoint = tmp_path / "elastic" / LAST
     wait_for(checkpoint.exists, 120, "the first checkpoint")
-    workers = [pid for pid in descendants(launch.pid) if "train.py" in Path(f"/proc/{pid}/cmdline").read_text()]
+    workers = [int(pid) for pid in subprocess.run(["pgrep", "-P", str(launch.pid)], capture_output=True,
+                                                  text=True).stdout.split()]  # the agent's own children: the ranks
     assert len(workers) == 2, workers
     os.kill(workers[-1], signal.SIGKILL)
     code, output = finish(launch)
     assert code == 0, output
     assert "resumed at step" in output  # the restarted group found the checkpoint by itself
-    assert_bit_identical(weights(tmp_path / "elastic"), uninterrupted["dist"])
+    assert_bit_identical(weights(tmp_path / "elastic"), uninterrupted["dist_torchvision"])
 
 
 # ---------------------------------------------------------------------------------------------------- 3. signals
 def test_sigterm_to_a_two_process_job_checkpoints_and_leaves_no_process(tmp_path, uninterrupted):
-    launch = start([DIST, *LONGER, "--nproc_per_node", "2", "--log_interval", "2"], tmp_path, "job")
+    """With the torchvision loader, whose DataLoader workers get the signal too and carry on until their rank has
+    stopped: then its resume is bit-identical as well."""
+    launch = start([DIST, *LONGER, "--nproc_per_node", "2", "--log_interval", "2", *TORCHVISION], tmp_path, "job")
     before = read_until(launch, "Epoch 1/2 [4/16]")
-    os.kill(launch.pid, signal.SIGTERM)  # the launcher, as SLURM or a user would; it passes it to the workers
+    assert len(descendants(launch.pid)) >= 2 + 2 * 2  # the ranks and their DataLoader workers
+    os.killpg(launch.pid, signal.SIGTERM)  # every process of the job, as SLURM sends it (the launcher passes it on)
     code, output = finish(launch, timeout=90, before=before)
     assert code == 128 + signal.SIGTERM, output
-    assert "stopped by SIGTERM" in output
+    assert "stopped by SIGTERM: the workers stopped cleanly" in output  # the self-launch heard from rank 0
+    assert "Traceback" not in output
     wait_for(lambda: not session_alive(launch.pid), 10, "every process of the job to exit")
     state = torch.load(tmp_path / "job" / LAST, weights_only=True)
     assert 0 < state["step"] < 32
     assert not (tmp_path / "job" / "results.json").exists()  # an unfinished run has no results
-    resumed = run_ok(DIST, tmp_path, "job", *LONGER, "--nproc_per_node", "2", "--log_interval", "2",
+    resumed = run_ok(DIST, tmp_path, "job", *LONGER, "--nproc_per_node", "2", "--log_interval", "2", *TORCHVISION,
                      "--resume", "auto")
     assert f"resumed at step {state['step']}" in resumed.stdout
-    assert_bit_identical(weights(tmp_path / "job"), uninterrupted["dist"])
+    assert_bit_identical(weights(tmp_path / "job"), uninterrupted["dist_torchvision"])
 
 
 def test_ctrl_c_stops_single_gpu_with_a_checkpoint(tmp_path, uninterrupted):
-    launch = start([SINGLE, *LONGER, "--log_interval", "2"], tmp_path, "run")
+    """Ctrl-C in a terminal: SIGINT to the whole foreground process group, the DataLoader workers included, which
+    used to exit on it and make the run fail ("DataLoader worker exited unexpectedly") before its checkpoint."""
+    launch = start([SINGLE, *LONGER, "--log_interval", "2", *TORCHVISION], tmp_path, "run")
     before = read_until(launch, "Epoch 1/2 [4/16]")
-    os.kill(launch.pid, signal.SIGINT)
+    assert len(descendants(launch.pid)) == 2  # the training loader's workers (the test loader's start later)
+    os.killpg(launch.pid, signal.SIGINT)
     code, output = finish(launch, timeout=60, before=before)
     assert code == 128 + signal.SIGINT and "stopped by SIGINT" in output, output
     assert "Traceback" not in output
-    run_ok(SINGLE, tmp_path, "run", *LONGER, "--log_interval", "2", "--resume", "auto")
+    run_ok(SINGLE, tmp_path, "run", *LONGER, "--log_interval", "2", *TORCHVISION, "--resume", "auto")
     assert_bit_identical(weights(tmp_path / "run"), uninterrupted["single"])
+
+
+# ---------------------------------------------------------------------------------------------------- 3b. the end
+def files(run_dir: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in run_dir.iterdir() if path.is_file() and path.name != ".lock"}
+
+
+@pytest.mark.parametrize("name, flags", [
+    ("single", []),  # every epoch done
+    ("first", ["--max_steps", "13"]),  # ended by --max_steps 13
+    ("first", ["--max_steps", "10"]),  # a lower ceiling on resume: still ended (it used to train to the end)
+])
+def test_resuming_a_run_that_has_ended_trains_nothing_and_changes_nothing(shared_runs, name, flags):
+    """An elastic command run again after its end (`--resume auto`): one line, exit 0, and the finished run's
+    files byte for byte as they were (results.json used to be replaced by one full of nulls)."""
+    before = files(shared_runs / name)
+    done = refuse_in_process(SINGLE, *LONGER, *TORCHVISION, *flags, "--log_dir", shared_runs, "--run_name", name,
+                             "--resume", "auto")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("\n") == 1 and "this run has ended" in done.stdout and done.stderr == ""
+    assert files(shared_runs / name) == before
 
 
 # ---------------------------------------------------------------------------------------------------- 4. no hangs

@@ -1,0 +1,155 @@
+"""One writer per run folder, whatever happens, on the CPU:
+
+1. a run resumed from another run's checkpoint never writes into a third run's folder;
+2. two runs started at the same moment with the same --run_name: one runs, the other is refused in one line, and
+   the winner's files are whole;
+3. a folder in use by a live run (an orphan, a second `--resume auto`) is refused, and `--overwrite` cannot empty
+   it either; the lock dies with its process;
+4. a killed torchrun agent takes its workers with it (they would otherwise train on in the folder);
+5. temporary files have names of their own, so two writers never rename each other's half-written file.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from common.config import Config, UsageError
+from common.logger import LOCK, claim_run_dir, write_atomically
+from conftest import REPO, TINY, read_results, refuse_in_process
+
+SINGLE, DIST = "single_gpu/train.py", "dist_parallel/train.py"
+
+
+def launch(script: str, log_dir: Path, name: str, *flags) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(REPO / script), *map(str, TINY), *map(str, flags), "--log_dir",
+                             str(log_dir), "--run_name", name], cwd=REPO, text=True, start_new_session=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+def finished_run(log_dir: Path, name: str) -> Path:
+    """A run folder as a finished run leaves it, without training one: files whose bytes must not change."""
+    run_dir = log_dir / name
+    run_dir.mkdir(parents=True)
+    for file in ("checkpoint.pt", "best.pt", "results.json"):
+        (run_dir / file).write_bytes(f"{name}'s {file}".encode())
+    return run_dir
+
+
+def contents(run_dir: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in run_dir.iterdir() if path.name != LOCK}
+
+
+# ---------------------------------------------------------------------------------------------------- 1. resume
+def test_resuming_another_runs_checkpoint_into_an_existing_run_folder_is_refused(tmp_path):
+    """`--resume runs/A/checkpoint.pt --run_name B` with B a finished, unrelated run: refused before anything is
+    read or written (B used to be overwritten, exit 0)."""
+    finished_run(tmp_path, "A")
+    b = finished_run(tmp_path, "B")
+    before = contents(b)
+    done = refuse_in_process(SINGLE, *TINY, "--log_dir", tmp_path, "--run_name", "B", "--resume",
+                             tmp_path / "A" / "checkpoint.pt")
+    assert done.returncode == 2
+    assert error_lines(done.stderr) == [done.stderr.strip()]
+    assert "belongs to another run" in done.stderr and "--run_name A" in done.stderr
+    assert contents(b) == before
+
+
+# ---------------------------------------------------------------------------------------------------- 2. a race
+def test_two_runs_started_at_once_with_one_name_leave_one_whole_run(tmp_path):
+    """Both used to exit 0 and say "results in ...", one run's checkpoint and results silently lost. Now the
+    folder is created exclusively: whichever comes second (at the existence check or at creation) is refused in
+    one line, and the folder holds one run's files, whole."""
+    runs = [launch(SINGLE, tmp_path, "same", "--max_steps", "3") for _ in range(2)]
+    outcomes = [(run.wait(timeout=120), *run.communicate()) for run in runs]
+    codes = sorted(code for code, _, _ in outcomes)
+    assert codes == [0, 2], outcomes
+    _, _, refused = next(outcome for outcome in outcomes if outcome[0] == 2)
+    assert len(error_lines(refused)) == 1 and "run folder" in refused, refused
+    assert read_results(tmp_path / "same")["summary"]["steps"] == 3
+    assert torch.load(tmp_path / "same" / "checkpoint.pt", weights_only=True)["step"] == 3
+    assert not list((tmp_path / "same").glob(".*.tmp"))
+
+
+# ---------------------------------------------------------------------------------------------------- 3. the lock
+def test_a_folder_in_use_is_refused_to_resume_and_to_overwrite(tmp_path):
+    """While a live process holds the run folder, `--resume auto` and `--overwrite` are refused in one line naming
+    the holder's pid, and nothing in the folder changes; once the holder is gone the folder can be claimed."""
+    cfg = Config(log_dir=str(tmp_path), run_name="busy", resume="auto")
+    run_dir = tmp_path / "busy"
+    holder = claim_run_dir(run_dir, cfg)  # this process stands in for the live run
+    (run_dir / "results.json").write_text("{}")
+    try:
+        for flags in (["--resume", "auto"], ["--overwrite"]):
+            done = refuse_in_process(SINGLE, *TINY, "--log_dir", tmp_path, "--run_name", "busy", *flags)
+            assert done.returncode == 2, done.stderr
+            assert error_lines(done.stderr) == [done.stderr.strip()]
+            assert "in use by a run that is still running" in done.stderr and f"pid {os.getpid()}" in done.stderr
+            assert (run_dir / "results.json").read_text() == "{}"
+    finally:
+        holder.close()
+    claim_run_dir(run_dir, Config(log_dir=str(tmp_path), run_name="busy", overwrite=True)).close()
+    assert sorted(path.name for path in run_dir.iterdir()) == [LOCK]  # --overwrite emptied it, lock aside
+
+
+def test_a_new_run_does_not_take_a_folder_created_a_moment_ago(tmp_path):
+    run_dir = tmp_path / "new"
+    first = claim_run_dir(run_dir, Config(log_dir=str(tmp_path), run_name="new"))
+    try:
+        with pytest.raises(UsageError, match="created by another run a moment ago"):
+            claim_run_dir(run_dir, Config(log_dir=str(tmp_path), run_name="new"))
+    finally:
+        first.close()
+
+
+# ---------------------------------------------------------------------------------------------------- 4. orphans
+def test_a_killed_agent_takes_its_workers_with_it(tmp_path):
+    """`kill -9` of the self-launch (torch's elastic agent, in this process): each worker sits in a session of its
+    own, so nothing used to reach it and it trained on as an orphan. The parent-death signal ends it."""
+    agent = launch(DIST, tmp_path, "orphans", "--nproc_per_node", "1", "--epochs", "50", "--log_interval", "1")
+    for line in agent.stdout:
+        if line.startswith("Epoch 1/"):
+            break
+    workers = [int(pid) for pid in subprocess.run(["pgrep", "-P", str(agent.pid)], capture_output=True,
+                                                  text=True).stdout.split()]
+    assert len(workers) == 1
+    agent.kill()
+    agent.communicate()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(_alive(pid) for pid in workers):
+        time.sleep(0.05)
+    alive = [pid for pid in workers if _alive(pid)]
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    assert alive == [], "the workers outlived their launcher"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+# ---------------------------------------------------------------------------------------------------- 5. temp files
+def test_temporary_files_are_each_writers_own(tmp_path, monkeypatch):
+    """Two writers of one file each write their own temporary file: the name carries the pid and a random part."""
+    names = []
+    real_replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda source, target: (names.append(Path(source).name),
+                                                               real_replace(source, target)))
+    for _ in range(2):
+        write_atomically(tmp_path / "checkpoint.pt", lambda f: f.write(b"x"))
+    assert len(set(names)) == 2 and all(str(os.getpid()) in name for name in names), names
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoint.pt"]
