@@ -7,6 +7,7 @@
     python compare.py --amp bf16 off --sync_bn off on
     python compare.py --epochs 30 --dataset cifar10   # train for 30 epochs and compare test accuracy too
     python compare.py --depth 56 --alpha 84           # any model/data flag of train.py goes to every run
+    python compare.py --verify --deterministic        # prove the modes agree here: a verdict per check, verify.md
 
 Each configuration runs as its own subprocess, started as a user would start it (`python single_gpu/train.py`,
 `python data_parallel/train.py`, `torchrun dist_parallel/train.py`), with the same model, data, global batch,
@@ -14,14 +15,16 @@ learning rate and seed; by default in `--benchmark` mode (synthetic data, speed 
 read back and everything goes to `--out` (default results/<timestamp>): report.md, results.csv, the plots, each
 run's log and run folder. A run that fails is kept in the report with its error. Without GPUs the same matrix runs
 as CPU processes over Gloo with a tiny PyramidNet, one thread per process standing in for a GPU.
+
+`--verify` runs, instead of the comparison, the checks the tests run on the CPU (comparison/verify.py): the modes
+end with the same weights on one device, N processes with what one process computes from the same shares, the
+evaluation is exact for any number of processes, the ranks stay in sync, and a resumed run ends where an
+uninterrupted one ends. Each check's figure, tolerance and verdict go to verify.md (and verify.json); a failed
+check makes the exit status non-zero and is named in the last line.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -36,13 +39,13 @@ from common.config import (REPO_ROOT, AMPS, Config, UsageError, _OneLineParser, 
                            config_argv, flag, user_errors)
 from common.data import DATASET_INFO  # noqa: E402
 from comparison import environment as machine  # noqa: E402
-from comparison.matrix import (BACKENDS, MODES, Run, check_runs, command, dist_config_class, plan,  # noqa: E402
-                               run_environment)
-from comparison.plots import pictures_section, write_plots  # noqa: E402
+from comparison.matrix import BACKENDS, MODES, check_runs, command, dist_config_class, plan  # noqa: E402
 from comparison.projection import gradient_bytes  # noqa: E402
 from comparison.report import (READING, TABLE_HEADER, Outcome, environment_section, fabric_of_runs,  # noqa: E402
                                failures, fill_rows, fmt_seconds, groups, projection_inputs, projection_section,
                                table_row, write_csv)
+from comparison.runner import run_one  # noqa: E402
+from comparison.verify import Verification, defaults as verify_defaults  # noqa: E402
 from models.pyramidnet import pyramidnet  # noqa: E402
 
 # ------------------------------------------------------------------------------------------------------ config
@@ -50,6 +53,8 @@ from models.pyramidnet import pyramidnet  # noqa: E402
 @dataclass(frozen=True)
 class CompareConfig:
     out: str | None = flag(None, "folder for everything compare.py writes (default: results/<timestamp>)")
+    verify: bool = flag(False, "instead of the comparison: check that the modes agree (weights, evaluation, ranks "
+                               "in sync, resume), each check a verdict in verify.md; --max_steps default 24")
     modes: tuple[str, ...] = flag(MODES, "which modes to run", nargs="+", choices=MODES)
     gpu_counts: tuple[int, ...] | None = flag(None, "GPU counts for data_parallel and dist_parallel (default: "
                                                     "every GPU here; without GPUs, 2 CPU processes)", nargs="+")
@@ -111,7 +116,11 @@ def resolve(cc: CompareConfig, train: dict, cuda: bool, gpus_here: int) -> Compa
         (cc.batch_per_gpu is None or cc.batch_per_gpu >= 1, "--batch_per_gpu must be at least 1"),
         (cc.batch_per_gpu is None or "batch_size" not in train,
          "--batch_size fixes the global batch and --batch_per_gpu each GPU's: give one of them"),
-        (cc.epochs or "max_steps" not in train, "--max_steps applies to training: give it with --epochs N"),
+        (cc.epochs or cc.verify or "max_steps" not in train,
+         "--max_steps applies to training: give it with --epochs N"),
+        (not cc.verify or cc.repeat == 1, "--repeat is for the comparison: --verify runs each check once"),
+        (not cc.verify or cc.batch_per_gpu is None,
+         "--verify compares runs of one global batch: give --batch_size instead of --batch_per_gpu"),
     ]
     for ok, message in checks:
         if not ok:
@@ -120,61 +129,13 @@ def resolve(cc: CompareConfig, train: dict, cuda: bool, gpus_here: int) -> Compa
 
 
 def output_folder(cc: CompareConfig) -> Path:
-    out = Path(cc.out) if cc.out else REPO_ROOT / "results" / datetime.now().strftime("%Y%m%d-%H%M%S")
+    """The --out folder, absolute: the runs start in the repository, wherever compare.py was started."""
+    out = Path(cc.out).resolve() if cc.out else REPO_ROOT / "results" / datetime.now().strftime("%Y%m%d-%H%M%S")
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file: give a folder")
     if out.is_dir() and any(out.iterdir()) and not cc.overwrite:
         raise UsageError(f"--out {out} already holds files: give another --out, or --overwrite to replace them")
     return out
-
-
-# ---------------------------------------------------------------------------------------------------- running
-
-def run_one(run: Run, argv: list[str], out: Path, cuda: bool, timeout: int) -> Outcome:
-    """One run as its own subprocess (own process group, so a timeout can stop torchrun and its workers), its
-    output to logs/<name>.log; then its results.json, or the error it ended with."""
-    log = out / "logs" / f"{run.name}.log"
-    started = time.monotonic()
-    with open(log, "w") as stream:
-        stream.write("$ " + " ".join(argv) + "\n\n")
-        stream.flush()
-        child = subprocess.Popen(argv, cwd=REPO_ROOT, env=run_environment(run, cuda), stdout=stream,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            code = child.wait(timeout)
-        except subprocess.TimeoutExpired:
-            stop(child, signal.SIGTERM)
-            return Outcome(run, "failed", time.monotonic() - started, f"stopped after --run_timeout {timeout} s",
-                           log=log)
-        except KeyboardInterrupt:
-            stop(child, signal.SIGINT)  # the run checkpoints and exits, like a Ctrl-C of its own
-            raise
-    seconds = time.monotonic() - started
-    results = out / "runs" / run.name / "results.json"
-    if code != 0:
-        return Outcome(run, "failed", seconds, f"exit status {code}: {last_error(log)}", log=log)
-    if not results.is_file():
-        return Outcome(run, "failed", seconds, "finished without writing results.json", log=log)
-    return Outcome(run, "ok", seconds, results=json.loads(results.read_text()), log=log)
-
-
-def stop(child: subprocess.Popen, sig: int) -> None:
-    """Signal the run's whole process group, give it a minute to checkpoint and exit, then kill what is left."""
-    try:
-        os.killpg(child.pid, sig)
-        child.wait(60)
-    except subprocess.TimeoutExpired:
-        os.killpg(child.pid, signal.SIGKILL)
-        child.wait()
-    except ProcessLookupError:
-        pass
-
-
-def last_error(log: Path) -> str:
-    """The run's own one-line error if it printed one, else the last line it wrote."""
-    lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith("error:")]
-    return (errors or lines or ["no output"])[-1]
 
 
 # ----------------------------------------------------------------------------------------------------- report
@@ -190,6 +151,8 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
     bucket_cap_mb = next((o.results["config"].get("bucket_cap_mb") for o in ok if o.run.mode == "dist_parallel"),
                          25.0)
     projection = projection_inputs(outcomes, grads, bucket_cap_mb)
+    from comparison.plots import pictures_section, write_plots  # matplotlib: a second's import, for pictures only
+
     pictures = write_plots(outcomes, out, device, cuda, projection)
     what = (f"`--benchmark`: synthetic data, {config['warmup_steps']} untimed then {config['benchmark_steps']} timed "
             f"steps per run" if not cc.epochs else f"training for {cc.epochs} epochs on {config['dataset']}")
@@ -243,14 +206,26 @@ def device_name(env: dict, cuda: bool) -> str:
 
 # ------------------------------------------------------------------------------------------------------- main
 
+def configure(argv: list[str]) -> tuple[CompareConfig, dict, list[str], bool]:
+    """The flags resolved for this machine: compare.py's own, the train.py flags of every run, dist_parallel's own
+    flags (as arguments), and whether there are GPUs."""
+    cc, train, dist_only = parse(argv)
+    cuda = torch.cuda.is_available()
+    cc = resolve(cc, train, cuda, torch.cuda.device_count())
+    if cc.verify:  # its own defaults first, so that compare.py's CPU defaults do not override them
+        train = {**verify_defaults(cuda), **train}
+    if not cuda:
+        train = {**CPU_DEFAULTS, **train}
+    return cc, train, config_argv(dist_config_class(), dist_only), cuda
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     with user_errors():
-        cc, train, dist_only = parse(argv)
-        cuda = torch.cuda.is_available()
-        cc = resolve(cc, train, cuda, torch.cuda.device_count())
-        if not cuda:
-            train = {**CPU_DEFAULTS, **train}
+        cc, train, dist_flags, cuda = configure(argv)
+        if cc.verify:  # the checks instead of the comparison: every run planned (or refused) before any starts
+            verification = Verification(cc, train, dist_flags, cuda, output_folder(cc))
+            return verification.main(cc.run_timeout, argv, device_name(machine.environment(), cuda))
         train["epochs"] = cc.epochs if cc.epochs else None
         shared = config_argv(Config, {k: v for k, v in train.items() if k != "batch_size"})
         shared += [] if cc.epochs else ["--benchmark"]
@@ -259,7 +234,6 @@ def main(argv=None) -> int:
                     batch, cc.batch_per_gpu)
         if not runs:
             raise UsageError("--modes/--gpu_counts/--backends leave nothing to run")
-        dist_flags = config_argv(dist_config_class(), dist_only)
         check_runs(runs, shared, dist_flags)
         out = output_folder(cc)
     (out / "logs").mkdir(parents=True, exist_ok=True)

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Every CUDA path of the suite on one GPU, in one go: the GPU tests (tests/gpu), the fast-path table with its
-# profile (benchmarks/fast_path.sh) and compare.py --repeat 3. At most 8 files straight under OUT, the summary first:
+# profile (benchmarks/fast_path.sh), compare.py --verify with and without --deterministic (its tables in the summary)
+# and compare.py --repeat 3. At most 8 files straight under OUT, the summary first:
 #   summary.md  tests.log  fast_path.md  profile.json  compare_report.md  compare_results.csv  environment.txt
 #   logs.tar.gz (every run's log and results.json, the plots)
 #
 #   PYTHONUNBUFFERED=1 bash benchmarks/gpu_check.sh OUT
 #   PARTS="tests compare" COMPARE_ARGS="--repeat 3 --backends nccl" bash benchmarks/gpu_check.sh OUT
 #
-# PARTS picks the parts (default: tests fast_path compare); BENCHMARK_STEPS and COMPILE go to fast_path.sh (here
+# PARTS picks the parts (default: tests fast_path verify compare); BENCHMARK_STEPS and COMPILE go to fast_path.sh (here
 # 100 timed steps and no --compile run of the full model, whose compilation alone takes minutes); COMPARE_ARGS
 # replaces compare.py's arguments (default: --repeat 3 --benchmark_steps 30, every run of the matrix three times, 30
 # timed steps each). A part that fails is named in the summary, the others still run, and the exit status is 1.
@@ -20,7 +21,7 @@ if ! python -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; the
 fi
 mkdir -p "$OUT"
 WORK=$(mktemp -d)
-PARTS=${PARTS:-tests fast_path compare}
+PARTS=${PARTS:-tests fast_path verify compare}
 SUMMARY=$OUT/summary.md
 FAILED=()
 
@@ -55,6 +56,10 @@ if wanted fast_path; then
     cp "$WORK/fast_path/profile.json" "$OUT/profile.json" 2>/dev/null
     grep -A40 "operator self time" "$WORK/fast_path.log" | head -60 >> "$OUT/fast_path.md"
 fi
+if wanted verify; then  # the GPU tolerances of --verify, measured: bitwise with --deterministic, how far without
+    part verify_deterministic "$WORK/verify.log" python compare.py --verify --deterministic --out "$WORK/verify_det"
+    part verify "$WORK/verify.log" python compare.py --verify --out "$WORK/verify"
+fi
 if wanted compare; then
     # shellcheck disable=SC2086
     part compare "$WORK/compare.log" python compare.py ${COMPARE_ARGS:---repeat 3 --benchmark_steps 30} \
@@ -70,6 +75,8 @@ fi
 { echo; [ -f "$OUT/tests.log" ] && { echo "## Tests"; grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" \
       "$OUT/tests.log" | tail -40; echo; }
   [ -f "$OUT/fast_path.md" ] && { echo "## Fast path (PyramidNet-110 alpha=270, batch 256)"; head -12 "$OUT/fast_path.md"; echo; }
+  for folder in verify_det verify; do [ -f "$WORK/$folder/verify.md" ] && { echo "## compare.py --verify" \
+      "($folder)"; grep -E "^\||^passed|^FAILED" "$WORK/$folder/verify.md"; echo; }; done
   [ -f "$OUT/compare_report.md" ] && { echo "## compare.py"; grep "^|" "$OUT/compare_report.md" | head -20; echo; }
   [ ${#FAILED[@]} -eq 0 ] && echo "every part passed" || echo "FAILED: ${FAILED[*]}"; } >> "$SUMMARY"
 tar czf "$OUT/logs.tar.gz" -C "$WORK" . 2>/dev/null

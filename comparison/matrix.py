@@ -39,6 +39,7 @@ class Run:
     repeat: int             # 1..--repeat
     index: int = 0          # position in the matrix, 1-based
     unit: str = "gpu"       # what `gpus` counts: gpu, or cpu (processes) without GPUs
+    label: str | None = None  # compare.py --verify: what the run is for, in place of the repeat in its name
 
     @property
     def setting(self) -> tuple:
@@ -48,7 +49,7 @@ class Run:
     @property
     def name(self) -> str:
         parts = [f"{self.index:02d}", self.mode, f"{self.gpus}{self.unit}", self.backend,
-                 self.amp and f"amp_{self.amp}", self.sync_bn and "syncbn", f"r{self.repeat}"]
+                 self.amp and f"amp_{self.amp}", self.sync_bn and "syncbn", self.label or f"r{self.repeat}"]
         return "-".join(p for p in parts if p)
 
     def describe(self) -> str:
@@ -80,8 +81,11 @@ def plan(modes, gpu_counts, backends, amps, sync_bns, repeat: int, cuda: bool, b
     return [Run(**{**r.__dict__, "index": i, "unit": unit}) for i, r in enumerate(planned, 1)]
 
 
-def command(run: Run, shared: list[str], dist_only: list[str], log_dir: Path, cuda: bool) -> list[str]:
-    """The command line of one run: the shared flags, then what makes this run this configuration."""
+def command(run: Run, shared: list[str], dist_only: list[str], log_dir: Path, cuda: bool,
+            self_launch: bool = False) -> list[str]:
+    """The command line of one run: the shared flags, then what makes this run this configuration. dist_parallel
+    runs under torchrun, or with `self_launch` as `python dist_parallel/train.py --nproc_per_node N`, which starts
+    torch's elastic launcher itself."""
     script = str(REPO_ROOT / run.mode / "train.py")
     flags = [*shared, "--batch_size", str(run.batch_size), "--log_dir", str(log_dir), "--run_name", run.name,
              "--no_progress"]
@@ -89,6 +93,8 @@ def command(run: Run, shared: list[str], dist_only: list[str], log_dir: Path, cu
         flags += ["--amp", run.amp]
     if run.mode == "dist_parallel":
         flags += [*dist_only, "--backend", run.backend] + (["--sync_bn"] if run.sync_bn else [])
+        if self_launch:
+            return [sys.executable, script, *flags, "--nproc_per_node", str(run.gpus)]
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(run.gpus)]
         return [*launcher, script, *flags]
     if cuda:

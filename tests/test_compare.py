@@ -4,6 +4,7 @@ On this CPU machine compare.py runs its CPU matrix (single_gpu, data_parallel as
 gloo processes, tiny model). What only GPUs can show is not tested here: NCCL rows, SyncBatchNorm rows, DataParallel
 split over several GPUs (its first GPU's extra memory), NVML utilisation, MFU, and the measured-beside-projected
 table, which needs at least two GPUs. The projection model is tested against PyTorch's published DDP benchmark.
+`compare.py --verify` runs in tests/test_parallel.py (its plan on GPUs: tests/test_verify.py).
 """
 from __future__ import annotations
 
@@ -25,11 +26,11 @@ from comparison.projection import (FABRICS, SYNC_ALLOWANCE, Fabric, ddp_buckets,
                                    gradient_bytes, projected_efficiency, ring_allreduce_seconds)
 from comparison.report import Outcome, fabric_of_runs, fill_rows, projection_inputs, projection_section
 
-# One configuration (a one-process gloo group) is made to fail mid-run from outside, by a sitecustomize module that
-# every Python process on PYTHONPATH imports: its rank raises in its second loss computation.
-FAILING_RANK = textwrap.dedent("""
-    import os
-    if os.environ.get("WORLD_SIZE") == "1" and os.environ.get("RANK") == "0":
+# One configuration (data_parallel) is made to fail mid-run from outside, by a sitecustomize module that every Python
+# process on PYTHONPATH imports: it raises in its second loss computation.
+FAILING_RUN = textwrap.dedent("""
+    import sys
+    if sys.argv and sys.argv[0].endswith("data_parallel/train.py"):
         import torch.nn.functional as F
         real, calls = F.cross_entropy, []
         def failing(*args, **kwargs):
@@ -43,11 +44,11 @@ FAILING_RANK = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def comparison(tmp_path_factory):
-    """One compare.py run as a user starts it: every mode, one configuration of which (DDP on one process) fails."""
+    """One compare.py run as a user starts it: every mode (DDP on 2 processes), one of which (data_parallel) fails."""
     hook = tmp_path_factory.mktemp("hook")
-    (hook / "sitecustomize.py").write_text(FAILING_RANK)
+    (hook / "sitecustomize.py").write_text(FAILING_RUN)
     out = tmp_path_factory.mktemp("comparison") / "report"
-    done = run_script("compare.py", "--out", out, "--gpu_counts", "1", "2",
+    done = run_script("compare.py", "--out", out, "--gpu_counts", "2",
                       "--benchmark_steps", "8", timeout=240, env={"PYTHONPATH": str(hook)})
     return done, out
 
@@ -62,17 +63,16 @@ def test_every_mode_runs_and_one_failure_is_reported_not_dropped(comparison):
     assert done.returncode == 1, done.stdout + done.stderr  # a run failed: the exit status says so
     rows = {row["run"]: row for row in csv_rows(out)}
     assert [(r["mode"], r["gpus"], r["status"]) for r in rows.values()] == [
-        ("single_gpu", "1", "ok"), ("data_parallel", "1", "ok"), ("dist_parallel", "1", "failed"),
-        ("dist_parallel", "2", "ok")]
-    failed = rows["03-dist_parallel-1cpu-gloo-r1"]
+        ("single_gpu", "1", "ok"), ("data_parallel", "1", "failed"), ("dist_parallel", "2", "ok")]
+    failed = rows["02-data_parallel-1cpu-r1"]
     assert failed["error"].startswith("exit status") and failed["images_per_sec"] == ""
     report = (out / "report.md").read_text()
-    assert "**1 of 4 runs did not succeed:**" in report and "`03-dist_parallel-1cpu-gloo-r1`: failed" in report
-    assert "| dist_parallel | 1 | gloo |" in report and "**1 failed**" in report
+    assert "**1 of 3 runs did not succeed:**" in report and "`02-data_parallel-1cpu-r1`: failed" in report
+    assert "| data_parallel | 1 | — |" in report and "**1 failed**" in report
     lines = done.stdout.splitlines()
-    assert [line.split("]")[0] for line in lines if line.startswith("[")] == ["[1/4", "[2/4", "[3/4", "[4/4"]
-    assert "3 left after it" in lines[1] and "FAILED: exit status" in done.stdout
-    assert (out / "logs" / "03-dist_parallel-1cpu-gloo-r1.log").read_text().count("injected failure")
+    assert [line.split("]")[0] for line in lines if line.startswith("[")] == ["[1/3", "[2/3", "[3/3"]
+    assert "2 left after it" in lines[1] and "FAILED: exit status" in done.stdout
+    assert (out / "logs" / "02-data_parallel-1cpu-r1.log").read_text().count("injected failure")
 
 
 def test_the_report_numbers_are_the_runs_own(comparison):
@@ -121,6 +121,10 @@ def test_the_report_names_the_machine_and_labels_the_projection(comparison):
     (["--depth", "7"], "--depth/--alpha"),
     (["--batch_size", "64", "--batch_per_gpu", "32"], "give one of them"),
     (["--modes", "ddp"], "invalid choice"),
+    (["--verify", "--repeat", "2"], "--repeat is for the comparison"),
+    (["--verify", "--batch_per_gpu", "16"], "--verify compares runs of one global batch"),
+    (["--verify", "--max_steps", "1"], "give --max_steps 2 or more"),
+    (["--verify", "--sync_bn", "on"], "--sync_bn on needs GPUs"),
 ])
 def test_a_matrix_that_cannot_run_is_refused_before_anything_starts(argv, message, tmp_path, capsys):
     out = tmp_path / "out"

@@ -1,17 +1,25 @@
 """data_parallel/ and dist_parallel/ proven against single_gpu/ and against each other, on the CPU.
 
-What these tests prove, each launch run the way a user runs it (a subprocess, gloo between CPU processes):
+Most of it is `python compare.py --verify`, run once as a user runs it (the CPU matrix: tiny model, N = 2 gloo
+processes, 12 steps), whose checks are read back here, each beside the run folders it judged:
 
 - one process of every mode is the same computation: single_gpu, data_parallel and one-process dist_parallel end
   with bit-identical weights, losses and accuracies;
 - two DDP processes compute what a single process computes when it averages the losses of the two per-rank
-  shares of every global batch (BatchNorm normalising each share separately): DDP's gradient all-reduce is exact;
-- the ranks end with bit-identical parameters, and the sync check would name a parameter that differed;
-- two torchrun agents ("nodes") on one host form one job, and only global rank 0 writes;
-- evaluation is exact for 1, 2 and 3 processes (51 test images, which 2 and 3 do not divide), and the test
+  shares of every global batch, each share normalised by BatchNorm alone (comparison.verify.reference_training,
+  the reference the verification itself uses): bit-identical, as halving and a sum of two are exact;
+- the ranks end with bit-identical parameters and differing BatchNorm statistics;
+- evaluation is exact for 1, 2 and 3 processes (53 test images, which neither 2 nor 3 divides), and the test
   numbers a 2-process run reports are those of the weights it saves;
-- the self-launch is `torchrun --standalone`: bit-identical weights;
-- a launch that cannot work is refused with one line before any worker starts.
+- a run stopped halfway and resumed ends bit-identical to the uninterrupted one, and the self-launch
+  (`python dist_parallel/train.py --nproc_per_node 2`, which ran the two halves) is `torchrun --standalone`
+  (which ran the uninterrupted run);
+- each check fails on purpose when what it checks is broken (judged again in-process on the run's own files,
+  perturbed: a weight one float32 ulp off fails check 1), and when a run it needs failed, naming the run's log;
+  then compare.py exits non-zero and names the check in its last line.
+
+Besides: two torchrun agents ("nodes") on one host form one job, and only global rank 0 writes; a launch that
+cannot work is refused with one line before any worker starts; the sync check names a parameter that differs.
 
 Launches are few (each costs seconds) and shared through module-scoped fixtures; every process computes on one
 intra-op thread, so that bit-identical comparisons do not depend on the number of cores.
@@ -19,8 +27,8 @@ intra-op thread, so that bit-identical comparisons do not depend on the number o
 What only multi-GPU hardware can prove, and these tests therefore do not:
 
 - SyncBatchNorm: statistics over the global batch, all-reduced across ranks in every BatchNorm forward, and its
-  equivalence to one process normalising the whole batch. PyTorch's SyncBatchNorm refuses CPU modules, so here
-  `--sync_bn` is only shown to be refused.
+  equivalence to one process normalising the whole batch (`compare.py --verify --sync_bn on` checks it on GPUs).
+  PyTorch's SyncBatchNorm refuses CPU modules, so here `--sync_bn` is only shown to be refused.
 - NCCL: the default backend with CUDA, which needs one GPU per rank; here `--backend nccl` is only shown to be
   refused. Gloo's all-reduce is proven exact above; NCCL's (ring/tree order, fp32 sums) is not.
 - nn.DataParallel's scatter, replicas and gather over several GPUs: on the CPU it wraps nothing.
@@ -31,48 +39,45 @@ What only multi-GPU hardware can prove, and these tests therefore do not:
 from __future__ import annotations
 
 import contextlib
-import functools
 import io
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DistributedSampler
 
-from common.config import Config, UsageError
+import compare
+from common.config import UsageError
 from common.data import load_datasets, make_loader
-from common.devices import seed_everything
 from common.distributed import check_master_address, check_sync, nccl_error_handling, verify_sync
-from common.optim import build_optimizer, lr_schedule
-from conftest import REPO, TINY, read_results, refuse_in_process, run_script, two_at_a_time
-from models import pyramidnet
+from comparison.report import Outcome
+from comparison.verify import Verification, config_of, reference_training, summary_line
+from conftest import REPO, TINY, read_results, refuse_in_process, run_script
 
 DIST = "dist_parallel/train.py"
 SEED = 0  # the scripts' default --seed
-# Deterministic data (no crop/flip) and a few steps: what the in-test reference reproduces.
-FEW_PLAIN_STEPS = ["--no_augment", "--max_steps", "4", "--save_model"]
-# Every process of every launch, and the in-test reference, computes on one intra-op thread: the thread count
-# changes the order of float sums in a convolution, so bit-identical comparisons must not depend on the cores.
+VERIFY = ["--verify", "--max_steps", "12"]  # 8 steps per epoch on the CPU: resumed at step 6, crossing epoch 1
+RUNS = {  # the verification's runs, as its plan numbers them (their names are those of their logs and folders)
+    "single_gpu": "01-single_gpu-1cpu-train", "data_parallel": "02-data_parallel-1cpu-train",
+    "dist_parallel": "03-dist_parallel-1cpu-gloo-train", "ddp2": "04-dist_parallel-2cpu-gloo-train",
+    "first_half": "05-dist_parallel-2cpu-gloo-first_half", "resumed": "06-dist_parallel-2cpu-gloo-resumed",
+    "evaluate1": "07-single_gpu-1cpu-evaluate", "evaluate3": "08-dist_parallel-3cpu-gloo-evaluate",
+}
+# Every process of every launch computes on one intra-op thread: the thread count changes the order of float sums
+# in a convolution, so bit-identical comparisons must not depend on the cores.
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
-def run_ok(script: str, run_dir: Path, *flags) -> subprocess.CompletedProcess:
-    """`python script TINY flags` writing to run_dir, one thread per process; it must succeed."""
-    done = run_script(script, *TINY, *flags, "--log_dir", run_dir.parent, "--run_name", run_dir.name,
-                      env=ONE_THREAD)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done
-
-
 def torchrun(*launcher_and_script_args, **popen) -> subprocess.Popen:
     """`torchrun ...`, as `python -m torch.distributed.run` so it is this interpreter's torch."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **ONE_THREAD}
@@ -114,127 +119,106 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def reference_training(world_size: int, steps: int) -> dict[str, torch.Tensor]:
-    """What `world_size` DDP processes compute, in this one process without DDP: each global batch of 32 is the
-    ranks' shares (rank r's DistributedSampler indices, batches of 32 / world_size), each share goes through its
-    own forward pass (so BatchNorm normalises it alone, as on its rank), and the loss is the mean of the ranks'
-    losses (DDP averages the ranks' gradients). Same seed, same order of RNG use, same optimizer and schedule as
-    train.py; no augmentation, so the data is deterministic. One intra-op thread, as in every launch here."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return _train_reference(world_size, steps)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _train_reference(world_size: int, steps: int) -> dict[str, torch.Tensor]:
-    cfg = Config(dataset="synthetic", synthetic_size=256, depth=8, alpha=12, batch_size=32, epochs=1,
-                 augment=False, seed=SEED)
-    seed_everything(cfg.seed)  # train.py: seed, then the loaders (no global RNG drawn), then the model
-    train_set, _ = load_datasets(cfg.dataset, "", cfg.synthetic_size, cfg.seed)
-    loaders = []
-    for rank in range(world_size):
-        sampler = DistributedSampler(range(len(train_set)), num_replicas=world_size, rank=rank, shuffle=True,
-                                     seed=cfg.seed)
-        loader = make_loader("gpu", train_set, sampler, cfg.batch_size // world_size, torch.device("cpu"),
-                             train=True, augment=False, num_workers=0, seed=cfg.seed, rank=rank)
-        loader.set_epoch(0)
-        loaders.append(loader)
-    model = pyramidnet(cfg.depth, cfg.alpha, cfg.block)
-    optimizer = build_optimizer(model, cfg, torch.device("cpu"))
-    scheduler = lr_schedule(optimizer, cfg, len(loaders[0]))
-    model.train()
-    for _, shares in zip(range(steps), zip(*loaders)):
-        optimizer.zero_grad(set_to_none=True)
-        loss = sum(F.cross_entropy(model(images), labels) for images, labels in shares) / world_size
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
-    return {name: p.detach().clone() for name, p in model.named_parameters()}
-
-
-# ---------------------------------------------------------------------------------------------------- shared runs
+# ---------------------------------------------------------------------------------------------------- the verification
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("parallel")
+def verified(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """`python compare.py --verify --max_steps 12 --out OUT` on this CPU, once: (the finished process, OUT)."""
+    out = tmp_path_factory.mktemp("verify") / "out"
+    return run_script("compare.py", *VERIFY, "--out", out, timeout=600), out
 
 
-@pytest.fixture(scope="module")
-def one_process_each(runs) -> dict[str, Path]:
-    """The same 6 steps (with augmentation) in single_gpu, data_parallel and one-process dist_parallel."""
-    launches = {"single_gpu": ("single_gpu/train.py",), "data_parallel": ("data_parallel/train.py",),
-                "dist_parallel": (DIST, "--nproc_per_node", "1")}
-    dirs = {mode: runs / f"one-{mode}" for mode in launches}
-    two_at_a_time(*(functools.partial(run_ok, script, dirs[mode], "--max_steps", "6", "--save_model", *flags)
-                    for mode, (script, *flags) in launches.items()))
-    return dirs
+def run_dir(out: Path, role: str) -> Path:
+    return out / "runs" / RUNS[role]
 
 
-@pytest.fixture(scope="module")
-def single_plain(runs) -> Path:
-    """single_gpu over FEW_PLAIN_STEPS: what the reference must reproduce with one rank."""
-    run_dir = runs / "single-plain"
-    run_ok("single_gpu/train.py", run_dir, *FEW_PLAIN_STEPS)
-    return run_dir
+def log(out: Path, role: str) -> str:
+    return (out / "logs" / f"{RUNS[role]}.log").read_text()
 
 
-@pytest.fixture(scope="module")
-def ddp2(runs) -> tuple[Path, subprocess.CompletedProcess]:
-    """Two gloo processes started by `python dist_parallel/train.py --nproc_per_node 2`, FEW_PLAIN_STEPS."""
-    run_dir = runs / "ddp2"
-    return run_dir, run_ok(DIST, run_dir, "--nproc_per_node", "2", *FEW_PLAIN_STEPS)
+def checks(out: Path) -> list[dict]:
+    return json.loads((out / "verify.json").read_text())["checks"]
+
+
+def test_the_verification_passes_on_the_cpu(verified):
+    """Every check that can run on the CPU runs and passes; SyncBatchNorm's says why it cannot; the table is in
+    verify.md and verify.json, the verdict in the exit status and the last line."""
+    done, out = verified
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[-1] == "verify: passed: all 5 checks (1 not run)"
+    rows = checks(out)
+    assert [row["check"][:2] for row in rows] == ["1.", "2.", "2.", "3.", "4.", "5."]
+    assert [row["verdict"] for row in rows] == ["pass", "pass", "not run", "pass", "pass", "pass"]
+    assert "SyncBatchNorm" in rows[2]["check"] and "GPUs" in rows[2]["why"]
+    record = json.loads((out / "verify.json").read_text())
+    assert record["passed"] and [run["name"] for run in record["runs"]] == list(RUNS.values())
+    assert all(run["status"] == "ok" for run in record["runs"])
+    report = (out / "verify.md").read_text()
+    assert "| check | runs | measured | tolerance | verdict |" in report and "## Why these tolerances" in report
+    for row in rows:
+        assert f"| {row['check']} |" in report
+    assert sum(f"| {row['tolerance']} | pass |" in report for row in rows) == 5
 
 
 # ---------------------------------------------------------------------------------------------------- 1. one process
-def test_one_process_of_every_mode_ends_bit_identical(one_process_each):
+def test_one_process_of_every_mode_ends_bit_identical(verified):
     """Same seed, same data order, same augmentation, same arithmetic: DataParallel on the CPU and DDP with one
-    rank change nothing, so every weight and buffer is bit-identical after 6 steps and the reported train loss
-    and test accuracy are equal (not merely close)."""
-    reference = weights(one_process_each["single_gpu"])
-    summaries = {mode: read_results(run_dir)["summary"] for mode, run_dir in one_process_each.items()}
+    rank change nothing, so every weight and buffer is bit-identical after 12 steps (two epochs) and the reported
+    train loss and test accuracy are equal (not merely close). Read from the run folders, and as check 1 says."""
+    _, out = verified
+    reference = weights(run_dir(out, "single_gpu"))
+    summaries = {mode: read_results(run_dir(out, mode))["summary"]
+                 for mode in ("single_gpu", "data_parallel", "dist_parallel")}
     for mode in ("data_parallel", "dist_parallel"):
-        assert_bit_identical(weights(one_process_each[mode]), reference, mode)
+        assert_bit_identical(weights(run_dir(out, mode)), reference, mode)
         for key in ("train_loss", "train_acc", "test_loss", "test_acc", "steps"):
             assert summaries[mode][key] == summaries["single_gpu"][key], (mode, key)
-    assert summaries["single_gpu"]["steps"] == 6
-    dist_results = read_results(one_process_each["dist_parallel"])
+    assert summaries["single_gpu"]["steps"] == 12
+    dist_results = read_results(run_dir(out, "dist_parallel"))
     assert dist_results["world_size"] == 1 and dist_results["mode"] == "dist_parallel"
     assert dist_results["summary"]["params_in_sync"] is True
     assert dist_results["summary"]["buffers_max_abs_diff"] == 0  # one rank: nothing to differ from
+    row = checks(out)[0]
+    assert row["figures"]["max_abs_difference"] == {"data_parallel": 0.0, "dist_parallel": 0.0}
+    assert row["tolerance"] == "0 (bitwise)"
 
 
 # ---------------------------------------------------------------------------------------------------- 2. two ranks
-def test_the_reference_reproduces_a_one_process_run(single_plain):
-    """The in-test reference, with one rank, is single_gpu's training bit for bit: its seeding, data order,
-    normalisation, optimizer and schedule are train.py's, so the two-rank comparison below tests DDP alone."""
-    ours = reference_training(world_size=1, steps=4)
-    assert_bit_identical(ours, {name: weights(single_plain)[name] for name in ours}, "reference vs single_gpu")
+def test_the_reference_reproduces_a_one_process_run(verified):
+    """The product's reference, with one rank and the single_gpu run's own config, is that run's training bit for
+    bit: its seeding, data order, augmentation, normalisation, optimizer and schedule are train.py's, so the
+    two-rank comparison of check 2 tests DDP alone."""
+    _, out = verified
+    cfg = config_of(read_results(run_dir(out, "single_gpu"))["config"])
+    ours = reference_training(cfg, world_size=1, device=torch.device("cpu"))
+    theirs = weights(run_dir(out, "single_gpu"))
+    assert_bit_identical(ours, {name: theirs[name] for name in ours}, "reference vs single_gpu")
 
 
-def test_two_processes_match_the_single_process_reference(ddp2):
-    """DDP over 2 gloo processes, 4 steps: every parameter equals (to float tolerance: a different summation
-    order) a single process averaging the two ranks' share losses, each share normalised by BatchNorm alone.
-    So the gradient all-reduce averages exactly the ranks' gradients, and each rank saw its DistributedSampler
-    share. Buffers are not compared: each rank's running statistics come from its own share."""
-    run_dir, _ = ddp2
-    ours = reference_training(world_size=2, steps=4)
-    theirs = weights(run_dir)
-    assert set(ours) <= set(theirs)
-    for name, value in ours.items():
-        torch.testing.assert_close(theirs[name], value, rtol=0, atol=1e-5, msg=lambda m: f"{name}: {m}")
+def test_two_processes_match_the_single_process_reference(verified):
+    """DDP over 2 gloo processes, 12 steps: every parameter equals, bit for bit, a single process averaging the
+    two ranks' share losses, each share normalised by BatchNorm alone (check 2, computed by compare.py with
+    comparison.verify.reference_training). So the gradient all-reduce averages exactly the ranks' gradients, and
+    each rank saw its DistributedSampler share. Buffers are not compared: each rank's running statistics come from
+    its own share."""
+    _, out = verified
+    row = checks(out)[1]
+    assert row["verdict"] == "pass" and row["runs"].startswith(f"`{RUNS['ddp2']}`")
+    assert row["figures"] == {"max_abs_difference": 0.0, "tolerance": 0.0}
 
 
-def test_two_processes_end_in_sync_with_differing_batchnorm_statistics(ddp2):
+def test_two_processes_end_in_sync_with_differing_batchnorm_statistics(verified):
     """The end-of-run sync check: parameters bit-identical on both ranks; BatchNorm running statistics differ
     (each rank's BatchNorm saw only its share), and the report says so."""
-    run_dir, done = ddp2
-    results = read_results(run_dir)
-    assert results["world_size"] == 2 and results["summary"]["steps"] == 4
+    _, out = verified
+    results = read_results(run_dir(out, "ddp2"))
+    assert results["world_size"] == 2 and results["summary"]["steps"] == 12
     assert results["summary"]["params_in_sync"] is True
     assert results["summary"]["buffers_max_abs_diff"] > 0
-    assert "parameter tensors identical on 2 ranks" in done.stdout
-    assert "global batch 32 = 2 x 16 over gloo" in done.stdout
+    assert "parameter tensors identical on 2 ranks" in log(out, "ddp2")
+    assert "global batch 32 = 2 x 16 over gloo" in log(out, "ddp2")
+    row = checks(out)[4]
+    assert row["verdict"] == "pass" and set(row["figures"]["params_in_sync"]) == {
+        RUNS["ddp2"], RUNS["first_half"], RUNS["resumed"]}
 
 
 # ---------------------------------------------------------------------------------------------------- 3. two nodes
@@ -271,64 +255,155 @@ def test_two_torchrun_nodes_on_one_host(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------- 4. evaluation
-@pytest.fixture(scope="module")
-def evaluations(ddp2, runs) -> dict[int, dict]:
-    """The test loss and accuracy of the 2-process run's model.pt: `--evaluate` with 1 (single_gpu) and 3
-    processes, and for 2 the run's own evaluation of those weights as it ended (the same evaluate(); the
-    --evaluate path through a process group is the 3-process launch): {processes: summary}."""
-    model = ddp2[0] / "model.pt"
-    launches = {1: ("single_gpu/train.py",), 3: (DIST, "--nproc_per_node", "3", "--batch_size", "30")}  # 30: 3 ranks
-    done_by = dict(zip(launches, two_at_a_time(*(
-        functools.partial(run_ok, script, runs / f"evaluate{processes}", "--evaluate", model, *flags)
-        for processes, (script, *flags) in launches.items()))))
-    summaries = {2: read_results(ddp2[0])["summary"]}
-    assert "test loss" in ddp2[1].stdout and "(51 images)" in ddp2[1].stdout
-    for processes, done in done_by.items():
-        run_dir = runs / f"evaluate{processes}"
-        printed = [line for line in done.stdout.splitlines() if line.startswith(f"{model}: test loss")]
-        assert len(printed) == 1 and printed[0].endswith("(51 images)"), (processes, done.stdout)
-        results = read_results(run_dir)
+def test_evaluation_is_exact_for_one_two_and_three_processes(verified):
+    """The 2-process run's model.pt evaluated by 1 (single_gpu --evaluate), 2 (the run's own end-of-run evaluation)
+    and 3 processes (--evaluate; a batch of 32 over 3 ranks): each rank takes every world_size-th of the 53 test
+    images (no DistributedSampler padding, which would count some twice) and the sums are all-reduced, so the
+    accuracy is identical and the loss equal up to the order of float64 sums. Each printed "(53 images)"."""
+    _, out = verified
+    model = run_dir(out, "ddp2") / "model.pt"
+    summaries = {2: read_results(run_dir(out, "ddp2"))["summary"]}
+    assert any("test loss" in line and line.endswith("(53 images)") or "(53 images) epoch" in line
+               for line in log(out, "ddp2").splitlines())
+    for processes, role in ((1, "evaluate1"), (3, "evaluate3")):
+        printed = [line for line in log(out, role).splitlines() if line.startswith(f"{model}: test loss")]
+        assert len(printed) == 1 and printed[0].endswith("(53 images)"), log(out, role)
+        results = read_results(run_dir(out, role))
         assert results["world_size"] == processes and results["summary"]["steps"] == 0
         summaries[processes] = results["summary"]
-    return summaries
-
-
-def test_evaluation_is_exact_for_one_two_and_three_processes(evaluations):
-    """The same weights evaluated by 1, 2 and 3 processes: each rank takes every world_size-th of the 51 test
-    images (no DistributedSampler padding, which would count some twice) and the sums are all-reduced, so the
-    accuracy is identical and the loss equal up to the order of float64 sums. Each printed "(51 images)"."""
     for processes in (2, 3):
-        assert evaluations[processes]["test_acc"] == evaluations[1]["test_acc"], processes
-        assert evaluations[processes]["test_loss"] == pytest.approx(evaluations[1]["test_loss"], rel=1e-6)
+        assert summaries[processes]["test_acc"] == summaries[1]["test_acc"], processes
+        assert summaries[processes]["test_loss"] == pytest.approx(summaries[1]["test_loss"], rel=1e-6)
+    row = checks(out)[3]
+    assert row["verdict"] == "pass" and row["figures"]["test_images"] == 53
+    assert set(row["figures"]["images"].values()) == {53}
 
 
-def test_reported_test_numbers_are_those_of_the_saved_weights(ddp2, evaluations):
+def test_reported_test_numbers_are_those_of_the_saved_weights(verified):
     """What a 2-process training run reports as its test loss and accuracy is the evaluation of the model.pt it
     saved, as in single_gpu (where --evaluate reproduces the report): the report describes the weights a user
     keeps, not a mix of the ranks' BatchNorm running statistics."""
-    reported = read_results(ddp2[0])["summary"]
-    assert reported["test_acc"] == evaluations[1]["test_acc"]
-    assert reported["test_loss"] == pytest.approx(evaluations[1]["test_loss"], rel=1e-6)
+    _, out = verified
+    reported = read_results(run_dir(out, "ddp2"))["summary"]
+    evaluated = read_results(run_dir(out, "evaluate1"))["summary"]
+    assert reported["test_acc"] == evaluated["test_acc"]
+    assert reported["test_loss"] == pytest.approx(evaluated["test_loss"], rel=1e-6)
 
 
-# ---------------------------------------------------------------------------------------------------- 5. launchers
-def test_self_launch_equals_torchrun_standalone(ddp2, tmp_path):
-    """`python dist_parallel/train.py --nproc_per_node 2` and `torchrun --standalone --nproc_per_node 2
-    dist_parallel/train.py` with the same flags give bit-identical weights and the same reported numbers."""
-    self_launched, _ = ddp2
-    run_dir = tmp_path / "torchrun"
-    agent = torchrun("--standalone", "--nproc_per_node", 2, DIST, *TINY, *FEW_PLAIN_STEPS,
-                     "--log_dir", run_dir.parent, "--run_name", run_dir.name,
-                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    out, err = agent.communicate(timeout=300)
-    assert agent.returncode == 0, out + err
-    assert_bit_identical(weights(run_dir), weights(self_launched), "torchrun vs self-launch")
-    ours, theirs = read_results(run_dir)["summary"], read_results(self_launched)["summary"]
+# ---------------------------------------------------------------------------------------------------- 5. resume
+def test_a_resumed_self_launch_ends_bit_identical_to_torchrun(verified):
+    """The 2-process run under `torchrun --standalone`, and the same run as two halves each started by
+    `python dist_parallel/train.py --nproc_per_node 2` (the second with --resume auto): bit-identical weights and
+    the same reported numbers. So the self-launch is torchrun, and a stop and resume changes nothing (check 5)."""
+    _, out = verified
+    assert "-m torch.distributed.run --standalone --nproc_per_node 2 " in log(out, "ddp2").splitlines()[0]
+    for half in ("first_half", "resumed"):
+        command = log(out, half).splitlines()[0]
+        assert command.startswith(f"$ {sys.executable} {REPO / DIST} ") and " --nproc_per_node 2 " in command
+    assert log(out, "resumed").splitlines()[0].endswith(f"--run_name {RUNS['first_half']} --resume auto --save_model")
+    assert "resumed at step 6 (epoch 1, batch 6)" in log(out, "resumed")
+    resumed = run_dir(out, "first_half")  # the second half continued the first half's run folder
+    assert_bit_identical(weights(resumed), weights(run_dir(out, "ddp2")), "resumed self-launch vs torchrun")
+    ours, theirs = read_results(resumed)["summary"], read_results(run_dir(out, "ddp2"))["summary"]
     for key in ("train_loss", "train_acc", "test_loss", "test_acc", "steps", "buffers_max_abs_diff"):
         assert ours[key] == theirs[key], key
+    assert checks(out)[5]["verdict"] == "pass"
 
 
-# ---------------------------------------------------------------------------------------------------- 6. bad launches
+# ---------------------------------------------------------------------------------------------------- 6. failing checks
+def verification_of(out: Path) -> tuple[Verification, dict[str, Outcome]]:
+    """The fixture's verification planned again in this process, over `out`, with each run's outcome read back
+    from its run folder and log: what compare.py judged, to judge again."""
+    cc, train, dist_flags, cuda = compare.configure(VERIFY)
+    verification = Verification(cc, train, dist_flags, cuda, out)
+    outcomes = {launch.name: Outcome(launch.run, "ok", results=read_results(out / "runs" / launch.run_dir),
+                                     log=out / "logs" / f"{launch.name}.log")
+                for launch in verification.launches.values()}
+    return verification, outcomes
+
+
+def nudge(model: Path, name: str, by: float | None = None) -> None:
+    """One element of one tensor in a model.pt moved by `by`, or by one float32 ulp."""
+    state = torch.load(model, weights_only=True)
+    value = state[name].view(-1)
+    value[0] = value[0] + by if by else torch.nextafter(value[0], torch.tensor(float("inf")))
+    torch.save(state, model)
+
+
+def test_each_check_fails_when_what_it_checks_is_broken(verified, tmp_path):
+    """The verdicts judged again in-process on a copy of the run's files, each check broken on purpose: one weight
+    of data_parallel's model.pt one ulp off (check 1); one parameter of the 2-process model.pt off by 1e-4 (checks
+    2 and 5, against the reference and the resumed run); the 3-process evaluation one image better (check 3); a
+    run that reported its ranks out of sync (check 4). Each row fails with the figure that broke it."""
+    _, out = verified
+    copied = shutil.copytree(out, tmp_path / "out")
+    verification, outcomes = verification_of(copied)
+    nudge(copied / "runs" / RUNS["data_parallel"] / "model.pt", "conv1.weight")
+    nudge(copied / "runs" / RUNS["ddp2"] / "model.pt", "fc.bias", by=1e-4)
+    outcomes[RUNS["evaluate3"]].results["summary"]["test_acc"] += 1 / 53
+    outcomes[RUNS["resumed"]].results["summary"]["params_in_sync"] = False
+    rows = verification.judge(outcomes)
+    assert [row.verdict for row in rows] == ["FAIL", "FAIL", "not run", "FAIL", "FAIL", "FAIL"]
+    one_ulp = rows[0].figures["max_abs_difference"]["data_parallel"]
+    assert 0 < one_ulp < 1e-6 and rows[0].figures["max_abs_difference"]["dist_parallel"] == 0
+    assert rows[1].figures["max_abs_difference"] == pytest.approx(1e-4, rel=1e-2)
+    assert f"largest difference {100 / 53:.3g} points" in rows[3].measured
+    assert f"(not in {RUNS['resumed']})" in rows[4].measured
+    assert rows[5].figures["max_abs_difference"] == pytest.approx(1e-4, rel=1e-2)
+
+
+def test_a_failed_run_fails_the_checks_that_need_it_naming_its_log(verified):
+    """The 2-process run failed (the runs that read its model.pt then do not start): checks 2 to 5 fail with its
+    error and its log, check 1 still passes; the summary names every failed check."""
+    _, out = verified
+    verification, outcomes = verification_of(out)
+    error = "exit status 1: error: the ranks hold different parameters (named above): their training diverged"
+    outcomes[RUNS["ddp2"]] = Outcome(outcomes[RUNS["ddp2"]].run, "failed", 3.0, error, log=Path("unused"))
+    for role in ("evaluate1", "evaluate3"):
+        outcomes[RUNS[role]] = Outcome(outcomes[RUNS[role]].run, "not run", error=f"needs {RUNS['ddp2']}")
+    rows = verification.judge(outcomes)
+    assert [row.verdict for row in rows] == ["pass", "FAIL", "not run", "FAIL", "FAIL", "FAIL"]
+    for row in (rows[1], rows[4], rows[5]):
+        assert row.why == f"`{RUNS['ddp2']}` failed: {error} (log: `logs/{RUNS['ddp2']}.log`)"
+    assert rows[3].why.startswith(f"`{RUNS['evaluate1']}` not run")
+    assert summary_line(rows) == ("FAILED: 4 of 5 checks (1 not run): " + "; ".join(
+        rows[i].check for i in (1, 3, 4, 5)))
+
+
+# Runs that fail, from outside (a sitecustomize module every Python process on PYTHONPATH imports): single_gpu and
+# data_parallel exit at once, as a run that cannot start does, before they import torch.
+FAILING_RUNS = textwrap.dedent("""
+    import os, sys
+    if sys.argv and sys.argv[0].endswith(("single_gpu/train.py", "data_parallel/train.py")):
+        print("error: injected failure", file=sys.stderr, flush=True)
+        os._exit(3)
+""")
+
+
+def test_the_verification_fails_naming_the_check_and_the_log_when_its_runs_fail(tmp_path, monkeypatch, capsys):
+    """compare.py --verify (called as its __main__ calls it) on single_gpu and data_parallel alone, both made to
+    fail: check 1 fails with the first run's error and log, the others say they did not run, the exit status is 1
+    and the last line names the check. (Each check failing on its figures: the in-process tests above.)"""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(FAILING_RUNS)
+    monkeypatch.setenv("PYTHONPATH", str(hook))
+    out = tmp_path / "out"
+    code = compare.main([*VERIFY, "--modes", "single_gpu", "data_parallel", "--out", str(out)])
+    printed = capsys.readouterr().out.splitlines()
+    assert code == 1, printed
+    assert printed[-1] == ("verify: FAILED: 1 of 1 checks (5 not run): 1. one device: every mode ends with the same "
+                           "weights")
+    row = checks(out)[0]
+    log = "logs/01-single_gpu-1cpu-train.log"
+    assert row["verdict"] == "FAIL" and row["why"] == (
+        f"`01-single_gpu-1cpu-train` failed: exit status 3: error: injected failure (log: `{log}`)")
+    assert (out / log).read_text().startswith(f"$ {sys.executable} {REPO / 'single_gpu' / 'train.py'} ")
+    assert [r["verdict"] for r in checks(out)[1:]] == ["not run"] * 5
+    assert f"**FAIL**: {row['why']}" in (out / "verify.md").read_text()
+
+
+# ---------------------------------------------------------------------------------------------------- 7. bad launches
 needs_no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="refused only on a machine without CUDA")
 
 
@@ -351,7 +426,7 @@ def test_a_launch_that_cannot_work_is_refused_before_workers_start(tmp_path, fla
     assert not (tmp_path / "runs").exists()
 
 
-# ---------------------------------------------------------------------------------------------------- 7. distributed.py
+# ---------------------------------------------------------------------------------------------------- 8. distributed.py
 def test_a_loopback_master_address_is_refused_only_across_nodes():
     """MASTER_ADDR 127.0.0.1 with 4 processes, 2 per node (2 nodes) would leave the second node waiting for a
     master on itself: refused, naming the address and the node count. With all 4 on one node it is right."""
@@ -425,7 +500,7 @@ def test_the_sync_check_names_a_parameter_that_differs_between_ranks(tmp_path):
     assert reports[1]["verify"]["printed"] == ""  # only rank 0 reports
 
 
-# ---------------------------------------------------------------------------------------------------- 8. sampler
+# ---------------------------------------------------------------------------------------------------- 9. sampler
 def test_distributed_sampler_shards_cover_the_training_set_and_change_every_epoch():
     """The 2-process run's shards: each epoch the two ranks' 128 indices are disjoint and together are the 256
     training images; set_epoch reshuffles (without it every epoch repeats epoch 0's order); and the loader's

@@ -1,0 +1,656 @@
+"""compare.py --verify: the checks the tests run on the CPU, run on this machine, each with the figure it measured,
+its tolerance and its verdict.
+
+Every run is started as compare.py starts its matrix (its own subprocess, logs/, runs/, --run_timeout), with the
+same model, data, global batch and seed, for --max_steps steps (default 24) and enough epochs to reach them. N is
+the largest --gpu_counts: every GPU here, or 2 CPU processes over gloo without GPUs. The checks:
+
+1. single_gpu, data_parallel on one device and dist_parallel with one process end with the same weights.
+2. dist_parallel on N processes ends where one process ends that averages the losses of the N per-rank shares of
+   every global batch, each share through its own forward pass, as each rank's BatchNorm sees only its share
+   (`reference_training`). With --sync_bn on: N processes with SyncBatchNorm end where one process ends.
+3. The N-process run's model.pt evaluated by 1, 2 and N processes (and 3 on the CPU) gives the same accuracy
+   and loss, every test image counted once.
+4. Every N-process run ends with bit-identical parameters on every rank (its end-of-run sync check).
+5. The N-process run stopped halfway and continued with `--resume auto` ends where the uninterrupted run ends
+   (the halves started as `python dist_parallel/train.py --nproc_per_node N`, the uninterrupted run by torchrun).
+
+The verdicts are printed, and written with their figures and the reasons for each tolerance to verify.md and
+verify.json in the --out folder. tests/test_parallel.py runs `compare.py --verify` on the CPU and asserts on it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DistributedSampler
+
+from common.config import Config, UsageError, config_argv
+from common.data import load_datasets, make_loader
+from common.devices import seed_everything
+from common.optim import build_optimizer, lr_schedule
+from common.performance import autocast, grad_scaler, memory_format, resolve_fast_path
+from comparison.matrix import Run, check_runs, command
+from comparison.report import Outcome, fmt_seconds
+from comparison.runner import run_all, run_one
+from models import pyramidnet
+
+DEFAULT_STEPS = 24
+
+
+def defaults(cuda: bool) -> dict:
+    """The train.py flags --verify sets unless given: synthetic data (offline, nothing to download); without GPUs,
+    beside compare.py's CPU defaults, 266 training images (8 steps per epoch for 1 or 2 processes) and 53 test
+    images, a prime, so that no number of processes divides them and every evaluation of check 3 has shards of
+    unequal size."""
+    return {"dataset": "synthetic", **({} if cuda else {"synthetic_size": 266})}
+
+
+TRAIN_IMAGES = {"cifar10": 50_000, "mnist": 60_000}  # synthetic: --synthetic_size
+TEST_IMAGES = {"cifar10": 10_000, "mnist": 10_000}  # synthetic: a fifth of --synthetic_size
+
+
+# ---------------------------------------------------------------------------------------------------- reference
+def reference_training(cfg: Config, world_size: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """What `world_size` DDP processes without SyncBatchNorm compute, in this one process without DDP: every global
+    batch is the ranks' shares (rank r's DistributedSampler indices, batches of batch_size / world_size), each
+    share goes through its own forward pass in its own autocast region (so BatchNorm normalises it alone and
+    autocast casts the weights for it alone, as on its rank), and the loss is the mean of the shares' losses (DDP
+    averages the ranks' gradients). train.py's seeding, loaders, augmentation,
+    model, precision, optimizer, schedule and loss scaling, for cfg.epochs epochs of at most cfg.max_steps steps;
+    on the CPU on the one intra-op thread each run has (compare.py sets OMP_NUM_THREADS=1 for its runs unless set).
+    Returns the trained parameters, on the CPU."""
+    cfg = resolve_fast_path(cfg, device)  # --amp and --channels_last as the runs resolved them
+    threads = torch.get_num_threads()
+    if device.type == "cpu":
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    try:
+        return _train_reference(cfg, world_size, device)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train_reference(cfg: Config, world_size: int, device: torch.device) -> dict[str, torch.Tensor]:
+    seed_everything(cfg.seed)  # train.py: seed, then the loaders (no global RNG drawn), then the model
+    train_set, _ = load_datasets(cfg.dataset, cfg.data_dir, cfg.synthetic_size, cfg.seed)
+    kind = cfg.loader or ("gpu" if device.type == "cuda" else "torchvision")
+    loaders = []
+    for rank in range(world_size):
+        sampler = DistributedSampler(train_set, world_size, rank, shuffle=cfg.shuffle, seed=cfg.seed)
+        loaders.append(make_loader(kind, train_set, sampler, cfg.batch_size // world_size, device, train=True,
+                                   augment=cfg.augment, num_workers=cfg.num_workers, seed=cfg.seed, rank=rank,
+                                   memory_format=memory_format(cfg)))
+    info = train_set.info
+    model = pyramidnet(cfg.depth, cfg.alpha, cfg.block, num_classes=info.classes, in_channels=info.channels,
+                       width_multiple=cfg.width_multiple).to(device, memory_format=memory_format(cfg))
+    optimizer = build_optimizer(model, cfg, device)
+    scheduler, scaler = lr_schedule(optimizer, cfg, len(loaders[0])), grad_scaler(cfg, device)
+    model.train()
+    step = 0
+    for epoch in range(cfg.epochs):
+        for loader in loaders:
+            loader.set_epoch(epoch)
+        for shares in zip(*loaders):
+            losses = []
+            for images, labels in shares:  # an autocast region per share, as each rank has its own: autocast
+                with autocast(cfg, device):  # caches a weight's bf16 copy per region, and a shared copy would add
+                    losses.append(F.cross_entropy(model(images), labels))  # the shares' gradients in bf16
+            loss = sum(losses) / world_size
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            scheduler.step()
+            step += 1
+            if cfg.reached_max_steps(step):
+                break
+        if cfg.reached_max_steps(step):
+            break
+    return {name: param.detach().cpu().clone() for name, param in model.named_parameters()}
+
+
+# ---------------------------------------------------------------------------------------------------- tolerances
+@dataclass(frozen=True)
+class Tolerance:
+    value: float  # the largest difference that passes; 0: bitwise
+    text: str     # as the table shows it
+    why: str      # one sentence, for the notes under the table
+
+
+BITWISE = Tolerance(0.0, "0 (bitwise)", "the runs do the same float operations in the same order: every bit agrees")
+# Where two runs round differently somewhere (the order of a sum, another kernel), SGD carries the difference forward
+# and amplifies it. Measured on the CPU, 24 steps of the CPU default (tiny model, batch 32, 266 images, 3 epochs):
+# 4 ranks against their reference 5.2e-6, a 4-rank run resumed at step 12 against the uninterrupted one 2.4e-7
+# (the only difference: the order in which the all-reduce adds the ranks' gradients); one process on 1 thread
+# against 2 threads (every convolution adds in another order) 7.5e-4 in fp32 and 2.5e-3 under bf16 autocast. The
+# errors these checks are there to catch measured 5.1e-4 (a step left out), 4.5e-3 (BatchNorm over the whole batch
+# instead of each rank's share), 1.8e-2 (another data order), 2.0e-2 (no augmentation) and 4.4e-2 (gradients
+# summed, not averaged).
+SUMMATION_ORDER = Tolerance(
+    1e-4, "1e-4", "with more than two ranks the all-reduce adds the ranks' gradients in another order than autograd "
+    "in the reference, and in another order again in a resumed run's first step (DDP lays out its gradient buckets "
+    "anew once per process, in the order the gradients arrived); 24 fp32 steps of 4 ranks on the CPU differ by up "
+    "to 5.2e-6, and a step left out by 5.1e-4")
+ROUNDING = {
+    "off": Tolerance(5e-3, "5e-3", "the runs may take other kernels (on GPUs cuDNN autotunes per process, some "
+                     "backward kernels add with atomics, a rank's smaller batch takes other kernels, and convolutions "
+                     "round to TF32's 10 bits; --compile fuses each wrapper's graph its own way); on the CPU, other "
+                     "summation orders in every convolution move 24 fp32 steps by 7.5e-4. Set from that and "
+                     "reasoning, not measured on a GPU"),
+    "half": Tolerance(2e-2, "2e-2", "the runs may take other kernels (on GPUs cuDNN autotunes per process, some "
+                      "backward kernels add with atomics, a rank's smaller batch takes other kernels; --compile "
+                      "fuses each wrapper's graph its own way) and autocast rounds activations to 8 (bf16) or 11 "
+                      "(fp16) bits; on the CPU, other summation orders under bf16 autocast move 24 steps by 2.5e-3. "
+                      "Set from that and reasoning, not measured on a GPU"),
+}
+
+
+@dataclass(frozen=True)
+class EvaluationTolerance:
+    accuracy: float  # the largest difference in test accuracy (a fraction) that passes
+    loss: float      # the largest relative difference in test loss that passes
+    text: str
+    why: str
+
+
+EXACT_EVALUATION = EvaluationTolerance(
+    0.0, 1e-6, "accuracy 0, loss 1e-6 relative; images exact",
+    "on the CPU in fp32 an image's logits do not depend on the batch it is in: the accuracy is exact, and the loss "
+    "differs only in the order its float64 sums are added. Every test image is counted once, by every count")
+ROUNDED_EVALUATION = EvaluationTolerance(
+    0.005, 1e-3, "accuracy 0.5 points, loss 1e-3 relative; images exact",
+    "on GPUs (and under autocast) an image in a batch of another size may take another kernel, whose logits differ "
+    "in their last bits: enough to change the prediction of an image whose two best classes are that close. Set "
+    "from reasoning, not measured on a GPU. Every test image is counted once, by every count")
+
+
+# ---------------------------------------------------------------------------------------------------- the runs
+@dataclass(frozen=True)
+class Launch:
+    """One run of the verification: a matrix run's command line, plus what makes it this run."""
+    run: Run
+    flags: tuple[str, ...] = ()  # after the run's own flags, so these win (a later flag overrides an earlier one)
+    needs: tuple[str, ...] = ()  # the launches whose files it reads, by name
+    folder: str | None = None    # its run folder when not its own: the second half continues the first's
+    self_launch: bool = False    # dist_parallel started as `python dist_parallel/train.py --nproc_per_node N`
+
+    @property
+    def name(self) -> str:
+        return self.run.name
+
+    @property
+    def run_dir(self) -> str:
+        return self.folder or self.run.name
+
+
+@dataclass
+class Setting:
+    """The runs of one --amp and dist_parallel backend, by what each is for."""
+    amp: str | None
+    backend: str | None
+    one_device: dict[str, Launch] = field(default_factory=dict)  # mode -> its one-device run
+    trained: Launch | None = None     # dist_parallel on N processes: checks 2 to 5 start from it
+    first_half: Launch | None = None
+    resumed: Launch | None = None
+    evaluations: dict[int, Launch] = field(default_factory=dict)  # processes -> --evaluate of trained's model.pt
+    sync_bn: Launch | None = None
+    sync_bn_not_run: str | None = None  # why there is no SyncBatchNorm run
+
+    def label(self) -> str:
+        return ", ".join(part for part in (self.backend, f"amp {self.amp or 'default'}") if part)
+
+
+@dataclass
+class Row:
+    check: str
+    runs: str
+    measured: str
+    tolerance: str
+    verdict: str  # pass, FAIL or not run
+    why: str = ""  # FAIL: what failed; not run: why not
+    figures: dict = field(default_factory=dict)  # the figures unrounded, for verify.json
+
+
+class Verification:
+    """What `compare.py --verify` runs and checks, planned from compare.py's flags before anything starts."""
+
+    def __init__(self, cc, train: dict, dist_only: list[str], cuda: bool, out: Path):
+        self.cuda, self.out, self.modes = cuda, out, cc.modes
+        self.processes = max(cc.gpu_counts)
+        self.steps = train.get("max_steps") or DEFAULT_STEPS
+        if self.steps < 2:
+            raise UsageError("--verify stops a run halfway and resumes it: give --max_steps 2 or more")
+        batch = train.get("batch_size", Config.batch_size)
+        epochs = cc.epochs or -(-self.steps // max(images_in_training_set(train) // batch, 1))  # enough for the steps
+        self.train = {**train, "max_steps": self.steps, "epochs": epochs}
+        self.shared = config_argv(Config, {k: v for k, v in self.train.items() if k != "batch_size"})
+        self.dist_only, self.batch = dist_only, batch
+        self.deterministic, self.compiled = bool(train.get("deterministic")), bool(train.get("compile"))
+        self.launches: dict[tuple, Launch] = {}
+        backends = cc.backends if "dist_parallel" in cc.modes else (None,)
+        self.settings = [self._plan(amp, backend, "on" in cc.sync_bn) for amp in cc.amp for backend in backends]
+        training = [launch.run for launch in self.launches.values() if "--evaluate" not in launch.flags]
+        check_runs(training, self.shared, dist_only)
+
+    # ------------------------------------------------------------------------------------------------ planning
+    def _add(self, mode: str, processes: int, backend: str | None, amp: str | None, label: str, flags=(),
+             needs=(), folder=None, sync_bn=False, self_launch=False) -> Launch:
+        """The launch of this run, planned once however many checks need it."""
+        key = (mode, processes, backend, amp, label, tuple(flags), sync_bn)
+        if key not in self.launches:
+            run = Run(mode, processes, backend, amp, sync_bn, self.batch, 1, index=len(self.launches) + 1,
+                      unit="gpu" if self.cuda else "cpu", label=label)
+            self.launches[key] = Launch(run, tuple(flags), tuple(needs), folder, self_launch)
+        return self.launches[key]
+
+    def _plan(self, amp: str | None, backend: str | None, sync_bn: bool) -> Setting:
+        setting, n = Setting(amp, backend), self.processes
+        save = ("--save_model",)
+        for mode in ("single_gpu", "data_parallel"):
+            if mode in self.modes:  # on GPUs, command() gives them --gpu_devices 0
+                setting.one_device[mode] = self._add(mode, 1, None, amp, "train", save)
+        if "dist_parallel" not in self.modes:
+            return setting
+        if setting.one_device or (sync_bn and self.cuda and n > 1):  # check 1, and the SyncBatchNorm check
+            setting.one_device["dist_parallel"] = self._add("dist_parallel", 1, backend, amp, "train", save)
+        setting.trained = self._add("dist_parallel", n, backend, amp, "train", save)
+        # the two halves are started as `python dist_parallel/train.py --nproc_per_node N`, the trained run under
+        # torchrun: check 5 holds the self-launch to torchrun as well
+        setting.first_half = self._add("dist_parallel", n, backend, amp, "first_half",
+                                       ("--max_steps", str(self.steps // 2)), self_launch=True)
+        setting.resumed = self._add("dist_parallel", n, backend, amp, "resumed",
+                                    ("--run_name", setting.first_half.name, "--resume", "auto", *save),
+                                    needs=(setting.first_half.name,), folder=setting.first_half.name,
+                                    self_launch=True)
+        model = str(self.out / "runs" / setting.trained.run_dir / "model.pt")
+        for processes in evaluation_counts(n, self.cuda):  # N: the trained run's own evaluation of what it saves
+            mode = "single_gpu" if processes == 1 else "dist_parallel"
+            setting.evaluations[processes] = self._add(
+                mode, processes, backend if processes > 1 else None, amp, "evaluate", ("--evaluate", model),
+                needs=(setting.trained.name,))
+        if not sync_bn:
+            setting.sync_bn_not_run = "give --sync_bn on to check SyncBatchNorm (GPUs)"
+        elif not self.cuda or n < 2:
+            setting.sync_bn_not_run = ("SyncBatchNorm needs GPUs (PyTorch's refuses CPU modules)" if not self.cuda
+                                       else "SyncBatchNorm needs two or more GPUs")
+        else:
+            setting.sync_bn = self._add("dist_parallel", n, backend, amp, "train", save, sync_bn=True)
+        return setting
+
+    # ------------------------------------------------------------------------------------------------ running
+    def main(self, timeout: int, argv: list[str], device: str) -> int:
+        """Run, judge, print the verdicts and write verify.md and verify.json; non-zero if a check failed, with
+        the failed checks named in the last line."""
+        (self.out / "logs").mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        try:
+            outcomes = self.run(timeout)
+        except KeyboardInterrupt:
+            print("verify: interrupted, no verdict (the runs so far are in the --out folder)", file=sys.stderr)
+            return 130
+        rows = self.judge(outcomes)
+        for row in rows:
+            figure = row.why or f"{row.measured} (tolerance {row.tolerance})"
+            print(f"{row.verdict:<8} {row.check}: {figure}", flush=True)
+        paths = self.write(rows, outcomes, argv, device, time.monotonic() - started)
+        print(f"wrote {', '.join(path.name for path in paths)} in {self.out}")
+        print(f"verify: {summary_line(rows)}", flush=True)
+        return 1 if any(row.verdict == "FAIL" for row in rows) else 0
+
+    def argv(self, launch: Launch) -> list[str]:
+        """The launch's command line: its matrix run's, then its own flags."""
+        return [*command(launch.run, self.shared, self.dist_only, self.out / "runs", self.cuda, launch.self_launch),
+                *launch.flags]
+
+    def run(self, timeout: int) -> dict[str, Outcome]:
+        """Every launch, {name: outcome}: one at a time on GPUs (each run has them all), two at a time on the CPU
+        where neither needs the other's files (each process computes on one thread)."""
+        launches = list(self.launches.values())
+        print(f"verify: {len(launches)} runs on {'GPUs' if self.cuda else 'the CPU'} -> {self.out}", flush=True)
+
+        def launch(task: Launch, started) -> Outcome:
+            outcome = run_one(task.run, self.argv(task), self.out, self.cuda, timeout,
+                              self.out / "runs" / task.run_dir, started)
+            status = "ok" if outcome.status == "ok" else f"FAILED: {outcome.error}"
+            print(f"    {task.name}: {status} ({fmt_seconds(outcome.seconds)})", flush=True)
+            return outcome
+
+        def skipped(task: Launch, failed: Launch) -> Outcome:
+            return Outcome(task.run, "not run", error=f"needs {failed.name}, which did not succeed")
+
+        by_name = {task.name: task for task in launches}
+        needed = {name for task in launches for name in task.needs}
+        # the runs others need first, then those that need them, then the rest: the longest chains start first
+        order = sorted(launches, key=lambda task: 0 if task.name in needed else 1 if task.needs else 2)
+        outcomes = run_all(order, launch, lambda task: [by_name[name] for name in task.needs],
+                           1 if self.cuda else 2, skipped)
+        return {task.name: outcomes[task] for task in launches}  # in the order planned
+
+    # ------------------------------------------------------------------------------------------------ checks
+    def judge(self, outcomes: dict[str, Outcome]) -> list[Row]:
+        """A row per check of every setting, from the runs' outcomes and the files in their run folders."""
+        rows = []
+        for setting in self.settings:
+            rows += [self.one_device(setting, outcomes), self.against_reference(setting, outcomes),
+                     self.sync_batchnorm(setting, outcomes), self.evaluation(setting, outcomes),
+                     self.ranks_in_sync(setting, outcomes), self.resumed(setting, outcomes)]
+            if len(self.settings) > 1:
+                for row in rows[-6:]:
+                    row.check = f"[{setting.label()}] {row.check}"
+        return rows
+
+    def exact(self) -> bool:
+        """Whether runs that do the same computation do the same float operations: on the CPU, or with
+        --deterministic on GPUs, and never with --compile (which fuses each wrapper's graph its own way)."""
+        return (not self.cuda or self.deterministic) and not self.compiled
+
+    def rounding(self, setting: Setting) -> Tolerance:
+        """The tolerance of runs that round differently: on the CPU in fp32 only the order of the gradient sums
+        differs; elsewhere the kernels may, and the compute dtype says by how much."""
+        if not self.cuda and self.amp_of(setting) == "off" and not self.compiled:
+            return SUMMATION_ORDER
+        return ROUNDING["off" if self.amp_of(setting) == "off" else "half"]
+
+    def all_reduce_order(self, setting: Setting) -> Tolerance:
+        """The tolerance of runs that differ only in the order the all-reduce adds the ranks' gradients (checks 2
+        and 5). Two ranks: none, as a sum of two is the same in either order and DDP's halving of each gradient is
+        exact (measured on the CPU: 0; on GPUs, with --deterministic, reasoned). More ranks: rounding."""
+        return BITWISE if self.exact() and self.processes <= 2 else self.rounding(setting)
+
+    def amp_of(self, setting: Setting) -> str:
+        return setting.amp or ("off" if not self.cuda else "bf16")
+
+    def weights(self, launch: Launch) -> dict[str, torch.Tensor]:
+        return torch.load(self.out / "runs" / launch.run_dir / "model.pt", map_location="cpu", weights_only=True)
+
+    CHECK_1 = "1. one device: every mode ends with the same weights"
+
+    def one_device(self, setting: Setting, outcomes: dict[str, Outcome]) -> Row:
+        runs = list(setting.one_device.values())
+        if len(runs) < 2:
+            return Row(self.CHECK_1, "—", "—", "—", "not run", "--modes selects fewer than two modes")
+        tolerance = BITWISE if self.exact() else self.rounding(setting)
+        failure = failed(outcomes, runs)
+        if failure:
+            return fail(self.CHECK_1, runs, tolerance, failure)
+        first, others = runs[0], runs[1:]
+        reference = self.weights(first)
+        differences = {launch.run.mode: max_difference(self.weights(launch), reference) for launch in others}
+        measured = max(differences.values())
+        figure = (f"max abs difference of every weight and BatchNorm statistic from {first.run.mode}: "
+                  + ", ".join(f"{mode} {value:.3g}" for mode, value in differences.items()))
+        passed = measured <= tolerance.value
+        if tolerance is BITWISE:  # then what the runs report must agree exactly too
+            keys = ("train_loss", "train_acc", "test_loss", "test_acc", "steps")
+            summaries = [outcomes[launch.name].results["summary"] for launch in runs]
+            differ = [key for key in keys if any(s[key] != summaries[0][key] for s in summaries[1:])]
+            figure += "; reported " + (f"{', '.join(differ)} differ" if differ else
+                                       "train loss and accuracy, test loss and accuracy, steps equal")
+            passed = passed and not differ
+        return Row(self.CHECK_1, names(runs), figure, tolerance.text, verdict(passed),
+                   figures={"max_abs_difference": differences, "tolerance": tolerance.value})
+
+    def check_2(self) -> str:
+        return f"2. {self.processes} processes end where reference_training ends"
+
+    def against_reference(self, setting: Setting, outcomes: dict[str, Outcome]) -> Row:
+        if setting.trained is None:
+            return Row(self.check_2(), "—", "—", "—", "not run", "--modes leaves out dist_parallel")
+        tolerance = self.all_reduce_order(setting)
+        failure = failed(outcomes, [setting.trained])
+        if failure:
+            return fail(self.check_2(), [setting.trained], tolerance, failure)
+        cfg = config_of(outcomes[setting.trained.name].results["config"])
+        device = torch.device("cuda", 0) if self.cuda else torch.device("cpu")
+        try:
+            reference = reference_training(cfg, self.processes, device)
+        except RuntimeError as error:  # out of memory, say: the check cannot be made here
+            first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            return fail(self.check_2(), [setting.trained], tolerance, f"reference_training failed: {first_line}")
+        measured = max_difference(reference, self.weights(setting.trained), list(reference))
+        return Row(self.check_2(), f"{names([setting.trained])}, reference_training in this process",
+                   f"max abs difference of every parameter: {measured:.3g}", tolerance.text,
+                   verdict(measured <= tolerance.value), figures={"max_abs_difference": measured,
+                                                                  "tolerance": tolerance.value})
+
+    def sync_batchnorm(self, setting: Setting, outcomes: dict[str, Outcome]) -> Row:
+        title = f"2. with SyncBatchNorm, {self.processes} processes end where 1 process ends"
+        if setting.sync_bn is None:
+            why = setting.sync_bn_not_run or "--modes leaves out dist_parallel"
+            return Row(title, "—", "—", "—", "not run", why)
+        one = setting.one_device["dist_parallel"]
+        tolerance = self.rounding(setting)
+        failure = failed(outcomes, [setting.sync_bn, one])
+        if failure:
+            return fail(title, [setting.sync_bn, one], tolerance, failure)
+        measured = max_difference(self.weights(setting.sync_bn), self.weights(one))
+        return Row(title, names([setting.sync_bn, one]),
+                   f"max abs difference of every weight and BatchNorm statistic: {measured:.3g}", tolerance.text,
+                   verdict(measured <= tolerance.value), figures={"max_abs_difference": measured,
+                                                                  "tolerance": tolerance.value})
+
+    def check_3(self, setting: Setting) -> str:
+        counts = sorted({*setting.evaluations, self.processes})
+        return f"3. evaluation by {', '.join(map(str, counts))} processes: the same accuracy and loss"
+
+    def evaluation(self, setting: Setting, outcomes: dict[str, Outcome]) -> Row:
+        if setting.trained is None:
+            return Row(self.check_3(setting), "—", "—", "—", "not run", "--modes leaves out dist_parallel")
+        exact = not self.cuda and self.amp_of(setting) == "off"
+        tolerance = EXACT_EVALUATION if exact else ROUNDED_EVALUATION
+        # the --evaluate launches, then the N-process run's own end-of-run evaluation of the weights it saved
+        runs = [*((f"{count} (--evaluate)", launch) for count, launch in setting.evaluations.items()),
+                (f"{self.processes} (the run's own)", setting.trained)]
+        failure = failed(outcomes, [launch for _, launch in runs])
+        if failure:
+            return fail(self.check_3(setting), [launch for _, launch in runs], tolerance, failure)
+        results = {what: outcomes[launch.name].results["summary"] for what, launch in runs}
+        images = {what: images_evaluated(outcomes[launch.name].log) for what, launch in runs}
+        expected = images_in_test_set(outcomes[setting.trained.name].results["config"])
+        base = results[runs[0][0]]  # one process: single_gpu --evaluate
+        acc_difference = max(abs(r["test_acc"] - base["test_acc"]) for r in results.values())
+        loss_difference = max(abs(r["test_loss"] - base["test_loss"]) / abs(base["test_loss"])
+                              for r in results.values())
+        counted = all(count == expected for count in images.values())
+        figure = (f"test accuracy {100 * base['test_acc']:.2f} %, largest difference {100 * acc_difference:.3g} "
+                  f"points; loss {base['test_loss']:.4f}, largest relative difference {loss_difference:.2g}; "
+                  + (f"each counted all {expected} test images" if counted else
+                     "images counted: " + ", ".join(f"{images[w]} by {w}" for w in images) + f" of {expected}"))
+        passed = acc_difference <= tolerance.accuracy and loss_difference <= tolerance.loss and counted
+        return Row(self.check_3(setting), names(launch for _, launch in runs), figure, tolerance.text,
+                   verdict(passed), figures={"test_acc": {w: r["test_acc"] for w, r in results.items()},
+                                             "test_loss": {w: r["test_loss"] for w, r in results.items()},
+                                             "images": images, "test_images": expected})
+
+    CHECK_4 = "4. parameters identical on every rank (the end-of-run sync check)"
+
+    def ranks_in_sync(self, setting: Setting, outcomes: dict[str, Outcome]) -> Row:
+        if setting.trained is None:
+            return Row(self.CHECK_4, "—", "—", "—", "not run", "--modes leaves out dist_parallel")
+        if self.processes == 1:
+            return Row(self.CHECK_4, "—", "—", "—", "not run", "N is 1: one rank has nothing to differ from")
+        runs = [run for run in (setting.trained, setting.first_half, setting.resumed, setting.sync_bn) if run]
+        failure = failed(outcomes, runs)
+        if failure:
+            return fail(self.CHECK_4, runs, BITWISE, failure)
+        summaries = {run.name: outcomes[run.name].results["summary"] for run in runs}
+        apart = [name for name, summary in summaries.items() if summary["params_in_sync"] is not True]
+        buffers = max(summary["buffers_max_abs_diff"] for summary in summaries.values())
+        figure = (f"parameters identical on all {self.processes} ranks in {len(runs) - len(apart)} of {len(runs)} runs"
+                  + (f" (not in {', '.join(apart)})" if apart else "")
+                  + f"; BatchNorm statistics differ by up to {buffers:.3g}"
+                  + (" (each rank's BatchNorm sees its own share)" if buffers else ""))
+        return Row(self.CHECK_4, names(runs), figure, BITWISE.text, verdict(not apart),
+                   figures={"params_in_sync": {n: s["params_in_sync"] for n, s in summaries.items()},
+                            "buffers_max_abs_diff": buffers})
+
+    def check_5(self) -> str:
+        return f"5. stopped at step {self.steps // 2} and resumed, the run ends where the uninterrupted one ends"
+
+    def resumed(self, setting: Setting, outcomes: dict[str, Outcome]) -> Row:
+        if setting.trained is None:
+            return Row(self.check_5(), "—", "—", "—", "not run", "--modes leaves out dist_parallel")
+        tolerance = self.all_reduce_order(setting)
+        runs = [setting.first_half, setting.resumed, setting.trained]
+        failure = failed(outcomes, runs)
+        if failure:
+            return fail(self.check_5(), runs, tolerance, failure)
+        said = f"resumed at step {self.steps // 2} "
+        if said not in outcomes[setting.resumed.name].log.read_text(errors="replace"):
+            return fail(self.check_5(), runs, tolerance, f"{setting.resumed.name} did not say '{said.strip()}': it "
+                                                         f"did not continue the first half")
+        measured = max_difference(self.weights(setting.resumed), self.weights(setting.trained))
+        return Row(self.check_5(), names(runs), f"max abs difference of every weight and BatchNorm statistic: "
+                   f"{measured:.3g} (the halves self-launched, the uninterrupted run under torchrun)",
+                   tolerance.text, verdict(measured <= tolerance.value),
+                   figures={"max_abs_difference": measured, "tolerance": tolerance.value})
+
+    # ------------------------------------------------------------------------------------------------ report
+    def tolerance_notes(self, rows: list[Row]) -> list[str]:
+        """Why each tolerance in the table is what it is, once each."""
+        shown = {row.tolerance for row in rows}
+        every = (BITWISE, SUMMATION_ORDER, *ROUNDING.values(), EXACT_EVALUATION, ROUNDED_EVALUATION)
+        notes = [f"- **{t.text}**: {t.why}." for t in every if t.text in shown]
+        if any(s.trained for s in self.settings) and self.all_reduce_order(self.settings[0]) is BITWISE:
+            notes.append("- Checks 2 and 5 are bitwise with two ranks: DDP halves each gradient, which is exact, and "
+                         "the all-reduce adds two values, the same in either order. With more ranks the order of "
+                         "the sums differs, and they take a tolerance.")
+        if self.steps != DEFAULT_STEPS and shown & {t.text for t in (SUMMATION_ORDER, *ROUNDING.values())}:
+            notes.append(f"- The tolerances above were set for {DEFAULT_STEPS} steps; this verification ran "
+                         f"{self.steps}, and the rounding differences grow with every step.")
+        if self.cuda and not self.deterministic:
+            notes.append("- Without `--deterministic` the GPU runs may take other kernels from run to run, so checks "
+                         "1, 2 and 5 hold within a tolerance as large as some of the errors they look for. "
+                         "`python compare.py --verify --deterministic` makes check 1 bitwise, and checks 2 and 5 "
+                         "too with two GPUs (`--gpu_counts 2`).")
+        return notes
+
+    def write(self, rows: list[Row], outcomes: dict[str, Outcome], argv: list[str], device: str,
+              elapsed: float) -> list[Path]:
+        cfg = next((o.results["config"] for o in outcomes.values() if o.results), {**self.train})
+        failed_rows = [row for row in rows if row.verdict == "FAIL"]
+        run_rows = [f"| `{o.run.name}` | {o.status} | {fmt_seconds(o.seconds)} | {o.error or ''} | "
+                    + (f"`logs/{o.run.name}.log` |" if o.log else "— |") for o in outcomes.values()]
+        lines = [
+            f"# Verification: PyramidNet-{cfg.get('depth', Config.depth)} α={cfg.get('alpha', Config.alpha):g} "
+            f"— {device}",
+            "",
+            f"`python compare.py {' '.join(argv)}` — {datetime.now():%Y-%m-%d %H:%M}, {len(outcomes)} runs in "
+            f"{fmt_seconds(elapsed)}: {self.steps} steps of global batch {self.batch} on "
+            f"{cfg.get('dataset', Config.dataset)} (at most {self.train['epochs']} epochs), seed "
+            f"{cfg.get('seed', Config.seed)}; N = {self.processes} {'GPUs' if self.cuda else 'CPU processes'}.",
+            "",
+            "| check | runs | measured | tolerance | verdict |",
+            "|---|---|---|---|---|",
+            *[f"| {r.check} | {r.runs} | {r.measured} | {r.tolerance} | "
+              f"{r.verdict if r.verdict == 'pass' else f'**{r.verdict}**'}{': ' + r.why if r.why else ''} |"
+              for r in rows],
+            "",
+            summary_line(rows),
+            "",
+            "## Why these tolerances",
+            "",
+            *self.tolerance_notes(rows),
+            "",
+            "## Runs",
+            "",
+            "Each run's command line heads its log; its run folder (results.json, model.pt) is in `runs/`.",
+            "",
+            "| run | status | time | error | log |",
+            "|---|---|---|---|---|",
+            *run_rows,
+        ]
+        (self.out / "verify.md").write_text("\n".join(lines) + "\n")
+        record = {"command": ["compare.py", *argv], "device": device, "steps": self.steps, "processes": self.processes,
+                  "passed": not failed_rows, "checks": [dataclasses.asdict(row) for row in rows],
+                  "runs": [{"name": o.run.name, "status": o.status, "error": o.error, "seconds": o.seconds,
+                            "log": f"logs/{o.run.name}.log" if o.log else None} for o in outcomes.values()]}
+        (self.out / "verify.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+        return [self.out / "verify.md", self.out / "verify.json"]
+
+
+# ---------------------------------------------------------------------------------------------------- helpers
+def images_in_training_set(train: dict) -> int:
+    dataset = train.get("dataset", Config.dataset)
+    return train.get("synthetic_size", Config.synthetic_size) if dataset == "synthetic" else TRAIN_IMAGES[dataset]
+
+
+def images_in_test_set(config: dict) -> int:
+    dataset = config["dataset"]
+    return config["synthetic_size"] // 5 if dataset == "synthetic" else TEST_IMAGES[dataset]
+
+
+def evaluation_counts(n: int, cuda: bool) -> list[int]:
+    """The --evaluate launches: 1 process (single_gpu) and 2; on the CPU 3 as well, which divides neither the CPU
+    default's batch (32) nor its test set (53). N processes is the trained run's own evaluation. On GPUs no more
+    than N: NCCL takes one GPU per rank."""
+    counts = {1, 2} | (set() if cuda else {3})
+    return sorted(c for c in counts if c == 1 or c != n and (not cuda or c < n))
+
+
+def config_of(saved: dict) -> Config:
+    """The Config a run recorded in its results.json (its own flags beyond Config's left out)."""
+    names = {f.name for f in dataclasses.fields(Config)}
+    return Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items() if k in names})
+
+
+def max_difference(ours: dict, theirs: dict, names=None) -> float:
+    """The largest absolute difference over the tensors `names` (default: all of `ours`); inf where a tensor is
+    missing or has another shape."""
+    names = list(ours) if names is None else names
+    if any(n not in theirs or theirs[n].shape != ours[n].shape for n in names):
+        return math.inf
+    return max(((ours[n].double() - theirs[n].double()).abs().max().item() if ours[n].numel() else 0.0
+                for n in names), default=0.0)
+
+
+IMAGES = re.compile(r"\((\d+) images\)")
+
+
+def images_evaluated(log: Path) -> int | None:
+    """How many test images the run's last evaluation counted, as its log says: `test loss ... (N images)`."""
+    found = IMAGES.findall(log.read_text(errors="replace"))
+    return int(found[-1]) if found else None
+
+
+def names(launches) -> str:
+    return ", ".join(f"`{launch.name}`" for launch in launches)
+
+
+def verdict(passed: bool) -> str:
+    return "pass" if passed else "FAIL"
+
+
+def failed(outcomes: dict[str, Outcome], launches) -> str | None:
+    """What stops a check: the first run it needs that did not succeed, with its error and its log."""
+    for launch in launches:
+        outcome = outcomes[launch.name]
+        if outcome.status != "ok":
+            log = f" (log: `logs/{launch.name}.log`)" if outcome.log else ""
+            return f"`{launch.name}` {outcome.status}: {outcome.error}{log}"
+    return None
+
+
+def fail(check: str, launches, tolerance, failure: str) -> Row:
+    return Row(check, names(launches), "—", tolerance.text, "FAIL", failure)
+
+
+def summary_line(rows: list[Row]) -> str:
+    failed_rows = [row for row in rows if row.verdict == "FAIL"]
+    ran = [row for row in rows if row.verdict != "not run"]
+    not_run = len(rows) - len(ran)
+    skipped = f" ({not_run} not run)" if not_run else ""
+    if failed_rows:
+        return (f"FAILED: {len(failed_rows)} of {len(ran)} checks{skipped}: "
+                + "; ".join(row.check for row in failed_rows))
+    return f"passed: all {len(ran)} checks{skipped}"

@@ -1,0 +1,96 @@
+"""compare.py --verify on a GPU machine, as far as it can be shown without one: the runs it plans (their command
+lines, what each is for) and the tolerance each check takes, from the flags alone, in-process. The verification
+itself runs, passes and fails on purpose on the CPU in tests/test_parallel.py; whether the GPU tolerances hold
+needs GPUs."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+import compare
+from comparison.verify import BITWISE, ROUNDING
+from conftest import REPO
+
+
+@pytest.fixture
+def gpus(monkeypatch):
+    """have(count): this process believes it has `count` CUDA GPUs, so compare.configure resolves for them."""
+    def have(count: int):
+        monkeypatch.setattr(compare.torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(compare.torch.cuda, "device_count", lambda: count)
+    return have
+
+
+def planned(out, *argv) -> compare.Verification:
+    return compare.Verification(*compare.configure(["--verify", *argv]), out)
+
+
+def command_lines(verification) -> dict[str, str]:
+    return {launch.name: " ".join(verification.argv(launch)) for launch in verification.launches.values()}
+
+
+def test_on_four_gpus_the_modes_run_on_gpu_0_and_dist_parallel_on_all_four(gpus, tmp_path):
+    """The default on 4 GPUs, SyncBatchNorm asked for too: the runs of each backend (NCCL, then Gloo), the one-device
+    runs of single_gpu and data_parallel shared by both; each backend's model.pt evaluated by 1 and 2 processes
+    (4 is the run's own evaluation); SyncBatchNorm on 4. Synthetic data, 24 steps of the full model's global batch
+    128, one epoch."""
+    gpus(4)
+    verification = planned(tmp_path, "--sync_bn", "off", "on")
+    lines = command_lines(verification)
+    assert list(lines) == [
+        "01-single_gpu-1gpu-train", "02-data_parallel-1gpu-train", "03-dist_parallel-1gpu-nccl-train",
+        "04-dist_parallel-4gpu-nccl-train", "05-dist_parallel-4gpu-nccl-first_half",
+        "06-dist_parallel-4gpu-nccl-resumed", "07-single_gpu-1gpu-evaluate", "08-dist_parallel-2gpu-nccl-evaluate",
+        "09-dist_parallel-4gpu-nccl-syncbn-train", "10-dist_parallel-1gpu-gloo-train",
+        "11-dist_parallel-4gpu-gloo-train", "12-dist_parallel-4gpu-gloo-first_half",
+        "13-dist_parallel-4gpu-gloo-resumed", "14-single_gpu-1gpu-evaluate", "15-dist_parallel-2gpu-gloo-evaluate",
+        "16-dist_parallel-4gpu-gloo-syncbn-train"]
+    assert verification.steps == 24 and verification.train["epochs"] == 1 and verification.processes == 4
+    for name in ("01-single_gpu-1gpu-train", "02-data_parallel-1gpu-train"):
+        assert " --dataset synthetic " in lines[name] and " --max_steps 24 " in lines[name]
+        assert " --gpu_devices 0" in lines[name] and lines[name].endswith("--save_model")
+    torchrun = f"{sys.executable} -m torch.distributed.run --standalone --nproc_per_node 4 "
+    assert lines["04-dist_parallel-4gpu-nccl-train"].startswith(torchrun)
+    assert " --backend nccl" in lines["04-dist_parallel-4gpu-nccl-train"]
+    self_launch = f"{sys.executable} {REPO / 'dist_parallel' / 'train.py'} "
+    assert lines["05-dist_parallel-4gpu-nccl-first_half"].startswith(self_launch)
+    assert lines["05-dist_parallel-4gpu-nccl-first_half"].endswith("--nproc_per_node 4 --max_steps 12")
+    assert lines["06-dist_parallel-4gpu-nccl-resumed"].endswith(
+        "--nproc_per_node 4 --run_name 05-dist_parallel-4gpu-nccl-first_half --resume auto --save_model")
+    model = tmp_path / "runs" / "04-dist_parallel-4gpu-nccl-train" / "model.pt"
+    assert lines["07-single_gpu-1gpu-evaluate"].endswith(f"--gpu_devices 0 --evaluate {model}")
+    assert lines["08-dist_parallel-2gpu-nccl-evaluate"].endswith(f"--evaluate {model}")
+    assert " --sync_bn" in lines["09-dist_parallel-4gpu-nccl-syncbn-train"]
+
+
+def test_the_tolerances_follow_determinism_precision_and_the_ranks(gpus, tmp_path):
+    """On GPUs the runs may take other kernels: check 1 is bitwise only with --deterministic, and rounding's
+    tolerance follows the compute dtype (bf16 autocast by default, TF32 with --amp off). Checks 2 and 5, whose runs
+    differ in the order the all-reduce adds the ranks' gradients, are bitwise with two ranks only."""
+    gpus(4)
+    default = planned(tmp_path, "--gpu_counts", "2")
+    setting = default.settings[0]
+    assert not default.exact() and default.rounding(setting) is ROUNDING["half"]
+    assert default.all_reduce_order(setting) is ROUNDING["half"]
+    fp32 = planned(tmp_path, "--amp", "off", "--backends", "nccl")
+    assert fp32.rounding(fp32.settings[0]) is ROUNDING["off"]
+    two = planned(tmp_path, "--deterministic", "--backends", "nccl", "--gpu_counts", "2")
+    assert two.exact() and two.all_reduce_order(two.settings[0]) is BITWISE
+    assert " --deterministic " in command_lines(two)["01-single_gpu-1gpu-train"]
+    four = planned(tmp_path, "--deterministic", "--backends", "nccl")
+    assert four.exact() and four.all_reduce_order(four.settings[0]) is ROUNDING["half"]
+    assert not planned(tmp_path, "--deterministic", "--compile", "--backends", "nccl").exact()
+
+
+def test_on_one_gpu_the_one_process_run_is_the_run_checks_2_to_5_start_from(gpus, tmp_path):
+    """N = 1: the one-process dist_parallel run is planned once; nothing to evaluate with 2 processes, no ranks to
+    differ, and SyncBatchNorm says it needs two GPUs."""
+    gpus(1)
+    verification = planned(tmp_path, "--backends", "nccl", "--sync_bn", "on")
+    setting = verification.settings[0]
+    assert setting.trained is setting.one_device["dist_parallel"] and list(setting.evaluations) == [1]
+    assert len(verification.launches) == 6
+    assert verification.ranks_in_sync(setting, {}).verdict == "not run"
+    sync_bn = verification.sync_batchnorm(setting, {})
+    assert sync_bn.verdict == "not run" and "two or more GPUs" in sync_bn.why
