@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # `python compare.py` 
 import torch  # noqa: E402
 
 from common.config import (REPO_ROOT, AMPS, Config, UsageError, _OneLineParser, add_flags,  # noqa: E402
-                           config_argv, flag, user_errors)
+                           check_domains, config_argv, flag, user_errors)
 from common.data import DATASET_INFO  # noqa: E402
 from comparison import environment as machine  # noqa: E402
 from comparison.matrix import BACKENDS, MODES, check_runs, command, dist_config_class, plan  # noqa: E402
@@ -52,25 +52,30 @@ from models.pyramidnet import pyramidnet  # noqa: E402
 
 @dataclass(frozen=True)
 class CompareConfig:
-    out: str | None = flag(None, "folder for everything compare.py writes (default: results/<timestamp>)")
+    out: str | None = flag(None, "folder for everything compare.py writes (default: results/<timestamp>)",
+                           check="folder")
     verify: bool = flag(False, "instead of the comparison: check that the modes agree (weights, evaluation, ranks "
                                "in sync, resume), each check a verdict in verify.md; --max_steps default 24")
     modes: tuple[str, ...] = flag(MODES, "which modes to run", nargs="+", choices=MODES)
     gpu_counts: tuple[int, ...] | None = flag(None, "GPU counts for data_parallel and dist_parallel (default: "
-                                                    "every GPU here; without GPUs, 2 CPU processes)", nargs="+")
+                                                    "every GPU here; without GPUs, 2 CPU processes)", nargs="+",
+                                              at_least=1)
     backends: tuple[str, ...] | None = flag(None, "dist_parallel's backends (default: nccl and gloo with GPUs, gloo "
                                                   "without)", nargs="+", choices=BACKENDS)
     amp: tuple[str, ...] | None = flag(None, "--amp settings to compare (default: each run's default for the "
                                              "device)", nargs="+", choices=AMPS)
     sync_bn: tuple[str, ...] = flag(("off",), "dist_parallel with BatchNorm (off), SyncBatchNorm (on), or both",
                                     nargs="+", choices=("off", "on"))
-    repeat: int = flag(1, "runs of each configuration; the report gives mean ± std")
+    repeat: int = flag(1, "runs of each configuration; the report gives mean ± std", at_least=1)
     epochs: int = flag(0, "0: --benchmark runs (synthetic data, speed only); N: train N epochs on --dataset and "
-                          "compare test accuracy too")
+                          "compare test accuracy too", at_least=0)
     batch_per_gpu: int | None = flag(None, "images per GPU in every run, so the global batch grows with the GPUs "
-                                           "(weak scaling); instead of --batch_size")
-    run_timeout: int = flag(3600, "seconds a run may take before it is stopped and reported as failed")
+                                           "(weak scaling); instead of --batch_size", at_least=1)
+    run_timeout: int = flag(3600, "seconds a run may take before it is stopped and reported as failed", at_least=1)
     overwrite: bool = flag(False, "write into an --out folder that already holds a comparison")
+
+    def __post_init__(self):
+        check_domains(self)  # each flag against its domain, as train.py's are
 
 
 # train.py flags that compare.py sets itself for every run, rather than passing the user's value on
@@ -101,19 +106,15 @@ def parse(argv=None) -> tuple[CompareConfig, dict, dict]:
 
 
 def resolve(cc: CompareConfig, train: dict, cuda: bool, gpus_here: int) -> CompareConfig:
-    """Defaults that depend on the machine, and the mistakes to refuse before any run starts."""
+    """Defaults that depend on the machine, and the mistakes between flags to refuse before any run starts (each
+    flag's own domain was checked when the config was built)."""
     counts = cc.gpu_counts or ((gpus_here,) if cuda else (2,))
     backends = cc.backends or (BACKENDS if cuda else ("gloo",))
     checks = [
-        (cc.repeat >= 1, "--repeat must be at least 1"),
-        (cc.epochs >= 0, "--epochs must be 0 (benchmark) or more"),
-        (cc.run_timeout > 0, "--run_timeout must be a positive number of seconds"),
-        (all(n >= 1 for n in counts), "--gpu_counts must be 1 or more"),
         (not cuda or max(counts) <= gpus_here,
          f"--gpu_counts {max(counts)} is more GPUs than the {gpus_here} visible here"),
         (cuda or "nccl" not in backends, "--backends nccl needs CUDA GPUs; without them use --backends gloo"),
         (cuda or "on" not in cc.sync_bn, "--sync_bn on needs GPUs (PyTorch's SyncBatchNorm refuses CPU modules)"),
-        (cc.batch_per_gpu is None or cc.batch_per_gpu >= 1, "--batch_per_gpu must be at least 1"),
         (cc.batch_per_gpu is None or "batch_size" not in train,
          "--batch_size fixes the global batch and --batch_per_gpu each GPU's: give one of them"),
         (cc.epochs or cc.verify or "max_steps" not in train,

@@ -19,7 +19,7 @@ import torchvision
 from conftest import REPO, run_script
 
 import compare
-from common.config import UsageError
+from common.config import UsageError, missing_domains
 from comparison import environment as machine
 from comparison.matrix import Run, check_runs, plan
 from comparison.projection import (FABRICS, SYNC_ALLOWANCE, Fabric, ddp_buckets, exposed_communication,
@@ -125,6 +125,9 @@ def test_the_report_names_the_machine_and_labels_the_projection(comparison):
     (["--verify", "--batch_per_gpu", "16"], "--verify compares runs of one global batch"),
     (["--verify", "--max_steps", "1"], "give --max_steps 2 or more"),
     (["--verify", "--sync_bn", "on"], "--sync_bn on needs GPUs"),
+    (["--repeat", "0"], "--repeat must be a whole number at least 1, not 0"),  # compare.py's own flags' domains
+    (["--gpu_counts", "2", "0"], "--gpu_counts must be a whole number at least 1, not 0"),
+    (["--momentum", "nan"], "--momentum"),  # a train.py flag: refused by its own domain, before the matrix
 ])
 def test_a_matrix_that_cannot_run_is_refused_before_anything_starts(argv, message, tmp_path, capsys):
     out = tmp_path / "out"
@@ -133,6 +136,10 @@ def test_a_matrix_that_cannot_run_is_refused_before_anything_starts(argv, messag
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
     assert not out.exists()
+
+
+def test_every_flag_of_compare_has_a_domain():
+    assert missing_domains(compare.CompareConfig) == []
 
 
 def test_compiled_data_parallel_on_several_gpus_is_refused():
