@@ -74,6 +74,8 @@ def claim_run_dir(run_dir: Path, cfg: Config):
         lock.close()
         raise UsageError(f"run folder {run_dir} is in use by a run that is still running (pid {holder}): wait "
                          f"for it to end or stop it, or choose another --run_name") from None
+    except OSError:  # a file system without locks (some Lustre and NFS mounts): the exclusive mkdir still guards
+        pass  # new runs, and the run goes on unlocked rather than not at all
     lock.truncate(0)
     lock.write(f"{os.getpid()}\n")
     lock.flush()

@@ -186,7 +186,7 @@ def main(argv=None) -> int:
     cfg = resolve_fast_path(cfg, device)  # --amp and --channels_last made explicit for this device
     run_dir = resolve_run_dir(cfg, MODE, len(gpus))
     checkpoint = resume_checkpoint(cfg, run_dir)  # read and checked before anything is written
-    if has_ended(checkpoint, cfg):  # say an elastic command run again after the end: nothing to train or write
+    if has_ended(checkpoint, cfg):  # an elastic command run again after the end, say: nothing to train or write
         Console(enabled=True, bar=False).line(ended_line(checkpoint, cfg))
         return 0
     seed_everything(cfg.seed)
@@ -246,9 +246,9 @@ def main(argv=None) -> int:
         console.line(f"results in {path}")
         return 0
     except LoaderWorkerDied as died:  # found between two steps: the run is whole, so it stops as if signalled
-        path = save_checkpoint(run)
-        raise RunError(f"{died}; stopped at step {run.step}, checkpoint {path}: continue with --resume auto "
-                       f"--run_name {run_dir.name}") from None
+        save_checkpoint(run)
+        raise RunError(f"{died}; stopped at step {run.step}: {last_checkpoint(run.run_dir)}, continue with "
+                       f"--resume auto --run_name {run_dir.name}") from None
     # ------------------------------------------------------------------------------------------------ teardown
     finally:
         run.signals.restore()

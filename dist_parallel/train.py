@@ -232,7 +232,7 @@ def main(argv=None) -> int:
     is_main = dist.get_rank() == 0  # only rank 0 prints and writes: the others get a silent console and logger
     run_dir = resolve_run_dir(cfg, MODE, dist.get_world_size()) if is_main else None
     checkpoint = from_rank0(lambda: resume_checkpoint(cfg, run_dir))  # rank 0 reads it, every rank gets it
-    if has_ended(checkpoint, cfg):  # say an elastic command run again after the end: nothing to train or write
+    if has_ended(checkpoint, cfg):  # an elastic command run again after the end, say: nothing to train or write
         Console(is_main, bar=False).line(ended_line(checkpoint, cfg))
         return 0
     seed_everything(cfg.seed)
