@@ -18,8 +18,8 @@ from common.telemetry import environment
 
 SUMMARY_FIELDS = ("images_per_sec", "images_per_sec_per_gpu", "batch_time_p50", "batch_time_p90", "data_wait_frac",
                   "flops_per_image", "mfu", "mfu_note", "first_step_s", "compile_time_s", "gpu_util_mean",
-                  "peak_mem_gb", "train_loss", "train_acc", "test_loss", "test_acc", "epoch_time_s", "wall_time_s",
-                  "steps")
+                  "peak_mem_gb", "train_loss", "train_acc", "test_loss", "test_acc", "test_images", "epoch_time_s",
+                  "wall_time_s", "steps")
 
 
 def resolve_run_dir(cfg: Config, mode: str, gpu_count: int) -> Path:

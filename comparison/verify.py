@@ -24,7 +24,6 @@ import dataclasses
 import json
 import math
 import os
-import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -455,7 +454,7 @@ class Verification:
         if failure:
             return fail(self.check_3(setting), [launch for _, launch in runs], tolerance, failure)
         results = {what: outcomes[launch.name].results["summary"] for what, launch in runs}
-        images = {what: images_evaluated(outcomes[launch.name].log) for what, launch in runs}
+        images = {what: summary["test_images"] for what, summary in results.items()}
         expected = images_in_test_set(outcomes[setting.trained.name].results["config"])
         base = results[runs[0][0]]  # one process: single_gpu --evaluate
         acc_difference = max(abs(r["test_acc"] - base["test_acc"]) for r in results.values())
@@ -612,15 +611,6 @@ def max_difference(ours: dict, theirs: dict, names=None) -> float:
         return math.inf
     return max(((ours[n].double() - theirs[n].double()).abs().max().item() if ours[n].numel() else 0.0
                 for n in names), default=0.0)
-
-
-IMAGES = re.compile(r"\((\d+) images\)")
-
-
-def images_evaluated(log: Path) -> int | None:
-    """How many test images the run's last evaluation counted, as its log says: `test loss ... (N images)`."""
-    found = IMAGES.findall(log.read_text(errors="replace"))
-    return int(found[-1]) if found else None
 
 
 def names(launches) -> str:

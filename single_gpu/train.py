@@ -231,7 +231,7 @@ def main(argv=None) -> int:
             **speed_summary(cfg, run.totals, run.timer, device, devices=1),
             "gpu_util_mean": sum(run.gpu_util) / len(run.gpu_util) if run.gpu_util else None,
             "peak_mem_gb": max(peaks.values(), default=None), "train_loss": epoch_sums.loss,
-            "train_acc": epoch_sums.acc, "test_loss": test[0], "test_acc": test[1],
+            "train_acc": epoch_sums.acc, "test_loss": test[0], "test_acc": test[1], "test_images": test[2] or None,
             "epoch_time_s": sum(epoch_times) / len(epoch_times) if epoch_times else None,
             "wall_time_s": time.perf_counter() - started, "steps": run.step}
         path = logger.write_results(summary, peak_mem_gb_per_gpu={str(i): gb for i, gb in peaks.items()})

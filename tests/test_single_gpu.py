@@ -9,7 +9,8 @@ from conftest import REPO, TINY, read_results, read_scalars, refuse_in_process, 
 SCRIPT = "single_gpu/train.py"
 SUMMARY = {"images_per_sec", "images_per_sec_per_gpu", "batch_time_p50", "batch_time_p90", "data_wait_frac",
            "flops_per_image", "mfu", "mfu_note", "first_step_s", "compile_time_s", "gpu_util_mean", "peak_mem_gb",
-           "train_loss", "train_acc", "test_loss", "test_acc", "epoch_time_s", "wall_time_s", "steps"}
+           "train_loss", "train_acc", "test_loss", "test_acc", "test_images", "epoch_time_s", "wall_time_s",
+           "steps"}
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +43,7 @@ def test_results_json_has_every_summary_field(trained):
     assert 0 <= summary["data_wait_frac"] < 1
     assert summary["gpu_util_mean"] is None and summary["peak_mem_gb"] is None  # measured only on GPUs
     assert 0 <= summary["test_acc"] <= 1 and summary["test_loss"] > 0
+    assert summary["test_images"] == 51  # a fifth of 256, every one counted
     assert results["config"]["batch_size"] == 32 and results["config"]["depth"] == 8
     assert {"torch", "cuda", "cudnn", "nccl", "gpus", "driver", "cpu"} <= set(results["env"])
 
