@@ -11,6 +11,7 @@ differ only in the rounding of the normalisation, by at most one float32 ulp (2*
 """
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import signal
@@ -317,7 +318,8 @@ class TorchvisionLoader:
         self.loader = DataLoader(
             _Transformed(dataset, seed, augment), batch_size=batch_size, sampler=self.sampler,
             num_workers=num_workers, drop_last=drop_last, pin_memory=device.type == "cuda",
-            persistent_workers=num_workers > 0, worker_init_fn=_leave_stopping_to_the_main_process,
+            persistent_workers=num_workers > 0,
+            worker_init_fn=functools.partial(_leave_stopping_to_the_main_process, os.getpid()),
             generator=torch.Generator().manual_seed(seed))  # draws the workers' base seed: the global RNG is left alone
 
     def set_epoch(self, epoch: int, skip: int = 0) -> None:
@@ -343,20 +345,21 @@ class TorchvisionLoader:
             raise LoaderWorkerDied(" ".join(str(error).split()).split(". ")[0].rstrip(".")) from None
 
 
-def _leave_stopping_to_the_main_process(worker_id: int) -> None:
+def _leave_stopping_to_the_main_process(main_process: int, worker_id: int) -> None:
     """Ctrl-C signals the whole foreground process group and SLURM every process: a worker that ended on SIGINT
     or SIGTERM would make the main process fail ("DataLoader worker exited unexpectedly") before it wrote its stop
     checkpoint. So a worker ignores both, except a SIGTERM from its own main process: that is how multiprocessing
-    ends the workers when the main process exits (and then waits for them). An orphaned worker exits by itself
-    (torch's watchdog, within 5 s)."""
+    ends the workers when the main process exits (and then waits for them). The main process is named by its pid,
+    not as the worker's parent, which under the forkserver and spawn start methods is another process. An orphaned
+    worker exits by itself (torch's watchdog, within 5 s)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if hasattr(signal, "sigwaitinfo"):  # Linux; elsewhere (macOS) SIGTERM ends a worker as torch lets it
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # threads started from here on inherit it
-        threading.Thread(target=_exit_on_the_main_process_sigterm, daemon=True).start()
+        threading.Thread(target=_exit_on_the_main_process_sigterm, args=(main_process,), daemon=True).start()
 
 
-def _exit_on_the_main_process_sigterm() -> None:
-    while signal.sigwaitinfo({signal.SIGTERM}).si_pid != os.getppid():  # the sender, which a handler is not told
+def _exit_on_the_main_process_sigterm(main_process: int) -> None:
+    while signal.sigwaitinfo({signal.SIGTERM}).si_pid != main_process:  # the sender, which a handler is not told
         pass
     os._exit(0)  # as torch's own handler does on its main process's SIGTERM
 

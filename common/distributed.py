@@ -249,6 +249,8 @@ def init_group(backend: str, init_method: str, rank: int, world_size: int, timeo
     a port in use, a master that cannot be reached, a file:// rendezvous left over from a crashed run. Under NCCL
     the group is bound to this process's GPU (`device_id`), so its barriers need not guess the device."""
     nccl_error_handling(os.environ)
+    if rank == 0 and os.environ.get(STOP_REPORT):  # a new attempt (--max_restarts): an earlier one's stop is void
+        Path(os.environ[STOP_REPORT]).unlink(missing_ok=True)
     timeout = datetime.timedelta(seconds=timeout_s)
     device_id = torch.device("cuda", gpus[0]) if backend == "nccl" and gpus else None
     try:

@@ -48,14 +48,16 @@ def resolve_run_dir(cfg: Config, mode: str, gpu_count: int) -> Path:
     return run_dir
 
 
-LOCK = ".lock"  # held (flock) by the one process that writes a run folder, for as long as it runs
+LOCK = ".lock"  # locked (lockf) by the one process that writes a run folder, for as long as it runs
 
 
 def claim_run_dir(run_dir: Path, cfg: Config):
     """Make `run_dir` this process's, for as long as the returned lock file stays open: a new folder is created
     exclusively (a second run started with the same --run_name at the same moment is refused), and an existing
     one (--resume, --overwrite) is locked, so a run whose folder is in use by a live run (an orphan, a second
-    `--resume auto`) is refused in one line rather than writing beside it. The lock dies with its process."""
+    `--resume auto`) is refused in one line rather than writing beside it. The lock (a POSIX record lock, which
+    a forked child such as a DataLoader worker does not inherit) dies with its process. Temporary files that a
+    writer killed mid-write left behind are removed: no other process writes here now."""
     import fcntl
 
     fresh = not (cfg.resume or cfg.overwrite)
@@ -67,8 +69,8 @@ def claim_run_dir(run_dir: Path, cfg: Config):
                          f"--run_name") from None
     lock = open(run_dir / LOCK, "a+")
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except (BlockingIOError, PermissionError):  # EAGAIN or EACCES: another process holds it
         lock.seek(0)
         holder = lock.read().strip() or "?"
         lock.close()
@@ -79,6 +81,8 @@ def claim_run_dir(run_dir: Path, cfg: Config):
     lock.truncate(0)
     lock.write(f"{os.getpid()}\n")
     lock.flush()
+    for left in run_dir.glob(".*.tmp"):  # see write_atomically
+        left.unlink(missing_ok=True)
     if cfg.overwrite:  # the folder's files go, its lock stays held
         for path in run_dir.iterdir():
             if path.name != LOCK:

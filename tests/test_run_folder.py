@@ -4,9 +4,10 @@
 2. two runs started at the same moment with the same --run_name: one runs, the other is refused in one line, and
    the winner's files are whole;
 3. a folder in use by a live run (an orphan, a second `--resume auto`) is refused, and `--overwrite` cannot empty
-   it either; the lock dies with its process;
+   it either; the lock dies with its process, not with the DataLoader workers it forked;
 4. a killed torchrun agent takes its workers with it (they would otherwise train on in the folder);
-5. temporary files have names of their own, so two writers never rename each other's half-written file.
+5. temporary files have names of their own, so two writers never rename each other's half-written file, and the
+   next writer of the folder removes those a killed writer left.
 """
 from __future__ import annotations
 
@@ -83,23 +84,48 @@ def test_two_runs_started_at_once_with_one_name_leave_one_whole_run(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------- 3. the lock
-def test_a_folder_in_use_is_refused_to_resume_and_to_overwrite(tmp_path):
+# A live run's lock, taken the product's way, with a DataLoader worker forked after it: prints its pid and the
+# worker's, then waits to be killed.
+HOLDER = """
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+from common.config import Config
+from common.logger import claim_run_dir
+lock = claim_run_dir(__import__("pathlib").Path(sys.argv[2]), Config(resume="auto", run_name="busy"))
+worker = os.fork()
+if worker == 0:
+    time.sleep(60)
+    os._exit(0)
+print(os.getpid(), worker, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_folder_in_use_is_refused_and_the_lock_dies_with_its_process(tmp_path):
     """While a live process holds the run folder, `--resume auto` and `--overwrite` are refused in one line naming
-    the holder's pid, and nothing in the folder changes; once the holder is gone the folder can be claimed."""
-    cfg = Config(log_dir=str(tmp_path), run_name="busy", resume="auto")
+    the holder's pid, and nothing in the folder changes. Killed (SIGKILL, the OOM killer), the holder's lock goes
+    with it, though the DataLoader worker it forked lives on a few seconds more (torch's watchdog): a restart right
+    away claims the folder, and --overwrite empties it."""
     run_dir = tmp_path / "busy"
-    holder = claim_run_dir(run_dir, cfg)  # this process stands in for the live run
+    run_dir.mkdir()
     (run_dir / "results.json").write_text("{}")
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(REPO), str(run_dir)], stdout=subprocess.PIPE,
+                              text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    holder_pid, worker_pid = map(int, holder.stdout.readline().split())
     try:
         for flags in (["--resume", "auto"], ["--overwrite"]):
             done = refuse_in_process(SINGLE, *TINY, "--log_dir", tmp_path, "--run_name", "busy", *flags)
             assert done.returncode == 2, done.stderr
             assert error_lines(done.stderr) == [done.stderr.strip()]
-            assert "in use by a run that is still running" in done.stderr and f"pid {os.getpid()}" in done.stderr
+            assert "in use by a run that is still running" in done.stderr and f"pid {holder_pid}" in done.stderr
             assert (run_dir / "results.json").read_text() == "{}"
+        holder.kill()
+        holder.wait()
+        assert _alive(worker_pid)  # the forked worker outlives its process for a while
+        claim_run_dir(run_dir, Config(log_dir=str(tmp_path), run_name="busy", overwrite=True)).close()
     finally:
-        holder.close()
-    claim_run_dir(run_dir, Config(log_dir=str(tmp_path), run_name="busy", overwrite=True)).close()
+        holder.kill()
+        os.kill(worker_pid, signal.SIGKILL)
     assert sorted(path.name for path in run_dir.iterdir()) == [LOCK]  # --overwrite emptied it, lock aside
 
 
@@ -153,3 +179,6 @@ def test_temporary_files_are_each_writers_own(tmp_path, monkeypatch):
         write_atomically(tmp_path / "checkpoint.pt", lambda f: f.write(b"x"))
     assert len(set(names)) == 2 and all(str(os.getpid()) in name for name in names), names
     assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoint.pt"]
+    (tmp_path / ".checkpoint.pt.12345.0badc0de.tmp").write_bytes(b"half a checkpoint")  # its writer was killed
+    claim_run_dir(tmp_path, Config(log_dir=str(tmp_path.parent), run_name=tmp_path.name, resume="auto")).close()
+    assert sorted(path.name for path in tmp_path.iterdir()) == [LOCK, "checkpoint.pt"]
