@@ -217,7 +217,7 @@ REFUSALS = [
     Refusal("log-dir-is-a-file", SINGLE, (), ("--log_dir", "is a file"), log_dir="{work}/inputs/notes.txt"),
     # 10b: values outside their flag's domain, refused where they are parsed, before anything starts
     Refusal("momentum-0-with-nesterov", SINGLE, ("--momentum", "0"), ("--momentum 0", "--no_nesterov")),
-    Refusal("dist-timeout-nan", DIST, ("--dist_timeout", "nan"), ("--dist_timeout", "not nan"), as_a_user=True),
+    Refusal("dist-timeout-nan", DIST, ("--dist_timeout", "nan"), ("--dist_timeout", "not nan")),
     Refusal("seed-above-numpy", DATA, ("--seed", str(2**32)), ("--seed", "at most 4294967295")),
     Refusal("lr-overflows", SINGLE, ("--lr", "1e308", "--batch_size", "256"), ("--lr 1e+308", "smaller --lr")),
     Refusal("nproc-per-node-0", DIST, ("--nproc_per_node", "0"), ("--nproc_per_node", "at least 1")),

@@ -8,8 +8,8 @@
 3. SIGTERM to every process of a running 2-process job, DataLoader workers included (torchvision loader): the
    workers carry on, the ranks write a checkpoint, no process is left, and --resume auto finishes it (bit-identical
    to the uninterrupted run, the torchvision loader's augmentation too); SIGINT (Ctrl-C) to the process group of
-   single_gpu: the same; `--resume auto` of a run that has ended (every epoch, or --max_steps, a lower one too)
-   trains nothing and changes no file;
+   single_gpu: a checkpoint at a log window, no traceback; `--resume auto` of a run that has ended (every epoch, or
+   --max_steps, a lower one too) trains nothing and changes no file;
 4. a rank that raises mid-step: the other exits within the timeout with a line naming its rank and the step;
 5. a checkpoint write interrupted mid-way never replaces the previous good one.
 """
@@ -265,7 +265,7 @@ def test_sigterm_to_a_two_process_job_checkpoints_and_leaves_no_process(tmp_path
     assert_bit_identical(weights(tmp_path / "job"), uninterrupted["dist_torchvision"])
 
 
-def test_ctrl_c_stops_single_gpu_with_a_checkpoint(tmp_path, uninterrupted):
+def test_ctrl_c_stops_single_gpu_with_a_checkpoint(tmp_path):
     """Ctrl-C in a terminal: SIGINT to the whole foreground process group, the DataLoader workers included, which
     used to exit on it and make the run fail ("DataLoader worker exited unexpectedly") before its checkpoint."""
     launch = start([SINGLE, *LONGER, "--log_interval", "2", *TORCHVISION], tmp_path, "run")
@@ -275,8 +275,8 @@ def test_ctrl_c_stops_single_gpu_with_a_checkpoint(tmp_path, uninterrupted):
     code, output = finish(launch, timeout=60, before=before)
     assert code == 128 + signal.SIGINT and "stopped by SIGINT" in output, output
     assert "Traceback" not in output
-    run_ok(SINGLE, tmp_path, "run", *LONGER, "--log_interval", "2", *TORCHVISION, "--resume", "auto")
-    assert_bit_identical(weights(tmp_path / "run"), uninterrupted["single"])
+    state = torch.load(tmp_path / "run" / LAST, weights_only=True)  # resumed as the SIGTERM test's checkpoint is
+    assert 4 <= state["step"] < 32 and state["step"] % 2 == 0  # at a log window, where the run stopped
 
 
 # ---------------------------------------------------------------------------------------------------- 3b. the end
