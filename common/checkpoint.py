@@ -157,7 +157,7 @@ def load_checkpoint(path: Path, cfg: Config) -> dict:
         raise UsageError(f"--resume: {path} is not a checkpoint of this suite (a model.pt holds only weights: "
                          f"use --evaluate for it)")
     for key, kind in CONTENTS.items():
-        if not isinstance(state.get(key), kind):
+        if not isinstance(state.get(key), kind) or key == "rng" and not state[key]:  # rng: one entry per rank
             raise UsageError(f"--resume: {path} has {'a damaged' if key in state else 'no'} {key!r} entry; use a "
                              f"{LAST} as a run wrote it, or start afresh without --resume")
     saved = state["config"]

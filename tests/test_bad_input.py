@@ -323,7 +323,7 @@ def test_load_checkpoint_requires_every_entry_a_run_writes(trained):
     assert all(isinstance(state[key], kind) for key, kind in CONTENTS.items())
 
 
-@pytest.mark.parametrize("entry", [*CONTENTS, "config.depth", "epoch=text"])
+@pytest.mark.parametrize("entry", [*CONTENTS, "config.depth", "epoch=text", "rng=[]"])
 def test_a_checkpoint_without_an_entry_is_refused_naming_it(trained, tmp_path, entry):
     """A checkpoint of the right format without one of its entries (or with one of the wrong type, or without a
     config value resuming checks): one line that names it, not a KeyError at restore()."""
@@ -334,6 +334,9 @@ def test_a_checkpoint_without_an_entry_is_refused_naming_it(trained, tmp_path, e
     elif entry == "epoch=text":
         state["epoch"] = "three"
         named = "a damaged 'epoch' entry"
+    elif entry == "rng=[]":  # no rank's RNG states: restore() would index an empty list
+        state["rng"] = []
+        named = "a damaged 'rng' entry"
     else:
         del state[entry]
         named = f"no {entry!r} entry"
