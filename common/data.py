@@ -203,10 +203,10 @@ def augmentation_draws(seed: int, epoch: int, size: int, flip: bool) -> tuple[np
 # ---- loaders: iterate (images, labels) on the device; set_epoch; len = batches per epoch ----
 
 def make_loader(kind: str, dataset, sampler, batch_size: int, device: torch.device, *, train: bool, augment: bool,
-                num_workers: int | None, seed: int, rank: int = 0, memory_format=torch.contiguous_format):
+                num_workers: int | None, seed: int, memory_format=torch.contiguous_format):
     """The training loader drops its last partial batch, so every step has the full global batch (and the same
     shapes, which cuDNN autotuning and torch.compile rely on). Batches come in `memory_format`. `num_workers` None:
-    `default_num_workers()`. `rank` is not used: no loader depends on it."""
+    `default_num_workers()`. No loader depends on the rank: the sampler gives each rank its share."""
     options = dict(batch_size=batch_size, device=device, augment=train and augment, drop_last=train,
                    seed=seed, memory_format=memory_format)
     if kind == "gpu":

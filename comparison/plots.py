@@ -177,7 +177,7 @@ def step_figure(outcomes, device: str, cuda: bool) -> Figure | None:
     if not groups:
         return None
     fig, ax = plt.subplots(figsize=(max(7.0, 1.6 * len(groups) + 3), 5.0))
-    names, totals, no_reference, drawn = [], [], [], set()
+    names, tops, no_reference, drawn = [], [], [], set()
     for x, group in enumerate(groups):
         first, parts = group[0], step_parts(group, groups)
         bottom = 0.0
@@ -192,12 +192,12 @@ def step_figure(outcomes, device: str, cuda: bool) -> Figure | None:
             ax.errorbar(x, bottom, yerr=spread, color="black", capsize=3)
         ax.text(x, bottom + spread, f"{bottom:.1f} ms\n", ha="center", va="bottom", fontsize=8)
         names.append(f"{label(first)}\n{first.run.gpus} × {first.row['per_gpu_batch']} images")
-        totals.append(bottom)
+        tops.append(bottom + spread)  # where the error bar and its label end
         if first.run.mode != "single_gpu" and "parallelism" not in parts:
             no_reference.append(first.row["per_gpu_batch"])
     ax.set_xticks(range(len(groups)), names, fontsize=7)
     ax.set_xlim(-0.6, len(groups) - 0.4)
-    ax.set_ylim(0, 1.3 * max(totals))
+    ax.set_ylim(0, 1.25 * max(tops))  # room above the highest error bar for its label
     handles = dict(zip(*reversed(ax.get_legend_handles_labels())))  # one entry per part drawn, top part first
     ax.legend([handles[p] for p in reversed(COLOURS) if p in drawn], [p for p in reversed(COLOURS) if p in drawn],
               fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))

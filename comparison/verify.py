@@ -87,7 +87,7 @@ def _train_reference(cfg: Config, world_size: int, device: torch.device) -> dict
     for rank in range(world_size):
         sampler = DistributedSampler(train_set, world_size, rank, shuffle=cfg.shuffle, seed=cfg.seed)
         loaders.append(make_loader(kind, train_set, sampler, cfg.batch_size // world_size, device, train=True,
-                                   augment=cfg.augment, num_workers=cfg.num_workers, seed=cfg.seed, rank=rank,
+                                   augment=cfg.augment, num_workers=cfg.num_workers, seed=cfg.seed,
                                    memory_format=memory_format(cfg)))
     info = train_set.info
     model = pyramidnet(cfg.depth, cfg.alpha, cfg.block, num_classes=info.classes, in_channels=info.channels,

@@ -93,7 +93,7 @@ def get_loaders(cfg: Config, device: torch.device):
         raise UsageError(f"--batch_size {cfg.batch_size} is larger than the training set ({len(train_set)} "
                          f"images); use a smaller batch")
     kind = cfg.loader or ("gpu" if device.type == "cuda" else "torchvision")
-    options = dict(augment=cfg.augment, num_workers=cfg.num_workers, seed=cfg.seed, rank=rank,
+    options = dict(augment=cfg.augment, num_workers=cfg.num_workers, seed=cfg.seed,
                    memory_format=memory_format(cfg))
     per_rank_batch = -(-cfg.batch_size // world_size)  # the global batch split evenly (rounded up by evaluation)
     train_sampler = DistributedSampler(train_set, world_size, rank, shuffle=cfg.shuffle, seed=cfg.seed)

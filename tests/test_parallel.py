@@ -524,7 +524,7 @@ def test_distributed_sampler_shards_cover_the_training_set_and_change_every_epoc
     train_set, _ = load_datasets("synthetic", "", 256, SEED)
     sampler = DistributedSampler(range(256), num_replicas=2, rank=1, shuffle=True, seed=SEED)
     loader = make_loader("gpu", train_set, sampler, 16, torch.device("cpu"), train=True, augment=False,
-                         num_workers=0, seed=SEED, rank=1)
+                         num_workers=0, seed=SEED)
     loader.set_epoch(1)
     labels = torch.cat([labels for _, labels in loader])
     assert labels.tolist() == [train_set.targets[i] for i in shards(1)[1]]

@@ -175,23 +175,21 @@ def test_compare_writes_the_gpu_columns(tmp_path):
 
 # ---------------------------------------------------------------------------------------------------- in process
 def test_the_gpu_loader_feeds_the_images_the_torchvision_loader_feeds():
-    """Without augmentation both loaders give the same batches, equal up to float rounding of the normalisation;
-    with it, the same shapes, layout and statistics."""
+    """With augmentation and without, both loaders give the same batches (each image's crop and flip are a
+    function of seed, epoch and index), equal up to float rounding of the normalisation."""
     def batches(kind, augment, count=4):
         train_set, _ = load_datasets("synthetic", "", 1024, 0)
         loader = make_loader(kind, train_set, ShuffleSampler(1024, True, 0), 128, CUDA, train=True,
                              augment=augment, num_workers=2, seed=0, memory_format=torch.channels_last)
         return [batch for batch, _ in zip(loader, range(count))]
 
-    for (gpu_images, gpu_labels), (tv_images, tv_labels) in zip(batches("gpu", False), batches("torchvision", False)):
-        assert gpu_images.device == CUDA and gpu_images.is_contiguous(memory_format=torch.channels_last)
-        assert torch.equal(gpu_labels, tv_labels)
-        torch.testing.assert_close(gpu_images, tv_images, rtol=0, atol=1e-5)
-    gpu = torch.cat([images for images, _ in batches("gpu", True)])
-    classic = torch.cat([images for images, _ in batches("torchvision", True)])
-    assert gpu.shape == classic.shape and gpu.dtype == classic.dtype == torch.float32
-    torch.testing.assert_close(gpu.mean(dim=(0, 2, 3)), classic.mean(dim=(0, 2, 3)), rtol=0, atol=0.05)
-    torch.testing.assert_close(gpu.std(dim=(0, 2, 3)), classic.std(dim=(0, 2, 3)), rtol=0.05, atol=0)
+    for augment in (False, True):
+        for (gpu_images, gpu_labels), (tv_images, tv_labels) in zip(batches("gpu", augment),
+                                                                    batches("torchvision", augment)):
+            assert gpu_images.device == CUDA and gpu_images.is_contiguous(memory_format=torch.channels_last)
+            assert gpu_images.dtype == tv_images.dtype == torch.float32
+            assert torch.equal(gpu_labels, tv_labels)
+            torch.testing.assert_close(gpu_images, tv_images, rtol=0, atol=1e-5)
 
 
 def test_the_gpu_loader_replays_its_crops_on_resume():
