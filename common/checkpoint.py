@@ -29,6 +29,8 @@ import torch.distributed as dist
 
 from common.config import Config, RunError, UsageError
 from common.logger import write_atomically
+from common.state import all_finite, load_model_state, model_state, optimizer_state
+from common.state import load_optimizer_state as load_whole_optimizer_state
 
 FORMAT = "pytorch-multigpu checkpoint v1"
 LAST, BEST = "checkpoint.pt", "best.pt"
@@ -75,13 +77,15 @@ def set_rng_state(state: dict) -> None:
 # ---------------------------------------------------------------------------------------------------- writing
 def checkpoint_state(run, rng_states: list[dict]) -> dict:
     """The checkpoint of `run` (the training loop's state) at its current position; `rng_states` is one entry per
-    rank. A finished epoch is stored as the start of the next one."""
+    rank. A finished epoch is stored as the start of the next one. The weights and the optimizer's state are whole
+    tensors in every mode (under FSDP gathered onto rank 0, every rank taking part: common/state.py)."""
     epoch, batch = run.epoch, run.batch
     if batch == len(run.train_loader):
         epoch, batch = epoch + 1, 0
     return {
         "format": FORMAT, "config": dataclasses.asdict(run.cfg), "epoch": epoch, "batch": batch, "step": run.step,
-        "best_acc": run.best_acc, "model": run.raw_model.state_dict(), "optimizer": run.optimizer.state_dict(),
+        "best_acc": run.best_acc, "model": model_state(run.raw_model),
+        "optimizer": optimizer_state(run.raw_model, run.optimizer),
         "scheduler": run.scheduler.state_dict(), "scaler": run.scaler.state_dict(), "rng": rng_states,
     }
 
@@ -91,7 +95,7 @@ def save_checkpoint(run, test_acc: float | None = None) -> Path | None:
     the epoch's `test_acc` is the best so far. Weights that turned NaN/inf stop the run instead: the last good
     checkpoint is never replaced by a diverged one. In a process group every rank must call it (RNG states are
     gathered from all of them)."""
-    if not all(torch.isfinite(tensor).all() for tensor in run.raw_model.state_dict().values()):
+    if not all_finite(run.raw_model):  # every rank's verdict, combined: under FSDP each holds a slice
         raise RunError(f"the weights are NaN/inf at step {run.step}: the training diverged; stopped without "
                        f"writing a checkpoint ({last_checkpoint(run.run_dir)}); try a lower --lr")
     best = test_acc is not None and test_acc > run.best_acc
@@ -193,8 +197,8 @@ def _as_saved(value):
 
 def restore(state: dict, run, rank: int) -> None:
     """Everything of `state` into `run`: weights, optimizer, schedule, scaler, position, this rank's RNG."""
-    run.raw_model.load_state_dict(state["model"])
-    load_optimizer_state(run.optimizer, state["optimizer"])
+    load_model_state(run.raw_model, state["model"])
+    load_optimizer_state(run.optimizer, state["optimizer"], run.raw_model)
     run.scheduler.load_state_dict(state["scheduler"])
     run.scaler.load_state_dict(state["scaler"])
     run.epoch, run.batch, run.step, run.best_acc = state["epoch"], state["batch"], state["step"], state["best_acc"]
@@ -209,13 +213,17 @@ def restore(state: dict, run, rank: int) -> None:
 IMPLEMENTATION = ("fused", "foreach", "differentiable", "capturable")
 
 
-def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None:
+def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict,
+                         model: torch.nn.Module | None = None) -> None:
     """`optimizer.load_state_dict(saved)`, except that the optimizer stays the kind this run built (fused or not)
     and every state tensor is laid out like its parameter. load_state_dict keeps the saved tensors' strides, so a
     momentum buffer written under the other --channels_last would be NCHW beside an NHWC parameter, which CUDA's
-    fused SGD refuses at the first step."""
+    fused SGD refuses at the first step. `model` (the optimizer's) is needed when it is sharded by FSDP."""
     built = [{key: group[key] for key in IMPLEMENTATION if key in group} for group in optimizer.param_groups]
-    optimizer.load_state_dict(saved)
+    if model is None:
+        optimizer.load_state_dict(saved)
+    else:
+        load_whole_optimizer_state(model, optimizer, saved)
     for group, implementation in zip(optimizer.param_groups, built):
         group.update(implementation)
     for param, state in optimizer.state.items():

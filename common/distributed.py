@@ -10,13 +10,33 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from common.config import RunError, UsageError
+from common.checkpoint import last_checkpoint
+from common.config import Config, RunError, UsageError, flag
+from common.data import DATASET_INFO
 from common.devices import cuda_devices
+from common.logger import report_window
+from common.metrics import Sums, check_loss, evaluation_sums, window_sums
+from common.performance import autocast, memory_format
+from common.state import is_sharded, reshard, whole
+
+
+@dataclass(frozen=True)
+class GroupConfig(Config):  # the flags of every mode with a process group: dist_parallel's and fsdp's
+    backend: str | None = flag(None, "nccl (default with CUDA) or gloo", choices=("nccl", "gloo"))
+    init_method: str = flag("env://", "rendezvous: env:// (MASTER_ADDR/PORT), tcp://HOST:PORT or file:///PATH",
+                            check="rendezvous")
+    verify_sync: bool = flag(False, "check every epoch, not only at the end, that all ranks hold the same weights")
+    nproc_per_node: int | None = flag(None, "without torchrun: workers to start (default: one per GPU)", at_least=1)
+    dist_timeout: float = flag(600.0, "seconds a collective (or joining the group) may wait for the other ranks "
+                                      "before the run ends with an error instead of hanging", above=0, at_most=1e9)
+    max_restarts: int = flag(0, "started without torchrun: restart the workers up to N times after a failure "
+                                "(with --resume auto they continue from the last checkpoint)", at_least=0)
 
 
 def launched() -> bool:
@@ -136,8 +156,10 @@ def _digest(tensor: torch.Tensor) -> str:
 def check_sync(raw_model: torch.nn.Module) -> dict:
     """Every rank hashes each parameter and buffer; the hashes (and the small BatchNorm buffers) are gathered.
     Parameters must be bit-identical on every rank; running statistics may differ without SyncBatchNorm.
-    Every rank computes the same verdict, so every rank can act on it."""
-    params = {name: _digest(p) for name, p in raw_model.named_parameters()}
+    Every rank computes the same verdict, so every rank can act on it. A model sharded by FSDP is compared whole:
+    each rank gathers every parameter from the slices and hashes that, so the check holds every rank to the
+    weights a checkpoint would save."""
+    params = {name: _digest(whole(p)) for name, p in raw_model.named_parameters()}
     buffers = {name: b.detach().cpu() for name, b in raw_model.named_buffers() if b.is_floating_point()}
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, (params, buffers))
@@ -162,7 +184,7 @@ def describe_sync(report: dict, sync_bn: bool) -> str:
     if report["buffers_max_abs_diff"] == 0:
         buffers = "buffers identical"
     else:
-        why = "" if sync_bn else " (expected without --sync_bn: each rank's BatchNorm sees only its own share)"
+        why = "" if sync_bn else " (expected without SyncBatchNorm: each rank's BatchNorm sees only its own share)"
         buffers = (f"BatchNorm running statistics differ by up to {report['buffers_max_abs_diff']:.3g} "
                    f"({report['worst_buffer']}){why}")
     return f"sync check: {params}; {buffers}"
@@ -177,7 +199,7 @@ def check_launch(cfg, world_size: int) -> None:
     cuda = torch.cuda.is_available()
     if cfg.backend == "nccl" and not cuda:
         raise UsageError("--backend nccl needs CUDA GPUs and this machine has none; use --backend gloo on CPUs")
-    if cfg.sync_bn and not cuda:
+    if getattr(cfg, "sync_bn", False) and not cuda:  # dist_parallel's flag
         raise UsageError("--sync_bn needs GPUs: PyTorch's SyncBatchNorm refuses CPU modules; leave it out on CPUs")
     if cfg.batch_size % world_size and not cfg.evaluate:
         raise UsageError(f"--batch_size {cfg.batch_size} does not divide over {world_size} processes: use a "
@@ -200,6 +222,62 @@ def verify_sync(raw_model: torch.nn.Module, sync_bn: bool, is_main: bool) -> dic
         raise SystemExit("error: the ranks hold different parameters (named above): their training diverged"
                          if is_main else 1)
     return report
+
+
+# ---------------------------------------------------------------------------------------------------- training
+def log_window(run, epoch: int, index: int) -> Sums:
+    """Read the window's totals (one host sync), report them, stop on a NaN loss, and take note of a stop signal:
+    dist_parallel's and fsdp's, as single_gpu's plus the sums over ranks and the ranks' vote to stop."""
+    totals = window_sums(run.meter, run.timer)
+    stop = totals.new_tensor([run.signals.received is not None])  # a signal to any rank stops every rank here
+    totals = torch.cat([totals, stop])
+    dist.all_reduce(totals)  # images and correct predictions add up over ranks; so do the stop votes
+    totals[3:6] /= dist.get_world_size()  # timings: the mean over ranks
+    values = totals.tolist()
+    sums = Sums(values[:Sums.SIZE])
+    gpu = by_rank(run.telemetry.window())  # every rank's GPU, keyed by rank
+    run.totals += sums
+    run.gpu_util += [util for util, _ in gpu.values() if util is not None]
+    check_loss(sums, run.meter, run.step, last_checkpoint(run.run_dir))  # before NaNs reach the logs
+    report_window(run, epoch, index, sums, gpu)
+    run.stop = (run.signals.received or "a signal to another rank") if values[Sums.SIZE] else None
+    return sums
+
+
+@torch.no_grad()
+def evaluate(cfg: Config, raw_model: torch.nn.Module, loader, device: torch.device) -> tuple[float, float, int]:
+    """Test loss and accuracy over every test image exactly once (each rank evaluates its shard), and how many
+    images that was: dist_parallel's and fsdp's."""
+    raw_model.eval()  # the unwrapped model: DDP's forward would sync buffers, and ranks have unequal shards
+    for buffer in raw_model.buffers():  # rank 0's BatchNorm statistics, as DDP's next forward would broadcast:
+        dist.broadcast(buffer, src=0)  # the figures are then those of the weights rank 0 saves
+    batches = loader
+    if is_sharded(raw_model):  # FSDP gathers each unit's parameters in its forward, from every rank: every rank
+        batches = equal_forwards(loader, empty_batch(cfg, device))  # must run as many forward passes
+    with autocast(cfg, device):
+        sums = evaluation_sums(raw_model, batches, device)
+    reshard(raw_model)  # FSDP: no backward follows to free the gathered parameters
+    dist.all_reduce(sums)  # each rank evaluated its shard: summed, every test image counts once
+    loss_sum, correct, images = sums.tolist()
+    return loss_sum / images, correct / images, int(images)
+
+
+def equal_forwards(loader, empty: tuple[torch.Tensor, torch.Tensor]):
+    """The loader's batches, then `empty` batches until this rank has run as many as the rank with the most: the
+    ranks' evaluation shards differ by up to one image, and so their batch counts by up to one."""
+    most = torch.tensor([len(loader)], device=empty[0].device)
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    yield from loader
+    for _ in range(int(most.item()) - len(loader)):
+        yield empty
+
+
+def empty_batch(cfg: Config, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of no images, laid out as the loader's: a forward pass that computes nothing but takes part in FSDP's
+    gathers."""
+    data = DATASET_INFO[cfg.dataset]
+    images = torch.empty(0, data.channels, data.size, data.size, device=device, memory_format=memory_format(cfg))
+    return images, torch.empty(0, dtype=torch.long, device=device)
 
 
 SHARING_HINT = " (ranks may share a GPU under --backend gloo; NCCL refuses two ranks on one GPU)"

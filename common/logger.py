@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from common.config import Config, UsageError
+from common.state import load_model_state
 from common.telemetry import environment
 
 SUMMARY_FIELDS = ("images_per_sec", "images_per_sec_per_gpu", "batch_time_p50", "batch_time_p90", "data_wait_frac",
@@ -151,7 +152,8 @@ def write_atomically(path: Path, write) -> None:
 
 
 def load_model_weights(raw_model: torch.nn.Module, path: str) -> None:
-    """Weights from a model.pt (a state_dict) into the unwrapped model, refusing anything that is not one."""
+    """Weights from a model.pt (a state_dict) into the unwrapped model, refusing anything that is not one. Every
+    process reads the file; a model sharded by FSDP keeps its slice."""
     file = Path(path)
     if not file.is_file():
         raise UsageError(f"--evaluate: no file at {file}; give the model.pt a run wrote with --save_model")
@@ -168,8 +170,8 @@ def load_model_weights(raw_model: torch.nn.Module, path: str) -> None:
     if state and all(key.startswith("module.") for key in state):
         state = {key[len("module."):]: value for key, value in state.items()}  # saved from a wrapped model
     try:
-        raw_model.load_state_dict(state)
-    except RuntimeError:
+        load_model_state(raw_model, state)  # under FSDP each rank keeps its slice
+    except (RuntimeError, KeyError, ValueError):
         raise UsageError(f"--evaluate: the weights in {file} do not fit this model; pass the --depth, --alpha, "
                          f"--block and --dataset the run was trained with") from None
 

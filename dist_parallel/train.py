@@ -34,12 +34,11 @@ from common.checkpoint import (StopSignals, ended_line, has_ended, last_checkpoi
 from common.config import Config, RunError, UsageError, flag, parse_config, user_errors
 from common.data import DATASET_INFO, EvalShard, LoaderWorkerDied, load_datasets, make_loader
 from common.devices import seed_everything
-from common.distributed import (by_rank, check_launch, die_with_launcher, from_rank0, group_failure, init_group,
-                                launched, node_leader_first, on_every_rank, own_gpu, rank_info, report_stop,
-                                self_launch, verify_sync)
-from common.logger import (Console, RunLogger, load_model_weights, report_test, report_window, resolve_run_dir,
-                           speed_line)
-from common.metrics import StepTimer, Sums, TrainMeter, check_loss, evaluation_sums, window_sums
+from common.distributed import (GroupConfig, by_rank, check_launch, die_with_launcher, evaluate, from_rank0,
+                                group_failure, init_group, launched, log_window, node_leader_first, on_every_rank,
+                                own_gpu, rank_info, report_stop, self_launch, verify_sync)
+from common.logger import Console, RunLogger, load_model_weights, report_test, resolve_run_dir, speed_line
+from common.metrics import StepTimer, Sums, TrainMeter
 from common.optim import build_optimizer, describe_lr, lr_schedule
 from common.performance import (autocast, describe_fast_path, grad_scaler, memory_format, resolve_fast_path,
                                 speed_summary)
@@ -51,19 +50,10 @@ MODE = "dist_parallel"
 
 # ---------------------------------------------------------------------------------------------------- config
 @dataclass(frozen=True)
-class DistConfig(Config):  # the flags only a process group has
-    backend: str | None = flag(None, "nccl (default with CUDA) or gloo", choices=("nccl", "gloo"))
-    init_method: str = flag("env://", "rendezvous: env:// (MASTER_ADDR/PORT), tcp://HOST:PORT or file:///PATH",
-                            check="rendezvous")
+class DistConfig(GroupConfig):  # the process group's flags (common/distributed.py), and DDP's own
     sync_bn: bool = flag(False, "BatchNorm statistics over the global batch (SyncBatchNorm; GPUs only)")
-    verify_sync: bool = flag(False, "check every epoch, not only at the end, that all ranks hold the same weights")
-    nproc_per_node: int | None = flag(None, "without torchrun: workers to start (default: one per GPU)", at_least=1)
     bucket_cap_mb: float = flag(25.0, "DDP gradient bucket size: each full bucket is all-reduced while backward "
                                       "goes on", above=0, at_most=8e12)  # its bytes: a 64-bit int
-    dist_timeout: float = flag(600.0, "seconds a collective (or joining the group) may wait for the other ranks "
-                                      "before the run ends with an error instead of hanging", above=0, at_most=1e9)
-    max_restarts: int = flag(0, "started without torchrun: restart the workers up to N times after a failure "
-                                "(with --resume auto they continue from the last checkpoint)", at_least=0)
 
 
 def get_config(argv=None) -> DistConfig:
@@ -162,37 +152,6 @@ def train_one_epoch(run, epoch: int) -> Sums:
             save_checkpoint(run)
     run.console.close()
     return epoch_sums
-
-
-def log_window(run, epoch: int, index: int) -> Sums:
-    """Read the window's totals (one host sync), report them, stop on a NaN loss, and take note of a stop signal."""
-    totals = window_sums(run.meter, run.timer)
-    stop = totals.new_tensor([run.signals.received is not None])  # a signal to any rank stops every rank here
-    totals = torch.cat([totals, stop])
-    dist.all_reduce(totals)  # images and correct predictions add up over ranks; so do the stop votes
-    totals[3:6] /= dist.get_world_size()  # timings: the mean over ranks
-    values = totals.tolist()
-    sums = Sums(values[:Sums.SIZE])
-    gpu = by_rank(run.telemetry.window())  # every rank's GPU, keyed by rank
-    run.totals += sums
-    run.gpu_util += [util for util, _ in gpu.values() if util is not None]
-    check_loss(sums, run.meter, run.step, last_checkpoint(run.run_dir))  # before NaNs reach the logs
-    report_window(run, epoch, index, sums, gpu)
-    run.stop = (run.signals.received or "a signal to another rank") if values[Sums.SIZE] else None
-    return sums
-
-
-@torch.no_grad()
-def evaluate(cfg: Config, raw_model: torch.nn.Module, loader, device: torch.device) -> tuple[float, float, int]:
-    """Test loss and accuracy over every test image exactly once, and how many images that was."""
-    raw_model.eval()  # the unwrapped model: DDP's forward would sync buffers, and ranks have unequal shards
-    for buffer in raw_model.buffers():  # rank 0's BatchNorm statistics, as DDP's next forward would broadcast:
-        dist.broadcast(buffer, src=0)  # the figures are then those of the weights rank 0 saves
-    with autocast(cfg, device):
-        sums = evaluation_sums(raw_model, loader, device)
-    dist.all_reduce(sums)  # each rank evaluated its shard: summed, every test image counts once
-    loss_sum, correct, images = sums.tolist()
-    return loss_sum / images, correct / images, int(images)
 
 
 # ---------------------------------------------------------------------------------------------------- main loop

@@ -23,6 +23,7 @@ from common.logger import load_model_weights, resolve_run_dir
 from common.metrics import StepTimer, Sums, TrainMeter, evaluation_sums, window_sums
 from common.optim import build_optimizer, describe_lr, lr_factor, lr_schedule, warmup_steps
 from dist_parallel.train import DistConfig
+from fsdp.train import FsdpConfig
 from models import pyramidnet
 from models.pyramidnet import parameters_at_least
 
@@ -239,14 +240,20 @@ DOMAINS = {
     "init_method": (["env://", "tcp://10.0.0.1:29500", "tcp://[::1]:1", "file:///tmp/rendezvous"],
                     ["", "env", "tcp://host", "tcp://host:0", "tcp://host:65536", "tcp://:29500",
                      "file://relative/path", "http://host:80"]),
-    "sync_bn": (["--sync_bn"], []),
     "verify_sync": (["--verify_sync"], []),
     "nproc_per_node": (["1"], ["0", "-2"]),
-    "bucket_cap_mb": (["1e-3", "8e12"], ["0", "-1", "nan", "inf", "9e12"]),  # 9e12 MiB: bytes past int64
     "dist_timeout": (["1e-3", "1e9"], ["0", "-5", "nan", "inf", "1e10"]),  # 1e10 s: torch's ns clock overflows
     "max_restarts": (["0"], ["-1"]),
+    "sync_bn": (["--sync_bn"], []),
+    "bucket_cap_mb": (["1e-3", "8e12"], ["0", "-1", "nan", "inf", "9e12"]),  # 9e12 MiB: bytes past int64
+    "reshard_after_forward": (["--no_reshard_after_forward"], []),
 }
-DIST_ONLY = {f.name for f in dataclasses.fields(DistConfig)} - {f.name for f in dataclasses.fields(Config)}
+CONFIG_CLASSES = (Config, DistConfig, FsdpConfig)
+
+
+def classes_with(name: str) -> list[type]:
+    """The config classes that have the flag: Config's are in all three, the process group's in both parallel ones."""
+    return [kind for kind in CONFIG_CLASSES if name in {f.name for f in dataclasses.fields(kind)}]
 
 
 def argv_for(name: str, value) -> list[str]:
@@ -282,8 +289,9 @@ def cases(column: int) -> list:
 def test_every_field_has_a_domain_and_its_edges_in_the_table():
     """A field added without a domain (flag's bounds or check; a bool's type and a choice's choices count), or
     without its row here, fails this test."""
-    assert missing_domains(Config) == [] and missing_domains(DistConfig) == []
-    assert list(DOMAINS) == [f.name for f in dataclasses.fields(DistConfig)]  # every field, in the classes' order
+    assert all(missing_domains(kind) == [] for kind in CONFIG_CLASSES)
+    fields = [f.name for kind in CONFIG_CLASSES for f in dataclasses.fields(kind)]
+    assert list(DOMAINS) == list(dict.fromkeys(fields))  # every field, in the classes' order
 
     @dataclass(frozen=True)
     class Forgotten(Config):
@@ -295,7 +303,7 @@ def test_every_field_has_a_domain_and_its_edges_in_the_table():
 
 @pytest.mark.parametrize("name, value", cases(0))
 def test_edge_values_in_the_domain_are_accepted(name, value):
-    for config_class in (DistConfig,) if name in DIST_ONLY else (Config, DistConfig):
+    for config_class in classes_with(name):
         parse_config(config_class, argv_for(name, value))
 
 
@@ -303,7 +311,7 @@ def test_edge_values_in_the_domain_are_accepted(name, value):
 def test_values_outside_the_domain_are_refused_in_one_line(name, value):
     """Through the parser, as every train.py parses: a UsageError (one line, exit status 2 under user_errors)
     that names the flag and the value and says what to give instead."""
-    for config_class in (DistConfig,) if name in DIST_ONLY else (Config, DistConfig):
+    for config_class in classes_with(name):
         with pytest.raises(UsageError) as error:
             parse_config(config_class, argv_for(name, value))
         message = str(error.value)

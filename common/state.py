@@ -1,0 +1,129 @@
+"""A model's and its optimizer's whole state as plain tensors, the one form checkpoints and model.pt files take,
+whether the model is whole (single_gpu, data_parallel, dist_parallel) or sharded by FSDP2 (fsdp).
+
+Under FSDP2 every parameter is a DTensor of which each rank holds one slice, and so are the gradients and the
+momentum buffers. `torch.distributed.checkpoint.state_dict` gathers the slices into whole tensors on rank 0's CPU
+(one tensor at a time, so no GPU ever holds the whole model for it) and, on loading, cuts whole tensors into each
+rank's slice. The checkpoint is then the same file every mode writes: a dist_parallel checkpoint resumes in fsdp,
+and back. The optimizer's state comes from torch.distributed.checkpoint keyed by parameter name; it is stored as
+`optimizer.state_dict()` stores it, keyed by the parameter's position in the optimizer, and turned back on loading.
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.distributed as dist
+
+
+def _is_dtensor(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` is a DTensor. Nothing can be one before torch.distributed.tensor is imported (fully_shard
+    imports it), and importing it only to ask would add most of a second to every single-GPU start."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(tensor, module.DTensor)
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    """Whether the model's parameters are DTensor slices (FSDP2's fully_shard), not whole tensors."""
+    return any(_is_dtensor(param) for param in model.parameters())
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a tensor: its slice of a DTensor, or the tensor itself."""
+    return tensor.to_local() if _is_dtensor(tensor) else tensor
+
+
+def whole(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor: a DTensor's slices gathered from every rank (a collective: every rank calls it)."""
+    return tensor.full_tensor() if _is_dtensor(tensor) else tensor
+
+
+def _full_options(**options):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, **options)
+
+
+def model_state(model: torch.nn.Module) -> dict:
+    """The model's state_dict with whole tensors. Sharded, it is gathered onto rank 0's CPU; the other ranks get
+    an empty dict (they write nothing), and every rank must call it."""
+    if not is_sharded(model):
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model, options=_full_options(cpu_offload=True))
+
+
+def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """`optimizer.state_dict()` with whole tensors, keyed by position as torch keys it. Sharded: gathered onto rank
+    0's CPU (the other ranks get an empty dict), every rank calling it."""
+    if not is_sharded(model):
+        return optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    by_name = get_optimizer_state_dict(model, optimizer, options=_full_options(cpu_offload=True))
+    if not by_name:
+        return {}
+    position = {name: index for index, name in enumerate(parameter_names(model, optimizer))}
+    return {"state": {position[name]: state for name, state in by_name["state"].items()},
+            "param_groups": [{**group, "params": [position[name] for name in group["params"]]}
+                             for group in by_name["param_groups"]]}
+
+
+def load_model_state(model: torch.nn.Module, state: dict) -> None:
+    """`model.load_state_dict(state)`; sharded, each rank keeps its slice of the whole tensors (every rank holds
+    `state`, and every rank calls it)."""
+    if not is_sharded(model):
+        model.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    set_model_state_dict(model, state, options=_full_options())
+
+
+def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict) -> None:
+    """`optimizer.load_state_dict(saved)` of a state keyed by position; sharded, each rank keeps its slices."""
+    if not is_sharded(model):
+        optimizer.load_state_dict(saved)
+        return
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    names = parameter_names(model, optimizer)
+    by_name = {"state": {names[index]: state for index, state in saved["state"].items()},
+               "param_groups": [{**group, "params": [names[index] for index in group["params"]]}
+                                for group in saved["param_groups"]]}
+    set_optimizer_state_dict(model, optimizer, by_name, options=_full_options())
+
+
+def parameter_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The name of each of the optimizer's parameters, in the optimizer's order (its state_dict's positions)."""
+    names = {id(param): name for name, param in model.named_parameters()}
+    return [names[id(param)] for group in optimizer.param_groups for param in group["params"]]
+
+
+def all_finite(model: torch.nn.Module) -> bool:
+    """Whether every weight and buffer is finite, the same verdict on every rank (a sharded model's slices differ
+    between ranks, so each rank's verdict is combined: every rank calls it in a process group)."""
+    finite = all(bool(torch.isfinite(local(tensor)).all()) for tensor in model.state_dict().values())
+    if not (dist.is_available() and dist.is_initialized()):
+        return finite
+    verdict = torch.tensor([float(finite)], device=_group_device())
+    dist.all_reduce(verdict, op=dist.ReduceOp.MIN)
+    return bool(verdict.item())
+
+
+def _group_device() -> torch.device:
+    """Where the default group's collectives take their tensors: this process's GPU under NCCL, else the CPU."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def reshard(model: torch.nn.Module) -> None:
+    """Free the gathered parameters FSDP2 keeps after a forward pass that no backward follows (an evaluation): the
+    root module keeps its own until backward, and with --no_reshard_after_forward every unit does. Resharded, each
+    rank holds its slices alone again. Nothing to do for a model that is not sharded."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    for module in model.modules() if fsdp is not None else ():
+        if isinstance(module, fsdp.FSDPModule):
+            module.reshard()
