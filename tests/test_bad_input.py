@@ -42,7 +42,7 @@ from common.metrics import TrainMeter
 from conftest import TINY, read_results, refuse_in_process, run_script
 from test_data import write_cifar10
 
-SINGLE, DATA, DIST = "single_gpu/train.py", "data_parallel/train.py", "dist_parallel/train.py"
+SINGLE, DATA, DIST, FSDP = "single_gpu/train.py", "data_parallel/train.py", "dist_parallel/train.py", "fsdp/train.py"
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # several launches share two cores
 # A run with a checkpoint and weights to misuse: 3 of the 8 steps of TINY's epoch.
 TRAINED_FLAGS = ["--max_steps", "3", "--save_model"]
@@ -213,6 +213,12 @@ REFUSALS = [
     Refusal("gpu-missing-data-parallel", DATA, ("--gpu_devices", "7"), ("--gpu_devices", "no GPU 7")),
     Refusal("gpu-missing-dist-parallel", DIST, ("--nproc_per_node", "2", "--gpu_devices", "7"),
             ("--gpu_devices", "no GPU 7")),
+    Refusal("gpu-missing-fsdp", FSDP, ("--nproc_per_node", "2", "--gpu_devices", "7"), ("--gpu_devices", "no GPU 7")),
+    # 9b: what fsdp cannot run here or with these flags, refused before its workers start
+    Refusal("batch-not-dividing-fsdp", FSDP, ("--nproc_per_node", "3"), ("--batch_size 32", "multiple of 3")),
+    Refusal("nccl-without-gpus-fsdp", FSDP, ("--backend", "nccl", "--nproc_per_node", "2"),
+            ("--backend nccl", "--backend gloo")),
+    Refusal("sync-bn-fsdp", FSDP, ("--sync_bn",), ("unrecognized arguments: --sync_bn", "--help")),
     # 10: a --log_dir that is a file
     Refusal("log-dir-is-a-file", SINGLE, (), ("--log_dir", "is a file"), log_dir="{work}/inputs/notes.txt"),
     # 10b: values outside their flag's domain, refused where they are parsed, before anything starts

@@ -8,7 +8,8 @@ host; scontrol names 127.0.0.1 as every node; scancel --signal passes the signal
   public scripts: no job array, no world size from SLURM_NTASKS (torchrun computes it), no file:// rendezvous,
   no --local_rank; one task per node, c10d rendezvous on the first host of SLURM_JOB_NODELIST, --requeue,
   --open-mode=append, the run named after SLURM_JOB_ID and started with --resume auto;
-- the single-node script trains one job of 2 gloo workers (GPUS_PER_NODE=2) into $LOG_DIR/slurm-<job id>;
+- the single-node script trains one job of 2 gloo workers (GPUS_PER_NODE=2) into $LOG_DIR/slurm-<job id>, as
+  fsdp (MODE=fsdp; the multi-node test runs dist_parallel, the default); a MODE that is neither is refused;
 - the multi-node script's launch line makes two torchrun agents ("nodes") one job of world size 2, with the
   rendezvous port it derives from the job id; USR1 to the batch shell (what --signal=B:USR1@120 sends before the
   time limit) makes every rank stop at a log window with a checkpoint, no process left, and the job requeue itself
@@ -188,16 +189,26 @@ def test_a_job_submitted_outside_the_repository_is_refused(tmp_path):
     assert "submit from its root" in done.stderr and not calls(tmp_path, "srun")
 
 
+def test_a_mode_without_a_process_group_is_refused(tmp_path):
+    command, env, _ = make_job(tmp_path, "single", nodes=1, gpus_per_node=2, job_id="8")
+    done = run_job(command, {**env, "MODE": "data_parallel"}, cwd=tmp_path / "spool", timeout=30)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "MODE=dist_parallel" in done.stderr and "MODE=fsdp" in done.stderr and not calls(tmp_path, "srun")
+
+
 # ---------------------------------------------------------------------------------------------------- 2. one node
 def test_the_single_node_script_trains_one_job_of_two_workers(tmp_path):
-    """GPUS_PER_NODE=2 on one "node": torchrun --standalone starts 2 workers, one job of world size 2."""
+    """GPUS_PER_NODE=2 on one "node", MODE=fsdp: torchrun --standalone starts 2 fsdp workers, one job of world
+    size 2."""
     command, env, log_dir = make_job(tmp_path, "single", nodes=1, gpus_per_node=2, job_id="31")
-    done = run_job(command, env, cwd=tmp_path / "spool")
+    done = run_job(command, {**env, "MODE": "fsdp"}, cwd=tmp_path / "spool")
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"run {log_dir}/slurm-31" in done.stdout  # where the script says the run goes
-    assert read_results(log_dir / "slurm-31")["world_size"] == 2
+    results = read_results(log_dir / "slurm-31")
+    assert results["world_size"] == 2 and results["mode"] == "fsdp"
     srun, = calls(tmp_path, "srun")
     assert "--ntasks=1" in srun and "--standalone" in srun and "--nproc_per_node 2" in srun
+    assert "/fsdp/train.py" in srun
     assert not calls(tmp_path, "scontrol")
 
 

@@ -33,6 +33,7 @@ from common.metrics import StepTimer
 from common.performance import autocast, peak_tflops, resolve_fast_path
 from common.telemetry import GIB, GpuTelemetry, peak_memory_gb
 from conftest import REPO, TINY, read_results, read_scalars
+from models import pyramidnet
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA GPU: run `bash benchmarks/gpu_check.sh OUT` on a GPU machine")
@@ -80,6 +81,10 @@ def launched(tmp_path_factory):
                                "--sync_bn"),
         "gloo_shared": Launch(folder, "gloo_shared", "dist_parallel/train.py", *longer, "--backend", "gloo",
                               "--gpu_devices", "0", "0"),
+        "fsdp_nccl": Launch(folder, "fsdp_nccl", "fsdp/train.py", *longer, "--nproc_per_node", "1", "--save_model"),
+        "fsdp_gloo_fp16": Launch(folder, "fsdp_gloo_fp16", "fsdp/train.py", *longer, "--backend", "gloo",
+                                 "--gpu_devices", "0", "0", "--amp", "fp16", "--no_reshard_after_forward",
+                                 "--save_model"),
         "compiled": Launch(folder, "compiled", "single_gpu/train.py", *GPU_TINY, "--compile", "--benchmark",
                            "--warmup_steps", "2", "--benchmark_steps", "6", "--log_interval", "2"),
         "profile": Launch(folder, "profile", "benchmarks/profile_step.py", "--depth", "8", "--alpha", "12",
@@ -95,7 +100,7 @@ def launched(tmp_path_factory):
 
 def test_every_mode_runs_with_the_gpu_defaults(launched):
     _, runs, outputs = launched
-    for name in ("single_gpu", "data_parallel", "nccl_sync_bn", "gloo_shared"):
+    for name in ("single_gpu", "data_parallel", "nccl_sync_bn", "gloo_shared", "fsdp_nccl"):
         results = read_results(runs[name].run_dir)
         cfg, summary = results["config"], results["summary"]
         expected_amp = "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"
@@ -106,6 +111,23 @@ def test_every_mode_runs_with_the_gpu_defaults(launched):
         assert "gpu/util/0" in read_scalars(runs[name].run_dir), name
     assert "over nccl" in outputs["nccl_sync_bn"] and "over gloo" in outputs["gloo_shared"]
     assert "identical on 2 ranks" in outputs["gloo_shared"]  # the sync check over the shared GPU
+
+
+def test_fsdp_shards_on_the_gpu_with_fp16_loss_scaling(launched):
+    """FSDP2 on CUDA: DTensor parameters under fused SGD, the GradScaler's overflow check over sharded gradients
+    (DTensor reduces it across the ranks), the weights gathered whole onto rank 0's CPU for model.pt, and the same
+    PyramidNet as the other modes (every parameter, every shape)."""
+    _, runs, outputs = launched
+    results = read_results(runs["fsdp_gloo_fp16"].run_dir)
+    assert results["config"]["amp"] == "fp16" and results["config"]["reshard_after_forward"] is False
+    assert "identical on 2 ranks" in outputs["fsdp_gloo_fp16"] and results["summary"]["params_in_sync"] is True
+    assert torch.isfinite(torch.tensor(results["summary"]["train_loss"]))
+    cfg = results["config"]
+    plain = pyramidnet(cfg["depth"], cfg["alpha"], cfg["block"]).state_dict()
+    for name in ("fsdp_nccl", "fsdp_gloo_fp16"):
+        saved = torch.load(runs[name].run_dir / "model.pt", map_location="cpu", weights_only=True)
+        assert all(tensor.device.type == "cpu" and torch.isfinite(tensor).all() for tensor in saved.values()), name
+        assert {k: v.shape for k, v in saved.items()} == {k: v.shape for k, v in plain.items()}, name
 
 
 def test_mfu_and_peak_memory_on_a_known_gpu(launched):
