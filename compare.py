@@ -1,20 +1,24 @@
 """Run every mode the same way and write the comparison: report.md, results.csv and plots.
 
-    python compare.py                              # single_gpu, DataParallel and DDP (NCCL, Gloo) on every GPU here
+    python compare.py                              # every mode on every GPU here: DDP and FSDP on NCCL and Gloo
     python compare.py --gpu_counts 1 2 4 8         # a scaling sweep (the same global batch in every run)
     python compare.py --gpu_counts 1 2 4 8 --batch_per_gpu 128   # each GPU keeps 128 images (weak scaling)
     python compare.py --modes dist_parallel --backends nccl gloo --repeat 3
     python compare.py --amp bf16 off --sync_bn off on
+    python compare.py --modes dist_parallel fsdp --reshard_after_forward on off   # DDP, FSDP ZeRO-3 and ZeRO-2
     python compare.py --epochs 30 --dataset cifar10   # train for 30 epochs and compare test accuracy too
     python compare.py --depth 56 --alpha 84           # any model/data flag of train.py goes to every run
     python compare.py --verify --deterministic        # prove the modes agree here: a verdict per check, verify.md
 
 Each configuration runs as its own subprocess, started as a user would start it (`python single_gpu/train.py`,
-`python data_parallel/train.py`, `torchrun dist_parallel/train.py`), with the same model, data, global batch,
-learning rate and seed; by default in `--benchmark` mode (synthetic data, speed only). Each run's results.json is
-read back and everything goes to `--out` (default results/<timestamp>): report.md, results.csv, the plots, each
-run's log and run folder. A run that fails is kept in the report with its error. Without GPUs the same matrix runs
-as CPU processes over Gloo with a tiny PyramidNet, one thread per process standing in for a GPU.
+`python data_parallel/train.py`, `torchrun dist_parallel/train.py`, `torchrun fsdp/train.py`), with the same model,
+data, global batch, learning rate and seed; by default in `--benchmark` mode (synthetic data, speed only). fsdp is
+in the default --modes where there are two GPUs or more (one GPU has nothing to shard over); `--modes fsdp` runs it
+anywhere. Each run's results.json is read back and everything goes to `--out` (default results/<timestamp>):
+report.md, results.csv, the plots, each run's log and run folder, and projections past this machine (DDP's and
+FSDP's scaling, and the memory per GPU of this model and wider ones). A run that fails is kept in the report with
+its error. Without GPUs the same matrix runs as CPU processes over Gloo with a tiny PyramidNet, one thread per
+process standing in for a GPU.
 
 `--verify` runs, instead of the comparison, the checks the tests run on the CPU (comparison/verify.py): the modes
 end with the same weights on one device, N processes with what one process computes from the same shares, the
@@ -39,11 +43,11 @@ from common.config import (REPO_ROOT, AMPS, Config, UsageError, _OneLineParser, 
                            check_domains, config_argv, flag, user_errors)
 from common.data import DATASET_INFO  # noqa: E402
 from comparison import environment as machine  # noqa: E402
-from comparison.matrix import BACKENDS, MODES, check_runs, command, dist_config_class, plan  # noqa: E402
-from comparison.projection import gradient_bytes  # noqa: E402
+from comparison.matrix import BACKENDS, GROUP_MODES, MODES, check_runs, command, config_class, plan  # noqa: E402
+from comparison.projection import fsdp_units, gradient_bytes, memory_projection  # noqa: E402
 from comparison.report import (READING, TABLE_HEADER, Outcome, environment_section, fabric_of_runs,  # noqa: E402
-                               failures, fill_rows, fmt_seconds, groups, projection_inputs, projection_section,
-                               table_row, write_csv)
+                               failures, fill_rows, fmt_seconds, groups, memory_section, projection_inputs,
+                               projection_section, table_row, write_csv)
 from comparison.runner import run_one  # noqa: E402
 from comparison.verify import Verification, defaults as verify_defaults  # noqa: E402
 from models.pyramidnet import pyramidnet  # noqa: E402
@@ -56,16 +60,22 @@ class CompareConfig:
                            check="folder")
     verify: bool = flag(False, "instead of the comparison: check that the modes agree (weights, evaluation, ranks "
                                "in sync, resume), each check a verdict in verify.md; --max_steps default 24")
-    modes: tuple[str, ...] = flag(MODES, "which modes to run", nargs="+", choices=MODES)
-    gpu_counts: tuple[int, ...] | None = flag(None, "GPU counts for data_parallel and dist_parallel (default: "
+    modes: tuple[str, ...] | None = flag(None, "which modes to run (default: all four with two GPUs or more, and "
+                                               "with --verify; without fsdp on one GPU or none)", nargs="+",
+                                         choices=MODES)
+    gpu_counts: tuple[int, ...] | None = flag(None, "GPU counts for data_parallel, dist_parallel and fsdp (default: "
                                                     "every GPU here; without GPUs, 2 CPU processes)", nargs="+",
                                               at_least=1)
-    backends: tuple[str, ...] | None = flag(None, "dist_parallel's backends (default: nccl and gloo with GPUs, gloo "
-                                                  "without)", nargs="+", choices=BACKENDS)
+    backends: tuple[str, ...] | None = flag(None, "dist_parallel's and fsdp's backends (default: nccl and gloo with "
+                                                  "GPUs, gloo without)", nargs="+", choices=BACKENDS)
     amp: tuple[str, ...] | None = flag(None, "--amp settings to compare (default: each run's default for the "
                                              "device)", nargs="+", choices=AMPS)
     sync_bn: tuple[str, ...] = flag(("off",), "dist_parallel with BatchNorm (off), SyncBatchNorm (on), or both",
                                     nargs="+", choices=("off", "on"))
+    reshard_after_forward: tuple[str, ...] = flag(("on",), "fsdp freeing each block's gathered parameters after "
+                                                           "forward, gathered again in backward (on, ZeRO-3-like), "
+                                                           "keeping them to backward (off, ZeRO-2-like), or both",
+                                                  nargs="+", choices=("on", "off"))
     repeat: int = flag(1, "runs of each configuration; the report gives mean ± std", at_least=1)
     epochs: int = flag(0, "0: --benchmark runs (synthetic data, speed only); N: train N epochs on --dataset and "
                           "compare test accuracy too", at_least=0)
@@ -81,40 +91,50 @@ class CompareConfig:
 # train.py flags that compare.py sets itself for every run, rather than passing the user's value on
 CONTROLLED = {"amp", "epochs", "overwrite", "gpu_devices", "log_dir", "run_name", "resume", "evaluate", "save_model",
               "checkpoint_interval", "benchmark", "progress"}
-DIST_PASSED = ("bucket_cap_mb", "dist_timeout")  # dist_parallel's own flags that are passed on to its runs
+# the process-group modes' own flags that are passed on to their runs, and which modes take each
+GROUP_PASSED = {"bucket_cap_mb": ("dist_parallel",), "dist_timeout": GROUP_MODES}
 # without GPUs, unless given: a model and run small enough for a few seconds per run on a laptop's CPU
 CPU_DEFAULTS = {"depth": 8, "alpha": 12.0, "batch_size": 32, "synthetic_size": 512, "benchmark_steps": 20,
                 "warmup_steps": 3, "log_interval": 5, "loader": "gpu", "num_workers": 0}
 
 
 def parse(argv=None) -> tuple[CompareConfig, dict, dict]:
-    """compare.py's own flags, the train.py flags given (passed to every run) and dist_parallel's (its runs)."""
+    """compare.py's own flags, the train.py flags given (passed to every run) and the process-group modes' own
+    flags given (passed to their runs: GROUP_PASSED)."""
     parser = _OneLineParser(description=__doc__.split("\n\n")[0])
     add_flags(parser, CompareConfig)
     group = parser.add_argument_group("passed to every train.py (their defaults unless given)")
     add_flags(group, Config, skip=CONTROLLED, defaults=False)
-    dist_class = dist_config_class()
-    dist_group = parser.add_argument_group("passed to dist_parallel/train.py")
+    dist_class = config_class("dist_parallel")  # it has every flag of GROUP_PASSED; fsdp's are the same fields
+    dist_group = parser.add_argument_group("passed to dist_parallel/train.py (--dist_timeout to fsdp/train.py too)")
     add_flags(dist_group, dist_class, skip=[f.name for f in dataclasses.fields(dist_class)
-                                            if f.name not in DIST_PASSED], defaults=False)
+                                            if f.name not in GROUP_PASSED], defaults=False)
     args = vars(parser.parse_args(argv))
     own = {f.name: args.pop(f.name) for f in dataclasses.fields(CompareConfig)}
-    for name in ("modes", "gpu_counts", "backends", "amp", "sync_bn"):
+    for name in ("modes", "gpu_counts", "backends", "amp", "sync_bn", "reshard_after_forward"):
         own[name] = tuple(dict.fromkeys(own[name])) if own[name] is not None else None
-    dist_only = {name: args.pop(name) for name in DIST_PASSED if name in args}
-    return CompareConfig(**own), args, dist_only
+    group_only = {name: args.pop(name) for name in GROUP_PASSED if name in args}
+    return CompareConfig(**own), args, group_only
 
 
-def resolve(cc: CompareConfig, train: dict, cuda: bool, gpus_here: int) -> CompareConfig:
+def resolve(cc: CompareConfig, train: dict, cuda: bool, gpus_here: int, group_only=()) -> CompareConfig:
     """Defaults that depend on the machine, and the mistakes between flags to refuse before any run starts (each
-    flag's own domain was checked when the config was built)."""
+    flag's own domain was checked when the config was built); `group_only`: the process-group flags given. fsdp is
+    a default mode of the comparison from two GPUs on: with one there is nothing to shard over, and on the CPU its
+    gloo processes would only repeat dist_parallel's point. --verify checks every mode wherever it runs."""
     counts = cc.gpu_counts or ((gpus_here,) if cuda else (2,))
     backends = cc.backends or (BACKENDS if cuda else ("gloo",))
+    modes = cc.modes or tuple(m for m in MODES if m != "fsdp" or cc.verify or (cuda and gpus_here >= 2))
     checks = [
         (not cuda or max(counts) <= gpus_here,
          f"--gpu_counts {max(counts)} is more GPUs than the {gpus_here} visible here"),
         (cuda or "nccl" not in backends, "--backends nccl needs CUDA GPUs; without them use --backends gloo"),
         (cuda or "on" not in cc.sync_bn, "--sync_bn on needs GPUs (PyTorch's SyncBatchNorm refuses CPU modules)"),
+        ("off" not in cc.reshard_after_forward or "fsdp" in modes,
+         "--reshard_after_forward off is fsdp's setting: add fsdp to --modes"),
+        *[(any(mode in modes for mode in GROUP_PASSED[name]), f"--{name} is passed to "
+           f"{' and '.join(GROUP_PASSED[name])} only: add {' or '.join(GROUP_PASSED[name])} to --modes, or leave "
+           f"--{name} out") for name in group_only],
         (cc.batch_per_gpu is None or "batch_size" not in train,
          "--batch_size fixes the global batch and --batch_per_gpu each GPU's: give one of them"),
         (cc.epochs or cc.verify or "max_steps" not in train,
@@ -126,7 +146,7 @@ def resolve(cc: CompareConfig, train: dict, cuda: bool, gpus_here: int) -> Compa
     for ok, message in checks:
         if not ok:
             raise UsageError(message)
-    return dataclasses.replace(cc, gpu_counts=counts, backends=backends, amp=cc.amp or (None,))
+    return dataclasses.replace(cc, modes=modes, gpu_counts=counts, backends=backends, amp=cc.amp or (None,))
 
 
 def output_folder(cc: CompareConfig) -> Path:
@@ -148,10 +168,15 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
     ok = [o for o in outcomes if o.status == "ok"]
     config = ok[0].results["config"] if ok else {**{f.name: f.default for f in dataclasses.fields(Config)}, **train}
     device = device_name(env, cuda)
-    grads = gradient_bytes(model_on_meta(config))
+    model = model_on_meta(config)
+    grads = gradient_bytes(model)
     bucket_cap_mb = next((o.results["config"].get("bucket_cap_mb") for o in ok if o.run.mode == "dist_parallel"),
                          25.0)
-    projection = projection_inputs(outcomes, grads, bucket_cap_mb)
+    data = DATASET_INFO[config["dataset"]]
+    projection = projection_inputs(outcomes, grads, bucket_cap_mb, fsdp_units(model, data.channels, data.size))
+    amp = projection["amp"] if projection else (config.get("amp") or ("bf16" if cuda else "off"))
+    memory = memory_projection(lambda alpha: model_on_meta({**config, "alpha": alpha}), config["alpha"], amp,
+                               config["momentum"] != 0, gpu_memory_bytes(cuda))
     from comparison.plots import pictures_section, write_plots  # matplotlib: a second's import, for pictures only
 
     pictures = write_plots(outcomes, out, device, cuda, projection)
@@ -183,6 +208,8 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
         "",
         *projection_section(outcomes, projection, cuda, fabric_of_runs(outcomes, topology)),
         "",
+        *memory_section(memory, outcomes, device if cuda else None),
+        "",
         "## Environment",
         "",
         *environment_section(env, topology),
@@ -199,6 +226,11 @@ def model_on_meta(config: dict) -> torch.nn.Module:
                           in_channels=data.channels, width_multiple=config["width_multiple"])
 
 
+def gpu_memory_bytes(cuda: bool) -> int | None:
+    """The first GPU's memory, which the memory projection weighs the model against; None without GPUs."""
+    return torch.cuda.get_device_properties(0).total_memory if cuda else None
+
+
 def device_name(env: dict, cuda: bool) -> str:
     if cuda and env.get("gpus"):
         return machine.gpu_summary(env)
@@ -207,35 +239,38 @@ def device_name(env: dict, cuda: bool) -> str:
 
 # ------------------------------------------------------------------------------------------------------- main
 
-def configure(argv: list[str]) -> tuple[CompareConfig, dict, list[str], bool]:
-    """The flags resolved for this machine: compare.py's own, the train.py flags of every run, dist_parallel's own
-    flags (as arguments), and whether there are GPUs."""
-    cc, train, dist_only = parse(argv)
+def configure(argv: list[str]) -> tuple[CompareConfig, dict, dict[str, list[str]], bool]:
+    """The flags resolved for this machine: compare.py's own, the train.py flags of every run, the flags passed on
+    to each process-group mode (mode -> arguments), and whether there are GPUs."""
+    cc, train, group_only = parse(argv)
     cuda = torch.cuda.is_available()
-    cc = resolve(cc, train, cuda, torch.cuda.device_count())
+    cc = resolve(cc, train, cuda, torch.cuda.device_count(), group_only)
     if cc.verify:  # its own defaults first, so that compare.py's CPU defaults do not override them
         train = {**verify_defaults(cuda), **train}
     if not cuda:
         train = {**CPU_DEFAULTS, **train}
-    return cc, train, config_argv(dist_config_class(), dist_only), cuda
+    group_flags = {mode: config_argv(config_class("dist_parallel"),  # GROUP_PASSED's fields, as parse() read them
+                                     {k: v for k, v in group_only.items() if mode in GROUP_PASSED[k]})
+                   for mode in GROUP_MODES}
+    return cc, train, group_flags, cuda
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     with user_errors():
-        cc, train, dist_flags, cuda = configure(argv)
+        cc, train, group_flags, cuda = configure(argv)
         if cc.verify:  # the checks instead of the comparison: every run planned (or refused) before any starts
-            verification = Verification(cc, train, dist_flags, cuda, output_folder(cc))
+            verification = Verification(cc, train, group_flags, cuda, output_folder(cc))
             return verification.main(cc.run_timeout, argv, device_name(machine.environment(), cuda))
         train["epochs"] = cc.epochs if cc.epochs else None
         shared = config_argv(Config, {k: v for k, v in train.items() if k != "batch_size"})
         shared += [] if cc.epochs else ["--benchmark"]
         batch = train.get("batch_size", Config.batch_size)
         runs = plan(cc.modes, cc.gpu_counts, cc.backends, cc.amp, [s == "on" for s in cc.sync_bn], cc.repeat, cuda,
-                    batch, cc.batch_per_gpu)
+                    batch, cc.batch_per_gpu, [s == "on" for s in cc.reshard_after_forward])
         if not runs:
             raise UsageError("--modes/--gpu_counts/--backends leave nothing to run")
-        check_runs(runs, shared, dist_flags)
+        check_runs(runs, shared, group_flags)
         out = output_folder(cc)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     env, topology = machine.environment(), machine.topology()
@@ -249,7 +284,7 @@ def main(argv=None) -> int:
               + f" — {len(runs) - run.index} left after it, {fmt_seconds(time.monotonic() - started)} elapsed",
               flush=True)
         try:
-            outcome = run_one(run, command(run, shared, dist_flags, out / "runs", cuda), out, cuda, cc.run_timeout)
+            outcome = run_one(run, command(run, shared, group_flags, out / "runs", cuda), out, cuda, cc.run_timeout)
         except KeyboardInterrupt:
             interrupted = True
             outcomes += [Outcome(r, "not run", error="compare.py was interrupted") for r in runs[run.index - 1:]]

@@ -1,8 +1,9 @@
 """The runs of a comparison: which configurations, and the exact command line and environment of each.
 
 Every run gets the same model, data, global batch, learning rate and seed; only the parallelism (mode, GPU count,
-backend) and the settings being compared (--amp, --sync_bn) differ. Each is started the way a user would start it:
-`python single_gpu/train.py`, `python data_parallel/train.py`, `torchrun dist_parallel/train.py`.
+backend) and the settings being compared (--amp, --sync_bn, --reshard_after_forward) differ. Each is started the
+way a user would start it: `python single_gpu/train.py`, `python data_parallel/train.py`, `torchrun
+dist_parallel/train.py`, `torchrun fsdp/train.py`.
 """
 from __future__ import annotations
 
@@ -15,24 +16,29 @@ from pathlib import Path
 
 from common.config import REPO_ROOT, Config, UsageError, parse_config
 
-MODES = ("single_gpu", "data_parallel", "dist_parallel")
+MODES = ("single_gpu", "data_parallel", "dist_parallel", "fsdp")
+GROUP_MODES = ("dist_parallel", "fsdp")  # a process group of one process per GPU, started under torchrun
 BACKENDS = ("nccl", "gloo")
+CONFIG_CLASSES = {"dist_parallel": "DistConfig", "fsdp": "FsdpConfig"}  # the rest take Config as it is
 
 
 @functools.cache
-def dist_config_class() -> type[Config]:
-    """dist_parallel's config (Config plus its inline DDP flags), read from the script itself."""
-    spec = importlib.util.spec_from_file_location("dist_parallel_train", REPO_ROOT / "dist_parallel" / "train.py")
+def config_class(mode: str) -> type[Config]:
+    """The config a mode's train.py parses: Config, or for a process-group mode Config plus its own flags, read
+    from the script itself (its config class lives there, beside the code that uses it)."""
+    if mode not in CONFIG_CLASSES:
+        return Config
+    spec = importlib.util.spec_from_file_location(f"{mode}_train", REPO_ROOT / mode / "train.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.DistConfig
+    return getattr(module, CONFIG_CLASSES[mode])
 
 
 @dataclass(frozen=True)
 class Run:
     mode: str
     gpus: int               # GPUs (CPU processes without GPUs) the run uses
-    backend: str | None     # dist_parallel only
+    backend: str | None     # dist_parallel and fsdp only
     amp: str | None         # None: the script's default for the device
     sync_bn: bool           # dist_parallel only
     batch_size: int         # the global batch
@@ -40,59 +46,78 @@ class Run:
     index: int = 0          # position in the matrix, 1-based
     unit: str = "gpu"       # what `gpus` counts: gpu, or cpu (processes) without GPUs
     label: str | None = None  # compare.py --verify: what the run is for, in place of the repeat in its name
+    reshard_after_forward: bool | None = None  # fsdp only: ZeRO-3-like (True) or ZeRO-2-like (False)
 
     @property
     def setting(self) -> tuple:
         """What identifies the configuration, repeats aside."""
-        return self.mode, self.gpus, self.backend, self.amp, self.sync_bn, self.batch_size
+        return (self.mode, self.gpus, self.backend, self.amp, self.sync_bn, self.batch_size,
+                self.reshard_after_forward)
 
     @property
     def name(self) -> str:
         parts = [f"{self.index:02d}", self.mode, f"{self.gpus}{self.unit}", self.backend,
-                 self.amp and f"amp_{self.amp}", self.sync_bn and "syncbn", self.label or f"r{self.repeat}"]
+                 self.amp and f"amp_{self.amp}", self.sync_bn and "syncbn",
+                 self.reshard_after_forward is False and "zero2", self.label or f"r{self.repeat}"]
         return "-".join(p for p in parts if p)
 
     def describe(self) -> str:
         units = {"gpu": ("GPU", "GPUs"), "cpu": ("CPU process", "CPU processes")}[self.unit]
         text = f"{self.mode} on {self.gpus} {units[self.gpus > 1]}"
-        extras = [self.backend, self.amp and f"amp {self.amp}", self.sync_bn and "SyncBatchNorm"]
+        reshard = {True: "reshard after forward (ZeRO-3)", False: "no reshard after forward (ZeRO-2)", None: None}
+        extras = [self.backend, self.amp and f"amp {self.amp}", self.sync_bn and "SyncBatchNorm",
+                  reshard[self.reshard_after_forward]]
         extras = ", ".join(e for e in extras if e)
         return f"{text} ({extras})" if extras else text
 
 
 def plan(modes, gpu_counts, backends, amps, sync_bns, repeat: int, cuda: bool, batch_size: int | None,
-         batch_per_gpu: int | None) -> list[Run]:
+         batch_per_gpu: int | None, reshards=(True,)) -> list[Run]:
     """Every configuration asked for, each `repeat` times in a row. single_gpu runs on one GPU; on the CPU,
-    data_parallel has nothing to split over and runs as one process. The global batch is `batch_size` in every
-    run, or `batch_per_gpu` times the run's GPUs."""
+    data_parallel has nothing to split over and runs as one process. dist_parallel runs on each GPU count over each
+    backend (with and without SyncBatchNorm, as asked), fsdp likewise with each `reshards` setting (SyncBatchNorm
+    is dist_parallel's). The global batch is `batch_size` in every run, or `batch_per_gpu` times the run's GPUs."""
     batch = (lambda gpus: batch_per_gpu * gpus) if batch_per_gpu else (lambda gpus: batch_size)  # noqa: E731
     runs = []
     for amp in amps:
         if "single_gpu" in modes:
-            runs.append(("single_gpu", 1, None, amp, False, batch(1)))
+            runs.append(("single_gpu", 1, None, amp, False, batch(1), None))
         for gpus in gpu_counts:
             if "data_parallel" in modes and (cuda or gpus == gpu_counts[0]):
-                runs.append(("data_parallel", gpus if cuda else 1, None, amp, False, batch(gpus if cuda else 1)))
+                runs.append(("data_parallel", gpus if cuda else 1, None, amp, False, batch(gpus if cuda else 1),
+                             None))
             if "dist_parallel" in modes:
-                runs += [("dist_parallel", gpus, backend, amp, sync_bn, batch(gpus))
+                runs += [("dist_parallel", gpus, backend, amp, sync_bn, batch(gpus), None)
                          for backend in backends for sync_bn in sync_bns]
-    planned = [Run(*setting, repeat=k) for setting in dict.fromkeys(runs) for k in range(1, repeat + 1)]
+            if "fsdp" in modes:
+                runs += [("fsdp", gpus, backend, amp, False, batch(gpus), reshard)
+                         for backend in backends for reshard in reshards]
+    planned = [Run(*setting[:6], repeat=k, reshard_after_forward=setting[6])
+               for setting in dict.fromkeys(runs) for k in range(1, repeat + 1)]
     unit = "gpu" if cuda else "cpu"
     return [Run(**{**r.__dict__, "index": i, "unit": unit}) for i, r in enumerate(planned, 1)]
 
 
-def command(run: Run, shared: list[str], dist_only: list[str], log_dir: Path, cuda: bool,
+def mode_flags(run: Run, group_flags: dict[str, list[str]]) -> list[str]:
+    """The flags that make a process-group run this configuration: the user's flags passed on to its mode
+    (`group_flags`: mode -> flags, as compare.py builds them), its backend, SyncBatchNorm, no resharding."""
+    flags = [*group_flags.get(run.mode, []), "--backend", run.backend]
+    flags += ["--sync_bn"] if run.sync_bn else []
+    return flags + (["--no_reshard_after_forward"] if run.reshard_after_forward is False else [])
+
+
+def command(run: Run, shared: list[str], group_flags: dict[str, list[str]], log_dir: Path, cuda: bool,
             self_launch: bool = False) -> list[str]:
     """The command line of one run: the shared flags, then what makes this run this configuration. dist_parallel
-    runs under torchrun, or with `self_launch` as `python dist_parallel/train.py --nproc_per_node N`, which starts
+    and fsdp run under torchrun, or with `self_launch` as `python <mode>/train.py --nproc_per_node N`, which starts
     torch's elastic launcher itself."""
     script = str(REPO_ROOT / run.mode / "train.py")
     flags = [*shared, "--batch_size", str(run.batch_size), "--log_dir", str(log_dir), "--run_name", run.name,
              "--no_progress"]
     if run.amp:
         flags += ["--amp", run.amp]
-    if run.mode == "dist_parallel":
-        flags += [*dist_only, "--backend", run.backend] + (["--sync_bn"] if run.sync_bn else [])
+    if run.mode in GROUP_MODES:
+        flags += mode_flags(run, group_flags)
         if self_launch:
             return [sys.executable, script, *flags, "--nproc_per_node", str(run.gpus)]
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(run.gpus)]
@@ -111,11 +136,10 @@ def run_environment(run: Run, cuda: bool) -> dict:
     return env
 
 
-def check_runs(runs: list[Run], shared: list[str], dist_only: list[str]) -> None:
+def check_runs(runs: list[Run], shared: list[str], group_flags: dict[str, list[str]]) -> None:
     """Refuse, before anything starts, a matrix that some run would refuse: the flags each script would get
     must parse, the global batch must divide over every GPU count, and DataParallel on several GPUs is not
     compiled (the report would call compiled what ran eager)."""
-    dist_class = dist_config_class()
     for run in runs:
         if run.mode != "single_gpu" and run.batch_size % run.gpus:
             raise UsageError(f"--batch_size {run.batch_size} does not divide over {run.gpus} GPUs ({run.mode}): "
@@ -126,8 +150,6 @@ def check_runs(runs: list[Run], shared: list[str], dist_only: list[str]) -> None
                              f"(--modes single_gpu dist_parallel)")
         extra = ["--amp", run.amp] if run.amp else []
         extra += ["--batch_size", str(run.batch_size)]
-        if run.mode == "dist_parallel":
-            parse_config(dist_class, [*shared, *dist_only, *extra, "--backend", run.backend])  # sync_bn: a bool
-        else:
-            parse_config(Config, [*shared, *extra])
+        extra += mode_flags(run, group_flags) if run.mode in GROUP_MODES else []
+        parse_config(config_class(run.mode), [*shared, *extra])
 

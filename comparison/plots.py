@@ -1,6 +1,7 @@
 """The report's pictures, drawn from what the runs wrote to their results.json:
 
-- images_per_sec.png: global images/s by GPU count, a line per configuration (mode, backend, --amp, SyncBN);
+- images_per_sec.png: global images/s by GPU count, a line per configuration (mode, backend, --amp, SyncBN,
+  ZeRO-2);
 - scaling_efficiency.png: speedup over single_gpu ÷ GPUs by GPU count, and the projection's curves beside it;
 - step_time.png: where a step goes, a stacked bar per configuration: data wait, compute, and for the parallel modes
   the time above single_gpu's step at the same per-GPU batch (what the parallelism costs);
@@ -32,10 +33,12 @@ FABRIC_LINES = ("--", ":", "-.")  # one dash per projected curve
 
 # ---------------------------------------------------------------------------------------------------- the data
 def label(o) -> str:
-    """A configuration's name in a legend: mode, backend, --amp, SyncBN (the GPU count is the x axis)."""
+    """A configuration's name in a legend: mode, backend, --amp, SyncBN, ZeRO-2 (fsdp without resharding after
+    forward); the GPU count is the x axis."""
     r = o.run
-    return " ".join(x for x in (r.mode, r.backend, o.row["amp"] and f"amp {o.row['amp']}", r.sync_bn and "SyncBN")
-                    if x)
+    zero2 = r.reshard_after_forward is False and "ZeRO-2"
+    return " ".join(x for x in (r.mode, r.backend, o.row["amp"] and f"amp {o.row['amp']}", r.sync_bn and "SyncBN",
+                                zero2) if x)
 
 
 def series(outcomes, key: str, scale: float = 1.0) -> dict[str, dict[int, list[float]]]:

@@ -1,6 +1,7 @@
-"""A projection of DDP's scaling past the GPUs at hand: a ring all-reduce cost model with DDP's bucketed overlap.
+"""Projections past the GPUs at hand: DDP's and FSDP's scaling (ring collectives overlapping the compute), and the
+memory each needs per GPU for this model and wider ones.
 
-It is a model, not a measurement, and the report labels it so. What it assumes:
+They are models, not measurements, and the report labels them so. What the DDP model assumes:
 
 - Weak scaling: every GPU keeps the measured single-GPU batch, so the compute of a step stays the measured
   single-GPU step time. Efficiency at N GPUs = single-GPU step time / projected step time at N.
@@ -20,18 +21,67 @@ It is a model, not a measurement, and the report labels it so. What it assumes:
   (https://github.com/pytorch/pytorch/tree/main/benchmarks/distributed/ddp, 8 V100s on NVLink, DGX-1) for
   ResNet-101, ResNeXt-50 and ResNeXt-101. ResNet-50 is left out of the fit and is the check: the tests re-derive
   the allowance from those figures and compare the model with the measured ResNet-50 efficiency.
+
+What the FSDP model (fsdp/train.py: FSDP2's fully_shard on every residual block, and on the root for the stem, the
+final BatchNorm and the classifier) assumes, beside the above (weak scaling, the same fabrics, backward two thirds
+of the compute, the same lock-step allowance):
+
+- Traffic per GPU per step, nccl-tests' bus-bandwidth definitions, P the parameters' bytes and G the gradients'
+  (both fp32, the same size: the runs use autocast, not FSDP's MixedPrecisionPolicy, so FSDP gathers and reduces
+  fp32): DDP's all-reduce sends 2(N-1)/N x G. FSDP all-gathers each unit's parameters before its forward,
+  (N-1)/N x P, again before its backward when it reshards after forward (ZeRO-3-like; not with
+  --no_reshard_after_forward, ZeRO-2-like), and reduce-scatters its gradients, (N-1)/N x G: 3(N-1)/N x P in all,
+  1.5x DDP's bytes, or 2(N-1)/N x P without resharding, DDP's. An all-gather or a reduce-scatter of m bytes over a
+  ring of N GPUs takes latency + m * (N-1)/N / bus_bandwidth, latency = 8.4 us + (N-1) * hop latency (N-1 ring
+  steps where the all-reduce takes 2(N-1)); the bus bandwidth is the fabric's all-reduce figure, taken for all
+  three (nccl-tests defines bus bandwidth so that a ring's link speed reads the same in each collective).
+- A unit's compute is its share of the model's FLOPs (counted per unit on the meta device; forward and backward in
+  the same shares), not of its parameters: the early blocks are narrow but see large images.
+- Forward: a unit's all-gather is issued as the unit before it starts computing (FSDP2 prefetches one unit ahead),
+  and a unit computes once its parameters are gathered. Backward, in reverse unit order: with resharding, a unit's
+  all-gather is issued as the unit after it starts its backward (FSDP2's backward prefetch), the first one as
+  forward ends; each unit's reduce-scatter is issued as its backward ends. The collectives share the links and run
+  one after another in the order issued. Only the communication the compute does not hide adds to the step. The
+  root unit (a few kB) is taken as the first unit of forward and the last of backward, whereas FSDP2 gathers it
+  first in backward; the padding of each parameter to a multiple of N is left out.
+- FSDP's own work (copying into and out of the gathered buffers, its hooks) is in the measured one-process fsdp step
+  when the comparison has one; otherwise the single-GPU step stands in for it and the report says so.
+- The lock-step allowance is DDP's, fitted to DDP: no published FSDP figure for a model like this one was found to
+  fit it to. FSDP's ranks meet at every unit's collectives rather than at the end of backward.
+
+What the memory projection assumes (bytes per GPU of the model state, not a measurement either):
+
+- Parameters, gradients and SGD's momentum buffer, 4 bytes each per parameter (fp32: autocast keeps fp32 weights,
+  and FSDP here shards fp32). DDP replicates all three (its gradients are its buckets: gradient_as_bucket_view);
+  FSDP keeps a 1/N shard of each, plus what it has gathered at its peak: the root's parameters throughout (its
+  forward and its backward enclose the blocks'), and in backward the root's unsharded gradients; with resharding,
+  two blocks' parameters (the one computing and the next, prefetched) and, in backward, the computing block's
+  unsharded gradients before their reduce-scatter; without, every block's parameters from its forward to the end
+  of its backward, and the computing block's gradients.
+- Under autocast (bf16 or fp16) every mode also keeps, from forward to backward, a 2-byte copy of every convolution
+  and classifier weight: autograd saves the cast copies for backward, and FSDP's resharding frees its gathered fp32
+  parameters but not these copies. They are not sharded.
+- Activations are left out: they do not shard under FSDP, they grow with the per-GPU batch, and for a CNN of this
+  size they are usually most of a GPU's memory. A model state that fits is necessary, not sufficient.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
+from torch import nn
 
 FIRST_BUCKET_BYTES = 1024 * 1024  # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES
 BACKWARD_SHARE = 2 / 3            # backward ~ 2x forward FLOPs
 RING_BASE_LATENCY_US = 8.4        # NCCL src/graph/tuning.cc, baseLat, Ring/Simple
 SYNC_ALLOWANCE = 0.056            # fitted, see above; re-derived by tests/test_compare.py
 PROJECTED_GPU_COUNTS = (2, 4, 8, 16, 32, 64)
+MEMORY_GPU_COUNTS = (1, *PROJECTED_GPU_COUNTS)
+WIDER = (1, 2, 4, 8, 16)  # the memory projection's models: the runs' alpha times each
+ASSUMED_GPU_BYTES = 80 * 1024**3  # without a GPU here, the memory projection weighs the models against an H100's
+AUTOCAST = ("bf16", "fp16")  # --amp values that compute in 2-byte floats under torch.autocast
 
 
 @dataclass(frozen=True)
@@ -57,13 +107,29 @@ FABRICS = (
 )
 
 
-def ring_allreduce_seconds(nbytes: float, gpus: int, bus_bandwidth_gbs: float, hop_latency_us: float) -> float:
-    """NCCL ring all-reduce of `nbytes` over `gpus` ranks: latency plus the bytes each rank sends at bus speed."""
+def ring_allreduce_seconds(nbytes: float, gpus: int, bus_bandwidth_gbs: float, hop_latency_us: float,
+                           passes: int = 2) -> float:
+    """NCCL ring all-reduce of `nbytes` over `gpus` ranks: latency plus the bytes each rank sends at bus speed.
+    `passes` 1: an all-gather or a reduce-scatter, whose `nbytes` is the whole (gathered, or reduced) buffer."""
     if gpus < 2:
         return 0.0
-    steps = 2 * (gpus - 1)
+    steps = passes * (gpus - 1)
     latency = (RING_BASE_LATENCY_US + steps * hop_latency_us) * 1e-6
     return latency + nbytes * steps / gpus / (bus_bandwidth_gbs * 1e9)
+
+
+def ring_gather_seconds(nbytes: float, gpus: int, fabric: Fabric) -> float:
+    """NCCL ring all-gather (or reduce-scatter) of a buffer of `nbytes` over `gpus` ranks."""
+    return ring_allreduce_seconds(nbytes, gpus, fabric.bus_bandwidth_gbs, fabric.hop_latency_us, passes=1)
+
+
+def bytes_sent_per_gpu(param_bytes: float, grad_bytes: float, gpus: int, mode: str, reshard: bool = True) -> float:
+    """Bytes each GPU sends per step: DDP's all-reduce of the gradients (`mode` dist_parallel), or FSDP's
+    all-gathers of the parameters (twice when it reshards after forward) and reduce-scatter of the gradients."""
+    share = (gpus - 1) / gpus
+    if mode == "dist_parallel":
+        return 2 * share * grad_bytes
+    return share * ((2 if reshard else 1) * param_bytes + grad_bytes)
 
 
 def ddp_buckets(gradient_bytes: list[int], bucket_cap_mb: float = 25.0) -> list[int]:
@@ -104,6 +170,164 @@ def gradient_bytes(model: torch.nn.Module) -> list[int]:
     """Bytes of each trainable parameter's gradient, in registration order (fp32 gradients, also under autocast,
     whose master weights stay fp32)."""
     return [p.numel() * p.element_size() for p in model.parameters() if p.requires_grad]
+
+
+# --- FSDP -------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Unit:
+    """One FSDP unit of fsdp/train.py: a residual block, or the root (what no block holds)."""
+    name: str
+    param_bytes: int  # fp32 parameters; their gradients take as many
+    flops: int        # forward FLOPs of one image in the unit
+
+
+def unit_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The residual blocks, each a unit of its own in fsdp/train.py, in forward order, with their names."""
+    return [(name, module) for name, module in model.named_modules()
+            if name.count(".") == 1 and name.split(".")[0] in ("layer1", "layer2", "layer3")]
+
+
+def fsdp_units(model: nn.Module, channels: int, size: int) -> list[Unit]:
+    """FSDP's units in forward order, the root first: each unit's parameter bytes and forward FLOPs per image,
+    counted by torch.utils.flop_counter on `model` as it is (build it on the meta device: nothing is computed)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    blocks = unit_modules(model)
+    images = torch.empty(1, channels, size, size, device=next(model.parameters()).device)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(images)
+    counts = {name: sum(ops.values()) for name, ops in counter.get_flop_counts().items()}
+    prefix = type(model).__name__
+    units = [Unit(name, sum(p.numel() * p.element_size() for p in block.parameters()),
+                  counts.get(f"{prefix}.{name}", 0)) for name, block in blocks]
+    root_bytes = sum(p.numel() * p.element_size() for p in model.parameters()) - sum(u.param_bytes for u in units)
+    root_flops = counts.get("Global", 0) - sum(u.flops for u in units)
+    return [Unit("root", root_bytes, root_flops), *units]
+
+
+def fsdp_exposed(step_s: float, units: list[Unit], gpus: int, fabric: Fabric, reshard: bool = True) -> float:
+    """Seconds of FSDP's all-gathers and reduce-scatters that the compute of a `step_s` step does not hide: the
+    timeline of the module docstring, one communication stream beside the compute."""
+    if gpus < 2:
+        return 0.0
+    flops = sum(u.flops for u in units)
+    forward = [step_s * (1 - BACKWARD_SHARE) * u.flops / flops for u in units]
+    backward = [step_s * BACKWARD_SHARE * u.flops / flops for u in units]
+    gather = [ring_gather_seconds(u.param_bytes, gpus, fabric) for u in units]  # a reduce-scatter takes as long
+    stream = clock = issued = 0.0  # when the communication stream is free; the compute's clock
+    for i in range(len(units)):  # forward: each all-gather issued as the unit before starts computing
+        stream = max(stream, issued) + gather[i]
+        issued = max(clock, stream)
+        clock = issued + forward[i]
+    order = list(reversed(range(len(units))))
+    ready = clock  # when the next unit to run backward has its parameters
+    if reshard:
+        stream = max(stream, clock) + gather[order[0]]
+        ready = stream
+    for k, i in enumerate(order):
+        start = max(clock, ready)
+        if reshard and k + 1 < len(order):  # the next unit's all-gather, issued as this unit's backward starts
+            stream = max(stream, start) + gather[order[k + 1]]
+            ready = stream
+        clock = start + backward[i]
+        stream = max(stream, clock) + gather[i]  # its gradients reduce-scattered once its backward ends
+    return max(0.0, max(clock, stream) - step_s)
+
+
+def fsdp_projected_efficiency(single_step_s: float, fsdp_step_s: float, units: list[Unit], gpus: int,
+                              fabric: Fabric, reshard: bool = True) -> float:
+    """Per-GPU throughput of FSDP at `gpus` GPUs over single-GPU throughput, each GPU keeping the single-GPU batch;
+    `fsdp_step_s` is the one-process fsdp step (FSDP's own work), or the single-GPU step where none was measured."""
+    exposed = fsdp_exposed(single_step_s, units, gpus, fabric, reshard)
+    lockstep = SYNC_ALLOWANCE * single_step_s if gpus > 1 else 0.0
+    return single_step_s / (fsdp_step_s + exposed + lockstep)
+
+
+# --- memory ------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModelSize:
+    """What the memory projection needs of a model: the parameters of its FSDP units in forward order, the root's
+    first, and the parameters autocast computes with in 2-byte copies (convolution and classifier weights;
+    BatchNorm stays fp32)."""
+    alpha: float
+    units: tuple[int, ...]
+    autocast_cast: int
+
+    @property
+    def parameters(self) -> int:
+        return sum(self.units)
+
+
+def model_size(model: nn.Module, alpha: float) -> ModelSize:
+    """`model`'s ModelSize (built on the meta device, it costs no memory)."""
+    count = lambda module: sum(p.numel() for p in module.parameters())  # noqa: E731
+    blocks = [count(block) for _, block in unit_modules(model)]
+    cast = sum(count(m) for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear)))
+    return ModelSize(alpha, (count(model) - sum(blocks), *blocks), cast)
+
+
+def gathered_at_peak(units: tuple[int, ...], reshard: bool) -> int:
+    """Parameters and gradients (elements) FSDP holds unsharded at its peak, as the module docstring has it:
+    `units` the root's and then each block's parameters, in forward order."""
+    root, blocks = units[0], units[1:] or (0,)
+    if reshard:
+        forward = max(a + b for a, b in zip(blocks, (*blocks[1:], 0)))  # computing, and the next prefetched
+        backward = max(2 * b + a for a, b in zip((0, *blocks), blocks))  # computing with its gradients, the next
+        return max(root + forward, 2 * root + backward)
+    gathered = [sum(blocks[:i + 1]) + blocks[i] for i in range(len(blocks))]  # blocks not yet through backward
+    return 2 * root + max(gathered)
+
+
+def memory_per_gpu(size: ModelSize, gpus: int, mode: str, reshard: bool = True, amp: str = "off",
+                   momentum: bool = True) -> dict[str, float]:
+    """Bytes per GPU of the model state, by part, as the module docstring models it: `mode` dist_parallel (DDP,
+    replicated) or fsdp (sharded over `gpus`); `momentum` False: SGD without momentum keeps no buffer."""
+    shard = 1 if mode == "dist_parallel" else gpus
+    fp32 = 4 * size.parameters
+    parts = {"parameters": fp32 / shard, "gradients": fp32 / shard, "momentum": fp32 / shard if momentum else 0.0}
+    if mode == "fsdp":
+        parts["gathered"] = 4 * gathered_at_peak(size.units, reshard)
+    parts["autocast copies"] = 2 * size.autocast_cast if amp in AUTOCAST else 0.0
+    return parts
+
+
+def memory_projection(build: Callable[[float], nn.Module], alpha: float, amp: str, momentum: bool,
+                      gpu_bytes: int | None) -> dict:
+    """The memory projection of the model `build(alpha)` returns (on the meta device) and of wider ones (WIDER
+    times alpha), against a GPU of `gpu_bytes` (None: ASSUMED_GPU_BYTES, an H100's): each model's ModelSize, and
+    where FSDP lets a model fit that DDP cannot: the smallest whole alpha whose DDP model state outgrows the GPU,
+    the fewest GPUs on which FSDP holds it (with and without resharding; None: not on 64), and the widest model
+    FSDP holds on 64 GPUs. Each alpha is found by bisection, a model built for each probe."""
+    capacity = gpu_bytes or ASSUMED_GPU_BYTES
+    size_of = functools.cache(lambda a: model_size(build(a), a))
+    total = lambda size, gpus, mode, reshard=True: sum(  # noqa: E731
+        memory_per_gpu(size, gpus, mode, reshard, amp, momentum).values())
+
+    def first_alpha(outgrows: Callable[[ModelSize], bool]) -> int | None:
+        """The smallest whole alpha whose model `outgrows` holds for (monotone in alpha); None past 2**24."""
+        low, high = 0, max(1, round(alpha))
+        while not outgrows(size_of(high)):
+            low, high = high, high * 2
+            if high > 2**24:
+                return None
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (low, middle) if outgrows(size_of(middle)) else (middle, high)
+        return high
+
+    crossover = first_alpha(lambda size: total(size, 1, "dist_parallel") > capacity)
+    fsdp_gpus, fsdp_limit = {}, {}
+    for reshard in (True, False):
+        fsdp_gpus[reshard] = crossover and next(
+            (n for n in MEMORY_GPU_COUNTS if total(size_of(crossover), n, "fsdp", reshard) <= capacity), None)
+        beyond = first_alpha(lambda size: total(size, MEMORY_GPU_COUNTS[-1], "fsdp", reshard) > capacity)
+        fsdp_limit[reshard] = size_of(beyond - 1) if beyond and beyond > 1 else None
+    return {"gpu_bytes": capacity, "assumed": gpu_bytes is None, "amp": amp, "momentum": momentum,
+            "models": [size_of(alpha * k) for k in WIDER],
+            "crossover": size_of(crossover) if crossover else None, "fsdp_gpus": fsdp_gpus,
+            "fsdp_limit": fsdp_limit}
 
 
 def projection_table(single_step_s: float, ddp_step_s: float, grads: list[int],

@@ -1,5 +1,5 @@
 """From the runs' results.json files to the comparison: one CSV row per run, and report.md with one table row per
-configuration (mean ± std over repeats), the failed runs, the projection and the environment."""
+configuration (mean ± std over repeats), the failed runs, the projections (scaling, memory) and the environment."""
 from __future__ import annotations
 
 import csv
@@ -10,7 +10,9 @@ from pathlib import Path
 from comparison import environment as machine
 from comparison.environment import gpu_summary
 from comparison.matrix import Run
-from comparison.projection import FABRICS, PROJECTED_GPU_COUNTS, SYNC_ALLOWANCE, projected_efficiency
+from comparison.projection import (AUTOCAST, FABRICS, MEMORY_GPU_COUNTS, PROJECTED_GPU_COUNTS, SYNC_ALLOWANCE,
+                                   bytes_sent_per_gpu, fsdp_projected_efficiency, memory_per_gpu,
+                                   projected_efficiency)
 
 CIFAR10_TRAIN_IMAGES = 50_000
 
@@ -26,10 +28,10 @@ class Outcome:
     row: dict = field(default_factory=dict)
 
 
-COLUMNS = ("run", "mode", "gpus", "backend", "amp", "sync_bn", "repeat", "status", "error", "global_batch",
-           "per_gpu_batch", "batch_time_p50_s", "batch_time_p90_s", "epoch_time_50k_s", "images_per_sec",
-           "images_per_sec_per_gpu", "speedup", "scaling_efficiency", "data_wait_frac", "gpu_util_mean",
-           "peak_mem_gb_per_gpu", "mfu", "test_acc", "train_loss", "wall_time_s", "log")
+COLUMNS = ("run", "mode", "gpus", "backend", "amp", "sync_bn", "reshard_after_forward", "repeat", "status", "error",
+           "global_batch", "per_gpu_batch", "batch_time_p50_s", "batch_time_p90_s", "epoch_time_50k_s",
+           "images_per_sec", "images_per_sec_per_gpu", "speedup", "scaling_efficiency", "data_wait_frac",
+           "gpu_util_mean", "peak_mem_gb_per_gpu", "mfu", "test_acc", "train_loss", "wall_time_s", "log")
 
 
 def fill_rows(outcomes: list[Outcome], out: Path) -> None:
@@ -41,7 +43,8 @@ def fill_rows(outcomes: list[Outcome], out: Path) -> None:
         memory = res.get("peak_mem_gb_per_gpu") or {}
         o.row = {
             "run": r.name, "mode": r.mode, "gpus": r.gpus, "backend": r.backend or "", "amp": config.get("amp", r.amp),
-            "sync_bn": r.sync_bn, "repeat": r.repeat, "status": o.status, "error": o.error or "",
+            "sync_bn": r.sync_bn, "reshard_after_forward": r.reshard_after_forward, "repeat": r.repeat,
+            "status": o.status, "error": o.error or "",
             "global_batch": config.get("batch_size"),
             "per_gpu_batch": config["batch_size"] // r.gpus if config else None,
             "batch_time_p50_s": summary.get("batch_time_p50"), "batch_time_p90_s": summary.get("batch_time_p90"),
@@ -101,13 +104,19 @@ TABLE_HEADER = ("| mode | GPUs | backend | amp | global batch | per-GPU batch | 
                 "test acc | runs |")
 
 
+# what each --amp runs as: every mode casts under torch.autocast (fsdp too, not FSDP's MixedPrecisionPolicy)
+AMP_CELLS = {"bf16": "bf16 autocast", "fp16": "fp16 autocast + GradScaler", "off": "off"}
+RESHARD_CELLS = {True: ", reshard", False: ", no reshard", None: ""}  # fsdp's --reshard_after_forward
+
+
 def table_row(group: list[Outcome]) -> str:
     run, ok = group[0].run, [o.row for o in group if o.status == "ok"]
     col = lambda key: [r[key] for r in ok]  # noqa: E731
     memory = ok[0]["peak_mem_gb_per_gpu"] if ok else None
     memory = " / ".join(f"{float(v):.2f}" for v in memory.split()) if memory else "—"
-    backend = (run.backend or "") + (" + SyncBN" if run.sync_bn else "")
+    backend = (run.backend or "") + (" + SyncBN" if run.sync_bn else "") + RESHARD_CELLS[run.reshard_after_forward]
     amp = (ok[0]["amp"] if ok else group[0].row["amp"]) or "default"
+    amp = AMP_CELLS.get(amp, amp)
     failed = len(group) - len(ok)
     runs = f"{len(ok)} ok" + (f", **{failed} failed**" if failed else "")
     cells = [run.mode, str(run.gpus), backend or "—", amp, str(group[0].row["global_batch"] or "—"),
@@ -138,36 +147,44 @@ utilisation) is the model's FLOPs per second over the GPU's dense peak for the d
 the training actually uses. *GPU util* is NVML's "a kernel was running" share of time: a GPU running one small
 kernel at a time, or waiting inside an all-reduce, reads 99 % while doing little, so high utilisation is not
 efficiency — MFU and images/s are. *peak mem* lists each GPU in order: DataParallel's first GPU holds more (it
-gathers the outputs and computes the loss). *data wait* is the share of a step spent waiting for the next batch.
+gathers the outputs and computes the loss); fsdp's GPUs each hold a slice of the weights, gradients and momentum.
+*amp* says how the run computed: every mode casts under torch.autocast (fsdp too, so it gathers and reduces fp32),
+`off` is fp32. An fsdp row's *backend* says whether it reshards after forward (frees each block's gathered
+parameters and gathers them again in backward, ZeRO-3-like) or not (keeps them to backward, ZeRO-2-like).
+*data wait* is the share of a step spent waiting for the next batch.
 Every row trains the same model with the same seed; with `--batch_size` the global batch is the same in every row
 (each GPU's share shrinks as GPUs are added), with `--batch_per_gpu` each GPU keeps its batch."""
 
 
 def modelled_backend(run: Run) -> bool:
-    """Whether a dist_parallel run's backend is the one the projection models: on GPUs NCCL only, as Gloo stages
-    every bucket through host memory (even in one process); without GPUs Gloo, the only backend there."""
+    """Whether a dist_parallel or fsdp run's backend is the one the projection models: on GPUs NCCL only, as Gloo
+    stages every collective through host memory (even in one process); without GPUs Gloo, the only backend there."""
     return run.unit != "gpu" or run.backend == "nccl"
 
 
-def projection_inputs(outcomes: list[Outcome], grads: list[int], bucket_cap_mb: float) -> dict | None:
+def projection_inputs(outcomes: list[Outcome], grads: list[int], bucket_cap_mb: float, units=None) -> dict | None:
     """What the projection starts from: the mean single_gpu step (the first --amp's), the mean one-process DDP step
-    of the modelled backend (None when not measured), the gradients' bytes and the bucket size. None without a
-    successful single_gpu run."""
+    of the modelled backend (None when not measured), the gradients' bytes and the bucket size; FSDP's units
+    (projection.fsdp_units; None: no FSDP projection) and the mean one-process fsdp step of the modelled backend by
+    --reshard_after_forward (those measured). None without a successful single_gpu run."""
     single = [o.row for o in outcomes if o.status == "ok" and o.run.mode == "single_gpu"]
     if not single:
         return None
     amp = single[0]["amp"]
-    ddp1 = [o.row["batch_time_p50_s"] for o in outcomes if o.status == "ok" and o.run.mode == "dist_parallel"
-            and o.run.gpus == 1 and o.row["amp"] == amp and not o.run.sync_bn and modelled_backend(o.run)]
+    one = lambda mode: [o for o in outcomes if o.status == "ok" and o.run.mode == mode  # noqa: E731
+                        and o.run.gpus == 1 and o.row["amp"] == amp and not o.run.sync_bn and modelled_backend(o.run)]
+    ddp1 = [o.row["batch_time_p50_s"] for o in one("dist_parallel")]
+    fsdp1 = {reshard: statistics.fmean(steps) for reshard in (True, False)
+             if (steps := [o.row["batch_time_p50_s"] for o in one("fsdp") if o.run.reshard_after_forward == reshard])}
     return {"amp": amp, "batch": single[0]["per_gpu_batch"], "grads": grads, "bucket_cap_mb": bucket_cap_mb,
             "step_s": statistics.fmean(r["batch_time_p50_s"] for r in single if r["amp"] == amp),
-            "ddp1_step_s": statistics.fmean(ddp1) if ddp1 else None}
+            "ddp1_step_s": statistics.fmean(ddp1) if ddp1 else None, "units": units, "fsdp1_step_s": fsdp1}
 
 
 def fabric_of_runs(outcomes: list[Outcome], topology: str | None) -> str | None:
-    """The fabric under the measured DDP runs: of the GPUs the runs with the most GPUs used (the first N visible),
-    not of every GPU in the node. None when unknown (see environment.fabric)."""
-    counts = [o.run.gpus for o in outcomes if o.status == "ok" and o.run.mode == "dist_parallel"
+    """The fabric under the measured DDP and FSDP runs: of the GPUs the runs with the most GPUs used (the first N
+    visible), not of every GPU in the node. None when unknown (see environment.fabric)."""
+    counts = [o.run.gpus for o in outcomes if o.status == "ok" and o.run.mode in ("dist_parallel", "fsdp")
               and o.run.unit == "gpu" and modelled_backend(o.run)]
     return machine.fabric(topology, max(counts)) if counts else None
 
@@ -206,8 +223,11 @@ def projection_section(outcomes: list[Outcome], inputs: dict | None, cuda: bool,
                      + " | ".join(cells) + " |")
     lines += ["", "Bus bandwidths assumed (nccl-tests' `busbw` of an all-reduce, large messages):"]
     lines += [f"- {fabric.name}: {fabric.source}" for fabric in FABRICS]
-    measured = [o for o in outcomes if o.status == "ok" and o.run.mode == "dist_parallel" and o.run.gpus > 1
-                and o.row["amp"] == amp and o.row["scaling_efficiency"] is not None and modelled_backend(o.run)]
+    if inputs.get("units"):
+        lines += ["", *fsdp_projection(inputs, cuda)]
+    measured = [o for o in outcomes if o.status == "ok" and o.run.mode in ("dist_parallel", "fsdp")
+                and o.run.gpus > 1 and o.row["amp"] == amp and o.row["scaling_efficiency"] is not None
+                and modelled_backend(o.run) and (o.run.mode == "dist_parallel" or inputs.get("units"))]
     if measured and cuda:
         fabric = next(f for f in FABRICS if f.name == (fabric_name or "PCIe"))
         known = (f"its fabric ({fabric.name})" if fabric_name else "PCIe, as `nvidia-smi topo -m` could not be "
@@ -215,7 +235,12 @@ def projection_section(outcomes: list[Outcome], inputs: dict | None, cuda: bool,
         lines += ["", f"The NCCL runs measured on this machine beside the projection for {known}:", "",
                   "| run | GPUs | per-GPU batch | measured efficiency | projected |", "|---|---|---|---|---|"]
         for o in measured:
-            projected = projected_efficiency(step, ddp_step, grads, o.run.gpus, fabric, bucket_cap_mb)
+            if o.run.mode == "fsdp":
+                reshard = o.run.reshard_after_forward
+                projected = fsdp_projected_efficiency(step, inputs["fsdp1_step_s"].get(reshard, step),
+                                                      inputs["units"], o.run.gpus, fabric, reshard)
+            else:
+                projected = projected_efficiency(step, ddp_step, grads, o.run.gpus, fabric, bucket_cap_mb)
             lines.append(f"| {o.run.name} | {o.run.gpus} | {o.row['per_gpu_batch']} | "
                          f"{o.row['scaling_efficiency']:.0%} | {projected:.0%} |")
         if any(o.row["per_gpu_batch"] != batch for o in measured):
@@ -223,6 +248,149 @@ def projection_section(outcomes: list[Outcome], inputs: dict | None, cuda: bool,
                           "less work per step for the same communication, so they fall below it. Compare like with "
                           "like with `--batch_per_gpu`."]
     return lines
+
+
+FSDP_SETTINGS = (("reshard", True), ("no reshard", False))  # --reshard_after_forward on, off
+
+
+def fsdp_projection(inputs: dict, cuda: bool) -> list[str]:
+    """FSDP's traffic beside DDP's, and FSDP's projected scaling efficiency (projection.fsdp_exposed's model)."""
+    units, step, fsdp1 = inputs["units"], inputs["step_s"], inputs["fsdp1_step_s"]
+    param_bytes, grad_bytes = sum(u.param_bytes for u in units), sum(inputs["grads"])
+    measured = ", ".join(f"{fsdp1[r] * 1000:.1f} ms {name}" for name, r in FSDP_SETTINGS if r in fsdp1)
+    lines = [
+        "**FSDP, projected the same way.** FSDP's units (the model's "
+        f"{len(units) - 1} residual blocks and the root: stem, final BatchNorm, classifier) all-gather their "
+        "parameters before their forward, one unit ahead of the compute, again before their backward when they "
+        "reshard after forward, and reduce-scatter their gradients as their backward ends, all in fp32 (the runs "
+        "use autocast, not FSDP's MixedPrecisionPolicy); each unit computes its share of the model's FLOPs, and "
+        "only what the compute does not hide adds to the step. A ring's latency grows with N and is paid per "
+        "collective: FSDP issues two or three per unit where DDP issues one per bucket. "
+        + (f"FSDP's own overhead comes from the measured one-process fsdp step ({measured}); a setting not "
+           "measured takes the single_gpu step. " if measured else
+           "FSDP's own one-process overhead was not measured (add fsdp to `--modes` with `--gpu_counts 1 ...`"
+           + (" and the nccl backend" if cuda else "") + " to include it). ")
+        + f"The lock-step allowance is DDP's {SYNC_ALLOWANCE:.1%}, fitted to DDP, not to FSDP.",
+        "",
+        f"What each GPU sends per step, in MB (P: the parameters' {param_bytes / 1e6:.1f} MB; G: the gradients', "
+        "as many):",
+        "",
+        "| collectives (ring) | " + " | ".join(f"{n} GPUs" for n in PROJECTED_GPU_COUNTS) + " |",
+        "|---|" + "---|" * len(PROJECTED_GPU_COUNTS),
+    ]
+    traffic = [("DDP: all-reduce of the gradients, 2(N−1)/N × G", "dist_parallel", True),
+               ("FSDP, reshard: all-gather in forward and in backward, reduce-scatter, (N−1)/N × (2P + G)", "fsdp",
+                True),
+               ("FSDP, no reshard: all-gather in forward, reduce-scatter, (N−1)/N × (P + G)", "fsdp", False)]
+    for name, mode, reshard in traffic:
+        cells = [f"{bytes_sent_per_gpu(param_bytes, grad_bytes, n, mode, reshard) / 1e6:,.1f}"
+                 for n in PROJECTED_GPU_COUNTS]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "FSDP's projected scaling efficiency:", "",
+              "| fabric | FSDP | " + " | ".join(f"{n} GPUs" for n in PROJECTED_GPU_COUNTS) + " |",
+              "|---|---|" + "---|" * len(PROJECTED_GPU_COUNTS)]
+    for fabric in FABRICS:
+        for name, reshard in FSDP_SETTINGS:
+            cells = [f"{fsdp_projected_efficiency(step, fsdp1.get(reshard, step), units, n, fabric, reshard):.0%}"
+                     if n in fabric.gpu_counts else "—" for n in PROJECTED_GPU_COUNTS]
+            lines.append(f"| {fabric.name} | {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+GIB = 1024**3
+MEMORY_SETTINGS = (("DDP", "dist_parallel", True), ("FSDP, reshard", "fsdp", True), ("FSDP, no reshard", "fsdp", False))
+
+
+def fmt_bytes(nbytes: float) -> str:
+    """Bytes in GiB, MiB or KiB, three figures or so."""
+    for unit, size in (("GiB", GIB), ("MiB", 1024**2), ("KiB", 1024)):
+        if nbytes >= size or unit == "KiB":
+            value = nbytes / size
+            return f"{value:,.1f} {unit}" if value < 100 else f"{value:,.0f} {unit}"
+
+
+def memory_section(memory: dict, outcomes: list[Outcome], gpu: str | None) -> list[str]:
+    """The memory projection (projection.memory_projection) as a table per model and setting by GPU count, where
+    FSDP lets a model fit that DDP cannot, and the activations the table leaves out as far as a run measured them.
+    `gpu`: the GPUs' name, None without GPUs (the capacity is then assumed)."""
+    capacity, amp, momentum = memory["gpu_bytes"], memory["amp"], memory["momentum"]
+    total = lambda size, n, mode, reshard: sum(  # noqa: E731
+        memory_per_gpu(size, n, mode, reshard, amp, momentum).values())
+    against = (f"{fmt_bytes(capacity)} ({gpu})" if not memory["assumed"] else
+               f"{fmt_bytes(capacity)}, an H100 80GB's, assumed: no GPU here")
+    half = amp in AUTOCAST
+    lines = [
+        "### Memory per GPU: what fits",
+        "",
+        "**A projection, not a measurement: arithmetic on parameter counts** (the runs' depth and block at their α "
+        "and wider, each built on the meta device). Per GPU: the fp32 parameters, gradients and "
+        + ("SGD momentum" if momentum else "no momentum (`--momentum 0`)") + ", replicated by DDP, a 1/N shard "
+        "each under FSDP, which also holds what it gathers: the root's parameters (stem, final BatchNorm, "
+        "classifier) and, resharding after forward, two blocks' (the one computing, the next prefetched) and the "
+        "computing block's gradients before their reduce-scatter; without, every parameter from forward to "
+        "backward. "
+        + (f"Under {amp} autocast every mode also keeps a 2-byte copy of every convolution and classifier weight "
+           "from forward to backward (autograd saves the casts; FSDP frees its gathered fp32 parameters, not "
+           "these), unsharded. " if half else "")
+        + "**Activations are left out**: they do not shard under FSDP, grow with the per-GPU batch, and are "
+        "usually most of a CNN's memory, so a model state that fits is necessary, not sufficient. "
+        f"✗: more than the GPU's memory, here {against}. The model is in `comparison/projection.py`.",
+        "",
+        "| model | parameters | per GPU | " + " | ".join(f"{n} GPU{'s' * (n > 1)}" for n in MEMORY_GPU_COUNTS)
+        + " |",
+        "|---|---|---|" + "---|" * len(MEMORY_GPU_COUNTS),
+    ]
+    for size in memory["models"]:
+        factor = size.alpha / memory["models"][0].alpha
+        for first, (name, mode, reshard) in enumerate(MEMORY_SETTINGS):
+            label = f"α={size.alpha:g} " + ("(the runs')" if factor == 1 else f"(×{factor:g})") if first == 0 else ""
+            cells = [fmt_bytes(b) + (" ✗" if b > capacity else "")
+                     for b in (total(size, n, mode, reshard) for n in MEMORY_GPU_COUNTS)]
+            lines.append(f"| {label} | {f'{size.parameters:,}' if first == 0 else ''} | {name} | "
+                         + " | ".join(cells) + " |")
+    lines += ["", *fit_lines(memory, total, half), "", activation_line(memory, outcomes, total)]
+    return lines
+
+
+def fit_lines(memory: dict, total, half: bool) -> list[str]:
+    """Where FSDP lets a model fit that DDP cannot, and how wide a model FSDP holds on the most GPUs projected."""
+    crossover, runs_alpha, most = memory["crossover"], memory["models"][0].alpha, MEMORY_GPU_COUNTS[-1]
+    if crossover is None:
+        return ["No width of this model up to α=2²⁴ outgrows one GPU under DDP."]
+
+    def on(reshard: bool) -> str:
+        n, how = memory["fsdp_gpus"][reshard], "resharding" if reshard else "without resharding"
+        return (f"on {n} GPUs {how} ({fmt_bytes(total(crossover, n, 'fsdp', reshard))} each)" if n else
+                f"on none of up to {most} GPUs {how}")
+
+    runs = f", the runs' α={runs_alpha:g} among them" if crossover.alpha <= runs_alpha else ""
+    text = (f"**Where FSDP lets a model fit that DDP cannot:** from α={crossover.alpha:g} ({crossover.parameters:,} "
+            f"parameters{runs}) DDP's model state outgrows one GPU's {fmt_bytes(memory['gpu_bytes'])}; FSDP holds "
+            f"that model {on(True)}, and {on(False)}.")
+    limits = [f"α={size.alpha:g} ({size.parameters:,} parameters) {name}"
+              for name, size in (("resharding", memory["fsdp_limit"][True]),
+                                 ("without resharding", memory["fsdp_limit"][False])) if size]
+    if limits:
+        unsharded = "the gathered parameters" + (" and autocast's 2-byte copies" if half else "")
+        text += (f" On {most} GPUs FSDP holds models up to " + ", and ".join(limits)
+                 + f": beyond, what it does not shard ({unsharded}) alone outgrows the GPU.")
+    return [text]
+
+
+def activation_line(memory: dict, outcomes: list[Outcome], total) -> str:
+    """The activations the table leaves out, as single_gpu's measured peak memory shows them (GPUs only)."""
+    peaks = [(float(o.row["peak_mem_gb_per_gpu"].split()[0]) * GIB, o.row["per_gpu_batch"]) for o in outcomes
+             if o.status == "ok" and o.run.mode == "single_gpu" and o.row.get("peak_mem_gb_per_gpu")
+             and o.row["amp"] == memory["amp"]]
+    if not peaks:
+        return ("The activations the table leaves out would be estimated from single_gpu's measured peak memory, "
+                "which only a run on a GPU has: not here.")
+    peak, batch = statistics.fmean(p for p, _ in peaks), peaks[0][1]
+    state = total(memory["models"][0], 1, "dist_parallel", True)
+    return (f"single_gpu's measured peak, {fmt_bytes(peak)} at {batch} images per GPU, is {fmt_bytes(peak - state)} "
+            f"above its model state ({fmt_bytes(state)}): activations and workspace, which the table leaves out. "
+            "They are the same under DDP and FSDP at the same per-GPU batch, and grow about as the widths (α) for a "
+            "wider model.")
 
 
 def environment_section(env: dict, topology: str | None) -> list[str]:

@@ -112,6 +112,9 @@ def test_the_report_names_the_machine_and_labels_the_projection(comparison):
     assert "**A projection, not a measurement.**" in report
     for fabric in FABRICS:
         assert fabric.source in report
+    assert "**FSDP, projected the same way.**" in report  # fsdp did not run: projected all the same
+    assert "### Memory per GPU: what fits" in report and "**Activations are left out**" in report
+    assert "| single_gpu | 1 | — | off |" in report  # fp32: no autocast
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -121,6 +124,9 @@ def test_the_report_names_the_machine_and_labels_the_projection(comparison):
     (["--depth", "7"], "--depth/--alpha"),
     (["--batch_size", "64", "--batch_per_gpu", "32"], "give one of them"),
     (["--modes", "ddp"], "invalid choice"),
+    (["--reshard_after_forward", "off"], "--reshard_after_forward off is fsdp's setting: add fsdp to --modes"),
+    (["--modes", "fsdp", "--bucket_cap_mb", "5"], "--bucket_cap_mb is passed to dist_parallel only"),
+    (["--modes", "single_gpu", "--dist_timeout", "5"], "--dist_timeout is passed to dist_parallel and fsdp only"),
     (["--verify", "--repeat", "2"], "--repeat is for the comparison"),
     (["--verify", "--batch_per_gpu", "16"], "--verify compares runs of one global batch"),
     (["--verify", "--max_steps", "1"], "give --max_steps 2 or more"),
@@ -147,10 +153,10 @@ def test_compiled_data_parallel_on_several_gpus_is_refused():
     the report would say compiled. On one GPU (DataParallel calls the module itself) it is compiled, and allowed."""
     runs = plan(("data_parallel",), (1, 2), ("nccl",), (None,), (False,), 1, cuda=True, batch_size=32,
                 batch_per_gpu=None)
-    check_runs(runs[:1], ["--compile"], [])
+    check_runs(runs[:1], ["--compile"], {})
     with pytest.raises(UsageError, match="--compile with data_parallel on 2 GPUs would compile nothing"):
-        check_runs(runs, ["--compile"], [])
-    check_runs(runs, [], [])
+        check_runs(runs, ["--compile"], {})
+    check_runs(runs, [], {})
 
 
 def test_an_earlier_comparison_is_never_overwritten(tmp_path, capsys):

@@ -1,0 +1,268 @@
+"""compare.py with fsdp: its runs in the matrix and their command lines, its rows in the report, and the projections
+of its traffic, its scaling and its memory beside DDP's. Everything here is in-process and takes seconds: the flags
+are resolved, the runs planned and the report rendered from outcomes built here (as fill_rows makes them of the
+runs' results.json); no train.py is started. That fsdp/train.py runs, on the CPU over gloo, is tested with it."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+import compare
+from comparison.matrix import Run, check_runs, command, config_class, plan
+from comparison.projection import (ASSUMED_GPU_BYTES, FABRICS, Fabric, ModelSize, Unit, bytes_sent_per_gpu,
+                                   fsdp_exposed, fsdp_projected_efficiency, fsdp_units, gradient_bytes,
+                                   memory_per_gpu, memory_projection, model_size, ring_gather_seconds)
+from comparison.report import (Outcome, fill_rows, groups, memory_section, projection_inputs, projection_section,
+                               table_row)
+from conftest import REPO
+
+FOUR = ("single_gpu", "data_parallel", "dist_parallel", "fsdp")
+
+
+@pytest.fixture
+def gpus(monkeypatch):
+    """have(count): this process believes it has `count` CUDA GPUs (0: none), so compare.configure resolves for
+    them."""
+    def have(count: int):
+        monkeypatch.setattr(compare.torch.cuda, "is_available", lambda: count > 0)
+        monkeypatch.setattr(compare.torch.cuda, "device_count", lambda: count)
+    return have
+
+
+# --- the matrix ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("count, modes", [(0, FOUR[:3]), (1, FOUR[:3]), (2, FOUR), (8, FOUR)])
+def test_fsdp_is_a_default_mode_from_two_gpus_on(gpus, count, modes):
+    gpus(count)
+    assert compare.configure([])[0].modes == modes
+
+
+def test_fsdp_is_planned_like_dist_parallel_for_each_count_backend_and_reshard_setting():
+    runs = plan(FOUR, (1, 2), ("nccl", "gloo"), (None,), (False,), 1, cuda=True, batch_size=64, batch_per_gpu=None,
+                reshards=(True, False))
+    assert [r.name for r in runs] == [
+        "01-single_gpu-1gpu-r1", "02-data_parallel-1gpu-r1", "03-dist_parallel-1gpu-nccl-r1",
+        "04-dist_parallel-1gpu-gloo-r1", "05-fsdp-1gpu-nccl-r1", "06-fsdp-1gpu-nccl-zero2-r1",
+        "07-fsdp-1gpu-gloo-r1", "08-fsdp-1gpu-gloo-zero2-r1", "09-data_parallel-2gpu-r1",
+        "10-dist_parallel-2gpu-nccl-r1", "11-dist_parallel-2gpu-gloo-r1", "12-fsdp-2gpu-nccl-r1",
+        "13-fsdp-2gpu-nccl-zero2-r1", "14-fsdp-2gpu-gloo-r1", "15-fsdp-2gpu-gloo-zero2-r1"]
+    assert {r.reshard_after_forward for r in runs if r.mode != "fsdp"} == {None}
+    assert len({r.setting for r in runs}) == len(runs)  # reshard on and off are two configurations
+    assert runs[5].describe() == "fsdp on 1 GPU (nccl, no reshard after forward (ZeRO-2))"
+    assert runs[11].describe() == "fsdp on 2 GPUs (nccl, reshard after forward (ZeRO-3))"
+    # SyncBatchNorm is dist_parallel's: asking for it adds dist_parallel runs only
+    sync = plan(("fsdp", "dist_parallel"), (2,), ("nccl",), (None,), (False, True), 1, True, 64, None)
+    assert [r.name for r in sync] == ["01-dist_parallel-2gpu-nccl-r1", "02-dist_parallel-2gpu-nccl-syncbn-r1",
+                                      "03-fsdp-2gpu-nccl-r1"]
+
+
+def test_fsdp_on_the_cpu_when_asked_for(gpus):
+    gpus(0)
+    cc, train, group_flags, cuda = compare.configure(["--modes", "fsdp", "--reshard_after_forward", "off"])
+    runs = plan(cc.modes, cc.gpu_counts, cc.backends, cc.amp, [False], 1, cuda, 32, None,
+                [s == "on" for s in cc.reshard_after_forward])
+    assert [r.name for r in runs] == ["01-fsdp-2cpu-gloo-zero2-r1"]
+
+
+def test_an_fsdp_run_is_launched_under_torchrun_with_its_own_flags(gpus, tmp_path):
+    """--dist_timeout goes to dist_parallel and fsdp, --bucket_cap_mb to dist_parallel only (FSDP has no buckets);
+    fsdp's flags are parsed by FsdpConfig before anything starts."""
+    gpus(4)
+    cc, train, group_flags, cuda = compare.configure(["--modes", "dist_parallel", "fsdp", "--gpu_counts", "4",
+                                                      "--backends", "nccl", "--reshard_after_forward", "on", "off",
+                                                      "--bucket_cap_mb", "50", "--dist_timeout", "30"])
+    assert group_flags == {"dist_parallel": ["--bucket_cap_mb", "50.0", "--dist_timeout", "30.0"],
+                           "fsdp": ["--dist_timeout", "30.0"]}
+    runs = plan(cc.modes, cc.gpu_counts, cc.backends, cc.amp, [False], 1, cuda, 64, None, [True, False])
+    check_runs(runs, ["--benchmark"], group_flags)
+    assert config_class("fsdp").__name__ == "FsdpConfig" and config_class("single_gpu") is compare.Config
+    ddp, zero3, zero2 = (command(r, ["--benchmark"], group_flags, tmp_path, cuda) for r in runs)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4"]
+    assert zero2 == [*torchrun, str(REPO / "fsdp" / "train.py"), "--benchmark", "--batch_size", "64", "--log_dir",
+                     str(tmp_path), "--run_name", "03-fsdp-4gpu-nccl-zero2-r1", "--no_progress", "--dist_timeout",
+                     "30.0", "--backend", "nccl", "--no_reshard_after_forward"]
+    assert zero3[-4:] == ["--dist_timeout", "30.0", "--backend", "nccl"] and "--bucket_cap_mb" in ddp
+    self_launch = command(runs[2], [], group_flags, tmp_path, cuda, self_launch=True)
+    assert self_launch[:2] == [sys.executable, str(REPO / "fsdp" / "train.py")]
+    assert self_launch[-3:] == ["--no_reshard_after_forward", "--nproc_per_node", "4"]
+    with pytest.raises(compare.UsageError, match="unrecognized arguments: --bucket_cap_mb 50"):
+        check_runs(runs[1:], [], {"fsdp": ["--bucket_cap_mb", "50"]})  # fsdp/train.py has no buckets
+
+
+# --- traffic and the FSDP step ------------------------------------------------------------------------------------
+
+def test_fsdp_moves_one_and_a_half_times_ddps_bytes_resharding_and_as_many_without():
+    P = G = 100e6
+    assert bytes_sent_per_gpu(P, G, 8, "dist_parallel") == pytest.approx(2 * 7 / 8 * G)
+    assert bytes_sent_per_gpu(P, G, 8, "fsdp", reshard=True) == pytest.approx(3 * 7 / 8 * P)
+    for n in (2, 4, 8, 64):
+        ddp = bytes_sent_per_gpu(P, G, n, "dist_parallel")
+        assert bytes_sent_per_gpu(P, G, n, "fsdp", True) == pytest.approx(1.5 * ddp)
+        assert bytes_sent_per_gpu(P, G, n, "fsdp", False) == pytest.approx(ddp)
+    assert bytes_sent_per_gpu(P, G, 1, "fsdp") == 0.0
+    # an all-gather (or reduce-scatter) of 1 GB over 8 ranks: each sends 7/8 GB at 100 GB/s, in 7 ring steps
+    fabric = Fabric("test", "", 100.0, 2.0, (8,), "")
+    assert ring_gather_seconds(1e9, 8, fabric) == pytest.approx(7 / 8 * 0.01 + (8.4 + 7 * 2.0) * 1e-6)
+    assert ring_gather_seconds(1e9, 1, fabric) == 0.0
+
+
+TWO_UNITS = [Unit("root", 4_000_000, 10), Unit("layer1.0", 4_000_000, 10)]  # equal shares of bytes and FLOPs
+
+
+def test_the_fsdp_timeline_hides_what_the_compute_covers():
+    """A 0.3 s step over two equal units: 0.05 s of forward and 0.1 s of backward each. Every collective takes c.
+    On a fast link only the first forward all-gather, the first backward all-gather (resharding) and the last
+    reduce-scatter are exposed; on a slow one the six collectives run back to back and only the second unit's
+    forward compute is not under one of them."""
+    fast = Fabric("fast", "", 1000.0, 0.0, (8,), "")
+    c = ring_gather_seconds(4_000_000, 8, fast)
+    assert fsdp_exposed(0.3, TWO_UNITS, 8, fast, reshard=True) == pytest.approx(3 * c)
+    assert fsdp_exposed(0.3, TWO_UNITS, 8, fast, reshard=False) == pytest.approx(2 * c)
+    slow = Fabric("slow", "", 0.01, 0.0, (8,), "")
+    c = ring_gather_seconds(4_000_000, 8, slow)
+    assert c > 0.3 and fsdp_exposed(0.3, TWO_UNITS, 8, slow, reshard=True) == pytest.approx(6 * c + 0.05 - 0.3)
+    assert fsdp_exposed(0.3, TWO_UNITS, 1, slow) == 0.0
+    # one process: FSDP's own overhead is all there is; more GPUs and slower links only cost
+    assert fsdp_projected_efficiency(0.1, 0.104, TWO_UNITS, 1, slow) == pytest.approx(0.1 / 0.104)
+
+
+def test_fsdp_units_are_the_residual_blocks_and_the_root_with_their_flops():
+    """PyramidNet-8 α=12: one basic block per stage, widths 20, 24, 28. Block 1 sees 32x32 images: two 3x3
+    convolutions, 16 -> 20 and 20 -> 20 channels, 2 FLOPs a multiply-add; the root is the stem (3 -> 16) and the
+    classifier (28 -> 10)."""
+    with torch.device("meta"):
+        model = compare.pyramidnet(8, 12, "basic")
+    units = fsdp_units(model, 3, 32)
+    assert [u.name for u in units] == ["root", "layer1.0", "layer2.0", "layer3.0"]
+    assert units[1].flops == 2 * 9 * 32 * 32 * (16 * 20 + 20 * 20)
+    assert units[0].flops == 2 * 9 * 32 * 32 * 3 * 16 + 2 * 28 * 10
+    assert sum(u.param_bytes for u in units) == sum(gradient_bytes(model))
+    assert units[1].param_bytes == 4 * sum(p.numel() for p in model.layer1.parameters())
+    with torch.device("meta"):
+        units = fsdp_units(compare.pyramidnet(56, 84, "basic"), 3, 32)
+    step = 0.005  # a fast GPU's step: communication matters
+    for fabric in FABRICS:
+        n = fabric.gpu_counts[-1]
+        zero3, zero2 = (fsdp_projected_efficiency(step, step, units, n, fabric, r) for r in (True, False))
+        assert zero3 <= zero2 < 1  # fewer collectives on the same stream never cost more
+    nvlink, pcie, _ = FABRICS
+    assert fsdp_projected_efficiency(step, step, units, 8, pcie) < fsdp_projected_efficiency(step, step, units, 8,
+                                                                                            nvlink)
+
+
+# --- memory -------------------------------------------------------------------------------------------------------
+
+SIZE = ModelSize(alpha=1, units=(40_000, *[120_000] * 8), autocast_cast=900_000)  # a root and 8 blocks
+
+
+def test_the_model_state_per_gpu_is_replicated_by_ddp_and_sharded_by_fsdp():
+    total = lambda *args, **kwargs: sum(memory_per_gpu(SIZE, *args, **kwargs).values())  # noqa: E731
+    assert SIZE.parameters == 1_000_000
+    assert total(8, "dist_parallel") == 12_000_000  # parameters, gradients, momentum: 4 bytes each
+    assert total(8, "dist_parallel", momentum=False) == 8_000_000
+    assert total(8, "dist_parallel", amp="bf16") == 12_000_000 + 1_800_000  # autocast's 2-byte weight copies
+    # a quarter each, plus, gathered at the peak (in backward): the root's parameters and gradients, the computing
+    # block's parameters and gradients and the next block's parameters, 4 bytes each: 4 x (80k + 360k)
+    assert memory_per_gpu(SIZE, 4, "fsdp") == {"parameters": 1e6, "gradients": 1e6, "momentum": 1e6,
+                                               "gathered": 1.76e6, "autocast copies": 0.0}
+    # without resharding, the last block's backward: every parameter, the root's and that block's gradients
+    assert total(4, "fsdp", reshard=False) == 3e6 + 4 * (1_000_000 + 40_000 + 120_000)
+    assert total(4, "fsdp", amp="fp16") == 3e6 + 1.76e6 + 1.8e6  # the copies are not sharded
+    assert total(1, "fsdp") > total(1, "dist_parallel")  # on one GPU FSDP only adds
+
+
+def linears(alpha: float) -> nn.Module:
+    """A stand-in model whose sizes are known: eight units (layer1.0 to layer1.7), each an alpha x alpha matrix."""
+    width = int(alpha)
+    model = nn.Module()
+    model.layer1 = nn.Sequential(*[nn.Linear(width, width, bias=False, device="meta") for _ in range(8)])
+    return model
+
+
+def test_where_fsdp_lets_a_model_fit_that_ddp_cannot():
+    """Eight a x a blocks (no root), fp32, momentum, no autocast, against 96 MB: DDP needs 96 a^2 bytes, so it
+    fits up to a = 1000 exactly. FSDP on N GPUs: 96 a^2 / N plus 12 a^2 gathered (two blocks and one block's
+    gradients), or 36 a^2 without resharding (every parameter and one block's gradients). On 64 GPUs that is
+    13.5 a^2 (a up to 2666) and 37.5 a^2 (a up to 1600, exactly 96 MB)."""
+    projection = memory_projection(linears, 1000, "off", True, 96_000_000)
+    assert model_size(linears(1000), 1000) == ModelSize(1000, (0, *[1_000_000] * 8), 8_000_000)
+    assert projection["crossover"].alpha == 1001 and projection["crossover"].parameters == 8 * 1001**2
+    assert projection["fsdp_gpus"] == {True: 2, False: 2}
+    assert projection["fsdp_limit"][True].alpha == 2666 and projection["fsdp_limit"][False].alpha == 1600
+    assert [size.alpha for size in projection["models"]] == [1000, 2000, 4000, 8000, 16000]
+    assert projection["gpu_bytes"] == 96_000_000 and not projection["assumed"]
+    assumed = memory_projection(linears, 1000, "off", True, None)
+    assert assumed["assumed"] and assumed["gpu_bytes"] == ASSUMED_GPU_BYTES == 80 * 2**30
+
+
+# --- the report ---------------------------------------------------------------------------------------------------
+
+def outcomes() -> list[Outcome]:
+    """A GPU comparison's outcomes: single_gpu at 100 ms (peak 3 GiB), DDP on 2 GPUs, fsdp on 1 and on 2 GPUs
+    resharding, on 2 without; bf16, 64 images per GPU."""
+    settings = [("single_gpu", 1, None, None, 0.100), ("dist_parallel", 2, "nccl", None, 0.110),
+                ("fsdp", 1, "nccl", True, 0.104), ("fsdp", 2, "nccl", True, 0.120), ("fsdp", 2, "nccl", False, 0.112)]
+    made = []
+    for index, (mode, gpus, backend, reshard, step_s) in enumerate(settings, 1):
+        run = Run(mode, gpus, backend, None, False, 64 * gpus, 1, index, "gpu", reshard_after_forward=reshard)
+        results = {"summary": {"images_per_sec": 64 * gpus / step_s, "batch_time_p50": step_s},
+                   "config": {"batch_size": 64 * gpus, "amp": "bf16"},
+                   "peak_mem_gb_per_gpu": {"0": 3.0} if mode == "single_gpu" else None}
+        made.append(Outcome(run, "ok", results=results))
+    fill_rows(made, REPO)
+    return made
+
+
+def test_the_report_has_fsdp_rows_with_their_reshard_setting_and_autocast():
+    rows = [table_row(group) for group in groups(outcomes())]
+    assert [row.split(" | ")[:4] for row in rows] == [
+        ["| single_gpu", "1", "—", "bf16 autocast"], ["| dist_parallel", "2", "nccl", "bf16 autocast"],
+        ["| fsdp", "1", "nccl, reshard", "bf16 autocast"], ["| fsdp", "2", "nccl, reshard", "bf16 autocast"],
+        ["| fsdp", "2", "nccl, no reshard", "bf16 autocast"]]
+    assert "| 1,067 | 1.67× | 83 % |" in rows[3]  # 128 images / 120 ms against single_gpu's 640 images/s
+    assert [o.row["reshard_after_forward"] for o in outcomes()] == [None, None, True, True, False]
+
+
+def test_the_projection_section_projects_fsdp_from_its_one_process_step():
+    made = outcomes()
+    with torch.device("meta"):
+        model = compare.pyramidnet(20, 24, "basic")
+    units, grads = fsdp_units(model, 3, 32), gradient_bytes(model)
+    inputs = projection_inputs(made, grads, 25.0, units)
+    assert inputs["fsdp1_step_s"] == {True: pytest.approx(0.104)} and inputs["ddp1_step_s"] is None
+    report = "\n".join(projection_section(made, inputs, True, "NVLink"))
+    assert "one-process fsdp step (104.0 ms reshard)" in report
+    megabytes = sum(grads) / 1e6
+    assert f"| FSDP, reshard: all-gather in forward and in backward, reduce-scatter, (N−1)/N × (2P + G) | " \
+           f"{1.5 * megabytes:,.1f} |" in report
+    nvlink = FABRICS[0]
+    projected = {r: fsdp_projected_efficiency(0.100, 0.104 if r else 0.100, units, 2, nvlink, r) for r in (True, False)}
+    assert f"| NVLink | reshard | {projected[True]:.0%} |" in report
+    assert f"| NVLink | no reshard | {projected[False]:.0%} |" in report
+    measured = {line.split(" | ")[0]: line for line in report.splitlines() if "fsdp-2gpu" in line}
+    assert measured["| 04-fsdp-2gpu-nccl-r1"].endswith(f"| 83% | {projected[True]:.0%} |")  # 1.67x on 2 GPUs
+    assert measured["| 05-fsdp-2gpu-nccl-zero2-r1"].endswith(f"| {projected[False]:.0%} |")
+
+
+def test_the_memory_section_labels_the_projection_and_estimates_the_activations():
+    memory = memory_projection(linears, 1000, "off", True, 96_000_000)
+    made = [o for o in outcomes() if o.run.mode == "single_gpu"]
+    made[0].row["amp"] = "off"
+    lines = memory_section(memory, made, "1× Test GPU")
+    text = "\n".join(lines)
+    assert "**A projection, not a measurement" in text and "**Activations are left out**" in text
+    assert "here 91.6 MiB (1× Test GPU)" in text  # 96 MB in MiB
+    row = next(line for line in lines if line.startswith("| α=1000 (the runs') | 8,000,000 | DDP |"))
+    assert row.count("91.6 MiB |") == 7  # 96 a^2 bytes replicated: just fits, on every count
+    zero3 = lines[lines.index(row) + 1]
+    assert zero3.startswith("|  |  | FSDP, reshard | 103 MiB ✗ | 57.2 MiB | 34.3 MiB |")  # 96/N + 12 MB
+    assert "| α=2000 (×2) | 32,000,000 | DDP | 366 MiB ✗ |" in text
+    assert ("from α=1001 (8,016,008 parameters) DDP's model state outgrows one GPU's 91.6 MiB; FSDP holds that "
+            "model on 2 GPUs resharding (57.3 MiB each), and on 2 GPUs without resharding") in text
+    assert "up to α=2666 (56,860,448 parameters) resharding, and α=1600 (20,480,000 parameters) without" in text
+    # single_gpu's 3 GiB peak less its 96 MB model state
+    assert "single_gpu's measured peak, 3.0 GiB at 64 images per GPU, is 2.9 GiB above its model state" in text
+    assert "not here" in "\n".join(memory_section(memory, [], None))
