@@ -10,8 +10,9 @@
 #
 # PARTS picks the parts (default: tests fast_path verify compare); BENCHMARK_STEPS and COMPILE go to fast_path.sh (here
 # 100 timed steps and no --compile run of the full model, whose compilation alone takes minutes); COMPARE_ARGS
-# replaces compare.py's arguments (default: --repeat 3 --benchmark_steps 30, every run of the matrix three times, 30
-# timed steps each). A part that fails is named in the summary, the others still run, and the exit status is 1.
+# replaces compare.py's arguments (default: --repeat 3 --benchmark_steps 30 and every mode, fsdp included, every run
+# of the matrix three times, 30 timed steps each). A part that fails is named in the summary, the others still run,
+# and the exit status is 1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: bash benchmarks/gpu_check.sh OUT}
@@ -23,6 +24,7 @@ mkdir -p "$OUT"
 WORK=$(mktemp -d)
 PARTS=${PARTS:-tests fast_path verify compare}
 SUMMARY=$OUT/summary.md
+ALL_MODES="single_gpu data_parallel dist_parallel fsdp"
 FAILED=()
 
 { nvidia-smi; nvidia-smi topo -m; python -c "import torch, torchvision; print('torch', torch.__version__, \
@@ -57,12 +59,17 @@ if wanted fast_path; then
     grep -A40 "operator self time" "$WORK/fast_path.log" | head -60 >> "$OUT/fast_path.md"
 fi
 if wanted verify; then  # the GPU tolerances of --verify, measured: bitwise with --deterministic, how far without
-    part verify_deterministic "$WORK/verify.log" python compare.py --verify --deterministic --out "$WORK/verify_det"
-    part verify "$WORK/verify.log" python compare.py --verify --out "$WORK/verify"
+    # every mode, fsdp too (compare.py leaves it out by default on one GPU)
+    # shellcheck disable=SC2086
+    part verify_deterministic "$WORK/verify.log" python compare.py --verify --deterministic --modes $ALL_MODES \
+        --out "$WORK/verify_det"
+    # shellcheck disable=SC2086
+    part verify "$WORK/verify.log" python compare.py --verify --modes $ALL_MODES --out "$WORK/verify"
 fi
 if wanted compare; then
     # shellcheck disable=SC2086
-    part compare "$WORK/compare.log" python compare.py ${COMPARE_ARGS:---repeat 3 --benchmark_steps 30} \
+    part compare "$WORK/compare.log" python compare.py \
+        ${COMPARE_ARGS:---repeat 3 --benchmark_steps 30 --modes $ALL_MODES} \
         --out "$WORK/compare"
     cp "$WORK/compare/report.md" "$OUT/compare_report.md" 2>/dev/null
     cp "$WORK/compare/results.csv" "$OUT/compare_results.csv" 2>/dev/null

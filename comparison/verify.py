@@ -5,15 +5,20 @@ Every run is started as compare.py starts its matrix (its own subprocess, logs/,
 same model, data, global batch and seed, for --max_steps steps (default 24) and enough epochs to reach them. N is
 the largest --gpu_counts: every GPU here, or 2 CPU processes over gloo without GPUs. The checks:
 
-1. single_gpu, data_parallel on one device and dist_parallel with one process end with the same weights.
-2. dist_parallel on N processes ends where one process ends that averages the losses of the N per-rank shares of
-   every global batch, each share through its own forward pass, as each rank's BatchNorm sees only its share
-   (`reference_training`). With --sync_bn on: N processes with SyncBatchNorm end where one process ends.
+1. single_gpu, data_parallel on one device, and dist_parallel and fsdp with one process end with the same weights.
+Checks 2 to 5 run for dist_parallel and for fsdp, each as --modes has them:
+2. N processes end where one process ends that averages the losses of the N per-rank shares of every global
+   batch, each share through its own forward pass, as each rank's BatchNorm sees only its share
+   (`reference_training`). With --sync_bn on: dist_parallel's N processes with SyncBatchNorm end where one ends.
 3. The N-process run's model.pt evaluated by 1, 2 and N processes (and 3 on the CPU) gives the same accuracy
    and loss, every test image counted once.
-4. Every N-process run ends with bit-identical parameters on every rank (its end-of-run sync check).
+4. Every N-process run ends with bit-identical parameters on every rank (its end-of-run sync check; fsdp's
+   gathers each parameter whole from the ranks' slices).
 5. The N-process run stopped halfway and continued with `--resume auto` ends where the uninterrupted run ends
-   (the halves started as `python dist_parallel/train.py --nproc_per_node N`, the uninterrupted run by torchrun).
+   (the halves started as `python <mode>/train.py --nproc_per_node N`, the uninterrupted run by torchrun). With
+   both modes, each continues the other's halfway checkpoint (in that run's folder): the checkpoint is one format,
+   whole tensors, whichever mode wrote it. fsdp continues without resharding after forward (ZeRO-2; its other runs
+   reshard, ZeRO-3), so its check 5 holds both ways of sharding to the same weights.
 
 The verdicts are printed, and written with their figures and the reasons for each tolerance to verify.md and
 verify.json in the --out folder. tests/test_parallel.py runs `compare.py --verify` on the CPU and asserts on it.
@@ -192,16 +197,27 @@ class Launch:
         return self.folder or self.run.name
 
 
+PARALLEL = ("dist_parallel", "fsdp")  # the modes with a process group: checks 2 to 5 run for each
+
+
+@dataclass
+class Group:
+    """The runs of one mode with a process group, by what each is for."""
+    mode: str
+    trained: Launch                   # on N processes: checks 2 to 5 start from it
+    first_half: Launch
+    evaluations: dict[int, Launch] = field(default_factory=dict)  # processes -> --evaluate of trained's model.pt
+    resumed: Launch | None = None     # its first half continued, by this mode or, with both modes, by the other
+    resumes: str | None = None        # the mode whose first half it continues
+
+
 @dataclass
 class Setting:
-    """The runs of one --amp and dist_parallel backend, by what each is for."""
+    """The runs of one --amp and backend, by what each is for."""
     amp: str | None
     backend: str | None
     one_device: dict[str, Launch] = field(default_factory=dict)  # mode -> its one-device run
-    trained: Launch | None = None     # dist_parallel on N processes: checks 2 to 5 start from it
-    first_half: Launch | None = None
-    resumed: Launch | None = None
-    evaluations: dict[int, Launch] = field(default_factory=dict)  # processes -> --evaluate of trained's model.pt
+    groups: dict[str, Group] = field(default_factory=dict)  # dist_parallel and fsdp, as --modes has them
     sync_bn: Launch | None = None
     sync_bn_not_run: str | None = None  # why there is no SyncBatchNorm run
 
@@ -223,7 +239,7 @@ class Row:
 class Verification:
     """What `compare.py --verify` runs and checks, planned from compare.py's flags before anything starts."""
 
-    def __init__(self, cc, train: dict, dist_only: list[str], cuda: bool, out: Path):
+    def __init__(self, cc, train: dict, group_flags: dict[str, list[str]], cuda: bool, out: Path):
         self.cuda, self.out, self.modes = cuda, out, cc.modes
         self.processes = max(cc.gpu_counts)
         self.steps = train.get("max_steps") or DEFAULT_STEPS
@@ -233,23 +249,28 @@ class Verification:
         epochs = cc.epochs or -(-self.steps // max(images_in_training_set(train) // batch, 1))  # enough for the steps
         self.train = {**train, "max_steps": self.steps, "epochs": epochs}
         self.shared = config_argv(Config, {k: v for k, v in self.train.items() if k != "batch_size"})
-        self.dist_only, self.batch = dist_only, batch
+        self.group_flags, self.batch = group_flags, batch
         self.deterministic, self.compiled = bool(train.get("deterministic")), bool(train.get("compile"))
         self.launches: dict[tuple, Launch] = {}
-        backends = cc.backends if "dist_parallel" in cc.modes else (None,)
+        self.references: dict[Config, dict | str] = {}  # reference_training's weights by config (check 2)
+        # on the CPU, 3 processes evaluate too: fsdp's, where it runs (dist_parallel's evaluation is the same code,
+        # common/distributed.py's, without the empty batches that keep fsdp's ranks in step), else dist_parallel's
+        self.evaluates_on_three = "fsdp" if "fsdp" in cc.modes else "dist_parallel"
+        backends = cc.backends if any(mode in cc.modes for mode in PARALLEL) else (None,)
         self.settings = [self._plan(amp, backend, "on" in cc.sync_bn) for amp in cc.amp for backend in backends]
         training = [launch.run for launch in self.launches.values() if "--evaluate" not in launch.flags]
-        check_runs(training, self.shared, dist_only)
+        check_runs(training, self.shared, group_flags)
 
     # ------------------------------------------------------------------------------------------------ planning
     def _add(self, mode: str, processes: int, backend: str | None, amp: str | None, label: str, flags=(),
-             needs=(), folder=None, sync_bn=False, self_launch=False) -> Launch:
+             needs=(), folder=None, sync_bn=False, self_launch=False, reshard=True) -> Launch:
         """The launch of this run, planned once however many checks need it."""
-        key = (mode, processes, backend, amp, label, tuple(flags), sync_bn)
+        reshard = reshard if mode == "fsdp" else None  # --reshard_after_forward: fsdp's
+        key = (mode, processes, backend, amp, label, tuple(flags), sync_bn, reshard)
         if key not in self.launches:
             run = Run(mode, processes, backend, amp, sync_bn, self.batch, 1, index=len(self.launches) + 1,
-                      unit="gpu" if self.cuda else "cpu", label=label)
-            self.launches[key] = Launch(run, tuple(flags), tuple(needs), folder, self_launch)
+                      unit="gpu" if self.cuda else "cpu", label=label, reshard_after_forward=reshard)
+            self.launches[key] = Launch(run, tuple(flags), tuple(needs), folder=folder, self_launch=self_launch)
         return self.launches[key]
 
     def _plan(self, amp: str | None, backend: str | None, sync_bn: bool) -> Setting:
@@ -258,33 +279,58 @@ class Verification:
         for mode in ("single_gpu", "data_parallel"):
             if mode in self.modes:  # on GPUs, command() gives them --gpu_devices 0
                 setting.one_device[mode] = self._add(mode, 1, None, amp, "train", save)
+        for mode in (mode for mode in PARALLEL if mode in self.modes):
+            setting.groups[mode] = self._plan_group(mode, amp, backend, setting, save)
         if "dist_parallel" not in self.modes:
-            return setting
-        if setting.one_device or (sync_bn and self.cuda and n > 1):  # check 1, and the SyncBatchNorm check
-            setting.one_device["dist_parallel"] = self._add("dist_parallel", 1, backend, amp, "train", save)
-        setting.trained = self._add("dist_parallel", n, backend, amp, "train", save)
-        # the two halves are started as `python dist_parallel/train.py --nproc_per_node N`, the trained run under
-        # torchrun: check 5 holds the self-launch to torchrun as well
-        setting.first_half = self._add("dist_parallel", n, backend, amp, "first_half",
-                                       ("--max_steps", str(self.steps // 2)), self_launch=True)
-        setting.resumed = self._add("dist_parallel", n, backend, amp, "resumed",
-                                    ("--run_name", setting.first_half.name, "--resume", "auto", *save),
-                                    needs=(setting.first_half.name,), folder=setting.first_half.name,
-                                    self_launch=True)
-        model = str(self.out / "runs" / setting.trained.run_dir / "model.pt")
-        for processes in evaluation_counts(n, self.cuda):  # N: the trained run's own evaluation of what it saves
-            mode = "single_gpu" if processes == 1 else "dist_parallel"
-            setting.evaluations[processes] = self._add(
-                mode, processes, backend if processes > 1 else None, amp, "evaluate", ("--evaluate", model),
-                needs=(setting.trained.name,))
-        if not sync_bn:
+            setting.sync_bn_not_run = "--modes leaves out dist_parallel"
+        elif not sync_bn:
             setting.sync_bn_not_run = "give --sync_bn on to check SyncBatchNorm (GPUs)"
         elif not self.cuda or n < 2:
             setting.sync_bn_not_run = ("SyncBatchNorm needs GPUs (PyTorch's refuses CPU modules)" if not self.cuda
                                        else "SyncBatchNorm needs two or more GPUs")
         else:
+            setting.one_device.setdefault("dist_parallel", self._add("dist_parallel", 1, backend, amp, "train", save))
             setting.sync_bn = self._add("dist_parallel", n, backend, amp, "train", save, sync_bn=True)
+        for mode, group in setting.groups.items():  # check 5: with both modes, each continues the other's half
+            group.resumes = next((other for other in setting.groups if other != mode), mode)
+            first_half = setting.groups[group.resumes].first_half
+            label = "resumed" if group.resumes == mode else f"resumed_from_{group.resumes}"
+            group.resumed = self._add(mode, n, backend, amp, label,
+                                      ("--run_name", first_half.name, "--resume", "auto", *save),
+                                      needs=(first_half.name,), folder=first_half.name, self_launch=True,
+                                      reshard=False)  # fsdp: ZeRO-2, where every other fsdp run is ZeRO-3
         return setting
+
+    def _plan_group(self, mode: str, amp: str | None, backend: str | None, setting: Setting, save) -> Group:
+        """The runs of a mode with a process group: its one-process run (check 1, beside the other modes), its
+        N-process run, the first half of a stopped one, and the --evaluate runs of its model.pt."""
+        n = self.processes
+        if setting.one_device:  # check 1
+            setting.one_device[mode] = self._add(mode, 1, backend, amp, "train", save)
+        trained = self._add(mode, n, backend, amp, "train", save)
+        # the two halves are started as `python <mode>/train.py --nproc_per_node N`, the trained run under torchrun:
+        # check 5 holds the self-launch to torchrun as well
+        first_half = self._add(mode, n, backend, amp, "first_half", ("--max_steps", str(self.steps // 2)),
+                               self_launch=True)
+        group = Group(mode, trained, first_half)
+        model = str(self.out / "runs" / trained.run_dir / "model.pt")
+        for processes in evaluation_counts(n, self.cuda, mode == self.evaluates_on_three):  # N: the run's own
+            by = "single_gpu" if processes == 1 else mode
+            group.evaluations[processes] = self._add(
+                by, processes, backend if processes > 1 else None, amp, "evaluate",
+                ("--evaluate", model, *self.uneven_batches(processes)), needs=(trained.name,))
+        return group
+
+    def uneven_batches(self, processes: int) -> tuple[str, ...]:
+        """On the CPU, the batch flag that gives one rank one evaluation batch fewer than another: the per-rank batch
+        of the smaller shard's size (53 test images over 3 ranks: shards of 18, 18 and 17, batches of 17). Under
+        fsdp that rank then runs an empty batch, so that every rank gathers the weights as often; a batch that
+        gave every rank as many batches would leave that path unchecked."""
+        images = images_in_test_set({"dataset": self.train.get("dataset", Config.dataset),
+                                     "synthetic_size": self.train.get("synthetic_size", Config.synthetic_size)})
+        if self.cuda or processes == 1 or not images % processes:
+            return ()
+        return "--batch_size", str(images // processes * processes)
 
     # ------------------------------------------------------------------------------------------------ running
     def main(self, timeout: int, argv: list[str], device: str) -> int:
@@ -308,7 +354,7 @@ class Verification:
 
     def argv(self, launch: Launch) -> list[str]:
         """The launch's command line: its matrix run's, then its own flags."""
-        return [*command(launch.run, self.shared, self.dist_only, self.out / "runs", self.cuda, launch.self_launch),
+        return [*command(launch.run, self.shared, self.group_flags, self.out / "runs", self.cuda, launch.self_launch),
                 *launch.flags]
 
     def run(self, timeout: int) -> dict[str, Outcome]:
@@ -337,15 +383,22 @@ class Verification:
 
     # ------------------------------------------------------------------------------------------------ checks
     def judge(self, outcomes: dict[str, Outcome]) -> list[Row]:
-        """A row per check of every setting, from the runs' outcomes and the files in their run folders."""
+        """A row per check of every setting, from the runs' outcomes and the files in their run folders: check 1,
+        then checks 2 to 5 of each mode with a process group (and SyncBatchNorm's beside dist_parallel's check 2),
+        then fsdp's own checks 6 and 7."""
         rows = []
         for setting in self.settings:
-            rows += [self.one_device(setting, outcomes), self.against_reference(setting, outcomes),
-                     self.sync_batchnorm(setting, outcomes), self.evaluation(setting, outcomes),
-                     self.ranks_in_sync(setting, outcomes), self.resumed(setting, outcomes)]
+            ours = [self.one_device(setting, outcomes)]
+            for mode in PARALLEL:
+                ours.append(self.against_reference(setting, mode, outcomes))
+                if mode == "dist_parallel":
+                    ours.append(self.sync_batchnorm(setting, outcomes))
+                ours += [self.evaluation(setting, mode, outcomes), self.ranks_in_sync(setting, mode, outcomes),
+                         self.resumed(setting, mode, outcomes)]
             if len(self.settings) > 1:
-                for row in rows[-6:]:
+                for row in ours:
                     row.check = f"[{setting.label()}] {row.check}"
+            rows += ours
         return rows
 
     def exact(self) -> bool:
@@ -362,8 +415,9 @@ class Verification:
 
     def all_reduce_order(self, setting: Setting) -> Tolerance:
         """The tolerance of runs that differ only in the order the all-reduce adds the ranks' gradients (checks 2
-        and 5). Two ranks: none, as a sum of two is the same in either order and DDP's halving of each gradient is
-        exact (measured on the CPU: 0; on GPUs, with --deterministic, reasoned). More ranks: rounding."""
+        and 5). Two ranks: none, as a sum of two is the same in either order and the halving of each gradient
+        (DDP's before its all-reduce, FSDP's before its reduce-scatter) is exact (measured on the CPU: 0; on GPUs,
+        with --deterministic, reasoned). More ranks: rounding."""
         return BITWISE if self.exact() and self.processes <= 2 else self.rounding(setting)
 
     def amp_of(self, setting: Setting) -> str:
@@ -399,34 +453,43 @@ class Verification:
         return Row(self.CHECK_1, names(runs), figure, tolerance.text, verdict(passed),
                    figures={"max_abs_difference": differences, "tolerance": tolerance.value})
 
-    def check_2(self) -> str:
-        return f"2. {self.processes} processes end where reference_training ends"
+    def check_2(self, mode: str) -> str:
+        return f"2. {mode} on {self.processes} processes ends where reference_training ends"
 
-    def against_reference(self, setting: Setting, outcomes: dict[str, Outcome]) -> Row:
-        if setting.trained is None:
-            return Row(self.check_2(), "—", "—", "—", "not run", "--modes leaves out dist_parallel")
+    def against_reference(self, setting: Setting, mode: str, outcomes: dict[str, Outcome]) -> Row:
+        group = setting.groups.get(mode)
+        if group is None:
+            return not_run(self.check_2(mode), mode)
         tolerance = self.all_reduce_order(setting)
-        failure = failed(outcomes, [setting.trained])
+        failure = failed(outcomes, [group.trained])
         if failure:
-            return fail(self.check_2(), [setting.trained], tolerance, failure)
-        cfg = config_of(outcomes[setting.trained.name].results["config"])
-        device = torch.device("cuda", 0) if self.cuda else torch.device("cpu")
-        try:
-            reference = reference_training(cfg, self.processes, device)
-        except RuntimeError as error:  # out of memory, say: the check cannot be made here
-            first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            return fail(self.check_2(), [setting.trained], tolerance, f"reference_training failed: {first_line}")
-        measured = max_difference(reference, self.weights(setting.trained), list(reference))
-        return Row(self.check_2(), f"{names([setting.trained])}, reference_training in this process",
+            return fail(self.check_2(mode), [group.trained], tolerance, failure)
+        reference = self.reference(outcomes[group.trained.name].results["config"])
+        if isinstance(reference, str):  # out of memory, say: the check cannot be made here
+            return fail(self.check_2(mode), [group.trained], tolerance, f"reference_training failed: {reference}")
+        measured = max_difference(reference, self.weights(group.trained), list(reference))
+        return Row(self.check_2(mode), f"{names([group.trained])}, reference_training in this process",
                    f"max abs difference of every parameter: {measured:.3g}", tolerance.text,
                    verdict(measured <= tolerance.value), figures={"max_abs_difference": measured,
                                                                   "tolerance": tolerance.value})
 
+    def reference(self, saved: dict) -> dict[str, torch.Tensor] | str:
+        """reference_training of a run's config, computed once for every mode that trained under it (the modes'
+        own flags aside, their configs agree); the first line of its error when it could not be computed."""
+        cfg = config_of(saved)
+        if cfg not in self.references:
+            device = torch.device("cuda", 0) if self.cuda else torch.device("cpu")
+            try:
+                self.references[cfg] = reference_training(cfg, self.processes, device)
+            except RuntimeError as error:
+                text = str(error).strip()
+                self.references[cfg] = text.splitlines()[0] if text else type(error).__name__
+        return self.references[cfg]
+
     def sync_batchnorm(self, setting: Setting, outcomes: dict[str, Outcome]) -> Row:
         title = f"2. with SyncBatchNorm, {self.processes} processes end where 1 process ends"
         if setting.sync_bn is None:
-            why = setting.sync_bn_not_run or "--modes leaves out dist_parallel"
-            return Row(title, "—", "—", "—", "not run", why)
+            return Row(title, "—", "—", "—", "not run", setting.sync_bn_not_run)
         one = setting.one_device["dist_parallel"]
         tolerance = self.rounding(setting)
         failure = failed(outcomes, [setting.sync_bn, one])
@@ -438,24 +501,26 @@ class Verification:
                    verdict(measured <= tolerance.value), figures={"max_abs_difference": measured,
                                                                   "tolerance": tolerance.value})
 
-    def check_3(self, setting: Setting) -> str:
-        counts = sorted({*setting.evaluations, self.processes})
-        return f"3. evaluation by {', '.join(map(str, counts))} processes: the same accuracy and loss"
+    def check_3(self, mode: str, group: Group | None) -> str:
+        planned = evaluation_counts(self.processes, self.cuda, mode == self.evaluates_on_three)
+        counts = sorted({*(group.evaluations if group else planned), self.processes})
+        return f"3. {mode}: evaluation by {', '.join(map(str, counts))} processes, the same accuracy and loss"
 
-    def evaluation(self, setting: Setting, outcomes: dict[str, Outcome]) -> Row:
-        if setting.trained is None:
-            return Row(self.check_3(setting), "—", "—", "—", "not run", "--modes leaves out dist_parallel")
+    def evaluation(self, setting: Setting, mode: str, outcomes: dict[str, Outcome]) -> Row:
+        group = setting.groups.get(mode)
+        if group is None:
+            return not_run(self.check_3(mode, group), mode)
         exact = not self.cuda and self.amp_of(setting) == "off"
         tolerance = EXACT_EVALUATION if exact else ROUNDED_EVALUATION
         # the --evaluate launches, then the N-process run's own end-of-run evaluation of the weights it saved
-        runs = [*((f"{count} (--evaluate)", launch) for count, launch in setting.evaluations.items()),
-                (f"{self.processes} (the run's own)", setting.trained)]
+        runs = [*((f"{count} (--evaluate)", launch) for count, launch in group.evaluations.items()),
+                (f"{self.processes} (the run's own)", group.trained)]
         failure = failed(outcomes, [launch for _, launch in runs])
         if failure:
-            return fail(self.check_3(setting), [launch for _, launch in runs], tolerance, failure)
+            return fail(self.check_3(mode, group), [launch for _, launch in runs], tolerance, failure)
         results = {what: outcomes[launch.name].results["summary"] for what, launch in runs}
         images = {what: summary["test_images"] for what, summary in results.items()}
-        expected = images_in_test_set(outcomes[setting.trained.name].results["config"])
+        expected = images_in_test_set(outcomes[group.trained.name].results["config"])
         base = results[runs[0][0]]  # one process: single_gpu --evaluate
         acc_difference = max(abs(r["test_acc"] - base["test_acc"]) for r in results.values())
         loss_difference = max(abs(r["test_loss"] - base["test_loss"]) / abs(base["test_loss"])
@@ -466,22 +531,27 @@ class Verification:
                   + (f"each counted all {expected} test images" if counted else
                      "images counted: " + ", ".join(f"{images[w]} by {w}" for w in images) + f" of {expected}"))
         passed = acc_difference <= tolerance.accuracy and loss_difference <= tolerance.loss and counted
-        return Row(self.check_3(setting), names(launch for _, launch in runs), figure, tolerance.text,
+        return Row(self.check_3(mode, group), names(launch for _, launch in runs), figure, tolerance.text,
                    verdict(passed), figures={"test_acc": {w: r["test_acc"] for w, r in results.items()},
                                              "test_loss": {w: r["test_loss"] for w, r in results.items()},
                                              "images": images, "test_images": expected})
 
-    CHECK_4 = "4. parameters identical on every rank (the end-of-run sync check)"
+    def check_4(self, mode: str) -> str:
+        whole = " (gathered whole from the slices)" if mode == "fsdp" else ""
+        return f"4. {mode}: parameters identical on every rank{whole} (the end-of-run sync check)"
 
-    def ranks_in_sync(self, setting: Setting, outcomes: dict[str, Outcome]) -> Row:
-        if setting.trained is None:
-            return Row(self.CHECK_4, "—", "—", "—", "not run", "--modes leaves out dist_parallel")
+    def ranks_in_sync(self, setting: Setting, mode: str, outcomes: dict[str, Outcome]) -> Row:
+        group = setting.groups.get(mode)
+        if group is None:
+            return not_run(self.check_4(mode), mode)
         if self.processes == 1:
-            return Row(self.CHECK_4, "—", "—", "—", "not run", "N is 1: one rank has nothing to differ from")
-        runs = [run for run in (setting.trained, setting.first_half, setting.resumed, setting.sync_bn) if run]
+            return Row(self.check_4(mode), "—", "—", "—", "not run",
+                       "N is 1: one rank has nothing to differ from")
+        extra = (setting.sync_bn,) if mode == "dist_parallel" else ()
+        runs = [run for run in (group.trained, group.first_half, group.resumed, *extra) if run]
         failure = failed(outcomes, runs)
         if failure:
-            return fail(self.CHECK_4, runs, BITWISE, failure)
+            return fail(self.check_4(mode), runs, BITWISE, failure)
         summaries = {run.name: outcomes[run.name].results["summary"] for run in runs}
         apart = [name for name, summary in summaries.items() if summary["params_in_sync"] is not True]
         buffers = max(summary["buffers_max_abs_diff"] for summary in summaries.values())
@@ -489,29 +559,42 @@ class Verification:
                   + (f" (not in {', '.join(apart)})" if apart else "")
                   + f"; BatchNorm statistics differ by up to {buffers:.3g}"
                   + (" (each rank's BatchNorm sees its own share)" if buffers else ""))
-        return Row(self.CHECK_4, names(runs), figure, BITWISE.text, verdict(not apart),
+        return Row(self.check_4(mode), names(runs), figure, BITWISE.text, verdict(not apart),
                    figures={"params_in_sync": {n: s["params_in_sync"] for n, s in summaries.items()},
                             "buffers_max_abs_diff": buffers})
 
-    def check_5(self) -> str:
-        return f"5. stopped at step {self.steps // 2} and resumed, the run ends where the uninterrupted one ends"
+    def check_5(self, mode: str, group: Group | None = None) -> str:
+        how = " without resharding (ZeRO-2)" if mode == "fsdp" else ""
+        if group is not None and group.resumes != mode:
+            return (f"5. {mode}: {group.resumes}'s run stopped at step {self.steps // 2}, continued by {mode}{how}, "
+                    f"ends where {mode}'s uninterrupted run ends")
+        return (f"5. {mode}: stopped at step {self.steps // 2} and resumed{how}, the run ends where the "
+                f"uninterrupted one ends")
 
-    def resumed(self, setting: Setting, outcomes: dict[str, Outcome]) -> Row:
-        if setting.trained is None:
-            return Row(self.check_5(), "—", "—", "—", "not run", "--modes leaves out dist_parallel")
+    def resumed(self, setting: Setting, mode: str, outcomes: dict[str, Outcome]) -> Row:
+        group = setting.groups.get(mode)
+        if group is None:
+            return not_run(self.check_5(mode), mode)
+        first_half = setting.groups[group.resumes].first_half
+        runs = [first_half, group.resumed, group.trained]
+        return self.continued(self.check_5(mode, group), runs, group.resumed, group.trained,
+                              "the halves self-launched with --resume auto, the uninterrupted run under torchrun",
+                              setting, outcomes)
+
+    def continued(self, title: str, runs: list[Launch], resumed: Launch, uninterrupted: Launch, how: str,
+                  setting: Setting, outcomes: dict[str, Outcome]) -> Row:
+        """A run that resumed halfway against the run that was not stopped: the same weights and statistics."""
         tolerance = self.all_reduce_order(setting)
-        runs = [setting.first_half, setting.resumed, setting.trained]
         failure = failed(outcomes, runs)
         if failure:
-            return fail(self.check_5(), runs, tolerance, failure)
+            return fail(title, runs, tolerance, failure)
         said = f"resumed at step {self.steps // 2} "
-        if said not in outcomes[setting.resumed.name].log.read_text(errors="replace"):
-            return fail(self.check_5(), runs, tolerance, f"{setting.resumed.name} did not say '{said.strip()}': it "
-                                                         f"did not continue the first half")
-        measured = max_difference(self.weights(setting.resumed), self.weights(setting.trained))
-        return Row(self.check_5(), names(runs), f"max abs difference of every weight and BatchNorm statistic: "
-                   f"{measured:.3g} (the halves self-launched, the uninterrupted run under torchrun)",
-                   tolerance.text, verdict(measured <= tolerance.value),
+        if said not in outcomes[resumed.name].log.read_text(errors="replace"):
+            return fail(title, runs, tolerance, f"{resumed.name} did not say '{said.strip()}': it did not continue "
+                                                f"the first half")
+        measured = max_difference(self.weights(resumed), self.weights(uninterrupted))
+        return Row(title, names(runs), f"max abs difference of every weight and BatchNorm statistic: {measured:.3g} "
+                   f"({how})", tolerance.text, verdict(measured <= tolerance.value),
                    figures={"max_abs_difference": measured, "tolerance": tolerance.value})
 
     # ------------------------------------------------------------------------------------------------ report
@@ -520,10 +603,11 @@ class Verification:
         shown = {row.tolerance for row in rows}
         every = (BITWISE, SUMMATION_ORDER, *ROUNDING.values(), EXACT_EVALUATION, ROUNDED_EVALUATION)
         notes = [f"- **{t.text}**: {t.why}." for t in every if t.text in shown]
-        if any(s.trained for s in self.settings) and self.all_reduce_order(self.settings[0]) is BITWISE:
-            notes.append("- Checks 2 and 5 are bitwise with two ranks: DDP halves each gradient, which is exact, and "
-                         "the all-reduce adds two values, the same in either order. With more ranks the order of "
-                         "the sums differs, and they take a tolerance.")
+        if any(s.groups for s in self.settings) and self.all_reduce_order(self.settings[0]) is BITWISE:
+            notes.append("- Checks 2 and 5 are bitwise with two ranks: DDP halves each gradient before its all-reduce, "
+                         "FSDP before its reduce-scatter, which is exact, and the collective adds two values, the "
+                         "same in either order. With more ranks the order of the sums differs, and they take a "
+                         "tolerance.")
         if self.steps != DEFAULT_STEPS and shown & {t.text for t in (SUMMATION_ORDER, *ROUNDING.values())}:
             notes.append(f"- The tolerances above were set for {DEFAULT_STEPS} steps; this verification ran "
                          f"{self.steps}, and the rounding differences grow with every step.")
@@ -589,11 +673,11 @@ def images_in_test_set(config: dict) -> int:
     return config["synthetic_size"] // 5 if dataset == "synthetic" else TEST_IMAGES[dataset]
 
 
-def evaluation_counts(n: int, cuda: bool) -> list[int]:
-    """The --evaluate launches: 1 process (single_gpu) and 2; on the CPU 3 as well, which divides neither the CPU
-    default's batch (32) nor its test set (53). N processes is the trained run's own evaluation. On GPUs no more
-    than N: NCCL takes one GPU per rank."""
-    counts = {1, 2} | (set() if cuda else {3})
+def evaluation_counts(n: int, cuda: bool, three: bool = True) -> list[int]:
+    """The --evaluate launches: 1 process (single_gpu) and 2; on the CPU, with `three`, 3 as well, which divides
+    neither the CPU default's batch (32) nor its test set (53). N processes is the trained run's own evaluation.
+    On GPUs no more than N: NCCL takes one GPU per rank."""
+    counts = {1, 2} | (set() if cuda or not three else {3})
     return sorted(c for c in counts if c == 1 or c != n and (not cuda or c < n))
 
 
@@ -629,6 +713,10 @@ def failed(outcomes: dict[str, Outcome], launches) -> str | None:
             log = f" (log: `logs/{launch.name}.log`)" if outcome.log else ""
             return f"`{launch.name}` {outcome.status}: {outcome.error}{log}"
     return None
+
+
+def not_run(check: str, mode: str) -> Row:
+    return Row(check, "—", "—", "—", "not run", f"--modes leaves out {mode}")
 
 
 def fail(check: str, launches, tolerance, failure: str) -> Row:

@@ -30,22 +30,26 @@ def command_lines(verification) -> dict[str, str]:
     return {launch.name: " ".join(verification.argv(launch)) for launch in verification.launches.values()}
 
 
-def test_on_four_gpus_the_modes_run_on_gpu_0_and_dist_parallel_on_all_four(gpus, tmp_path):
+def test_on_four_gpus_the_modes_run_on_gpu_0_and_dist_parallel_and_fsdp_on_all_four(gpus, tmp_path):
     """The default on 4 GPUs, SyncBatchNorm asked for too: the runs of each backend (NCCL, then Gloo), the one-device
-    runs of single_gpu and data_parallel shared by both; each backend's model.pt evaluated by 1 and 2 processes
-    (4 is the run's own evaluation); SyncBatchNorm on 4. Synthetic data, 24 steps of the full model's global batch
-    128, one epoch."""
+    runs of single_gpu and data_parallel shared by both; for dist_parallel and then fsdp, each mode's model.pt
+    evaluated by 1 and 2 processes (4 is the run's own evaluation); each mode's second half continuing the other's
+    first half (fsdp without resharding); SyncBatchNorm on 4. Synthetic data, 24 steps of the full model's global
+    batch 128, one epoch."""
     gpus(4)
     verification = planned(tmp_path, "--sync_bn", "off", "on")
     lines = command_lines(verification)
-    assert list(lines) == [
-        "01-single_gpu-1gpu-train", "02-data_parallel-1gpu-train", "03-dist_parallel-1gpu-nccl-train",
-        "04-dist_parallel-4gpu-nccl-train", "05-dist_parallel-4gpu-nccl-first_half",
-        "06-dist_parallel-4gpu-nccl-resumed", "07-single_gpu-1gpu-evaluate", "08-dist_parallel-2gpu-nccl-evaluate",
-        "09-dist_parallel-4gpu-nccl-syncbn-train", "10-dist_parallel-1gpu-gloo-train",
-        "11-dist_parallel-4gpu-gloo-train", "12-dist_parallel-4gpu-gloo-first_half",
-        "13-dist_parallel-4gpu-gloo-resumed", "14-single_gpu-1gpu-evaluate", "15-dist_parallel-2gpu-gloo-evaluate",
-        "16-dist_parallel-4gpu-gloo-syncbn-train"]
+    per_backend = ["{}-dist_parallel-1gpu-{}-train", "{}-dist_parallel-4gpu-{}-train",
+                   "{}-dist_parallel-4gpu-{}-first_half", "{}-single_gpu-1gpu-evaluate",
+                   "{}-dist_parallel-2gpu-{}-evaluate", "{}-fsdp-1gpu-{}-train", "{}-fsdp-4gpu-{}-train",
+                   "{}-fsdp-4gpu-{}-first_half", "{}-single_gpu-1gpu-evaluate", "{}-fsdp-2gpu-{}-evaluate",
+                   "{}-dist_parallel-4gpu-{}-syncbn-train", "{}-dist_parallel-4gpu-{}-resumed_from_fsdp",
+                   "{}-fsdp-4gpu-{}-zero2-resumed_from_dist_parallel"]
+    expected = ["01-single_gpu-1gpu-train", "02-data_parallel-1gpu-train"]
+    for backend in ("nccl", "gloo"):
+        for name in per_backend:
+            expected.append(name.format(f"{len(expected) + 1:02d}", backend))
+    assert list(lines) == expected
     assert verification.steps == 24 and verification.train["epochs"] == 1 and verification.processes == 4
     for name in ("01-single_gpu-1gpu-train", "02-data_parallel-1gpu-train"):
         assert " --dataset synthetic " in lines[name] and " --max_steps 24 " in lines[name]
@@ -56,12 +60,16 @@ def test_on_four_gpus_the_modes_run_on_gpu_0_and_dist_parallel_on_all_four(gpus,
     self_launch = f"{sys.executable} {REPO / 'dist_parallel' / 'train.py'} "
     assert lines["05-dist_parallel-4gpu-nccl-first_half"].startswith(self_launch)
     assert lines["05-dist_parallel-4gpu-nccl-first_half"].endswith("--nproc_per_node 4 --max_steps 12")
-    assert lines["06-dist_parallel-4gpu-nccl-resumed"].endswith(
-        "--nproc_per_node 4 --run_name 05-dist_parallel-4gpu-nccl-first_half --resume auto --save_model")
+    assert lines["14-dist_parallel-4gpu-nccl-resumed_from_fsdp"].startswith(self_launch)
+    assert lines["14-dist_parallel-4gpu-nccl-resumed_from_fsdp"].endswith(
+        "--nproc_per_node 4 --run_name 10-fsdp-4gpu-nccl-first_half --resume auto --save_model")
+    assert lines["15-fsdp-4gpu-nccl-zero2-resumed_from_dist_parallel"].endswith(
+        "--backend nccl --no_reshard_after_forward --nproc_per_node 4 --run_name 05-dist_parallel-4gpu-nccl-first_half "
+        "--resume auto --save_model")
     model = tmp_path / "runs" / "04-dist_parallel-4gpu-nccl-train" / "model.pt"
-    assert lines["07-single_gpu-1gpu-evaluate"].endswith(f"--gpu_devices 0 --evaluate {model}")
-    assert lines["08-dist_parallel-2gpu-nccl-evaluate"].endswith(f"--evaluate {model}")
-    assert " --sync_bn" in lines["09-dist_parallel-4gpu-nccl-syncbn-train"]
+    assert lines["06-single_gpu-1gpu-evaluate"].endswith(f"--gpu_devices 0 --evaluate {model}")
+    assert lines["07-dist_parallel-2gpu-nccl-evaluate"].endswith(f"--evaluate {model}")
+    assert " --sync_bn" in lines["13-dist_parallel-4gpu-nccl-syncbn-train"]
 
 
 def test_the_tolerances_follow_determinism_precision_and_the_ranks(gpus, tmp_path):
@@ -84,13 +92,15 @@ def test_the_tolerances_follow_determinism_precision_and_the_ranks(gpus, tmp_pat
 
 
 def test_on_one_gpu_the_one_process_run_is_the_run_checks_2_to_5_start_from(gpus, tmp_path):
-    """N = 1: the one-process dist_parallel run is planned once; nothing to evaluate with 2 processes, no ranks to
-    differ, and SyncBatchNorm says it needs two GPUs."""
+    """N = 1: the one-process dist_parallel and fsdp runs are planned once each; nothing to evaluate with 2
+    processes, no ranks to differ, and SyncBatchNorm says it needs two GPUs."""
     gpus(1)
     verification = planned(tmp_path, "--backends", "nccl", "--sync_bn", "on")
     setting = verification.settings[0]
-    assert setting.trained is setting.one_device["dist_parallel"] and list(setting.evaluations) == [1]
-    assert len(verification.launches) == 6
-    assert verification.ranks_in_sync(setting, {}).verdict == "not run"
+    for mode in ("dist_parallel", "fsdp"):
+        group = setting.groups[mode]
+        assert group.trained is setting.one_device[mode] and list(group.evaluations) == [1]
+        assert verification.ranks_in_sync(setting, mode, {}).verdict == "not run"
+    assert len(verification.launches) == 10
     sync_bn = verification.sync_batchnorm(setting, {})
     assert sync_bn.verdict == "not run" and "two or more GPUs" in sync_bn.why
