@@ -313,7 +313,7 @@ def bare_images_per_sec(cfg: Config, steps: int) -> float:
 
 
 def test_suite_overhead_is_small_against_a_bare_loop(tmp_path, capsys):
-    """--benchmark in-process against the bare loop, alternately, best of three each (the 2-core machine is noisy).
+    """--benchmark in-process against the bare loop, alternately, best of two each (the 2-core machine is noisy).
     The ratio is printed; only a loose bound is asserted: speed is measured in benchmarks, not in tests."""
     import single_gpu.train as single
 
@@ -321,7 +321,7 @@ def test_suite_overhead_is_small_against_a_bare_loop(tmp_path, capsys):
              "--log_interval", "9", "--no_progress", "--log_dir", str(tmp_path)]
     cfg = parse_config(Config, flags)
     suite, bare = [], []
-    for attempt in range(3):
+    for attempt in range(2):
         single.main([*flags, "--run_name", f"bench{attempt}"])
         suite.append(read_results(tmp_path / f"bench{attempt}")["summary"]["images_per_sec"])
         bare.append(bare_images_per_sec(cfg, cfg.benchmark_steps))

@@ -195,32 +195,26 @@ def test_labels_that_do_not_match_the_images_are_a_usage_error(tmp_path, offline
 
 
 # ---------------------------------------------------------------------------------------------------- runs
-def test_single_gpu_trains_and_evaluates_on_mnist(mnist_dir, tmp_path):
-    data_dir, _ = mnist_dir
-    done = run_script("single_gpu/train.py", *TINY_MNIST, "--data_dir", data_dir, "--log_dir", tmp_path,
-                      "--run_name", "mnist", "--save_model", env={"OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr
-    assert "(16 images)" in done.stdout  # the test set is the fixture's 16 images
-    summary = read_results(tmp_path / "mnist")["summary"]
-    assert summary["steps"] == 8 and summary["test_acc"] * 16 == pytest.approx(round(summary["test_acc"] * 16))
-    assert summary["flops_per_image"] == flops_per_image(parse_config(Config, TINY_MNIST))
-    state = torch.load(tmp_path / "mnist" / "model.pt", weights_only=True)
-    assert state["conv1.weight"].shape[1] == 1  # a one-channel model
-    # --evaluate builds the same model from --dataset and reads those weights
-    evaluated = run_script("single_gpu/train.py", *TINY_MNIST, "--data_dir", data_dir, "--log_dir", tmp_path,
-                           "--run_name", "evaluated", "--evaluate", tmp_path / "mnist" / "model.pt")
-    assert evaluated.returncode == 0, evaluated.stderr
-    assert read_results(tmp_path / "evaluated")["summary"]["test_acc"] == summary["test_acc"]
-
-
-def test_two_dist_parallel_processes_on_mnist(mnist_dir, tmp_path):
+def test_two_dist_parallel_processes_train_on_mnist_and_single_gpu_evaluates_it(mnist_dir, tmp_path):
+    """One run per mode family: dist_parallel on 2 processes with the torchvision loader trains a one-channel model on
+    the fixture's MNIST; single_gpu --evaluate builds the same model from --dataset and reads those weights."""
     data_dir, _ = mnist_dir
     done = run_script("dist_parallel/train.py", *TINY_MNIST, "--nproc_per_node", "2", "--loader", "torchvision",
-                      "--data_dir", data_dir, "--log_dir", tmp_path, "--run_name", "ddp", env={"OMP_NUM_THREADS": "1"})
+                      "--data_dir", data_dir, "--log_dir", tmp_path, "--run_name", "ddp", "--save_model",
+                      env={"OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr
-    assert "(16 images)" in done.stdout  # 8 on each rank, summed
+    assert "(16 images)" in done.stdout  # the test set is the fixture's 16 images, 8 on each rank, summed
     results = read_results(tmp_path / "ddp")
-    assert results["world_size"] == 2 and results["summary"]["params_in_sync"] is True
+    summary = results["summary"]
+    assert results["world_size"] == 2 and summary["params_in_sync"] is True
+    assert summary["steps"] == 8 and summary["test_acc"] * 16 == pytest.approx(round(summary["test_acc"] * 16))
+    assert summary["flops_per_image"] == flops_per_image(parse_config(Config, TINY_MNIST))
+    state = torch.load(tmp_path / "ddp" / "model.pt", weights_only=True)
+    assert state["conv1.weight"].shape[1] == 1  # a one-channel model
+    evaluated = run_script("single_gpu/train.py", *TINY_MNIST, "--data_dir", data_dir, "--log_dir", tmp_path,
+                           "--run_name", "evaluated", "--evaluate", tmp_path / "ddp" / "model.pt")
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert read_results(tmp_path / "evaluated")["summary"]["test_acc"] == summary["test_acc"]
 
 
 def test_missing_mnist_is_one_line_and_no_traceback(tmp_path):
