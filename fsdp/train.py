@@ -108,7 +108,8 @@ def get_model(cfg: FsdpConfig, device: torch.device):
     # one unit per residual block, gathered just before it runs; the root unit takes the stem, the last BatchNorm and
     # the classifier. Mixed precision stays autocast, as in every mode (not FSDP's MixedPrecisionPolicy, whose bf16
     # parameters would halve the gathers' bytes): the same ops see the same dtypes, BatchNorm computes in fp32, and
-    # one process ends with single_gpu's weights, bit for bit. Gathers and gradients then move fp32.
+    # one process ends with single_gpu's weights, bit for bit. Gathers and gradients then move fp32, and autocast's
+    # bf16 weight copies, which autograd keeps from forward to backward, are whole on every rank.
     for block in (*raw_model.layer1, *raw_model.layer2, *raw_model.layer3):
         fully_shard(block, reshard_after_forward=cfg.reshard_after_forward)
     fully_shard(raw_model, reshard_after_forward=cfg.reshard_after_forward)
