@@ -86,13 +86,6 @@ HEAVIEST_FIRST = ("test_reliability.py", "test_parallel.py", "test_compare.py", 
                   "test_bad_input.py", "test_single_gpu.py", "test_slurm.py", "test_mnist.py", "test_vscode.py")
 
 
-def pytest_xdist_auto_num_workers(config):
-    """`-n auto`: one worker more than this process may use cores. Several tests spend seconds waiting on a launcher
-    (a restart, a signal passed on, a worker's exit), and the extra worker computes meanwhile: on 2 cores the suite
-    took 346 s with 2 workers and 328 s with 3."""
-    return len(os.sched_getaffinity(0)) + 1
-
-
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(HEAVIEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's own order is kept
