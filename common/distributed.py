@@ -156,9 +156,10 @@ def _digest(tensor: torch.Tensor) -> str:
 def check_sync(raw_model: torch.nn.Module) -> dict:
     """Every rank hashes each parameter and buffer; the hashes (and the small BatchNorm buffers) are gathered.
     Parameters must be bit-identical on every rank; running statistics may differ without SyncBatchNorm.
-    Every rank computes the same verdict, so every rank can act on it. A model sharded by FSDP is compared whole:
-    each rank gathers every parameter from the slices and hashes that, so the check holds every rank to the
-    weights a checkpoint would save."""
+    Every rank computes the same verdict, so every rank can act on it. A model sharded by FSDP keeps each slice on
+    one rank only, so there are no copies to drift apart: each rank gathers every parameter whole and hashes that,
+    which checks that the ranks assemble the same weights (those a checkpoint saves); the buffers, which FSDP does
+    not shard, are compared as under DDP."""
     params = {name: _digest(whole(p)) for name, p in raw_model.named_parameters()}
     buffers = {name: b.detach().cpu() for name, b in raw_model.named_buffers() if b.is_floating_point()}
     gathered = [None] * dist.get_world_size()
@@ -173,11 +174,13 @@ def check_sync(raw_model: torch.nn.Module) -> dict:
             if diff > worst:
                 worst_name, worst = name, diff
     return {"params_in_sync": not mismatched, "mismatched": mismatched, "buffers_max_abs_diff": worst,
-            "worst_buffer": worst_name, "ranks": len(gathered), "params": len(reference_params)}
+            "worst_buffer": worst_name, "ranks": len(gathered), "params": len(reference_params),
+            "sharded": is_sharded(raw_model)}
 
 
 def describe_sync(report: dict, sync_bn: bool) -> str:
-    params = (f"all {report['params']} parameter tensors identical on {report['ranks']} ranks"
+    whole = ", each gathered whole from its slices," if report.get("sharded") else ""
+    params = (f"all {report['params']} parameter tensors{whole} identical on {report['ranks']} ranks"
               if report["params_in_sync"] else
               f"parameters differ between ranks: {', '.join(report['mismatched'][:5])}"
               f"{' ...' if len(report['mismatched']) > 5 else ''}")

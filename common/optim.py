@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from common.config import BASE_BATCH, Config
+from common.state import is_sharded
 
 
 def build_optimizer(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.optim.Optimizer:
@@ -18,10 +19,14 @@ def build_optimizer(model: torch.nn.Module, cfg: Config, device: torch.device) -
     The momentum buffers start at zero, which is what SGD's first step makes of them anyway (0.9 x 0 + grad is
     grad, exactly). Left to the first step, fused SGD creates them with torch.empty_like and lets its kernel fill
     them; when the GradScaler skips that step (an fp16 overflow, common at the first step's 65536 loss scale) the
-    kernel does nothing, and every later step would build on uninitialised memory."""
+    kernel does nothing, and every later step would build on uninitialised memory.
+
+    A model sharded by FSDP2 takes the for-each form on GPUs too: its parameters are DTensors, and torch has no
+    sharding rule for fused SGD's kernel (it has for fused Adam's). The GradScaler works with either: over DTensor
+    gradients its overflow check is reduced across the ranks, so every rank skips the same steps."""
+    fused = device.type == "cuda" and not is_sharded(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.effective_lr(), momentum=cfg.momentum,
-                                weight_decay=cfg.weight_decay, nesterov=cfg.nesterov,
-                                fused=device.type == "cuda" or None)
+                                weight_decay=cfg.weight_decay, nesterov=cfg.nesterov, fused=fused or None)
     if cfg.momentum:
         for param in model.parameters():
             optimizer.state[param]["momentum_buffer"] = torch.zeros_like(param)  # in the parameter's layout

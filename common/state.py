@@ -78,7 +78,7 @@ def load_model_state(model: torch.nn.Module, state: dict) -> None:
         return
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-    set_model_state_dict(model, state, options=_full_options())
+    set_model_state_dict(model, dict(state), options=_full_options())  # a copy: it replaces entries with slices
 
 
 def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict) -> None:

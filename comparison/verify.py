@@ -384,8 +384,7 @@ class Verification:
     # ------------------------------------------------------------------------------------------------ checks
     def judge(self, outcomes: dict[str, Outcome]) -> list[Row]:
         """A row per check of every setting, from the runs' outcomes and the files in their run folders: check 1,
-        then checks 2 to 5 of each mode with a process group (and SyncBatchNorm's beside dist_parallel's check 2),
-        then fsdp's own checks 6 and 7."""
+        then checks 2 to 5 of each mode with a process group (SyncBatchNorm's beside dist_parallel's check 2)."""
         rows = []
         for setting in self.settings:
             ours = [self.one_device(setting, outcomes)]

@@ -102,7 +102,8 @@ def get_model(cfg: FsdpConfig, device: torch.device):
     data = DATASET_INFO[cfg.dataset]  # the images' channels and the classes
     raw_model = pyramidnet(cfg.depth, cfg.alpha, cfg.block, num_classes=data.classes, in_channels=data.channels,
                            width_multiple=cfg.width_multiple)
-    raw_model = raw_model.to(device, memory_format=memory_format(cfg))
+    raw_model = raw_model.to(device)  # FSDP2 shards contiguous parameters only: the weights stay NCHW; with
+    # --channels_last the batches are NHWC, and cuDNN takes a convolution's layout from its input
     for tensor in raw_model.state_dict().values():  # every rank starts from rank 0's weights, as DDP's constructor
         dist.broadcast(tensor, src=0)  # makes sure; fully_shard then keeps each rank's slice of them
     # one unit per residual block, gathered just before it runs; the root unit takes the stem, the last BatchNorm and

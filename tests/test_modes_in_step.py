@@ -18,8 +18,9 @@ SECTIONS = ["imports", "config", "setup", "data", "model", "optimizer", "train /
 # claimed through rank 0, the self-launch told of a clean stop and a dead DataLoader worker ending its rank alone;
 # data_parallel was 19, and 24 with autocast inside the replicas' forward and the refusal of --compile on several GPUs.
 # dist_parallel came down to 141 when its log window and evaluation moved to common/distributed.py for fsdp to share;
-# fsdp was 151: dist_parallel's lines with fully_shard in place of DDP, and the weights gathered before they are saved.
-BUDGETS = {"data_parallel/train.py": 25, "dist_parallel/train.py": 145, "fsdp/train.py": 155}
+# fsdp was 154: dist_parallel's lines with fully_shard in place of DDP, the weights kept NCHW (FSDP2 shards contiguous
+# parameters only), and the weights gathered before they are saved.
+BUDGETS = {"data_parallel/train.py": 25, "dist_parallel/train.py": 145, "fsdp/train.py": 160}
 
 
 def code_lines(path: str) -> list[str]:
@@ -54,9 +55,9 @@ def test_data_parallel_adds_the_wrapper_and_nothing_else():
 
 def test_fsdp_is_dist_parallel_with_fully_shard_in_place_of_ddp():
     """What fsdp shares with dist_parallel (the process group, launches, evaluation, stopping) is the same code:
-    the two files differ only where one shards and the other replicates (56 lines when this was written)."""
+    the two files differ only where one shards and the other replicates (59 lines when this was written)."""
     changed = changed_lines("fsdp/train.py", base="dist_parallel/train.py")
-    assert len(changed) <= 60, "\n".join(changed)
+    assert len(changed) <= 65, "\n".join(changed)
     added = "\n".join(line for line in changed if line.startswith("+"))
     assert "fully_shard(raw_model" in added and "DDP(" not in added
     for unrelated in ("optimizer", "evaluate(", "loss", "DistributedSampler", "init_group"):

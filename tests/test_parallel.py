@@ -243,7 +243,7 @@ def test_fsdp_on_two_processes_computes_what_ddp_computes(verified):
     assert read_results(run_dir(out, "fsdp2"))["config"]["reshard_after_forward"] is True
     assert set(rows["sync"]["figures"]["params_in_sync"]) == {
         RUNS["fsdp2"], RUNS["fsdp_first_half"], RUNS["fsdp_resumed"]}
-    assert "all 31 parameter tensors identical on 2 ranks" in log(out, "fsdp2")
+    assert "all 31 parameter tensors, each gathered whole from its slices, identical on 2 ranks" in log(out, "fsdp2")
 
 
 def test_each_mode_continues_the_others_checkpoint(verified):

@@ -198,14 +198,16 @@ def test_a_mode_without_a_process_group_is_refused(tmp_path):
 
 # ---------------------------------------------------------------------------------------------------- 2. one node
 def test_the_single_node_script_trains_one_job_of_two_workers(tmp_path):
-    """GPUS_PER_NODE=2 on one "node", MODE=fsdp: torchrun --standalone starts 2 fsdp workers, one job of world
-    size 2."""
+    """GPUS_PER_NODE=2 on one "node", MODE=fsdp with channels_last batches: torchrun --standalone starts 2 fsdp
+    workers, one job of world size 2."""
     command, env, log_dir = make_job(tmp_path, "single", nodes=1, gpus_per_node=2, job_id="31")
-    done = run_job(command, {**env, "MODE": "fsdp"}, cwd=tmp_path / "spool")
+    # --channels_last, the GPU default: FSDP2 shards contiguous parameters only, so the weights stay NCHW
+    done = run_job(command, {**env, "MODE": "fsdp", "TRAIN_ARGS": f"{TRAIN_ARGS} --channels_last"},
+                   cwd=tmp_path / "spool")
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"run {log_dir}/slurm-31" in done.stdout  # where the script says the run goes
     results = read_results(log_dir / "slurm-31")
-    assert results["world_size"] == 2 and results["mode"] == "fsdp"
+    assert results["world_size"] == 2 and results["mode"] == "fsdp" and results["config"]["channels_last"]
     srun, = calls(tmp_path, "srun")
     assert "--ntasks=1" in srun and "--standalone" in srun and "--nproc_per_node 2" in srun
     assert "/fsdp/train.py" in srun

@@ -114,8 +114,9 @@ def test_every_mode_runs_with_the_gpu_defaults(launched):
 
 
 def test_fsdp_shards_on_the_gpu_with_fp16_loss_scaling(launched):
-    """FSDP2 on CUDA: DTensor parameters under fused SGD, the GradScaler's overflow check over sharded gradients
-    (DTensor reduces it across the ranks), the weights gathered whole onto rank 0's CPU for model.pt, and the same
+    """FSDP2 on CUDA: DTensor parameters under for-each SGD (torch has no sharding rule for fused SGD's kernel), the
+    GradScaler's overflow check over sharded gradients (DTensor reduces it across the ranks), channels_last batches
+    beside the NCHW weights FSDP2 requires, the weights gathered whole onto rank 0's CPU for model.pt, and the same
     PyramidNet as the other modes (every parameter, every shape)."""
     _, runs, outputs = launched
     results = read_results(runs["fsdp_gloo_fp16"].run_dir)
