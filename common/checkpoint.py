@@ -29,8 +29,7 @@ import torch.distributed as dist
 
 from common.config import Config, RunError, UsageError
 from common.logger import write_atomically
-from common.state import all_finite, load_model_state, model_state, optimizer_state
-from common.state import load_optimizer_state as load_whole_optimizer_state
+from common.state import all_finite, load_model_state, load_optimizer_state, model_state, optimizer_state
 
 FORMAT = "pytorch-multigpu checkpoint v1"
 LAST, BEST = "checkpoint.pt", "best.pt"
@@ -198,7 +197,7 @@ def _as_saved(value):
 def restore(state: dict, run, rank: int) -> None:
     """Everything of `state` into `run`: weights, optimizer, schedule, scaler, position, this rank's RNG."""
     load_model_state(run.raw_model, state["model"])
-    load_optimizer_state(run.optimizer, state["optimizer"], run.raw_model)
+    restore_optimizer(run.raw_model, run.optimizer, state["optimizer"])
     run.scheduler.load_state_dict(state["scheduler"])
     run.scaler.load_state_dict(state["scaler"])
     run.epoch, run.batch, run.step, run.best_acc = state["epoch"], state["batch"], state["step"], state["best_acc"]
@@ -213,17 +212,13 @@ def restore(state: dict, run, rank: int) -> None:
 IMPLEMENTATION = ("fused", "foreach", "differentiable", "capturable")
 
 
-def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict,
-                         model: torch.nn.Module | None = None) -> None:
-    """`optimizer.load_state_dict(saved)`, except that the optimizer stays the kind this run built (fused or not)
-    and every state tensor is laid out like its parameter. load_state_dict keeps the saved tensors' strides, so a
-    momentum buffer written under the other --channels_last would be NCHW beside an NHWC parameter, which CUDA's
-    fused SGD refuses at the first step. `model` (the optimizer's) is needed when it is sharded by FSDP."""
+def restore_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict) -> None:
+    """`optimizer.load_state_dict(saved)` (through common/state.py, which also serves a model sharded by FSDP),
+    except that the optimizer stays the kind this run built (fused or not) and every state tensor is laid out like
+    its parameter. load_state_dict keeps the saved tensors' strides, so a momentum buffer written under the other
+    --channels_last would be NCHW beside an NHWC parameter, which CUDA's fused SGD refuses at the first step."""
     built = [{key: group[key] for key in IMPLEMENTATION if key in group} for group in optimizer.param_groups]
-    if model is None:
-        optimizer.load_state_dict(saved)
-    else:
-        load_whole_optimizer_state(model, optimizer, saved)
+    load_optimizer_state(model, optimizer, saved)
     for group, implementation in zip(optimizer.param_groups, built):
         group.update(implementation)
     for param, state in optimizer.state.items():

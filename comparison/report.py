@@ -9,7 +9,7 @@ from pathlib import Path
 
 from comparison import environment as machine
 from comparison.environment import gpu_summary
-from comparison.matrix import Run
+from comparison.matrix import GROUP_MODES, Run
 from comparison.projection import (AUTOCAST, FABRICS, MEMORY_GPU_COUNTS, PROJECTED_GPU_COUNTS, SYNC_ALLOWANCE,
                                    bytes_sent_per_gpu, fsdp_projected_efficiency, memory_per_gpu,
                                    projected_efficiency)
@@ -184,7 +184,7 @@ def projection_inputs(outcomes: list[Outcome], grads: list[int], bucket_cap_mb: 
 def fabric_of_runs(outcomes: list[Outcome], topology: str | None) -> str | None:
     """The fabric under the measured DDP and FSDP runs: of the GPUs the runs with the most GPUs used (the first N
     visible), not of every GPU in the node. None when unknown (see environment.fabric)."""
-    counts = [o.run.gpus for o in outcomes if o.status == "ok" and o.run.mode in ("dist_parallel", "fsdp")
+    counts = [o.run.gpus for o in outcomes if o.status == "ok" and o.run.mode in GROUP_MODES
               and o.run.unit == "gpu" and modelled_backend(o.run)]
     return machine.fabric(topology, max(counts)) if counts else None
 
@@ -225,7 +225,7 @@ def projection_section(outcomes: list[Outcome], inputs: dict | None, cuda: bool,
     lines += [f"- {fabric.name}: {fabric.source}" for fabric in FABRICS]
     if inputs.get("units"):
         lines += ["", *fsdp_projection(inputs, cuda)]
-    measured = [o for o in outcomes if o.status == "ok" and o.run.mode in ("dist_parallel", "fsdp")
+    measured = [o for o in outcomes if o.status == "ok" and o.run.mode in GROUP_MODES
                 and o.run.gpus > 1 and o.row["amp"] == amp and o.row["scaling_efficiency"] is not None
                 and modelled_backend(o.run) and (o.run.mode == "dist_parallel" or inputs.get("units"))]
     if measured and cuda:

@@ -44,7 +44,7 @@ from common.data import load_datasets, make_loader
 from common.devices import seed_everything
 from common.optim import build_optimizer, lr_schedule
 from common.performance import autocast, grad_scaler, memory_format, resolve_fast_path
-from comparison.matrix import Run, check_runs, command
+from comparison.matrix import GROUP_MODES, Run, check_runs, command
 from comparison.report import Outcome, fmt_seconds
 from comparison.runner import run_all, run_one
 from models import pyramidnet
@@ -197,13 +197,9 @@ class Launch:
         return self.folder or self.run.name
 
 
-PARALLEL = ("dist_parallel", "fsdp")  # the modes with a process group: checks 2 to 5 run for each
-
-
 @dataclass
 class Group:
-    """The runs of one mode with a process group, by what each is for."""
-    mode: str
+    """The runs of one mode with a process group (GROUP_MODES: checks 2 to 5 run for each), by what each is for."""
     trained: Launch                   # on N processes: checks 2 to 5 start from it
     first_half: Launch
     evaluations: dict[int, Launch] = field(default_factory=dict)  # processes -> --evaluate of trained's model.pt
@@ -256,7 +252,7 @@ class Verification:
         # on the CPU, 3 processes evaluate too: fsdp's, where it runs (dist_parallel's evaluation is the same code,
         # common/distributed.py's, without the empty batches that keep fsdp's ranks in step), else dist_parallel's
         self.evaluates_on_three = "fsdp" if "fsdp" in cc.modes else "dist_parallel"
-        backends = cc.backends if any(mode in cc.modes for mode in PARALLEL) else (None,)
+        backends = cc.backends if any(mode in cc.modes for mode in GROUP_MODES) else (None,)
         self.settings = [self._plan(amp, backend, "on" in cc.sync_bn) for amp in cc.amp for backend in backends]
         training = [launch.run for launch in self.launches.values() if "--evaluate" not in launch.flags]
         check_runs(training, self.shared, group_flags)
@@ -279,7 +275,7 @@ class Verification:
         for mode in ("single_gpu", "data_parallel"):
             if mode in self.modes:  # on GPUs, command() gives them --gpu_devices 0
                 setting.one_device[mode] = self._add(mode, 1, None, amp, "train", save)
-        for mode in (mode for mode in PARALLEL if mode in self.modes):
+        for mode in (mode for mode in GROUP_MODES if mode in self.modes):
             setting.groups[mode] = self._plan_group(mode, amp, backend, setting, save)
         if "dist_parallel" not in self.modes:
             setting.sync_bn_not_run = "--modes leaves out dist_parallel"
@@ -312,7 +308,7 @@ class Verification:
         # check 5 holds the self-launch to torchrun as well
         first_half = self._add(mode, n, backend, amp, "first_half", ("--max_steps", str(self.steps // 2)),
                                self_launch=True)
-        group = Group(mode, trained, first_half)
+        group = Group(trained, first_half)
         model = str(self.out / "runs" / trained.run_dir / "model.pt")
         for processes in evaluation_counts(n, self.cuda, mode == self.evaluates_on_three):  # N: the run's own
             by = "single_gpu" if processes == 1 else mode
@@ -388,7 +384,7 @@ class Verification:
         rows = []
         for setting in self.settings:
             ours = [self.one_device(setting, outcomes)]
-            for mode in PARALLEL:
+            for mode in GROUP_MODES:
                 ours.append(self.against_reference(setting, mode, outcomes))
                 if mode == "dist_parallel":
                     ours.append(self.sync_batchnorm(setting, outcomes))

@@ -26,11 +26,11 @@ import numpy as np
 import pytest
 import torch
 
-from common.checkpoint import (LAST, load_checkpoint, load_optimizer_state, rng_state, set_rng_state,
+from common.checkpoint import (LAST, load_checkpoint, restore_optimizer, rng_state, set_rng_state,
                                write_checkpoint)
 from common.config import Config, UsageError, parse_config
 from common.data import ShuffleSampler, load_datasets, make_loader
-from conftest import REPO, TINY, read_results, refuse_in_process, run_script, two_at_a_time
+from conftest import REPO, TINY, refuse_in_process, run_script, two_at_a_time
 from models import pyramidnet
 
 SINGLE, DIST = "single_gpu/train.py", "dist_parallel/train.py"
@@ -216,7 +216,7 @@ def test_resumed_optimizer_is_the_one_this_run_built(saved_channels_last, saved_
     fused SGD refuses anything else) and keeps the saved values."""
     _, saved = sgd_after_one_step(saved_channels_last, saved_fused)
     model, optimizer = sgd_after_one_step(not saved_channels_last, resumed_fused)
-    load_optimizer_state(optimizer, saved.state_dict())
+    restore_optimizer(model, optimizer, saved.state_dict())
     assert [group["fused"] for group in optimizer.param_groups] == [resumed_fused]
     saved_buffers = [saved.state[p]["momentum_buffer"] for p in saved.param_groups[0]["params"]]
     for param, saved_buffer in zip(model.parameters(), saved_buffers, strict=True):
