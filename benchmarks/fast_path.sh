@@ -6,7 +6,7 @@
 #                                                                      compilation takes minutes)
 # A run that fails is named in the summary and the others still run; the exit status is then 1.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 OUT=${1:-runs/fast_path}
 VISIBLE=${CUDA_VISIBLE_DEVICES:-0}
 export CUDA_VISIBLE_DEVICES=${VISIBLE%%,*}  # one GPU: the first visible one, for every run

@@ -14,7 +14,7 @@
 # of the matrix three times, 30 timed steps each). A part that fails is named in the summary, the others still run,
 # and the exit status is 1.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 OUT=${1:?usage: bash benchmarks/gpu_check.sh OUT}
 if ! python -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
     echo "error: no CUDA GPU here: gpu_check.sh runs on a GPU machine (the CPU suite is python -m pytest -q)" >&2

@@ -9,5 +9,6 @@ out=$(mktemp -d)/compare
 args=("$@")
 [ $# -gt 0 ] || args=(--repeat 3)
 python compare.py --out "$out" "${args[@]}"
-cp "$out"/*.png docs/
-echo "docs/: $(cd "$out" && ls *.png | tr '\n' ' ')from $out/report.md"
+pictures=("$out"/*.png)
+cp "${pictures[@]}" docs/
+echo "docs/: ${pictures[*]##*/} from $out/report.md"
