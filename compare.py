@@ -20,6 +20,12 @@ FSDP's scaling, and the memory per GPU of this model and wider ones). A run that
 its error. Without GPUs the same matrix runs as CPU processes over Gloo with a tiny PyramidNet, one thread per
 process standing in for a GPU.
 
+`--out` is compare.py's: before any run it writes its marker there (MARKER), so that a folder it
+cannot write is refused at once. `--overwrite` replaces only a folder that holds the marker, and
+only the files compare.py writes. Ctrl-C, SIGTERM and SIGHUP stop every run and still write the
+report, the interrupted run marked as such; a kill -9 of compare.py kills its runs too
+(comparison/runner.py).
+
 `--verify` runs, instead of the comparison, the checks the tests run on the CPU (comparison/verify.py): the modes
 end with the same weights on one device, N processes with what one process computes from the same shares, the
 evaluation is exact for any number of processes, the ranks stay in sync, and a resumed run ends where an
@@ -28,7 +34,11 @@ check makes the exit status non-zero and is named in the last line.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
+import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -45,10 +55,12 @@ from common.data import DATASET_INFO  # noqa: E402
 from comparison import environment as machine  # noqa: E402
 from comparison.matrix import BACKENDS, GROUP_MODES, MODES, check_runs, command, config_class, plan  # noqa: E402
 from comparison.projection import fsdp_units, gradient_bytes, memory_projection  # noqa: E402
-from comparison.report import (READING, TABLE_HEADER, Outcome, environment_section, fabric_of_runs,  # noqa: E402
-                               failures, fill_rows, fmt_seconds, groups, memory_section, projection_inputs,
-                               projection_section, table_row, write_csv)
-from comparison.runner import run_one  # noqa: E402
+from comparison.report import (  # noqa: E402
+    PICTURES, READING, TABLE_HEADER, Outcome, environment_section, fabric_of_runs, failures,
+    fill_rows, fmt_seconds, groups, memory_section, projection_inputs, projection_section,
+    table_row, untimed_note, write_csv, write_file)
+from comparison.runner import (  # noqa: E402
+    run_all, signal_name, signal_of, signals_deferred, start, stop_signals)
 from comparison.verify import Verification, defaults as verify_defaults  # noqa: E402
 from models.pyramidnet import pyramidnet  # noqa: E402
 
@@ -82,7 +94,8 @@ class CompareConfig:
     batch_per_gpu: int | None = flag(None, "images per GPU in every run, so the global batch grows with the GPUs "
                                            "(weak scaling); instead of --batch_size", at_least=1)
     run_timeout: int = flag(3600, "seconds a run may take before it is stopped and reported as failed", at_least=1)
-    overwrite: bool = flag(False, "write into an --out folder that already holds a comparison")
+    overwrite: bool = flag(False, "replace the comparison an --out folder holds: what compare.py "
+                                  "wrote there, nothing else")
 
     def __post_init__(self):
         check_domains(self)  # each flag against its domain, as train.py's are
@@ -149,22 +162,91 @@ def resolve(cc: CompareConfig, train: dict, cuda: bool, gpus_here: int, group_on
     return dataclasses.replace(cc, modes=modes, gpu_counts=counts, backends=backends, amp=cc.amp or (None,))
 
 
+MARKER = ".pytorch-multigpu-comparison"  # written first into every --out; --overwrite looks for it
+# what compare.py writes into --out: what --overwrite removes there, and nothing else
+WRITTEN = (MARKER, "report.md", "results.csv", *PICTURES, "verify.md", "verify.json", "logs",
+           "runs")
+
+
 def output_folder(cc: CompareConfig) -> Path:
-    """The --out folder, absolute: the runs start in the repository, wherever compare.py was started."""
-    out = Path(cc.out).resolve() if cc.out else REPO_ROOT / "results" / datetime.now().strftime("%Y%m%d-%H%M%S")
+    """The --out folder, absolute (the runs start in the repository, wherever compare.py was
+    started). Refused before anything is written: a file; a folder with files but no MARKER (not a
+    comparison, or one written before the marker: --overwrite never replaces it); an earlier
+    comparison, unless --overwrite."""
+    timestamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = Path(os.path.realpath(cc.out)) if cc.out else REPO_ROOT / "results" / timestamp
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file: give a folder")
-    if out.is_dir() and any(out.iterdir()) and not cc.overwrite:
-        raise UsageError(f"--out {out} already holds files: give another --out, or --overwrite to replace them")
+    try:
+        holds_files = out.is_dir() and any(out.iterdir())
+    except OSError as error:
+        raise UsageError(out_error(out, error)) from None
+    if holds_files and not is_comparison(out):
+        raise UsageError(f"--out {out} holds files but no comparison (no {MARKER}, which "
+                         f"compare.py writes first): give a new or empty folder (--overwrite "
+                         f"replaces only an earlier comparison)")
+    if holds_files and not cc.overwrite:
+        raise UsageError(f"--out {out} already holds a comparison: give another --out, or "
+                         f"--overwrite to replace it")
     return out
+
+
+def is_comparison(out: Path) -> bool:
+    """Whether compare.py wrote `out`: its MARKER is there, a file, not a symbolic link to one."""
+    marker = out / MARKER
+    return marker.is_file() and not marker.is_symlink()
+
+
+def prepare_output(out: Path, argv: list[str]) -> None:
+    """Make `out` this comparison's before any run starts: the folder; its MARKER, written first, so
+    that a folder that cannot be written (read-only, full) is refused now rather than after an hour
+    of runs; an earlier comparison's files removed (output_folder lets one through only with
+    --overwrite); logs/ and runs/. A failure is one line, and a folder made for nothing is
+    removed."""
+    made = not (out.exists() or out.is_symlink())
+    marker = (f"A comparison folder of pytorch-multigpu, written by `python compare.py "
+              f"{' '.join(argv)}`: --overwrite replaces what compare.py wrote here, nothing "
+              f"else.\n")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        write_file(out / MARKER, marker.encode())
+        remove_earlier(out)
+        (out / "logs").mkdir()
+        (out / "runs").mkdir()
+    except OSError as error:
+        if made:
+            shutil.rmtree(out, ignore_errors=True)
+        raise UsageError(out_error(out, error)) from None
+
+
+def remove_earlier(out: Path) -> None:
+    """An earlier comparison's files (WRITTEN, the new MARKER aside) and the temporary files of a
+    write it did not finish. A symbolic link among them is removed, never followed."""
+    for name in WRITTEN:
+        path = out / name
+        if name != MARKER and path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)  # which removes the links inside it, not what they point to
+        elif name != MARKER and (path.is_symlink() or path.exists()):
+            path.unlink()
+        for temporary in out.glob(f".{name}.*.tmp"):  # report.write_file's
+            temporary.unlink()
+
+
+def out_error(out: Path, error: OSError) -> str:
+    """The one line for an --out that the file system refuses: where, why, and what to do."""
+    where = f" ({error.filename})" if error.filename and Path(error.filename) != out else ""
+    full = error.errno in (errno.ENOSPC, errno.EDQUOT)
+    advice = "free some space there, or give another --out" if full else "give a folder to write to"
+    return f"cannot write --out {out}{where}: {error.strerror}: {advice}"
 
 
 # ----------------------------------------------------------------------------------------------------- report
 
 def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bool, argv: list[str],
                  train: dict, env: dict, topology: str | None, elapsed: float) -> list[Path]:
+    """The pictures, results.csv, then report.md, each written whole or not at all
+    (report.write_file): a report.md that exists is complete."""
     fill_rows(outcomes, out)
-    write_csv(outcomes, out / "results.csv")
     ok = [o for o in outcomes if o.status == "ok"]
     config = ok[0].results["config"] if ok else {**{f.name: f.default for f in dataclasses.fields(Config)}, **train}
     device = device_name(env, cuda)
@@ -180,6 +262,7 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
     from comparison.plots import pictures_section, write_plots  # matplotlib: a second's import, for pictures only
 
     pictures = write_plots(outcomes, out, device, cuda, projection)
+    write_csv(outcomes, out / "results.csv")
     what = (f"`--benchmark`: synthetic data, {config['warmup_steps']} untimed then {config['benchmark_steps']} timed "
             f"steps per run" if not cc.epochs else f"training for {cc.epochs} epochs on {config['dataset']}")
     lines = [
@@ -197,6 +280,7 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
         "",
         *failures(outcomes),
         "",
+        *untimed_note(outcomes, config["warmup_steps"]),
         READING,
         "",
         *pictures_section(outcomes, pictures),
@@ -214,16 +298,32 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
         "",
         *environment_section(env, topology),
     ]
-    (out / "report.md").write_text("\n".join(lines) + "\n")
+    write_file(out / "report.md", ("\n".join(lines) + "\n").encode())
     return [out / "report.md", out / "results.csv", *pictures]
 
 
 def model_on_meta(config: dict) -> torch.nn.Module:
     """The model the runs trained, built without memory, to count its gradients."""
     data = DATASET_INFO[config["dataset"]]
-    with torch.device("meta"):
+    with torch.device("meta"), uninitialised():
         return pyramidnet(config["depth"], config["alpha"], config["block"], num_classes=data.classes,
                           in_channels=data.channels, width_multiple=config["width_multiple"])
+
+
+@contextlib.contextmanager
+def uninitialised():
+    """torch.nn.init's functions do nothing while the block runs. On the meta device they compute
+    nothing anyway, yet take two thirds of a model's build, and a report builds some 50 models (the
+    memory projection's search over widths): seconds of every comparison."""
+    names = [name for name in torch.nn.init.__all__ if name.endswith("_")]  # the in-place ones
+    originals = {name: getattr(torch.nn.init, name) for name in names}
+    for name in names:
+        setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    try:
+        yield
+    finally:
+        for name, function in originals.items():
+            setattr(torch.nn.init, name, function)
 
 
 def gpu_memory_bytes(cuda: bool) -> int | None:
@@ -256,50 +356,113 @@ def configure(argv: list[str]) -> tuple[CompareConfig, dict, dict[str, list[str]
 
 
 def main(argv=None) -> int:
+    """The comparison, or with --verify the checks. Ctrl-C, SIGTERM and SIGHUP stop it
+    (runner.stop_signals): the runs are stopped, and the report written. The exit status is then 128
+    + the signal (130 for Ctrl-C, 143 for SIGTERM), as the train scripts give and as a shell shows a
+    process that the signal ended: `timeout`, a scheduler or a script can tell which it was."""
     argv = sys.argv[1:] if argv is None else argv
+    with stop_signals():
+        try:
+            return compare(argv)
+        except KeyboardInterrupt as interruption:  # before any run started: nothing to report
+            signum = signal_of(interruption)
+            print(f"interrupted by {signal_name(signum)}", file=sys.stderr)
+            return 128 + signum
+
+
+def compare(argv: list[str]) -> int:
+    """Every run planned (or refused in one line) and --out made ready before any run starts; then
+    the runs."""
+    interruption = None
     with user_errors():
-        cc, train, group_flags, cuda = configure(argv)
-        if cc.verify:  # the checks instead of the comparison: every run planned (or refused) before any starts
-            verification = Verification(cc, train, group_flags, cuda, output_folder(cc))
-            return verification.main(cc.run_timeout, argv, device_name(machine.environment(), cuda))
-        train["epochs"] = cc.epochs if cc.epochs else None
-        shared = config_argv(Config, {k: v for k, v in train.items() if k != "batch_size"})
-        shared += [] if cc.epochs else ["--benchmark"]
-        batch = train.get("batch_size", Config.batch_size)
-        runs = plan(cc.modes, cc.gpu_counts, cc.backends, cc.amp, [s == "on" for s in cc.sync_bn], cc.repeat, cuda,
-                    batch, cc.batch_per_gpu, [s == "on" for s in cc.reshard_after_forward])
-        if not runs:
-            raise UsageError("--modes/--gpu_counts/--backends leave nothing to run")
-        check_runs(runs, shared, group_flags)
-        out = output_folder(cc)
-    (out / "logs").mkdir(parents=True, exist_ok=True)
+        try:
+            cc, train, group_flags, cuda = configure(argv)
+            out = output_folder(cc)
+            if cc.verify:  # the checks instead of the comparison
+                verification = Verification(cc, train, group_flags, cuda, out)
+            else:
+                shared, runs = plan_matrix(cc, train, group_flags, cuda)
+            prepare_output(out, argv)
+        except KeyboardInterrupt as caught:  # for main, which tells the signals apart
+            interruption = caught
+    if interruption is not None:
+        raise interruption
+    try:
+        if cc.verify:
+            device = device_name(machine.environment(), cuda)
+            return verification.main(cc.run_timeout, argv, device)
+        return run_matrix(cc, argv, train, shared, group_flags, runs, out, cuda)
+    except OSError as error:  # --out refused a write during the runs (a disk that filled up)
+        if not error.filename or not Path(error.filename).is_relative_to(out):
+            raise
+        print(f"error: {out_error(out, error)}; what was written before is in {out}, without "
+              f"a report", file=sys.stderr)
+        return 1
+
+
+def plan_matrix(cc: CompareConfig, train: dict, group_flags: dict[str, list[str]],
+                cuda: bool) -> tuple[list[str], list]:
+    """The flags every run shares and the runs, or the one line that refuses them."""
+    train["epochs"] = cc.epochs if cc.epochs else None
+    shared = config_argv(Config, {k: v for k, v in train.items() if k != "batch_size"})
+    shared += [] if cc.epochs else ["--benchmark"]
+    batch = train.get("batch_size", Config.batch_size)
+    sync_bns = [s == "on" for s in cc.sync_bn]
+    reshards = [s == "on" for s in cc.reshard_after_forward]
+    runs = plan(cc.modes, cc.gpu_counts, cc.backends, cc.amp, sync_bns, cc.repeat, cuda, batch,
+                cc.batch_per_gpu, reshards)
+    if not runs:
+        raise UsageError("--modes/--gpu_counts/--backends leave nothing to run")
+    check_runs(runs, shared, group_flags)
+    return shared, runs
+
+
+def run_matrix(cc: CompareConfig, argv: list[str], train: dict, shared: list[str],
+               group_flags: dict[str, list[str]], runs: list, out: Path, cuda: bool) -> int:
+    """Every run, one at a time, then the report. Exit status: 1 if a run did not succeed, 128 + the
+    signal if one stopped compare.py."""
     env, topology = machine.environment(), machine.topology()
     device = device_name(env, cuda)
     print(f"compare: {len(runs)} runs on {device} -> {out}", flush=True)
-    started, outcomes = time.monotonic(), []
-    interrupted = False
-    for run in runs:
+    began = time.monotonic()
+
+    def begin(run):
+        elapsed = fmt_seconds(time.monotonic() - began)
         print(f"[{run.index}/{len(runs)}] {run.describe()}, global batch {run.batch_size}"
               + (f", repeat {run.repeat}/{cc.repeat}" if cc.repeat > 1 else "")
-              + f" — {len(runs) - run.index} left after it, {fmt_seconds(time.monotonic() - started)} elapsed",
-              flush=True)
-        try:
-            outcome = run_one(run, command(run, shared, group_flags, out / "runs", cuda), out, cuda, cc.run_timeout)
-        except KeyboardInterrupt:
-            interrupted = True
-            outcomes += [Outcome(r, "not run", error="compare.py was interrupted") for r in runs[run.index - 1:]]
-            break
-        outcomes.append(outcome)
-        summary = (f"{outcome.results['summary']['images_per_sec']:,.0f} images/s" if outcome.status == "ok"
-                   else f"FAILED: {outcome.error}")
-        print(f"    {summary} ({fmt_seconds(outcome.seconds)})", flush=True)
-    paths = write_report(cc, outcomes, out, cuda, argv, train, env, topology, time.monotonic() - started)
+              + f" — {len(runs) - run.index} left after it, {elapsed} elapsed", flush=True)
+        return start(run, command(run, shared, group_flags, out / "runs", cuda), out, cuda)
+
+    def finished(run, outcome: Outcome) -> None:
+        print(f"    {progress(outcome)} ({fmt_seconds(outcome.seconds)})", flush=True)
+
+    def not_run(run, why: str) -> Outcome:
+        return Outcome(run, "not run", error=why)
+
+    by_run, signum = run_all(runs, begin, lambda run: [], 1, not_run, cc.run_timeout, finished)
+    outcomes = [by_run[run] for run in runs]
+    with signals_deferred() as received:  # a signal now waits for the report, not cut it short
+        elapsed = time.monotonic() - began
+        paths = write_report(cc, outcomes, out, cuda, argv, train, env, topology, elapsed)
+    signum = signum if signum is not None else next(iter(received), None)
     failed = sum(o.status != "ok" for o in outcomes)
-    print(f"wrote {', '.join(str(p.relative_to(out)) for p in paths)} in {out}"
-          + (f"; {failed} of {len(outcomes)} runs did not succeed (see report.md)" if failed else ""), flush=True)
-    if interrupted:
-        return 130
+    written = ", ".join(str(p.relative_to(out)) for p in paths)
+    unsuccessful = f"; {failed} of {len(outcomes)} runs did not succeed (see report.md)"
+    stopped = f"; compare.py was interrupted by {signal_name(signum)}" if signum else ""
+    print(f"wrote {written} in {out}{unsuccessful if failed else ''}{stopped}", flush=True)
+    if signum is not None:
+        return 128 + signum
     return 1 if failed else 0
+
+
+def progress(outcome: Outcome) -> str:
+    """A run's outcome on its progress line."""
+    if outcome.status != "ok":
+        return f"{outcome.status.upper()}: {outcome.error}"
+    speed = outcome.results["summary"]["images_per_sec"]
+    if speed is None:
+        return "ok, no timed steps (it ended within its --warmup_steps)"
+    return f"{speed:,.0f} images/s"
 
 
 if __name__ == "__main__":

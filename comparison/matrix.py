@@ -129,11 +129,21 @@ def command(run: Run, shared: list[str], group_flags: dict[str, list[str]], log_
 
 def run_environment(run: Run, cuda: bool) -> dict:
     """The run's environment: unbuffered output; on the CPU one thread per process, so that a process stands in
-    for a GPU and two processes do not fight over the same cores (unless OMP_NUM_THREADS is already set)."""
+    for a GPU and two processes do not fight over the same cores (unless OMP_NUM_THREADS gives
+    another number: cpu_threads)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if not cuda:
-        env.setdefault("OMP_NUM_THREADS", "1")
+        env["OMP_NUM_THREADS"] = str(cpu_threads())
     return env
+
+
+def cpu_threads() -> int:
+    """The intra-op threads of each run on the CPU, which reference_training takes too:
+    OMP_NUM_THREADS, or 1 where it is unset or not a positive whole number. torch ignores such a
+    value (libgomp warns) and takes every core, which is not what compare.py says a run on the CPU
+    does; so those runs get 1 thread, as where it is unset."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(value) if value.isascii() and value.isdigit() and int(value) > 0 else 1
 
 
 def check_runs(runs: list[Run], shared: list[str], group_flags: dict[str, list[str]]) -> None:

@@ -13,6 +13,7 @@ it, so its axes can be checked before it is saved.
 """
 from __future__ import annotations
 
+import io
 import statistics
 import textwrap
 from pathlib import Path
@@ -25,7 +26,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import NullLocator  # noqa: E402
 
 from comparison.projection import FABRICS, projected_efficiency  # noqa: E402
-from comparison.report import groups  # noqa: E402
+from comparison.report import PICTURES, groups, write_file  # noqa: E402
 
 COLOURS = {"data wait": "#b0b0b0", "compute": "#4c72b0", "parallelism": "#dd5555"}
 FABRIC_LINES = ("--", ":", "-.")  # one dash per projected curve
@@ -56,8 +57,10 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 
 
 def configurations(outcomes) -> list[list]:
-    """The report's configurations (repeats together, in the matrix's order), each with its successful runs only."""
-    return [ok for ok in ([o for o in group if o.status == "ok"] for group in groups(outcomes)) if ok]
+    """The report's configurations (repeats together, in the matrix's order), each with its
+    successful runs that timed steps only (one that ended within its warm-up has no speed)."""
+    drawn = lambda o: o.status == "ok" and o.row.get("images_per_sec") is not None  # noqa: E731
+    return [ok for ok in ([o for o in group if drawn(o)] for group in groups(outcomes)) if ok]
 
 
 def averaged(groups: list[list]) -> str:
@@ -251,7 +254,7 @@ def memory_figure(outcomes, device: str) -> Figure | None:
 def pictures_section(outcomes, pictures: list[Path]) -> list[str]:
     """report.md's lines on the pictures written: each shown, and what each point or bar of them is."""
     if not pictures:
-        return ["No run succeeded, so there are no pictures."]
+        return ["No run that succeeded timed a step, so there are no pictures."]
     lines = [" ".join(f"![{p.stem.replace('_', ' ')}]({p.name})" for p in pictures), "",
              f"Each point or bar is one configuration: {averaged(configurations(outcomes))} (failed runs left "
              f"out), the error bars their standard deviation. *step time* splits the mean step into the wait for "
@@ -265,18 +268,23 @@ def pictures_section(outcomes, pictures: list[Path]) -> list[str]:
 
 def figures(outcomes, device: str, cuda: bool, projection: dict | None) -> dict[str, Figure]:
     """{file name: figure} of every picture there is something to draw for."""
-    made = {"images_per_sec.png": throughput_figure(outcomes, device, cuda),
-            "scaling_efficiency.png": efficiency_figure(outcomes, device, cuda, projection),
-            "step_time.png": step_figure(outcomes, device, cuda),
-            "memory_per_gpu.png": memory_figure(outcomes, device)}
+    made = dict(zip(PICTURES, (throughput_figure(outcomes, device, cuda),
+                               efficiency_figure(outcomes, device, cuda, projection),
+                               step_figure(outcomes, device, cuda),
+                               memory_figure(outcomes, device))))
     return {name: fig for name, fig in made.items() if fig is not None}
 
 
 def write_plots(outcomes, out: Path, device: str, cuda: bool, projection: dict | None) -> list[Path]:
-    """The pictures in `out`, the paths written."""
-    paths = []
-    for name, fig in figures(outcomes, device, cuda, projection).items():
-        fig.savefig(out / name, dpi=120)
-        plt.close(fig)
-        paths.append(out / name)
+    """The pictures in `out`, each written whole or not at all (write_file), the paths written."""
+    paths, drawn = [], figures(outcomes, device, cuda, projection)
+    try:
+        for name, fig in drawn.items():
+            png = io.BytesIO()
+            fig.savefig(png, dpi=120, format="png")
+            write_file(out / name, png.getvalue())
+            paths.append(out / name)
+    finally:
+        for fig in drawn.values():
+            plt.close(fig)
     return paths

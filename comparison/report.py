@@ -2,7 +2,10 @@
 configuration (mean ± std over repeats), the failed runs, the projections (scaling, memory) and the environment."""
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
+import os
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +23,7 @@ CIFAR10_TRAIN_IMAGES = 50_000
 @dataclass
 class Outcome:
     run: Run
-    status: str                    # ok, failed, not run
+    status: str                    # ok, failed, interrupted (compare.py stopped), not run
     seconds: float = 0.0
     error: str | None = None
     results: dict | None = None
@@ -71,11 +74,34 @@ def baseline(outcomes: list[Outcome], amp) -> float | None:
 
 
 def write_csv(outcomes: list[Outcome], path: Path) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        for o in outcomes:
-            writer.writerow({k: "" if o.row[k] is None else o.row[k] for k in COLUMNS})
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=COLUMNS)
+    writer.writeheader()
+    for o in outcomes:
+        writer.writerow({k: "" if o.row[k] is None else o.row[k] for k in COLUMNS})
+    write_file(path, text.getvalue().encode())
+
+
+def write_file(path: Path, data: bytes) -> None:
+    """`data` into `path` through a temporary file renamed over it: the file is whole or absent (an
+    earlier one stays as it was), never half written, whatever stops the write (a full disk, a
+    signal, a crash)."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(temporary, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except OSError as error:  # a failed write does not name its file: the error says which it was
+        raise OSError(error.errno, error.strerror, str(error.filename or path)) from None
+    finally:
+        with contextlib.suppress(OSError):  # left only by a failed write (read-only: there is none)
+            temporary.unlink(missing_ok=True)
+
+
+# The pictures compare.py may draw (comparison/plots.py draws those it has figures for)
+PICTURES = ("images_per_sec.png", "scaling_efficiency.png", "step_time.png", "memory_per_gpu.png")
 
 
 # --- report.md ---------------------------------------------------------------------------------------------------
@@ -117,8 +143,12 @@ def table_row(group: list[Outcome]) -> str:
     backend = (run.backend or "") + (" + SyncBN" if run.sync_bn else "") + RESHARD_CELLS[run.reshard_after_forward]
     amp = (ok[0]["amp"] if ok else group[0].row["amp"]) or "default"
     amp = AMP_CELLS.get(amp, amp)
-    failed = len(group) - len(ok)
-    runs = f"{len(ok)} ok" + (f", **{failed} failed**" if failed else "")
+    untimed = [row for row in ok if row["images_per_sec"] is None]
+    runs = f"{len(ok)} ok" + (", no timed steps" if untimed and len(untimed) == len(ok) else
+                              f", {len(untimed)} without timed steps" if untimed else "")
+    for status in ("failed", "interrupted", "not run"):
+        count = sum(o.status == status for o in group)
+        runs += f", **{count} {status}**" if count else ""
     cells = [run.mode, str(run.gpus), backend or "—", amp, str(group[0].row["global_batch"] or "—"),
              str(group[0].row["per_gpu_batch"] or "—"), spread(col("batch_time_p50_s"), 1, 1000),
              spread(col("epoch_time_50k_s"), 1), spread(col("images_per_sec"), 0), spread(col("speedup"), 2, unit="×"),
@@ -135,8 +165,19 @@ def failures(outcomes: list[Outcome]) -> list[str]:
     lines = [f"**{len(failed)} of {len(outcomes)} runs did not succeed:**", ""]
     for o in failed:
         log = f" (log: `{o.row['log']}`)" if o.row.get("log") else ""
-        lines.append(f"- `{o.run.name}`: {o.status} after {o.seconds:.1f} s — {o.error}{log}")
+        after = f" after {o.seconds:.1f} s" if o.status != "not run" else ""
+        lines.append(f"- `{o.run.name}`: {o.status}{after} — {o.error}{log}")
     return lines
+
+
+def untimed_note(outcomes: list[Outcome], warmup_steps: int) -> list[str]:
+    """What a row of runs without timed steps means and what to do about it; nothing when every run
+    timed steps."""
+    if not any(o.status == "ok" and o.row["images_per_sec"] is None for o in outcomes):
+        return []
+    return [f"*no timed steps*: the run succeeded but ended within its {warmup_steps} warm-up "
+            f"steps (`--warmup_steps`), which are not timed, so it measured no speed. Give it more "
+            f"steps (more `--epochs`, a larger `--synthetic_size`) or fewer `--warmup_steps`.", ""]
 
 
 READING = """\
@@ -167,11 +208,12 @@ def projection_inputs(outcomes: list[Outcome], grads: list[int], bucket_cap_mb: 
     of the modelled backend (None when not measured), the gradients' bytes and the bucket size; FSDP's units
     (projection.fsdp_units; None: no FSDP projection) and the mean one-process fsdp step of the modelled backend by
     --reshard_after_forward (those measured). None without a successful single_gpu run."""
-    single = [o.row for o in outcomes if o.status == "ok" and o.run.mode == "single_gpu"]
+    timed = [o for o in outcomes if o.status == "ok" and o.row["batch_time_p50_s"] is not None]
+    single = [o.row for o in timed if o.run.mode == "single_gpu"]
     if not single:
         return None
     amp = single[0]["amp"]
-    one = lambda mode: [o for o in outcomes if o.status == "ok" and o.run.mode == mode  # noqa: E731
+    one = lambda mode: [o for o in timed if o.run.mode == mode  # noqa: E731
                         and o.run.gpus == 1 and o.row["amp"] == amp and not o.run.sync_bn and modelled_backend(o.run)]
     ddp1 = [o.row["batch_time_p50_s"] for o in one("dist_parallel")]
     fsdp1 = {reshard: statistics.fmean(steps) for reshard in (True, False)
@@ -191,7 +233,7 @@ def fabric_of_runs(outcomes: list[Outcome], topology: str | None) -> str | None:
 
 def projection_section(outcomes: list[Outcome], inputs: dict | None, cuda: bool, fabric_name: str | None) -> list[str]:
     if inputs is None:
-        return ["No single_gpu run succeeded, so there is no step time to project from."]
+        return ["No single_gpu run timed a step, so there is no step time to project from."]
     amp, batch, grads, bucket_cap_mb = inputs["amp"], inputs["batch"], inputs["grads"], inputs["bucket_cap_mb"]
     step, ddp1 = inputs["step_s"], inputs["ddp1_step_s"]
     ddp_step = ddp1 or step

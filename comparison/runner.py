@@ -1,65 +1,192 @@
-"""Running the runs: each as its own subprocess, started as a user starts it, its output to logs/<name>.log, its
-outcome read back from the results.json it wrote. compare.py runs its matrix one run at a time; compare.py
---verify runs independent runs two at a time on the CPU (`run_all`)."""
+"""Running the runs: each as its own subprocess, started as a user starts it, its output to
+logs/<name>.log, its outcome read back from the results.json it wrote. compare.py runs its matrix
+one run at a time; compare.py --verify runs independent runs two at a time on the CPU. Both go
+through `run_all`.
+
+A run ends with compare.py, whatever ends compare.py:
+- Ctrl-C, SIGTERM (a `timeout`, a scheduler, `kill`) and SIGHUP (a closed terminal) raise `Stopped`
+  in compare.py (`stop_signals`). `run_all` then tells every run under way to stop (SIGINT for
+  Ctrl-C, SIGTERM otherwise: the run checkpoints and exits), and returns their outcomes as
+  interrupted and the runs not yet started as not run.
+- A kill -9 cannot be handled. Each run is armed before it starts with Linux's parent-death signal,
+  as the train scripts arm their workers (common.distributed.die_with_launcher). The kernel sends it
+  when the THREAD that started the run ends, so every run is started by the main thread, which ends
+  only with compare.py: `run_all` polls its runs instead of waiting for each in a thread of its own.
+  torchrun's workers die with their agent.
+"""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
 import signal
 import subprocess
+import sys
+import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from pathlib import Path
 
 from common.config import REPO_ROOT
 from comparison.matrix import Run, run_environment
 from comparison.report import Outcome
 
-
-def run_one(run: Run, argv: list[str], out: Path, cuda: bool, timeout: int, run_dir: Path | None = None,
-            started=None) -> Outcome:
-    """One run as its own subprocess (own process group, so a timeout can stop torchrun and its workers), its
-    output to logs/<name>.log; then the results.json in `run_dir` (default runs/<name>), or the error it ended
-    with. `started`, if given, is called with the child process (to stop it on Ctrl-C from another thread)."""
-    log = out / "logs" / f"{run.name}.log"
-    run_dir = run_dir or out / "runs" / run.name
-    begun = time.monotonic()
-    with open(log, "w") as stream:
-        stream.write("$ " + shlex.join(argv) + "\n\n")  # the command, as a user would type it
-        stream.flush()
-        child = subprocess.Popen(argv, cwd=REPO_ROOT, env=run_environment(run, cuda), stdout=stream,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
-        if started:
-            started(child)
-        try:
-            code = child.wait(timeout)
-        except subprocess.TimeoutExpired:
-            stop(child, signal.SIGTERM)
-            return Outcome(run, "failed", time.monotonic() - begun, f"stopped after --run_timeout {timeout} s",
-                           log=log)
-        except KeyboardInterrupt:
-            stop(child, signal.SIGINT)  # the run checkpoints and exits, like a Ctrl-C of its own
-            raise
-    seconds = time.monotonic() - begun
-    results = run_dir / "results.json"
-    if code != 0:
-        return Outcome(run, "failed", seconds, f"exit status {code}: {last_error(log)}", log=log)
-    if not results.is_file():
-        return Outcome(run, "failed", seconds, "finished without writing results.json", log=log)
-    return Outcome(run, "ok", seconds, results=json.loads(results.read_text()), log=log)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOP_GRACE_S = 60.0  # how long stopped runs get to checkpoint and exit before they are killed
+POLL_S = 0.1  # how often run_all looks at its runs: nothing beside a run's seconds
 
 
-def stop(child: subprocess.Popen, sig: int) -> None:
-    """Signal the run's whole process group, give it a minute to checkpoint and exit, then kill what is left."""
+# ------------------------------------------------------------------------------------------ signals
+class Stopped(KeyboardInterrupt):
+    """A stop signal (SIGINT, SIGTERM, SIGHUP) received by compare.py. A KeyboardInterrupt, which
+    Python raises for Ctrl-C, so that whatever stops on Ctrl-C stops on the others the same way."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal_name(signum))
+        self.signum = signum
+
+
+def signal_of(interruption: KeyboardInterrupt) -> int:
+    """The signal behind an interruption: Python's own KeyboardInterrupt is Ctrl-C's SIGINT."""
+    return getattr(interruption, "signum", signal.SIGINT)
+
+
+def signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+@contextlib.contextmanager
+def _handlers(handler):
+    """`handler` for every stop signal while the block runs, the previous handlers restored after.
+    Only the main thread can set handlers: elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {number: signal.signal(number, handler) for number in STOP_SIGNALS}
     try:
-        os.killpg(child.pid, sig)
-        child.wait(60)
-    except subprocess.TimeoutExpired:
-        os.killpg(child.pid, signal.SIGKILL)
-        child.wait()
-    except ProcessLookupError:
-        pass
+        yield
+    finally:
+        for number, old in previous.items():
+            signal.signal(number, old)
+
+
+def stop_signals():
+    """While the block runs, SIGINT, SIGTERM and SIGHUP raise Stopped in the main thread."""
+    def raise_stopped(signum, frame):
+        raise Stopped(signum)
+
+    return _handlers(raise_stopped)
+
+
+@contextlib.contextmanager
+def signals_deferred():
+    """While the block runs (a report being written), a stop signal is only noted: the block gets
+    the list of the signals received, to act on once it is done."""
+    received = []
+    with _handlers(lambda signum, frame: received.append(signum)):
+        yield received
+
+
+# ------------------------------------------------------------------------------------------ one run
+def _armed_with_parent_death():
+    """What a run calls between fork and exec: Linux then sends it SIGKILL when the thread that
+    started it ends (compare.py's main thread: when compare.py ends, by a kill -9 too). None
+    elsewhere than on Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child only calls it
+    parent = os.getpid()
+    pr_set_pdeathsig = 1
+
+    def arm() -> None:
+        prctl(pr_set_pdeathsig, int(signal.SIGKILL))
+        if os.getppid() != parent:  # compare.py died before the signal was armed
+            os._exit(1)
+
+    return arm
+
+
+@dataclass
+class Started:
+    """A run under way: its process (the leader of its own process group), its log, its folder."""
+    run: Run
+    child: subprocess.Popen
+    log: Path
+    run_dir: Path
+    begun: float
+
+    def seconds(self) -> float:
+        return time.monotonic() - self.begun
+
+    def outcome(self, status: str, error: str | None = None, results=None) -> Outcome:
+        return Outcome(self.run, status, self.seconds(), error, results=results, log=self.log)
+
+    def ended(self) -> Outcome:
+        """The outcome of the run, which has exited: its results.json, or its error."""
+        code = self.child.returncode
+        if code != 0:
+            return self.outcome("failed", f"exit status {code}: {last_error(self.log)}")
+        try:
+            results = json.loads((self.run_dir / "results.json").read_text())
+        except FileNotFoundError:
+            return self.outcome("failed", "finished without writing results.json")
+        except (OSError, ValueError) as error:
+            return self.outcome("failed", f"its results.json cannot be read: {error}")
+        return self.outcome("ok", results=results)
+
+    def interrupted(self, signum: int) -> Outcome:
+        """The outcome of a run that compare.py stopped, stopped itself by `signum`."""
+        code = self.child.returncode
+        how = f"it exited with status {code}" if code >= 0 else f"{signal_name(-code)} ended it"
+        return self.outcome("interrupted", f"compare.py was stopped by {signal_name(signum)} and "
+                                           f"stopped the run; {how}")
+
+
+def start(run: Run, argv: list[str], out: Path, cuda: bool, run_dir: Path | None = None) -> Started:
+    """One run as its own subprocess, its output to logs/<name>.log after the command line; its
+    run folder `run_dir` (default runs/<name>). In a session of its own: a stop reaches torchrun's
+    workers through their agent, and a Ctrl-C in compare.py's terminal reaches compare.py alone.
+    From the main thread only (see the module's docstring)."""
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("runs start from the main thread: their parent-death signal watches it")
+    log = out / "logs" / f"{run.name}.log"
+    with open(log, "w") as stream:
+        try:
+            stream.write("$ " + shlex.join(argv) + "\n\n")  # the command, as a user would type it
+            stream.flush()
+        except OSError as error:  # a full disk: a failed write leaves the file's name out
+            raise OSError(error.errno, error.strerror, str(log)) from None
+        child = subprocess.Popen(argv, cwd=REPO_ROOT, env=run_environment(run, cuda), stdout=stream,
+                                 stderr=subprocess.STDOUT, start_new_session=True,
+                                 preexec_fn=_armed_with_parent_death())
+    return Started(run, child, log, run_dir or out / "runs" / run.name, time.monotonic())
+
+
+def stop(children: list[subprocess.Popen], sig: int) -> None:
+    """Signal each run's whole process group, give them STOP_GRACE_S together to checkpoint and
+    exit, then kill what is left. Another stop signal meanwhile (a second Ctrl-C) kills them now."""
+    for child in children:
+        _signal_group(child, sig)
+    deadline = time.monotonic() + STOP_GRACE_S
+    try:
+        for child in children:
+            child.wait(max(deadline - time.monotonic(), 0.0))
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        for child in children:
+            _signal_group(child, signal.SIGKILL)
+    for child in children:
+        while child.returncode is None:
+            with contextlib.suppress(KeyboardInterrupt):  # it was killed: gone in a moment
+                child.wait()
+
+
+def _signal_group(child: subprocess.Popen, sig: int) -> None:
+    if child.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, sig)
 
 
 def last_error(log: Path) -> str:
@@ -69,30 +196,66 @@ def last_error(log: Path) -> str:
     return (errors or lines or ["no output"])[-1]
 
 
-def run_all(tasks: list, launch, needs, at_once: int, skipped) -> dict:
-    """Every task, `at_once` at a time, each once the tasks it `needs` have finished: {task: launch(task, started)}.
-    A task whose needed task did not succeed is not launched: skipped(task, failed_task) is its outcome instead.
-    On Ctrl-C every running child gets SIGINT (it checkpoints and exits) before KeyboardInterrupt goes on."""
-    outcomes, running, children = {}, {}, []
-    pending = list(tasks)
-    with ThreadPoolExecutor(at_once) as pool:
-        try:
-            while pending or running:
-                for task in list(pending):
-                    if len(running) == at_once or not all(need in outcomes for need in needs(task)):
-                        continue
-                    pending.remove(task)
-                    failed = next((need for need in needs(task) if outcomes[need].status != "ok"), None)
-                    if failed is not None:
-                        outcomes[task] = skipped(task, failed)
-                    else:
-                        running[pool.submit(launch, task, children.append)] = task
-                finished, _ = wait(running, return_when=FIRST_COMPLETED)
-                for future in finished:
-                    outcomes[running.pop(future)] = future.result()
-        except KeyboardInterrupt:
-            for child in children:
-                if child.poll() is None:
-                    stop(child, signal.SIGINT)
-            raise
-    return outcomes
+# ----------------------------------------------------------------------------------------- the runs
+def run_all(tasks: list, begin, needs, at_once: int, not_run, timeout: int,
+            finished=None) -> tuple[dict, int | None]:
+    """Every task, `at_once` at a time, each once the tasks it `needs` have finished:
+    ({task: outcome}, None), or with the signal that stopped compare.py in place of None.
+    - begin(task): starts the task's run (start());
+    - not_run(task, why): the outcome of a task that does not start, because a task it needs did not
+      succeed or because compare.py was stopped;
+    - finished(task, outcome): each outcome as it comes (a progress line).
+    A run past `timeout` seconds is stopped and fails. Whatever else ends run_all (a full disk)
+    stops every run first."""
+    outcomes, running, pending = {}, {}, list(tasks)
+    try:
+        while pending or running:
+            for task in list(pending):
+                if len(running) == at_once or not all(need in outcomes for need in needs(task)):
+                    continue
+                pending.remove(task)
+                failed = next((need for need in needs(task) if outcomes[need].status != "ok"), None)
+                if failed is not None:
+                    outcomes[task] = not_run(task, f"needs {failed.name}, which did not succeed")
+                else:
+                    running[task] = begin(task)
+            ended = {task: _outcome(started, timeout) for task, started in running.items()}
+            ended = {task: outcome for task, outcome in ended.items() if outcome is not None}
+            for task, outcome in ended.items():
+                del running[task]
+                outcomes[task] = outcome
+                if finished:
+                    finished(task, outcome)
+            if running and not ended:
+                time.sleep(POLL_S)
+    except KeyboardInterrupt as interruption:
+        signum = signal_of(interruption)
+        ended = {task: started.ended() for task, started in running.items()
+                 if started.child.poll() is not None}  # those that ended by themselves
+        stopped = {task: started for task, started in running.items() if task not in ended}
+        # SIGHUP as SIGTERM: the train scripts checkpoint and exit on SIGINT and SIGTERM
+        stop([started.child for started in stopped.values()],
+             signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+        ended |= {task: started.interrupted(signum) for task, started in stopped.items()}
+        for task, outcome in ended.items():
+            outcomes[task] = outcome
+            if finished:
+                finished(task, outcome)
+        why = f"compare.py was stopped by {signal_name(signum)} before it started"
+        outcomes |= {task: not_run(task, why) for task in tasks if task not in outcomes}
+        return outcomes, signum
+    except BaseException:
+        stop([started.child for started in running.values()], signal.SIGTERM)
+        raise
+    return outcomes, None
+
+
+def _outcome(started: Started, timeout: int) -> Outcome | None:
+    """The run's outcome once it has exited, or is stopped past `timeout` seconds; None while it
+    runs."""
+    if started.child.poll() is not None:
+        return started.ended()
+    if started.seconds() <= timeout:
+        return None
+    stop([started.child], signal.SIGTERM)
+    return started.outcome("failed", f"stopped after --run_timeout {timeout} s")

@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -44,9 +43,9 @@ from common.data import load_datasets, make_loader
 from common.devices import seed_everything
 from common.optim import build_optimizer, lr_schedule
 from common.performance import autocast, grad_scaler, memory_format, resolve_fast_path
-from comparison.matrix import GROUP_MODES, Run, check_runs, command
-from comparison.report import Outcome, fmt_seconds
-from comparison.runner import run_all, run_one
+from comparison.matrix import GROUP_MODES, Run, check_runs, command, cpu_threads
+from comparison.report import Outcome, fmt_seconds, write_file
+from comparison.runner import run_all, signal_name, signals_deferred, start
 from models import pyramidnet
 
 DEFAULT_STEPS = 24
@@ -72,12 +71,12 @@ def reference_training(cfg: Config, world_size: int, device: torch.device) -> di
     autocast casts the weights for it alone, as on its rank), and the loss is the mean of the shares' losses (DDP
     averages the ranks' gradients). train.py's seeding, loaders, augmentation,
     model, precision, optimizer, schedule and loss scaling, for cfg.epochs epochs of at most cfg.max_steps steps;
-    on the CPU on the one intra-op thread each run has (compare.py sets OMP_NUM_THREADS=1 for its runs unless set).
+    on the CPU on as many intra-op threads as each run has (matrix.cpu_threads).
     Returns the trained parameters, on the CPU."""
     cfg = resolve_fast_path(cfg, device)  # --amp and --channels_last as the runs resolved them
     threads = torch.get_num_threads()
     if device.type == "cpu":
-        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        torch.set_num_threads(cpu_threads())
     try:
         return _train_reference(cfg, world_size, device)
     finally:
@@ -244,6 +243,16 @@ class Verification:
         batch = train.get("batch_size", Config.batch_size)
         epochs = cc.epochs or -(-self.steps // max(images_in_training_set(train) // batch, 1))  # enough for the steps
         self.train = {**train, "max_steps": self.steps, "epochs": epochs}
+        # where check 5 stops its first half: half the steps the N-process runs take, which --epochs
+        # can make fewer than --max_steps
+        images = images_in_training_set(train)
+        steps = min(self.steps, epochs * steps_per_epoch(images, batch, self.processes))
+        self.halfway = steps // 2
+        if self.halfway < 1 and any(mode in cc.modes for mode in GROUP_MODES):
+            raise UsageError(f"--verify stops a run halfway and resumes it, but {epochs} "
+                             f"epoch(s) of {images} images, global batch {batch} over "
+                             f"{self.processes} processes, is {steps} step: it has no halfway "
+                             f"point; give more --epochs (or images)")
         self.shared = config_argv(Config, {k: v for k, v in self.train.items() if k != "batch_size"})
         self.group_flags, self.batch = group_flags, batch
         self.deterministic, self.compiled = bool(train.get("deterministic")), bool(train.get("compile"))
@@ -256,6 +265,11 @@ class Verification:
         self.settings = [self._plan(amp, backend, "on" in cc.sync_bn) for amp in cc.amp for backend in backends]
         training = [launch.run for launch in self.launches.values() if "--evaluate" not in launch.flags]
         check_runs(training, self.shared, group_flags)
+        if not any(s.groups or len(s.one_device) > 1 for s in self.settings):
+            modes = " ".join(cc.modes)
+            raise UsageError(f"--verify --modes {modes} leaves no check to run: check 1 compares "
+                             f"two modes or more, checks 2 to 5 need dist_parallel or fsdp; add a "
+                             f"mode to --modes")
 
     # ------------------------------------------------------------------------------------------------ planning
     def _add(self, mode: str, processes: int, backend: str | None, amp: str | None, label: str, flags=(),
@@ -306,8 +320,8 @@ class Verification:
         trained = self._add(mode, n, backend, amp, "train", save)
         # the two halves are started as `python <mode>/train.py --nproc_per_node N`, the trained run under torchrun:
         # check 5 holds the self-launch to torchrun as well
-        first_half = self._add(mode, n, backend, amp, "first_half", ("--max_steps", str(self.steps // 2)),
-                               self_launch=True)
+        halfway = ("--max_steps", str(self.halfway))
+        first_half = self._add(mode, n, backend, amp, "first_half", halfway, self_launch=True)
         group = Group(trained, first_half)
         model = str(self.out / "runs" / trained.run_dir / "model.pt")
         for processes in evaluation_counts(n, self.cuda, mode == self.evaluates_on_three):  # N: the run's own
@@ -331,21 +345,24 @@ class Verification:
     # ------------------------------------------------------------------------------------------------ running
     def main(self, timeout: int, argv: list[str], device: str) -> int:
         """Run, judge, print the verdicts and write verify.md and verify.json; non-zero if a check failed, with
-        the failed checks named in the last line."""
-        (self.out / "logs").mkdir(parents=True, exist_ok=True)
+        the failed checks named in the last line. Stopped by a signal (Ctrl-C, SIGTERM, SIGHUP):
+        every run stopped, no verdict, and the exit status 128 + the signal (compare.main: why)."""
         started = time.monotonic()
-        try:
-            outcomes = self.run(timeout)
-        except KeyboardInterrupt:
-            print("verify: interrupted, no verdict (the runs so far are in the --out folder)", file=sys.stderr)
-            return 130
+        outcomes, signum = self.run(timeout)
+        if signum is not None:
+            print(f"verify: interrupted by {signal_name(signum)}, no verdict (the runs so far are "
+                  f"in {self.out})", file=sys.stderr)
+            return 128 + signum
         rows = self.judge(outcomes)
         for row in rows:
             figure = row.why or f"{row.measured} (tolerance {row.tolerance})"
             print(f"{row.verdict:<8} {row.check}: {figure}", flush=True)
-        paths = self.write(rows, outcomes, argv, device, time.monotonic() - started)
+        with signals_deferred() as received:  # a signal now waits for verify.md, not cut it short
+            paths = self.write(rows, outcomes, argv, device, time.monotonic() - started)
         print(f"wrote {', '.join(path.name for path in paths)} in {self.out}")
         print(f"verify: {summary_line(rows)}", flush=True)
+        if received:
+            return 128 + received[0]
         return 1 if any(row.verdict == "FAIL" for row in rows) else 0
 
     def argv(self, launch: Launch) -> list[str]:
@@ -353,29 +370,34 @@ class Verification:
         return [*command(launch.run, self.shared, self.group_flags, self.out / "runs", self.cuda, launch.self_launch),
                 *launch.flags]
 
-    def run(self, timeout: int) -> dict[str, Outcome]:
-        """Every launch, {name: outcome}: one at a time on GPUs (each run has them all), two at a time on the CPU
-        where neither needs the other's files (each process computes on one thread)."""
+    def run(self, timeout: int) -> tuple[dict[str, Outcome], int | None]:
+        """Every launch, ({name: outcome}, None): one at a time on GPUs (each run has them all), two
+        at a time on the CPU where neither needs the other's files (each process computes on one
+        thread). With the signal that stopped compare.py in place of None: the runs under way
+        interrupted, the rest not run."""
         launches = list(self.launches.values())
         print(f"verify: {len(launches)} runs on {'GPUs' if self.cuda else 'the CPU'} -> {self.out}", flush=True)
 
-        def launch(task: Launch, started) -> Outcome:
-            outcome = run_one(task.run, self.argv(task), self.out, self.cuda, timeout,
-                              self.out / "runs" / task.run_dir, started)
-            status = "ok" if outcome.status == "ok" else f"FAILED: {outcome.error}"
-            print(f"    {task.name}: {status} ({fmt_seconds(outcome.seconds)})", flush=True)
-            return outcome
+        def begin(task: Launch):
+            run_dir = self.out / "runs" / task.run_dir
+            return start(task.run, self.argv(task), self.out, self.cuda, run_dir)
 
-        def skipped(task: Launch, failed: Launch) -> Outcome:
-            return Outcome(task.run, "not run", error=f"needs {failed.name}, which did not succeed")
+        def finished(task: Launch, outcome: Outcome) -> None:
+            ok = outcome.status == "ok"
+            status = "ok" if ok else f"{outcome.status.upper()}: {outcome.error}"
+            print(f"    {task.name}: {status} ({fmt_seconds(outcome.seconds)})", flush=True)
+
+        def not_run(task: Launch, why: str) -> Outcome:
+            return Outcome(task.run, "not run", error=why)
 
         by_name = {task.name: task for task in launches}
         needed = {name for task in launches for name in task.needs}
         # the runs others need first, then those that need them, then the rest: the longest chains start first
         order = sorted(launches, key=lambda task: 0 if task.name in needed else 1 if task.needs else 2)
-        outcomes = run_all(order, launch, lambda task: [by_name[name] for name in task.needs],
-                           1 if self.cuda else 2, skipped)
-        return {task.name: outcomes[task] for task in launches}  # in the order planned
+        needs = lambda task: [by_name[name] for name in task.needs]  # noqa: E731
+        outcomes, signum = run_all(order, begin, needs, 1 if self.cuda else 2, not_run, timeout,
+                                   finished)
+        return {task.name: outcomes[task] for task in launches}, signum  # in the order planned
 
     # ------------------------------------------------------------------------------------------------ checks
     def judge(self, outcomes: dict[str, Outcome]) -> list[Row]:
@@ -561,10 +583,10 @@ class Verification:
     def check_5(self, mode: str, group: Group | None = None) -> str:
         how = " without resharding (ZeRO-2)" if mode == "fsdp" else ""
         if group is not None and group.resumes != mode:
-            return (f"5. {mode}: {group.resumes}'s run stopped at step {self.steps // 2}, continued by {mode}{how}, "
-                    f"ends where {mode}'s uninterrupted run ends")
-        return (f"5. {mode}: stopped at step {self.steps // 2} and resumed{how}, the run ends where the "
-                f"uninterrupted one ends")
+            return (f"5. {mode}: {group.resumes}'s run stopped at step {self.halfway}, continued "
+                    f"by {mode}{how}, ends where {mode}'s uninterrupted run ends")
+        return (f"5. {mode}: stopped at step {self.halfway} and resumed{how}, the run ends where "
+                f"the uninterrupted one ends")
 
     def resumed(self, setting: Setting, mode: str, outcomes: dict[str, Outcome]) -> Row:
         group = setting.groups.get(mode)
@@ -583,7 +605,7 @@ class Verification:
         failure = failed(outcomes, runs)
         if failure:
             return fail(title, runs, tolerance, failure)
-        said = f"resumed at step {self.steps // 2} "
+        said = f"resumed at step {self.halfway} "
         if said not in outcomes[resumed.name].log.read_text(errors="replace"):
             return fail(title, runs, tolerance, f"{resumed.name} did not say '{said.strip()}': it did not continue "
                                                 f"the first half")
@@ -648,12 +670,13 @@ class Verification:
             "|---|---|---|---|---|",
             *run_rows,
         ]
-        (self.out / "verify.md").write_text("\n".join(lines) + "\n")
+        write_file(self.out / "verify.md", ("\n".join(lines) + "\n").encode())
         record = {"command": ["compare.py", *argv], "device": device, "steps": self.steps, "processes": self.processes,
                   "passed": not failed_rows, "checks": [dataclasses.asdict(row) for row in rows],
                   "runs": [{"name": o.run.name, "status": o.status, "error": o.error, "seconds": o.seconds,
                             "log": f"logs/{o.run.name}.log" if o.log else None} for o in outcomes.values()]}
-        (self.out / "verify.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+        text = json.dumps(record, indent=2, default=str) + "\n"
+        write_file(self.out / "verify.json", text.encode())
         return [self.out / "verify.md", self.out / "verify.json"]
 
 
@@ -661,6 +684,13 @@ class Verification:
 def images_in_training_set(train: dict) -> int:
     dataset = train.get("dataset", Config.dataset)
     return train.get("synthetic_size", Config.synthetic_size) if dataset == "synthetic" else TRAIN_IMAGES[dataset]
+
+
+def steps_per_epoch(images: int, batch: int, processes: int) -> int:
+    """Optimizer steps in an epoch of `processes` processes: DistributedSampler pads the images to
+    a whole share per process, and each process's loader drops its last incomplete batch."""
+    per_process = -(-images // processes)
+    return per_process // max(batch // processes, 1)  # a batch that does not divide: check_runs
 
 
 def images_in_test_set(config: dict) -> int:

@@ -8,9 +8,13 @@ table, which needs at least two GPUs. The projection model is tested against PyT
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
+import shutil
+import subprocess
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +25,7 @@ from conftest import REPO, run_script
 import compare
 from common.config import UsageError, missing_domains
 from comparison import environment as machine
+from comparison import runner
 from comparison.matrix import Run, check_runs, plan
 from comparison.projection import (FABRICS, SYNC_ALLOWANCE, Fabric, ddp_buckets, exposed_communication,
                                    gradient_bytes, projected_efficiency, ring_allreduce_seconds)
@@ -160,10 +165,131 @@ def test_compiled_data_parallel_on_several_gpus_is_refused():
 
 
 def test_an_earlier_comparison_is_never_overwritten(tmp_path, capsys):
+    (tmp_path / compare.MARKER).write_text("a comparison")
     (tmp_path / "report.md").write_text("earlier")
     with pytest.raises(SystemExit):
         compare.main(["--out", str(tmp_path)])
     assert "--overwrite" in capsys.readouterr().err and (tmp_path / "report.md").read_text() == "earlier"
+
+
+# --- --overwrite, and an --out that fills up ----------------------------------------------------
+
+def test_overwrite_replaces_the_earlier_comparison_and_nothing_else(comparison, tmp_path, capsys):
+    """--overwrite over a copy of the module's comparison, with a run of the same name
+    (01-single_gpu-1cpu-r1): the run succeeds (its earlier run folder is gone, not in its way), the
+    report is the new comparison's alone, the user's own file stays, and logs/, made a symbolic
+    link, is removed without following it."""
+    _, earlier = comparison
+    out = tmp_path / "out"
+    shutil.copytree(earlier, out, symlinks=True)
+    (out / "notes.md").write_text("mine")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("kept")
+    shutil.rmtree(out / "logs")
+    (out / "logs").symlink_to(elsewhere)
+    code = compare.main(["--out", str(out), "--overwrite", "--modes", "single_gpu",
+                         "--benchmark_steps", "4", "--warmup_steps", "1", "--synthetic_size", "64"])
+    printed = capsys.readouterr()
+    assert code == 0, printed.out + printed.err
+    run = "01-single_gpu-1cpu-r1"
+    assert [(row["run"], row["status"]) for row in csv_rows(out)] == [(run, "ok")]
+    assert [path.name for path in (out / "runs").iterdir()] == [run]
+    assert [path.name for path in (out / "logs").iterdir()] == [f"{run}.log"]
+    assert [path.name for path in elsewhere.iterdir()] == ["keep.txt"]
+    assert (out / "notes.md").read_text() == "mine"
+    assert "data_parallel" not in (out / "report.md").read_text()
+
+
+def test_overwrite_refuses_a_folder_compare_did_not_write(tmp_path, capsys):
+    """Without compare.py's marker, or with a marker that is only a symbolic link to one,
+    --overwrite is refused in one line and the folder is left as it was."""
+    marker = tmp_path / "elsewhere" / compare.MARKER
+    marker.parent.mkdir()
+    marker.write_text("a comparison's")
+    for name in ("unmarked", "linked"):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "thesis.tex").write_text("years of work")
+        if name == "linked":
+            (folder / compare.MARKER).symlink_to(marker)
+        with pytest.raises(SystemExit) as exit_:
+            compare.main(["--out", str(folder), "--overwrite"])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1, err
+        assert f"--out {folder} holds files but no comparison (no {compare.MARKER}" in err
+        assert (folder / "thesis.tex").read_text() == "years of work"
+        assert not (folder / "runs").exists()
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """mount(options) -> a fresh tmpfs folder, unmounted after the test. The test is skipped where
+    mounting fails (not root, no mount namespace), with the reason."""
+    mounted = []
+
+    def mount(options: str) -> Path:
+        folder = tmp_path / f"tmpfs{len(mounted)}"
+        folder.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"a small tmpfs cannot be mounted here ({done.stderr.strip()}), so no "
+                        f"read-only or full file system can be made")
+        mounted.append(folder)
+        return folder
+
+    yield mount
+    for folder in mounted:
+        subprocess.run(["umount", str(folder)], check=False)
+
+
+def fill(folder: Path) -> None:
+    """Write into `folder` until its file system is full."""
+    with open(folder / "filler", "wb") as filler:
+        with contextlib.suppress(OSError):
+            while True:
+                filler.write(b"\0" * 65536)
+                filler.flush()
+
+
+class RunThatFillsTheDisk:
+    """Stands in for a run's process (subprocess.Popen, as the runner calls it). The module's
+    comparison ran it already: its run folder of the same name is copied into place. After the last
+    run (03-) the disk is full."""
+
+    def __init__(self, earlier: Path, argv: list[str]):
+        log_dir = Path(argv[argv.index("--log_dir") + 1])
+        name = argv[argv.index("--run_name") + 1]
+        shutil.copytree(earlier / "runs" / name, log_dir / name)
+        if name.startswith("03-"):
+            fill(log_dir.parent)
+        self.pid = -1
+        self.returncode = 0 if (log_dir / name / "results.json").is_file() else 1
+
+    def poll(self):
+        return self.returncode
+
+    def wait(self, timeout=None):
+        return self.returncode
+
+
+def test_a_disk_that_fills_during_the_runs_is_one_line_and_no_report(comparison, tmpfs,
+                                                                      monkeypatch, capsys):
+    """The module's comparison again on a 1 MB file system, each run standing in for itself (its
+    run folder copied from the comparison), the last one filling the disk: the pictures cannot be
+    written. One line names the file system's refusal, exit 1, and no report.md (nor half of one,
+    nor a temporary file) or results.csv is left."""
+    _, earlier = comparison
+    out = tmpfs("size=1m") / "out"
+    monkeypatch.setattr(runner.subprocess, "Popen",
+                        lambda argv, **kwargs: RunThatFillsTheDisk(earlier, argv))
+    code = compare.main(["--out", str(out), "--gpu_counts", "2", "--benchmark_steps", "8"])
+    err = capsys.readouterr().err
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"error: cannot write --out {out} (") and "No space left" in err, err
+    files = sorted(path.name for path in out.iterdir() if path.is_file())
+    assert files == [compare.MARKER, "filler"]
 
 
 # --- the projection -------------------------------------------------------------------------------------------
