@@ -2,10 +2,13 @@
 
 A checkpoint is everything the rest of the run depends on: the unwrapped model, the optimizer, the learning-rate
 schedule, the GradScaler, the position (epoch, batches done in it, optimizer steps), the best test accuracy so far,
-every rank's RNG states (torch, CUDA, numpy, python) and the config. It is written by the main process only,
-atomically (temporary file, fsync, rename), as <run folder>/checkpoint.pt (the latest) and best.pt (the best test
-accuracy so far). Everything in it is a tensor or a plain Python value, so it loads with
-`torch.load(weights_only=True)`: a checkpoint file cannot run code.
+every rank's RNG states (torch, CUDA, numpy, python), the config, and the run's history (its seconds so far and
+the epoch's log windows, so that the results of a resumed run cover the whole run). It is written by the main
+process only, atomically (temporary file, fsync, rename), as <run folder>/checkpoint.pt (the latest) and best.pt (the
+best test accuracy so far), with the SHA-256 of its contents, checked on loading. Everything in it is a tensor or a
+plain Python value, so it loads with `torch.load(weights_only=True)`: a checkpoint file cannot run code. A
+checkpoint that does not fit the run resuming it is refused in one line naming the entry, before anything is
+written (load_checkpoint, check_fits).
 
 Resuming restores all of it, and the loaders skip the batches the epoch had already consumed. Their crops and flips
 are a function of (seed, epoch, image index) alone (common/data.py), so the remaining images are augmented as
@@ -18,9 +21,12 @@ weights differ by float rounding: 2.4e-7 after 24 steps of 4 ranks on the CPU.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import math
 import random
 import shutil
 import signal
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -29,10 +35,12 @@ import torch.distributed as dist
 
 from common.config import Config, RunError, UsageError
 from common.logger import write_atomically
+from common.metrics import Sums
 from common.state import all_finite, load_model_state, load_optimizer_state, model_state, optimizer_state
 
-FORMAT = "pytorch-multigpu checkpoint v1"
-LAST, BEST = "checkpoint.pt", "best.pt"
+FORMAT = "pytorch-multigpu checkpoint v2"  # v2: with the checksum of its contents
+EARLIER_FORMAT = "pytorch-multigpu checkpoint v1"  # the same contents without a checksum: resumed, unverified
+LAST, BEST, RESULTS = "checkpoint.pt", "best.pt", "results.json"
 # The flags that decide what training computes: a checkpoint resumes only under the same values. Flags of
 # logging, speed measurement and hardware may change (a restart on other GPUs, a longer --max_steps).
 MUST_MATCH = ("depth", "alpha", "block", "width_multiple", "dataset", "synthetic_size", "batch_size", "epochs", "lr",
@@ -79,13 +87,18 @@ def checkpoint_state(run, rng_states: list[dict]) -> dict:
     rank. A finished epoch is stored as the start of the next one. The weights and the optimizer's state are whole
     tensors in every mode (under FSDP gathered onto rank 0, every rank taking part: common/state.py)."""
     epoch, batch = run.epoch, run.batch
-    if batch == len(run.train_loader):
+    epoch_done = batch == len(run.train_loader)
+    if epoch_done:
         epoch, batch = epoch + 1, 0
+    # what the run's results need of the attempts so far: the seconds, and the epoch's log windows
+    epoch_sums = Sums() if epoch_done else run.epoch_sums
+    history = {**run.clock.state(epoch_done), "epoch_sums": epoch_sums.values}
     return {
         "format": FORMAT, "config": dataclasses.asdict(run.cfg), "epoch": epoch, "batch": batch, "step": run.step,
         "best_acc": run.best_acc, "model": model_state(run.raw_model),
         "optimizer": optimizer_state(run.raw_model, run.optimizer),
         "scheduler": run.scheduler.state_dict(), "scaler": run.scaler.state_dict(), "rng": rng_states,
+        "history": history,
     }
 
 
@@ -110,16 +123,44 @@ def last_checkpoint(run_dir: Path | None) -> str:
 
 
 def write_checkpoint(run_dir: Path | None, state: dict, best: bool) -> Path | None:
-    """checkpoint.pt, and best.pt when `best`; each replaced atomically. A process with no run folder (every rank
-    but 0) writes nothing."""
+    """checkpoint.pt, and best.pt when `best`; each replaced atomically, with the checksum of its contents. A
+    process with no run folder (every rank but 0) writes nothing."""
     if run_dir is None:
         return None
     path = run_dir / LAST
-    write_atomically(path, lambda f: torch.save(state, f))
+    sealed = {**state, "checksum": checksum(state)}
+    write_atomically(path, lambda f: torch.save(sealed, f))
     if best:
         with open(path, "rb") as latest:
             write_atomically(run_dir / BEST, lambda f: shutil.copyfileobj(latest, f))
     return path
+
+
+def checksum(state: dict) -> str:
+    """SHA-256 of a checkpoint's contents: every tensor's dtype, shape and bytes and every plain value, in a fixed
+    order. torch.load checks no checksum of its own, so a byte flipped inside a tensor (a disk, a copy) would
+    otherwise resume silently with a wrong weight or momentum."""
+    digest = hashlib.sha256()
+    _feed(digest, {key: value for key, value in state.items() if key not in ("checksum", "file")})
+    return digest.hexdigest()
+
+
+def _feed(digest, value) -> None:
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu().contiguous()
+        digest.update(f"tensor {tensor.dtype} {tuple(tensor.shape)};".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
+    elif isinstance(value, dict):
+        digest.update(f"dict {len(value)};".encode())
+        for key in sorted(value, key=repr):
+            _feed(digest, key)
+            _feed(digest, value[key])
+    elif isinstance(value, (list, tuple)):
+        digest.update(f"{type(value).__name__} {len(value)};".encode())
+        for item in value:
+            _feed(digest, item)
+    else:  # str, int, float (repr is exact), bool, None
+        digest.update(f"{type(value).__name__} {value!r};".encode())
 
 
 # ---------------------------------------------------------------------------------------------------- reading
@@ -135,14 +176,19 @@ def resume_file(cfg: Config, run_dir: Path) -> Path | None:
 
 
 def resume_checkpoint(cfg: Config, run_dir: Path) -> dict | None:
-    """The checkpoint this run resumes from, loaded and checked; None for a fresh start."""
+    """The checkpoint this run resumes from, loaded and checked; None for a fresh start. With --resume auto, a run
+    that finished and whose checkpoint.pt was deleted since (to save space) is known by its results.json: what
+    it gives is a run that has ended, never a fresh start that would replace what it wrote."""
     path = resume_file(cfg, run_dir)
+    if path is None and cfg.resume == "auto" and (run_dir / RESULTS).is_file():
+        return {"finished": True, "file": str(run_dir / RESULTS)}
     return load_checkpoint(path, cfg) if path is not None else None
 
 
 # What checkpoint_state writes besides the format, and the type of each: a file without one is refused by its name.
 CONTENTS = {"config": dict, "epoch": int, "batch": int, "step": int, "best_acc": (int, float), "model": dict,
-            "optimizer": dict, "scheduler": dict, "scaler": dict, "rng": list}
+            "optimizer": dict, "scheduler": dict, "scaler": dict, "rng": list, "history": dict}
+NOT_IN_EARLIER_FORMAT = ("history",)  # v1 checkpoints lack it: the results then cover the last attempt alone
 
 
 def load_checkpoint(path: Path, cfg: Config) -> dict:
@@ -156,10 +202,18 @@ def load_checkpoint(path: Path, cfg: Config) -> dict:
     except Exception:  # the weights-only unpickler refuses in many ways (EOFError, UnpicklingError, KeyError...)
         raise UsageError(f"--resume: {path} is truncated or not a checkpoint; use an intact {LAST} (the previous "
                          f"one is kept until a new one is complete)") from None
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
+    if not isinstance(state, dict) or state.get("format") not in (FORMAT, EARLIER_FORMAT):
         raise UsageError(f"--resume: {path} is not a checkpoint of this suite (a model.pt holds only weights: "
                          f"use --evaluate for it)")
+    if state["format"] == EARLIER_FORMAT:
+        print(f"warning: {path} was written before checkpoints carried a checksum: resumed unverified",
+              file=sys.stderr, flush=True)
+    elif state.get("checksum") != checksum(state):
+        raise UsageError(f"--resume: {path} is damaged: its contents do not match the checksum written with "
+                         f"them (a disk or copy error); resume from another copy ({BEST}, say) or start afresh")
     for key, kind in CONTENTS.items():
+        if state["format"] == EARLIER_FORMAT and key in NOT_IN_EARLIER_FORMAT:
+            continue
         if not isinstance(state.get(key), kind) or key == "rng" and not state[key]:  # rng: one entry per rank
             raise UsageError(f"--resume: {path} has {'a damaged' if key in state else 'no'} {key!r} entry; use a "
                              f"{LAST} as a run wrote it, or start afresh without --resume")
@@ -172,18 +226,113 @@ def load_checkpoint(path: Path, cfg: Config) -> dict:
     if differ:
         changes = ", ".join(f"--{name} {saved.get(name)} (now {getattr(cfg, name)})" for name in differ)
         raise UsageError(f"--resume: {path} was written by a different run: {changes}; resume with the same flags")
+    wrong = misfit_entry(state, cfg)
+    if wrong:
+        raise UsageError(f"--resume: {path} has a damaged {wrong}; use a {LAST} as a run wrote it, or start "
+                         f"afresh without --resume")
     state["file"] = str(path)  # for messages; not written back
     return state
 
 
+def misfit_entry(state: dict, cfg: Config) -> str | None:
+    """The first entry of `state` whose value no run under `cfg` could have written ("'name' entry (why)"), or
+    None. Each would otherwise fail deep inside restore() with a traceback, or resume at a position that does
+    not exist. What depends on the model and the loader is checked by check_fits."""
+    epoch, batch, step, best = state["epoch"], state["batch"], state["step"], state["best_acc"]
+    scheduler, scaler = state["scheduler"], state["scaler"]
+    checks = [
+        ("epoch", 0 <= epoch <= cfg.epochs, f"{epoch}, where this run has epochs 0 to {cfg.epochs}"),
+        ("batch", batch >= 0, f"{batch}, a negative position"),
+        ("step", step >= 0, f"{step}, a negative step count"),
+        ("best_acc", -1 <= best <= 1, f"{best}, not an accuracy"),
+        ("scheduler", scheduler.get("last_epoch") == step and isinstance(scheduler.get("base_lrs"), list),
+         f"the schedule's position {scheduler.get('last_epoch')}, where the run is at step {step}"),
+        ("scaler", cfg.amp != "fp16" or isinstance(scaler.get("scale"), float),
+         "no loss scale, which --amp fp16 resumes"),
+    ]
+    checks += [(f"rng[{rank}]", _is_rng_state(entry), "not the random generators' states")
+               for rank, entry in enumerate(state["rng"])]
+    if "history" in state:
+        checks.append(("history", _is_history(state["history"], epoch), "not the run's seconds and windows"))
+    return next((f"{name!r} entry ({why})" for name, holds, why in checks if not holds), None)
+
+
+def _is_rng_state(entry) -> bool:
+    """Whether `entry` has the shape rng_state() gives: what set_rng_state reads."""
+    if not isinstance(entry, dict):
+        return False
+    numpy, python = entry.get("numpy"), entry.get("python")
+    return (isinstance(entry.get("torch"), torch.Tensor) and entry["torch"].dtype == torch.uint8
+            and isinstance(entry.get("cuda"), list) and isinstance(numpy, dict) and isinstance(python, dict)
+            and isinstance(numpy.get("keys"), torch.Tensor) and numpy["keys"].numel() == 624
+            and all(isinstance(numpy.get(key), int) for key in ("position", "has_gauss"))
+            and isinstance(numpy.get("cached_gauss"), float)
+            and isinstance(python.get("version"), int) and isinstance(python.get("state"), list)
+            and len(python["state"]) == 625)
+
+
+def _is_history(history: dict, epoch: int) -> bool:
+    """Whether `history` has the shape checkpoint_state() gives it: what RunClock.load and restore() read."""
+    def seconds(value) -> bool:
+        return isinstance(value, (int, float)) and 0 <= value < math.inf
+
+    times, sums, attempts = history.get("epoch_times_s"), history.get("epoch_sums"), history.get("attempts")
+    return ((attempts is None or isinstance(attempts, int) and attempts >= 1)
+            and seconds(history.get("wall_time_s")) and seconds(history.get("epoch_time_s"))
+            and isinstance(times, list) and len(times) <= epoch + 1 and all(map(seconds, times))
+            and isinstance(sums, list) and len(sums) == Sums.SIZE
+            and all(isinstance(value, (int, float)) for value in sums))
+
+
+def check_fits(state: dict | None, raw_model: torch.nn.Module, steps_per_epoch: int) -> None:
+    """Refuse, in one line naming the entry, a checkpoint to resume (`state`; None: a fresh start) whose weights or
+    momentum do not have this model's names and shapes, or whose position lies past the end of this run's
+    epoch. Called before the run folder is claimed, so a refusal leaves nothing behind."""
+    if state is None:
+        return
+    expected = {name: tuple(value.shape) for name, value in raw_model.state_dict().items()}
+    saved = {name: tuple(value.shape) for name, value in state["model"].items() if torch.is_tensor(value)}
+    wrong = next((name for name in expected.keys() | saved.keys() if expected.get(name) != saved.get(name)), None)
+    if wrong:
+        refuse(state, f"its 'model' entry does not fit this model: {wrong} is {saved.get(wrong, 'missing')} "
+                      f"where this model has {expected.get(wrong, 'none')}")
+    shapes = [tuple(param.shape) for param in raw_model.parameters()]
+    moments = state["optimizer"].get("state")
+    groups = state["optimizer"].get("param_groups")
+    positions = sorted(index for group in groups or [] for index in group.get("params", []))
+    if not isinstance(moments, dict) or positions != list(range(len(shapes))):
+        refuse(state, f"its 'optimizer' entry does not fit this model ({len(positions)} parameters where this "
+                      f"model has {len(shapes)})")
+    for index, buffers in moments.items():
+        momentum = buffers.get("momentum_buffer") if isinstance(buffers, dict) else None
+        if index not in range(len(shapes)) or not torch.is_tensor(momentum):
+            refuse(state, f"its 'optimizer' entry holds no momentum for parameter {index}")
+        if tuple(momentum.shape) != shapes[index]:
+            refuse(state, f"its 'optimizer' entry does not fit this model: parameter {index}'s momentum is "
+                          f"{tuple(momentum.shape)} where the parameter is {shapes[index]}")
+    if state["batch"] >= steps_per_epoch:
+        refuse(state, f"its 'batch' entry ({state['batch']}) lies past the end of this run's epoch of "
+                      f"{steps_per_epoch} batches")
+
+
+def refuse(state: dict, why: str):
+    raise UsageError(f"--resume: {state['file']}: {why}; use a {LAST} this run's flags wrote, or start afresh "
+                     f"without --resume")
+
+
 def has_ended(state: dict | None, cfg: Config) -> bool:
     """A checkpoint with nothing left to train under this config: every epoch done, or --max_steps reached (a
-    ceiling, so a lower --max_steps on resume ends the run too)."""
-    return state is not None and (state["epoch"] >= cfg.epochs or cfg.reached_max_steps(state["step"]))
+    ceiling, so a lower --max_steps on resume ends the run too); or a finished run without its checkpoint."""
+    if state is None:
+        return False
+    return state.get("finished") or state["epoch"] >= cfg.epochs or cfg.reached_max_steps(state["step"])
 
 
 def ended_line(state: dict, cfg: Config) -> str:
     """What a run resumed after its end says before it exits, having written nothing."""
+    if state.get("finished"):
+        return (f"{state['file']}: this run has finished, and its {LAST} is gone: nothing to resume; its folder "
+                f"is left as it is (a new run needs another --run_name)")
     where = (f"all {cfg.epochs} epochs done" if state["epoch"] >= cfg.epochs else
              f"--max_steps {cfg.max_steps} reached")
     return (f"{state['file']}: this run has ended ({where}, step {state['step']}): nothing left to train; "
@@ -195,12 +344,16 @@ def _as_saved(value):
 
 
 def restore(state: dict, run, rank: int) -> None:
-    """Everything of `state` into `run`: weights, optimizer, schedule, scaler, position, this rank's RNG."""
+    """Everything of `state` into `run`: weights, optimizer, schedule, scaler, position, history,
+    this rank's RNG."""
     load_model_state(run.raw_model, state["model"])
     restore_optimizer(run.raw_model, run.optimizer, state["optimizer"])
     run.scheduler.load_state_dict(state["scheduler"])
     run.scaler.load_state_dict(state["scaler"])
     run.epoch, run.batch, run.step, run.best_acc = state["epoch"], state["batch"], state["step"], state["best_acc"]
+    history = state.get("history")  # None in a checkpoint written before checkpoints kept one
+    run.clock.load(history)  # so that the results cover the whole run, not this attempt alone
+    run.epoch_sums = Sums(history["epoch_sums"] if run.clock.attempts else None)  # epoch so far
     rng = state["rng"]
     set_rng_state(rng[rank] if rank < len(rng) else rng[0])
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import errno
 import functools
 import math
 import operator
@@ -31,6 +32,10 @@ LOADERS = ("gpu", "torchvision")
 AMPS = ("bf16", "fp16", "off")
 BASE_BATCH = 128  # --lr is given per this many images of global batch
 INT_MAX = 2**63 - 1  # torch's largest integer: a count above it reaches no tensor and no C++ call
+# The weights are float32 in every mode (autocast computes in bf16/fp16 but keeps them so): SGD hands the learning
+# rate and the weight decay to its kernels as scalars of the weights' dtype, and a larger one cannot be converted.
+FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max
+FLOAT32_TINY = 1.1754943508222875e-38  # torch.finfo(torch.float32).tiny: below it a rate loses its precision
 # While SyntheticCIFAR generates its images it holds two float32 copies of them at once (the pixel noise and the
 # class patterns, common/data.py): a lower bound of the memory --synthetic_size asks for.
 SYNTHETIC_BYTES_PER_IMAGE = 2 * 3 * 32 * 32 * 4
@@ -160,6 +165,22 @@ def _synthetic_images(size: int) -> str | None:
             f"{SYNTHETIC_BYTES_PER_IMAGE // 1024} KiB each; it has {_gib(memory)} of memory)")
 
 
+WORKER_BYTES = 10 * 2**20  # a DataLoader worker's own memory at the least (measured: 10 MiB, forked, idle)
+
+
+def _worker_processes(count: int) -> str | None:
+    """DataLoader workers are processes: no more than the machine's memory and process limit can hold."""
+    import resource
+
+    memory = physical_memory()
+    limits = [resource.getrlimit(resource.RLIMIT_NPROC)[0]]
+    limits += [memory // WORKER_BYTES] if memory is not None else []
+    most = min(limit for limit in limits if limit != resource.RLIM_INFINITY) if limits else None
+    if most is None or count <= most:
+        return None
+    return f"at most {most} worker processes on this machine (each is a process of at least 10 MiB)"
+
+
 CHECKS = {"folder": _folder, "file": _path, "file_or_auto": _file_or_auto, "name": _folder_name,
           "rendezvous": _rendezvous}
 
@@ -247,7 +268,7 @@ class Config:
     lr_warmup_epochs: float = flag(5.0, "linear warm-up length when the global batch is above 128 "
                                         "(at most a tenth of the run)", at_least=0, at_most=1e9)  # x steps: a float
     momentum: float = flag(0.9, "SGD momentum", at_least=0, below=1)  # 1 and more: steps that never shrink
-    weight_decay: float = flag(1e-4, "L2 weight decay", at_least=0)
+    weight_decay: float = flag(1e-4, "L2 weight decay", at_least=0, at_most=FLOAT32_MAX)
     nesterov: bool = flag(True, "Nesterov momentum (the paper's)")
     # model
     depth: int = flag(110, "PyramidNet depth: 6n+2 (basic) or 9n+2 (bottleneck)", at_least=1)  # its form: __post_init__
@@ -267,7 +288,7 @@ class Config:
     num_workers: int | None = flag(None, "DataLoader worker processes per training process (torchvision loader); "
                                          "default: what fits this machine: the usable cores shared among the node's "
                                          "training processes, one of each share left to the process, at most 4",
-                                   at_least=0)
+                                   at_least=0, check=_worker_processes)
     shuffle: bool = flag(True, "reshuffle the training set every epoch")
     augment: bool = flag(True, "pad-4 random crop and horizontal flip of training images (no flip for mnist)")
     # speed
@@ -309,8 +330,10 @@ class Config:
         checks = [
             (self.momentum > 0 or not self.nesterov, f"--momentum {self.momentum:g} with Nesterov momentum (the "
                                                      f"default): give --momentum above 0, or add --no_nesterov"),
-            (0 < lr < math.inf, f"--lr {self.lr:g} at --batch_size {self.batch_size} is a learning rate of {lr:g} "
-                                f"(x batch / {BASE_BATCH}): give a {'larger' if lr == 0 else 'smaller'} --lr"),
+            (FLOAT32_TINY <= lr <= FLOAT32_MAX,
+             f"--lr {self.lr:g} at --batch_size {self.batch_size} is a learning rate of {lr:g} (x batch / "
+             f"{BASE_BATCH}), {'more' if lr > 1 else 'less'} than the float32 weights' updates can hold: give a "
+             f"{'smaller' if lr > 1 else 'larger'} --lr"),
             (not (self.resume and self.overwrite), "--resume continues a run folder and --overwrite deletes it: "
                                                    "give one of them"),
             (not (self.resume and (self.evaluate or self.benchmark)),
@@ -412,24 +435,63 @@ def benchmark_config(cfg: Config) -> Config:
     """--benchmark: synthetic data, exactly --warmup_steps + --benchmark_steps optimizer steps, no files but the
     run folder's results.json and TensorBoard events. Enough epochs are allowed to reach the step count."""
     steps = cfg.warmup_steps + cfg.benchmark_steps
+    if steps > INT_MAX:
+        raise UsageError(f"--warmup_steps {cfg.warmup_steps} plus --benchmark_steps {cfg.benchmark_steps} is more "
+                         f"steps than torch counts ({INT_MAX}): give fewer")
     steps_per_epoch = max(cfg.synthetic_size // cfg.batch_size, 1)
     return dataclasses.replace(cfg, dataset="synthetic", max_steps=steps, epochs=-(-steps // steps_per_epoch),
                                save_model=False)
 
 
+def says_group_errors() -> bool:
+    """Whether this process prints a mistake that every process of its launch meets. A worker started by torch's
+    launcher (torchrun, or a train.py starting its own workers) prints it if it is its node's first process
+    (LOCAL_RANK 0): once per node, where each node may meet a mistake of its own (a file missing there). Every
+    other process prints it: it was started by hand, in a shell of its own, whatever RANK or LOCAL_RANK its
+    environment happens to hold (inside a job, say)."""
+    started_by_launcher = "TORCHELASTIC_RUN_ID" in os.environ  # torch's agent sets it in every worker
+    return not started_by_launcher or os.environ.get("LOCAL_RANK", "0") == "0"
+
+
+# What a file system refuses for reasons a user can fix: it is full, read-only, not theirs, or the path is wrong.
+FILE_SYSTEM_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ELOOP,
+                      errno.ENOTDIR, errno.EISDIR, errno.ENAMETOOLONG, errno.EFBIG, errno.EIO}
+
+
+def file_system_error(error: OSError) -> str | None:
+    """The one line for a file-system failure (naming the path where the error does), or None for other OS
+    errors, which are bugs or the network's and keep their traceback."""
+    if error.errno not in FILE_SYSTEM_ERRORS:
+        return None
+    where = f"{error.filename}: " if error.filename else ""
+    if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        advice = "free some space there, or write elsewhere"
+    elif error.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO):
+        advice = "give a folder that can be written"
+    else:
+        advice = "give a path that leads to a folder"
+    return f"{where}{error.strerror}: {advice}"
+
+
 @contextlib.contextmanager
 def user_errors():
-    """Turn the user's mistakes and Ctrl-C into one line and a non-zero exit instead of a traceback. Under torchrun
-    a usage error is printed by each node's first process only (the one line once, not once per rank; a node of
-    a multi-node job can meet a mistake of its own, such as a file missing there); every rank still exits 2."""
+    """Turn the user's mistakes, a file system that refuses a write, and Ctrl-C into one line and a non-zero exit
+    instead of a traceback. A usage error every process meets is said once per node (says_group_errors); one
+    that only this process meets (`rank_specific`) is said by it; every process still exits 2."""
     try:
         yield
     except UsageError as error:
-        if error.rank_specific or os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")) == "0":
+        if error.rank_specific or says_group_errors():
             print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
     except RunError as error:
         print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except OSError as error:
+        line = file_system_error(error)
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
         raise SystemExit(1) from None
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

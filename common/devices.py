@@ -1,6 +1,7 @@
 """Which devices a run uses, and seeding."""
 from __future__ import annotations
 
+import os
 import random
 import sys
 
@@ -26,6 +27,15 @@ def cuda_devices(requested, *, default_all: bool, shared: bool = False, sharing_
         hint = "list only visible ids" if count else "leave out --gpu_devices to run on the CPU"
         raise UsageError(f"--gpu_devices: there is no GPU {missing[0]} ({seen}); {hint}")
     return list(requested)
+
+
+def one_process(mode: str) -> None:
+    """single_gpu and data_parallel train in one process. Started by torchrun as several, each would train the
+    whole model alone on the same GPU: refused, in one line that the first process says."""
+    processes = os.environ.get("WORLD_SIZE", "1")
+    if "TORCHELASTIC_RUN_ID" in os.environ and processes != "1":  # torch's launcher started this process
+        raise UsageError(f"{mode}/train.py trains in one process and torchrun started {processes}: run it with "
+                         f"python, or use dist_parallel/train.py under torchrun for one process per GPU")
 
 
 def warn(message: str) -> None:

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from common.config import Config, UsageError
+from common.config import Config, RunError, UsageError, file_system_error
+from common.optim import lr_factor
 from common.state import load_model_state
 from common.telemetry import environment
 
@@ -21,20 +22,46 @@ SUMMARY_FIELDS = ("images_per_sec", "images_per_sec_per_gpu", "batch_time_p50", 
                   "flops_per_image", "mfu", "mfu_note", "first_step_s", "compile_time_s", "gpu_util_mean",
                   "peak_mem_gb", "train_loss", "train_acc", "test_loss", "test_acc", "test_images", "epoch_time_s",
                   "wall_time_s", "steps")
+# What a resumed run reports of its last attempt alone: the figures of the hardware it ran on
+# (speed, utilisation, memory), that of results.json's `env` (a restart may run on other GPUs).
+# Every other figure covers the whole run. (peak_mem_gb_per_gpu is beside the summary.)
+ATTEMPT_FIELDS = ("images_per_sec", "images_per_sec_per_gpu", "batch_time_p50", "batch_time_p90",
+                  "data_wait_frac", "mfu", "mfu_note", "first_step_s", "compile_time_s",
+                  "gpu_util_mean", "peak_mem_gb", "peak_mem_gb_per_gpu")
+# The figures that cover the whole run from the earlier attempts' history in the checkpoint: a
+# checkpoint without one leaves them to the last attempt too.
+HISTORY_FIELDS = ("train_loss", "train_acc", "epoch_time_s", "wall_time_s")
+
+
+MARKER = ".pytorch-multigpu-run"  # written into every run folder: what --overwrite may empty and --resume continue
+LOCK = ".lock"  # locked (lockf) by the one process that writes a run folder, for as long as it runs
+# What a run folder written before the marker existed holds: --resume auto continues such a folder too.
+EARLIER_RUN_FILES = ("checkpoint.pt", "results.json")
+
+
+def default_run_name(mode: str, gpu_count: int) -> str:
+    """<mode>-<n>gpu-<date>-<time>-<pid>: the process id keeps apart two runs started in the same second."""
+    units = f"{gpu_count}gpu" if gpu_count else "cpu"
+    return f"{mode}-{units}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
 
 def resolve_run_dir(cfg: Config, mode: str, gpu_count: int) -> Path:
     """The run's folder, checked before anything is written: log_dir must be a writable folder (or creatable), the
     name must fit the file system, and the run folder must not exist unless --overwrite or --resume auto. A run
-    resumed from a checkpoint file continues in a new folder, or in that checkpoint's own, never in another run's."""
-    name = cfg.run_name or f"{mode}-{f'{gpu_count}gpu' if gpu_count else 'cpu'}-{time.strftime('%Y%m%d-%H%M%S')}"
+    resumed from a checkpoint file continues in a new folder, or in that checkpoint's own, never in another run's.
+    An existing folder is replaced (--overwrite) only if this suite made it a run folder (its marker), and
+    continued (--resume) only if it is one; a symbolic link is never followed into another folder."""
+    name = cfg.run_name or default_run_name(mode, gpu_count)
     log_dir = Path(cfg.log_dir)
-    existing = next(p for p in [log_dir, *log_dir.absolute().parents] if p.exists())
+    existing = first_existing(log_dir)
     if not existing.is_dir():
         raise UsageError(f"--log_dir {log_dir}: {existing} is a file, not a folder; give a folder for the runs")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UsageError(f"--log_dir {log_dir}: {existing} is not writable; give a folder you can write to")
     run_dir = log_dir / name
+    if run_dir.is_symlink():
+        raise UsageError(f"run folder {run_dir} is a symbolic link (to {os.readlink(run_dir)}): runs are never "
+                         f"written through one; give the folder itself with --log_dir and --run_name")
     if run_dir.exists() and not run_dir.is_dir():
         raise UsageError(f"{run_dir} is a file, not a run folder: choose another --run_name")
     if run_dir.exists() and cfg.resume not in (None, "auto") and not cfg.overwrite:
@@ -46,10 +73,33 @@ def resolve_run_dir(cfg: Config, mode: str, gpu_count: int) -> Path:
     elif run_dir.exists() and not (cfg.overwrite or cfg.resume):
         raise UsageError(f"run folder {run_dir} exists already: choose another --run_name, add --overwrite, or "
                          f"continue it with --resume auto")
+    if run_dir.is_dir() and not is_run_folder(run_dir, earlier_runs=not cfg.overwrite):
+        flag_given = "--overwrite only replaces" if cfg.overwrite else "--resume only continues"
+        raise UsageError(f"{run_dir} is not a run folder (it has no {MARKER}): {flag_given} a folder a run "
+                         f"made, and leaves this one as it is; choose another --run_name")
     return run_dir
 
 
-LOCK = ".lock"  # locked (lockf) by the one process that writes a run folder, for as long as it runs
+def first_existing(path: Path) -> Path:
+    """The nearest of `path` and its parents that exists: where a new folder would be made. A symbolic link on the
+    way that leads nowhere (dangling, or a loop) is refused: a folder cannot be made through it."""
+    for candidate in [path, *path.absolute().parents]:
+        if candidate.exists():
+            return candidate
+        if candidate.is_symlink():
+            raise UsageError(f"--log_dir {path}: {candidate} is a symbolic link that leads nowhere (to "
+                             f"{os.readlink(candidate)}, missing or a loop); mend the link or give another "
+                             f"--log_dir")
+    return Path("/")
+
+
+def is_run_folder(folder: Path, earlier_runs: bool) -> bool:
+    """Whether a run made `folder` (its marker), or it is empty (but for the lock of a run that died as it made
+    the folder); with `earlier_runs`, also a run folder written before runs marked theirs (a checkpoint or
+    results.json in it)."""
+    if (folder / MARKER).is_file() or all(path.name == LOCK for path in folder.iterdir()):
+        return True
+    return earlier_runs and any((folder / name).is_file() for name in EARLIER_RUN_FILES)
 
 
 def claim_run_dir(run_dir: Path, cfg: Config):
@@ -58,7 +108,8 @@ def claim_run_dir(run_dir: Path, cfg: Config):
     one (--resume, --overwrite) is locked, so a run whose folder is in use by a live run (an orphan, a second
     `--resume auto`) is refused in one line rather than writing beside it. The lock (a POSIX record lock, which
     a forked child such as a DataLoader worker does not inherit) dies with its process. Temporary files that a
-    writer killed mid-write left behind are removed: no other process writes here now."""
+    writer killed mid-write left behind are removed: no other process writes here now. The folder is marked as
+    a run's (MARKER), which --overwrite and --resume look for."""
     import fcntl
 
     fresh = not (cfg.resume or cfg.overwrite)
@@ -68,6 +119,7 @@ def claim_run_dir(run_dir: Path, cfg: Config):
     except FileExistsError:
         raise UsageError(f"run folder {run_dir} was created by another run a moment ago: choose another "
                          f"--run_name") from None
+    (run_dir / MARKER).write_text("A run folder of pytorch-multigpu: --overwrite may replace what is in it.\n")
     lock = open(run_dir / LOCK, "a+")
     try:
         fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -86,39 +138,75 @@ def claim_run_dir(run_dir: Path, cfg: Config):
         left.unlink(missing_ok=True)
     if cfg.overwrite:  # the folder's files go, its lock stays held
         for path in run_dir.iterdir():
-            if path.name != LOCK:
+            if path.name not in (LOCK, MARKER):
                 shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
     return lock
 
 
 class RunLogger:
-    """TensorBoard scalars (tensorboardX), results.json and model.pt in one run folder. Given no folder (every
-    process but the main one of a process group) it writes nothing, so callers need no guard."""
+    """TensorBoard scalars (tensorboardX's event files), results.json and model.pt in one run
+    folder. Given no folder (every process but the main one of a process group) it writes nothing,
+    so callers need no guard.
 
-    def __init__(self, run_dir: Path | None, cfg: Config, mode: str, world_size: int):
+    Events are written by the caller, not by a writer thread behind a queue, and flushed as they
+    are logged, once per log window or evaluation (which sync the host anyway): a run killed at any
+    moment (kill -9, the out-of-memory killer) leaves every point it had logged, and a checkpoint
+    never gets ahead of the curves. A run resumed from the checkpoint of step `resumed_step` goes
+    on from there: its first event tells TensorBoard to drop what the folder holds from step
+    `resumed_step + 1` on (what a killed attempt logged after that checkpoint and is trained again
+    now) and to keep everything up to it."""
+
+    def __init__(self, run_dir: Path | None, cfg: Config, mode: str, world_size: int,
+                 resumed_step: int | None = None):
         self.run_dir, self.cfg, self.mode, self.world_size = run_dir, cfg, mode, world_size
-        self.writer = self.lock = None
+        self.resumed_step = resumed_step
+        self.events = self.lock = None
         if run_dir is None:
             return
-        from tensorboardX import SummaryWriter
+        from tensorboardX.event_file_writer import EventsWriter
+        from tensorboardX.proto.event_pb2 import Event, SessionLog
+        from tensorboardX.summary import text
 
         self.lock = claim_run_dir(run_dir, cfg)  # a resumed run adds to its folder; --overwrite empties it
-        self.writer = SummaryWriter(logdir=str(run_dir))
-        self.writer.add_text("config", "\n".join(f"    {k}: {v}" for k, v in dataclasses.asdict(cfg).items()))
+        self.events = EventsWriter(str(run_dir / "events"))  # a new file, beside earlier attempts'
+        if cfg.resume:
+            # with no checkpoint yet (--resume auto), nothing an earlier attempt logged was kept
+            purge_step = 0 if resumed_step is None else resumed_step + 1
+            self._write(Event(step=purge_step, session_log=SessionLog(status=SessionLog.START)))
+        config = "\n".join(f"    {k}: {v}" for k, v in dataclasses.asdict(cfg).items())
+        # the config this attempt trains with, from the step it starts at
+        self._write(Event(step=resumed_step or 0, summary=text("config", config)))
+        self.events.flush()
+
+    def _write(self, event) -> None:
+        event.wall_time = time.time()
+        self.events.write_event(event)
 
     def scalars(self, step: int, values: dict) -> None:
-        if self.writer is None:
+        """One log window's or evaluation's points, flushed to the file before training goes on."""
+        if self.events is None:
             return
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.summary import scalar
+
         for tag, value in values.items():
             if value is not None:
-                self.writer.add_scalar(tag, value, step)
+                self._write(Event(step=step, summary=scalar(tag, value)))
+        self.events.flush()
 
-    def write_results(self, summary: dict, **extra) -> Path | None:
+    def write_results(self, summary: dict, attempts: int | None, **extra) -> Path | None:
+        """results.json. `attempts`: those whose work the run kept, this one included (None: not
+        known). A resumed run's `resumed` names the figures that are its last attempt's alone."""
         assert set(SUMMARY_FIELDS) <= set(summary), f"summary lacks {set(SUMMARY_FIELDS) - set(summary)}"
         if self.run_dir is None:
             return None
+        resumed = None
+        if self.resumed_step is not None:
+            last_only = ATTEMPT_FIELDS + (() if attempts else HISTORY_FIELDS)
+            resumed = {"attempts": attempts, "from_step": self.resumed_step,
+                       "last_attempt_only": list(last_only)}
         results = {"mode": self.mode, "world_size": self.world_size, "config": dataclasses.asdict(self.cfg),
-                   "env": environment(), "summary": summary, **extra}
+                   "env": environment(), "summary": summary, "resumed": resumed, **extra}
         path = self.run_dir / "results.json"
         write_atomically(path, lambda f: f.write(json.dumps(results, indent=2).encode()))
         return path
@@ -131,15 +219,16 @@ class RunLogger:
         return path
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
+        if self.events is not None:
+            self.events.close()
         if self.lock is not None:
             self.lock.close()  # releases the run folder
 
 
 def write_atomically(path: Path, write) -> None:
     """Write to a temporary file, fsync, rename: a crash leaves the old file or the new one, never half of one. The
-    temporary file's name is this process's own, so no two writers ever share one."""
+    temporary file's name is this process's own, so no two writers ever share one. A file system that refuses
+    the write (full, read-only) ends the run with one line naming the file; the old file stays as it was."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
         with open(temporary, "wb") as f:
@@ -147,6 +236,12 @@ def write_atomically(path: Path, write) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(temporary, path)
+    except OSError as error:
+        if file_system_error(error) is None:
+            raise
+        kept = f"the previous {path.name} is intact" if path.exists() else f"no {path.name} was written"
+        raise RunError(f"could not write {path}: {error.strerror}; {kept}; free some space there (or make "
+                       f"it writable): the run continues from its last checkpoint with --resume auto") from None
     finally:
         temporary.unlink(missing_ok=True)  # only left if the write failed: the old file is untouched
 
@@ -185,17 +280,22 @@ def window_line(epoch: int, epochs: int, step: int, steps: int, loss: float, acc
 
 
 def report_window(run, epoch: int, index: int, sums, gpu: dict) -> None:
-    """A log window's side effects: the plain line, the progress bar's figures, TensorBoard scalars.
-    `run` is the training loop's state (cfg, console, logger, scheduler, step, train_loader)."""
+    """A log window's side effects: TensorBoard scalars, the plain line, the progress bar's figures.
+    `run` is the training loop's state (cfg, console, logger, step, train_loader)."""
     rate = sums.images_per_sec(run.cfg.batch_size)
-    run.console.line(window_line(epoch, run.cfg.epochs, index, len(run.train_loader), sums.loss, sums.acc,
-                                  sums.batch_time, sums.data_frac, rate))
-    run.console.update(0, loss=f"{sums.loss:.3f}", acc=f"{100 * sums.acc:.1f}%", img_s=f"{rate or 0:.0f}")
+    # the rate the window's last step trained with: a function of the step (the optimizer holds
+    # the next step's rate by now)
+    lr = run.cfg.effective_lr() * lr_factor(run.step - 1, run.cfg, len(run.train_loader))
+    # first, and flushed: a window on the terminal is a window in the event file
     run.logger.scalars(run.step, {
-        "train/loss": sums.loss, "train/acc": sums.acc, "train/lr": run.scheduler.get_last_lr()[0],
+        "train/loss": sums.loss, "train/acc": sums.acc, "train/lr": lr,
         "time/batch": sums.batch_time, "time/data": sums.data_frac, "throughput/images_per_sec": rate,
         **{f"gpu/util/{i}": util for i, (util, _) in gpu.items()},
         **{f"gpu/mem_gb/{i}": mem for i, (_, mem) in gpu.items()}})
+    run.console.line(window_line(epoch, run.cfg.epochs, index, len(run.train_loader), sums.loss,
+                                  sums.acc, sums.batch_time, sums.data_frac, rate))
+    run.console.update(0, loss=f"{sums.loss:.3f}", acc=f"{100 * sums.acc:.1f}%",
+                       img_s=f"{rate or 0:.0f}")
 
 
 def report_test(run, epoch: int, test: tuple[float, float, int], epoch_seconds: float) -> None:

@@ -189,3 +189,57 @@ def window_sums(meter: TrainMeter, timer: StepTimer) -> torch.Tensor:
     timing = timer.window()
     sums = meter.take()
     return torch.cat([sums, sums.new_tensor(timing)])
+
+
+class RunClock:
+    """The run's wall time and epoch times, whole when the run is made of attempts (stopped or
+    killed, then resumed): a checkpoint keeps the seconds up to it, and the attempt that resumes
+    from it adds its own. An attempt's time after its last checkpoint is not kept, as its steps
+    are not: the next attempt trains them again. An epoch split by a resume counts once."""
+
+    def __init__(self, started: float):
+        self.started = started  # perf_counter() when this attempt began
+        self.attempts = 1  # the attempts whose work the run kept, this one included; None: unknown
+        self.earlier = 0.0  # the earlier attempts' seconds, up to the checkpoint resumed from
+        self.epoch_times = []  # seconds of each epoch trained to its end (or to --max_steps)
+        self.epoch_earlier = 0.0  # the epoch under way's seconds before that checkpoint
+        self.epoch_started = None  # perf_counter() when this attempt began the epoch under way
+
+    def start_epoch(self) -> None:
+        self.epoch_started = time.perf_counter()
+
+    def end_epoch(self) -> float:
+        """The epoch's seconds, over every attempt that trained part of it."""
+        self.epoch_times.append(self.epoch_earlier + time.perf_counter() - self.epoch_started)
+        self.epoch_earlier, self.epoch_started = 0.0, None
+        return self.epoch_times[-1]
+
+    def wall_time(self) -> float:
+        return self.earlier + time.perf_counter() - self.started
+
+    def epoch_time(self) -> float | None:
+        """The mean epoch's seconds."""
+        return sum(self.epoch_times) / len(self.epoch_times) if self.epoch_times else None
+
+    def state(self, epoch_done: bool) -> dict:
+        """The run's seconds so far, for a checkpoint. `epoch_done`: the epoch under way has ended
+        (the checkpoint stores the start of the next one), end_epoch() called or not."""
+        epoch_times, under_way = list(self.epoch_times), self.epoch_earlier
+        if self.epoch_started is not None:
+            under_way += time.perf_counter() - self.epoch_started
+            if epoch_done:
+                epoch_times, under_way = epoch_times + [under_way], 0.0
+        return {"attempts": self.attempts, "wall_time_s": self.wall_time(),
+                "epoch_times_s": epoch_times, "epoch_time_s": under_way}
+
+    def load(self, history: dict | None) -> None:
+        """A checkpoint's seconds, as the earlier attempts' share of this run. Without them (a
+        checkpoint written before checkpoints kept them, or one resumed from such) the earlier
+        attempts are unknown: the figures are this attempt's."""
+        if history is None or history["attempts"] is None:
+            self.attempts = None
+            return
+        self.attempts = history["attempts"] + 1
+        self.earlier = history["wall_time_s"]
+        self.epoch_times = list(history["epoch_times_s"])
+        self.epoch_earlier = history["epoch_time_s"]

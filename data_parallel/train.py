@@ -23,14 +23,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.checkpoint import (StopSignals, ended_line, has_ended, last_checkpoint, restore, resume_checkpoint,
-                               save_checkpoint)
+from common.checkpoint import (StopSignals, check_fits, ended_line, has_ended, last_checkpoint,
+                               restore, resume_checkpoint, save_checkpoint)
 from common.config import Config, RunError, UsageError, parse_config, user_errors
 from common.data import DATASET_INFO, EvalShard, LoaderWorkerDied, ShuffleSampler, load_datasets, make_loader
-from common.devices import cuda_devices, seed_everything
+from common.devices import cuda_devices, one_process, seed_everything
 from common.logger import (Console, RunLogger, load_model_weights, report_test, report_window, resolve_run_dir,
                            speed_line)
-from common.metrics import StepTimer, Sums, TrainMeter, check_loss, evaluation_sums, window_sums
+from common.metrics import (RunClock, StepTimer, Sums, TrainMeter, check_loss, evaluation_sums,
+                            window_sums)
 from common.optim import build_optimizer, describe_lr, lr_schedule
 from common.performance import (autocast, describe_fast_path, grad_scaler, memory_format, resolve_fast_path,
                                 speed_summary)
@@ -49,6 +50,7 @@ def get_config(argv=None) -> Config:
 # ---------------------------------------------------------------------------------------------------- setup
 def setup(cfg: Config):
     """The device to train on, and the CUDA ids it uses ([] on the CPU)."""
+    one_process(MODE)  # torchrun starting several of it: refused
     gpus = cuda_devices(cfg.gpu_devices, default_all=True)  # DataParallel: every visible GPU unless told
     if cfg.compile and len(gpus) > 1:  # TorchDynamo does not trace the replica threads: nothing would be compiled
         raise UsageError(f"--compile with DataParallel on {len(gpus)} GPUs would compile nothing (TorchDynamo "
@@ -105,7 +107,8 @@ def train_one_epoch(run, epoch: int) -> Sums:
     skip = run.batch if epoch == run.epoch else 0  # batches a resumed epoch had already trained on
     run.epoch, run.batch = epoch, skip
     loader.set_epoch(epoch, skip)
-    epoch_sums = Sums()
+    if not skip:  # a resumed epoch goes on from the log windows its checkpoint had counted
+        run.epoch_sums = Sums()
     run.console.start(len(loader) - skip, f"Epoch {epoch + 1}/{cfg.epochs}")
     for index, (images, labels) in enumerate(run.timer.timed(loader), start=skip + 1):
         with autocast(cfg, images.device):  # bf16/fp16 where it is safe, fp32 elsewhere (or fp32 throughout)
@@ -122,13 +125,13 @@ def train_one_epoch(run, epoch: int) -> Sums:
         run.console.update()
         last = index == len(loader) or cfg.reached_max_steps(run.step)
         if index % cfg.log_interval == 0 or last:
-            epoch_sums += log_window(run, epoch, index)
+            run.epoch_sums += log_window(run, epoch, index)
         if last or run.stop:
             break
         if cfg.checkpoint_interval and run.step % cfg.checkpoint_interval == 0:
             save_checkpoint(run)
     run.console.close()
-    return epoch_sums
+    return run.epoch_sums
 
 
 def log_window(run, epoch: int, index: int) -> Sums:
@@ -170,12 +173,14 @@ class Run:
     console: Console
     signals: StopSignals
     run_dir: Path | None  # where checkpoints go (None: this process writes none)
+    clock: RunClock  # the run's wall time and epoch times, over the attempts it is made of
     step: int = 0  # optimizer steps so far
     epoch: int = 0  # the epoch being trained (or to train next)
     batch: int = 0  # batches of that epoch done
     best_acc: float = -1.0  # the best test accuracy so far
     stop: str | None = None  # the signal that asked the run to stop
     totals: Sums = field(default_factory=Sums)  # every log window of the run
+    epoch_sums: Sums = field(default_factory=Sums)  # the log windows of the epoch under way
     gpu_util: list = field(default_factory=list)  # every window's utilisation of every GPU
 
 
@@ -195,7 +200,10 @@ def main(argv=None) -> int:
     if cfg.evaluate:
         load_model_weights(raw_model, cfg.evaluate)
     optimizer, scheduler, scaler = get_optimizer(cfg, raw_model, device, len(train_loader))
-    logger, console = RunLogger(run_dir, cfg, MODE, world_size=1), Console(enabled=True, bar=cfg.progress)
+    check_fits(checkpoint, raw_model, len(train_loader))  # refused before the run folder is claimed
+    resumed_at = checkpoint["step"] if checkpoint else None  # where TensorBoard's curves go on
+    logger = RunLogger(run_dir, cfg, MODE, world_size=1, resumed_step=resumed_at)
+    console = Console(enabled=True, bar=cfg.progress)
     if not gpus:  # said here, after every refusal, so that it never stands between a mistake and its error
         console.warn("no CUDA GPU found: training on the CPU (DataParallel wraps nothing)")
     console.line(f"{MODE}: PyramidNet-{cfg.depth} alpha={cfg.alpha:g} {cfg.block}, {cfg.dataset}, global batch "
@@ -204,25 +212,25 @@ def main(argv=None) -> int:
     run = Run(cfg=cfg, model=model, raw_model=raw_model, train_loader=train_loader, optimizer=optimizer,
               scheduler=scheduler, scaler=scaler, logger=logger, timer=StepTimer(device, cfg.warmup_steps, gpus),
               meter=TrainMeter(device), telemetry=GpuTelemetry(gpus), console=console, signals=StopSignals(),
-              run_dir=None if cfg.benchmark else run_dir)
+              run_dir=None if cfg.benchmark else run_dir, clock=RunClock(started))
     if checkpoint:
         restore(checkpoint, run, rank=0)
         console.line(f"resumed at step {run.step} (epoch {run.epoch + 1}, batch {run.batch}) from "
                      f"{checkpoint['file']}")
-    epoch_sums, test, epoch_times = Sums(), (None, None, 0), []
+    epoch_sums, test = Sums(), (None, None, 0)
     try:
         if cfg.evaluate:
             test = evaluate(cfg, raw_model, test_loader, device)
             console.line(f"{cfg.evaluate}: test loss {test[0]:.4f} acc {100 * test[1]:.2f}% ({test[2]} images)")
         for epoch in range(run.epoch, 0 if cfg.evaluate else cfg.epochs):
-            epoch_start = time.perf_counter()
+            run.clock.start_epoch()
             epoch_sums = train_one_epoch(run, epoch)
-            epoch_times.append(time.perf_counter() - epoch_start)
-            if run.stop:
+            if run.stop:  # the stop checkpoint keeps the epoch's time so far, ended or not
                 break
+            epoch_seconds = run.clock.end_epoch()  # with the time earlier attempts spent on it
             if not cfg.benchmark:  # --benchmark measures training speed only: no evaluation, no checkpoint
                 test = evaluate(cfg, raw_model, test_loader, device)
-                report_test(run, epoch, test, epoch_times[-1])
+                report_test(run, epoch, test, epoch_seconds)
                 save_checkpoint(run, test_acc=test[1])
             if cfg.reached_max_steps(run.step):
                 break
@@ -239,9 +247,10 @@ def main(argv=None) -> int:
             "gpu_util_mean": sum(run.gpu_util) / len(run.gpu_util) if run.gpu_util else None,
             "peak_mem_gb": max(peaks.values(), default=None), "train_loss": epoch_sums.loss,
             "train_acc": epoch_sums.acc, "test_loss": test[0], "test_acc": test[1], "test_images": test[2] or None,
-            "epoch_time_s": sum(epoch_times) / len(epoch_times) if epoch_times else None,
-            "wall_time_s": time.perf_counter() - started, "steps": run.step}
-        path = logger.write_results(summary, peak_mem_gb_per_gpu={str(i): gb for i, gb in peaks.items()})
+            "epoch_time_s": run.clock.epoch_time(),  # with wall_time_s: over every attempt
+            "wall_time_s": run.clock.wall_time(), "steps": run.step}
+        path = logger.write_results(summary, run.clock.attempts,
+                                    peak_mem_gb_per_gpu={str(i): gb for i, gb in peaks.items()})
         console.line(speed_line(summary))
         console.line(f"results in {path}")
         return 0

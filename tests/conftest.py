@@ -6,7 +6,6 @@ import importlib
 import io
 import json
 import os
-import struct
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -61,28 +60,27 @@ def read_results(run_dir: Path) -> dict:
 
 
 def read_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar in the run's TensorBoard event files, read with the record format and tensorboardX's protos."""
-    from tensorboardX.proto.event_pb2 import Event
+    """Every scalar in the run's TensorBoard event files as TensorBoard shows it: read with its
+    own EventAccumulator, which drops the points a restarted run purged (every point kept: no
+    sampling)."""
+    return {tag: [(event.step, event.value) for event in events]
+            for tag, events in scalar_events(run_dir).items()}
 
-    scalars: dict[str, list[tuple[int, float]]] = {}
-    for path in sorted(run_dir.glob("events.out.tfevents.*")):
-        data = path.read_bytes()
-        offset = 0
-        while offset < len(data):
-            (length,) = struct.unpack_from("<Q", data, offset)
-            record = data[offset + 12: offset + 12 + length]  # u64 length, u32 crc, payload, u32 crc
-            offset += 12 + length + 4
-            event = Event.FromString(record)
-            for value in event.summary.value:
-                if value.HasField("simple_value"):
-                    scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
-    return scalars
+
+def scalar_events(run_dir: Path) -> dict:
+    """{tag: [ScalarEvent(wall_time, step, value)]}, from TensorBoard's EventAccumulator."""
+    from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
+
+    accumulator = EventAccumulator(str(run_dir), size_guidance={SCALARS: 0})
+    accumulator.Reload()
+    return {tag: accumulator.Scalars(tag) for tag in accumulator.Tags()[SCALARS]}
 
 
 # The files whose tests launch the most runs, heaviest first (as measured with --durations). The suite is spread
 # over the cores a file at a time (pytest.ini); started first, the long files do not leave one core working alone
 # at the end while the short ones fill in beside them.
-HEAVIEST_FIRST = ("test_reliability.py", "test_parallel.py", "test_compare.py", "test_fast_path.py",
+HEAVIEST_FIRST = ("test_reliability.py", "test_parallel.py", "test_compare.py", "test_compare_front_door.py",
+                  "test_tensorboard.py", "test_fast_path.py",
                   "test_bad_input.py", "test_single_gpu.py", "test_slurm.py", "test_mnist.py", "test_vscode.py")
 
 

@@ -11,7 +11,10 @@ The cases: --resume of a missing, truncated, foreign, incomplete or differently 
 it excludes; reusing a run name; a corrupt or missing CIFAR-10; repeated and nonexistent --gpu_devices in every
 mode; a --log_dir that is a file; values outside their flag's domain (tests/test_config.py holds every flag's, at
 its edges; here a few, in each mode, as a user meets them); the rendezvous failures of a process started by hand
-(port in use, master unreachable, stale file:// rendezvous); a loss that turns NaN. Also what must NOT be refused:
+(port in use, master unreachable, stale file:// rendezvous); a loss that turns NaN; --overwrite and --resume of
+a folder no run made or of a symbolic link, a --log_dir through a dangling or looping link; a checkpoint with a
+flipped byte (its checksum) or with entries of another model or version (before any run folder is made); a
+usage error with RANK/LOCAL_RANK in the shell; torchrun starting single_gpu twice. Also what must NOT be refused:
 --resume auto for a run folder without a checkpoint (a fresh start), and with one (it continues).
 
 Speed: a launch costs ~2.5 s of CPU, nearly all of it importing torch. The refused launches share one real run
@@ -27,19 +30,24 @@ import os
 import re
 import shutil
 import socket
+import struct
 import subprocess
+import sys
 import time
+import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
 
-from common.checkpoint import CONTENTS, load_checkpoint
-from common.config import NAME_MAX, Config, UsageError
+from common.checkpoint import CONTENTS, EARLIER_FORMAT, checksum, load_checkpoint
+from common.config import NAME_MAX, Config, UsageError, parse_config
 from common.distributed import check_rendezvous_file
+from common.logger import MARKER
 from common.metrics import TrainMeter
-from conftest import TINY, read_results, refuse_in_process, run_script
+from conftest import REPO, TINY, read_results, refuse_in_process, run_script
+from models import pyramidnet
 from test_data import write_cifar10
 
 SINGLE, DATA, DIST, FSDP = "single_gpu/train.py", "data_parallel/train.py", "dist_parallel/train.py", "fsdp/train.py"
@@ -87,8 +95,11 @@ def no_network() -> dict[str, str]:
 
 
 def snapshot(root: Path) -> dict[str, object]:
-    """Every path under `root`: a file as (sha256 of its bytes, mtime in ns), a folder as "folder"."""
+    """Every path under `root`: a file as (sha256 of its bytes, mtime in ns), a folder as "folder", a symbolic
+    link as where it points."""
     def state(path: Path):
+        if path.is_symlink():
+            return "link", os.readlink(path)
         if path.is_dir():
             return "folder"
         return hashlib.sha256(path.read_bytes()).hexdigest(), path.stat().st_mtime_ns
@@ -125,6 +136,7 @@ def first_start(work) -> tuple[Path, subprocess.CompletedProcess]:
     (a first attempt died before writing one): (run folder, completed process)."""
     run_dir = work / "runs" / "a"
     run_dir.mkdir(parents=True)
+    (run_dir / MARKER).write_text("")  # the first attempt claimed the folder
     (run_dir / "notes.txt").write_text(FIRST_ATTEMPT_NOTES)
     done = run_script(SINGLE, *TINY, *TRAINED_FLAGS, "--resume", "auto", "--log_dir", run_dir.parent,
                       "--run_name", run_dir.name, env=ONE_THREAD)
@@ -154,15 +166,17 @@ class Refusal:
     named: tuple
     run_name: str | None = None
     base: tuple = tuple(TINY)
-    log_dir: str = "{work}/runs"
+    log_dir: str | None = "{work}/runs"  # None: no --log_dir (compare.py has none)
     env: tuple = ()
     network: bool = True
     as_a_user: bool = False  # a subprocess, as a user runs it (forced by env and network); else in-process
+    shell: tuple = ()  # variables the user's shell holds: set in this process for an in-process case
 
     def argv(self, where: dict) -> list[str]:
         flags = [str(flag).format(**where) for flag in self.flags]
         name = [] if self.run_name == "" else ["--run_name", self.run_name or self.id]
-        return [*self.base, "--log_dir", self.log_dir.format(**where), *name, *flags]
+        log_dir = [] if self.log_dir is None else ["--log_dir", self.log_dir.format(**where)]
+        return [*self.base, *log_dir, *name, *flags]
 
     @property
     def subprocess(self) -> bool:
@@ -239,6 +253,35 @@ REFUSALS = [
             run_name="x" * (NAME_MAX + 1)),
     Refusal("resume-missing-entry", SINGLE, ("--resume", "{work}/inputs/no-optimizer.pt"),
             ("no-optimizer.pt", "no 'optimizer' entry")),
+    # 10c: what --overwrite and --resume must not touch: a folder no run made, another run through a link
+    Refusal("overwrite-a-folder-no-run-made", SINGLE, ("--overwrite",), ("runs/data", "not a run folder"),
+            run_name="data"),
+    Refusal("overwrite-through-a-symlink", SINGLE, ("--overwrite",), ("runs/link", "symbolic link"),
+            run_name="link"),
+    Refusal("resume-through-a-symlink", DATA, ("--resume", "auto"), ("runs/link", "symbolic link"),
+            run_name="link"),
+    Refusal("resume-into-a-folder-no-run-made", SINGLE, ("--resume", "auto"), ("not a run folder",),
+            run_name="data"),
+    Refusal("log-dir-dangling-symlink", SINGLE, (), ("inputs/dangling", "leads nowhere"),
+            log_dir="{work}/inputs/dangling/runs"),
+    Refusal("log-dir-symlink-loop", DATA, (), ("inputs/loop", "leads nowhere"), log_dir="{work}/inputs/loop"),
+    # 10d: checkpoints damaged on disk, or of another model or version: refused before a run folder is made
+    Refusal("resume-flipped-byte", SINGLE, ("--resume", "{work}/inputs/flipped.pt"), ("flipped.pt", "checksum")),
+    Refusal("resume-other-depth-weights", SINGLE, ("--resume", "{work}/inputs/depth-14-weights.pt"),
+            ("depth-14-weights.pt", "'model' entry does not fit")),
+    Refusal("resume-negative-epoch", DATA, ("--resume", "{work}/inputs/negative-epoch.pt"), ("'epoch' entry",)),
+    Refusal("resume-batch-past-the-epoch", SINGLE, ("--resume", "{work}/inputs/batch-past.pt"),
+            ("'batch' entry", "past the end")),
+    Refusal("resume-empty-scheduler", SINGLE, ("--resume", "{work}/inputs/empty-scheduler.pt"),
+            ("'scheduler' entry",)),
+    Refusal("resume-empty-rng-entry", SINGLE, ("--resume", "{work}/inputs/empty-rng.pt"), ("'rng[0]' entry",)),
+    Refusal("lr-overflows-float32", SINGLE, ("--lr", "1e300"), ("--lr 1e+300", "float32", "smaller --lr")),
+    # 10e: RANK / LOCAL_RANK in the shell (inside a job, say) of a process no launcher started: still said
+    Refusal("usage-error-with-local-rank-set-single", SINGLE, ("--bogus",), ("--bogus",),
+            shell=(("LOCAL_RANK", "1"), ("RANK", "1"))),
+    Refusal("usage-error-with-rank-set-data-parallel", DATA, ("--bogus",), ("--bogus",), shell=(("RANK", "3"),)),
+    Refusal("usage-error-with-local-rank-set-compare", "compare.py", ("--repeat", "0"), ("--repeat",),
+            base=(), log_dir=None, run_name="", shell=(("LOCAL_RANK", "1"), ("RANK", "1"))),
     # 11: one process of a 2-process job started by hand, whose rendezvous fails
     Refusal("rendezvous-port-in-use", DIST, ("--dist_timeout", "10"), ("already in use", "MASTER_PORT"),
             env=by_hand(0, "{busy_port}")),
@@ -256,9 +299,22 @@ def make_inputs(work: Path, checkpoint: Path) -> None:
     inputs.mkdir()
     raw = checkpoint.read_bytes()
     (inputs / "truncated.pt").write_bytes(raw[:len(raw) // 2])
+    (inputs / "flipped.pt").write_bytes(flip_a_weight_byte(checkpoint))
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)
-    del state["optimizer"]
-    torch.save(state, inputs / "no-optimizer.pt")
+    with torch.device("meta"):
+        depth_14 = pyramidnet(14, 12, "basic").state_dict()
+    misfits = {"no-optimizer": {"optimizer": None}, "negative-epoch": {"epoch": -1},
+               "batch-past": {"batch": 8}, "empty-scheduler": {"scheduler": {}}, "empty-rng": {"rng": [{}]},
+               "depth-14-weights": {"model": {k: torch.zeros(v.shape) for k, v in depth_14.items()}}}
+    for name, changes in misfits.items():  # each as a run of another version would write it: sealed
+        misfit = {**state, **changes}
+        misfit = {key: value for key, value in misfit.items() if value is not None}
+        torch.save({**misfit, "checksum": checksum(misfit)}, inputs / f"{name}.pt")
+    (work / "runs" / "data").mkdir()
+    (work / "runs" / "data" / "images.bin").write_bytes(b"a user's own data, in the runs' folder")
+    (work / "runs" / "link").symlink_to(work / "runs" / "a")
+    (inputs / "dangling").symlink_to(inputs / "nowhere")
+    (inputs / "loop").symlink_to(inputs / "loop")
     (inputs / "notes.txt").write_text("not a checkpoint: notes about run a\n")
     (inputs / "hello.txt").write_text("hello\n")
     rendezvous = inputs / "rdzv"
@@ -271,10 +327,28 @@ def make_inputs(work: Path, checkpoint: Path) -> None:
     batch.write_bytes(raw[:len(raw) // 2])
 
 
-def timed_run(script: str, argv: list[str], env: dict | None) -> tuple[subprocess.CompletedProcess, float]:
-    """A subprocess with `env`, or with env None, in this process."""
+def flip_a_weight_byte(checkpoint: Path) -> bytes:
+    """The checkpoint's bytes with one bit flipped inside its largest tensor's data (a disk or copy error): the
+    zip archive and the pickle stay readable, so only a checksum can tell."""
+    raw = bytearray(checkpoint.read_bytes())
+    with zipfile.ZipFile(checkpoint) as archive:
+        largest = max((entry for entry in archive.infolist() if "/data/" in entry.filename),
+                      key=lambda entry: entry.file_size)
+    name_length, extra_length = struct.unpack_from("<HH", raw, largest.header_offset + 26)  # local header
+    raw[largest.header_offset + 30 + name_length + extra_length + largest.file_size // 2] ^= 0x40
+    return bytes(raw)
+
+
+def timed_run(script: str, argv: list[str], env: dict | None,
+              shell: tuple = ()) -> tuple[subprocess.CompletedProcess, float]:
+    """A subprocess with `env`, or with env None, in this process with the `shell` variables set."""
     start = time.perf_counter()
-    done = run_script(script, *argv, env=env, timeout=120) if env is not None else refuse_in_process(script, *argv)
+    if env is not None:
+        return run_script(script, *argv, env=env, timeout=120), time.perf_counter() - start
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in shell:
+            patch.setenv(name, value)
+        done = refuse_in_process(script, *argv)
     return done, time.perf_counter() - start
 
 
@@ -295,8 +369,11 @@ def refusals(work, trained) -> tuple[dict, dict, dict]:
             futures = {case.id: pool.submit(timed_run, case.script, case.argv(where), case.environment(where))
                        for case in slowest_first}
             outcomes = {case.id: timed_run(case.script, case.argv(where), None)
-                        for case in REFUSALS if not case.subprocess}
+                        for case in REFUSALS if not case.subprocess and not case.shell}
             outcomes.update({case_id: future.result() for case_id, future in futures.items()})
+        # once no subprocess is being started: the variables set here would reach it
+        outcomes.update({case.id: timed_run(case.script, case.argv(where), None, case.shell)
+                         for case in REFUSALS if case.shell})
     return outcomes, before, snapshot(work)
 
 
@@ -309,7 +386,7 @@ def test_bad_input_is_refused_with_one_line(refusals, case):
     assert seconds < 60, seconds
 
 
-def test_refused_launches_change_no_file_and_create_no_run_folder(refusals):
+def test_refused_launches_change_no_file_and_create_no_run_folder(refusals, work):
     """After every refusal: run folder a/ (whose checkpoint was resumed with other flags, whose name was reused),
     its checkpoint.pt and model.pt, the truncated copy, the text files, the corrupt CIFAR-10 and the stale
     rendezvous file keep their bytes and mtimes, and no run folder or file appeared (a missing data folder that
@@ -318,14 +395,17 @@ def test_refused_launches_change_no_file_and_create_no_run_folder(refusals):
     changed = [path for path in differences(before, after) if not path.startswith("inputs/no-data")]
     assert not changed, changed
     assert "runs/a/checkpoint.pt" in before and "inputs/rdzv" in before and "data/cifar-10-batches-py" in before
-    assert sorted(path for path in after if path.count("/") == 1 and path.startswith("runs/")) == ["runs/a"]
+    assert "runs/data/images.bin" in before and before["runs/link"] == ("link", str(work / "runs" / "a"))
+    runs_after = sorted(path for path in after if path.count("/") == 1 and path.startswith("runs/"))
+    assert runs_after == ["runs/a", "runs/data", "runs/link"]
 
 
 # ---------------------------------------------------------------------------------------------------- checkpoints
 def test_load_checkpoint_requires_every_entry_a_run_writes(trained):
     """CONTENTS is what a real checkpoint holds (besides its format), each of its type."""
     state = torch.load(trained / "checkpoint.pt", map_location="cpu", weights_only=True)
-    assert set(state) == {"format", *CONTENTS}
+    assert set(state) == {"format", "checksum", *CONTENTS}
+    assert state["checksum"] == checksum(state)
     assert all(isinstance(state[key], kind) for key, kind in CONTENTS.items())
 
 
@@ -347,11 +427,34 @@ def test_a_checkpoint_without_an_entry_is_refused_naming_it(trained, tmp_path, e
         del state[entry]
         named = f"no {entry!r} entry"
     path = tmp_path / "checkpoint.pt"
-    torch.save(state, path)
+    torch.save({**state, "checksum": checksum(state)}, path)  # as another version would write it: sealed
     with pytest.raises(UsageError) as error:
         load_checkpoint(path, Config())
     message = str(error.value)
     assert "\n" not in message and str(path) in message and named in message, message
+
+
+def test_a_checkpoint_of_the_format_before_checksums_resumes_with_a_warning(trained, tmp_path, capsys):
+    """A run started before checkpoints carried a checksum continues after an update: its file is read
+    unverified, and the warning says so."""
+    state = torch.load(trained / "checkpoint.pt", map_location="cpu", weights_only=True)
+    earlier = {**{key: value for key, value in state.items() if key != "checksum"}, "format": EARLIER_FORMAT}
+    torch.save(earlier, tmp_path / "v1.pt")
+    cfg = dataclasses.replace(parse_config(Config, TINY), amp="off")  # as the run resolved it on the CPU
+    loaded = load_checkpoint(tmp_path / "v1.pt", cfg)
+    assert loaded["step"] == state["step"] and "resumed unverified" in capsys.readouterr().err
+
+
+def test_torchrun_starting_single_gpu_twice_is_refused_once(tmp_path):
+    """`torchrun --nproc_per_node 2 single_gpu/train.py`: each process would train the whole model alone (and one
+    was refused in silence, its name taken by the other). Both are refused, and the line is said once."""
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(REPO / SINGLE), *TINY, "--log_dir", str(tmp_path), "--run_name", "twice"],
+                          cwd=REPO, env={**os.environ, **ONE_THREAD}, capture_output=True, text=True, timeout=120)
+    errors = [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("error: ")]
+    assert done.returncode != 0 and len(errors) == 1, done.stdout + done.stderr
+    assert "trains in one process and torchrun started 2" in errors[0] and "dist_parallel" in errors[0]
+    assert list(tmp_path.iterdir()) == []
 
 
 # ---------------------------------------------------------------------------------------------------- resume auto

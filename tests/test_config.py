@@ -19,7 +19,7 @@ import common.metrics
 from common.config import (AMPS, BASE_BATCH, NAME_MAX, PATH_MAX, REPO_ROOT, SYNTHETIC_BYTES_PER_IMAGE, Config,
                            UsageError, build_parser, check_domains, flag, missing_domains, parse_config, user_errors)
 from common.devices import cuda_devices, seed_everything
-from common.logger import load_model_weights, resolve_run_dir
+from common.logger import MARKER, load_model_weights, resolve_run_dir
 from common.metrics import StepTimer, Sums, TrainMeter, evaluation_sums, window_sums
 from common.optim import build_optimizer, describe_lr, lr_factor, lr_schedule, warmup_steps
 from dist_parallel.train import DistConfig
@@ -190,11 +190,12 @@ DOMAINS = {
     "batch_size": (["1"], ["0", "-3", BIG]),
     "epochs": (["0"], ["-1", BIG]),
     "max_steps": (["0", str(2**63 - 1)], ["-1", BIG]),
-    "lr": (["1e-300", "--lr 1e300 --batch_size 128"],
-           ["0", "-0.1", "nan", "inf", "--lr=-inf", "--lr 1e308 --batch_size 256", "--lr 1e-322 --batch_size 1"]),
+    "lr": (["1e-37", "--lr 3.4e38 --batch_size 128"],  # what float32 weights' updates hold
+           ["0", "-0.1", "nan", "inf", "--lr=-inf", "--lr 1e308 --batch_size 256", "--lr 1e-322 --batch_size 1",
+            "--lr 1e300 --batch_size 128", "--lr 3.4e38 --batch_size 256", "1e-38"]),
     "lr_warmup_epochs": (["0", "1e9"], ["-1", "nan", "inf", "1e10"]),
     "momentum": (["0.999", "--momentum 0 --no_nesterov"], ["0", "-0.1", "1", "nan", "inf"]),  # 0: with Nesterov
-    "weight_decay": (["0", "10"], ["--weight_decay=-1e-4", "nan", "inf"]),
+    "weight_decay": (["0", "10", "3.4e38"], ["--weight_decay=-1e-4", "nan", "inf", "1e39"]),
     "nesterov": (["--no_nesterov"], []),
     # model
     "depth": (["8", "--depth 11 --block bottleneck"], ["2", "-4", "109", BIG, "--depth 8 --block bottleneck"]),
@@ -207,7 +208,7 @@ DOMAINS = {
                  ["", "/proc/data", "/sys/data", "a\0b", "/tmp/" + "x" * (NAME_MAX + 1), path_of(FOLDER_ROOM + 1)]),
     "synthetic_size": (["5"], ["4", "0", "-1", str(10**13)]),  # 10**13: 246 PB while generated
     "loader": (["gpu", "torchvision"], ["dali"]),
-    "num_workers": (["0"], ["-1", BIG]),
+    "num_workers": (["0", "64"], ["-1", BIG, "1000000"]),  # a million processes: 10 TB at the least
     "shuffle": (["--no_shuffle"], []),
     "augment": (["--no_augment"], []),
     # speed
@@ -228,7 +229,7 @@ DOMAINS = {
                  ["", ".", "..", "a/b", "a\0b", "x" * (NAME_MAX + 1), "\u00e9" * (NAME_MAX // 2 + 1)]),
     "overwrite": (["--overwrite"], []),
     "log_interval": (["1"], ["0"]),
-    "warmup_steps": (["0"], ["-1"]),
+    "warmup_steps": (["0"], ["-1", f"--benchmark --warmup_steps {2**62} --benchmark_steps {2**62}"]),
     "save_model": (["--save_model"], []),
     "checkpoint_interval": (["0"], ["-1"]),
     "resume": (["--resume auto --run_name r", "checkpoint.pt", path_of(PATH_MAX)],
@@ -759,15 +760,17 @@ def test_resolve_run_dir(tmp_path):
     assert resolve_run_dir(cfg, "single_gpu", 0) == log_dir / "first"
     assert list(tmp_path.iterdir()) == []  # checked, nothing created
     default = resolve_run_dir(Config(log_dir=str(tmp_path)), "dist_parallel", 4)
-    assert default.parent == tmp_path and re.fullmatch(r"dist_parallel-4gpu-\d{8}-\d{6}", default.name)
-    assert re.fullmatch(r"single_gpu-cpu-\d{8}-\d{6}", resolve_run_dir(Config(log_dir=str(tmp_path)),
-                                                                      "single_gpu", 0).name)
+    pid = os.getpid()  # two runs started in the same second differ by their process
+    assert default.parent == tmp_path and re.fullmatch(rf"dist_parallel-4gpu-\d{{8}}-\d{{6}}-{pid}", default.name)
+    assert re.fullmatch(rf"single_gpu-cpu-\d{{8}}-\d{{6}}-{pid}", resolve_run_dir(Config(log_dir=str(tmp_path)),
+                                                                               "single_gpu", 0).name)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_resolve_run_dir_refuses_an_existing_run(tmp_path):
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "results.json").write_text("{}")
+    (tmp_path / "taken" / MARKER).write_text("")
     with pytest.raises(UsageError, match="exists already.*--overwrite"):
         resolve_run_dir(Config(log_dir=str(tmp_path), run_name="taken"), "single_gpu", 1)
     assert resolve_run_dir(Config(log_dir=str(tmp_path), run_name="taken", overwrite=True), "single_gpu", 1) == \

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -298,6 +299,21 @@ def test_resuming_a_run_that_has_ended_trains_nothing_and_changes_nothing(shared
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("\n") == 1 and "this run has ended" in done.stdout and done.stderr == ""
     assert files(shared_runs / name) == before
+
+
+def test_a_finished_run_whose_checkpoint_was_deleted_is_never_retrained(shared_runs, tmp_path):
+    """A finished run whose checkpoint.pt was deleted to save space, continued with `--resume auto` (even with
+    another --seed): known as finished by its results.json, it trains nothing and changes no file (it used to
+    train from scratch and replace best.pt, model.pt and results.json)."""
+    run_dir = tmp_path / "single"
+    shutil.copytree(shared_runs / "single", run_dir)
+    (run_dir / LAST).unlink()
+    before = files(run_dir)
+    done = refuse_in_process(SINGLE, *LONGER, *TORCHVISION, "--seed", "7", "--log_dir", tmp_path, "--run_name",
+                             "single", "--resume", "auto")
+    assert done.returncode == 0, done.stderr
+    assert "this run has finished" in done.stdout and "results.json" in done.stdout and done.stderr == ""
+    assert files(run_dir) == before
 
 
 # ---------------------------------------------------------------------------------------------------- 4. no hangs

@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from common.config import Config, UsageError
-from common.logger import LOCK, claim_run_dir, write_atomically
-from conftest import REPO, TINY, read_results, refuse_in_process
+from common.logger import LOCK, MARKER, claim_run_dir, write_atomically
+from conftest import REPO, TINY, read_results, refuse_in_process, run_script
 
 SINGLE, DIST = "single_gpu/train.py", "dist_parallel/train.py"
 
@@ -83,6 +83,20 @@ def test_two_runs_started_at_once_with_one_name_leave_one_whole_run(tmp_path):
     assert not list((tmp_path / "same").glob(".*.tmp"))
 
 
+def test_two_runs_started_at_once_without_a_name_both_run(tmp_path):
+    """Without --run_name the name is the mode, the date, the time to the second and the process: two runs
+    started in the same second (one used to be refused, told to choose a name it never chose) each get a
+    folder of their own and finish."""
+    command = [sys.executable, str(REPO / SINGLE), *map(str, TINY), "--max_steps", "1", "--log_dir", str(tmp_path)]
+    runs = [subprocess.Popen(command, cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"}) for _ in range(2)]
+    outcomes = [(run.wait(timeout=120), *run.communicate()) for run in runs]
+    assert [code for code, _, _ in outcomes] == [0, 0], outcomes
+    folders = sorted(path.name for path in tmp_path.iterdir())
+    assert len(folders) == 2 and all(read_results(tmp_path / name)["summary"]["steps"] == 1 for name in folders)
+    assert {name.rsplit("-", 1)[1] for name in folders} == {str(run.pid) for run in runs}
+
+
 # ---------------------------------------------------------------------------------------------------- 3. the lock
 # A live run's lock, taken the product's way, with a DataLoader worker forked after it: prints its pid and the
 # worker's, then waits to be killed.
@@ -108,7 +122,8 @@ def test_a_folder_in_use_is_refused_and_the_lock_dies_with_its_process(tmp_path)
     away claims the folder, and --overwrite empties it."""
     run_dir = tmp_path / "busy"
     run_dir.mkdir()
-    (run_dir / "results.json").write_text("{}")
+    (run_dir / "events.out.tfevents.1").write_text("{}")  # a live run's first file
+    (run_dir / MARKER).write_text("")  # a run's folder, which --overwrite may empty once nobody uses it
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(REPO), str(run_dir)], stdout=subprocess.PIPE,
                               text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     holder_pid, worker_pid = map(int, holder.stdout.readline().split())
@@ -118,7 +133,7 @@ def test_a_folder_in_use_is_refused_and_the_lock_dies_with_its_process(tmp_path)
             assert done.returncode == 2, done.stderr
             assert error_lines(done.stderr) == [done.stderr.strip()]
             assert "in use by a run that is still running" in done.stderr and f"pid {holder_pid}" in done.stderr
-            assert (run_dir / "results.json").read_text() == "{}"
+            assert (run_dir / "events.out.tfevents.1").read_text() == "{}"
         holder.kill()
         holder.wait()
         assert _alive(worker_pid)  # the forked worker outlives its process for a while
@@ -126,7 +141,7 @@ def test_a_folder_in_use_is_refused_and_the_lock_dies_with_its_process(tmp_path)
     finally:
         holder.kill()
         os.kill(worker_pid, signal.SIGKILL)
-    assert sorted(path.name for path in run_dir.iterdir()) == [LOCK]  # --overwrite emptied it, lock aside
+    assert sorted(path.name for path in run_dir.iterdir()) == [LOCK, MARKER]  # emptied: lock and mark aside
 
 
 def test_a_new_run_does_not_take_a_folder_created_a_moment_ago(tmp_path):
@@ -181,4 +196,35 @@ def test_temporary_files_are_each_writers_own(tmp_path, monkeypatch):
     assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoint.pt"]
     (tmp_path / ".checkpoint.pt.12345.0badc0de.tmp").write_bytes(b"half a checkpoint")  # its writer was killed
     claim_run_dir(tmp_path, Config(log_dir=str(tmp_path.parent), run_name=tmp_path.name, resume="auto")).close()
-    assert sorted(path.name for path in tmp_path.iterdir()) == [LOCK, "checkpoint.pt"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == [LOCK, MARKER, "checkpoint.pt"]
+
+
+# ---------------------------------------------------------------------------------------------------- 6. full disk
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 320 KiB file system (tmpfs): room for one checkpoint of TINY's model and not for a second file of it."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=320k", "tmpfs", str(disk)], capture_output=True,
+                             text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {mounted.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_full_disk_stops_the_run_in_one_line_and_keeps_the_last_checkpoint(small_disk):
+    """The disk fills while the run writes its files (best.pt, a copy of the checkpoint, at the end of the first
+    epoch): one line naming the file and the cause, exit 1, no traceback, no temporary file left, and the
+    checkpoint written before it is whole (it used to end in a traceback from deep inside shutil)."""
+    done = run_script(SINGLE, *TINY, "--epochs", "2", "--no_progress", "--log_dir", small_disk, "--run_name", "full",
+                      env={"OMP_NUM_THREADS": "1"})
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    errors = error_lines(done.stderr)
+    assert len(errors) == 1 and "No space left on device" in errors[0], done.stderr
+    assert str(small_disk / "full") in errors[0]
+    run_dir = small_disk / "full"
+    assert not list(run_dir.glob(".*.tmp"))
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["step"] == 8  # the first epoch's, whole
