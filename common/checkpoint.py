@@ -339,6 +339,15 @@ def ended_line(state: dict, cfg: Config) -> str:
             f"its folder is left as it is")
 
 
+def stopped_line(signal_name: str, step: int, path: Path | None, run_dir: Path | None) -> str:
+    """What a run stopped by a signal says: where its checkpoint is and how to continue. A --benchmark run
+    writes none (it measures speed only): nothing to continue."""
+    if path is None:
+        return f"stopped by {signal_name} at step {step}; a --benchmark run keeps no checkpoint"
+    return (f"stopped by {signal_name} at step {step}; checkpoint {path}: continue with --resume auto "
+            f"--run_name {run_dir.name}")
+
+
 def _as_saved(value):
     return list(value) if isinstance(value, tuple) else value
 

@@ -31,7 +31,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.utils.data import DistributedSampler
 
 from common.checkpoint import (StopSignals, check_fits, ended_line, has_ended, last_checkpoint,
-                               restore, resume_checkpoint, save_checkpoint)
+                               restore, resume_checkpoint, save_checkpoint, stopped_line)
 from common.config import Config, RunError, UsageError, flag, parse_config, user_errors
 from common.data import DATASET_INFO, EvalShard, LoaderWorkerDied, load_datasets, make_loader
 from common.devices import seed_everything
@@ -250,8 +250,7 @@ def main(argv=None) -> int:
         if run.stop:  # SIGTERM/SIGINT: a checkpoint where every rank stopped, then a clean exit
             path = save_checkpoint(run)
             dist.barrier()  # no rank exits before rank 0 has written it: a launcher may kill the job at the first exit
-            console.line(f"stopped by {run.stop} at step {run.step}; checkpoint {path}: continue with "
-                         f"--resume auto --run_name {run_dir.name if run_dir else cfg.run_name}")
+            console.line(stopped_line(run.stop, run.step, path, run_dir))
             report_stop(run.step, path)  # to the self-launch, if that started this worker: it stopped cleanly
             return StopSignals.EXIT_CODES.get(run.stop, 1)  # a signal to another rank: 1
         if cfg.save_model and not cfg.evaluate:

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from common.checkpoint import (StopSignals, check_fits, ended_line, has_ended, last_checkpoint,
-                               restore, resume_checkpoint, save_checkpoint)
+                               restore, resume_checkpoint, save_checkpoint, stopped_line)
 from common.config import Config, RunError, UsageError, parse_config, user_errors
 from common.data import DATASET_INFO, EvalShard, LoaderWorkerDied, ShuffleSampler, load_datasets, make_loader
 from common.devices import cuda_devices, one_process, seed_everything
@@ -229,8 +229,7 @@ def main(argv=None) -> int:
                 break
         if run.stop:  # SIGTERM/SIGINT: a checkpoint where every rank stopped, then a clean exit
             path = save_checkpoint(run)
-            console.line(f"stopped by {run.stop} at step {run.step}; checkpoint {path}: continue with "
-                         f"--resume auto --run_name {run_dir.name if run_dir else cfg.run_name}")
+            console.line(stopped_line(run.stop, run.step, path, run_dir))
             return StopSignals.EXIT_CODES[run.stop]
         if cfg.save_model and not cfg.evaluate:
             console.line(f"weights saved to {logger.save_model(raw_model.state_dict())}")
