@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from common.config import Config, RunError, UsageError
+from common.config import Config, RunError, UsageError, file_system_error
 from common.logger import write_atomically
 from common.metrics import Sums
 from common.state import all_finite, load_model_state, load_optimizer_state, model_state, optimizer_state
@@ -129,10 +129,16 @@ def write_checkpoint(run_dir: Path | None, state: dict, best: bool) -> Path | No
         return None
     path = run_dir / LAST
     sealed = {**state, "checksum": checksum(state)}
-    write_atomically(path, lambda f: torch.save(sealed, f))
-    if best:
-        with open(path, "rb") as latest:
-            write_atomically(run_dir / BEST, lambda f: shutil.copyfileobj(latest, f))
+    try:
+        write_atomically(path, lambda f: torch.save(sealed, f))
+        if best:
+            with open(path, "rb") as latest:
+                write_atomically(run_dir / BEST, lambda f: shutil.copyfileobj(latest, f))
+    except OSError as error:  # a full or read-only disk: what is on it is still whole (write_atomically)
+        if file_system_error(error) is None:
+            raise
+        raise RunError(f"could not write {error.filename}: {error.strerror}; {last_checkpoint(run_dir)}: free "
+                       f"some space there (or make it writable) and continue with --resume auto") from None
     return path
 
 

@@ -62,16 +62,32 @@ def die_with_launcher() -> None:
     worker in a session of its own, so when the agent itself is killed (`kill -9`, an out-of-memory kill) nothing
     reaches the workers: they would train on as orphans, writing checkpoints beside whatever run is started next in
     their folder. Linux's parent-death signal kills them instead; the last checkpoint, written atomically, is intact."""
-    if "TORCHELASTIC_RESTART_COUNT" not in os.environ or not sys.platform.startswith("linux"):
+    if "TORCHELASTIC_RESTART_COUNT" not in os.environ:
         return
+    arm = killed_with(os.getppid())
+    if arm is not None:
+        arm()
+
+
+def killed_with(parent: int):
+    """A function that, called in a child of process `parent` (between fork and exec, or first thing), has Linux
+    send the child SIGKILL when `parent` ends (precisely: the thread of it that started the child); a child whose
+    parent ended already exits at once. None where there is no such signal (not Linux). ctypes' lookup is done
+    here, so that the child only makes the call."""
+    if not sys.platform.startswith("linux"):
+        return None
     import ctypes
     import signal
 
-    launcher = os.getppid()
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
-    if os.getppid() != launcher:  # the agent died before the signal was armed
-        os._exit(1)
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    pr_set_pdeathsig = 1
+
+    def arm() -> None:
+        prctl(pr_set_pdeathsig, int(signal.SIGKILL))
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os._exit(1)
+
+    return arm
 
 
 def check_master_address(environ=os.environ) -> None:

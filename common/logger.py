@@ -2,6 +2,7 @@
 prints: a tqdm bar per epoch on a terminal and a plain line per log window. Only the main process writes."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from common.config import Config, RunError, UsageError, file_system_error
+from common.config import Config, UsageError
 from common.optim import lr_factor
 from common.state import load_model_state
 from common.telemetry import environment
@@ -226,9 +227,10 @@ class RunLogger:
 
 
 def write_atomically(path: Path, write) -> None:
-    """Write to a temporary file, fsync, rename: a crash leaves the old file or the new one, never half of one. The
-    temporary file's name is this process's own, so no two writers ever share one. A file system that refuses
-    the write (full, read-only) ends the run with one line naming the file; the old file stays as it was."""
+    """Write to a temporary file, fsync, rename: a crash, a signal or a full disk leaves the old file or the new
+    one, never half of one. The temporary file's name is this process's own, so no two writers ever share one. A
+    write the file system refuses raises OSError naming `path` (a failed write() names no file), which the
+    scripts' user_errors turns into one line."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
         with open(temporary, "wb") as f:
@@ -237,13 +239,10 @@ def write_atomically(path: Path, write) -> None:
             os.fsync(f.fileno())
         os.replace(temporary, path)
     except OSError as error:
-        if file_system_error(error) is None:
-            raise
-        kept = f"the previous {path.name} is intact" if path.exists() else f"no {path.name} was written"
-        raise RunError(f"could not write {path}: {error.strerror}; {kept}; free some space there (or make "
-                       f"it writable): the run continues from its last checkpoint with --resume auto") from None
+        raise OSError(error.errno, error.strerror, str(error.filename or path)) from None
     finally:
-        temporary.unlink(missing_ok=True)  # only left if the write failed: the old file is untouched
+        with contextlib.suppress(OSError):  # left only if the write failed: the old file is untouched
+            temporary.unlink(missing_ok=True)
 
 
 def load_model_weights(raw_model: torch.nn.Module, path: str) -> None:

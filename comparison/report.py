@@ -2,14 +2,13 @@
 configuration (mean ± std over repeats), the failed runs, the projections (scaling, memory) and the environment."""
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
-import os
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.logger import write_atomically
 from comparison import environment as machine
 from comparison.environment import gpu_summary
 from comparison.matrix import GROUP_MODES, Run
@@ -83,21 +82,9 @@ def write_csv(outcomes: list[Outcome], path: Path) -> None:
 
 
 def write_file(path: Path, data: bytes) -> None:
-    """`data` into `path` through a temporary file renamed over it: the file is whole or absent (an
-    earlier one stays as it was), never half written, whatever stops the write (a full disk, a
-    signal, a crash)."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(temporary, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
-    except OSError as error:  # a failed write does not name its file: the error says which it was
-        raise OSError(error.errno, error.strerror, str(error.filename or path)) from None
-    finally:
-        with contextlib.suppress(OSError):  # left only by a failed write (read-only: there is none)
-            temporary.unlink(missing_ok=True)
+    """`data` into `path`, whole or not at all (common.logger.write_atomically): an earlier file stays as it was
+    whatever stops the write (a full disk, a signal, a crash), and an OSError names the file."""
+    write_atomically(path, lambda f: f.write(data))
 
 
 # The pictures compare.py may draw (comparison/plots.py draws those it has figures for)

@@ -9,7 +9,7 @@ A run ends with compare.py, whatever ends compare.py:
   Ctrl-C, SIGTERM otherwise: the run checkpoints and exits), and returns their outcomes as
   interrupted and the runs not yet started as not run.
 - A kill -9 cannot be handled. Each run is armed before it starts with Linux's parent-death signal,
-  as the train scripts arm their workers (common.distributed.die_with_launcher). The kernel sends it
+  as the train scripts arm their workers (common.distributed.killed_with). The kernel sends it
   when the THREAD that started the run ends, so every run is started by the main thread, which ends
   only with compare.py: `run_all` polls its runs instead of waiting for each in a thread of its own.
   torchrun's workers die with their agent.
@@ -22,13 +22,13 @@ import os
 import shlex
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from common.config import REPO_ROOT
+from common.distributed import killed_with
 from comparison.matrix import Run, run_environment
 from comparison.report import Outcome
 
@@ -89,26 +89,6 @@ def signals_deferred():
 
 
 # ------------------------------------------------------------------------------------------ one run
-def _armed_with_parent_death():
-    """What a run calls between fork and exec: Linux then sends it SIGKILL when the thread that
-    started it ends (compare.py's main thread: when compare.py ends, by a kill -9 too). None
-    elsewhere than on Linux."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child only calls it
-    parent = os.getpid()
-    pr_set_pdeathsig = 1
-
-    def arm() -> None:
-        prctl(pr_set_pdeathsig, int(signal.SIGKILL))
-        if os.getppid() != parent:  # compare.py died before the signal was armed
-            os._exit(1)
-
-    return arm
-
-
 @dataclass
 class Started:
     """A run under way: its process (the leader of its own process group), its log, its folder."""
@@ -161,7 +141,7 @@ def start(run: Run, argv: list[str], out: Path, cuda: bool, run_dir: Path | None
             raise OSError(error.errno, error.strerror, str(log)) from None
         child = subprocess.Popen(argv, cwd=REPO_ROOT, env=run_environment(run, cuda), stdout=stream,
                                  stderr=subprocess.STDOUT, start_new_session=True,
-                                 preexec_fn=_armed_with_parent_death())
+                                 preexec_fn=killed_with(os.getpid()))  # dies with compare.py
     return Started(run, child, log, run_dir or out / "runs" / run.name, time.monotonic())
 
 

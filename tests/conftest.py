@@ -114,3 +114,25 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """mount(options) -> a fresh tmpfs folder, unmounted after the test. The test is skipped where
+    mounting fails (not root, no mount namespace), with the reason."""
+    mounted = []
+
+    def mount(options: str) -> Path:
+        folder = tmp_path / f"tmpfs{len(mounted)}"
+        folder.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"a small tmpfs cannot be mounted here ({done.stderr.strip()}), so no "
+                        f"read-only or full file system can be made (needs root)")
+        mounted.append(folder)
+        return folder
+
+    yield mount
+    for folder in mounted:
+        subprocess.run(["umount", str(folder)], check=False)

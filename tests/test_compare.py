@@ -12,7 +12,6 @@ import contextlib
 import csv
 import json
 import shutil
-import subprocess
 import textwrap
 from pathlib import Path
 
@@ -220,28 +219,6 @@ def test_overwrite_refuses_a_folder_compare_did_not_write(tmp_path, capsys):
         assert f"--out {folder} holds files but no comparison (no {compare.MARKER}" in err
         assert (folder / "thesis.tex").read_text() == "years of work"
         assert not (folder / "runs").exists()
-
-
-@pytest.fixture
-def tmpfs(tmp_path):
-    """mount(options) -> a fresh tmpfs folder, unmounted after the test. The test is skipped where
-    mounting fails (not root, no mount namespace), with the reason."""
-    mounted = []
-
-    def mount(options: str) -> Path:
-        folder = tmp_path / f"tmpfs{len(mounted)}"
-        folder.mkdir()
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)],
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            pytest.skip(f"a small tmpfs cannot be mounted here ({done.stderr.strip()}), so no "
-                        f"read-only or full file system can be made")
-        mounted.append(folder)
-        return folder
-
-    yield mount
-    for folder in mounted:
-        subprocess.run(["umount", str(folder)], check=False)
 
 
 def fill(folder: Path) -> None:

@@ -30,7 +30,6 @@ from comparison import matrix
 from comparison.runner import Stopped, stop_signals
 from comparison.verify import Verification
 from conftest import REPO
-from test_compare import tmpfs  # noqa: F401  (a fixture: a small tmpfs, mounted for the test)
 from test_reliability import descendants, wait_for
 
 # A --benchmark run that would train for minutes: every test here stops it long before its end.
@@ -204,7 +203,7 @@ def test_an_out_under_a_file_or_through_a_symlink_loop_is_one_line(tmp_path, cap
     assert "Too many levels of symbolic links" in refused_out(tmp_path / "loop" / "out", capsys)
 
 
-def test_a_read_only_or_full_out_is_refused_before_any_run(tmpfs, capsys):  # noqa: F811
+def test_a_read_only_or_full_out_is_refused_before_any_run(tmpfs, capsys):
     read_only = tmpfs("size=1m,ro")
     assert "Read-only file system" in refused_out(read_only / "out", capsys)
     full = tmpfs("size=64k")

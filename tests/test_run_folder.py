@@ -200,25 +200,11 @@ def test_temporary_files_are_each_writers_own(tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------------- 6. full disk
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 320 KiB file system (tmpfs): room for one checkpoint of TINY's model and not for a second file of it."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=320k", "tmpfs", str(disk)], capture_output=True,
-                             text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here (needs root): {mounted.stderr.strip()}")
-    try:
-        yield disk
-    finally:
-        subprocess.run(["umount", str(disk)], check=True)
-
-
-def test_a_full_disk_stops_the_run_in_one_line_and_keeps_the_last_checkpoint(small_disk):
+def test_a_full_disk_stops_the_run_in_one_line_and_keeps_the_last_checkpoint(tmpfs):
     """The disk fills while the run writes its files (best.pt, a copy of the checkpoint, at the end of the first
     epoch): one line naming the file and the cause, exit 1, no traceback, no temporary file left, and the
     checkpoint written before it is whole (it used to end in a traceback from deep inside shutil)."""
+    small_disk = tmpfs("size=320k")  # room for one checkpoint of TINY's model, not for a second file of it
     done = run_script(SINGLE, *TINY, "--epochs", "2", "--no_progress", "--log_dir", small_disk, "--run_name", "full",
                       env={"OMP_NUM_THREADS": "1"})
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
