@@ -2,9 +2,9 @@
 whether the model is whole (single_gpu, data_parallel, dist_parallel) or sharded by FSDP2 (fsdp).
 
 Under FSDP2 every parameter is a DTensor of which each rank holds one slice, and so are the gradients and the
-momentum buffers. `torch.distributed.checkpoint.state_dict` gathers the slices into whole tensors on rank 0's CPU
-(one tensor at a time, so no GPU ever holds the whole model for it) and, on loading, cuts whole tensors into each
-rank's slice. The checkpoint is then the same file every mode writes: a dist_parallel checkpoint resumes in fsdp,
+momentum buffers. `torch.distributed.checkpoint.state_dict` names the slices, `DTensor.full_tensor` gathers each
+into a whole tensor kept on rank 0's CPU (one tensor at a time, so no GPU ever holds the whole model for it) and,
+on loading, torch.distributed.checkpoint cuts whole tensors into each rank's slice. The checkpoint is then the same file every mode writes: a dist_parallel checkpoint resumes in fsdp,
 and back. The optimizer's state comes from torch.distributed.checkpoint keyed by parameter name; it is stored as
 `optimizer.state_dict()` stores it, keyed by the parameter's position in the optimizer, and turned back on loading.
 """
@@ -35,23 +35,60 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
 
 def whole(tensor: torch.Tensor) -> torch.Tensor:
     """The whole tensor: a DTensor's slices gathered from every rank (a collective: every rank calls it)."""
-    return tensor.full_tensor() if _is_dtensor(tensor) else tensor
+    if not _is_dtensor(tensor):
+        return tensor
+    group = tensor.device_mesh.get_group()
+    if tensor.device.type != "cpu" and dist.get_backend(group) == "gloo":
+        return _whole_through_the_cpu(tensor, group)
+    return tensor.full_tensor()
 
 
-def _full_options(**options):
+def _whole_through_the_cpu(tensor: torch.Tensor, group) -> torch.Tensor:
+    """`tensor.full_tensor()` for GPU slices over gloo (two ranks sharing one GPU): gloo's all-gather of CUDA
+    tensors crashes the process (pytorch/pytorch#152645), so the slices cross on the CPU, as the same DTensor on a
+    CPU mesh of the same group, and the whole tensor goes back to the GPU."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor
+
+    mesh = DeviceMesh.from_group(group, "cpu")
+    on_cpu = DTensor.from_local(tensor.to_local().cpu(), mesh, tensor.placements, shape=tensor.shape,
+                                stride=tensor.stride())
+    return on_cpu.full_tensor().to(tensor.device)
+
+
+def _whole_on_rank_0(values: dict) -> dict:
+    """Each DTensor of `values` (a state_dict or one parameter's optimizer state) gathered by `whole`, one at a
+    time, and kept on rank 0's CPU; the other ranks get an empty dict (every rank calls it, in the same order)."""
+    rank_0 = dist.get_rank() == 0
+    gathered = {}
+    for key, value in values.items():
+        value = whole(value) if isinstance(value, torch.Tensor) else value
+        if rank_0:
+            gathered[key] = value.cpu() if isinstance(value, torch.Tensor) else value
+    return gathered
+
+
+def _full_options():
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    return StateDictOptions(full_state_dict=True, **options)
+    return StateDictOptions(full_state_dict=True)
+
+
+def _sharded_options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=False)
 
 
 def model_state(model: torch.nn.Module) -> dict:
-    """The model's state_dict with whole tensors. Sharded, it is gathered onto rank 0's CPU; the other ranks get
-    an empty dict (they write nothing), and every rank must call it."""
+    """The model's state_dict with whole tensors. Sharded, torch.distributed.checkpoint names the slices and each
+    is gathered onto rank 0's CPU, one tensor at a time, so no GPU ever holds the whole model for it; the other
+    ranks get an empty dict (they write nothing), and every rank must call it."""
     if not is_sharded(model):
         return model.state_dict()
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    return get_model_state_dict(model, options=_full_options(cpu_offload=True))
+    return _whole_on_rank_0(get_model_state_dict(model, options=_sharded_options()))
 
 
 def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
@@ -61,11 +98,12 @@ def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) ->
         return optimizer.state_dict()
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    by_name = get_optimizer_state_dict(model, optimizer, options=_full_options(cpu_offload=True))
-    if not by_name:
+    by_name = get_optimizer_state_dict(model, optimizer, options=_sharded_options())
+    state = {name: _whole_on_rank_0(values) for name, values in by_name["state"].items()}
+    if dist.get_rank() != 0:
         return {}
     position = {name: index for index, name in enumerate(parameter_names(model, optimizer))}
-    return {"state": {position[name]: state for name, state in by_name["state"].items()},
+    return {"state": {position[name]: values for name, values in state.items()},
             "param_groups": [{**group, "params": [position[name] for name in group["params"]]}
                              for group in by_name["param_groups"]]}
 

@@ -563,6 +563,36 @@ def test_the_sync_check_names_a_parameter_that_differs_between_ranks(tmp_path):
     assert reports[1]["verify"]["printed"] == ""  # only rank 0 reports
 
 
+def _gather_worker(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
+    """One rank of the gather test: a tiny model sharded by fully_shard, each parameter gathered both ways."""
+    from torch.distributed.fsdp import fully_shard
+
+    from common.state import _whole_through_the_cpu
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    try:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 5))  # 3 and 5 rows: uneven slices over 2 ranks
+        reference = {name: param.detach().clone() for name, param in model.named_parameters()}
+        fully_shard(model)
+        group = dist.group.WORLD
+        same = {name: torch.equal(_whole_through_the_cpu(param, group), reference[name])
+                and torch.equal(param.full_tensor(), reference[name]) for name, param in model.named_parameters()}
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(same))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_sharded_parameters_gather_through_the_cpu_as_full_tensor_gathers_them(tmp_path):
+    """Gloo cannot all-gather CUDA tensors (the process crashes), so fsdp over gloo on a GPU gathers its slices on
+    the CPU: on a real 2-process group the detour assembles every parameter, uneven slices too, exactly as
+    DTensor.full_tensor does and as the model held it before it was sharded."""
+    torch.multiprocessing.spawn(_gather_worker, args=(2, str(tmp_path / "rendezvous"), str(tmp_path)), nprocs=2)
+    for rank in range(2):
+        same = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert len(same) == 4 and all(same.values()), (rank, same)
+
+
 # ---------------------------------------------------------------------------------------------------- 9. sampler
 def test_distributed_sampler_shards_cover_the_training_set_and_change_every_epoch():
     """The 2-process run's shards: each epoch the two ranks' 128 indices are disjoint and together are the 256

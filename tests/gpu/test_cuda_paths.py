@@ -60,10 +60,11 @@ class Launch:
             self.process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                                             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
 
-    def wait(self, expected: int = 0, timeout: float = 300) -> str:
-        code = self.process.wait(timeout=timeout)
+    def wait(self, expected: int | None = 0, timeout: float = 300) -> str:
+        """The run's output once it ends; with `expected` (None: any), an error unless it exited with that."""
+        self.code = self.process.wait(timeout=timeout)
         output = self.log.read_text()
-        assert code == expected, f"{self.name} exited {code}:\n{output[-4000:]}"
+        assert expected is None or self.code == expected, f"{self.name} exited {self.code}:\n{output[-4000:]}"
         return output
 
 
@@ -94,11 +95,19 @@ def launched(tmp_path_factory):
     cpu_first.wait()
     runs["resumed_fp16"] = Launch(folder, "resumed_fp16", "single_gpu/train.py", *GPU_TINY, "--amp", "fp16",
                                   "--epochs", "2", "--resume", cpu_first.run_dir / "checkpoint.pt")
-    outputs = {name: launch.wait() for name, launch in runs.items()}
+    outputs = {name: launch.wait(expected=None) for name, launch in runs.items()}  # each test checks its own
     return folder, runs, outputs
 
 
+def finished(launched, *names) -> None:
+    """An error naming each of the runs a test reads that did not exit 0 (one failed run fails its tests only)."""
+    _, runs, outputs = launched
+    failed = [f"{name} exited {runs[name].code}:\n{outputs[name][-4000:]}" for name in names if runs[name].code]
+    assert not failed, "\n".join(failed)
+
+
 def test_every_mode_runs_with_the_gpu_defaults(launched):
+    finished(launched, "single_gpu", "data_parallel", "nccl_sync_bn", "gloo_shared", "fsdp_nccl")
     _, runs, outputs = launched
     for name in ("single_gpu", "data_parallel", "nccl_sync_bn", "gloo_shared", "fsdp_nccl"):
         results = read_results(runs[name].run_dir)
@@ -118,6 +127,7 @@ def test_fsdp_shards_on_the_gpu_with_fp16_loss_scaling(launched):
     GradScaler's overflow check over sharded gradients (DTensor reduces it across the ranks), channels_last batches
     beside the NCHW weights FSDP2 requires, the weights gathered whole onto rank 0's CPU for model.pt, and the same
     PyramidNet as the other modes (every parameter, every shape)."""
+    finished(launched, "fsdp_nccl", "fsdp_gloo_fp16")
     _, runs, outputs = launched
     results = read_results(runs["fsdp_gloo_fp16"].run_dir)
     assert results["config"]["amp"] == "fp16" and results["config"]["reshard_after_forward"] is False
@@ -132,6 +142,7 @@ def test_fsdp_shards_on_the_gpu_with_fp16_loss_scaling(launched):
 
 
 def test_mfu_and_peak_memory_on_a_known_gpu(launched):
+    finished(launched, "single_gpu")
     _, runs, _ = launched
     summary = read_results(runs["single_gpu"].run_dir)["summary"]
     if peak_tflops(CUDA, "bf16") is None:
@@ -141,6 +152,7 @@ def test_mfu_and_peak_memory_on_a_known_gpu(launched):
 
 
 def test_compile_reports_its_time_apart(launched):
+    finished(launched, "compiled")
     _, runs, outputs = launched
     results = read_results(runs["compiled"].run_dir)
     assert results["config"]["compile"] is True and results["summary"]["compile_time_s"] > 0
@@ -149,6 +161,7 @@ def test_compile_reports_its_time_apart(launched):
 
 def test_a_cpu_checkpoint_resumes_on_the_gpu_under_fp16_and_channels_last(launched):
     """Fused SGD and the GradScaler on the GPU from an optimizer saved on the CPU (fused None, NCHW buffers)."""
+    finished(launched, "resumed_fp16")
     _, runs, outputs = launched
     results = read_results(runs["resumed_fp16"].run_dir)
     assert "resumed at step 3" in outputs["resumed_fp16"]
@@ -157,6 +170,7 @@ def test_a_cpu_checkpoint_resumes_on_the_gpu_under_fp16_and_channels_last(launch
 
 
 def test_profile_step_splits_a_gpu_step(launched):
+    finished(launched, "profile")
     folder, _, outputs = launched
     report = json.loads((folder / "profile.json").read_text())
     assert report["device"] == torch.cuda.get_device_name(CUDA)
