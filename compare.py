@@ -52,6 +52,7 @@ import torch  # noqa: E402
 from common.config import (REPO_ROOT, AMPS, Config, UsageError, _OneLineParser, add_flags,  # noqa: E402
                            check_domains, config_argv, flag, user_errors)
 from common.data import DATASET_INFO  # noqa: E402
+from common.rules import machine_refusal  # noqa: E402
 from comparison import environment as machine  # noqa: E402
 from comparison.matrix import BACKENDS, GROUP_MODES, MODES, check_runs, command, config_class, plan  # noqa: E402
 from comparison.projection import fsdp_units, gradient_bytes, memory_projection  # noqa: E402
@@ -141,8 +142,6 @@ def resolve(cc: CompareConfig, train: dict, cuda: bool, gpus_here: int, group_on
     checks = [
         (not cuda or max(counts) <= gpus_here,
          f"--gpu_counts {max(counts)} is more GPUs than the {gpus_here} visible here"),
-        (cuda or "nccl" not in backends, "--backends nccl needs CUDA GPUs; without them use --backends gloo"),
-        (cuda or "on" not in cc.sync_bn, "--sync_bn on needs GPUs (PyTorch's SyncBatchNorm refuses CPU modules)"),
         ("off" not in cc.reshard_after_forward or "fsdp" in modes,
          "--reshard_after_forward off is fsdp's setting: add fsdp to --modes"),
         *[(any(mode in modes for mode in GROUP_PASSED[name]), f"--{name} is passed to "
@@ -159,6 +158,9 @@ def resolve(cc: CompareConfig, train: dict, cuda: bool, gpus_here: int, group_on
     for ok, message in checks:
         if not ok:
             raise UsageError(message)
+    refusal = machine_refusal(cuda, backends, "on" in cc.sync_bn, flag="--backends")  # as train.py's
+    if refusal is not None:
+        raise UsageError(refusal)
     return dataclasses.replace(cc, modes=modes, gpu_counts=counts, backends=backends, amp=cc.amp or (None,))
 
 

@@ -28,6 +28,7 @@ import shutil
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -37,6 +38,9 @@ from common.config import Config, RunError, UsageError, file_system_error
 from common.logger import write_atomically
 from common.metrics import Sums
 from common.state import all_finite, load_model_state, load_optimizer_state, model_state, optimizer_state
+
+if TYPE_CHECKING:  # the loop's state, which imports this module
+    from common.loop import Run
 
 FORMAT = "pytorch-multigpu checkpoint v2"  # v2: with the checksum of its contents
 EARLIER_FORMAT = "pytorch-multigpu checkpoint v1"  # the same contents without a checksum: resumed, unverified
@@ -82,7 +86,7 @@ def set_rng_state(state: dict) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- writing
-def checkpoint_state(run, rng_states: list[dict]) -> dict:
+def checkpoint_state(run: Run, rng_states: list[dict]) -> dict:
     """The checkpoint of `run` (the training loop's state) at its current position; `rng_states` is one entry per
     rank. A finished epoch is stored as the start of the next one. The weights and the optimizer's state are whole
     tensors in every mode (under FSDP gathered onto rank 0, every rank taking part: common/state.py)."""
@@ -102,20 +106,20 @@ def checkpoint_state(run, rng_states: list[dict]) -> dict:
     }
 
 
-def save_checkpoint(run, test_acc: float | None = None) -> Path | None:
+def save_checkpoint(run: Run, test_acc: float | None = None) -> Path | None:
     """Check that the weights are finite, then write the run's checkpoint (main process only), and best.pt too when
     the epoch's `test_acc` is the best so far. Weights that turned NaN/inf stop the run instead: the last good
     checkpoint is never replaced by a diverged one. In a process group every rank must call it (RNG states are
     gathered from all of them)."""
     if not all_finite(run.raw_model):  # every rank's verdict, combined: under FSDP each holds a slice
         raise RunError(f"the weights are NaN/inf at step {run.step}: the training diverged; stopped without "
-                       f"writing a checkpoint ({last_checkpoint(run.run_dir)}); try a lower --lr")
+                       f"writing a checkpoint ({last_checkpoint_note(run.checkpoint_dir)}); try a lower --lr")
     best = test_acc is not None and test_acc > run.best_acc
     run.best_acc = max(run.best_acc, test_acc if test_acc is not None else run.best_acc)
-    return write_checkpoint(run.run_dir, checkpoint_state(run, all_rng_states()), best)
+    return write_checkpoint(run.checkpoint_dir, checkpoint_state(run, all_rng_states()), best)
 
 
-def last_checkpoint(run_dir: Path | None) -> str:
+def last_checkpoint_note(run_dir: Path | None) -> str:
     """Where the last good checkpoint is, for a message."""
     if run_dir is not None and (run_dir / LAST).exists():
         return f"the last good checkpoint is {run_dir / LAST}"
@@ -137,7 +141,7 @@ def write_checkpoint(run_dir: Path | None, state: dict, best: bool) -> Path | No
     except OSError as error:  # a full or read-only disk: what is on it is still whole (write_atomically)
         if file_system_error(error) is None:
             raise
-        raise RunError(f"could not write {error.filename}: {error.strerror}; {last_checkpoint(run_dir)}: free "
+        raise RunError(f"could not write {error.filename}: {error.strerror}; {last_checkpoint_note(run_dir)}: free "
                        f"some space there (or make it writable) and continue with --resume auto") from None
     return path
 
@@ -358,7 +362,7 @@ def _as_saved(value):
     return list(value) if isinstance(value, tuple) else value
 
 
-def restore(state: dict, run, rank: int) -> None:
+def restore(state: dict, run: Run, rank: int) -> None:
     """Everything of `state` into `run`: weights, optimizer, schedule, scaler, position, history,
     this rank's RNG."""
     load_model_state(run.raw_model, state["model"])

@@ -365,6 +365,19 @@ class Config:
         return 0 < self.max_steps <= step
 
 
+@dataclass(frozen=True)
+class GroupConfig(Config):  # the flags of every mode with a process group: dist_parallel's and fsdp's
+    backend: str | None = flag(None, "nccl (default with CUDA) or gloo", choices=("nccl", "gloo"))
+    init_method: str = flag("env://", "rendezvous: env:// (MASTER_ADDR/PORT), tcp://HOST:PORT or file:///PATH",
+                            check="rendezvous")
+    verify_sync: bool = flag(False, "check every epoch, not only at the end, that all ranks hold the same weights")
+    nproc_per_node: int | None = flag(None, "without torchrun: workers to start (default: one per GPU)", at_least=1)
+    dist_timeout: float = flag(600.0, "seconds a collective (or joining the group) may wait for the other ranks "
+                                      "before the run ends with an error instead of hanging", above=0, at_most=1e9)
+    max_restarts: int = flag(0, "started without torchrun: restart the workers up to N times after a failure "
+                                "(with --resume auto they continue from the last checkpoint)", at_least=0)
+
+
 class _OneLineParser(argparse.ArgumentParser):
     """argparse prints usage plus the error; here a mistake is one line that says what to do."""
 

@@ -2,7 +2,8 @@
 
 Both loaders draw indices from a torch Sampler, so the epoch order depends only on the seed and the epoch:
 `ShuffleSampler` (one process) gives exactly the order of `DistributedSampler` with one replica, and each mode
-calls `set_epoch` every epoch. Batches come out on the device, normalised, as (float images NCHW, int64 labels).
+calls the sampler's `set_epoch` every epoch, then the loader's `start_epoch` (the epoch's augmentation, and where a
+resumed epoch goes on). Batches come out on the device, normalised, as (float images NCHW, int64 labels).
 
 The augmentation (pad-4 random crop, horizontal flip) is a function of (seed, epoch, image index), drawn for the
 whole dataset at once by `augmentation_draws`: an image is cropped and flipped alike in an epoch whatever the
@@ -178,9 +179,6 @@ class EvalShard(Sampler[int]):
     def __init__(self, size: int, rank: int = 0, world_size: int = 1):
         self.indices = range(rank, size, world_size)
 
-    def set_epoch(self, epoch: int) -> None:
-        pass
-
     def __iter__(self):
         return iter(self.indices)
 
@@ -200,7 +198,7 @@ def augmentation_draws(seed: int, epoch: int, size: int, flip: bool) -> tuple[np
     return top, left, mirrored
 
 
-# ---- loaders: iterate (images, labels) on the device; set_epoch; len = batches per epoch ----
+# ---- loaders: iterate (images, labels) on the device; start_epoch; len = batches per epoch ----
 
 def make_loader(kind: str, dataset, sampler, batch_size: int, device: torch.device, *, train: bool, augment: bool,
                 num_workers: int | None, seed: int, memory_format=torch.contiguous_format):
@@ -269,10 +267,10 @@ class DeviceLoader:
         self.mean = torch.tensor(dataset.info.mean, device=device).view(1, -1, 1, 1) * 255
         self.std = torch.tensor(dataset.info.std, device=device).view(1, -1, 1, 1) * 255
 
-    def set_epoch(self, epoch: int, skip: int = 0) -> None:
-        """Iterate epoch `epoch` from its batch `skip` on (a resumed run: those were consumed before)."""
+    def start_epoch(self, epoch: int, skip: int = 0) -> None:
+        """Iterate epoch `epoch`'s augmentation from its batch `skip` on (a resumed run: those were consumed
+        before). The sampler's order of the epoch is the sampler's own: the loop calls its set_epoch."""
         self.epoch, self.skip = epoch, skip
-        self.sampler.set_epoch(epoch)
 
     def __len__(self):
         size = len(self.sampler)
@@ -313,17 +311,19 @@ class TorchvisionLoader:
     def __init__(self, dataset, sampler, *, batch_size, device, augment, drop_last, seed, num_workers,
                  memory_format=torch.contiguous_format):
         self.num_workers = num_workers = default_num_workers() if num_workers is None else num_workers
-        self.sampler, self.device, self.memory_format = _EpochIndices(sampler, batch_size), device, memory_format
+        self.sampler, self.batch_size, self.device, self.memory_format = sampler, batch_size, device, memory_format
+        self.indices = _EpochIndices(sampler, batch_size)
         self.batches = len(sampler) // batch_size if drop_last else -(-len(sampler) // batch_size)
         self.loader = DataLoader(
-            _Transformed(dataset, seed, augment), batch_size=batch_size, sampler=self.sampler,
+            _Transformed(dataset, seed, augment), batch_size=batch_size, sampler=self.indices,
             num_workers=num_workers, drop_last=drop_last, pin_memory=device.type == "cuda",
             persistent_workers=num_workers > 0,
             worker_init_fn=functools.partial(_leave_stopping_to_the_main_process, os.getpid()),
             generator=torch.Generator().manual_seed(seed))  # draws the workers' base seed: the global RNG is left alone
 
-    def set_epoch(self, epoch: int, skip: int = 0) -> None:
-        self.sampler.set_epoch(epoch, skip)
+    def start_epoch(self, epoch: int, skip: int = 0) -> None:
+        """As DeviceLoader.start_epoch: the epoch's augmentation from its batch `skip` on."""
+        self.indices.start_epoch(epoch, skip)
 
     def __len__(self):  # batches in a whole epoch, skipped ones included, as DeviceLoader counts them
         return self.batches
@@ -410,13 +410,12 @@ class _Transformed(Dataset):
 
 class _EpochIndices(Sampler[tuple[int, int]]):
     """A sampler's epoch as (epoch, index) pairs, without its first `skip` batches (a resumed run's first epoch):
-    the epoch travels with each index to the workers, whose copies of the dataset never see set_epoch."""
+    the epoch travels with each index to the workers, whose copies of the dataset never see the epoch."""
 
     def __init__(self, sampler, batch_size: int):
         self.sampler, self.batch_size, self.epoch, self.skip = sampler, batch_size, 0, 0
 
-    def set_epoch(self, epoch: int, skip: int) -> None:
-        self.sampler.set_epoch(epoch)
+    def start_epoch(self, epoch: int, skip: int) -> None:
         self.epoch, self.skip = epoch, skip
 
     def __iter__(self):

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import random
-import sys
 
 import numpy as np
 import torch
@@ -36,10 +35,6 @@ def one_process(mode: str) -> None:
     if "TORCHELASTIC_RUN_ID" in os.environ and processes != "1":  # torch's launcher started this process
         raise UsageError(f"{mode}/train.py trains in one process and torchrun started {processes}: run it with "
                          f"python, or use dist_parallel/train.py under torchrun for one process per GPU")
-
-
-def warn(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
 def seed_everything(seed: int) -> None:

@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 from common.config import Config, UsageError
-from common.optim import lr_factor
+from common.optim import describe_lr
+from common.performance import describe_fast_path
 from common.state import load_model_state
 from common.telemetry import environment
 
@@ -278,30 +279,12 @@ def window_line(epoch: int, epochs: int, step: int, steps: int, loss: float, acc
     return f"Epoch {epoch + 1}/{epochs} [{step}/{steps}] loss {loss:.3f} acc {100 * acc:.2f}% {timing}"
 
 
-def report_window(run, epoch: int, index: int, sums, gpu: dict) -> None:
-    """A log window's side effects: TensorBoard scalars, the plain line, the progress bar's figures.
-    `run` is the training loop's state (cfg, console, logger, step, train_loader)."""
-    rate = sums.images_per_sec(run.cfg.batch_size)
-    # the rate the window's last step trained with: a function of the step (the optimizer holds
-    # the next step's rate by now)
-    lr = run.cfg.effective_lr() * lr_factor(run.step - 1, run.cfg, len(run.train_loader))
-    # first, and flushed: a window on the terminal is a window in the event file
-    run.logger.scalars(run.step, {
-        "train/loss": sums.loss, "train/acc": sums.acc, "train/lr": lr,
-        "time/batch": sums.batch_time, "time/data": sums.data_frac, "throughput/images_per_sec": rate,
-        **{f"gpu/util/{i}": util for i, (util, _) in gpu.items()},
-        **{f"gpu/mem_gb/{i}": mem for i, (_, mem) in gpu.items()}})
-    run.console.line(window_line(epoch, run.cfg.epochs, index, len(run.train_loader), sums.loss,
-                                  sums.acc, sums.batch_time, sums.data_frac, rate))
-    run.console.update(0, loss=f"{sums.loss:.3f}", acc=f"{100 * sums.acc:.1f}%",
-                       img_s=f"{rate or 0:.0f}")
-
-
-def report_test(run, epoch: int, test: tuple[float, float, int], epoch_seconds: float) -> None:
-    """An epoch's test loss and accuracy, on the terminal and in TensorBoard."""
-    run.logger.scalars(run.step, {"test/loss": test[0], "test/acc": test[1]})
-    run.console.line(f"Epoch {epoch + 1}/{run.cfg.epochs} test loss {test[0]:.3f} acc {100 * test[1]:.2f}% "
-                     f"({test[2]} images) epoch {epoch_seconds:.1f}s")
+def start_line(mode: str, cfg: Config, placement: str, steps_per_epoch: int, run_dir: Path | None) -> str:
+    """The run's first line: `single_gpu: PyramidNet-110 alpha=270 basic, cifar10, global batch 128 on cuda:0
+    (amp bf16, channels_last); lr 0.1 ...; logs in runs/...`. `placement` says where the batch goes."""
+    return (f"{mode}: PyramidNet-{cfg.depth} alpha={cfg.alpha:g} {cfg.block}, {cfg.dataset}, global batch "
+            f"{cfg.batch_size} {placement} ({describe_fast_path(cfg)}); {describe_lr(cfg, steps_per_epoch)}; "
+            f"logs in {run_dir}")
 
 
 def speed_line(summary: dict) -> str:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.config import REPO_ROOT, Config, UsageError, parse_config
+from common.rules import launch_refusal
 
 MODES = ("single_gpu", "data_parallel", "dist_parallel", "fsdp")
 GROUP_MODES = ("dist_parallel", "fsdp")  # a process group of one process per GPU, started under torchrun
@@ -35,7 +36,9 @@ def config_class(mode: str) -> type[Config]:
 
 
 @dataclass(frozen=True)
-class Run:
+class PlannedRun:
+    """One run of the matrix as planned: which script, on how many GPUs (or CPU processes), with which of the
+    settings being compared."""
     mode: str
     gpus: int               # GPUs (CPU processes without GPUs) the run uses
     backend: str | None     # dist_parallel and fsdp only
@@ -72,7 +75,7 @@ class Run:
 
 
 def plan(modes, gpu_counts, backends, amps, sync_bns, repeat: int, cuda: bool, batch_size: int | None,
-         batch_per_gpu: int | None, reshards=(True,)) -> list[Run]:
+         batch_per_gpu: int | None, reshards=(True,)) -> list[PlannedRun]:
     """Every configuration asked for, each `repeat` times in a row. single_gpu runs on one GPU; on the CPU,
     data_parallel has nothing to split over and runs as one process. dist_parallel runs on each GPU count over each
     backend (with and without SyncBatchNorm, as asked), fsdp likewise with each `reshards` setting (SyncBatchNorm
@@ -92,13 +95,13 @@ def plan(modes, gpu_counts, backends, amps, sync_bns, repeat: int, cuda: bool, b
             if "fsdp" in modes:
                 runs += [("fsdp", gpus, backend, amp, False, batch(gpus), reshard)
                          for backend in backends for reshard in reshards]
-    planned = [Run(*setting[:6], repeat=k, reshard_after_forward=setting[6])
+    planned = [PlannedRun(*setting[:6], repeat=k, reshard_after_forward=setting[6])
                for setting in dict.fromkeys(runs) for k in range(1, repeat + 1)]
     unit = "gpu" if cuda else "cpu"
-    return [Run(**{**r.__dict__, "index": i, "unit": unit}) for i, r in enumerate(planned, 1)]
+    return [PlannedRun(**{**r.__dict__, "index": i, "unit": unit}) for i, r in enumerate(planned, 1)]
 
 
-def mode_flags(run: Run, group_flags: dict[str, list[str]]) -> list[str]:
+def mode_flags(run: PlannedRun, group_flags: dict[str, list[str]]) -> list[str]:
     """The flags that make a process-group run this configuration: the user's flags passed on to its mode
     (`group_flags`: mode -> flags, as compare.py builds them), its backend, SyncBatchNorm, no resharding."""
     flags = [*group_flags.get(run.mode, []), "--backend", run.backend]
@@ -106,7 +109,7 @@ def mode_flags(run: Run, group_flags: dict[str, list[str]]) -> list[str]:
     return flags + (["--no_reshard_after_forward"] if run.reshard_after_forward is False else [])
 
 
-def command(run: Run, shared: list[str], group_flags: dict[str, list[str]], log_dir: Path, cuda: bool,
+def command(run: PlannedRun, shared: list[str], group_flags: dict[str, list[str]], log_dir: Path, cuda: bool,
             self_launch: bool = False) -> list[str]:
     """The command line of one run: the shared flags, then what makes this run this configuration. dist_parallel
     and fsdp run under torchrun, or with `self_launch` as `python <mode>/train.py --nproc_per_node N`, which starts
@@ -127,7 +130,7 @@ def command(run: Run, shared: list[str], group_flags: dict[str, list[str]], log_
     return [sys.executable, script, *flags]
 
 
-def run_environment(run: Run, cuda: bool) -> dict:
+def run_environment(run: PlannedRun, cuda: bool) -> dict:
     """The run's environment: unbuffered output; on the CPU one thread per process, so that a process stands in
     for a GPU and two processes do not fight over the same cores (unless OMP_NUM_THREADS gives
     another number: cpu_threads)."""
@@ -146,18 +149,16 @@ def cpu_threads() -> int:
     return int(value) if value.isascii() and value.isdigit() and int(value) > 0 else 1
 
 
-def check_runs(runs: list[Run], shared: list[str], group_flags: dict[str, list[str]]) -> None:
-    """Refuse, before anything starts, a matrix that some run would refuse: the flags each script would get
-    must parse, the global batch must divide over every GPU count, and DataParallel on several GPUs is not
-    compiled (the report would call compiled what ran eager)."""
+def check_runs(runs: list[PlannedRun], shared: list[str], group_flags: dict[str, list[str]]) -> None:
+    """Refuse, before anything starts, a matrix that some run would refuse: each run against the rules every
+    train.py keeps (common/rules.py: the backend and SyncBatchNorm against the machine, the global batch
+    dividing over the run's GPUs, DataParallel on several GPUs not compiled), and the flags each script would
+    get must parse."""
     for run in runs:
-        if run.mode != "single_gpu" and run.batch_size % run.gpus:
-            raise UsageError(f"--batch_size {run.batch_size} does not divide over {run.gpus} GPUs ({run.mode}): "
-                             f"give a batch that every --gpu_counts value divides")
-        if run.mode == "data_parallel" and run.gpus > 1 and run.unit == "gpu" and "--compile" in shared:
-            raise UsageError(f"--compile with data_parallel on {run.gpus} GPUs would compile nothing (TorchDynamo "
-                             f"does not trace DataParallel's replica threads): leave out --compile, or data_parallel "
-                             f"(--modes single_gpu dist_parallel)")
+        refusal = launch_refusal(run.mode, run.gpus, cuda=run.unit == "gpu", batch_size=run.batch_size,
+                                 backend=run.backend, sync_bn=run.sync_bn, compile="--compile" in shared)
+        if refusal is not None:
+            raise UsageError(f"{refusal} ({run.describe()})")
         extra = ["--amp", run.amp] if run.amp else []
         extra += ["--batch_size", str(run.batch_size)]
         extra += mode_flags(run, group_flags) if run.mode in GROUP_MODES else []

@@ -328,11 +328,3 @@ def memory_projection(build: Callable[[float], nn.Module], alpha: float, amp: st
             "models": [size_of(alpha * k) for k in WIDER],
             "crossover": size_of(crossover) if crossover else None, "fsdp_gpus": fsdp_gpus,
             "fsdp_limit": fsdp_limit}
-
-
-def projection_table(single_step_s: float, ddp_step_s: float, grads: list[int],
-                     bucket_cap_mb: float = 25.0) -> dict[str, dict[int, float]]:
-    """{fabric name: {GPU count: projected efficiency}} for every fabric's GPU counts."""
-    return {fabric.name: {n: projected_efficiency(single_step_s, ddp_step_s, grads, n, fabric, bucket_cap_mb)
-                          for n in fabric.gpu_counts}
-            for fabric in FABRICS}

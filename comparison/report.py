@@ -11,7 +11,7 @@ from pathlib import Path
 from common.logger import write_atomically
 from comparison import environment as machine
 from comparison.environment import gpu_summary
-from comparison.matrix import GROUP_MODES, Run
+from comparison.matrix import GROUP_MODES, PlannedRun
 from comparison.projection import (AUTOCAST, FABRICS, MEMORY_GPU_COUNTS, PROJECTED_GPU_COUNTS, SYNC_ALLOWANCE,
                                    bytes_sent_per_gpu, fsdp_projected_efficiency, memory_per_gpu,
                                    projected_efficiency)
@@ -21,7 +21,7 @@ CIFAR10_TRAIN_IMAGES = 50_000
 
 @dataclass
 class Outcome:
-    run: Run
+    run: PlannedRun
     status: str                    # ok, failed, interrupted (compare.py stopped), not run
     seconds: float = 0.0
     error: str | None = None
@@ -184,7 +184,7 @@ Every row trains the same model with the same seed; with `--batch_size` the glob
 (each GPU's share shrinks as GPUs are added), with `--batch_per_gpu` each GPU keeps its batch."""
 
 
-def modelled_backend(run: Run) -> bool:
+def modelled_backend(run: PlannedRun) -> bool:
     """Whether a dist_parallel or fsdp run's backend is the one the projection models: on GPUs NCCL only, as Gloo
     stages every collective through host memory (even in one process); without GPUs Gloo, the only backend there."""
     return run.unit != "gpu" or run.backend == "nccl"

@@ -9,7 +9,7 @@ A run ends with compare.py, whatever ends compare.py:
   Ctrl-C, SIGTERM otherwise: the run checkpoints and exits), and returns their outcomes as
   interrupted and the runs not yet started as not run.
 - A kill -9 cannot be handled. Each run is armed before it starts with Linux's parent-death signal,
-  as the train scripts arm their workers (common.distributed.killed_with). The kernel sends it
+  as the train scripts arm their workers (common.launcher.killed_with). The kernel sends it
   when the THREAD that started the run ends, so every run is started by the main thread, which ends
   only with compare.py: `run_all` polls its runs instead of waiting for each in a thread of its own.
   torchrun's workers die with their agent.
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.config import REPO_ROOT
-from common.distributed import killed_with
-from comparison.matrix import Run, run_environment
+from common.launcher import killed_with
+from comparison.matrix import PlannedRun, run_environment
 from comparison.report import Outcome
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -92,7 +92,7 @@ def signals_deferred():
 @dataclass
 class Started:
     """A run under way: its process (the leader of its own process group), its log, its folder."""
-    run: Run
+    run: PlannedRun
     child: subprocess.Popen
     log: Path
     run_dir: Path
@@ -125,7 +125,7 @@ class Started:
                                            f"stopped the run; {how}")
 
 
-def start(run: Run, argv: list[str], out: Path, cuda: bool, run_dir: Path | None = None) -> Started:
+def start(run: PlannedRun, argv: list[str], out: Path, cuda: bool, run_dir: Path | None = None) -> Started:
     """One run as its own subprocess, its output to logs/<name>.log after the command line; its
     run folder `run_dir` (default runs/<name>). In a session of its own: a stop reaches torchrun's
     workers through their agent, and a Ctrl-C in compare.py's terminal reaches compare.py alone.

@@ -43,7 +43,7 @@ from common.data import load_datasets, make_loader
 from common.devices import seed_everything
 from common.optim import build_optimizer, lr_schedule
 from common.performance import autocast, grad_scaler, memory_format, resolve_fast_path
-from comparison.matrix import GROUP_MODES, Run, check_runs, command, cpu_threads
+from comparison.matrix import GROUP_MODES, PlannedRun, check_runs, command, cpu_threads
 from comparison.report import Outcome, fmt_seconds, write_file
 from comparison.runner import run_all, signal_name, signals_deferred, start
 from models import pyramidnet
@@ -102,7 +102,8 @@ def _train_reference(cfg: Config, world_size: int, device: torch.device) -> dict
     step = 0
     for epoch in range(cfg.epochs):
         for loader in loaders:
-            loader.set_epoch(epoch)
+            loader.sampler.set_epoch(epoch)  # as train.py does: the epoch's order
+            loader.start_epoch(epoch)  # and its augmentation
         for shares in zip(*loaders):
             losses = []
             for images, labels in shares:  # an autocast region per share, as each rank has its own: autocast
@@ -181,7 +182,7 @@ ROUNDED_EVALUATION = EvaluationTolerance(
 @dataclass(frozen=True)
 class Launch:
     """One run of the verification: a matrix run's command line, plus what makes it this run."""
-    run: Run
+    run: PlannedRun
     flags: tuple[str, ...] = ()  # after the run's own flags, so these win (a later flag overrides an earlier one)
     needs: tuple[str, ...] = ()  # the launches whose files it reads, by name
     folder: str | None = None    # its run folder when not its own: the second half continues the first's
@@ -258,8 +259,8 @@ class Verification:
         self.deterministic, self.compiled = bool(train.get("deterministic")), bool(train.get("compile"))
         self.launches: dict[tuple, Launch] = {}
         self.references: dict[Config, dict | str] = {}  # reference_training's weights by config (check 2)
-        # on the CPU, 3 processes evaluate too: fsdp's, where it runs (dist_parallel's evaluation is the same code,
-        # common/distributed.py's, without the empty batches that keep fsdp's ranks in step), else dist_parallel's
+        # on the CPU, 3 processes evaluate too: fsdp's, where it runs (dist_parallel's evaluation is the same lines
+        # without the empty batches that keep fsdp's ranks in step), else dist_parallel's
         self.evaluates_on_three = "fsdp" if "fsdp" in cc.modes else "dist_parallel"
         backends = cc.backends if any(mode in cc.modes for mode in GROUP_MODES) else (None,)
         self.settings = [self._plan(amp, backend, "on" in cc.sync_bn) for amp in cc.amp for backend in backends]
@@ -278,7 +279,7 @@ class Verification:
         reshard = reshard if mode == "fsdp" else None  # --reshard_after_forward: fsdp's
         key = (mode, processes, backend, amp, label, tuple(flags), sync_bn, reshard)
         if key not in self.launches:
-            run = Run(mode, processes, backend, amp, sync_bn, self.batch, 1, index=len(self.launches) + 1,
+            run = PlannedRun(mode, processes, backend, amp, sync_bn, self.batch, 1, index=len(self.launches) + 1,
                       unit="gpu" if self.cuda else "cpu", label=label, reshard_after_forward=reshard)
             self.launches[key] = Launch(run, tuple(flags), tuple(needs), folder=folder, self_launch=self_launch)
         return self.launches[key]

@@ -1,154 +1,182 @@
-"""Train PyramidNet on CIFAR-10 with fully sharded data parallelism (FSDP2): one process per GPU, each holding a
-slice of every parameter, gradient and momentum buffer, on one node or many.
+"""Train PyramidNet on CIFAR-10 with fully sharded data parallelism (FSDP2): one process per GPU,
+each holding a slice of every parameter, gradient and momentum buffer, on one node or many.
 
     torchrun --standalone --nproc_per_node 4 train.py --batch_size 512   # 4 GPUs, 128 images each
-    python train.py --gpu_devices 0 1 2 3 --batch_size 512   # the same, started by torch's elastic launcher
-    python train.py --nproc_per_node 2 --dataset synthetic --depth 20 --alpha 24 --epochs 1   # 2 CPU workers
-    python train.py --no_reshard_after_forward ...     # keep the gathered parameters from forward to backward
-    python train.py --resume ../runs/<dist_parallel run>/checkpoint.pt   # checkpoints are every mode's format
-    python train.py --evaluate ../runs/<run>/model.pt  # exact test loss and accuracy, any number of processes
+    python train.py --gpu_devices 0 1 2 3 --batch_size 512   # the same, started by torch's launcher
+    python train.py --nproc_per_node 2 --dataset synthetic --depth 20 --alpha 24   # 2 CPU workers
+    python train.py --no_reshard_after_forward ...   # keep the gathered parameters for backward
+    python train.py --resume ../runs/<dist_parallel run>/checkpoint.pt   # one checkpoint format
+    python train.py --evaluate ../runs/<run>/model.pt  # exact test loss and accuracy, any processes
 
-dist_parallel/train.py with FSDP2's `fully_shard` in place of the DDP wrapper: every residual block is a unit whose
-parameters are all-gathered from the ranks' slices just before the block runs and freed after it (again in
-backward: `--reshard_after_forward`, ZeRO-3-like, the default; off, ZeRO-2-like, they stay gathered from forward to
-backward), and whose gradients are reduce-scattered, each rank keeping the averaged slice it updates. The root unit
-holds the rest (stem, final BatchNorm, classifier). Per GPU the weights, gradients and optimizer state take 1/N of
-DDP's memory, for 1.5x its traffic (1x without resharding); `python compare.py` measures both. Everything else
-(launches, process group, global batch, exact evaluation, checkpoints, stopping, restarts) is dist_parallel's.
+dist_parallel/train.py with FSDP2's `fully_shard` in place of the DDP wrapper: every residual block
+is a unit whose parameters are all-gathered from the ranks' slices just before the block runs and
+freed after it (again in backward: `--reshard_after_forward`, ZeRO-3-like, the default; off,
+ZeRO-2-like, they stay gathered from forward to backward), and whose gradients are reduce-scattered,
+each rank keeping the averaged slice it updates. The root unit holds the rest (stem, final
+BatchNorm, classifier). Per GPU the weights, gradients and optimizer state take 1/N of DDP's memory,
+for 1.5x its traffic (1x without resharding); `python compare.py` measures both. Everything else
+(the process group, launches, global batch, exact evaluation, checkpoints, stopping, restarts) is
+dist_parallel's, repeated here so that this file reads alone.
 """
-# ---------------------------------------------------------------------------------------------------- imports
+# ------------------------------------------------------------------------------------------ imports
+import datetime
+import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # so `python train.py` finds common/ and models/
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python train.py` finds common/
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.utils.data import DistributedSampler
 
-from common.checkpoint import (StopSignals, check_fits, ended_line, has_ended, last_checkpoint,
-                               restore, resume_checkpoint, save_checkpoint, stopped_line)
-from common.config import Config, RunError, UsageError, flag, parse_config, user_errors
+from common.checkpoint import (StopSignals, check_fits, ended_line, has_ended, last_checkpoint_note,
+                               resume_checkpoint, save_checkpoint, stopped_line)
+from common.config import Config, GroupConfig, RunError, flag, parse_config, user_errors
 from common.data import DATASET_INFO, EvalShard, LoaderWorkerDied, load_datasets, make_loader
 from common.devices import seed_everything
-from common.distributed import (GroupConfig, by_rank, check_launch, die_with_launcher, evaluate, from_rank0,
-                                group_failure, init_group, launched, log_window, node_leader_first, on_every_rank,
-                                own_gpu, rank_info, report_stop, self_launch, verify_sync)
-from common.logger import Console, RunLogger, load_model_weights, report_test, resolve_run_dir, speed_line
-from common.metrics import RunClock, StepTimer, Sums, TrainMeter
-from common.optim import build_optimizer, describe_lr, lr_schedule
-from common.performance import (autocast, describe_fast_path, grad_scaler, memory_format, resolve_fast_path,
-                                speed_summary)
+from common.guards import (check_launch, from_rank0, group_failure, joining_group, launch_variables,
+                           node_leader_first, on_every_rank, restart_store)
+from common.launcher import own_gpu, report_stop, self_launch, tie_to_launcher
+from common.logger import Console, RunLogger, load_model_weights, resolve_run_dir, start_line
+from common.loop import Run
+from common.metrics import Sums, evaluation_sums, window_sums
+from common.optim import build_optimizer, lr_schedule
+from common.performance import autocast, grad_scaler, memory_format, resolve_fast_path
+from common.rules import per_process_batch
 from common.state import model_state
-from common.telemetry import GpuTelemetry, peak_memory_gb
+from common.sync_check import verify_sync
+from common.telemetry import peak_memory_gb
 from models import pyramidnet
 
 MODE = "fsdp"
 
 
-# ---------------------------------------------------------------------------------------------------- config
+# ------------------------------------------------------------------------------------------- config
 @dataclass(frozen=True)
-class FsdpConfig(GroupConfig):  # the process group's flags (common/distributed.py), and FSDP's own
-    reshard_after_forward: bool = flag(True, "free each block's gathered parameters after its forward and gather "
-                                             "them again in backward (ZeRO-3-like); off: keep them (ZeRO-2-like, "
-                                             "less traffic, more memory)")
+class FsdpConfig(GroupConfig):  # the process group's flags (common/config.py), and FSDP's own
+    reshard_after_forward: bool = flag(True, "free each block's gathered parameters after its "
+                                             "forward and gather them again in backward "
+                                             "(ZeRO-3-like); off: keep them (ZeRO-2-like, less "
+                                             "traffic, more memory)")
 
 
 def get_config(argv=None) -> FsdpConfig:
     return parse_config(FsdpConfig, argv, description=__doc__)
 
 
-# ---------------------------------------------------------------------------------------------------- setup
+# -------------------------------------------------------------------------------------------- setup
 def setup(cfg: FsdpConfig):
-    """Join the process group. The device is this process's GPU (the local_rank-th of --gpu_devices) or the CPU."""
-    die_with_launcher()  # a killed torchrun agent takes this worker with it: no orphan trains on in the run folder
-    rank, local_rank, world_size = rank_info()  # set by torchrun (or by hand)
-    check_launch(cfg, world_size)
-    gpus = own_gpu(cfg.gpu_devices, local_rank, cfg.backend)  # one GPU per process (gloo may share one)
-    if gpus:
-        torch.cuda.set_device(gpus[0])  # before the process group: NCCL binds this process to its GPU
+    """Join the process group. The device is this process's GPU (the local_rank-th of --gpu_devices)
+    or the CPU; the CUDA ids it uses ([] on the CPU)."""
+    tie_to_launcher()  # a killed torchrun agent takes this worker with it: no orphan trains on
+    with launch_variables():  # set by torchrun (or by hand); not whole numbers: one line
+        rank = int(os.environ["RANK"])  # this process's place among all the job's processes
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))  # its place on this node: its GPU
+        world_size = int(os.environ["WORLD_SIZE"])  # how many processes the job has
+    check_launch(cfg, MODE, world_size, rank)  # what no worker can run with: one line, every rank
+    gpus = own_gpu(cfg.gpu_devices, local_rank, cfg.backend)  # one GPU per process (gloo may share)
+    if gpus:  # before the process group: NCCL binds this process to its GPU
+        torch.cuda.set_device(gpus[0])
     backend = cfg.backend or ("nccl" if gpus else "gloo")
-    init_group(backend, cfg.init_method, rank, world_size, cfg.dist_timeout, gpus)  # one-line errors, timeouts
-    return (torch.device("cuda", gpus[0]) if gpus else torch.device("cpu")), gpus
+    bound_to = torch.device("cuda", gpus[0]) if backend == "nccl" else None  # NCCL: this GPU
+    timeout = datetime.timedelta(seconds=cfg.dist_timeout)  # a collective waiting longer fails
+    with joining_group(cfg.init_method, rank, cfg.dist_timeout):  # a failed rendezvous: one line
+        store = restart_store(cfg.init_method, rank, world_size, timeout)  # torchrun restarts only
+        init_method = None if store else cfg.init_method  # env://, tcp://HOST:PORT or file://PATH
+        dist.init_process_group(backend, init_method=init_method, store=store, rank=rank,
+                                world_size=world_size, timeout=timeout, device_id=bound_to)
+    device = torch.device("cuda", gpus[0]) if gpus else torch.device("cpu")
+    return device, gpus
 
 
-# ---------------------------------------------------------------------------------------------------- data
+# --------------------------------------------------------------------------------------------- data
 def get_loaders(cfg: Config, device: torch.device):
-    rank, local_rank, world_size = rank_info()
-    with node_leader_first(local_rank):  # one download per node
+    rank = dist.get_rank()  # this process's place in the group
+    world_size = dist.get_world_size()
+    with node_leader_first():  # one download per node
         train_set, test_set = load_datasets(cfg.dataset, cfg.data_dir, cfg.synthetic_size, cfg.seed)
-    if cfg.batch_size > len(train_set):
-        raise UsageError(f"--batch_size {cfg.batch_size} is larger than the training set ({len(train_set)} "
-                         f"images); use a smaller batch")
+    batch = per_process_batch(cfg.batch_size, world_size, len(train_set))  # the global batch, split
     kind = cfg.loader or ("gpu" if device.type == "cuda" else "torchvision")
     options = dict(augment=cfg.augment, num_workers=cfg.num_workers, seed=cfg.seed,
                    memory_format=memory_format(cfg))
-    per_rank_batch = -(-cfg.batch_size // world_size)  # the global batch split evenly (rounded up by evaluation)
-    train_sampler = DistributedSampler(train_set, world_size, rank, shuffle=cfg.shuffle, seed=cfg.seed)
-    train_loader = make_loader(kind, train_set, train_sampler, per_rank_batch, device, train=True, **options)
-    test_shard = EvalShard(len(test_set), rank, world_size)  # every test image on exactly one rank, no padding
-    test_loader = make_loader(kind, test_set, test_shard, per_rank_batch, device, train=False, **options)
+    # each rank's share of every epoch, the shares drawn from one shuffle of the whole training set
+    train_sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank,
+                                       shuffle=cfg.shuffle, seed=cfg.seed)
+    train_loader = make_loader(kind, train_set, train_sampler, batch, device, train=True, **options)
+    test_shard = EvalShard(len(test_set), rank, world_size)  # each test image on one rank, once
+    test_loader = make_loader(kind, test_set, test_shard, batch, device, train=False, **options)
     return train_loader, test_loader
 
 
-# ---------------------------------------------------------------------------------------------------- model
+# -------------------------------------------------------------------------------------------- model
 def get_model(cfg: FsdpConfig, device: torch.device):
-    """The model to call, and the unwrapped one whose weights are saved and evaluated (under FSDP2 the same module,
-    its parameters now DTensor slices; compiled, the model to call wraps it)."""
+    """The model to call, and the unwrapped one whose weights are saved and evaluated (under FSDP2
+    the same module, its parameters now DTensor slices; compiled, the model to call wraps it)."""
     data = DATASET_INFO[cfg.dataset]  # the images' channels and the classes
-    raw_model = pyramidnet(cfg.depth, cfg.alpha, cfg.block, num_classes=data.classes, in_channels=data.channels,
-                           width_multiple=cfg.width_multiple)
-    raw_model = raw_model.to(device)  # FSDP2 shards contiguous parameters only: the weights stay NCHW; with
-    # --channels_last the batches are NHWC, and cuDNN takes a convolution's layout from its input
-    for tensor in raw_model.state_dict().values():  # every rank starts from rank 0's weights, as DDP's constructor
-        dist.broadcast(tensor, src=0)  # makes sure; fully_shard then keeps each rank's slice of them
-    # one unit per residual block, gathered just before it runs; the root unit takes the stem, the last BatchNorm and
-    # the classifier. Mixed precision stays autocast, as in every mode (not FSDP's MixedPrecisionPolicy, whose bf16
-    # parameters would halve the gathers' bytes): the same ops see the same dtypes, BatchNorm computes in fp32, and
-    # one process ends with single_gpu's weights, bit for bit. Gathers and gradients then move fp32, and autocast's
-    # bf16 weight copies, which autograd keeps from forward to backward, are whole on every rank.
+    raw_model = pyramidnet(cfg.depth, cfg.alpha, cfg.block, num_classes=data.classes,
+                           in_channels=data.channels, width_multiple=cfg.width_multiple)
+    # FSDP2 shards contiguous parameters only: the weights stay NCHW; with --channels_last the
+    # batches are NHWC, and cuDNN takes a convolution's layout from its input
+    raw_model = raw_model.to(device)
+    for tensor in raw_model.state_dict().values():  # every rank starts from rank 0's weights, as
+        dist.broadcast(tensor, src=0)  # DDP's constructor makes sure; each rank keeps its slice
+    # One unit per residual block, gathered just before it runs; the root unit takes the stem, the
+    # last BatchNorm and the classifier. Mixed precision stays autocast, as in every mode (not
+    # FSDP's MixedPrecisionPolicy, whose bf16 parameters would halve the gathers' bytes): the same
+    # ops see the same dtypes, BatchNorm computes in fp32, and one process ends with single_gpu's
+    # weights, bit for bit. Gathers and gradients then move fp32, and autocast's bf16 weight
+    # copies, which autograd keeps from forward to backward, are whole on every rank.
     for block in (*raw_model.layer1, *raw_model.layer2, *raw_model.layer3):
         fully_shard(block, reshard_after_forward=cfg.reshard_after_forward)
     fully_shard(raw_model, reshard_after_forward=cfg.reshard_after_forward)
-    model = torch.compile(raw_model) if cfg.compile else raw_model  # compiled in the first step
+    model = raw_model
+    if cfg.compile:  # compiled in the first step; raw_model (evaluation, saving) stays eager
+        model = torch.compile(model)
     return model, raw_model
 
 
-# ---------------------------------------------------------------------------------------------------- optimizer
-def get_optimizer(cfg: Config, raw_model: torch.nn.Module, device: torch.device, steps_per_epoch: int):
+# ---------------------------------------------------------------------------------------- optimizer
+def get_optimizer(cfg: Config, raw_model: torch.nn.Module, device: torch.device, steps_per_epoch):
     """SGD, its learning-rate schedule, and fp16's loss scaler (a pass-through in bf16 and fp32)."""
     optimizer = build_optimizer(raw_model, cfg, device)
     return optimizer, lr_schedule(optimizer, cfg, steps_per_epoch), grad_scaler(cfg, device)
 
 
-# ---------------------------------------------------------------------------------------------------- train / evaluate
-def train_one_epoch(run, epoch: int) -> Sums:
-    """One pass over the training set (the rest of it, when resumed mid-epoch), or up to --max_steps, or until a
-    stop signal; a host sync only at the end of each log window and at checkpoints."""
-    cfg, model, loader = run.cfg, run.model, run.train_loader
+# --------------------------------------------------------------------------------- train / evaluate
+def train_one_epoch(run: Run, epoch: int) -> None:
+    """One pass over the training set (the rest of it, when resumed mid-epoch), or up to
+    --max_steps, or until a stop signal; a host sync only at the end of each log window and at
+    checkpoints."""
+    cfg = run.cfg
+    model = run.model
+    loader = run.train_loader
     model.train()
     skip = run.batch if epoch == run.epoch else 0  # batches a resumed epoch had already trained on
-    run.epoch, run.batch = epoch, skip
-    loader.set_epoch(epoch, skip)
+    run.epoch = epoch
+    run.batch = skip
+    loader.sampler.set_epoch(epoch)  # this epoch's shuffle, the same on every rank
+    loader.start_epoch(epoch, skip)  # this epoch's augmentation, from where a resumed epoch was
     if not skip:  # a resumed epoch goes on from the log windows its checkpoint had counted
         run.epoch_sums = Sums()
     run.console.start(len(loader) - skip, f"Epoch {epoch + 1}/{cfg.epochs}")
     for index, (images, labels) in enumerate(run.timer.timed(loader), start=skip + 1):
-        with autocast(cfg, images.device):  # bf16/fp16 where it is safe, fp32 elsewhere (or fp32 throughout)
+        with autocast(cfg, images.device):  # bf16/fp16 where it is safe, fp32 elsewhere
             logits = model(images)
             loss = F.cross_entropy(logits, labels)
         run.optimizer.zero_grad(set_to_none=True)
-        run.scaler.scale(loss).backward()  # with fp16 the loss is scaled up so small gradients do not underflow
-        run.scaler.step(run.optimizer)  # unscales first, and skips the step if a gradient overflowed
+        run.scaler.scale(loss).backward()  # fp16: scaled up so small gradients do not underflow
+        run.scaler.step(run.optimizer)  # unscales first; skips the step if a gradient overflowed
         run.scaler.update()
         run.scheduler.step()
         run.meter.update(loss, logits, labels)
         run.timer.step_done()
-        run.step, run.batch = run.step + 1, index
+        run.step += 1
+        run.batch = index
         run.console.update()
         last = index == len(loader) or cfg.reached_max_steps(run.step)
         if index % cfg.log_interval == 0 or last:
@@ -158,51 +186,74 @@ def train_one_epoch(run, epoch: int) -> Sums:
         if cfg.checkpoint_interval and run.step % cfg.checkpoint_interval == 0:
             save_checkpoint(run)
     run.console.close()
-    return run.epoch_sums
 
 
-# ---------------------------------------------------------------------------------------------------- main loop
-@dataclass
-class Run:
-    """What the loop carries from step to step, and what a checkpoint saves of it."""
-    cfg: Config
-    model: torch.nn.Module
-    raw_model: torch.nn.Module
-    train_loader: object
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    scaler: torch.amp.GradScaler
-    logger: RunLogger
-    timer: StepTimer
-    meter: TrainMeter
-    telemetry: GpuTelemetry
-    console: Console
-    signals: StopSignals
-    run_dir: Path | None  # where checkpoints go (None: this process writes none)
-    clock: RunClock  # the run's wall time and epoch times, over the attempts it is made of
-    step: int = 0  # optimizer steps so far
-    epoch: int = 0  # the epoch being trained (or to train next)
-    batch: int = 0  # batches of that epoch done
-    best_acc: float = -1.0  # the best test accuracy so far
-    stop: str | None = None  # the signal that asked the run to stop
-    totals: Sums = field(default_factory=Sums)  # every log window of the run
-    epoch_sums: Sums = field(default_factory=Sums)  # the log windows of the epoch under way
-    gpu_util: list = field(default_factory=list)  # every window's utilisation of every GPU
+def log_window(run: Run, epoch: int, index: int) -> Sums:
+    """Read the window's totals (one host sync), report them, and take note of a stop signal."""
+    totals = window_sums(run.meter, run.timer)
+    voted = totals.new_tensor([run.signals.received is not None])  # a signal to any rank stops all
+    totals = torch.cat([totals, voted])
+    dist.all_reduce(totals)  # images and correct predictions add up over ranks; so do the votes
+    totals[3:6] /= dist.get_world_size()  # timings: the mean over ranks
+    values = totals.tolist()
+    sums = Sums(values[:Sums.SIZE])
+    gpu = by_rank(run.telemetry.window())  # every rank's GPU, keyed by rank
+    run.record_window(epoch, index, sums, gpu)  # the totals, a NaN check, TensorBoard, the log
+    run.stop = (run.signals.received or "a signal to another rank") if values[Sums.SIZE] else None
+    return sums
 
 
-def main(argv=None) -> int:
-    started = time.perf_counter()
-    cfg = get_config(argv)
-    if not launched():  # `python train.py`: start the workers as torchrun would
-        return self_launch(cfg, __file__, argv, MODE)
+@torch.no_grad()
+def evaluate(cfg: Config, raw_model: torch.nn.Module, loader, device: torch.device):
+    """Test loss and accuracy over every test image exactly once, and how many images that was."""
+    raw_model.eval()
+    for buffer in raw_model.buffers():  # rank 0's BatchNorm statistics (FSDP shards no buffers):
+        dist.broadcast(buffer, src=0)  # the figures are those of the saved weights
+    with autocast(cfg, device):
+        sums = evaluation_sums(raw_model, as_many_batches(cfg, loader, device), device)
+    for module in raw_model.modules():  # no backward follows to free the gathered parameters
+        if isinstance(module, FSDPModule):
+            module.reshard()
+    dist.all_reduce(sums)  # each rank evaluated its shard: summed, every test image counts once
+    loss_sum, correct, images = sums.tolist()
+    return loss_sum / images, correct / images, int(images)
+
+
+def as_many_batches(cfg: FsdpConfig, loader, device: torch.device):
+    """The loader's batches, then empty ones until this rank has run as many forward passes as the
+    rank with the most: the shards differ by up to one image, and every forward pass gathers each
+    unit's parameters from every rank."""
+    most = torch.tensor([len(loader)], device=device)
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    data = DATASET_INFO[cfg.dataset]
+    shape = (0, data.channels, data.size, data.size)
+    images = torch.empty(shape, device=device, memory_format=memory_format(cfg))  # no images
+    labels = torch.empty(0, dtype=torch.long, device=device)
+    yield from loader
+    for _ in range(int(most.item()) - len(loader)):
+        yield images, labels
+
+
+def by_rank(per_gpu: dict) -> dict:
+    """Each rank's {gpu: value} (one GPU per rank) gathered into {rank: value}, on every rank."""
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, per_gpu)
+    return {rank: value for rank, values in enumerate(gathered) for value in values.values()}
+
+
+# ---------------------------------------------------------------------------------------- main loop
+def prepare(cfg: FsdpConfig, started: float) -> tuple[Run | None, object]:
+    """Everything before the first step, every refusal before anything is written: the device,
+    the run folder and a checkpoint to resume, the data, the model, the optimizer. No run: the run
+    had ended already."""
     device, gpus = setup(cfg)
     cfg = resolve_fast_path(cfg, device)  # --amp and --channels_last made explicit for this device
-    is_main = dist.get_rank() == 0  # only rank 0 prints and writes: the others get a silent console and logger
+    is_main = dist.get_rank() == 0  # only rank 0 prints and writes: the others' console is silent
     run_dir = resolve_run_dir(cfg, MODE, dist.get_world_size()) if is_main else None
-    checkpoint = from_rank0(lambda: resume_checkpoint(cfg, run_dir))  # rank 0 reads it, every rank gets it
-    if has_ended(checkpoint, cfg):  # an elastic command run again after the end, say: nothing to train or write
+    checkpoint = from_rank0(lambda: resume_checkpoint(cfg, run_dir))  # rank 0 reads it, all get it
+    if has_ended(checkpoint, cfg):  # an elastic command run again after the end, say: nothing to do
         Console(is_main, bar=False).line(ended_line(checkpoint, cfg))
-        return 0
+        return None, None
     seed_everything(cfg.seed)
     train_loader, test_loader = get_loaders(cfg, device)
     model, raw_model = get_model(cfg, device)
@@ -213,81 +264,86 @@ def main(argv=None) -> int:
     resumed_at = checkpoint["step"] if checkpoint else None  # where TensorBoard's curves go on
     logger = on_every_rank(lambda: RunLogger(run_dir, cfg, MODE, dist.get_world_size(), resumed_at))
     console = Console(is_main, bar=cfg.progress)
-    if not gpus:  # said here, after every refusal, so that it never stands between a mistake and its error
+    if not gpus:  # said after every refusal: it never stands between a mistake and its error
         console.warn("no CUDA GPU found: training on the CPU")
-    console.line(f"{MODE}: PyramidNet-{cfg.depth} alpha={cfg.alpha:g} {cfg.block}, {cfg.dataset}, global batch "
-                 f"{cfg.batch_size} = {dist.get_world_size()} x {cfg.batch_size // dist.get_world_size()} over "
-                 f"{dist.get_backend()} ({describe_fast_path(cfg)}); {describe_lr(cfg, len(train_loader))}; "
-                 f"logs in {run_dir}")
-    run = Run(cfg=cfg, model=model, raw_model=raw_model, train_loader=train_loader, optimizer=optimizer,
-              scheduler=scheduler, scaler=scaler, logger=logger, timer=StepTimer(device, cfg.warmup_steps, gpus),
-              meter=TrainMeter(device), telemetry=GpuTelemetry(gpus), console=console, signals=StopSignals(),
-              run_dir=None if cfg.benchmark else run_dir, clock=RunClock(started))
+    split = f"= {dist.get_world_size()} x {train_loader.batch_size} over {dist.get_backend()}"
+    console.line(start_line(MODE, cfg, split, len(train_loader), run_dir))
+    run = Run.start(cfg, device, gpus, started, model=model, raw_model=raw_model,
+                    train_loader=train_loader, optimizer=optimizer, scheduler=scheduler,
+                    scaler=scaler, logger=logger, console=console, run_dir=run_dir)
     if checkpoint:
-        restore(checkpoint, run, rank=dist.get_rank())  # the same weights and position on every rank
-        console.line(f"resumed at step {run.step} (epoch {run.epoch + 1}, batch {run.batch}) from "
-                     f"{checkpoint['file']}")
-    epoch_sums, test = Sums(), (None, None, 0)
-    sync = {"params_in_sync": None, "buffers_max_abs_diff": None}  # checked after training
-    try:
-        if cfg.evaluate:
-            test = evaluate(cfg, raw_model, test_loader, device)
-            console.line(f"{cfg.evaluate}: test loss {test[0]:.4f} acc {100 * test[1]:.2f}% ({test[2]} images)")
-        for epoch in range(run.epoch, 0 if cfg.evaluate else cfg.epochs):
-            run.clock.start_epoch()
-            epoch_sums = train_one_epoch(run, epoch)
-            if run.stop:  # the stop checkpoint keeps the epoch's time so far, ended or not
-                break
-            epoch_seconds = run.clock.end_epoch()  # with the time earlier attempts spent on it
-            if cfg.verify_sync or epoch + 1 == cfg.epochs or cfg.reached_max_steps(run.step):  # before evaluate()
-                sync = verify_sync(raw_model, False, is_main)  # False: no SyncBatchNorm under FSDP
-            if not cfg.benchmark:  # --benchmark measures training speed only: no evaluation, no checkpoint
-                test = evaluate(cfg, raw_model, test_loader, device)
-                report_test(run, epoch, test, epoch_seconds)
-                save_checkpoint(run, test_acc=test[1])
-            if cfg.reached_max_steps(run.step):
-                break
-        if run.stop:  # SIGTERM/SIGINT: a checkpoint where every rank stopped, then a clean exit
-            path = save_checkpoint(run)
-            dist.barrier()  # no rank exits before rank 0 has written it: a launcher may kill the job at the first exit
-            console.line(stopped_line(run.stop, run.step, path, run_dir))
-            report_stop(run.step, path)  # to the self-launch, if that started this worker: it stopped cleanly
-            return StopSignals.EXIT_CODES.get(run.stop, 1)  # a signal to another rank: 1
-        if cfg.save_model and not cfg.evaluate:
-            weights = model_state(raw_model)  # gathered from the slices onto rank 0, every rank taking part
-            console.line(f"weights saved to {logger.save_model(weights)}")
-        peaks = by_rank(peak_memory_gb(gpus))  # each rank's GPU, keyed by rank
-        summary = {
-            **speed_summary(cfg, run.totals, run.timer, device, devices=dist.get_world_size()),
-            "gpu_util_mean": sum(run.gpu_util) / len(run.gpu_util) if run.gpu_util else None,
-            "peak_mem_gb": max(peaks.values(), default=None), "train_loss": epoch_sums.loss,
-            "train_acc": epoch_sums.acc, "test_loss": test[0], "test_acc": test[1], "test_images": test[2] or None,
-            "epoch_time_s": run.clock.epoch_time(),  # with wall_time_s: over every attempt
-            "wall_time_s": run.clock.wall_time(), "steps": run.step,
-            "params_in_sync": sync["params_in_sync"], "buffers_max_abs_diff": sync["buffers_max_abs_diff"]}
-        path = logger.write_results(summary, run.clock.attempts,
-                                    peak_mem_gb_per_gpu={str(i): gb for i, gb in peaks.items()})
-        console.line(speed_line(summary))
-        console.line(f"results in {path}")
+        run.resume(checkpoint, rank=dist.get_rank())  # the same weights and position on every rank
+    return run, test_loader
+
+
+def train(run: Run, test_loader) -> None:
+    """Every epoch left, each followed by an evaluation and a checkpoint; or --evaluate's one."""
+    cfg = run.cfg
+    if cfg.evaluate:
+        run.record_evaluation(evaluate(cfg, run.raw_model, test_loader, run.device))
+        return
+    for epoch in range(run.epoch, cfg.epochs):
+        run.clock.start_epoch()
+        train_one_epoch(run, epoch)
+        if run.stop:  # the stop checkpoint keeps the epoch's time so far, ended or not
+            return
+        epoch_seconds = run.clock.end_epoch()  # with the time earlier attempts spent on it
+        if cfg.verify_sync or epoch + 1 == cfg.epochs or cfg.reached_max_steps(run.step):
+            # before evaluate(), which aligns the buffers: the ranks must hold the same weights
+            # False: no SyncBatchNorm under FSDP
+            run.sync = verify_sync(run.raw_model, False, is_main=dist.get_rank() == 0)
+        if not cfg.benchmark:  # --benchmark measures speed only: no evaluation, no checkpoint
+            test = evaluate(cfg, run.raw_model, test_loader, run.device)
+            run.record_test(epoch, test, epoch_seconds)
+            save_checkpoint(run, test_acc=run.test[1])
+        if cfg.reached_max_steps(run.step):
+            return
+
+
+def finish(run: Run) -> int:
+    """After the last step: a stop checkpoint, or the weights and the results; the exit status."""
+    if run.stop:  # SIGTERM/SIGINT: a checkpoint where every rank stopped, then a clean exit
+        path = save_checkpoint(run)
+        dist.barrier()  # no rank exits before rank 0 wrote it: a launcher may end the job then
+        run.console.line(stopped_line(run.stop, run.step, path, run.run_dir))
+        report_stop(run.step, path)  # to the self-launch, if that started this worker
+        return StopSignals.EXIT_CODES.get(run.stop, 1)  # a signal to another rank: 1
+    if run.cfg.save_model and not run.cfg.evaluate:
+        weights = model_state(run.raw_model)  # gathered from the slices onto rank 0, every rank in
+        run.console.line(f"weights saved to {run.logger.save_model(weights)}")
+    peaks = by_rank(peak_memory_gb(run.gpus))  # each rank's GPU, keyed by rank
+    run.write_results(devices=dist.get_world_size(), peaks=peaks, group=True)
+    return 0
+
+
+def main(argv=None) -> int:
+    started = time.perf_counter()
+    cfg = get_config(argv)
+    if "RANK" not in os.environ:  # `python train.py`: start the workers as torchrun would
+        return self_launch(cfg, __file__, argv, MODE)
+    run, test_loader = prepare(cfg, started)
+    if run is None:
         return 0
-    except LoaderWorkerDied as died:  # the other ranks cannot stop with this one in mid-window: no checkpoint
-        raise RunError(f"rank {dist.get_rank()}: {died} at step {run.step}; {last_checkpoint(run.run_dir)}") from None
-    except RuntimeError as error:  # a collective whose peer died or stalled: one line naming this rank and step
+    try:
+        train(run, test_loader)
+        return finish(run)
+    except LoaderWorkerDied as died:  # the other ranks cannot stop with this one: no checkpoint
+        note = last_checkpoint_note(run.checkpoint_dir)
+        raise RunError(f"rank {dist.get_rank()}: {died} at step {run.step}; {note}") from None
+    except RuntimeError as error:  # a collective whose peer died or stalled: one line, this rank's
         failure = group_failure(error, dist.get_rank(), run.step + 1)
         if failure is None:
             raise
         raise failure from None
-    # ------------------------------------------------------------------------------------------------ teardown
+    # ------------------------------------------------------------------------------------- teardown
     finally:
-        run.signals.restore()
-        run.telemetry.close()
-        logger.close()
+        run.close()
 
 
 if __name__ == "__main__":
     with user_errors():
         try:
             sys.exit(main())
-        finally:
+        finally:  # always, even after an error, so that no rank is left holding the group
             if dist.is_initialized():
-                dist.destroy_process_group()  # always, even after an error, so no rank is left holding the group
+                dist.destroy_process_group()

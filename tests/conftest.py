@@ -29,6 +29,15 @@ def run_script(script: str, *args, cwd=REPO, timeout=300, env=None) -> subproces
                           capture_output=True, text=True, timeout=timeout)
 
 
+def at_epoch(loader, epoch: int, skip: int = 0):
+    """`loader` set to epoch `epoch` from its batch `skip` on, as every train.py's loop sets it: the sampler's
+    order of the epoch (an evaluation shard has none), then the loader's augmentation of it. Returns the loader."""
+    if hasattr(loader.sampler, "set_epoch"):
+        loader.sampler.set_epoch(epoch)
+    loader.start_epoch(epoch, skip)
+    return loader
+
+
 def two_at_a_time(*launches):
     """Call each of `launches` (functions that start a run and wait for it), two at a time, and return their
     results in order: a one-thread run leaves the other core idle. The first error is raised once all are done."""

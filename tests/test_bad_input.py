@@ -43,7 +43,7 @@ import torch
 
 from common.checkpoint import CONTENTS, EARLIER_FORMAT, checksum, load_checkpoint
 from common.config import NAME_MAX, Config, UsageError, parse_config
-from common.distributed import check_rendezvous_file
+from common.guards import check_rendezvous_file
 from common.logger import MARKER
 from common.metrics import TrainMeter
 from conftest import REPO, TINY, read_results, refuse_in_process, run_script

@@ -25,7 +25,7 @@ import compare
 from common.config import UsageError, missing_domains
 from comparison import environment as machine
 from comparison import runner
-from comparison.matrix import Run, check_runs, plan
+from comparison.matrix import PlannedRun, check_runs, plan
 from comparison.projection import (FABRICS, SYNC_ALLOWANCE, Fabric, ddp_buckets, exposed_communication,
                                    gradient_bytes, projected_efficiency, ring_allreduce_seconds)
 from comparison.report import Outcome, fabric_of_runs, fill_rows, projection_inputs, projection_section
@@ -123,8 +123,8 @@ def test_the_report_names_the_machine_and_labels_the_projection(comparison):
 
 @pytest.mark.parametrize("argv, message", [
     (["--backends", "nccl"], "--backends nccl needs CUDA GPUs"),
-    (["--sync_bn", "on"], "--sync_bn on needs GPUs"),
-    (["--gpu_counts", "3"], "--batch_size 32 does not divide over 3 GPUs"),
+    (["--sync_bn", "on"], "SyncBatchNorm (--sync_bn) needs GPUs"),
+    (["--gpu_counts", "3"], "--batch_size 32 does not divide over 3 processes"),
     (["--depth", "7"], "--depth/--alpha"),
     (["--batch_size", "64", "--batch_per_gpu", "32"], "give one of them"),
     (["--modes", "ddp"], "invalid choice"),
@@ -134,7 +134,7 @@ def test_the_report_names_the_machine_and_labels_the_projection(comparison):
     (["--verify", "--repeat", "2"], "--repeat is for the comparison"),
     (["--verify", "--batch_per_gpu", "16"], "--verify compares runs of one global batch"),
     (["--verify", "--max_steps", "1"], "give --max_steps 2 or more"),
-    (["--verify", "--sync_bn", "on"], "--sync_bn on needs GPUs"),
+    (["--verify", "--sync_bn", "on"], "SyncBatchNorm (--sync_bn) needs GPUs"),
     (["--repeat", "0"], "--repeat must be a whole number at least 1, not 0"),  # compare.py's own flags' domains
     (["--gpu_counts", "2", "0"], "--gpu_counts must be a whole number at least 1, not 0"),
     (["--momentum", "nan"], "--momentum"),  # a train.py flag: refused by its own domain, before the matrix
@@ -373,7 +373,7 @@ def ddp_outcomes(unit: str, gloo_step_s: float) -> list:
     for index, (mode, gpus, backend, step_s) in enumerate(settings, 1):
         if unit == "cpu" and backend == "nccl":
             continue
-        run = Run(mode, gpus, backend, None, False, 64 * gpus, 1, index, unit)
+        run = PlannedRun(mode, gpus, backend, None, False, 64 * gpus, 1, index, unit)
         results = {"summary": {"images_per_sec": 64 * gpus / step_s, "batch_time_p50": step_s},
                    "config": {"batch_size": 64 * gpus, "amp": "bf16"}}
         outcomes.append(Outcome(run, "ok", results=results))

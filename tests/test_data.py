@@ -28,6 +28,8 @@ from common.data import (CIFAR10_MEAN, CIFAR10_STD, DATASET_INFO, DeviceLoader, 
                          ShuffleSampler, SyntheticCIFAR, TorchvisionLoader, augmentation_draws, default_num_workers,
                          load_datasets, make_loader)
 
+from conftest import at_epoch
+
 CPU = torch.device("cpu")
 MEAN = torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1) * 255
 STD = torch.tensor(CIFAR10_STD).view(1, 3, 1, 1) * 255
@@ -167,9 +169,6 @@ def test_eval_shards_cover_every_index_once(size, world_size):
     assert sum(len(EvalShard(size, rank, world_size)) for rank in range(world_size)) == size
     assert [len(EvalShard(size, rank, world_size)) for rank in range(world_size)] == [len(s) for s in shards]
     assert max(map(len, shards)) - min(map(len, shards)) <= 1
-    shard = EvalShard(size, 0, world_size)
-    shard.set_epoch(3)  # no effect
-    assert list(shard) == shards[0]
     assert list(EvalShard(size)) == list(range(size))
 
 
@@ -185,7 +184,7 @@ def test_device_loader_matches_torchvision_loader_without_augmentation(train):
         assert isinstance(loader, DeviceLoader if kind == "gpu" else TorchvisionLoader)
         batches[kind] = []
         for epoch in (0, 1):
-            loader.set_epoch(epoch)
+            at_epoch(loader, epoch)
             batches[kind].append(list(loader))
     assert len(batches["gpu"][0]) == len(batches["torchvision"][0]) == (3 if train else 4)
     for ours, theirs in zip(sum(batches["gpu"], []), sum(batches["torchvision"], [])):
@@ -223,8 +222,7 @@ def test_device_loader_labels_follow_the_sampler():
     sampler = ShuffleSampler(40, shuffle=True, seed=9)
     loader = make_loader("gpu", dataset, sampler, 8, CPU, train=True, augment=False, num_workers=0, seed=9)
     for epoch in (0, 4):
-        loader.set_epoch(epoch)
-        assert sampler.epoch == epoch  # the loader passes the epoch on
+        at_epoch(loader, epoch)
         order = list(sampler)
         _, images, labels = collect(loader)
         assert labels.tolist() == [dataset.targets[i] for i in order]
@@ -234,7 +232,7 @@ def test_device_loader_labels_follow_the_sampler():
 def augmented_epoch(dataset, seed=0, epoch=0, batch=32, sampler_seed=0, shuffle=True):
     sampler = ShuffleSampler(len(dataset.targets), shuffle=shuffle, seed=sampler_seed)
     loader = make_loader("gpu", dataset, sampler, batch, CPU, train=True, augment=True, num_workers=0, seed=seed)
-    loader.set_epoch(epoch)
+    at_epoch(loader, epoch)
     return collect(loader)[1:]
 
 
@@ -246,7 +244,7 @@ def test_augmentation_is_reproducible():
     # iterating the same loader twice in one epoch also repeats it
     sampler = ShuffleSampler(64, True, 0)
     loader = make_loader("gpu", dataset, sampler, 32, CPU, train=True, augment=True, num_workers=0, seed=1)
-    loader.set_epoch(2)
+    at_epoch(loader, 2)
     assert torch.equal(collect(loader)[1], collect(loader)[1])
     # another epoch or seed: other crops, even in the same order (no shuffling: only the augmentation differs)
     reference = augmented_epoch(dataset, seed=1, epoch=2, shuffle=False)
@@ -365,7 +363,7 @@ def test_the_loaders_normalisations_differ_by_a_float32_rounding(name):
 
 def by_index(loader, sampler, epoch: int) -> dict[int, torch.Tensor]:
     """Epoch `epoch` of `loader` as {dataset index: augmented image} (the loader follows `sampler`'s order)."""
-    loader.set_epoch(epoch)
+    at_epoch(loader, epoch)
     return dict(zip(list(sampler), torch.cat([images for images, _ in loader])))
 
 

@@ -19,7 +19,7 @@ from common.devices import seed_everything
 from common.optim import build_optimizer
 from common.performance import (autocast, flops_per_image, grad_scaler, mfu, peak_tflops, resolve_fast_path,
                                 speed_summary)
-from conftest import TINY, read_results, refuse_in_process, run_script
+from conftest import TINY, at_epoch, read_results, refuse_in_process, run_script
 from models import pyramidnet
 
 CPU = torch.device("cpu")
@@ -301,7 +301,7 @@ def bare_images_per_sec(cfg: Config, steps: int) -> float:
                          train=True, augment=True, num_workers=0, seed=cfg.seed)
     model = pyramidnet(cfg.depth, cfg.alpha, cfg.block).train()
     optimizer = build_optimizer(model, cfg, CPU)
-    batches = (batch for epoch in range(1000) for batch in (loader.set_epoch(epoch), loader)[1])
+    batches = (batch for epoch in range(1000) for batch in (at_epoch(loader, epoch), loader)[1])
     for step, (images, labels) in zip(range(cfg.warmup_steps + steps), batches):
         if step == cfg.warmup_steps:
             start = time.perf_counter()

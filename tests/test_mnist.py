@@ -18,7 +18,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from common.config import DATASETS, Config, UsageError, parse_config
 from common.data import DATASET_INFO, EvalShard, ShuffleSampler, load_datasets, make_loader
 from common.performance import flops_per_image
-from conftest import TINY, read_results, run_script
+from conftest import TINY, at_epoch, read_results, run_script
 from models import pyramidnet
 from test_bad_input import assert_refused, no_network
 
@@ -134,7 +134,7 @@ def test_augmentation_crops_but_never_mirrors_a_digit(mnist_dir, kind):
     loader = make_loader(kind, train, sampler, 16, CPU, train=True, augment=True, num_workers=0, seed=0)
     moved = 0
     for epoch in (0, 1):
-        loader.set_epoch(epoch)
+        at_epoch(loader, epoch)
         sampler_order = list(sampler)
         pixels = np.concatenate([unnormalise(images) for images, _ in loader])
         assert pixels.shape == (64, 28, 28)

@@ -58,10 +58,11 @@ from torch.utils.data import DistributedSampler
 import compare
 from common.config import UsageError
 from common.data import load_datasets, make_loader
-from common.distributed import check_master_address, check_sync, nccl_error_handling, verify_sync
+from common.guards import check_master_address, nccl_error_handling
+from common.sync_check import check_sync, verify_sync
 from comparison.report import Outcome
 from comparison.verify import Verification, config_of, reference_training, summary_line
-from conftest import REPO, TINY, read_results, refuse_in_process, run_script
+from conftest import REPO, TINY, at_epoch, read_results, refuse_in_process, run_script
 
 DIST = "dist_parallel/train.py"
 SEED = 0  # the scripts' default --seed
@@ -312,7 +313,7 @@ def test_evaluation_is_exact_for_one_two_and_three_processes(verified, mode, tra
     """Each 2-process run's model.pt evaluated by 1 (single_gpu --evaluate), 2 (the run's own end-of-run
     evaluation) and, fsdp's, 3 processes (--evaluate; a batch of 51 over 3 ranks, 17 each: shards of 18, 18 and 17,
     so one rank runs a batch fewer and fsdp gives it an empty one to keep the ranks' gathers in step; the
-    evaluation is common/distributed.py's in both modes): each rank takes every world_size-th of the 53 test images
+    evaluation is the same lines in both modes' train.py): each rank takes every world_size-th of the 53 test images
     (no DistributedSampler padding, which would count some twice) and the sums are all-reduced, so the accuracy is
     identical and the loss equal up to the order of float64 sums. Each printed "(53 images)"."""
     _, out = verified
@@ -596,8 +597,8 @@ def test_sharded_parameters_gather_through_the_cpu_as_full_tensor_gathers_them(t
 # ---------------------------------------------------------------------------------------------------- 9. sampler
 def test_distributed_sampler_shards_cover_the_training_set_and_change_every_epoch():
     """The 2-process run's shards: each epoch the two ranks' 128 indices are disjoint and together are the 256
-    training images; set_epoch reshuffles (without it every epoch repeats epoch 0's order); and the loader's
-    set_epoch, which train.py calls every epoch, reaches the sampler."""
+    training images; set_epoch reshuffles (without it every epoch repeats epoch 0's order); and a loader set
+    to an epoch as train.py's loop sets it gives that epoch's share."""
     def shards(epoch: int) -> list[list[int]]:
         out = []
         for rank in range(2):
@@ -618,6 +619,6 @@ def test_distributed_sampler_shards_cover_the_training_set_and_change_every_epoc
     sampler = DistributedSampler(range(256), num_replicas=2, rank=1, shuffle=True, seed=SEED)
     loader = make_loader("gpu", train_set, sampler, 16, torch.device("cpu"), train=True, augment=False,
                          num_workers=0, seed=SEED)
-    loader.set_epoch(1)
+    at_epoch(loader, 1)
     labels = torch.cat([labels for _, labels in loader])
     assert labels.tolist() == [train_set.targets[i] for i in shards(1)[1]]

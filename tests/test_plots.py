@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from matplotlib import pyplot as plt
 
-from comparison.matrix import Run
+from comparison.matrix import PlannedRun
 from comparison.plots import (efficiency_figure, figures, memory_figure, step_figure, step_parts,
                               throughput_figure, configurations)
 from comparison.report import Outcome, fill_rows
@@ -20,7 +20,7 @@ def outcome(mode, gpus, step_ms, *, backend=None, batch=32, repeat=1, data_frac=
             unit="cpu", index=1):
     """One run's outcome as compare.py has it once fill_rows has read its results.json: `batch` is the global
     batch, `step_ms` the mean step, so images/s = batch / step."""
-    run = Run(mode, gpus, backend, None, False, batch, repeat, index, unit)
+    run = PlannedRun(mode, gpus, backend, None, False, batch, repeat, index, unit)
     if failed:
         return Outcome(run, "failed", error="exit status 1")
     results = {"summary": {"images_per_sec": batch / (step_ms / 1000), "batch_time_p50": step_ms / 1000,

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import compare
-from comparison.matrix import Run, check_runs, command, config_class, plan
+from comparison.matrix import PlannedRun, check_runs, command, config_class, plan
 from comparison.projection import (ASSUMED_GPU_BYTES, FABRICS, Fabric, ModelSize, Unit, bytes_sent_per_gpu,
                                    fsdp_exposed, fsdp_projected_efficiency, fsdp_units, gradient_bytes,
                                    memory_per_gpu, memory_projection, model_size, ring_gather_seconds)
@@ -207,7 +207,7 @@ def outcomes() -> list[Outcome]:
                 ("fsdp", 1, "nccl", True, 0.104), ("fsdp", 2, "nccl", True, 0.120), ("fsdp", 2, "nccl", False, 0.112)]
     made = []
     for index, (mode, gpus, backend, reshard, step_s) in enumerate(settings, 1):
-        run = Run(mode, gpus, backend, None, False, 64 * gpus, 1, index, "gpu", reshard_after_forward=reshard)
+        run = PlannedRun(mode, gpus, backend, None, False, 64 * gpus, 1, index, "gpu", reshard_after_forward=reshard)
         results = {"summary": {"images_per_sec": 64 * gpus / step_s, "batch_time_p50": step_s},
                    "config": {"batch_size": 64 * gpus, "amp": "bf16"},
                    "peak_mem_gb_per_gpu": {"0": 3.0} if mode == "single_gpu" else None}

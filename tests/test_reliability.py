@@ -31,7 +31,7 @@ from common.checkpoint import (LAST, load_checkpoint, restore_optimizer, rng_sta
                                write_checkpoint)
 from common.config import Config, UsageError, parse_config
 from common.data import ShuffleSampler, load_datasets, make_loader
-from conftest import REPO, TINY, refuse_in_process, run_script, two_at_a_time
+from conftest import REPO, TINY, at_epoch, refuse_in_process, run_script, two_at_a_time
 from models import pyramidnet
 
 SINGLE, DIST = "single_gpu/train.py", "dist_parallel/train.py"
@@ -184,15 +184,15 @@ def test_loaders_skip_the_consumed_batches(kind, workers):
     dataset, _ = load_datasets("synthetic", "", 64, 0)
     loader = make_loader(kind, dataset, ShuffleSampler(64, True, 0), 8, torch.device("cpu"), train=True,
                          augment=True, num_workers=workers, seed=0)
-    loader.set_epoch(3)
+    at_epoch(loader, 3)
     whole = list(loader)
-    loader.set_epoch(3, skip=5)
+    at_epoch(loader, 3, 5)
     rest = list(loader)
     assert len(loader) == 8 and len(rest) == 3
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(whole[5:], rest))
     fresh = make_loader(kind, dataset, ShuffleSampler(64, True, 0), 8, torch.device("cpu"), train=True,
                         augment=True, num_workers=workers, seed=0)
-    fresh.set_epoch(3, skip=5)  # a resumed run's loader starts there
+    at_epoch(fresh, 3, 5)  # a resumed run's loader starts there
     assert all(torch.equal(a[0], b[0]) for a, b in zip(whole[5:], fresh, strict=True))
 
 

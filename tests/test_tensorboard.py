@@ -45,19 +45,19 @@ STEPS_PER_EPOCH, CHECKPOINT, KILLED = 8, 12, 14
 # after the log window of step PAUSE_STEP, and says so.
 PAUSE = """
 import os, runpy, sys, time
-import common.logger
+import common.loop
 
-report_window = common.logger.report_window
+record_window = common.loop.Run.record_window
 
 
-def report_then_pause(run, *args):
-    report_window(run, *args)
+def record_then_pause(run, *args):
+    record_window(run, *args)
     if run.step == int(os.environ["PAUSE_STEP"]):
         print("paused", flush=True)
         time.sleep(600)
 
 
-common.logger.report_window = report_then_pause
+common.loop.Run.record_window = record_then_pause
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """

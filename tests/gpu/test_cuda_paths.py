@@ -32,7 +32,7 @@ from common.devices import seed_everything
 from common.metrics import StepTimer
 from common.performance import autocast, peak_tflops, resolve_fast_path
 from common.telemetry import GIB, GpuTelemetry, peak_memory_gb
-from conftest import REPO, TINY, read_results, read_scalars
+from conftest import REPO, TINY, at_epoch, read_results, read_scalars
 from models import pyramidnet
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
@@ -233,9 +233,9 @@ def test_the_gpu_loader_replays_its_crops_on_resume():
     train_set, _ = load_datasets("synthetic", "", 512, 0)
     loader = make_loader("gpu", train_set, ShuffleSampler(512, True, 0), 64, CUDA, train=True, augment=True,
                          num_workers=0, seed=0)
-    loader.set_epoch(3)
+    at_epoch(loader, 3)
     whole = [images for images, _ in loader]
-    loader.set_epoch(3, skip=5)
+    at_epoch(loader, 3, 5)
     resumed = [images for images, _ in loader]
     assert len(resumed) == 3 and all(torch.equal(a, b) for a, b in zip(resumed, whole[5:]))
 

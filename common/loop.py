@@ -1,0 +1,133 @@
+"""The training loop's state, `Run`: what every mode's loop carries from step to step, the one thing that
+save_checkpoint, restore and the log window take. Beside it, what every mode does alike with it: the bookkeeping
+of a log window and an evaluation, the results summary, and the teardown. The loop itself (`train_one_epoch`) and
+every parallel call stay in each mode's train.py, where they are compared."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from common.checkpoint import StopSignals, last_checkpoint_note, restore
+from common.config import Config
+from common.logger import Console, RunLogger, speed_line, window_line
+from common.metrics import RunClock, StepTimer, Sums, TrainMeter, check_loss
+from common.optim import lr_factor
+from common.performance import speed_summary
+from common.telemetry import GpuTelemetry
+
+Test = tuple  # an evaluation: (loss, accuracy, images); (None, None, 0) before the first
+
+
+@dataclass
+class Run:
+    """What the loop carries from step to step, and what a checkpoint saves of it."""
+    cfg: Config
+    device: torch.device  # this process's device: its GPU, or the CPU
+    gpus: list[int]  # the CUDA ids this process uses ([] on the CPU)
+    model: torch.nn.Module  # the model to call: wrapped (DataParallel, DDP), sharded, compiled
+    raw_model: torch.nn.Module  # the unwrapped model, whose weights are evaluated and saved
+    train_loader: object
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    logger: RunLogger
+    console: Console
+    run_dir: Path | None  # the run's folder (None: this process writes nothing)
+    timer: StepTimer
+    meter: TrainMeter
+    telemetry: GpuTelemetry
+    clock: RunClock  # the run's wall time and epoch times, over the attempts it is made of
+    signals: StopSignals = field(default_factory=StopSignals)  # from here on, SIGTERM/SIGINT stop the run
+    step: int = 0  # optimizer steps so far
+    epoch: int = 0  # the epoch being trained (or to train next)
+    batch: int = 0  # batches of that epoch done
+    best_acc: float = -1.0  # the best test accuracy so far
+    stop: str | None = None  # the signal that asked the run to stop
+    totals: Sums = field(default_factory=Sums)  # every log window of the run
+    epoch_sums: Sums = field(default_factory=Sums)  # the log windows of the epoch under way (or last done)
+    gpu_util: list = field(default_factory=list)  # every window's utilisation of every GPU
+    test: Test = (None, None, 0)  # the last evaluation
+    sync: dict | None = None  # the last check that every rank holds the same weights (process groups)
+
+    @classmethod
+    def start(cls, cfg: Config, device: torch.device, gpus: list[int], started: float, **parts) -> "Run":
+        """The run's state at its first step: `parts` are the model, the loaders' training one, the optimizer
+        and its schedule and scaler, the logger, the console and the run folder; the timers start here."""
+        return cls(cfg=cfg, device=device, gpus=gpus, timer=StepTimer(device, cfg.warmup_steps, gpus),
+                   meter=TrainMeter(device), telemetry=GpuTelemetry(gpus), clock=RunClock(started), **parts)
+
+    @property
+    def checkpoint_dir(self) -> Path | None:
+        """Where checkpoints go: the run folder, except under --benchmark (it measures speed only)."""
+        return None if self.cfg.benchmark else self.run_dir
+
+    def resume(self, checkpoint: dict, rank: int) -> None:
+        """Everything of `checkpoint` into the run (this rank's RNG), said once."""
+        restore(checkpoint, self, rank)
+        self.console.line(f"resumed at step {self.step} (epoch {self.epoch + 1}, batch {self.batch}) "
+                          f"from {checkpoint['file']}")
+
+    def record_window(self, epoch: int, index: int, sums: Sums, gpu: dict) -> None:
+        """A log window's totals (`sums`, over every rank) and GPU readings (`gpu`, by rank): added to the run's,
+        a NaN loss stopped before it reaches the logs, then TensorBoard, the log line and the progress bar."""
+        self.totals += sums
+        self.gpu_util += [util for util, _ in gpu.values() if util is not None]
+        check_loss(sums, self.meter, self.step, last_checkpoint_note(self.checkpoint_dir))
+        rate = sums.images_per_sec(self.cfg.batch_size)
+        # the rate the window's last step trained with: a function of the step (the optimizer holds the next
+        # step's rate by now)
+        lr = self.cfg.effective_lr() * lr_factor(self.step - 1, self.cfg, len(self.train_loader))
+        self.logger.scalars(self.step, {  # first, and flushed: a window on the terminal is one in the event file
+            "train/loss": sums.loss, "train/acc": sums.acc, "train/lr": lr,
+            "time/batch": sums.batch_time, "time/data": sums.data_frac, "throughput/images_per_sec": rate,
+            **{f"gpu/util/{i}": util for i, (util, _) in gpu.items()},
+            **{f"gpu/mem_gb/{i}": mem for i, (_, mem) in gpu.items()}})
+        self.console.line(window_line(epoch, self.cfg.epochs, index, len(self.train_loader), sums.loss,
+                                      sums.acc, sums.batch_time, sums.data_frac, rate))
+        self.console.update(0, loss=f"{sums.loss:.3f}", acc=f"{100 * sums.acc:.1f}%", img_s=f"{rate or 0:.0f}")
+
+    def record_test(self, epoch: int, test: Test, epoch_seconds: float) -> None:
+        """An epoch's test loss and accuracy, on the terminal and in TensorBoard."""
+        self.test = test
+        self.logger.scalars(self.step, {"test/loss": test[0], "test/acc": test[1]})
+        self.console.line(f"Epoch {epoch + 1}/{self.cfg.epochs} test loss {test[0]:.3f} acc "
+                          f"{100 * test[1]:.2f}% ({test[2]} images) epoch {epoch_seconds:.1f}s")
+
+    def record_evaluation(self, test: Test) -> None:
+        """--evaluate's one evaluation of saved weights, said."""
+        self.test = test
+        self.console.line(f"{self.cfg.evaluate}: test loss {test[0]:.4f} acc {100 * test[1]:.2f}% "
+                          f"({test[2]} images)")
+
+    def write_results(self, devices: int, peaks: dict, group: bool = False) -> None:
+        """results.json: the run's speed over `devices` (GPUs or CPU processes), utilisation, peak memory of each
+        GPU (`peaks`), its last epoch's training and test figures, its times, and in a process `group` the
+        sync check (None where none was made); then its speed line and where the results are."""
+        summary = {
+            **speed_summary(self.cfg, self.totals, self.timer, self.device, devices=devices),
+            "gpu_util_mean": sum(self.gpu_util) / len(self.gpu_util) if self.gpu_util else None,
+            "peak_mem_gb": max(peaks.values(), default=None),
+            "train_loss": self.epoch_sums.loss,
+            "train_acc": self.epoch_sums.acc,
+            "test_loss": self.test[0],
+            "test_acc": self.test[1],
+            "test_images": self.test[2] or None,
+            "epoch_time_s": self.clock.epoch_time(),  # with wall_time_s: over every attempt
+            "wall_time_s": self.clock.wall_time(),
+            "steps": self.step}
+        if group:
+            summary["params_in_sync"] = (self.sync or {}).get("params_in_sync")
+            summary["buffers_max_abs_diff"] = (self.sync or {}).get("buffers_max_abs_diff")
+        path = self.logger.write_results(summary, self.clock.attempts,
+                                         peak_mem_gb_per_gpu={str(i): gb for i, gb in peaks.items()})
+        self.console.line(speed_line(summary))
+        self.console.line(f"results in {path}")
+
+    def close(self) -> None:
+        """The teardown, whatever ended the run: the signal handlers back, the NVML sampler stopped, the event
+        file and the logs closed."""
+        self.signals.restore()
+        self.telemetry.close()
+        self.logger.close()

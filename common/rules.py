@@ -1,0 +1,50 @@
+"""The rules every launch keeps, in one place: what is refused before a run starts, and how the global batch
+splits over the processes. Each train.py applies them to itself, and compare.py to every run of its matrix
+before it starts any, so that the matrix never starts a run that would refuse to train."""
+from __future__ import annotations
+
+from common.config import UsageError
+
+
+def launch_refusal(mode: str, processes: int, *, cuda: bool, batch_size: int, backend: str | None = None,
+                   sync_bn: bool = False, compile: bool = False, evaluate: bool = False) -> str | None:
+    """Why `mode` over `processes` (GPUs, for data_parallel) cannot run on this machine (`cuda`: it has CUDA
+    GPUs), in one line; None when it can. An evaluation trains nothing: any batch suits any number of them."""
+    refusal = machine_refusal(cuda, (backend,), sync_bn)
+    if refusal is not None:
+        return refusal
+    if mode == "data_parallel" and compile and processes > 1:
+        return (f"--compile with data_parallel on {processes} GPUs would compile nothing (TorchDynamo does "
+                f"not trace DataParallel's replica threads): leave out --compile, or use dist_parallel")
+    if mode != "single_gpu" and batch_size % processes and not evaluate:
+        unit = "GPUs" if mode == "data_parallel" else "processes"
+        return (f"--batch_size {batch_size} does not divide over {processes} {unit}: the global batch is split "
+                f"evenly, so give a multiple of {processes}")
+    return None
+
+
+def machine_refusal(cuda: bool, backends=(), sync_bn: bool = False, flag: str = "--backend") -> str | None:
+    """Why this machine (`cuda`: it has CUDA GPUs) cannot run any of `backends`, or SyncBatchNorm; None when it
+    can. `flag` names the backends as the user gave them."""
+    if "nccl" in backends and not cuda:
+        return f"{flag} nccl needs CUDA GPUs and this machine has none: use {flag} gloo on CPUs"
+    if sync_bn and not cuda:
+        return "SyncBatchNorm (--sync_bn) needs GPUs: PyTorch's SyncBatchNorm refuses CPU modules"
+    return None
+
+
+def refuse_launch(mode: str, processes: int, **settings) -> None:
+    """`launch_refusal` as the one-line error of a train.py."""
+    refusal = launch_refusal(mode, processes, **settings)
+    if refusal is not None:
+        raise UsageError(refusal)
+
+
+def per_process_batch(batch_size: int, processes: int, train_images: int) -> int:
+    """Each process's share of the global --batch_size, which must fit in the training set. A training batch
+    divides evenly (refused at launch otherwise); an evaluation's share is rounded up, so that every test image
+    still has a place."""
+    if batch_size > train_images:
+        raise UsageError(f"--batch_size {batch_size} is larger than the training set ({train_images} "
+                         f"images); use a smaller batch")
+    return -(-batch_size // processes)
