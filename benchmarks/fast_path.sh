@@ -2,8 +2,14 @@
 # The fast-path benchmark on one GPU: PyramidNet-110 alpha=270, global batch 256, every run in one go so the
 # ratios compare runs on the same GPU. Results: OUT/<run>/results.json, OUT/profile*.json, OUT/summary.txt.
 #   bash benchmarks/fast_path.sh [OUT [train.py flags for every run...]]     (default OUT: runs/fast_path)
-#   BENCHMARK_STEPS=100 COMPILE=0 bash benchmarks/fast_path.sh ...    fewer timed steps; no --compile run (its
-#                                                                      compilation takes minutes)
+#   BENCHMARK_STEPS=100 COMPILE=0 bash benchmarks/fast_path.sh ...    fewer timed steps; no compiled runs
+# The rows: fast (every default of a GPU: bf16, channels_last, channels stored in multiples of 8, the gpu
+# loader, fused SGD), unaligned (--align_channels 0), align16 and align32, cudnn_limit0 (cuDNN's autotuning
+# tries every algorithm), classic (fp32, NCHW, torchvision's DataLoader, unaligned), data_parallel and
+# dist_parallel on the one GPU, width8 (a wider model); with COMPILE=1 (the default) compiled_cold and
+# compiled_warm (--compile --compile_mode reduce-overhead: CUDA graphs; the first run with an empty compile
+# cache, the second with the first's), and with COMPILE=all compiled (--compile, default mode) too. Then the
+# profile of the fast path (by category, by convolution pass and stage, against the roofline) and of width8.
 # A run that fails is named in the summary and the others still run; the exit status is then 1.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -17,12 +23,23 @@ FAILED=()
 run() { local name=$1 script=$2; shift 2; echo "== $name: python $script ${COMMON[*]} $*"
         python "$script" "${COMMON[@]}" --run_name "$name" "$@" || FAILED+=("$name"); }
 
+CACHE=$(mktemp -d)  # an empty compile cache: the first compiled run is cold, the second warm
 run fast            single_gpu/train.py
-run classic         single_gpu/train.py --loader torchvision --amp off --no_channels_last
+run unaligned       single_gpu/train.py --align_channels 0
+run align16         single_gpu/train.py --align_channels 16
+run align32         single_gpu/train.py --align_channels 32
+run cudnn_limit0    single_gpu/train.py --cudnn_benchmark_limit 0
+run classic         single_gpu/train.py --loader torchvision --amp off --no_channels_last --align_channels 0
 run data_parallel   data_parallel/train.py
 run dist_parallel   dist_parallel/train.py --nproc_per_node 1
 run width8          single_gpu/train.py --width_multiple 8
-if [ "${COMPILE:-1}" = 1 ]; then run fast_compiled single_gpu/train.py --compile; fi
+if [ "${COMPILE:-1}" != 0 ]; then
+    run compiled_cold single_gpu/train.py --compile --compile_mode reduce-overhead --compile_cache "$CACHE"
+    run compiled_warm single_gpu/train.py --compile --compile_mode reduce-overhead --compile_cache "$CACHE"
+fi
+if [ "${COMPILE:-1}" = all ]; then
+    run compiled      single_gpu/train.py --compile --compile_cache "$CACHE"
+fi
 python benchmarks/profile_step.py --batch_size 256 "${@:2}" --out "$OUT/profile.json" || FAILED+=(profile)
 python benchmarks/profile_step.py --batch_size 256 "${@:2}" --width_multiple 8 --out "$OUT/profile_width8.json" \
     || FAILED+=(profile_width8)
@@ -30,22 +47,44 @@ python benchmarks/profile_step.py --batch_size 256 "${@:2}" --width_multiple 8 -
 python - "$OUT" "${FAILED[@]}" <<'PY' | tee "$OUT/summary.txt"
 import json, sys
 from pathlib import Path
+sys.path.insert(0, ".")
+import torch
+from benchmarks.roofline import bandwidth_tbs, roofline, step_ops
+from common.performance import table_peaks
+from models import pyramidnet
 out, failed = Path(sys.argv[1]), sys.argv[2:]
-runs = {p.parent.name: json.loads(p.read_text()) for p in sorted(out.glob("*/results.json"))}
+order = ["fast", "unaligned", "align16", "align32", "cudnn_limit0", "classic", "data_parallel", "dist_parallel",
+         "width8", "compiled_cold", "compiled_warm", "compiled"]
+found = {p.parent.name: json.loads(p.read_text()) for p in out.glob("*/results.json")}
+runs = {name: found[name] for name in sorted(found, key=lambda n: order.index(n) if n in order else 99)}
 fast = runs["fast"]["summary"]["images_per_sec"] if "fast" in runs else None
 env = next(iter(runs.values()))["env"] if runs else None
+bound = None
 if env:
+    gpu = env["gpus"][0] if env["gpus"] else ""
     print(f"{', '.join(env['gpus'])}; torch {env['torch']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}")
-print("| run | images/s | x fast | batch p50 ms | p90 ms | data wait % | peak GB | MFU % | compile s |")
-print("|---|---|---|---|---|---|---|---|---|")
+    peaks, tbs = table_peaks(gpu), bandwidth_tbs(gpu)
+    if peaks and tbs:
+        cfg = next(iter(runs.values()))["config"]
+        with torch.device("meta"):
+            model = pyramidnet(cfg["depth"], cfg["alpha"], cfg["block"])
+        bound = roofline(step_ops(model, cfg["batch_size"], (3, 32, 32), 10), cfg["batch_size"], peaks["bf16"], tbs)
+        print(f"roofline of the model at batch {cfg['batch_size']} in bf16 ({peaks['bf16']:g} TFLOP/s, {tbs:g} TB/s):"
+              f" {bound['op_by_op_images_per_sec']:.0f} images/s op by op, {bound['fused_images_per_sec']:.0f} fused")
+print("| run | images/s | x fast | batch p50 ms | p90 ms | data wait % | peak GB | MFU % | % of roofline | compile s |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for name, r in runs.items():
     s = r["summary"]
     ratio = f"{s['images_per_sec'] / fast:.3f}" if fast else "-"
     mfu = f"{100 * s['mfu']:.1f}" if s["mfu"] is not None else "-"
+    share = f"{100 * s['images_per_sec'] / bound['op_by_op_images_per_sec']:.1f}" if bound else "-"
     compile_s = f"{s['compile_time_s']:.0f}" if s["compile_time_s"] is not None else "-"
     peak = f"{s['peak_mem_gb']:.2f}" if s["peak_mem_gb"] is not None else "-"
     print(f"| {name} | {s['images_per_sec']:.0f} | {ratio} | {1e3 * s['batch_time_p50']:.1f} "
-          f"| {1e3 * s['batch_time_p90']:.1f} | {100 * s['data_wait_frac']:.2f} | {peak} | {mfu} | {compile_s} |")
+          f"| {1e3 * s['batch_time_p90']:.1f} | {100 * s['data_wait_frac']:.2f} | {peak} | {mfu} | {share} "
+          f"| {compile_s} |")
+if fast and "classic" in runs:
+    print(f"fast / classic: {fast / runs['classic']['summary']['images_per_sec']:.2f}x")
 if failed:
     print(f"failed: {', '.join(failed)} (their output is above)")
 PY

@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
-# Every CUDA path of the suite on one GPU, in one go: the GPU tests (tests/gpu), the fast-path table with its
-# profile (benchmarks/fast_path.sh), compare.py --verify with and without --deterministic (its tables in the summary)
-# and compare.py --repeat 3. At most 8 files straight under OUT, the summary first:
+# Every CUDA path of the suite on one GPU, in one go, the figures first: the fast-path table with its profile and
+# roofline (benchmarks/fast_path.sh: the aligned, unaligned, classic and compiled+graphed rows, the compile cold
+# and warm), compare.py --verify without and with --deterministic (its tables in the summary), the GPU tests
+# (tests/gpu) and compare.py --repeat 3. Each part's outcome and tables go into the summary as soon as it ends, so
+# a run cut off by a time limit keeps what it measured. At most 8 files straight under OUT, the summary first:
 #   summary.md  tests.log  fast_path.md  profile.json  compare_report.md  compare_results.csv  environment.txt
 #   logs.tar.gz (every run's log and results.json, the plots)
 #
 #   PYTHONUNBUFFERED=1 bash benchmarks/gpu_check.sh OUT
 #   PARTS="tests compare" COMPARE_ARGS="--repeat 3 --backends nccl" bash benchmarks/gpu_check.sh OUT
 #
-# PARTS picks the parts (default: tests fast_path verify compare); VERIFY_ARGS replaces --verify's model and data
-# (default: PyramidNet-20 alpha=48 on 4,096 images); BENCHMARK_STEPS and COMPILE go to fast_path.sh (here
-# 100 timed steps and no --compile run of the full model, whose compilation alone takes minutes); COMPARE_ARGS
-# replaces compare.py's arguments (default: --repeat 3 --benchmark_steps 30 and every mode, fsdp included, every run
-# of the matrix three times, 30 timed steps each). A part that fails is named in the summary, the others still run,
-# and the exit status is 1.
+# PARTS picks the parts (default: fast_path verify tests compare, in that order); VERIFY_ARGS replaces --verify's
+# model and data (default: PyramidNet-20 alpha=48 on 4,096 images); BENCHMARK_STEPS and COMPILE go to
+# fast_path.sh (here 50 timed steps, and the compiled+graphed runs cold and warm); COMPARE_ARGS replaces
+# compare.py's arguments (default: --repeat 3 --benchmark_steps 30 and every mode, fsdp included). A part that
+# fails is named in the summary, the others still run, and the exit status is 1.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT=${1:?usage: bash benchmarks/gpu_check.sh OUT}
@@ -23,7 +24,7 @@ if ! python -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; the
 fi
 mkdir -p "$OUT"
 WORK=$(mktemp -d)
-PARTS=${PARTS:-tests fast_path verify compare}
+PARTS=${PARTS:-fast_path verify tests compare}
 # --verify's runs on a GPU default to the full PyramidNet-110 on 50,000 images, evaluated whole by every run: the
 # deterministic half alone outlasted the 5.5 minutes left to it on an H200. A smaller model checks the same paths.
 VERIFY_ARGS=${VERIFY_ARGS:---depth 20 --alpha 48 --synthetic_size 4096}
@@ -51,29 +52,29 @@ part() {  # part NAME LOG COMMAND...: run it with its output to LOG, time it, ad
 }
 wanted() { [[ " $PARTS " == *" $1 "* ]]; }
 
+if wanted fast_path; then
+    part fast_path "$WORK/fast_path.log" env BENCHMARK_STEPS="${BENCHMARK_STEPS:-50}" COMPILE="${COMPILE:-1}" \
+        bash benchmarks/fast_path.sh "$WORK/fast_path"
+    cp "$WORK/fast_path/summary.txt" "$OUT/fast_path.md" 2>/dev/null
+    cp "$WORK/fast_path/profile.json" "$OUT/profile.json" 2>/dev/null
+    grep -A40 "operator self time" "$WORK/fast_path.log" | head -60 >> "$OUT/fast_path.md"
+    { echo "## Fast path (PyramidNet-110 alpha=270, batch 256)"; head -20 "$OUT/fast_path.md"; echo; } \
+        >> "$SUMMARY"
+fi
+if wanted verify; then  # the GPU tolerances of --verify, measured: bitwise with --deterministic, how far without
+    # every mode, fsdp too (compare.py leaves it out by default on one GPU)
+    # shellcheck disable=SC2086
+    part verify "$WORK/verify.log" python compare.py --verify --modes $ALL_MODES $VERIFY_ARGS --out "$WORK/verify"
+    # shellcheck disable=SC2086
+    part verify_deterministic "$WORK/verify.log" python compare.py --verify --deterministic --modes $ALL_MODES \
+        $VERIFY_ARGS --out "$WORK/verify_det"
+fi
 if wanted tests; then  # the comparison's own test waits for compare.py below
     # -o addopts: one process (the GPU tests start their runs side by side themselves; no pytest-xdist needed)
     part tests "$OUT/tests.log" python -m pytest -q -o addopts= -rA tests/gpu -k "not compare_writes" \
         -p no:cacheprovider
     { echo; echo "## Tests"; grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" "$OUT/tests.log" | tail -40
       echo; } >> "$SUMMARY"
-fi
-if wanted fast_path; then
-    part fast_path "$WORK/fast_path.log" env BENCHMARK_STEPS="${BENCHMARK_STEPS:-100}" COMPILE="${COMPILE:-0}" \
-        bash benchmarks/fast_path.sh "$WORK/fast_path"
-    cp "$WORK/fast_path/summary.txt" "$OUT/fast_path.md" 2>/dev/null
-    cp "$WORK/fast_path/profile.json" "$OUT/profile.json" 2>/dev/null
-    grep -A40 "operator self time" "$WORK/fast_path.log" | head -60 >> "$OUT/fast_path.md"
-    { echo "## Fast path (PyramidNet-110 alpha=270, batch 256)"; head -12 "$OUT/fast_path.md"; echo; } \
-        >> "$SUMMARY"
-fi
-if wanted verify; then  # the GPU tolerances of --verify, measured: bitwise with --deterministic, how far without
-    # every mode, fsdp too (compare.py leaves it out by default on one GPU)
-    # shellcheck disable=SC2086
-    part verify_deterministic "$WORK/verify.log" python compare.py --verify --deterministic --modes $ALL_MODES \
-        $VERIFY_ARGS --out "$WORK/verify_det"
-    # shellcheck disable=SC2086
-    part verify "$WORK/verify.log" python compare.py --verify --modes $ALL_MODES $VERIFY_ARGS --out "$WORK/verify"
 fi
 if wanted compare; then
     # shellcheck disable=SC2086

@@ -1,5 +1,8 @@
 """Where a training step's time goes: torch.profiler over a few single_gpu steps, grouped into convolutions,
-BatchNorm, element-wise work and the rest, plus the top operators.
+BatchNorm, element-wise work and the rest, plus the top operators; the convolutions split by pass (fprop, dgrad,
+wgrad: by cuDNN's kernel names on a GPU; forward and backward on the CPU) and by the resolution of their input
+(the stage); each category's achieved TFLOP/s or GB/s; and the step against the roofline of the model
+(benchmarks/roofline.py: its layer shapes at the GPU's peak FLOP/s and memory bandwidth).
 
     python benchmarks/profile_step.py --batch_size 256                       # the default model, the fast path
     python benchmarks/profile_step.py --batch_size 256 --width_multiple 8    # widths rounded for tensor cores
@@ -28,7 +31,9 @@ from torch.profiler import ProfilerActivity, profile
 from common.config import Config, flag, parse_config, user_errors
 from common.data import DATASET_INFO
 from common.devices import seed_everything
-from common.performance import autocast, memory_format, resolve_fast_path
+from common.performance import autocast, memory_format, peak_tflops, resolve_fast_path
+from benchmarks.roofline import bandwidth_tbs, roofline, step_ops
+from models import pyramidnet
 from single_gpu.train import get_model, get_optimizer, setup
 
 # What operators and kernels compute, not which library ran them: cuDNN runs BatchNorm as well as convolutions
@@ -101,17 +106,97 @@ def profile_steps(cfg: ProfileConfig) -> dict:
     if cuda:
         torch.cuda.synchronize(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, record_shapes=True) as prof:  # shapes: each convolution's stage
         for _ in range(cfg.steps):
             step()
         if cuda:
             torch.cuda.synchronize(device)
     operators, kernels = device_times(prof.key_averages(), cuda, cfg.steps)
-    return {"device": torch.cuda.get_device_name(device) if cuda else "cpu", "torch": torch.__version__,
-            "config": {"depth": cfg.depth, "alpha": cfg.alpha, "block": cfg.block, "batch_size": cfg.batch_size,
-                       "width_multiple": cfg.width_multiple, "amp": cfg.amp, "channels_last": cfg.channels_last,
-                       "compile": cfg.compile},
-            **breakdown(operators, kernels, cfg.top)}
+    report = {"device": torch.cuda.get_device_name(device) if cuda else "cpu", "torch": torch.__version__,
+              "config": {"depth": cfg.depth, "alpha": cfg.alpha, "block": cfg.block,
+                         "batch_size": cfg.batch_size, "width_multiple": cfg.width_multiple,
+                         "align_channels": cfg.align_channels, "amp": cfg.amp,
+                         "channels_last": cfg.channels_last, "compile": cfg.compile},
+              **breakdown(operators, kernels, cfg.top)}
+    report["conv_passes"] = conv_passes(prof.events(), cuda, cfg.steps)
+    ops = step_ops(real_model(cfg, data), cfg.batch_size, (data.channels, data.size, data.size), data.classes,
+                   torch.float32 if cfg.amp == "off" else torch.bfloat16)
+    report["achieved"] = achieved(report, ops)
+    peak = peak_tflops(device, cfg.amp) if cuda else None
+    bandwidth = bandwidth_tbs(report["device"]) if cuda else None
+    report["roofline"] = None
+    if peak is not None and bandwidth is not None:
+        bound = roofline(ops, cfg.batch_size, peak, bandwidth)
+        measured = report["kernel_seconds"]
+        report["roofline"] = {**{k: v for k, v in bound.items() if k != "categories"},
+                              "op_by_op_share": bound["op_by_op_s"] / measured,
+                              "fused_share": bound["fused_s"] / measured}
+    return report
+
+
+def real_model(cfg: ProfileConfig, data) -> torch.nn.Module:
+    """The paper's model the profile trained (its real widths: the FLOPs a step is credited with), built on
+    the meta device."""
+    with torch.device("meta"):
+        return pyramidnet(cfg.depth, cfg.alpha, cfg.block, num_classes=data.classes,
+                          in_channels=data.channels, width_multiple=cfg.width_multiple)
+
+
+def conv_pass(kernel: str, backward: bool) -> str:
+    """Which pass a convolution kernel computes, by its name: cuDNN's and CUTLASS's say dgrad or wgrad; a
+    layout kernel reshapes; any other kernel of a forward operator is fprop, of a backward one unnamed."""
+    lowered = kernel.lower()
+    if is_conv_layout(lowered):
+        return "layout"
+    for name in ("dgrad", "wgrad"):
+        if name in lowered:
+            return name
+    return "backward (unnamed)" if backward else "fprop"
+
+
+def conv_passes(events, cuda: bool, steps: int) -> dict:
+    """Convolution time per step, in ms, by pass and by the resolution of the convolution's input ("32x32": the
+    stem and stage 1, with stage 2's first, strided, convolution; "16x16"; "8x8"). On a GPU from each
+    convolution operator's kernels, named by pass; on the CPU from the operators' self time, forward or
+    backward (dgrad and wgrad are one operator there)."""
+    table: dict[str, dict[str, float]] = {}
+    for event in events:
+        if event.device_type != DeviceType.CPU or "convolution" not in event.name:
+            continue
+        backward = "backward" in event.name
+        shapes = [shape for shape in (event.input_shapes or []) if len(shape) == 4]
+        activation = shapes[1] if backward and len(shapes) > 1 else shapes[0] if shapes else None
+        stage = f"{activation[2]}x{activation[3]}" if activation else "?"
+        if cuda:
+            times = [(conv_pass(kernel.name, backward), kernel.duration) for kernel in event.kernels]
+        else:
+            times = [("backward" if backward else "fprop", event.self_cpu_time_total)]
+        for kind, microseconds in times:
+            row = table.setdefault(kind, {})
+            row[stage] = row.get(stage, 0.0) + microseconds / 1e3 / steps
+    return table
+
+
+def achieved(report: dict, ops) -> dict:
+    """Each category's achieved rate: the model's real FLOPs (its convolutions and classifier) over the
+    convolution time, in TFLOP/s, and BatchNorm's and the element-wise work's minimum bytes over their time, in
+    GB/s; then each convolution pass's TFLOP/s (on a GPU: fprop and wgrad do the forward's FLOPs, dgrad the
+    forward's less the stem's, which needs no input gradient)."""
+    shares = report["kernel_shares"] or report["shares"]
+    seconds = report["kernel_seconds"] or report["step_seconds"]
+    flops = {"convolution": sum(op.flops for op in ops if op.category in ("convolution", "classifier"))}
+    moved = {kind: sum(op.bytes for op in ops if op.category == kind) for kind in ("batchnorm", "elementwise")}
+    rates = {"convolution_tflops": flops["convolution"] / (shares["convolution"] * seconds) / 1e12}
+    rates.update({f"{kind}_gbs": moved[kind] / (shares[kind] * seconds) / 1e9 if shares[kind] else None
+                  for kind in moved})
+    forward = [op for op in ops if op.name == "convolution"]
+    fprop = sum(op.flops for op in forward)
+    stem = forward[0].flops if forward else 0
+    passes = report["conv_passes"]
+    for kind, work in (("fprop", fprop), ("dgrad", fprop - stem), ("wgrad", fprop)):
+        ms = sum(passes.get(kind, {}).values())
+        rates[f"{kind}_tflops"] = work / (ms / 1e3) / 1e12 if ms and report["kernel_shares"] else None
+    return rates
 
 
 def device_times(events, cuda: bool, steps: int) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
@@ -169,6 +254,25 @@ def summary(report: dict) -> list[str]:
         lines += [f"  kernels:   {split(report['kernel_shares'])} of {1e3 * report['kernel_seconds']:.2f} ms",
                   f"  conv layout/padding kernels: {100 * report['conv_layout_share']:.1f}% of kernel time, in "
                   f"convolution ({LAYOUT_HINT})"]
+    lines += pass_lines(report.get("conv_passes") or {})
+    rates = report.get("achieved") or {}
+    if rates:
+        def rate(key, unit):
+            return f"{rates[key]:.1f} {unit}" if rates.get(key) is not None else "-"
+
+        lines.append(f"  achieved: convolution {rate('convolution_tflops', 'TFLOP/s')} (fprop "
+                     f"{rate('fprop_tflops', 'TFLOP/s')}, dgrad {rate('dgrad_tflops', 'TFLOP/s')}, wgrad "
+                     f"{rate('wgrad_tflops', 'TFLOP/s')}); batchnorm {rate('batchnorm_gbs', 'GB/s')}; "
+                     f"elementwise {rate('elementwise_gbs', 'GB/s')}")
+    bound = report.get("roofline")
+    if bound:
+        lines.append(f"  roofline ({bound['peak_tflops']:g} TFLOP/s, {bound['bandwidth_tbs']:g} TB/s): "
+                     f"{1e3 * bound['op_by_op_s']:.2f} ms op by op ({bound['op_by_op_images_per_sec']:.0f} "
+                     f"images/s), {1e3 * bound['fused_s']:.2f} ms fused ({bound['fused_images_per_sec']:.0f}); "
+                     f"this step is at {100 * bound['op_by_op_share']:.1f} % of the op-by-op roofline and "
+                     f"{100 * bound['fused_share']:.1f} % of the fused one")
+    elif "roofline" in report:
+        lines.append("  roofline: needs a GPU of known peak FLOP/s and bandwidth")
     for row in report["top"]:
         lines.append(f"  {row['ms_per_step']:9.3f} ms {100 * row['share']:5.1f}%  {row['category']:<11} {row['op']}")
     if report["top_kernels"]:
@@ -176,6 +280,19 @@ def summary(report: dict) -> list[str]:
     for row in report["top_kernels"]:
         label = "conv layout" if row["conv_layout"] else row["category"]
         lines.append(f"  {row['ms_per_step']:9.3f} ms {100 * row['share']:5.1f}%  {label:<11} {row['kernel'][:110]}")
+    return lines
+
+
+def pass_lines(passes: dict) -> list[str]:
+    """The convolutions' ms per step as a table: a row per pass, a column per input resolution."""
+    if not passes:
+        return []
+    stages = sorted({stage for row in passes.values() for stage in row}, key=lambda s: (s == "?", -int(
+        s.split("x")[0]) if s != "?" else 0))
+    lines = ["  convolution ms per step by pass and input resolution: " + ", ".join(stages)]
+    for kind, row in passes.items():
+        cells = "  ".join(f"{row.get(stage, 0.0):8.3f}" for stage in stages)
+        lines.append(f"    {kind:<19}{cells}   total {sum(row.values()):.3f}")
     return lines
 
 

@@ -30,6 +30,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DATASETS = ("cifar10", "mnist", "synthetic")  # their shapes and statistics: common/data.py
 LOADERS = ("gpu", "torchvision")
 AMPS = ("bf16", "fp16", "off")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")  # torch.compile's
 BASE_BATCH = 128  # --lr is given per this many images of global batch
 INT_MAX = 2**63 - 1  # torch's largest integer: a count above it reaches no tensor and no C++ call
 # The weights are float32 in every mode (autocast computes in bf16/fp16 but keeps them so): SGD hands the learning
@@ -297,7 +298,20 @@ class Config:
                            choices=AMPS)
     channels_last: bool | None = flag(None, "NHWC memory format for the model and the batches, which tensor cores "
                                             "prefer (default: on with CUDA, off on the CPU)")
+    align_channels: int | None = flag(None, "store every activation at a channel count rounded up to a multiple "
+                                            "of N, the extra channels exactly zero, so that convolutions get "
+                                            "tensor-core shapes: the same model, parameters and checkpoints "
+                                            "(default: 8 with CUDA, 0 = off on the CPU)", at_least=0, at_most=256)
     compile: bool = flag(False, "torch.compile the model; the compile time is reported apart and not timed")
+    compile_mode: str = flag("default", "torch.compile's mode: default; reduce-overhead (CUDA graphs of the "
+                                        "step's forward and backward); max-autotune-no-cudagraphs; max-autotune",
+                             choices=COMPILE_MODES)
+    compile_cache: str | None = flag(None, "folder of torch.compile's caches (inductor's FX graphs, AOTAutograd's, "
+                                           "Triton's kernels), kept between runs so that the next run on this "
+                                           "machine compiles in seconds (default: <log_dir>/.compile_cache)",
+                                     check="folder")
+    cudnn_benchmark_limit: int | None = flag(None, "cuDNN algorithms that autotuning tries per convolution "
+                                                   "(torch's default: 10; 0: every one)", at_least=0, at_most=10**6)
     benchmark: bool = flag(False, "measure speed only: synthetic data, --warmup_steps untimed, then "
                                   "--benchmark_steps timed steps, no evaluation")
     benchmark_steps: int = flag(100, "timed optimizer steps of --benchmark", at_least=1)

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import os
 import re
+from pathlib import Path
 
 import torch
 
@@ -52,14 +53,25 @@ def resolve_fast_path(cfg: Config, device: torch.device) -> Config:
     if amp == "bf16" and not bf16_ok:
         raise UsageError(f"{torch.cuda.get_device_name(device)} has no bf16 tensor cores: use --amp fp16 or off")
     channels_last = cuda if cfg.channels_last is None else cfg.channels_last
+    sync_bn = getattr(cfg, "sync_bn", False)  # dist_parallel's: SyncBatchNorm takes the paper's widths only
+    align = cfg.align_channels if cfg.align_channels is not None else 8 if cuda and not sync_bn else 0
+    if align > 1 and sync_bn:
+        raise UsageError(f"--sync_bn with --align_channels {align}: SyncBatchNorm takes the paper's channel "
+                         f"counts only; give --align_channels 0")
     if cuda:
         torch.backends.cudnn.benchmark = not cfg.deterministic  # the fastest algorithm per shape (drop_last fixes them)
+        if cfg.cudnn_benchmark_limit is not None:
+            torch.backends.cudnn.benchmark_limit = cfg.cudnn_benchmark_limit
         torch.set_float32_matmul_precision("high")  # TF32 for fp32 matrix products, as convolutions by default
     if cfg.deterministic:  # the same bits on every run: deterministic kernels only, an error where none exists
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts: no matmul ran yet
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.deterministic = True
-    return dataclasses.replace(cfg, amp=amp, channels_last=channels_last)
+    cache = cfg.compile_cache or str(Path(cfg.log_dir) / ".compile_cache")
+    if cfg.compile:  # inductor reads it when it compiles: the FX-graph, AOTAutograd and Triton caches go there
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+    return dataclasses.replace(cfg, amp=amp, channels_last=channels_last, align_channels=align,
+                               compile_cache=cache if cfg.compile else cfg.compile_cache)
 
 
 def memory_format(cfg: Config) -> torch.memory_format:
@@ -172,4 +184,13 @@ def speed_summary(cfg: Config, totals, timer, device: torch.device, devices: int
 def describe_fast_path(cfg: Config) -> str:
     """`amp bf16, channels_last, compiled` for the run's first line."""
     parts = [f"amp {cfg.amp}" if cfg.amp != "off" else "fp32", "channels_last" if cfg.channels_last else "NCHW"]
-    return ", ".join(parts + (["compiled"] if cfg.compile else []))
+    parts += [f"channels stored in multiples of {cfg.align_channels}"] if (cfg.align_channels or 0) > 1 else []
+    return ", ".join(parts + ([f"compiled ({compile_state(cfg)})"] if cfg.compile else []))
+
+
+def compile_state(cfg: Config) -> str:
+    """torch.compile's mode and whether its cache folder holds an earlier run's work (warm) or not (cold)."""
+    cache = Path(cfg.compile_cache) if cfg.compile_cache else None
+    warm = cache is not None and cache.is_dir() and any(cache.iterdir())
+    mode = "" if cfg.compile_mode == "default" else f"{cfg.compile_mode}, "
+    return f"{mode}cache {'warm' if warm else 'cold'}: {cfg.compile_cache}"

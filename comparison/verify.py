@@ -95,7 +95,8 @@ def _train_reference(cfg: Config, world_size: int, device: torch.device) -> dict
                                    memory_format=memory_format(cfg)))
     info = train_set.info
     model = pyramidnet(cfg.depth, cfg.alpha, cfg.block, num_classes=info.classes, in_channels=info.channels,
-                       width_multiple=cfg.width_multiple).to(device, memory_format=memory_format(cfg))
+                       width_multiple=cfg.width_multiple, align_channels=cfg.align_channels)
+    model = model.to(device, memory_format=memory_format(cfg))
     optimizer = build_optimizer(model, cfg, device)
     scheduler, scaler = lr_schedule(optimizer, cfg, len(loaders[0])), grad_scaler(cfg, device)
     model.train()

@@ -79,12 +79,13 @@ def get_model(cfg: Config, device: torch.device, gpus: list[int]):
     """The model to call, and the unwrapped one whose weights are saved and evaluated."""
     data = DATASET_INFO[cfg.dataset]  # the images' channels and the classes
     raw_model = pyramidnet(cfg.depth, cfg.alpha, cfg.block, num_classes=data.classes,
-                           in_channels=data.channels, width_multiple=cfg.width_multiple)
+                           in_channels=data.channels, width_multiple=cfg.width_multiple,
+                           align_channels=cfg.align_channels)  # activations stored aligned
     raw_model = raw_model.to(device, memory_format=memory_format(cfg))
     # splits each global batch over the GPUs; each replica's thread enters the run's autocast itself
     model = nn.DataParallel(AutocastForward(raw_model, cfg), device_ids=gpus or None)
     if cfg.compile:  # compiled in the first step; raw_model (evaluation, saving) stays eager
-        model = torch.compile(model)
+        model = torch.compile(model, mode=cfg.compile_mode)  # reduce-overhead: CUDA graphs
     return model, raw_model
 
 

@@ -118,7 +118,8 @@ def get_model(cfg: DistConfig, device: torch.device):
     """The model to call, and the unwrapped one whose weights are saved and evaluated."""
     data = DATASET_INFO[cfg.dataset]  # the images' channels and the classes
     raw_model = pyramidnet(cfg.depth, cfg.alpha, cfg.block, num_classes=data.classes,
-                           in_channels=data.channels, width_multiple=cfg.width_multiple)
+                           in_channels=data.channels, width_multiple=cfg.width_multiple,
+                           align_channels=cfg.align_channels)  # activations stored aligned
     raw_model = raw_model.to(device, memory_format=memory_format(cfg))
     if cfg.sync_bn:  # BatchNorm statistics over the global batch: an all-reduce in every BN forward
         raw_model = nn.SyncBatchNorm.convert_sync_batchnorm(raw_model)
@@ -130,7 +131,7 @@ def get_model(cfg: DistConfig, device: torch.device):
                 bucket_cap_mb=cfg.bucket_cap_mb, gradient_as_bucket_view=True,
                 static_graph=not cfg.compile)
     if cfg.compile:  # compiled in the first step; raw_model (evaluation, saving) stays eager
-        model = torch.compile(model)
+        model = torch.compile(model, mode=cfg.compile_mode)  # reduce-overhead: CUDA graphs
     return model, raw_model
 
 

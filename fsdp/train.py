@@ -119,7 +119,8 @@ def get_model(cfg: FsdpConfig, device: torch.device):
     the same module, its parameters now DTensor slices; compiled, the model to call wraps it)."""
     data = DATASET_INFO[cfg.dataset]  # the images' channels and the classes
     raw_model = pyramidnet(cfg.depth, cfg.alpha, cfg.block, num_classes=data.classes,
-                           in_channels=data.channels, width_multiple=cfg.width_multiple)
+                           in_channels=data.channels, width_multiple=cfg.width_multiple,
+                           align_channels=cfg.align_channels)  # activations stored aligned
     # FSDP2 shards contiguous parameters only: the weights stay NCHW; with --channels_last the
     # batches are NHWC, and cuDNN takes a convolution's layout from its input
     raw_model = raw_model.to(device)
@@ -136,7 +137,7 @@ def get_model(cfg: FsdpConfig, device: torch.device):
     fully_shard(raw_model, reshard_after_forward=cfg.reshard_after_forward)
     model = raw_model
     if cfg.compile:  # compiled in the first step; raw_model (evaluation, saving) stays eager
-        model = torch.compile(model)
+        model = torch.compile(model, mode=cfg.compile_mode)  # reduce-overhead: CUDA graphs
     return model, raw_model
 
 

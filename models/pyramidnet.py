@@ -14,19 +14,93 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def stored(channels: int, align: int | None) -> int:
+    """How many channels an activation of `channels` is stored at: rounded up to a multiple of `align` (0, 1 or
+    None: as it is)."""
+    return -(-channels // align) * align if align and align > 1 else channels
+
+
+def conv(in_channels: int, out_channels: int, kernel_size: int, align: int | None, stride: int = 1,
+         padding: int = 0, aligned_input: bool = True) -> nn.Conv2d:
+    """A bias-free convolution between activations stored aligned (its input too, unless `aligned_input` is
+    False: the images): nn.Conv2d itself where neither side is padded, else an AlignedConv2d of the same
+    weight."""
+    in_stored = stored(in_channels, align) if aligned_input else in_channels
+    out_stored = stored(out_channels, align)
+    if (in_stored, out_stored) == (in_channels, out_channels):
+        return nn.Conv2d(in_channels, out_channels, kernel_size, stride=stride, padding=padding, bias=False)
+    return AlignedConv2d(in_channels, out_channels, kernel_size, in_stored=in_stored, out_stored=out_stored,
+                         stride=stride, padding=padding)
+
+
+def batch_norm(channels: int, align: int | None) -> nn.BatchNorm2d:
+    """BatchNorm of an activation stored aligned: nn.BatchNorm2d itself where it is not padded."""
+    width = stored(channels, align)
+    return nn.BatchNorm2d(channels) if width == channels else AlignedBatchNorm2d(channels, width)
+
+
+class AlignedConv2d(nn.Conv2d):
+    """A convolution whose weight has the paper's shape, reading an input stored at `in_stored` channels and
+    writing an output stored at `out_stored`, the extra channels zero. The weight is padded with zeros on the fly:
+    the padded parts are no parameters, and the pad's backward drops their gradients."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, *, in_stored: int,
+                 out_stored: int, stride: int = 1, padding: int = 0):
+        super().__init__(in_channels, out_channels, kernel_size, stride=stride, padding=padding, bias=False)
+        self.in_stored, self.out_stored = in_stored, out_stored
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        extra_in, extra_out = self.in_stored - self.in_channels, self.out_stored - self.out_channels
+        weight = F.pad(self.weight, (0, 0, 0, 0, 0, extra_in, 0, extra_out))
+        return self._conv_forward(x, weight, None)
+
+
+class AlignedBatchNorm2d(nn.BatchNorm2d):
+    """BatchNorm of `num_features` channels (the paper's gamma and beta) over an input stored at `stored`
+    channels. Gamma and beta are padded with zeros on the fly, so a padded channel, all zeros, stays exactly zero
+    (BatchNorm of a constant channel outputs beta). The running statistics are kept at the stored length; the
+    state_dict holds the real ones only, so that checkpoints are those of the unaligned model."""
+
+    def __init__(self, num_features: int, stored_features: int):
+        super().__init__(num_features)
+        self.stored = stored_features
+        self.running_mean = torch.zeros(stored_features)
+        self.running_var = torch.ones(stored_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        extra = self.stored - self.num_features
+        if self.training:  # as nn.BatchNorm2d with its defaults: running statistics tracked, momentum 0.1
+            self.num_batches_tracked.add_(1)
+        return F.batch_norm(x, self.running_mean, self.running_var, F.pad(self.weight, (0, extra)),
+                            F.pad(self.bias, (0, extra)), self.training, self.momentum, self.eps)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        for name in ("running_mean", "running_var"):
+            destination[prefix + name] = destination[prefix + name][:self.num_features]
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        for name in ("running_mean", "running_var"):  # a saved real length gets this module's padded tail
+            key, kept = prefix + name, getattr(self, name)
+            if key in state_dict and len(state_dict[key]) == self.num_features < len(kept):
+                state_dict[key] = torch.cat([state_dict[key].to(kept), kept[self.num_features:]])
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
 class BasicBlock(nn.Module):
     """BN - conv3x3 - BN - ReLU - conv3x3 - BN, plus the padded identity."""
 
     expansion = 1
 
-    def __init__(self, in_channels: int, width: int, stride: int):
+    def __init__(self, in_channels: int, width: int, stride: int, align: int | None = 0):
         super().__init__()
-        self.bn1 = nn.BatchNorm2d(in_channels)
-        self.conv1 = nn.Conv2d(in_channels, width, 3, stride=stride, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(width)
-        self.conv2 = nn.Conv2d(width, width, 3, padding=1, bias=False)
-        self.bn3 = nn.BatchNorm2d(width)
+        self.bn1 = batch_norm(in_channels, align)
+        self.conv1 = conv(in_channels, width, 3, align, stride=stride, padding=1)
+        self.bn2 = batch_norm(width, align)
+        self.conv2 = conv(width, width, 3, align, padding=1)
+        self.bn3 = batch_norm(width, align)
         self.stride = stride
+        self.out_stored = stored(width, align)  # the output's channels as stored
 
     def residual(self, x: torch.Tensor) -> torch.Tensor:
         out = self.conv1(self.bn1(x))
@@ -34,7 +108,7 @@ class BasicBlock(nn.Module):
         return self.bn3(out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.residual(x) + padded_shortcut(x, self.bn3.num_features, self.stride)
+        return self.residual(x) + padded_shortcut(x, self.out_stored, self.stride)
 
 
 class Bottleneck(nn.Module):
@@ -42,17 +116,18 @@ class Bottleneck(nn.Module):
 
     expansion = 4
 
-    def __init__(self, in_channels: int, width: int, stride: int):
+    def __init__(self, in_channels: int, width: int, stride: int, align: int | None = 0):
         super().__init__()
         out_channels = width * self.expansion
-        self.bn1 = nn.BatchNorm2d(in_channels)
-        self.conv1 = nn.Conv2d(in_channels, width, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(width)
-        self.conv2 = nn.Conv2d(width, width, 3, stride=stride, padding=1, bias=False)
-        self.bn3 = nn.BatchNorm2d(width)
-        self.conv3 = nn.Conv2d(width, out_channels, 1, bias=False)
-        self.bn4 = nn.BatchNorm2d(out_channels)
+        self.bn1 = batch_norm(in_channels, align)
+        self.conv1 = conv(in_channels, width, 1, align)
+        self.bn2 = batch_norm(width, align)
+        self.conv2 = conv(width, width, 3, align, stride=stride, padding=1)
+        self.bn3 = batch_norm(width, align)
+        self.conv3 = conv(width, out_channels, 1, align)
+        self.bn4 = batch_norm(out_channels, align)
         self.stride = stride
+        self.out_stored = stored(out_channels, align)  # the output's channels as stored
 
     def residual(self, x: torch.Tensor) -> torch.Tensor:
         out = self.conv1(self.bn1(x))
@@ -61,7 +136,7 @@ class Bottleneck(nn.Module):
         return self.bn4(out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.residual(x) + padded_shortcut(x, self.bn4.num_features, self.stride)
+        return self.residual(x) + padded_shortcut(x, self.out_stored, self.stride)
 
 
 def padded_shortcut(x: torch.Tensor, out_channels: int, stride: int) -> torch.Tensor:
@@ -77,16 +152,19 @@ BLOCKS = {"basic": (BasicBlock, 6), "bottleneck": (Bottleneck, 9)}  # block -> (
 
 class PyramidNet(nn.Module):
     def __init__(self, depth: int = 110, alpha: float = 270, block: str = "basic", num_classes: int = 10,
-                 in_channels: int = 3, width_multiple: int = 1):
+                 in_channels: int = 3, width_multiple: int = 1, align_channels: int | None = 0):
         super().__init__()
         block_class, blocks_per_stage = check_arguments(depth, alpha, block, num_classes, in_channels)
         if width_multiple < 1:
             raise ValueError(f"width_multiple must be 1 (the paper's widths) or more, not {width_multiple}")
+        if align_channels is not None and align_channels < 0:
+            raise ValueError(f"align_channels must be 0 (off) or more, not {align_channels}")
         step = alpha / (3 * blocks_per_stage)  # the width added by every block
         width = 16.0
         channels = 16
-        self.conv1 = nn.Conv2d(in_channels, channels, 3, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(channels)
+        # the images keep their channels; every activation after them is stored aligned
+        self.conv1 = conv(in_channels, channels, 3, align_channels, padding=1, aligned_input=False)
+        self.bn1 = batch_norm(channels, align_channels)
         stages = []
         for stage in range(3):
             blocks = []
@@ -94,11 +172,11 @@ class PyramidNet(nn.Module):
                 width += step
                 stride = 2 if stage > 0 and index == 0 else 1
                 planes = -(-int(round(width)) // width_multiple) * width_multiple  # rounded up to the multiple
-                blocks.append(block_class(channels, planes, stride))
+                blocks.append(block_class(channels, planes, stride, align_channels))
                 channels = planes * block_class.expansion
             stages.append(nn.Sequential(*blocks))
         self.layer1, self.layer2, self.layer3 = stages
-        self.bn_final = nn.BatchNorm2d(channels)
+        self.bn_final = batch_norm(channels, align_channels)
         self.fc = nn.Linear(channels, num_classes)
         self.out_channels = channels
         self._init_weights()
@@ -120,7 +198,7 @@ class PyramidNet(nn.Module):
         x = self.layer3(self.layer2(self.layer1(x)))
         x = F.relu(self.bn_final(x), inplace=True)
         x = x.mean((2, 3))  # global average pooling; CUDA's adaptive_avg_pool2d backward is not deterministic
-        return self.fc(x)
+        return self.fc(x[:, :self.out_channels])  # the real channels (stored aligned, the rest are zeros)
 
 
 def check_arguments(depth, alpha, block, num_classes, in_channels):
@@ -165,8 +243,10 @@ def parameters_at_least(depth: int, alpha: float, block: str = "basic", width_mu
 
 
 def pyramidnet(depth: int = 110, alpha: float = 270, block: str = "basic", num_classes: int = 10,
-               in_channels: int = 3, width_multiple: int = 1) -> PyramidNet:
+               in_channels: int = 3, width_multiple: int = 1, align_channels: int | None = 0) -> PyramidNet:
     """PyramidNet-`depth` with widening factor `alpha`; depth is 6n+2 for basic blocks, 9n+2 for bottlenecks.
-    `width_multiple` > 1 rounds every block's width up to a multiple of it (8 suits tensor cores); 1 is the paper's
-    additive widening, whose widths are mostly not multiples of 8."""
-    return PyramidNet(depth, alpha, block, num_classes, in_channels, width_multiple)
+    `width_multiple` > 1 rounds every block's width up to a multiple of it (8 suits tensor cores): a wider model.
+    `align_channels` > 1 keeps the paper's model (its parameters, state_dict and FLOPs) but stores every
+    activation at a channel count rounded up to a multiple of it, the extra channels exactly zero, so that the
+    convolutions run on the shapes tensor cores take without cuDNN padding them on every call."""
+    return PyramidNet(depth, alpha, block, num_classes, in_channels, width_multiple, align_channels)

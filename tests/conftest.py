@@ -90,7 +90,8 @@ def scalar_events(run_dir: Path) -> dict:
 # at the end while the short ones fill in beside them.
 HEAVIEST_FIRST = ("test_reliability.py", "test_parallel.py", "test_compare.py", "test_compare_front_door.py",
                   "test_tensorboard.py", "test_fast_path.py",
-                  "test_bad_input.py", "test_single_gpu.py", "test_slurm.py", "test_mnist.py", "test_vscode.py")
+                  "test_bad_input.py", "test_single_gpu.py", "test_slurm.py", "test_aligned_channels.py",
+                  "test_mnist.py", "test_vscode.py")
 
 
 def pytest_collection_modifyitems(items):

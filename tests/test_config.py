@@ -214,7 +214,11 @@ DOMAINS = {
     # speed
     "amp": (list(AMPS), ["fp8"]),
     "channels_last": (["--channels_last", "--no_channels_last"], []),
+    "align_channels": (["0", "8", "256"], ["-1", "257", BIG]),
     "compile": (["--compile"], []),
+    "compile_mode": (["default", "reduce-overhead", "max-autotune"], ["fast"]),
+    "compile_cache": ([".", "relative/cache"], ["", "/proc/cache"]),
+    "cudnn_benchmark_limit": (["0", "10"], ["-1", str(10**6 + 1)]),
     "benchmark": (["--benchmark"], []),
     "benchmark_steps": (["1"], ["0", BIG]),
     # hardware and reproducibility

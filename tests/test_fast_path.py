@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,8 +18,8 @@ from common.config import Config, UsageError, parse_config
 from common.data import EvalShard, ShuffleSampler, load_datasets, make_loader
 from common.devices import seed_everything
 from common.optim import build_optimizer
-from common.performance import (autocast, flops_per_image, grad_scaler, mfu, peak_tflops, resolve_fast_path,
-                                speed_summary)
+from common.performance import (autocast, describe_fast_path, flops_per_image, grad_scaler, mfu, peak_tflops,
+                                resolve_fast_path, speed_summary)
 from conftest import TINY, at_epoch, read_results, refuse_in_process, run_script
 from models import pyramidnet
 
@@ -368,6 +369,23 @@ def test_compile_wraps_the_training_model_and_reports_its_time_apart(tmp_path, m
         torch.testing.assert_close(weights[0][name], weights[1][name], rtol=1e-5, atol=1e-6)
 
 
+def test_compile_keeps_its_caches_where_the_next_run_finds_them(tmp_path, monkeypatch):
+    """--compile points inductor's caches (FX graphs, AOTAutograd, Triton) at <log_dir>/.compile_cache, or at
+    --compile_cache, and the first line says whether an earlier run left work there (warm) or not (cold)."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "restored after the test")
+    cfg = resolve_fast_path(parse_config(Config, [*TINY, "--compile", "--log_dir", str(tmp_path)]), CPU)
+    cache = tmp_path / ".compile_cache"
+    assert cfg.compile_cache == str(cache) and os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(cache)
+    assert "compiled (cache cold" in describe_fast_path(cfg)
+    (cache / "fxgraph").mkdir(parents=True)
+    assert "compiled (cache warm" in describe_fast_path(cfg)
+    chosen = tmp_path / "elsewhere"
+    cfg = resolve_fast_path(parse_config(Config, [*TINY, "--compile", "--compile_cache", str(chosen),
+                                                  "--compile_mode", "reduce-overhead"]), CPU)
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(chosen)
+    assert f"compiled (reduce-overhead, cache cold: {chosen})" in describe_fast_path(cfg)
+
+
 def test_profile_tool_splits_a_step_into_categories(tmp_path):
     out = tmp_path / "profile.json"
     done = run_script("benchmarks/profile_step.py", "--depth", "8", "--alpha", "12", "--batch_size", "16",
@@ -381,3 +399,6 @@ def test_profile_tool_splits_a_step_into_categories(tmp_path):
     assert max(report["shares"], key=report["shares"].get) == "convolution"  # a CNN's step is its convolutions
     assert len(report["top"]) == 5 and report["top_kernels"] == []  # kernels only on a GPU
     assert "convolution" in done.stdout and "ms of operator self time per step" in done.stdout
+    passes = report["conv_passes"]  # on the CPU: forward and backward, by the input's resolution
+    assert set(passes) == {"fprop", "backward"} and set(passes["fprop"]) == {"32x32", "16x16", "8x8"}
+    assert report["achieved"]["convolution_tflops"] > 0 and report["roofline"] is None

@@ -7,10 +7,15 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import torch
 from torch.autograd import DeviceType
 
-from benchmarks.profile_step import ProfileConfig, breakdown, category, device_times, is_conv_layout, summary
-from common.config import missing_domains
+from benchmarks.profile_step import (ProfileConfig, breakdown, category, conv_pass, device_times, is_conv_layout,
+                                     summary)
+from benchmarks.roofline import Op, bandwidth_tbs, roofline, share_of_roofline, step_ops
+from common.config import Config, missing_domains, parse_config
+from common.performance import flops_per_image
+from models import pyramidnet
 
 # As the H100 profiles printed them: kernels cut at 120 characters, operators at 80.
 CONVOLUTION = [
@@ -154,3 +159,47 @@ def test_gpu_annotations_are_not_counted_as_kernels():
 
 def test_every_flag_of_profile_step_has_a_domain():
     assert missing_domains(ProfileConfig) == []
+
+
+# ---------------------------------------------------------------------------------------------- passes, roofline
+@pytest.mark.parametrize("kernel, backward, expected", [
+    (CONVOLUTION[6], True, "dgrad"), (CONVOLUTION[11], False, "fprop"), (CONVOLUTION[14], True, "wgrad"),
+    ("void wgrad_alg0_engine_NHWC<float, 128, 5, 5, 3, 3, 3, false, 512>(int, int", True, "wgrad"),
+    ("void cutlass__5x_cudnn::Kernel<cutlass_tensorop_bf16_s16816dgrad_optimized_bf16_128x128", True, "dgrad"),
+    ("void nhwcAddPaddingKernel<__nv_bfloat16, __nv_bfloat16, float, true>(int, int", False, "layout"),
+    ("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc", True, "backward (unnamed)"),
+])
+def test_a_convolution_kernel_is_named_by_its_pass(kernel, backward, expected):
+    assert conv_pass(kernel, backward) == expected
+
+
+def test_the_roofline_takes_the_slower_of_compute_and_memory():
+    """Per operator the larger of FLOPs at peak and bytes at bandwidth; op by op they add up; fused, only the
+    convolutions, the classifier and the update count."""
+    ops = [Op("convolution", "convolution", 2_000_000_000_000, 1_000_000_000),  # 2 ms of compute, 0.5 ms of bytes
+           Op("native_batch_norm", "batchnorm", 0, 4_000_000_000),  # 2 ms of bytes
+           Op("sgd", "update", 0, 1_000_000_000)]  # 0.5 ms
+    bound = roofline(ops, batch=100, peak_tflops=1000.0, bandwidth_tbs=2.0)
+    assert bound["op_by_op_s"] == pytest.approx(0.0045) and bound["fused_s"] == pytest.approx(0.0025)
+    assert bound["op_by_op_images_per_sec"] == pytest.approx(100 / 0.0045)
+    assert bound["categories"]["batchnorm"]["seconds"] == pytest.approx(0.002)
+    assert share_of_roofline(100 / 0.009, bound)["op_by_op"] == pytest.approx(0.5)
+
+
+def test_a_step_of_the_model_has_its_flops_and_the_bytes_of_its_tensors():
+    """The recorded step's convolution and classifier FLOPs are the model's FLOPs per image (flops_per_image, as
+    MFU counts them) times the batch; the first operator, the stem's convolution, moves its input, weight and
+    output once each; every category of a CNN's step is there."""
+    cfg = parse_config(Config, ["--depth", "8", "--alpha", "12", "--dataset", "synthetic"])
+    with torch.device("meta"):
+        model = pyramidnet(8, 12)
+    ops = step_ops(model, 4, (3, 32, 32), 10, torch.bfloat16)
+    assert sum(op.flops for op in ops if op.category in ("convolution", "classifier")) == 4 * flops_per_image(cfg)
+    stem = ops[0]
+    assert stem.name == "convolution" and stem.bytes == 2 * (4 * 3 * 32 * 32 + 16 * 3 * 9 + 4 * 16 * 32 * 32)
+    assert {"convolution", "batchnorm", "elementwise", "classifier", "update"} <= {op.category for op in ops}
+
+
+def test_bandwidth_by_gpu_name():
+    assert bandwidth_tbs("NVIDIA H100 80GB HBM3") == 3.35 and bandwidth_tbs("NVIDIA H200") == 4.8
+    assert bandwidth_tbs("NVIDIA GH200 480GB") == 4.0 and bandwidth_tbs("Tesla V100-SXM2-16GB") is None

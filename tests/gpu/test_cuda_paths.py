@@ -176,6 +176,10 @@ def test_profile_step_splits_a_gpu_step(launched):
     assert report["device"] == torch.cuda.get_device_name(CUDA)
     assert sum(report["shares"].values()) == pytest.approx(1.0)
     assert report["top_kernels"] and report["shares"]["convolution"] > 0 and report["shares"]["batchnorm"] > 0
+    assert {"fprop", "dgrad", "wgrad"} <= set(report["conv_passes"])  # cuDNN's kernels named by pass
+    assert report["achieved"]["convolution_tflops"] > 0
+    if report["roofline"] is not None:  # a GPU of known peak and bandwidth
+        assert 0 < report["roofline"]["op_by_op_share"] < 1
 
 
 def test_sigterm_on_the_gpu_checkpoints_and_exits(tmp_path):
