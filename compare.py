@@ -1,4 +1,4 @@
-"""Run every mode the same way and write the comparison: report.md, results.csv and plots.
+"""Run every mode the same way and write the comparison: report.md, projection.md, results.csv and plots.
 
     python compare.py                              # every mode on every GPU here: DDP and FSDP on NCCL and Gloo
     python compare.py --gpu_counts 1 2 4 8         # a scaling sweep (the same global batch in every run)
@@ -15,8 +15,9 @@ Each configuration runs as its own subprocess, started as a user would start it 
 data, global batch, learning rate and seed; by default in `--benchmark` mode (synthetic data, speed only). fsdp is
 in the default --modes where there are two GPUs or more (one GPU has nothing to shard over); `--modes fsdp` runs it
 anywhere. Each run's results.json is read back and everything goes to `--out` (default results/<timestamp>):
-report.md, results.csv, the plots, each run's log and run folder, and projections past this machine (DDP's and
-FSDP's scaling, and the memory per GPU of this model and wider ones). A run that fails is kept in the report with
+report.md (the table and what it says, first), results.csv, the plots, each run's log and run folder, and
+projection.md: projections past this machine (DDP's and FSDP's scaling, and the memory per GPU of this model and
+wider ones). A run that fails is kept in the report with
 its error. Without GPUs the same matrix runs as CPU processes over Gloo with a tiny PyramidNet, one thread per
 process standing in for a GPU.
 
@@ -57,9 +58,9 @@ from comparison import environment as machine  # noqa: E402
 from comparison.matrix import BACKENDS, GROUP_MODES, MODES, check_runs, command, config_class, plan  # noqa: E402
 from comparison.projection import fsdp_units, gradient_bytes, memory_projection  # noqa: E402
 from comparison.report import (  # noqa: E402
-    PICTURES, READING, TABLE_HEADER, Outcome, environment_section, fabric_of_runs, failures,
-    fill_rows, fmt_seconds, groups, memory_section, projection_inputs, projection_section,
-    table_row, untimed_note, write_csv, write_file)
+    PICTURES, TABLE_HEADER, Outcome, environment_section, fabric_of_runs, findings, fill_rows,
+    fmt_seconds, groups, listed, memory_section, projection_inputs, projection_section, table_row,
+    untimed_note, write_csv, write_file)
 from comparison.runner import (  # noqa: E402
     run_all, signal_name, signal_of, signals_deferred, start, stop_signals)
 from comparison.verify import Verification, defaults as verify_defaults  # noqa: E402
@@ -112,9 +113,9 @@ CPU_DEFAULTS = {"depth": 8, "alpha": 12.0, "batch_size": 32, "synthetic_size": 5
                 "warmup_steps": 3, "log_interval": 5, "loader": "gpu", "num_workers": 0}
 
 
-def parse(argv=None) -> tuple[CompareConfig, dict, dict]:
-    """compare.py's own flags, the train.py flags given (passed to every run) and the process-group modes' own
-    flags given (passed to their runs: GROUP_PASSED)."""
+def build_compare_parser() -> _OneLineParser:
+    """compare.py's flags, then the train.py flags it passes on: the parser parse() reads (docs/flags.py prints
+    its --help)."""
     parser = _OneLineParser(description=__doc__.split("\n\n")[0])
     add_flags(parser, CompareConfig)
     group = parser.add_argument_group("passed to every train.py (their defaults unless given)")
@@ -123,7 +124,13 @@ def parse(argv=None) -> tuple[CompareConfig, dict, dict]:
     dist_group = parser.add_argument_group("passed to dist_parallel/train.py (--dist_timeout to fsdp/train.py too)")
     add_flags(dist_group, dist_class, skip=[f.name for f in dataclasses.fields(dist_class)
                                             if f.name not in GROUP_PASSED], defaults=False)
-    args = vars(parser.parse_args(argv))
+    return parser
+
+
+def parse(argv=None) -> tuple[CompareConfig, dict, dict]:
+    """compare.py's own flags, the train.py flags given (passed to every run) and the process-group modes' own
+    flags given (passed to their runs: GROUP_PASSED)."""
+    args = vars(build_compare_parser().parse_args(argv))
     own = {f.name: args.pop(f.name) for f in dataclasses.fields(CompareConfig)}
     for name in ("modes", "gpu_counts", "backends", "amp", "sync_bn", "reshard_after_forward"):
         own[name] = tuple(dict.fromkeys(own[name])) if own[name] is not None else None
@@ -166,7 +173,7 @@ def resolve(cc: CompareConfig, train: dict, cuda: bool, gpus_here: int, group_on
 
 MARKER = ".pytorch-multigpu-comparison"  # written first into every --out; --overwrite looks for it
 # what compare.py writes into --out: what --overwrite removes there, and nothing else
-WRITTEN = (MARKER, "report.md", "results.csv", *PICTURES, "verify.md", "verify.json", "logs",
+WRITTEN = (MARKER, "report.md", "projection.md", "results.csv", *PICTURES, "verify.md", "verify.json", "logs",
            "runs")
 
 
@@ -246,7 +253,7 @@ def out_error(out: Path, error: OSError) -> str:
 
 def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bool, argv: list[str],
                  train: dict, env: dict, topology: str | None, elapsed: float) -> list[Path]:
-    """The pictures, results.csv, then report.md, each written whole or not at all
+    """The pictures, results.csv, projection.md, then report.md, each written whole or not at all
     (report.write_file): a report.md that exists is complete."""
     fill_rows(outcomes, out)
     ok = [o for o in outcomes if o.status == "ok"]
@@ -263,12 +270,31 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
                                config["momentum"] != 0, gpu_memory_bytes(cuda))
     from comparison.plots import pictures_section, write_plots  # matplotlib: a second's import, for pictures only
 
-    pictures = write_plots(outcomes, out, device, cuda, projection)
+    # the projected curves from a GPU's step only: from a CPU process's, they say nothing (projection.md says why)
+    pictures = write_plots(outcomes, out, device, cuda, projection if cuda else None)
     write_csv(outcomes, out / "results.csv")
+    model_name = f"PyramidNet-{config['depth']} α={config['alpha']:g} ({config['block']})"
     what = (f"`--benchmark`: synthetic data, {config['warmup_steps']} untimed then {config['benchmark_steps']} timed "
             f"steps per run" if not cc.epochs else f"training for {cc.epochs} epochs on {config['dataset']}")
-    lines = [
-        f"# Comparison: PyramidNet-{config['depth']} α={config['alpha']:g} ({config['block']}) — {device}",
+    modes = listed(list(dict.fromkeys(o.run.mode for o in outcomes)))
+    projection_page = [
+        f"# Projection past this machine: {model_name}, from the runs on {device}",
+        "",
+        "**A projection, not a measurement**: what the runs of [report.md](report.md) imply for more GPUs than "
+        "this machine has, and for wider models, by the cost models of `comparison/projection.py` (which lists "
+        "what they assume, with their sources).",
+        "",
+        "## Scaling past this machine",
+        "",
+        *projection_section(outcomes, projection, cuda, fabric_of_runs(outcomes, topology)),
+        "",
+        "## Memory per GPU: what fits",
+        "",
+        *memory_section(memory, outcomes, device if cuda else None),
+    ]
+    write_file(out / "projection.md", ("\n".join(projection_page) + "\n").encode())
+    report_page = [
+        f"# {modes}: {model_name} on {device}",
         "",
         f"`python compare.py {' '.join(argv)}` — {datetime.now():%Y-%m-%d %H:%M}, {len(outcomes)} runs in "
         f"{fmt_seconds(elapsed)}; {what}; the same seed ({config['seed']}) and learning rate rule (--lr "
@@ -280,28 +306,28 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
         "|" + "---|" * TABLE_HEADER.count(" | ") + "---|",
         *[table_row(group) for group in groups(outcomes)],
         "",
-        *failures(outcomes),
+        *findings(outcomes),
         "",
         *untimed_note(outcomes, config["warmup_steps"]),
-        READING,
+        "## Pictures",
         "",
         *pictures_section(outcomes, pictures),
         "",
         "Every run's figures, unrounded, are in `results.csv`; its log in `logs/`, its run folder (results.json, "
         "TensorBoard events) in `runs/`.",
         "",
-        "## Projection past this machine",
+        "How to read this report: `docs/comparing.md` in the repository, section \"Reading the report\" (what each "
+        "column means, and why GPU utilisation is not efficiency).",
         "",
-        *projection_section(outcomes, projection, cuda, fabric_of_runs(outcomes, topology)),
-        "",
-        *memory_section(memory, outcomes, device if cuda else None),
+        "[projection.md](projection.md): a projection past this machine, labelled so (DDP's and FSDP's scaling on "
+        "more GPUs, and the memory per GPU of this model and wider ones).",
         "",
         "## Environment",
         "",
         *environment_section(env, topology),
     ]
-    write_file(out / "report.md", ("\n".join(lines) + "\n").encode())
-    return [out / "report.md", out / "results.csv", *pictures]
+    write_file(out / "report.md", ("\n".join(report_page) + "\n").encode())
+    return [out / "report.md", out / "projection.md", out / "results.csv", *pictures]
 
 
 def model_on_meta(config: dict) -> torch.nn.Module:

@@ -59,6 +59,7 @@ def check_master_address(environ=os.environ) -> None:
     raise UsageError(f"MASTER_ADDR {address} is a loopback address but the job spans {nodes} nodes: set it to the "
                      f"first node's reachable host name or IP")
 
+
 def _is_loopback(address: str) -> bool:
     if address.lower() in ("localhost", "localhost.localdomain"):
         return True
@@ -66,6 +67,7 @@ def _is_loopback(address: str) -> bool:
         return ipaddress.ip_address(address).is_loopback
     except ValueError:
         return False
+
 
 def check_rendezvous_file(path: Path, timeout_s: float) -> None:
     """A file:// rendezvous must be able to work: its folder must exist (torch's FileStore would wait for a file
@@ -82,9 +84,10 @@ def check_rendezvous_file(path: Path, timeout_s: float) -> None:
 
 @contextlib.contextmanager
 def joining_group(init_method: str, rank: int, timeout_s: float):
-    """Around `dist.init_process_group`: before it, NCCL errors set to reach the main thread; a failed rendezvous becomes one line with the fix for the failures users meet
-    (a port in use, a master that cannot be reached, a file:// rendezvous left over from a crashed run). The wait
-    is bounded by the group's timeout, given to the call."""
+    """Around `dist.init_process_group`: before it, NCCL errors set to reach the main thread; after it, a failed
+    rendezvous as one line with the fix for the failures users meet (a port in use, a master that cannot be
+    reached, a file:// rendezvous left over from a crashed run). The wait is bounded by the group's timeout, given
+    to the call."""
     nccl_error_handling(os.environ)
     try:
         yield
@@ -103,6 +106,7 @@ def nccl_error_handling(environ) -> None:
     if environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1") == "1":
         environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "2"
 
+
 def restart_store(init_method: str, rank: int, world_size: int,
                   timeout: datetime.timedelta) -> dist.Store | None:
     """Under torchrun, the store at MASTER_ADDR:MASTER_PORT outlives a restart of the workers, and with it the
@@ -116,10 +120,12 @@ def restart_store(init_method: str, rank: int, world_size: int,
                           is_master=rank == 0 and not agent_hosts_it, timeout=timeout)
     return dist.PrefixStore(f"attempt_{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
 
+
 def rendezvous_error(error: Exception, init_method: str, rank: int, timeout_s: float) -> UsageError:
     """Joining the group failed on this rank: the line that says why, printed by this rank (others may not fail)."""
     return UsageError(_rendezvous_advice(" ".join(str(error).split()), init_method, rank, timeout_s),
                       rank_specific=True)
+
 
 def _rendezvous_advice(text: str, init_method: str, rank: int, timeout_s: float) -> str:
     host, port = os.environ.get("MASTER_ADDR", "?"), os.environ.get("MASTER_PORT", "?")
@@ -144,6 +150,7 @@ def _rendezvous_advice(text: str, init_method: str, rank: int, timeout_s: float)
 # and store timeouts.
 _GROUP_FAILURES = ("closed by peer", "connection reset", "broken pipe", "gloo", "nccl", "timed out", "timeout",
                    "watchdog", "process group", "processgroup")
+
 
 def group_failure(error: BaseException, rank: int, step: int) -> RunError | None:
     """A RunError naming this rank and the step when `error` came from the process group, else None."""
@@ -179,6 +186,7 @@ def from_rank0(load):
     _refused_on_rank0(result[1])
     return result[0]
 
+
 def on_every_rank(make):
     """`make()` on every rank, where only rank 0 can be refused (it alone claims the run folder): a UsageError
     there is raised on every rank, so all of them exit instead of waiting for rank 0 at the next collective."""
@@ -192,6 +200,7 @@ def on_every_rank(make):
     dist.broadcast_object_list(error, src=0)
     _refused_on_rank0(error[0])
     return value
+
 
 def _refused_on_rank0(message: str | None) -> None:
     if message is not None:

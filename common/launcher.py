@@ -91,6 +91,7 @@ def launch_workers(script: str, argv: list[str], nproc: int, max_restarts: int =
             del os.environ[STOP_REPORT]
     return 0
 
+
 def report_stop(step: int, checkpoint: Path | None) -> None:
     """Stopped by a signal with the checkpoint written, rank 0 tells the self-launch, which cannot see how its
     workers ended (under torchrun nothing is listening, and nothing is written)."""

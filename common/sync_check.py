@@ -13,6 +13,7 @@ from common.state import is_sharded, whole
 def _digest(tensor: torch.Tensor) -> str:
     return hashlib.sha256(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
 
+
 def check_sync(raw_model: torch.nn.Module) -> dict:
     """Every rank hashes each parameter and buffer; the hashes (and the small BatchNorm buffers) are gathered.
     Parameters must be bit-identical on every rank; running statistics may differ without SyncBatchNorm.
@@ -37,6 +38,7 @@ def check_sync(raw_model: torch.nn.Module) -> dict:
             "worst_buffer": worst_name, "ranks": len(gathered), "params": len(reference_params),
             "sharded": is_sharded(raw_model)}
 
+
 def describe_sync(report: dict, sync_bn: bool) -> str:
     whole = ", each gathered whole from its slices," if report.get("sharded") else ""
     params = (f"all {report['params']} parameter tensors{whole} identical on {report['ranks']} ranks"
@@ -50,6 +52,7 @@ def describe_sync(report: dict, sync_bn: bool) -> str:
         buffers = (f"BatchNorm running statistics differ by up to {report['buffers_max_abs_diff']:.3g} "
                    f"({report['worst_buffer']}){why}")
     return f"sync check: {params}; {buffers}"
+
 
 def verify_sync(raw_model: torch.nn.Module, sync_bn: bool, is_main: bool) -> dict:
     """check_sync, reported by rank 0; parameters that differ end the run on every rank with a non-zero exit."""

@@ -1,5 +1,8 @@
-"""From the runs' results.json files to the comparison: one CSV row per run, and report.md with one table row per
-configuration (mean ± std over repeats), the failed runs, the projections (scaling, memory) and the environment."""
+"""From the runs' results.json files to the comparison: one CSV row per run; report.md, answers first: one table row
+per configuration (mean ± std over repeats), what the table says in sentences computed from its figures (the fastest
+configuration, the scaling, what the parallelism costs, the run-to-run spread, the failed runs), then the pictures
+and the environment; and projection.md beside it, the projections past this machine (scaling, memory), labelled
+so."""
 from __future__ import annotations
 
 import csv
@@ -145,15 +148,204 @@ def table_row(group: list[Outcome]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+# --- report.md: what the table says -------------------------------------------------------------------------------
+
+UNITS = {"gpu": ("GPU", "GPUs"), "cpu": ("CPU process", "CPU processes")}  # what a run's `gpus` counts
+PARALLEL_MODES = ("data_parallel", "dist_parallel", "fsdp")
+
+
+@dataclass
+class Measured:
+    """A configuration as its table row sums it up: its successful runs that timed steps (their CSV rows)."""
+    run: PlannedRun  # the configuration's first run
+    rows: list[dict]
+
+    def mean(self, key: str) -> float | None:
+        values = [row[key] for row in self.rows if row[key] is not None]
+        return statistics.fmean(values) if values else None
+
+    @property
+    def images_per_sec(self) -> float:
+        return self.mean("images_per_sec")
+
+    @property
+    def step_s(self) -> float | None:
+        return self.mean("batch_time_p50_s")
+
+    @property
+    def amp(self) -> str | None:
+        return self.rows[0]["amp"]
+
+    @property
+    def per_gpu_batch(self) -> int:
+        return self.rows[0]["per_gpu_batch"]
+
+    @property
+    def low(self) -> float:
+        return min(row["images_per_sec"] for row in self.rows)
+
+    @property
+    def high(self) -> float:
+        return max(row["images_per_sec"] for row in self.rows)
+
+    def name(self, count: bool = True) -> str:
+        """The configuration in a sentence, as PlannedRun.describe() has it: 'dist_parallel on 2 GPUs (nccl)';
+        without its count, 'dist_parallel (nccl)'; single_gpu without its one GPU."""
+        described = self.run.describe()
+        counted = described.split(" (")[0]
+        if count and self.run.mode != "single_gpu":
+            return described
+        return self.run.mode + described[len(counted):]
+
+
+def measured(outcomes: list[Outcome]) -> list[Measured]:
+    """The configurations with a timed step, in the table's order."""
+    timed = []
+    for group in groups(outcomes):
+        rows = [o.row for o in group if o.status == "ok" and o.row["images_per_sec"] is not None]
+        if rows:
+            timed.append(Measured(group[0].run, rows))
+    return timed
+
+
+def fmt_percent(fraction: float, signed: bool = False) -> str:
+    """A share in per cent as the table writes it ('71 %'), a decimal below 10 %; with its sign if `signed`."""
+    digits = 1 if abs(fraction) < 0.1 else 0
+    return f"{fraction * 100:{'+' if signed else ''}.{digits}f} %"
+
+
+def findings(outcomes: list[Outcome]) -> list[str]:
+    """What the table says, as a list of sentences computed from its figures: the fastest configuration and by how
+    much, the scaling efficiency at the most GPUs run, what the parallelism costs per step, whether the run-to-run
+    spread makes the differences meaningless, and the runs that failed and why (each with its log)."""
+    timed = measured(outcomes)
+    if not timed:
+        return ["- **No run timed a step**, so there is nothing to compare.", *failures(outcomes)]
+    lines = [fastest_line(timed), scaling_line(timed), cost_line(timed), spread_line(timed)]
+    return [line for line in lines if line] + failures(outcomes)
+
+
+def fastest_line(timed: list[Measured]) -> str:
+    """The fastest configuration, and its images/s over the next fastest's and single_gpu's (the same --amp)."""
+    ranked = sorted(timed, key=lambda m: m.images_per_sec, reverse=True)
+    first = ranked[0]
+    text = f"- **Fastest: {first.name()}**, {first.images_per_sec:,.0f} images/s"
+    if len(ranked) == 1:
+        return text + ", the only configuration that timed a step: nothing to compare it with."
+    second = ranked[1]
+    text += (f": {first.images_per_sec / second.images_per_sec:.2f}× the next fastest, {second.name()} at "
+             f"{second.images_per_sec:,.0f}")
+    single = next((m for m in timed if m.run.mode == "single_gpu" and m.amp == first.amp), None)
+    if first.run.mode == "single_gpu":
+        return text + f"; no parallel mode beat one {UNITS[first.run.unit][0]} here."
+    if single is not None and single is not second:
+        text += (f", and {first.images_per_sec / single.images_per_sec:.2f}× {single.name()} at "
+                 f"{single.images_per_sec:,.0f} (the speedup column)")
+    return text + "."
+
+
+def scaling_line(timed: list[Measured]) -> str | None:
+    """The scaling efficiency of each configuration at the most GPUs run; None when one GPU count ran."""
+    if len({m.run.gpus for m in timed}) < 2:
+        return None
+    most = max(m.run.gpus for m in timed)
+    at_most = [m for m in timed if m.run.gpus == most]
+    unit, units = UNITS[at_most[0].run.unit]
+    text = f"- **Scaling at {most} {units}**, the most run: "
+    known = [(m, m.mean("scaling_efficiency")) for m in at_most if m.mean("scaling_efficiency") is not None]
+    if not known:
+        return text + "no single_gpu run with the same `--amp` timed a step, so there is no scaling efficiency."
+    parts = [f"{fmt_percent(efficiency)} for {m.name(count=False)}" for m, efficiency in known]
+    single = next((m for m in timed if m.run.mode == "single_gpu" and m.amp == known[0][0].amp), None)
+    batch = known[0][0].per_gpu_batch
+    if single is None or single.per_gpu_batch == batch:
+        share = f"each {unit} with {batch} images, as many as single_gpu"
+    else:
+        share = f"each {unit} with {batch} of the {batch * most} images single_gpu takes alone"
+    return text + f"scaling efficiency (speedup ÷ {units}) " + listed(parts) + f"; {share}."
+
+
+def cost_line(timed: list[Measured]) -> str | None:
+    """What each parallel mode's step costs above single_gpu's (the same --amp), in ms and per cent: the
+    configuration of the mode at its most GPUs (the fastest of them), against single_gpu's step scaled to its
+    per-GPU batch. None without single_gpu or a parallel mode."""
+    items, references = [], []
+    for mode in PARALLEL_MODES:
+        of_mode = [m for m in timed if m.run.mode == mode and m.step_s is not None]
+        if not of_mode:
+            continue
+        most = max(m.run.gpus for m in of_mode)
+        chosen = max((m for m in of_mode if m.run.gpus == most), key=lambda m: m.images_per_sec)
+        single = next((m for m in timed if m.run.mode == "single_gpu" and m.amp == chosen.amp
+                       and m.step_s is not None), None)
+        if single is None:
+            continue
+        scaled = single.step_s * chosen.per_gpu_batch / single.per_gpu_batch
+        extra = chosen.step_s - scaled
+        cost = f"{extra * 1000:+,.1f} ms ({fmt_percent(extra / scaled, signed=True)})"
+        if chosen.per_gpu_batch == single.per_gpu_batch:
+            items.append(f"{chosen.name()} {chosen.step_s * 1000:,.1f} ms, {cost}")
+        else:
+            unit = UNITS[chosen.run.unit][0]
+            items.append(f"{chosen.name()} {chosen.step_s * 1000:,.1f} ms for {chosen.per_gpu_batch} images per "
+                         f"{unit} against {scaled * 1000:,.1f} ms (single_gpu's step scaled to "
+                         f"{chosen.per_gpu_batch} images), {cost}")
+        references.append(single)
+    if not items:
+        return None
+    if len({id(single) for single in references}) == 1:
+        single = references[0]
+        against = (f"against {single.name()}'s {single.step_s * 1000:,.1f} ms for {single.per_gpu_batch} images "
+                   "(the batch time column)")
+    else:
+        against = "against single_gpu's step with the same `--amp` (the batch time column)"
+    return f"- **What the parallelism costs per step**, {against}: " + "; ".join(items) + "."
+
+
+def spread_line(timed: list[Measured]) -> str:
+    """Whether the run-to-run spread makes a difference meaningless: the configurations whose images/s over their
+    repeats overlap, the fastest first."""
+    repeats = sorted({len(m.rows) for m in timed})
+    if repeats == [1]:
+        return ("- **Spread:** each configuration ran once, so nothing here tells a difference from run-to-run "
+                "noise; `--repeat 3` measures the spread.")
+    ranked = sorted(timed, key=lambda m: m.images_per_sec, reverse=True)
+    overlapping = [(a, b) for i, a in enumerate(ranked) for b in ranked[i + 1:] if a.low <= b.high and b.low <= a.high]
+    runs = f"{repeats[0]}–{repeats[-1]}" if len(repeats) > 1 else f"{repeats[0]}"
+    if not overlapping:
+        return ("- **Spread:** no two configurations' images/s overlap over their runs: every difference above is "
+                f"larger than the run-to-run spread, as far as {runs} runs each can tell.")
+    shown = [f"{a.name()} at {a.low:,.0f}–{a.high:,.0f} images/s and {b.name()} at {b.low:,.0f}–{b.high:,.0f}"
+             for a, b in overlapping[:3]]
+    more = f", and {len(overlapping) - 3} more pairs" if len(overlapping) > 3 else ""
+    return (f"- **Within the run-to-run spread** ({runs} runs each): " + "; ".join(shown) + more + ". Their "
+            "images/s over the repeats overlap: the difference between them cannot be told from run-to-run noise.")
+
+
+def listed(parts: list[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    return ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
+
+
 def failures(outcomes: list[Outcome]) -> list[str]:
+    """The runs that did not succeed, each with its error and its log (runs not started for the same reason
+    together), or that every run succeeded."""
     failed = [o for o in outcomes if o.status != "ok"]
     if not failed:
-        return ["Every run succeeded."]
-    lines = [f"**{len(failed)} of {len(outcomes)} runs did not succeed:**", ""]
+        return ["- Every run succeeded."]
+    lines = [f"- **{len(failed)} of {len(outcomes)} runs did not succeed:**"]
+    merged: list[tuple[list[Outcome], str]] = []
     for o in failed:
+        if merged and o.status == "not run" and merged[-1][0][-1].status == "not run" and merged[-1][1] == o.error:
+            merged[-1][0].append(o)
+        else:
+            merged.append(([o], o.error))
+    for together, error in merged:
+        o = together[0]
+        names = ", ".join(f"`{each.run.name}`" for each in together)
         log = f" (log: `{o.row['log']}`)" if o.row.get("log") else ""
         after = f" after {o.seconds:.1f} s" if o.status != "not run" else ""
-        lines.append(f"- `{o.run.name}`: {o.status}{after} — {o.error}{log}")
+        lines.append(f"  - {names}: {o.status}{after} — {error}{log}")
     return lines
 
 
@@ -165,23 +357,6 @@ def untimed_note(outcomes: list[Outcome], warmup_steps: int) -> list[str]:
     return [f"*no timed steps*: the run succeeded but ended within its {warmup_steps} warm-up "
             f"steps (`--warmup_steps`), which are not timed, so it measured no speed. Give it more "
             f"steps (more `--epochs`, a larger `--synthetic_size`) or fewer `--warmup_steps`.", ""]
-
-
-READING = """\
-**How to read it.** *images/s* is global: every GPU's images per second, summed, timed on the GPU's clock after
-the warm-up steps. *speedup* is images/s over single_gpu's with the same `--amp`; *scaling efficiency* is speedup
-divided by the GPUs used — 100 % means each added GPU brought a whole GPU's worth of throughput. *MFU* (model FLOPs
-utilisation) is the model's FLOPs per second over the GPU's dense peak for the dtype in use: how much of the chip
-the training actually uses. *GPU util* is NVML's "a kernel was running" share of time: a GPU running one small
-kernel at a time, or waiting inside an all-reduce, reads 99 % while doing little, so high utilisation is not
-efficiency — MFU and images/s are. *peak mem* lists each GPU in order: DataParallel's first GPU holds more (it
-gathers the outputs and computes the loss); fsdp's GPUs each hold a slice of the weights, gradients and momentum.
-*amp* says how the run computed: every mode casts under torch.autocast (fsdp too, so it gathers and reduces fp32),
-`off` is fp32. An fsdp row's *backend* says whether it reshards after forward (frees each block's gathered
-parameters and gathers them again in backward, ZeRO-3-like) or not (keeps them to backward, ZeRO-2-like).
-*data wait* is the share of a step spent waiting for the next batch.
-Every row trains the same model with the same seed; with `--batch_size` the global batch is the same in every row
-(each GPU's share shrinks as GPUs are added), with `--batch_per_gpu` each GPU keeps its batch."""
 
 
 def modelled_backend(run: PlannedRun) -> bool:
@@ -219,16 +394,21 @@ def fabric_of_runs(outcomes: list[Outcome], topology: str | None) -> str | None:
 
 
 def projection_section(outcomes: list[Outcome], inputs: dict | None, cuda: bool, fabric_name: str | None) -> list[str]:
+    """projection.md's scaling: DDP's projected efficiency by fabric and GPU count, FSDP's beside it (with the units
+    in `inputs`), and the NCCL runs measured here beside their projection. Only from a GPU's step: without GPUs,
+    what it would need and the method in brief."""
+    if not cuda:
+        return cpu_projection(inputs)
     if inputs is None:
         return ["No single_gpu run timed a step, so there is no step time to project from."]
     amp, batch, grads, bucket_cap_mb = inputs["amp"], inputs["batch"], inputs["grads"], inputs["bucket_cap_mb"]
     step, ddp1 = inputs["step_s"], inputs["ddp1_step_s"]
     ddp_step = ddp1 or step
-    gradient_mb = sum(grads) / 1e6
     lines = [
         "**A projection, not a measurement.** DDP's scaling efficiency past this machine, from the measured "
-        f"single_gpu step ({step * 1000:.1f} ms for {batch} images, `--amp {amp}`), the model's {gradient_mb:.1f} MB "
-        f"of gradients in DDP's buckets (1 MiB, then {bucket_cap_mb:g} MiB) and a ring all-reduce cost model that "
+        f"single_gpu step ({step * 1000:.1f} ms for {batch} images, `--amp {amp}`), the model's "
+        f"{fmt_bytes(sum(grads), 1000)} of gradients in DDP's buckets (1 MiB, then {bucket_cap_mb:g} MiB) and a ring "
+        "all-reduce cost model that "
         "lets each bucket's all-reduce overlap the rest of backward. Each GPU keeps the single-GPU batch (weak "
         "scaling). "
         + ("DDP's own overhead comes from the measured one-process dist_parallel step "
@@ -240,9 +420,6 @@ def projection_section(outcomes: list[Outcome], inputs: dict | None, cuda: bool,
         "(93 %, NVLink). The model is in `comparison/projection.py`.",
         "",
     ]
-    if not cuda:
-        lines += ["Measured on the CPU: a GPU's step is far shorter, so communication weighs far more there. This "
-                  "table shows the method; run compare.py on GPUs for figures that mean something.", ""]
     lines += ["| fabric | assumed bus bandwidth | " + " | ".join(f"{n} GPUs" for n in PROJECTED_GPU_COUNTS) + " |",
               "|---|---|" + "---|" * len(PROJECTED_GPU_COUNTS)]
     for fabric in FABRICS:
@@ -279,6 +456,25 @@ def projection_section(outcomes: list[Outcome], inputs: dict | None, cuda: bool,
     return lines
 
 
+def cpu_projection(inputs: dict | None) -> list[str]:
+    """In place of the scaling projection without GPUs: that it needs a GPU's step time, and how it is made."""
+    step = (f" ({inputs['step_s'] * 1000:.1f} ms here for {inputs['batch']} images, with "
+            f"{fmt_bytes(sum(inputs['grads']), 1000)} of gradients for DDP to all-reduce)" if inputs else "")
+    return [
+        "**No scaling projection: it needs a GPU's step time, and no GPU ran here.** A CPU process's step"
+        + step + " is many times a GPU's: against it, the communication would weigh next to nothing on any fabric, "
+        "and every cell of the projection would read much the same, figures that say nothing about GPUs. Run "
+        "compare.py on a GPU for them.",
+        "",
+        "The method, in brief: from the measured single_gpu step, DDP's gradients in their buckets and FSDP's "
+        "per-block gathers and reduce-scatters go through a ring-collective cost model (NVLink, PCIe and "
+        "InfiniBand, at bus bandwidths published for each) in which communication overlaps backward and only what "
+        "it does not hide adds to the step, plus an allowance for keeping ranks in lock-step fitted to PyTorch's "
+        "published DDP benchmark; the efficiency at N GPUs is the single-GPU step over the projected one. "
+        "`comparison/projection.py` has the model, its assumptions and its sources.",
+    ]
+
+
 FSDP_SETTINGS = (("reshard", True), ("no reshard", False))  # --reshard_after_forward on, off
 
 
@@ -287,6 +483,8 @@ def fsdp_projection(inputs: dict, cuda: bool) -> list[str]:
     units, step, fsdp1 = inputs["units"], inputs["step_s"], inputs["fsdp1_step_s"]
     param_bytes, grad_bytes = sum(u.param_bytes for u in units), sum(inputs["grads"])
     measured = ", ".join(f"{fsdp1[r] * 1000:.1f} ms {name}" for name, r in FSDP_SETTINGS if r in fsdp1)
+    most_sent = bytes_sent_per_gpu(param_bytes, grad_bytes, PROJECTED_GPU_COUNTS[-1], "fsdp", True)
+    unit, size = byte_unit(most_sent, 1000)  # one unit for the table, the one its largest cell fits
     lines = [
         "**FSDP, projected the same way.** FSDP's units (the model's "
         f"{len(units) - 1} residual blocks and the root: stem, final BatchNorm, classifier) all-gather their "
@@ -301,8 +499,8 @@ def fsdp_projection(inputs: dict, cuda: bool) -> list[str]:
            + (" and the nccl backend" if cuda else "") + " to include it). ")
         + f"The lock-step allowance is DDP's {SYNC_ALLOWANCE:.1%}, fitted to DDP, not to FSDP.",
         "",
-        f"What each GPU sends per step, in MB (P: the parameters' {param_bytes / 1e6:.1f} MB; G: the gradients', "
-        "as many):",
+        f"What each GPU sends per step, in {unit} (P: the parameters' {fmt_bytes(param_bytes, 1000)}; G: the "
+        "gradients', as many):",
         "",
         "| collectives (ring) | " + " | ".join(f"{n} GPUs" for n in PROJECTED_GPU_COUNTS) + " |",
         "|---|" + "---|" * len(PROJECTED_GPU_COUNTS),
@@ -312,7 +510,7 @@ def fsdp_projection(inputs: dict, cuda: bool) -> list[str]:
                 True),
                ("FSDP, no reshard: all-gather in forward, reduce-scatter, (N−1)/N × (P + G)", "fsdp", False)]
     for name, mode, reshard in traffic:
-        cells = [f"{bytes_sent_per_gpu(param_bytes, grad_bytes, n, mode, reshard) / 1e6:,.1f}"
+        cells = [f"{bytes_sent_per_gpu(param_bytes, grad_bytes, n, mode, reshard) / size:,.1f}"
                  for n in PROJECTED_GPU_COUNTS]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", "FSDP's projected scaling efficiency:", "",
@@ -330,27 +528,55 @@ GIB = 1024**3
 MEMORY_SETTINGS = (("DDP", "dist_parallel", True), ("FSDP, reshard", "fsdp", True), ("FSDP, no reshard", "fsdp", False))
 
 
-def fmt_bytes(nbytes: float) -> str:
-    """Bytes in GiB, MiB or KiB, three figures or so."""
-    for unit, size in (("GiB", GIB), ("MiB", 1024**2), ("KiB", 1024)):
-        if nbytes >= size or unit == "KiB":
-            value = nbytes / size
-            return f"{value:,.1f} {unit}" if value < 100 else f"{value:,.0f} {unit}"
+UNIT_NAMES = {1024: ("B", "KiB", "MiB", "GiB", "TiB"), 1000: ("B", "kB", "MB", "GB", "TB")}
+TRIVIAL_SHARE = 0.01  # a model whose state takes less of the GPU than this in every setting says nothing: left out
+REALISTIC_PARAMETERS = 100e9  # past this, a model of the family is no model anyone trains: no crossover is stated
+
+
+def byte_unit(nbytes: float, base: int = 1024) -> tuple[str, float]:
+    """The unit (and its size in bytes) in which `nbytes` reads from 1 to 999: B to TiB, or B to TB with `base`
+    1000 (traffic, as bandwidths are given)."""
+    names = UNIT_NAMES[base]
+    power = 0
+    while power + 1 < len(names) and nbytes >= 999.5 * base**power:
+        power += 1
+    return names[power], base**power
+
+
+def fmt_bytes(nbytes: float, base: int = 1024) -> str:
+    """Bytes in the unit that fits them, three figures or so: '355 KiB', '1.3 MiB', '80.0 GiB', '121 kB'."""
+    unit, size = byte_unit(nbytes, base)
+    value = nbytes / size
+    if unit == "B" or value >= 99.95:
+        return f"{value:,.0f} {unit}"
+    return f"{value:,.1f} {unit}"
+
+
+def fmt_count(count: float) -> str:
+    """A count in three figures with K, M or B (thousands, millions, billions): '30.3K', '1.02M', '7.16B'."""
+    for suffix, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        value = count / size
+        if value >= 0.9995:
+            digits = 2 if value < 9.995 else 1 if value < 99.95 else 0
+            return f"{value:,.{digits}f}{suffix}"
+    return f"{count:,.0f}"
 
 
 def memory_section(memory: dict, outcomes: list[Outcome], gpu: str | None) -> list[str]:
-    """The memory projection (projection.memory_projection) as a table per model and setting by GPU count, where
-    FSDP lets a model fit that DDP cannot, and the activations the table leaves out as far as a run measured them.
-    `gpu`: the GPUs' name, None without GPUs (the capacity is then assumed)."""
+    """The memory projection (projection.memory_projection) as a table per model and setting by GPU count (the
+    models whose state takes under TRIVIAL_SHARE of the GPU in every setting left out), where FSDP lets a model fit
+    that DDP cannot, and the activations it leaves out as far as a run measured them. `gpu`: the GPUs' name,
+    None without GPUs (the capacity is then assumed)."""
     capacity, amp, momentum = memory["gpu_bytes"], memory["amp"], memory["momentum"]
     total = lambda size, n, mode, reshard: sum(  # noqa: E731
         memory_per_gpu(size, n, mode, reshard, amp, momentum).values())
     against = (f"{fmt_bytes(capacity)} ({gpu})" if not memory["assumed"] else
                f"{fmt_bytes(capacity)}, an H100 80GB's, assumed: no GPU here")
     half = amp in AUTOCAST
+    largest = {size: max(total(size, n, mode, reshard) for _, mode, reshard in MEMORY_SETTINGS
+                         for n in MEMORY_GPU_COUNTS) for size in memory["models"]}
+    shown = [size for size in memory["models"] if largest[size] >= TRIVIAL_SHARE * capacity]
     lines = [
-        "### Memory per GPU: what fits",
-        "",
         "**A projection, not a measurement: arithmetic on parameter counts** (the runs' depth and block at their α "
         "and wider, each built on the meta device). Per GPU: the fp32 parameters, gradients and "
         + ("SGD momentum" if momentum else "no momentum (`--momentum 0`)") + ", replicated by DDP, a 1/N shard "
@@ -363,42 +589,75 @@ def memory_section(memory: dict, outcomes: list[Outcome], gpu: str | None) -> li
            "these), unsharded. " if half else "")
         + "**Activations are left out**: they do not shard under FSDP, grow with the per-GPU batch, and are "
         "usually most of a CNN's memory, so a model state that fits is necessary, not sufficient. "
-        f"✗: more than the GPU's memory, here {against}. The model is in `comparison/projection.py`.",
+        + (f"✗: more than the GPU's memory, here {against}. " if shown else f"Against a GPU of {against}. ")
+        + "The model is in `comparison/projection.py`.",
         "",
-        "| model | parameters | per GPU | " + " | ".join(f"{n} GPU{'s' * (n > 1)}" for n in MEMORY_GPU_COUNTS)
-        + " |",
-        "|---|---|---|" + "---|" * len(MEMORY_GPU_COUNTS),
+        *trivial_line(memory, shown, largest, capacity),
     ]
-    for size in memory["models"]:
+    if shown:
+        lines += ["| model | parameters | per GPU | " + " | ".join(f"{n} GPU{'s' * (n > 1)}" for n in MEMORY_GPU_COUNTS)
+                  + " |", "|---|---|---|" + "---|" * len(MEMORY_GPU_COUNTS)]
+    else:
+        lines.pop()  # the blank line the table would have followed
+    for size in shown:
         factor = size.alpha / memory["models"][0].alpha
         for first, (name, mode, reshard) in enumerate(MEMORY_SETTINGS):
             label = f"α={size.alpha:g} " + ("(the runs')" if factor == 1 else f"(×{factor:g})") if first == 0 else ""
             cells = [fmt_bytes(b) + (" ✗" if b > capacity else "")
                      for b in (total(size, n, mode, reshard) for n in MEMORY_GPU_COUNTS)]
-            lines.append(f"| {label} | {f'{size.parameters:,}' if first == 0 else ''} | {name} | "
+            lines.append(f"| {label} | {fmt_count(size.parameters) if first == 0 else ''} | {name} | "
                          + " | ".join(cells) + " |")
     lines += ["", *fit_lines(memory, total, half), "", activation_line(memory, outcomes, total)]
     return lines
 
 
+def trivial_line(memory: dict, shown: list, largest: dict, capacity: float) -> list[str]:
+    """What the models left out of the memory table (their state under TRIVIAL_SHARE of the GPU) come to."""
+    left_out = [size for size in memory["models"] if size not in shown]
+    if not left_out:
+        return []
+    runs_alpha = memory["models"][0].alpha
+    names = [f"α={size.alpha:g} ({fmt_count(size.parameters)} parameters"
+             + (", the runs'" if size.alpha == runs_alpha else f", ×{size.alpha / runs_alpha:g}") + ")"
+             for size in (left_out[0], left_out[-1])]
+    many = len(left_out) > 1
+    models = f"The models from {names[0]} to {names[1]} need" if many else f"The model {names[0]} needs"
+    most = max(largest[size] for size in left_out)
+    them = "them" if many else "it"
+    text = (f"{models} at most {fmt_bytes(most)} of model state per GPU in any setting (DDP or FSDP, 1 to "
+            f"{MEMORY_GPU_COUNTS[-1]} GPUs), under {TRIVIAL_SHARE * 100:g} % of the GPU's {fmt_bytes(capacity)}: "
+            f"memory is no reason to shard {them}")
+    return [text + (f", and the table leaves {them} out." if shown else ", so there is no table of them."), ""]
+
+
 def fit_lines(memory: dict, total, half: bool) -> list[str]:
-    """Where FSDP lets a model fit that DDP cannot, and how wide a model FSDP holds on the most GPUs projected."""
+    """Where FSDP lets a model fit that DDP cannot, and how wide a model FSDP holds on the most GPUs projected;
+    past REALISTIC_PARAMETERS, only that DDP fits every model of the family up to that size."""
     crossover, runs_alpha, most = memory["crossover"], memory["models"][0].alpha, MEMORY_GPU_COUNTS[-1]
+    capacity = fmt_bytes(memory["gpu_bytes"])
     if crossover is None:
         return ["No width of this model up to α=2²⁴ outgrows one GPU under DDP."]
+    if crossover.parameters > REALISTIC_PARAMETERS:
+        return [f"DDP's model state fits one GPU's {capacity} for any model of this family up to "
+                f"{fmt_count(REALISTIC_PARAMETERS)} parameters: memory is no reason to shard it."]
 
     def on(reshard: bool) -> str:
         n, how = memory["fsdp_gpus"][reshard], "resharding" if reshard else "without resharding"
         return (f"on {n} GPUs {how} ({fmt_bytes(total(crossover, n, 'fsdp', reshard))} each)" if n else
                 f"on none of up to {most} GPUs {how}")
 
+    def wide(size) -> str:
+        """A model of the projection: its width, as a multiple of the runs' where wider, and its parameters."""
+        times = size.alpha / runs_alpha
+        factor = f", {times:,.{1 if times < 10 else 0}f}× the runs' α" if times >= 2 else ""
+        return f"α={size.alpha:g} ({fmt_count(size.parameters)} parameters{factor})"
+
     runs = f", the runs' α={runs_alpha:g} among them" if crossover.alpha <= runs_alpha else ""
-    text = (f"**Where FSDP lets a model fit that DDP cannot:** from α={crossover.alpha:g} ({crossover.parameters:,} "
-            f"parameters{runs}) DDP's model state outgrows one GPU's {fmt_bytes(memory['gpu_bytes'])}; FSDP holds "
-            f"that model {on(True)}, and {on(False)}.")
-    limits = [f"α={size.alpha:g} ({size.parameters:,} parameters) {name}"
-              for name, size in (("resharding", memory["fsdp_limit"][True]),
-                                 ("without resharding", memory["fsdp_limit"][False])) if size]
+    text = (f"**Where FSDP lets a model fit that DDP cannot:** from {wide(crossover)}{runs} DDP's model state "
+            f"outgrows one GPU's {capacity}; FSDP holds that model {on(True)}, and {on(False)}.")
+    limits = [f"{wide(size)} {name}" for name, size in (("resharding", memory["fsdp_limit"][True]),
+                                                         ("without resharding", memory["fsdp_limit"][False]))
+              if size and size.parameters <= REALISTIC_PARAMETERS]
     if limits:
         unsharded = "the gathered parameters" + (" and autocast's 2-byte copies" if half else "")
         text += (f" On {most} GPUs FSDP holds models up to " + ", and ".join(limits)
@@ -407,17 +666,17 @@ def fit_lines(memory: dict, total, half: bool) -> list[str]:
 
 
 def activation_line(memory: dict, outcomes: list[Outcome], total) -> str:
-    """The activations the table leaves out, as single_gpu's measured peak memory shows them (GPUs only)."""
+    """The activations the projection leaves out, as single_gpu's measured peak memory shows them (GPUs only)."""
     peaks = [(float(o.row["peak_mem_gb_per_gpu"].split()[0]) * GIB, o.row["per_gpu_batch"]) for o in outcomes
              if o.status == "ok" and o.run.mode == "single_gpu" and o.row.get("peak_mem_gb_per_gpu")
              and o.row["amp"] == memory["amp"]]
     if not peaks:
-        return ("The activations the table leaves out would be estimated from single_gpu's measured peak memory, "
+        return ("The activations left out would be estimated from single_gpu's measured peak memory, "
                 "which only a run on a GPU has: not here.")
     peak, batch = statistics.fmean(p for p, _ in peaks), peaks[0][1]
     state = total(memory["models"][0], 1, "dist_parallel", True)
     return (f"single_gpu's measured peak, {fmt_bytes(peak)} at {batch} images per GPU, is {fmt_bytes(peak - state)} "
-            f"above its model state ({fmt_bytes(state)}): activations and workspace, which the table leaves out. "
+            f"above its model state ({fmt_bytes(state)}): activations and workspace, which the projection leaves out. "
             "They are the same under DDP and FSDP at the same per-GPU batch, and grow about as the widths (α) for a "
             "wider model.")
 

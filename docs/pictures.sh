@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The pictures in the README, from a real compare.py run on this machine: its PNGs are copied into docs/ and its
-# report is left where it was written (printed at the end).
+# The pictures in README.md and docs/comparing.md, from a real compare.py run on this machine: its PNGs are
+# copied into docs/ and its report is left where it was written (printed at the end).
 #   bash docs/pictures.sh                    # the default matrix, three runs of each configuration
 #   bash docs/pictures.sh --gpu_counts 1 2   # any compare.py flags replace --repeat 3
 set -euo pipefail

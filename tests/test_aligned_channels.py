@@ -1,18 +1,24 @@
 """--align_channels: every activation stored at a channel count rounded up to a multiple of N, the extra channels
 exactly zero, while the model stays the paper's: the same parameters, state_dict, FLOPs and checkpoints, and on
-the CPU in fp32 the same training, bit for bit, in every mode."""
+the CPU in fp32 the same training, bit for bit, in one process and under FSDP2's sharding."""
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.fsdp import fully_shard
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from common.config import Config, UsageError, parse_config
 from common.performance import flops_per_image, resolve_fast_path
+from common.state import whole
 from comparison.matrix import config_class
-from conftest import TINY, read_results, run_script, two_at_a_time
+from conftest import TINY
 from models import pyramidnet
 from models.pyramidnet import AlignedBatchNorm2d, stored
 
@@ -126,16 +132,38 @@ def test_sync_bn_takes_the_papers_widths_only():
     assert resolve_fast_path(parse_config(dist_config, [*TINY, "--sync_bn"]), CPU).align_channels == 0
 
 
-def test_fsdp_aligned_trains_dist_parallels_unaligned_weights(tmp_path):
-    """fsdp on 2 CPU processes with --align_channels 8 ends with dist_parallel's unaligned weights, bit for bit:
-    FSDP2 shards, gathers and reduce-scatters the same real-shaped parameters and gradients (and on the CPU the
-    two modes train alike: compare.py --verify's check 2)."""
-    flags = [*TINY, "--nproc_per_node", "2", "--save_model", "--log_dir", tmp_path, "--max_steps", "4"]
-    runs = {"dist_parallel_0": ("dist_parallel/train.py", "0"), "fsdp_8": ("fsdp/train.py", "8")}
-    done = two_at_a_time(*[lambda name=name, script=script, align=align: run_script(
-        script, *flags, "--run_name", name, "--align_channels", align) for name, (script, align) in runs.items()])
-    for result in done:
-        assert result.returncode == 0, result.stderr[-2000:]
-    reference, aligned = (torch.load(tmp_path / name / "model.pt", weights_only=True) for name in runs)
-    assert aligned.keys() == reference.keys() and all(torch.equal(aligned[k], reference[k]) for k in aligned)
-    assert read_results(tmp_path / "fsdp_8")["config"]["align_channels"] == 8
+def _two_ranks(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
+    """One rank of the process-group test: DDP over the unaligned model and FSDP2 over the aligned one, from the
+    same weights, three SGD steps on this rank's share of the same batches; rank 0 compares the weights."""
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    try:
+        plain, aligned = build(0), build(8)
+        replicated = DDP(plain)
+        for block in (*aligned.layer1, *aligned.layer2, *aligned.layer3):
+            fully_shard(block)
+        fully_shard(aligned)
+        optimizers = [sgd(plain), sgd(aligned)]
+        generator = torch.Generator().manual_seed(3)
+        for _ in range(3):
+            images = torch.randn(2 * 8, 3, 32, 32, generator=generator)[rank::2]  # this rank's share
+            labels = torch.randint(0, 10, (2 * 8,), generator=generator)[rank::2]
+            for model, optimizer in zip((replicated, aligned), optimizers):
+                optimizer.zero_grad(set_to_none=True)
+                F.cross_entropy(model(images), labels).backward()
+                optimizer.step()
+        theirs = dict(plain.named_parameters())
+        same = {name: torch.equal(whole(param).detach(), theirs[name].detach())
+                for name, param in aligned.named_parameters()}
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(same))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp_aligned_trains_ddps_unaligned_weights(tmp_path):
+    """On a real 2-process gloo group, FSDP2 over the aligned model ends three steps with DDP-over-the-unaligned-
+    model's weights, bit for bit: FSDP2 shards, gathers and reduce-scatters the same real-shaped parameters and
+    gradients (the modes' own files train alike on the CPU: compare.py --verify)."""
+    torch.multiprocessing.spawn(_two_ranks, args=(2, str(tmp_path / "rendezvous"), str(tmp_path)), nprocs=2)
+    for rank in range(2):
+        same = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert same and all(same.values()), (rank, [name for name, equal in same.items() if not equal])

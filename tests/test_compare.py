@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import re
 import shutil
 import textwrap
 from pathlib import Path
@@ -28,7 +29,8 @@ from comparison import runner
 from comparison.matrix import PlannedRun, check_runs, plan
 from comparison.projection import (FABRICS, SYNC_ALLOWANCE, Fabric, ddp_buckets, exposed_communication,
                                    gradient_bytes, projected_efficiency, ring_allreduce_seconds)
-from comparison.report import Outcome, fabric_of_runs, fill_rows, projection_inputs, projection_section
+from comparison.report import (Outcome, fabric_of_runs, fill_rows, findings, fmt_bytes, fmt_count, projection_inputs,
+                               projection_section)
 
 # One configuration (data_parallel) is made to fail mid-run from outside, by a sitecustomize module that every Python
 # process on PYTHONPATH imports: it raises in its second loss computation.
@@ -108,17 +110,99 @@ def test_the_report_numbers_are_the_runs_own(comparison):
     assert "one run each (failed runs left out)" in report  # what each picture averages
 
 
-def test_the_report_names_the_machine_and_labels_the_projection(comparison):
+def test_the_report_names_what_ran_where_and_links_the_guide_and_the_projection(comparison):
     _, out = comparison
     report = (out / "report.md").read_text()
+    assert report.startswith("# single_gpu, data_parallel and dist_parallel: PyramidNet-8 α=12 (basic) on CPU (")
     assert f"torch {torch.__version__}" in report and "cores" in report
     assert "`nvidia-smi topo -m`" in report
-    assert "**A projection, not a measurement.**" in report
-    for fabric in FABRICS:
-        assert fabric.source in report
-    assert "**FSDP, projected the same way.**" in report  # fsdp did not run: projected all the same
-    assert "### Memory per GPU: what fits" in report and "**Activations are left out**" in report
     assert "| single_gpu | 1 | — | off |" in report  # fp32: no autocast
+    # the reading guide is linked, not restated; the projection has a file of its own
+    assert "How to read this report: `docs/comparing.md` in the repository" in report
+    assert "**How to read it.**" not in report and "*MFU* (model FLOPs" not in report
+    assert "[projection.md](projection.md): a projection past this machine, labelled so" in report
+    assert "A projection, not a measurement" not in report and "| fabric |" not in report
+    order = ["## Results", "## Pictures", "`docs/comparing.md`", "[projection.md]", "## Environment"]
+    assert [report.index(part) for part in order] == sorted(report.index(part) for part in order)
+
+
+def table_figures(report: str) -> dict[str, list[str]]:
+    """The results table's rows of report.md, by mode: each row's cells."""
+    rows = [line for line in report.splitlines() if line.startswith("| ") and not line.startswith("| mode |")]
+    return {cells[0]: cells[1:] for cells in (row.strip("| ").split(" | ") for row in rows)}
+
+
+def test_the_first_screen_holds_the_title_the_table_and_the_sentences(comparison):
+    _, out = comparison
+    first_screen = (out / "report.md").read_text().splitlines()[:40]
+    assert first_screen[0].startswith("# single_gpu, data_parallel and dist_parallel: PyramidNet-8")
+    assert compare.TABLE_HEADER in first_screen
+    assert sum(line.startswith("| ") for line in first_screen) == 4  # the header and the three configurations
+    for lead in ("- **Fastest: ", "- **Scaling at 2 CPU processes**, the most run", "- **What the parallelism costs",
+                 "- **Spread:** each configuration ran once", "- **1 of 3 runs did not succeed:**"):
+        assert any(line.startswith(lead) for line in first_screen), lead
+
+
+def test_the_sentences_are_computed_from_the_tables_figures(comparison):
+    """The fastest configuration and its ratio to the next, the scaling efficiency, what the parallelism costs:
+    each checked against the table's own (rounded) figures, not against a string."""
+    _, out = comparison
+    report = (out / "report.md").read_text()
+    table = table_figures(report)
+    sentence = lambda lead: next(line for line in report.splitlines() if line.startswith(lead))  # noqa: E731
+    speeds = {mode: float(cells[7].replace(",", "")) for mode, cells in table.items() if cells[7] != "—"}
+    assert set(speeds) == {"single_gpu", "dist_parallel"}  # data_parallel failed
+    fastest, after = sorted(speeds, key=speeds.get, reverse=True)
+    fastest_line = sentence("- **Fastest: ")
+    assert fastest_line.startswith(f"- **Fastest: {fastest}") and f"{speeds[fastest]:,.0f} images/s" in fastest_line
+    ratio, named = re.search(r"([\d.]+)× the next fastest, (\w+)", fastest_line).groups()
+    assert named == after and float(ratio) == pytest.approx(speeds[fastest] / speeds[after], abs=0.01)
+    efficiency = table["dist_parallel"][9]  # the scaling efficiency column
+    assert f"{efficiency} for dist_parallel (gloo)" in sentence("- **Scaling at 2 CPU processes**")
+    assert "each CPU process with 16 of the 32 images single_gpu takes alone" in sentence("- **Scaling at")
+    single_ms, dist_ms = (float(table[mode][5]) for mode in ("single_gpu", "dist_parallel"))  # batch time (ms)
+    cost = sentence("- **What the parallelism costs per step**")
+    assert f"against single_gpu's {single_ms:.1f} ms for 32 images" in cost
+    extra_ms, extra_percent = re.search(r"\(gloo\) [\d.]+ ms for 16 images .*?, ([+-][\d.]+) ms \(([+-][\d.]+) %\)",
+                                        cost).groups()
+    assert float(extra_ms) == pytest.approx(dist_ms - single_ms / 2, abs=0.15)
+    assert float(extra_percent) == pytest.approx(100 * (dist_ms / (single_ms / 2) - 1), abs=1)
+    failed = next(row for row in csv_rows(out) if row["status"] == "failed")  # and why it failed, from its outcome
+    assert f"  - `{failed['run']}`: failed after" in report and failed["error"] in report
+
+
+def test_projection_md_is_a_projection_and_on_the_cpu_says_it_needs_a_gpu_step(comparison):
+    _, out = comparison
+    projection = (out / "projection.md").read_text()
+    assert projection.startswith("# Projection past this machine: PyramidNet-8 α=12 (basic), from the runs on CPU")
+    assert "**A projection, not a measurement**" in projection and "[report.md](report.md)" in projection
+    assert "**No scaling projection: it needs a GPU's step time, and no GPU ran here.**" in projection
+    assert "The method, in brief:" in projection and "`comparison/projection.py`" in projection
+    assert "| fabric |" not in projection and not re.search(r"\| \d+ ?% \|", projection)  # no efficiency tables
+    assert "## Memory per GPU: what fits" in projection and "**Activations are left out**" in projection
+
+
+def test_the_memory_projection_writes_units_that_fit(comparison):
+    """The runs' toy model and ones 16× wider need a sliver of a GPU: one sentence, not tables of KiB; parameter
+    counts in K, M or B."""
+    _, out = comparison
+    projection = (out / "projection.md").read_text()
+    assert "| model |" not in projection and "KiB" not in projection
+    assert "so there is no table of them" in projection
+    parameters = sum(p.numel() for p in compare.model_on_meta({**compare.CPU_DEFAULTS, "dataset": "synthetic",
+                                                                "block": "basic", "width_multiple": 1}).parameters())
+    assert f"α=12 ({parameters / 1e3:.1f}K parameters, the runs')" in projection
+    assert not re.search(r"\d{1,3}(,\d{3}){2,}", projection)  # no 7,158,455,178
+    assert re.search(r"from α=\d+ \(\d\.\d\dB parameters, [\d,]+× the runs' α\) DDP's model state outgrows one "
+                     r"GPU's 80\.0 GiB", projection)
+
+
+def test_sizes_and_counts_are_written_in_units_that_fit():
+    sizes = (512, 355 * 1024, 1000 * 1024, 1.3 * 2**20, 80 * 2**30, 3 * 2**40)
+    assert [fmt_bytes(size) for size in sizes] == ["512 B", "355 KiB", "1.0 MiB", "1.3 MiB", "80.0 GiB", "3.0 TiB"]
+    assert fmt_bytes(121_212, 1000) == "121 kB" and fmt_bytes(113_941_908, 1000) == "114 MB"
+    counts = (512, 30_306, 999_999, 1_023_546, 28_485_477, 7_158_455_178)
+    assert [fmt_count(count) for count in counts] == ["512", "30.3K", "1.00M", "1.02M", "28.5M", "7.16B"]
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -198,6 +282,13 @@ def test_overwrite_replaces_the_earlier_comparison_and_nothing_else(comparison, 
     assert [path.name for path in elsewhere.iterdir()] == ["keep.txt"]
     assert (out / "notes.md").read_text() == "mine"
     assert "data_parallel" not in (out / "report.md").read_text()
+
+
+def test_overwrite_counts_projection_md_among_compares_own_files(tmp_path):
+    for name in (compare.MARKER, "report.md", "projection.md", ".projection.md.1234.tmp", "notes.md"):
+        (tmp_path / name).write_text("earlier")
+    compare.remove_earlier(tmp_path)
+    assert sorted(path.name for path in tmp_path.iterdir()) == [compare.MARKER, "notes.md"]
 
 
 def test_overwrite_refuses_a_folder_compare_did_not_write(tmp_path, capsys):
@@ -388,12 +479,56 @@ def test_the_projection_on_gpus_starts_from_nccl_runs_only():
     inputs = projection_inputs(outcomes, grads, 25.0)
     assert inputs["step_s"] == pytest.approx(0.100) and inputs["ddp1_step_s"] == pytest.approx(0.102)
     report = "\n".join(projection_section(outcomes, inputs, True, "NVLink"))
-    assert "one-process dist_parallel step (102.0 ms)" in report
+    assert "**A projection, not a measurement.**" in report
+    assert "one-process dist_parallel step (102.0 ms)" in report and "the model's 40.0 MB of gradients" in report
+    for fabric in FABRICS:
+        assert fabric.source in report
     measured = [line for line in report.splitlines() if "dist_parallel-2gpu" in line]
     assert len(measured) == 1 and "-nccl-" in measured[0]
-    # without GPUs every run is Gloo, and Gloo's one-process step is the one there is
+    # without GPUs every run is Gloo, and Gloo's one-process step is the one there is; but a CPU process's step
+    # projects nothing about GPUs: the section says what it needs and how it is made, without tables
     cpu = ddp_outcomes("cpu", gloo_step_s=0.150)
-    assert projection_inputs(cpu, grads, 25.0)["ddp1_step_s"] == pytest.approx(0.150)
+    cpu_inputs = projection_inputs(cpu, grads, 25.0)
+    assert cpu_inputs["ddp1_step_s"] == pytest.approx(0.150)
+    text = "\n".join(projection_section(cpu, cpu_inputs, False, None))
+    assert "it needs a GPU's step time" in text and "(100.0 ms here for 64 images" in text
+    assert "%" not in text and "|" not in text
+
+
+def repeated_outcomes(images_per_sec: dict) -> list:
+    """A GPU comparison of single_gpu and DDP on 2 GPUs, each configuration a run per figure of images/s given,
+    64 images per GPU (weak scaling), every step at global batch / images/s."""
+    outcomes = []
+    for (mode, gpus, backend), speeds in images_per_sec.items():
+        for repeat, speed in enumerate(speeds, 1):
+            run = PlannedRun(mode, gpus, backend, None, False, 64 * gpus, repeat, len(outcomes) + 1, "gpu")
+            results = {"summary": {"images_per_sec": speed, "batch_time_p50": 64 * gpus / speed},
+                       "config": {"batch_size": 64 * gpus, "amp": "bf16"}}
+            outcomes.append(Outcome(run, "ok", results=results))
+    fill_rows(outcomes, REPO)
+    return outcomes
+
+
+def test_the_sentences_tell_a_difference_within_the_spread_from_one_beyond_it():
+    single, nccl, gloo = ("single_gpu", 1, None), ("dist_parallel", 2, "nccl"), ("dist_parallel", 2, "gloo")
+    apart = findings(repeated_outcomes({single: [600, 640, 620], nccl: [1150, 1250, 1200]}))
+    assert apart[0] == ("- **Fastest: dist_parallel on 2 GPUs (nccl)**, 1,200 images/s: 1.94× the next fastest, "
+                        "single_gpu at 620.")
+    assert "97 % for dist_parallel (nccl); each GPU with 64 images, as many as single_gpu." in apart[1]
+    step = sum(128 / speed for speed in (1150, 1250, 1200)) / 3 * 1000
+    single_step = sum(64 / speed for speed in (600, 640, 620)) / 3 * 1000
+    assert (f"dist_parallel on 2 GPUs (nccl) {step:.1f} ms, {step - single_step:+.1f} ms "
+            f"({100 * (step / single_step - 1):+.1f} %)") in apart[2]
+    assert apart[3] == ("- **Spread:** no two configurations' images/s overlap over their runs: every difference "
+                        "above is larger than the run-to-run spread, as far as 3 runs each can tell.")
+    speeds = {single: [600, 640, 620], nccl: [1150, 1250, 1200], gloo: [1180, 1300, 1240]}
+    close = findings(repeated_outcomes(speeds))
+    assert close[0].startswith("- **Fastest: dist_parallel on 2 GPUs (gloo)**, 1,240 images/s: 1.03× the next "
+                               "fastest, dist_parallel on 2 GPUs (nccl) at 1,200, and 2.00× single_gpu at 620")
+    assert close[3] == ("- **Within the run-to-run spread** (3 runs each): dist_parallel on 2 GPUs (gloo) at "
+                        "1,180–1,300 images/s and dist_parallel on 2 GPUs (nccl) at 1,150–1,250. Their images/s over "
+                        "the repeats overlap: the difference between them cannot be told from run-to-run noise.")
+    assert close[-1] == "- Every run succeeded."
 
 
 # GPUs 0 and 1 joined by NVLink, 2 and 3 only by PCIe; the header as nvidia-smi prints it, underlined

@@ -300,7 +300,7 @@ def _assert_one_job_written_by_rank_0(tmp_path, codes, outs, errs):
 
 
 def test_two_torchrun_nodes_on_one_host(tmp_path):
-    """`torchrun --nnodes 2 --rdzv_backend c10d --rdzv_endpoint 127.0.0.1:PORT`, twice, as the README's
+    """`torchrun --nnodes 2 --rdzv_backend c10d --rdzv_endpoint 127.0.0.1:PORT`, twice, as docs/modes.md's
     multi-node launch on one host: one job of world size 2 whose results.json only global rank 0 writes."""
     _assert_one_job_written_by_rank_0(tmp_path, *_two_agents(tmp_path))
 

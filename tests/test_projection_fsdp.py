@@ -255,14 +255,27 @@ def test_the_memory_section_labels_the_projection_and_estimates_the_activations(
     text = "\n".join(lines)
     assert "**A projection, not a measurement" in text and "**Activations are left out**" in text
     assert "here 91.6 MiB (1× Test GPU)" in text  # 96 MB in MiB
-    row = next(line for line in lines if line.startswith("| α=1000 (the runs') | 8,000,000 | DDP |"))
+    row = next(line for line in lines if line.startswith("| α=1000 (the runs') | 8.00M | DDP |"))
     assert row.count("91.6 MiB |") == 7  # 96 a^2 bytes replicated: just fits, on every count
     zero3 = lines[lines.index(row) + 1]
     assert zero3.startswith("|  |  | FSDP, reshard | 103 MiB ✗ | 57.2 MiB | 34.3 MiB |")  # 96/N + 12 MB
-    assert "| α=2000 (×2) | 32,000,000 | DDP | 366 MiB ✗ |" in text
-    assert ("from α=1001 (8,016,008 parameters) DDP's model state outgrows one GPU's 91.6 MiB; FSDP holds that "
+    assert "| α=2000 (×2) | 32.0M | DDP | 366 MiB ✗ |" in text
+    assert ("from α=1001 (8.02M parameters) DDP's model state outgrows one GPU's 91.6 MiB; FSDP holds that "
             "model on 2 GPUs resharding (57.3 MiB each), and on 2 GPUs without resharding") in text
-    assert "up to α=2666 (56,860,448 parameters) resharding, and α=1600 (20,480,000 parameters) without" in text
+    assert ("up to α=2666 (56.9M parameters, 2.7× the runs' α) resharding, and α=1600 (20.5M parameters) "
+            "without") in text
     # single_gpu's 3 GiB peak less its 96 MB model state
     assert "single_gpu's measured peak, 3.0 GiB at 64 images per GPU, is 2.9 GiB above its model state" in text
     assert "not here" in "\n".join(memory_section(memory, [], None))
+
+
+def test_the_memory_section_leaves_out_what_says_nothing():
+    """Against 2 TB: the models to 8x wide take under 1 % of it in every setting, and are one sentence; DDP would
+    outgrow it only past 100B parameters, a model of the family nobody trains, so no crossover width is stated."""
+    lines = memory_section(memory_projection(linears, 1000, "off", True, 2 * 10**12), [], "1× Huge GPU")
+    text = "\n".join(lines)
+    assert ("The models from α=1000 (8.00M parameters, the runs') to α=8000 (512M parameters, ×8) need at most "
+            "7.9 GiB of model state per GPU") in text and "the table leaves them out" in text
+    assert [line.split(" | ")[0] for line in lines if line.startswith("| α=")] == ["| α=16000 (×16)"]
+    assert "DDP's model state fits one GPU's 1.8 TiB for any model of this family up to 100B parameters" in text
+    assert "Where FSDP lets a model fit" not in text

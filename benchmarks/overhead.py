@@ -1,0 +1,99 @@
+"""The suite's own overhead: `single_gpu/train.py --benchmark` against the plainest loop over the same model,
+batches and optimizer (no timer, no meter, no logging; one host sync at the end), alternately, best of N each.
+
+    python benchmarks/overhead.py                      # PyramidNet-8 alpha=12, batch 32, on this machine's CPU
+    python benchmarks/overhead.py --depth 110 --alpha 270 --batch_size 256 --repeat 3   # on a GPU
+
+It takes every train.py flag. The ratio of images/s (train.py's over the bare loop's) is printed: 1.0 means the
+suite's measurement costs nothing. A benchmark, not a test: it is timed, and the figure goes to BENCHMARKS.md.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+import torch.nn.functional as F
+
+from common.config import Config, flag, parse_config, user_errors
+from common.data import ShuffleSampler, load_datasets, make_loader
+from common.devices import seed_everything
+from common.optim import build_optimizer
+from common.performance import autocast, memory_format, resolve_fast_path
+from models import pyramidnet
+
+DEFAULTS = ["--dataset", "synthetic", "--synthetic_size", "512", "--depth", "8", "--alpha", "12", "--batch_size",
+            "32", "--warmup_steps", "3", "--benchmark_steps", "24", "--log_interval", "9", "--no_progress"]
+
+
+@dataclass(frozen=True)
+class OverheadConfig(Config):
+    repeat: int = flag(2, "runs of each loop, alternately; the best of each is compared", at_least=1)
+
+
+def bare_images_per_sec(cfg: Config, device: torch.device) -> float:
+    """--benchmark's model, batches and optimizer in the plainest loop."""
+    seed_everything(cfg.seed)
+    train_set, _ = load_datasets("synthetic", "", cfg.synthetic_size, cfg.seed)
+    loader = make_loader(cfg.loader or ("gpu" if device.type == "cuda" else "torchvision"), train_set,
+                         ShuffleSampler(len(train_set), True, cfg.seed), cfg.batch_size, device, train=True,
+                         augment=True, num_workers=0, seed=cfg.seed, memory_format=memory_format(cfg))
+    model = pyramidnet(cfg.depth, cfg.alpha, cfg.block, width_multiple=cfg.width_multiple,
+                       align_channels=cfg.align_channels).to(device, memory_format=memory_format(cfg)).train()
+    optimizer = build_optimizer(model, cfg, device)
+    steps = cfg.warmup_steps + cfg.benchmark_steps
+    done = 0
+    epoch = 0
+    while done < steps:
+        loader.sampler.set_epoch(epoch)
+        loader.start_epoch(epoch)
+        for images, labels in loader:
+            if done == cfg.warmup_steps:
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                start = time.perf_counter()
+            with autocast(cfg, device):
+                loss = F.cross_entropy(model(images), labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            done += 1
+            if done == steps:
+                break
+        epoch += 1
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return cfg.batch_size * cfg.benchmark_steps / (time.perf_counter() - start)
+
+
+def main(argv=None) -> None:
+    import single_gpu.train as single
+
+    argv = sys.argv[1:] if argv is None else argv
+    cfg = parse_config(OverheadConfig, [*DEFAULTS, *argv], description=__doc__)
+    train_flags = [*DEFAULTS, *argv]
+    if "--repeat" in train_flags:  # this script's own flag, not train.py's
+        at = train_flags.index("--repeat")
+        del train_flags[at:at + 2]
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    resolved = resolve_fast_path(cfg, device)
+    suite, bare = [], []
+    with tempfile.TemporaryDirectory() as folder:
+        for attempt in range(cfg.repeat):
+            single.main([*train_flags, "--benchmark", "--log_dir", folder, "--run_name", f"bench{attempt}"])
+            results = json.loads(Path(folder, f"bench{attempt}", "results.json").read_text())
+            suite.append(results["summary"]["images_per_sec"])
+            bare.append(bare_images_per_sec(resolved, device))
+    print(f"--benchmark / bare loop images/s on {device}: {max(suite) / max(bare):.3f} "
+          f"({max(suite):.0f} vs {max(bare):.0f}, best of {cfg.repeat} each)")
+
+
+if __name__ == "__main__":
+    with user_errors():
+        main()
