@@ -526,8 +526,9 @@ def test_the_sentences_tell_a_difference_within_the_spread_from_one_beyond_it():
     assert close[0].startswith("- **Fastest: dist_parallel on 2 GPUs (gloo)**, 1,240 images/s: 1.03× the next "
                                "fastest, dist_parallel on 2 GPUs (nccl) at 1,200, and 2.00× single_gpu at 620")
     assert close[3] == ("- **Within the run-to-run spread** (3 runs each): dist_parallel on 2 GPUs (gloo) at "
-                        "1,180–1,300 images/s and dist_parallel on 2 GPUs (nccl) at 1,150–1,250. Their images/s over "
-                        "the repeats overlap: the difference between them cannot be told from run-to-run noise.")
+                        "1,180–1,300 images/s and dist_parallel on 2 GPUs (nccl) at 1,150–1,250. Their images/s "
+                        "over the repeats overlap: the difference between them cannot be told from run-to-run "
+                        "noise.")
     assert close[-1] == "- Every run succeeded."
 
 

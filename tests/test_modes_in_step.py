@@ -116,7 +116,8 @@ def test_no_mode_hides_its_steps_in_common(path):
 
 def test_the_process_group_modes_repeat_the_same_code():
     dist, fsdp = functions("dist_parallel/train.py"), functions("fsdp/train.py")
-    differing = [name for name in SAME_IN_GROUPS if without_config_names(dist[name]) != without_config_names(fsdp[name])]
+    differing = [name for name in SAME_IN_GROUPS
+                 if without_config_names(dist[name]) != without_config_names(fsdp[name])]
     assert not differing, f"dist_parallel and fsdp differ in {differing}"
 
 

@@ -490,7 +490,7 @@ def test_a_launch_that_cannot_work_is_refused_before_workers_start(tmp_path, fla
     assert not (tmp_path / "runs").exists()
 
 
-# ---------------------------------------------------------------------------------------------------- 8. distributed.py
+# ----------------------------------------------------------------------------------------- 8. guards and the sync check
 def test_a_loopback_master_address_is_refused_only_across_nodes():
     """MASTER_ADDR 127.0.0.1 with 4 processes, 2 per node (2 nodes) would leave the second node waiting for a
     master on itself: refused, naming the address and the node count. With all 4 on one node it is right."""
