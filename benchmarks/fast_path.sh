@@ -10,6 +10,8 @@
 # compiled_warm (--compile --compile_mode reduce-overhead: CUDA graphs; the first run with an empty compile
 # cache, the second with the first's), and with COMPILE=all compiled (--compile, default mode) too. Then the
 # profile of the fast path (by category, by convolution pass and stage, against the roofline) and of width8.
+# ROWS="fast classic ... profile" runs only the rows named (and the profiles with "profile"); the summary covers
+# every run under OUT, so a second call into the same OUT adds its rows to the first's table.
 # A run that fails is named in the summary and the others still run; the exit status is then 1.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -20,7 +22,10 @@ STEPS=${BENCHMARK_STEPS:-200}
 COMMON=(--benchmark --batch_size 256 --warmup_steps 30 --benchmark_steps "$STEPS" --log_interval 50
         --no_progress --log_dir "$OUT" --overwrite "${@:2}")
 FAILED=()
-run() { local name=$1 script=$2; shift 2; echo "== $name: python $script ${COMMON[*]} $*"
+ROWS=${ROWS:-all}
+wanted() { [ "$ROWS" = all ] || [[ " $ROWS " == *" $1 "* ]]; }
+run() { local name=$1 script=$2; shift 2; wanted "$name" || return 0
+        echo "== $name: python $script ${COMMON[*]} $*"
         python "$script" "${COMMON[@]}" --run_name "$name" "$@" || FAILED+=("$name"); }
 
 CACHE=$(mktemp -d)  # an empty compile cache: the first compiled run is cold, the second warm
@@ -40,9 +45,11 @@ fi
 if [ "${COMPILE:-1}" = all ]; then
     run compiled      single_gpu/train.py --compile --compile_cache "$CACHE"
 fi
-python benchmarks/profile_step.py --batch_size 256 "${@:2}" --out "$OUT/profile.json" || FAILED+=(profile)
-python benchmarks/profile_step.py --batch_size 256 "${@:2}" --width_multiple 8 --out "$OUT/profile_width8.json" \
-    || FAILED+=(profile_width8)
+if wanted profile; then
+    python benchmarks/profile_step.py --batch_size 256 "${@:2}" --out "$OUT/profile.json" || FAILED+=(profile)
+    python benchmarks/profile_step.py --batch_size 256 "${@:2}" --width_multiple 8 \
+        --out "$OUT/profile_width8.json" || FAILED+=(profile_width8)
+fi
 
 python - "$OUT" "${FAILED[@]}" <<'PY' | tee "$OUT/summary.txt"
 import json, sys
@@ -62,7 +69,7 @@ env = next(iter(runs.values()))["env"] if runs else None
 bound = None
 if env:
     gpu = env["gpus"][0] if env["gpus"] else ""
-    print(f"{', '.join(env['gpus'])}; torch {env['torch']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}")
+    print(f"{', '.join(env['gpus']) or 'no GPU'}; torch {env['torch']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}")
     peaks, tbs = table_peaks(gpu), bandwidth_tbs(gpu)
     if peaks and tbs:
         cfg = next(iter(runs.values()))["config"]

@@ -10,11 +10,12 @@
 #   PYTHONUNBUFFERED=1 bash benchmarks/gpu_check.sh OUT
 #   PARTS="tests compare" COMPARE_ARGS="--repeat 3 --backends nccl" bash benchmarks/gpu_check.sh OUT
 #
-# PARTS picks the parts (default: fast_path verify tests compare, in that order); VERIFY_ARGS replaces --verify's
-# model and data (default: PyramidNet-20 alpha=48 on 4,096 images); BENCHMARK_STEPS and COMPILE go to
-# fast_path.sh (here 50 timed steps, and the compiled+graphed runs cold and warm); COMPARE_ARGS replaces
-# compare.py's arguments (default: --repeat 3 --benchmark_steps 30 and every mode, fsdp included). A part that
-# fails is named in the summary, the others still run, and the exit status is 1.
+# In that order: fast_path's eager rows and profiles, --verify, fast_path's compiled+graphed rows (cold, then warm),
+# --verify --deterministic, the GPU tests, compare.py. PARTS picks the parts (default: fast_path verify tests
+# compare); VERIFY_ARGS replaces --verify's model and data (default: PyramidNet-20 alpha=48 on 4,096 images);
+# BENCHMARK_STEPS goes to fast_path.sh (here 50 timed steps); COMPARE_ARGS replaces compare.py's arguments
+# (default: --repeat 3 --benchmark_steps 30 and every mode, fsdp included). A part that fails is named in the
+# summary, the others still run, and the exit status is 1.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT=${1:?usage: bash benchmarks/gpu_check.sh OUT}
@@ -52,22 +53,34 @@ part() {  # part NAME LOG COMMAND...: run it with its output to LOG, time it, ad
 }
 wanted() { [[ " $PARTS " == *" $1 "* ]]; }
 
-if wanted fast_path; then
-    part fast_path "$WORK/fast_path.log" env BENCHMARK_STEPS="${BENCHMARK_STEPS:-50}" COMPILE="${COMPILE:-1}" \
+EAGER_ROWS="fast unaligned align16 align32 cudnn_limit0 classic data_parallel dist_parallel width8 profile"
+if wanted fast_path; then  # the eager rows and the profiles first; the compiled ones after --verify
+    part fast_path "$WORK/fast_path.log" env BENCHMARK_STEPS="${BENCHMARK_STEPS:-50}" ROWS="$EAGER_ROWS" \
         bash benchmarks/fast_path.sh "$WORK/fast_path"
     cp "$WORK/fast_path/summary.txt" "$OUT/fast_path.md" 2>/dev/null
     cp "$WORK/fast_path/profile.json" "$OUT/profile.json" 2>/dev/null
-    grep -A40 "operator self time" "$WORK/fast_path.log" | head -60 >> "$OUT/fast_path.md"
-    { echo "## Fast path (PyramidNet-110 alpha=270, batch 256)"; head -20 "$OUT/fast_path.md"; echo; } \
-        >> "$SUMMARY"
+    { echo "## Fast path (PyramidNet-110 alpha=270, batch 256)"; cat "$OUT/fast_path.md"; echo; } >> "$SUMMARY"
 fi
-if wanted verify; then  # the GPU tolerances of --verify, measured: bitwise with --deterministic, how far without
+if wanted verify; then  # --verify on the GPU: how far the modes are without --deterministic (the default)
     # every mode, fsdp too (compare.py leaves it out by default on one GPU)
     # shellcheck disable=SC2086
     part verify "$WORK/verify.log" python compare.py --verify --modes $ALL_MODES $VERIFY_ARGS --out "$WORK/verify"
+    [ -f "$WORK/verify/verify.md" ] && { echo "## compare.py --verify"; grep -E "^\||^passed|^FAILED" \
+        "$WORK/verify/verify.md"; echo; } >> "$SUMMARY"
+fi
+if wanted fast_path; then  # the compiled+graphed step, its compile cold then warm, added to the same table
+    part fast_path_compiled "$WORK/fast_path.log" env BENCHMARK_STEPS="${BENCHMARK_STEPS:-50}" \
+        ROWS="compiled_cold compiled_warm" bash benchmarks/fast_path.sh "$WORK/fast_path"
+    cp "$WORK/fast_path/summary.txt" "$OUT/fast_path.md" 2>/dev/null
+    grep -A60 "operator self time" "$WORK/fast_path.log" | head -80 >> "$OUT/fast_path.md"
+    { echo "## Fast path with the compiled rows"; head -24 "$OUT/fast_path.md"; echo; } >> "$SUMMARY"
+fi
+if wanted verify; then  # bitwise with --deterministic
     # shellcheck disable=SC2086
     part verify_deterministic "$WORK/verify.log" python compare.py --verify --deterministic --modes $ALL_MODES \
         $VERIFY_ARGS --out "$WORK/verify_det"
+    [ -f "$WORK/verify_det/verify.md" ] && { echo "## compare.py --verify --deterministic"; grep -E \
+        "^\||^passed|^FAILED" "$WORK/verify_det/verify.md"; echo; } >> "$SUMMARY"
 fi
 if wanted tests; then  # the comparison's own test waits for compare.py below
     # -o addopts: one process (the GPU tests start their runs side by side themselves; no pytest-xdist needed)
