@@ -66,24 +66,41 @@ found = {p.parent.name: json.loads(p.read_text()) for p in out.glob("*/results.j
 runs = {name: found[name] for name in sorted(found, key=lambda n: order.index(n) if n in order else 99)}
 fast = runs["fast"]["summary"]["images_per_sec"] if "fast" in runs else None
 env = next(iter(runs.values()))["env"] if runs else None
-bound = None
-if env:
-    gpu = env["gpus"][0] if env["gpus"] else ""
-    print(f"{', '.join(env['gpus']) or 'no GPU'}; torch {env['torch']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}")
+bounds = {}
+
+
+def bound_of(cfg):
+    """The roofline of a run's own model (its --width_multiple) at its precision, None off the GPU table."""
+    gpu = env["gpus"][0] if env and env["gpus"] else ""
     peaks, tbs = table_peaks(gpu), bandwidth_tbs(gpu)
-    if peaks and tbs:
-        cfg = next(iter(runs.values()))["config"]
+    if not (peaks and tbs):
+        return None
+    amp = cfg["amp"]
+    key = (cfg["width_multiple"], amp)
+    if key not in bounds:
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp, torch.float32)
         with torch.device("meta"):
-            model = pyramidnet(cfg["depth"], cfg["alpha"], cfg["block"])
-        bound = roofline(step_ops(model, cfg["batch_size"], (3, 32, 32), 10), cfg["batch_size"], peaks["bf16"], tbs)
-        print(f"roofline of the model at batch {cfg['batch_size']} in bf16 ({peaks['bf16']:g} TFLOP/s, {tbs:g} TB/s):"
-              f" {bound['op_by_op_images_per_sec']:.0f} images/s op by op, {bound['fused_images_per_sec']:.0f} fused")
+            model = pyramidnet(cfg["depth"], cfg["alpha"], cfg["block"], width_multiple=cfg["width_multiple"])
+        ops = step_ops(model, cfg["batch_size"], (3, 32, 32), 10, dtype)
+        bounds[key] = roofline(ops, cfg["batch_size"], peaks[amp if amp != "off" else "tf32"], tbs)
+    return bounds[key]
+
+
+if env:
+    print(f"{', '.join(env['gpus']) or 'no GPU'}; torch {env['torch']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}")
+    first = bound_of(runs["fast"]["config"]) if "fast" in runs else None
+    if first:
+        print(f"roofline of the fast row's model at batch {runs['fast']['config']['batch_size']} "
+              f"({first['peak_tflops']:g} TFLOP/s, {first['bandwidth_tbs']:g} TB/s): "
+              f"{first['op_by_op_images_per_sec']:.0f} images/s op by op, {first['fused_images_per_sec']:.0f} fused; "
+              f"each row against its own model's at its own precision")
 print("| run | images/s | x fast | batch p50 ms | p90 ms | data wait % | peak GB | MFU % | % of roofline | compile s |")
 print("|---|---|---|---|---|---|---|---|---|---|")
 for name, r in runs.items():
     s = r["summary"]
     ratio = f"{s['images_per_sec'] / fast:.3f}" if fast else "-"
     mfu = f"{100 * s['mfu']:.1f}" if s["mfu"] is not None else "-"
+    bound = bound_of(r["config"])
     share = f"{100 * s['images_per_sec'] / bound['op_by_op_images_per_sec']:.1f}" if bound else "-"
     compile_s = f"{s['compile_time_s']:.0f}" if s["compile_time_s"] is not None else "-"
     peak = f"{s['peak_mem_gb']:.2f}" if s["peak_mem_gb"] is not None else "-"

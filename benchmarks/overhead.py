@@ -43,7 +43,8 @@ def bare_images_per_sec(cfg: Config, device: torch.device) -> float:
     train_set, _ = load_datasets("synthetic", "", cfg.synthetic_size, cfg.seed)
     loader = make_loader(cfg.loader or ("gpu" if device.type == "cuda" else "torchvision"), train_set,
                          ShuffleSampler(len(train_set), True, cfg.seed), cfg.batch_size, device, train=True,
-                         augment=True, num_workers=0, seed=cfg.seed, memory_format=memory_format(cfg))
+                         augment=True, num_workers=cfg.num_workers, seed=cfg.seed,
+                         memory_format=memory_format(cfg))  # the loader --benchmark builds, workers included
     model = pyramidnet(cfg.depth, cfg.alpha, cfg.block, width_multiple=cfg.width_multiple,
                        align_channels=cfg.align_channels).to(device, memory_format=memory_format(cfg)).train()
     optimizer = build_optimizer(model, cfg, device)

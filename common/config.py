@@ -308,7 +308,8 @@ class Config:
                              choices=COMPILE_MODES)
     compile_cache: str | None = flag(None, "folder of torch.compile's caches (inductor's FX graphs, AOTAutograd's, "
                                            "Triton's kernels), kept between runs so that the next run on this "
-                                           "machine compiles in seconds (default: <log_dir>/.compile_cache)",
+                                           "machine compiles in seconds (default: TORCHINDUCTOR_CACHE_DIR if set, "
+                                           "else <log_dir>/.compile_cache)",
                                      check="folder")
     cudnn_benchmark_limit: int | None = flag(None, "cuDNN algorithms that autotuning tries per convolution "
                                                    "(torch's default: 10; 0: every one)", at_least=0, at_most=10**6)

@@ -20,12 +20,11 @@ from common.rules import refuse_launch
 
 @contextlib.contextmanager
 def launch_variables():
-    """Around reading RANK, LOCAL_RANK and WORLD_SIZE: one that is missing or not a whole number is one line."""
+    """Around reading RANK, LOCAL_RANK and WORLD_SIZE: one that is not a whole number is one line."""
     try:
         yield
-    except (KeyError, ValueError):
-        raise UsageError("RANK, LOCAL_RANK and WORLD_SIZE must be whole numbers (RANK and WORLD_SIZE are needed)",
-                         rank_specific=True) from None
+    except ValueError:
+        raise UsageError("RANK, LOCAL_RANK and WORLD_SIZE must be whole numbers", rank_specific=True) from None
 
 
 def check_launch(cfg, mode: str, world_size: int, rank: int = 0) -> None:

@@ -17,6 +17,7 @@ import torch
 
 from common.config import Config, UsageError
 from common.data import DATASET_INFO
+from common.rules import alignment_refusal
 from models import pyramidnet
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -55,9 +56,9 @@ def resolve_fast_path(cfg: Config, device: torch.device) -> Config:
     channels_last = cuda if cfg.channels_last is None else cfg.channels_last
     sync_bn = getattr(cfg, "sync_bn", False)  # dist_parallel's: SyncBatchNorm takes the paper's widths only
     align = cfg.align_channels if cfg.align_channels is not None else 8 if cuda and not sync_bn else 0
-    if align > 1 and sync_bn:
-        raise UsageError(f"--sync_bn with --align_channels {align}: SyncBatchNorm takes the paper's channel "
-                         f"counts only; give --align_channels 0")
+    refusal = alignment_refusal(sync_bn, align)
+    if refusal is not None:
+        raise UsageError(refusal)
     if cuda:
         torch.backends.cudnn.benchmark = not cfg.deterministic  # the fastest algorithm per shape (drop_last fixes them)
         if cfg.cudnn_benchmark_limit is not None:
@@ -67,8 +68,10 @@ def resolve_fast_path(cfg: Config, device: torch.device) -> Config:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts: no matmul ran yet
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.deterministic = True
-    cache = cfg.compile_cache or str(Path(cfg.log_dir) / ".compile_cache")
-    if cfg.compile:  # inductor reads it when it compiles: the FX-graph, AOTAutograd and Triton caches go there
+    # inductor reads TORCHINDUCTOR_CACHE_DIR when it compiles: the FX-graph, AOTAutograd and Triton caches go
+    # there. --compile_cache sets it; else a folder the user gave it is kept, else <log_dir>/.compile_cache
+    cache = cfg.compile_cache or os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(Path(cfg.log_dir) / ".compile_cache")
+    if cfg.compile:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
     return dataclasses.replace(cfg, amp=amp, channels_last=channels_last, align_channels=align,
                                compile_cache=cache if cfg.compile else cfg.compile_cache)
@@ -189,7 +192,8 @@ def describe_fast_path(cfg: Config) -> str:
 
 
 def compile_state(cfg: Config) -> str:
-    """torch.compile's mode and whether its cache folder holds an earlier run's work (warm) or not (cold)."""
+    """torch.compile's mode, and whether its cache folder holds earlier compilations ("warm": this run compiles
+    from whatever they share with it, its graphs if the same model and mode filled it) or nothing ("cold")."""
     cache = Path(cfg.compile_cache) if cfg.compile_cache else None
     warm = cache is not None and cache.is_dir() and any(cache.iterdir())
     mode = "" if cfg.compile_mode == "default" else f"{cfg.compile_mode}, "

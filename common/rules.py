@@ -7,10 +7,14 @@ from common.config import UsageError
 
 
 def launch_refusal(mode: str, processes: int, *, cuda: bool, batch_size: int, backend: str | None = None,
-                   sync_bn: bool = False, compile: bool = False, evaluate: bool = False) -> str | None:
+                   sync_bn: bool = False, compile: bool = False, evaluate: bool = False,
+                   align_channels: int | None = None) -> str | None:
     """Why `mode` over `processes` (GPUs, for data_parallel) cannot run on this machine (`cuda`: it has CUDA
     GPUs), in one line; None when it can. An evaluation trains nothing: any batch suits any number of them."""
     refusal = machine_refusal(cuda, (backend,), sync_bn)
+    if refusal is not None:
+        return refusal
+    refusal = alignment_refusal(sync_bn, align_channels)
     if refusal is not None:
         return refusal
     if mode == "data_parallel" and compile and processes > 1:
@@ -30,6 +34,15 @@ def machine_refusal(cuda: bool, backends=(), sync_bn: bool = False, flag: str = 
         return f"{flag} nccl needs CUDA GPUs and this machine has none: use {flag} gloo on CPUs"
     if sync_bn and not cuda:
         return "SyncBatchNorm (--sync_bn) needs GPUs: PyTorch's SyncBatchNorm refuses CPU modules"
+    return None
+
+
+def alignment_refusal(sync_bn: bool, align_channels: int | None) -> str | None:
+    """Why SyncBatchNorm cannot run with the channels stored aligned: it replaces the aligned BatchNorm with one of
+    the paper's width."""
+    if sync_bn and (align_channels or 0) > 1:
+        return (f"--sync_bn with --align_channels {align_channels}: SyncBatchNorm takes the paper's channel "
+                f"counts only; give --align_channels 0")
     return None
 
 

@@ -155,13 +155,3 @@ def _group_device() -> torch.device:
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
-
-
-def reshard(model: torch.nn.Module) -> None:
-    """Free the gathered parameters FSDP2 keeps after a forward pass that no backward follows (an evaluation): the
-    root module keeps its own until backward, and with --no_reshard_after_forward every unit does. Resharded, each
-    rank holds its slices alone again. Nothing to do for a model that is not sharded."""
-    fsdp = sys.modules.get("torch.distributed.fsdp")
-    for module in model.modules() if fsdp is not None else ():
-        if isinstance(module, fsdp.FSDPModule):
-            module.reshard()

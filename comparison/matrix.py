@@ -154,9 +154,11 @@ def check_runs(runs: list[PlannedRun], shared: list[str], group_flags: dict[str,
     train.py keeps (common/rules.py: the backend and SyncBatchNorm against the machine, the global batch
     dividing over the run's GPUs, DataParallel on several GPUs not compiled), and the flags each script would
     get must parse."""
+    align = int(shared[shared.index("--align_channels") + 1]) if "--align_channels" in shared else None
     for run in runs:
         refusal = launch_refusal(run.mode, run.gpus, cuda=run.unit == "gpu", batch_size=run.batch_size,
-                                 backend=run.backend, sync_bn=run.sync_bn, compile="--compile" in shared)
+                                 backend=run.backend, sync_bn=run.sync_bn, compile="--compile" in shared,
+                                 align_channels=align)
         if refusal is not None:
             raise UsageError(f"{refusal} ({run.describe()})")
         extra = ["--amp", run.amp] if run.amp else []

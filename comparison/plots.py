@@ -134,8 +134,6 @@ def efficiency_figure(outcomes, device: str, cuda: bool, projection: dict | None
             ax.plot(xs, ys, linestyle=dash, linewidth=1.6, alpha=0.8, label=f"projected DDP, {' = '.join(names)}")
             counts += xs
     gpu_axis(ax, counts, cuda)
-    if projection and not cuda:
-        ax.set_xlabel(f"{unit(cuda)}; projected: GPUs")
     ax.axhline(100, color="grey", linewidth=0.8)
     ax.set_ylim(0, max(110, ax.get_ylim()[1]))
     title = f"Scaling efficiency — {device}\nmeasured: {averaged(configurations(outcomes))}"

@@ -320,8 +320,8 @@ def finish(run: Run) -> int:
 def main(argv=None) -> int:
     started = time.perf_counter()
     cfg = get_config(argv)
-    if "RANK" not in os.environ:  # `python train.py`: start the workers as torchrun would
-        return self_launch(cfg, __file__, argv, MODE)
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:  # `python train.py`: start the
+        return self_launch(cfg, __file__, argv, MODE)  # workers as torchrun would
     run, test_loader = prepare(cfg, started)
     if run is None:
         return 0

@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from common.config import Config, UsageError, parse_config
 from common.performance import flops_per_image, resolve_fast_path
 from common.state import whole
-from comparison.matrix import config_class
+from comparison.matrix import PlannedRun, check_runs, config_class
 from conftest import TINY
 from models import pyramidnet
 from models.pyramidnet import AlignedBatchNorm2d, stored
@@ -125,11 +125,15 @@ def test_the_default_is_8_on_cuda_and_off_on_the_cpu():
 
 def test_sync_bn_takes_the_papers_widths_only():
     """SyncBatchNorm replaces the aligned BatchNorm with one of the paper's width: the two are refused together
-    in one line (on a GPU, where --align_channels defaults to 8, --sync_bn alone turns it off)."""
+    in one line, by a train.py and by compare.py before its matrix starts (on a GPU, where --align_channels
+    defaults to 8, --sync_bn alone turns it off)."""
     dist_config = config_class("dist_parallel")
     with pytest.raises(UsageError, match="give --align_channels 0"):
         resolve_fast_path(parse_config(dist_config, [*TINY, "--sync_bn", "--align_channels", "8"]), CPU)
     assert resolve_fast_path(parse_config(dist_config, [*TINY, "--sync_bn"]), CPU).align_channels == 0
+    sync_bn_run = PlannedRun("dist_parallel", 2, "nccl", None, True, 64, 1, unit="gpu")  # compare.py's matrix
+    with pytest.raises(UsageError, match="give --align_channels 0"):
+        check_runs([sync_bn_run], ["--align_channels", "8"], {})
 
 
 def _two_ranks(rank: int, world_size: int, init_file: str, out_dir: str) -> None:

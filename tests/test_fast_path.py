@@ -329,9 +329,10 @@ def test_compile_wraps_the_training_model_and_reports_its_time_apart(tmp_path, m
 
 
 def test_compile_keeps_its_caches_where_the_next_run_finds_them(tmp_path, monkeypatch):
-    """--compile points inductor's caches (FX graphs, AOTAutograd, Triton) at <log_dir>/.compile_cache, or at
-    --compile_cache, and the first line says whether an earlier run left work there (warm) or not (cold)."""
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "restored after the test")
+    """--compile points inductor's caches (FX graphs, AOTAutograd, Triton) at --compile_cache, or at the
+    TORCHINDUCTOR_CACHE_DIR a user set, or at <log_dir>/.compile_cache, and the first line says whether earlier
+    compilations left work there (warm) or not (cold)."""
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # what the test sets is undone after it
     cfg = resolve_fast_path(parse_config(Config, [*TINY, "--compile", "--log_dir", str(tmp_path)]), CPU)
     cache = tmp_path / ".compile_cache"
     assert cfg.compile_cache == str(cache) and os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(cache)
@@ -343,6 +344,9 @@ def test_compile_keeps_its_caches_where_the_next_run_finds_them(tmp_path, monkey
                                                   "--compile_mode", "reduce-overhead"]), CPU)
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(chosen)
     assert f"compiled (reduce-overhead, cache cold: {chosen})" in describe_fast_path(cfg)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "the user's"))  # a folder set by hand is kept
+    cfg = resolve_fast_path(parse_config(Config, [*TINY, "--compile", "--log_dir", str(tmp_path)]), CPU)
+    assert cfg.compile_cache == str(tmp_path / "the user's")
 
 
 def test_profile_tool_splits_a_step_into_categories(tmp_path):
