@@ -544,13 +544,26 @@ def _sync_check_worker(rank: int, world_size: int, init_file: str, out_dir: str)
         dist.destroy_process_group()
 
 
-def test_the_sync_check_names_a_parameter_that_differs_between_ranks(tmp_path):
-    """A real 2-process gloo group (torch.multiprocessing.spawn, file:// rendezvous): check_sync reports
-    identical ranks as in sync, differing BatchNorm statistics by how much, and a one-ulp difference in one
-    parameter by name; verify_sync then prints the name on rank 0 and ends every rank with a non-zero exit."""
-    torch.multiprocessing.spawn(_sync_check_worker, args=(2, str(tmp_path / "rendezvous"), str(tmp_path)),
-                                nprocs=2)
-    reports = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+def _group_worker(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
+    """One rank of a real 2-process gloo group, for the two tests below: the sync checks, then the gathers."""
+    _sync_check_worker(rank, world_size, init_file + ".sync", out_dir)
+    _gather_worker(rank, world_size, init_file + ".gather", out_dir)
+
+
+@pytest.fixture(scope="module")
+def group_reports(tmp_path_factory) -> Path:
+    """One spawned group (torch.multiprocessing.spawn, file:// rendezvous) for the sync check's test and the
+    gather's: each rank writes rank<r>.json and gathered<r>.json."""
+    out = tmp_path_factory.mktemp("group")
+    torch.multiprocessing.spawn(_group_worker, args=(2, str(out / "rendezvous"), str(out)), nprocs=2)
+    return out
+
+
+def test_the_sync_check_names_a_parameter_that_differs_between_ranks(group_reports):
+    """On a real 2-process gloo group, check_sync reports identical ranks as in sync, differing BatchNorm
+    statistics by how much, and a one-ulp difference in one parameter by name; verify_sync then prints the name on
+    rank 0 and ends every rank with a non-zero exit."""
+    reports = [json.loads((group_reports / f"rank{rank}.json").read_text()) for rank in range(2)]
     for rank, report in enumerate(reports):
         identical, buffers, param = report["identical"], report["buffers differ"], report["a parameter differs"]
         assert identical["params_in_sync"] and identical["buffers_max_abs_diff"] == 0 and identical["ranks"] == 2
@@ -579,18 +592,17 @@ def _gather_worker(rank: int, world_size: int, init_file: str, out_dir: str) -> 
         group = dist.group.WORLD
         same = {name: torch.equal(_whole_through_the_cpu(param, group), reference[name])
                 and torch.equal(param.full_tensor(), reference[name]) for name, param in model.named_parameters()}
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(same))
+        Path(out_dir, f"gathered{rank}.json").write_text(json.dumps(same))
     finally:
         dist.destroy_process_group()
 
 
-def test_sharded_parameters_gather_through_the_cpu_as_full_tensor_gathers_them(tmp_path):
+def test_sharded_parameters_gather_through_the_cpu_as_full_tensor_gathers_them(group_reports):
     """Gloo cannot all-gather CUDA tensors (the process crashes), so fsdp over gloo on a GPU gathers its slices on
     the CPU: on a real 2-process group the detour assembles every parameter, uneven slices too, exactly as
     DTensor.full_tensor does and as the model held it before it was sharded."""
-    torch.multiprocessing.spawn(_gather_worker, args=(2, str(tmp_path / "rendezvous"), str(tmp_path)), nprocs=2)
     for rank in range(2):
-        same = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        same = json.loads((group_reports / f"gathered{rank}.json").read_text())
         assert len(same) == 4 and all(same.values()), (rank, same)
 
 
