@@ -58,7 +58,7 @@ sys.path.insert(0, ".")
 import torch
 from benchmarks.roofline import bandwidth_tbs, roofline, step_ops
 from common.performance import table_peaks
-from models import pyramidnet
+from compare import model_on_meta  # the runs' model, from their config
 out, failed = Path(sys.argv[1]), sys.argv[2:]
 order = ["fast", "unaligned", "align16", "align32", "cudnn_limit0", "classic", "data_parallel", "dist_parallel",
          "width8", "compiled_cold", "compiled_warm", "compiled"]
@@ -79,9 +79,7 @@ def bound_of(cfg):
     key = (cfg["width_multiple"], amp)
     if key not in bounds:
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp, torch.float32)
-        with torch.device("meta"):
-            model = pyramidnet(cfg["depth"], cfg["alpha"], cfg["block"], width_multiple=cfg["width_multiple"])
-        ops = step_ops(model, cfg["batch_size"], (3, 32, 32), 10, dtype)
+        ops = step_ops(model_on_meta(cfg), cfg["batch_size"], (3, 32, 32), 10, dtype)
         bounds[key] = roofline(ops, cfg["batch_size"], peaks[amp if amp != "off" else "tf32"], tbs)
     return bounds[key]
 

@@ -52,6 +52,9 @@ part() {  # part NAME LOG COMMAND...: run it with its output to LOG, time it, ad
     tar czf "$OUT/logs.tar.gz" -C "$WORK" . 2>/dev/null  # after every part: a run cut off keeps its logs
 }
 wanted() { [[ " $PARTS " == *" $1 "* ]]; }
+verify_table() {  # verify_table FOLDER TITLE: a --verify run's table and verdict, into the summary
+    [ -f "$1/verify.md" ] && { echo "## $2"; grep -E "^\||^passed|^FAILED" "$1/verify.md"; echo; } >> "$SUMMARY"
+}
 
 EAGER_ROWS="fast unaligned align16 align32 cudnn_limit0 classic data_parallel dist_parallel width8 profile"
 if wanted fast_path; then  # the eager rows and the profiles first; the compiled ones after --verify
@@ -65,8 +68,7 @@ if wanted verify; then  # --verify on the GPU: how far the modes are without --d
     # every mode, fsdp too (compare.py leaves it out by default on one GPU)
     # shellcheck disable=SC2086
     part verify "$WORK/verify.log" python compare.py --verify --modes $ALL_MODES $VERIFY_ARGS --out "$WORK/verify"
-    [ -f "$WORK/verify/verify.md" ] && { echo "## compare.py --verify"; grep -E "^\||^passed|^FAILED" \
-        "$WORK/verify/verify.md"; echo; } >> "$SUMMARY"
+    verify_table "$WORK/verify" "compare.py --verify"
 fi
 if wanted fast_path; then  # the compiled+graphed step, its compile cold then warm, added to the same table
     part fast_path_compiled "$WORK/fast_path.log" env BENCHMARK_STEPS="${BENCHMARK_STEPS:-50}" \
@@ -79,8 +81,7 @@ if wanted verify; then  # bitwise with --deterministic
     # shellcheck disable=SC2086
     part verify_deterministic "$WORK/verify.log" python compare.py --verify --deterministic --modes $ALL_MODES \
         $VERIFY_ARGS --out "$WORK/verify_det"
-    [ -f "$WORK/verify_det/verify.md" ] && { echo "## compare.py --verify --deterministic"; grep -E \
-        "^\||^passed|^FAILED" "$WORK/verify_det/verify.md"; echo; } >> "$SUMMARY"
+    verify_table "$WORK/verify_det" "compare.py --verify --deterministic"
 fi
 if wanted tests; then  # the comparison's own test waits for compare.py below
     # -o addopts: one process (the GPU tests start their runs side by side themselves; no pytest-xdist needed)

@@ -31,9 +31,8 @@ from torch.profiler import ProfilerActivity, profile
 from common.config import Config, flag, parse_config, user_errors
 from common.data import DATASET_INFO
 from common.devices import seed_everything
-from common.performance import autocast, memory_format, peak_tflops, resolve_fast_path
+from common.performance import autocast, memory_format, model_on_meta, peak_tflops, resolve_fast_path
 from benchmarks.roofline import bandwidth_tbs, roofline, step_ops
-from models import pyramidnet
 from single_gpu.train import get_model, get_optimizer, setup
 
 # What operators and kernels compute, not which library ran them: cuDNN runs BatchNorm as well as convolutions
@@ -119,7 +118,7 @@ def profile_steps(cfg: ProfileConfig) -> dict:
                          "channels_last": cfg.channels_last, "compile": cfg.compile},
               **breakdown(operators, kernels, cfg.top)}
     report["conv_passes"] = conv_passes(prof.events(), cuda, cfg.steps)
-    ops = step_ops(real_model(cfg, data), cfg.batch_size, (data.channels, data.size, data.size), data.classes,
+    ops = step_ops(model_on_meta(cfg), cfg.batch_size, (data.channels, data.size, data.size), data.classes,
                    torch.float32 if cfg.amp == "off" else torch.bfloat16)
     report["achieved"] = achieved(report, ops)
     peak = peak_tflops(device, cfg.amp) if cuda else None
@@ -132,14 +131,6 @@ def profile_steps(cfg: ProfileConfig) -> dict:
                               "op_by_op_share": bound["op_by_op_s"] / measured,
                               "fused_share": bound["fused_s"] / measured}
     return report
-
-
-def real_model(cfg: ProfileConfig, data) -> torch.nn.Module:
-    """The paper's model the profile trained (its real widths: the FLOPs a step is credited with), built on
-    the meta device."""
-    with torch.device("meta"):
-        return pyramidnet(cfg.depth, cfg.alpha, cfg.block, num_classes=data.classes,
-                          in_channels=data.channels, width_multiple=cfg.width_multiple)
 
 
 def conv_pass(kernel: str, backward: bool) -> str:

@@ -23,6 +23,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
+from common.performance import by_gpu_name
+
 # Memory bandwidth in TB/s, from each GPU's datasheet, matched by name as GPU_PEAK_TFLOPS is (whole words).
 GPU_BANDWIDTH_TBS = {
     "H100 PCIe": 2.0, "H100 NVL": 3.9, "H100": 3.35,  # SXM5 80 GB HBM3
@@ -111,9 +113,7 @@ def roofline(ops: list[Op], batch: int, peak_tflops: float, bandwidth_tbs: float
 
 def bandwidth_tbs(name: str) -> float | None:
     """The memory bandwidth of the GPU called `name`, or None when it is not in the table."""
-    words = lambda key: rf"(?<![a-z0-9]){re.escape(key)}(?![a-z0-9])"  # noqa: E731  "H200" not in "GH200"
-    return next((tbs for key, tbs in GPU_BANDWIDTH_TBS.items() if re.search(words(key), name, re.IGNORECASE)),
-                None)
+    return by_gpu_name(GPU_BANDWIDTH_TBS, name)
 
 
 def share_of_roofline(measured_images_per_sec: float, bound: dict) -> dict:

@@ -110,6 +110,15 @@ def grad_scaler(cfg: Config, device: torch.device) -> torch.amp.GradScaler:
     return torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16")
 
 
+def model_on_meta(cfg: Config) -> torch.nn.Module:
+    """The paper's model a run trains (its real widths, whatever --align_channels stores), built on the meta
+    device: shapes without memory, for counting its FLOPs and bytes."""
+    data = DATASET_INFO[cfg.dataset]
+    with torch.device("meta"):
+        return pyramidnet(cfg.depth, cfg.alpha, cfg.block, num_classes=data.classes, in_channels=data.channels,
+                          width_multiple=cfg.width_multiple)
+
+
 def flops_per_image(cfg: Config) -> int:
     """Forward plus backward FLOPs of one training image, counted by torch.utils.flop_counter on a copy of the model
     built on the meta device (no memory, no compute, the real model untouched). Convolutions and the classifier
@@ -117,9 +126,8 @@ def flops_per_image(cfg: Config) -> int:
     from torch.utils.flop_counter import FlopCounterMode
 
     batch, data = 2, DATASET_INFO[cfg.dataset]  # the images' shape and the classes of the data trained on
+    model = model_on_meta(cfg)
     with torch.device("meta"):
-        model = pyramidnet(cfg.depth, cfg.alpha, cfg.block, num_classes=data.classes, in_channels=data.channels,
-                           width_multiple=cfg.width_multiple)
         images = torch.empty(batch, data.channels, data.size, data.size)
         labels = torch.zeros(batch, dtype=torch.int64)
     with FlopCounterMode(display=False) as counter:
@@ -127,11 +135,16 @@ def flops_per_image(cfg: Config) -> int:
     return counter.get_total_flops() // batch
 
 
-def table_peaks(name: str) -> dict[str, float] | None:
-    """The first GPU_PEAK_TFLOPS entry whose key is in `name` as whole words, in any case."""
+def by_gpu_name(table: dict, name: str):
+    """The first entry of `table` (keyed by GPU names, most specific first) whose key is in `name` as whole
+    words, in any case; None when none is."""
     words = lambda key: rf"(?<![a-z0-9]){re.escape(key)}(?![a-z0-9])"  # noqa: E731  "H200" not in "GH200"
-    return next((peaks for key, peaks in GPU_PEAK_TFLOPS.items() if re.search(words(key), name, re.IGNORECASE)),
-                None)
+    return next((value for key, value in table.items() if re.search(words(key), name, re.IGNORECASE)), None)
+
+
+def table_peaks(name: str) -> dict[str, float] | None:
+    """The GPU_PEAK_TFLOPS entry of the GPU called `name`."""
+    return by_gpu_name(GPU_PEAK_TFLOPS, name)
 
 
 def is_mig(device: torch.device) -> bool:

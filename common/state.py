@@ -68,16 +68,11 @@ def _whole_on_rank_0(values: dict) -> dict:
     return gathered
 
 
-def _full_options():
+def _options(full: bool):
+    """torch.distributed.checkpoint's options: whole tensors (`full`) or each rank's slices."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    return StateDictOptions(full_state_dict=True)
-
-
-def _sharded_options():
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-    return StateDictOptions(full_state_dict=False)
+    return StateDictOptions(full_state_dict=full)
 
 
 def model_state(model: torch.nn.Module) -> dict:
@@ -88,7 +83,7 @@ def model_state(model: torch.nn.Module) -> dict:
         return model.state_dict()
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    return _whole_on_rank_0(get_model_state_dict(model, options=_sharded_options()))
+    return _whole_on_rank_0(get_model_state_dict(model, options=_options(full=False)))
 
 
 def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
@@ -98,7 +93,7 @@ def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) ->
         return optimizer.state_dict()
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    by_name = get_optimizer_state_dict(model, optimizer, options=_sharded_options())
+    by_name = get_optimizer_state_dict(model, optimizer, options=_options(full=False))
     state = {name: _whole_on_rank_0(values) for name, values in by_name["state"].items()}
     if dist.get_rank() != 0:
         return {}
@@ -116,7 +111,7 @@ def load_model_state(model: torch.nn.Module, state: dict) -> None:
         return
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-    set_model_state_dict(model, dict(state), options=_full_options())  # a copy: it replaces entries with slices
+    set_model_state_dict(model, dict(state), options=_options(full=True))  # a copy: it replaces entries with slices
 
 
 def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict) -> None:
@@ -130,7 +125,7 @@ def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
     by_name = {"state": {names[index]: state for index, state in saved["state"].items()},
                "param_groups": [{**group, "params": [names[index] for index in group["params"]]}
                                 for group in saved["param_groups"]]}
-    set_optimizer_state_dict(model, optimizer, by_name, options=_full_options())
+    set_optimizer_state_dict(model, optimizer, by_name, options=_options(full=True))
 
 
 def parameter_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
