@@ -18,8 +18,8 @@ processes, 12 steps), whose checks are read back here, each beside the run folde
   perturbed: a weight one float32 ulp off fails check 1), and when a run it needs failed, naming the run's log;
   then compare.py exits non-zero and names the check in its last line.
 
-Besides: two torchrun agents ("nodes") on one host form one job, and only global rank 0 writes; a launch that
-cannot work is refused with one line before any worker starts; the sync check names a parameter that differs.
+Besides: a launch that cannot work is refused with one line before any worker starts. Two torchrun "nodes" on one
+host, the guards, the sync check and DistributedSampler's shards are in tests/test_process_group.py.
 
 Launches are few (each costs seconds) and shared through module-scoped fixtures; every process computes on one
 intra-op thread, so that bit-identical comparisons do not depend on the number of cores.
@@ -38,12 +38,8 @@ What only multi-GPU hardware can prove, and these tests therefore do not:
 """
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import os
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -51,18 +47,11 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-from torch import nn
-from torch.utils.data import DistributedSampler
 
 import compare
-from common.config import UsageError
-from common.data import load_datasets, make_loader
-from common.guards import check_master_address, nccl_error_handling
-from common.sync_check import check_sync, verify_sync
 from comparison.report import Outcome
 from comparison.verify import Verification, config_of, reference_training, summary_line
-from conftest import REPO, TINY, at_epoch, read_results, refuse_in_process, run_script
+from conftest import REPO, TINY, read_results, refuse_in_process, run_script
 
 DIST = "dist_parallel/train.py"
 SEED = 0  # the scripts' default --seed
@@ -85,13 +74,6 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
-def torchrun(*launcher_and_script_args, **popen) -> subprocess.Popen:
-    """`torchrun ...`, as `python -m torch.distributed.run` so it is this interpreter's torch."""
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **ONE_THREAD}
-    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *map(str, launcher_and_script_args)],
-                            cwd=REPO, env=full_env, text=True, **popen)
-
-
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return torch.load(run_dir / "model.pt", weights_only=True)
 
@@ -104,26 +86,6 @@ def assert_bit_identical(ours: dict, theirs: dict, what: str) -> None:
 
 def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if not line.startswith("warning:")]
-
-
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.kill()
-        process.wait()
-
-
-def _wait(process: subprocess.Popen, timeout: float) -> int | str:
-    """The exit code, or "timed out" (the process is left for _stop), so the caller can show the logs."""
-    try:
-        return process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return "timed out"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------------------------------------------- the verification
@@ -273,38 +235,6 @@ def test_each_mode_continues_the_others_checkpoint(verified):
 
 
 # ---------------------------------------------------------------------------------------------------- 3. two nodes
-def _two_agents(tmp_path: Path, *extra_launcher_args) -> tuple[list[int], list[str], list[str]]:
-    """Two torchrun agents of one process each, rendezvousing over c10d on this host: (exit codes, stdouts,
-    stderrs). Both write to the same run folder: only global rank 0 may write there."""
-    port, logs = free_port(), [(tmp_path / f"node{node}.out", tmp_path / f"node{node}.err") for node in range(2)]
-    with contextlib.ExitStack() as stack:
-        agents = []
-        for node, (out, err) in enumerate(logs):  # files, not pipes: neither agent can block on a full pipe
-            agents.append(torchrun(
-                "--nnodes", 2, "--node_rank", node, "--nproc_per_node", 1, "--rdzv_backend", "c10d",
-                "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", f"two-nodes-{port}", *extra_launcher_args,
-                DIST, *TINY, "--max_steps", 2, "--log_dir", tmp_path / "runs", "--run_name", "nodes",
-                stdout=stack.enter_context(out.open("w")), stderr=stack.enter_context(err.open("w"))))
-            stack.callback(_stop, agents[-1])  # on a timeout or an error here: no agent left behind
-        codes = [_wait(agent, timeout=120) for agent in agents]
-    return codes, [out.read_text() for out, _ in logs], [err.read_text() for _, err in logs]
-
-
-def _assert_one_job_written_by_rank_0(tmp_path, codes, outs, errs):
-    assert codes == [0, 0], "\n".join(outs + errs)
-    written = list((tmp_path / "runs").rglob("results.json"))
-    assert written == [tmp_path / "runs" / "nodes" / "results.json"]
-    results = read_results(written[0].parent)
-    assert results["world_size"] == 2 and results["summary"]["params_in_sync"] is True
-    assert sum("results in" in out for out in outs) == 1  # one agent's worker is rank 0; the other is silent
-
-
-def test_two_torchrun_nodes_on_one_host(tmp_path):
-    """`torchrun --nnodes 2 --rdzv_backend c10d --rdzv_endpoint 127.0.0.1:PORT`, twice, as docs/modes.md's
-    multi-node launch on one host: one job of world size 2 whose results.json only global rank 0 writes."""
-    _assert_one_job_written_by_rank_0(tmp_path, *_two_agents(tmp_path))
-
-
 # ---------------------------------------------------------------------------------------------------- 4. evaluation
 @pytest.mark.parametrize("mode, trained, evaluations, row", [
     ("dist_parallel", "ddp2", ((1, "evaluate1"),), 3),
@@ -491,146 +421,3 @@ def test_a_launch_that_cannot_work_is_refused_before_workers_start(tmp_path, fla
 
 
 # ----------------------------------------------------------------------------------------- 8. guards and the sync check
-def test_a_loopback_master_address_is_refused_only_across_nodes():
-    """MASTER_ADDR 127.0.0.1 with 4 processes, 2 per node (2 nodes) would leave the second node waiting for a
-    master on itself: refused, naming the address and the node count. With all 4 on one node it is right."""
-    across_nodes = {"MASTER_ADDR": "127.0.0.1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}
-    with pytest.raises(UsageError, match=r"127\.0\.0\.1.*2 nodes"):
-        check_master_address(across_nodes)
-    check_master_address({**across_nodes, "LOCAL_WORLD_SIZE": "4"})
-    check_master_address({**across_nodes, "MASTER_ADDR": "10.1.2.3"})
-    with pytest.raises(UsageError):
-        check_master_address({**across_nodes, "MASTER_ADDR": "localhost"})
-
-
-def test_nccl_errors_reach_the_main_thread():
-    """torchrun sets TORCH_NCCL_ASYNC_ERROR_HANDLING=1 for its workers, and with it (as with torch's default, 3)
-    NCCL's watchdog kills the process before the one-line group failure can be printed: the workers switch to 2
-    (abort the communicators, raise in the main thread). A value the user chose otherwise is kept. Whether the line
-    then reaches the user needs two GPUs and a dead peer: see this module's docstring."""
-    for given in [{}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}]:
-        nccl_error_handling(given)
-        assert given == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
-    for chosen in ["0", "3"]:
-        environ = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": chosen}
-        nccl_error_handling(environ)
-        assert environ == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": chosen}
-
-
-def _sync_check_worker(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
-    """One rank of the sync-check test: three checks of a tiny model, written to out_dir/rank<r>.json."""
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
-    try:
-        torch.manual_seed(0)  # the same weights on both ranks
-        model = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3))
-        reports = {"identical": check_sync(model)}
-        with torch.no_grad():
-            model[1].running_mean += rank  # statistics may differ between ranks...
-        reports["buffers differ"] = check_sync(model)
-        with torch.no_grad():
-            if rank == 1:  # ...parameters may not, not even by one ulp
-                model[0].bias[1] = torch.nextafter(model[0].bias[1], torch.tensor(float("inf")))
-        reports["a parameter differs"] = check_sync(model)
-        printed = io.StringIO()
-        with contextlib.redirect_stdout(printed):
-            try:
-                verify_sync(model, sync_bn=False, is_main=rank == 0)
-                code = 0
-            except SystemExit as exit:
-                code = exit.code
-        reports["verify"] = {"code": code, "printed": printed.getvalue()}
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(reports))
-    finally:
-        dist.destroy_process_group()
-
-
-def _group_worker(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
-    """One rank of a real 2-process gloo group, for the two tests below: the sync checks, then the gathers."""
-    _sync_check_worker(rank, world_size, init_file + ".sync", out_dir)
-    _gather_worker(rank, world_size, init_file + ".gather", out_dir)
-
-
-@pytest.fixture(scope="module")
-def group_reports(tmp_path_factory) -> Path:
-    """One spawned group (torch.multiprocessing.spawn, file:// rendezvous) for the sync check's test and the
-    gather's: each rank writes rank<r>.json and gathered<r>.json."""
-    out = tmp_path_factory.mktemp("group")
-    torch.multiprocessing.spawn(_group_worker, args=(2, str(out / "rendezvous"), str(out)), nprocs=2)
-    return out
-
-
-def test_the_sync_check_names_a_parameter_that_differs_between_ranks(group_reports):
-    """On a real 2-process gloo group, check_sync reports identical ranks as in sync, differing BatchNorm
-    statistics by how much, and a one-ulp difference in one parameter by name; verify_sync then prints the name on
-    rank 0 and ends every rank with a non-zero exit."""
-    reports = [json.loads((group_reports / f"rank{rank}.json").read_text()) for rank in range(2)]
-    for rank, report in enumerate(reports):
-        identical, buffers, param = report["identical"], report["buffers differ"], report["a parameter differs"]
-        assert identical["params_in_sync"] and identical["buffers_max_abs_diff"] == 0 and identical["ranks"] == 2
-        assert buffers["params_in_sync"] and buffers["buffers_max_abs_diff"] == 1.0
-        assert buffers["worst_buffer"] == "1.running_mean"
-        assert not param["params_in_sync"] and param["mismatched"] == ["0.bias"], rank  # same verdict everywhere
-        assert report["verify"]["code"] not in (0, None), rank
-    main = reports[0]["verify"]
-    assert "parameters differ between ranks: 0.bias" in main["printed"]
-    assert str(main["code"]).startswith("error: ")  # rank 0's SystemExit message, printed by Python on exit
-    assert reports[1]["verify"]["printed"] == ""  # only rank 0 reports
-
-
-def _gather_worker(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
-    """One rank of the gather test: a tiny model sharded by fully_shard, each parameter gathered both ways."""
-    from torch.distributed.fsdp import fully_shard
-
-    from common.state import _whole_through_the_cpu
-
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
-    try:
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 5))  # 3 and 5 rows: uneven slices over 2 ranks
-        reference = {name: param.detach().clone() for name, param in model.named_parameters()}
-        fully_shard(model)
-        group = dist.group.WORLD
-        same = {name: torch.equal(_whole_through_the_cpu(param, group), reference[name])
-                and torch.equal(param.full_tensor(), reference[name]) for name, param in model.named_parameters()}
-        Path(out_dir, f"gathered{rank}.json").write_text(json.dumps(same))
-    finally:
-        dist.destroy_process_group()
-
-
-def test_sharded_parameters_gather_through_the_cpu_as_full_tensor_gathers_them(group_reports):
-    """Gloo cannot all-gather CUDA tensors (the process crashes), so fsdp over gloo on a GPU gathers its slices on
-    the CPU: on a real 2-process group the detour assembles every parameter, uneven slices too, exactly as
-    DTensor.full_tensor does and as the model held it before it was sharded."""
-    for rank in range(2):
-        same = json.loads((group_reports / f"gathered{rank}.json").read_text())
-        assert len(same) == 4 and all(same.values()), (rank, same)
-
-
-# ---------------------------------------------------------------------------------------------------- 9. sampler
-def test_distributed_sampler_shards_cover_the_training_set_and_change_every_epoch():
-    """The 2-process run's shards: each epoch the two ranks' 128 indices are disjoint and together are the 256
-    training images; set_epoch reshuffles (without it every epoch repeats epoch 0's order); and a loader set
-    to an epoch as train.py's loop sets it gives that epoch's share."""
-    def shards(epoch: int) -> list[list[int]]:
-        out = []
-        for rank in range(2):
-            sampler = DistributedSampler(range(256), num_replicas=2, rank=rank, shuffle=True, seed=SEED)
-            sampler.set_epoch(epoch)
-            out.append(list(sampler))
-        return out
-
-    for epoch in range(3):
-        first, second = shards(epoch)
-        assert len(first) == len(second) == 128
-        assert not set(first) & set(second) and sorted(first + second) == list(range(256))
-    assert shards(0) != shards(1) != shards(2)
-    unset = DistributedSampler(range(256), num_replicas=2, rank=0, shuffle=True, seed=SEED)
-    assert list(unset) == list(unset) == shards(0)[0]
-
-    train_set, _ = load_datasets("synthetic", "", 256, SEED)
-    sampler = DistributedSampler(range(256), num_replicas=2, rank=1, shuffle=True, seed=SEED)
-    loader = make_loader("gpu", train_set, sampler, 16, torch.device("cpu"), train=True, augment=False,
-                         num_workers=0, seed=SEED)
-    at_epoch(loader, 1)
-    labels = torch.cat([labels for _, labels in loader])
-    assert labels.tolist() == [train_set.targets[i] for i in shards(1)[1]]
