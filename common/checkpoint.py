@@ -38,6 +38,7 @@ from common.config import Config, RunError, UsageError, file_system_error
 from common.logger import write_atomically
 from common.metrics import Sums
 from common.state import all_finite, load_model_state, load_optimizer_state, model_state, optimizer_state
+from models.aligned import paper_shapes
 
 if TYPE_CHECKING:  # the loop's state, which imports this module
     from common.loop import Run
@@ -300,13 +301,13 @@ def check_fits(state: dict | None, raw_model: torch.nn.Module, steps_per_epoch: 
     epoch. Called before the run folder is claimed, so a refusal leaves nothing behind."""
     if state is None:
         return
-    expected = {name: tuple(value.shape) for name, value in raw_model.state_dict().items()}
+    expected = {name: tuple(shape) for name, shape in paper_shapes(raw_model).items()}
     saved = {name: tuple(value.shape) for name, value in state["model"].items() if torch.is_tensor(value)}
     wrong = next((name for name in expected.keys() | saved.keys() if expected.get(name) != saved.get(name)), None)
     if wrong:
         refuse(state, f"its 'model' entry does not fit this model: {wrong} is {saved.get(wrong, 'missing')} "
                       f"where this model has {expected.get(wrong, 'none')}")
-    shapes = [tuple(param.shape) for param in raw_model.parameters()]
+    shapes = [tuple(expected[name]) for name, _ in raw_model.named_parameters()]  # the optimizer's order
     moments = state["optimizer"].get("state")
     groups = state["optimizer"].get("param_groups")
     positions = sorted(index for group in groups or [] for index in group.get("params", []))

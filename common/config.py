@@ -298,10 +298,11 @@ class Config:
                            choices=AMPS)
     channels_last: bool | None = flag(None, "NHWC memory format for the model and the batches, which tensor cores "
                                             "prefer (default: on with CUDA, off on the CPU)")
-    align_channels: int | None = flag(None, "store every activation at a channel count rounded up to a multiple "
-                                            "of N, the extra channels exactly zero, so that convolutions get "
-                                            "tensor-core shapes: the same model, parameters and checkpoints "
-                                            "(default: 8 with CUDA, 0 = off on the CPU)", at_least=0, at_most=256)
+    align_channels: int | None = flag(None, "store every activation, and the weights that touch it, at a channel "
+                                            "count rounded up to a multiple of N, the extra channels exactly "
+                                            "zero, so that convolutions get tensor-core shapes: the same model, "
+                                            "parameters and checkpoints (default: 8 with CUDA, 0 = off on the "
+                                            "CPU)", at_least=0, at_most=256)
     compile: bool = flag(False, "torch.compile the model; the compile time is reported apart and not timed")
     compile_mode: str = flag("default", "torch.compile's mode: default; reduce-overhead (CUDA graphs of the "
                                         "step's forward and backward); max-autotune-no-cudagraphs; max-autotune",

@@ -10,6 +10,7 @@ import torch
 
 from common.config import BASE_BATCH, Config
 from common.state import is_sharded
+from models.aligned import mask_padded_gradients
 
 
 def build_optimizer(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.optim.Optimizer:
@@ -23,13 +24,17 @@ def build_optimizer(model: torch.nn.Module, cfg: Config, device: torch.device) -
 
     A model sharded by FSDP2 takes the for-each form on GPUs too: its parameters are DTensors, and torch has no
     sharding rule for fused SGD's kernel (it has for fused Adam's). The GradScaler works with either: over DTensor
-    gradients its overflow check is reduced across the ranks, so every rank skips the same steps."""
+    gradients its overflow check is reduced across the ranks, so every rank skips the same steps.
+
+    With channels stored aligned (models/aligned.py), a hook before every step zeroes the gradients of BatchNorm
+    beta's padded parts, the only padded parts that receive any: one multi-tensor op per step."""
     fused = device.type == "cuda" and not is_sharded(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.effective_lr(), momentum=cfg.momentum,
                                 weight_decay=cfg.weight_decay, nesterov=cfg.nesterov, fused=fused or None)
     if cfg.momentum:
         for param in model.parameters():
             optimizer.state[param]["momentum_buffer"] = torch.zeros_like(param)  # in the parameter's layout
+    mask_padded_gradients(model, optimizer)  # channels stored aligned: their padding never moves
     return optimizer
 
 

@@ -4,9 +4,14 @@ whether the model is whole (single_gpu, data_parallel, dist_parallel) or sharded
 Under FSDP2 every parameter is a DTensor of which each rank holds one slice, and so are the gradients and the
 momentum buffers. `torch.distributed.checkpoint.state_dict` names the slices, `DTensor.full_tensor` gathers each
 into a whole tensor kept on rank 0's CPU (one tensor at a time, so no GPU ever holds the whole model for it) and,
-on loading, torch.distributed.checkpoint cuts whole tensors into each rank's slice. The checkpoint is then the same file every mode writes: a dist_parallel checkpoint resumes in fsdp,
-and back. The optimizer's state comes from torch.distributed.checkpoint keyed by parameter name; it is stored as
-`optimizer.state_dict()` stores it, keyed by the parameter's position in the optimizer, and turned back on loading.
+on loading, torch.distributed.checkpoint cuts whole tensors into each rank's slice. The checkpoint is then the same
+file every mode writes: a dist_parallel checkpoint resumes in fsdp, and back. The optimizer's state comes from
+torch.distributed.checkpoint keyed by parameter name; it is stored as `optimizer.state_dict()` stores it, keyed by
+the parameter's position in the optimizer, and turned back on loading.
+
+A model whose channels are stored aligned (models/aligned.py) holds some tensors padded: every tensor leaves here
+in the paper's shape and comes back padded, so that checkpoints are those of the paper's model whatever the
+alignment (`to_paper`, `to_stored`).
 """
 from __future__ import annotations
 
@@ -14,6 +19,8 @@ import sys
 
 import torch
 import torch.distributed as dist
+
+from models.aligned import to_paper, to_stored
 
 
 def _is_dtensor(tensor: torch.Tensor) -> bool:
@@ -76,29 +83,33 @@ def _options(full: bool):
 
 
 def model_state(model: torch.nn.Module) -> dict:
-    """The model's state_dict with whole tensors. Sharded, torch.distributed.checkpoint names the slices and each
-    is gathered onto rank 0's CPU, one tensor at a time, so no GPU ever holds the whole model for it; the other
-    ranks get an empty dict (they write nothing), and every rank must call it."""
+    """The model's state_dict with whole tensors of the paper's shapes. Sharded, torch.distributed.checkpoint names
+    the slices and each is gathered onto rank 0's CPU, one tensor at a time, so no GPU ever holds the whole model
+    for it; the other ranks get an empty dict (they write nothing), and every rank must call it."""
     if not is_sharded(model):
-        return model.state_dict()
+        return model.state_dict()  # the aligned layers' state_dict hooks cut their padding
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    return _whole_on_rank_0(get_model_state_dict(model, options=_options(full=False)))
+    gathered = _whole_on_rank_0(get_model_state_dict(model, options=_options(full=False)))
+    return {key: to_paper(model, key, value) for key, value in gathered.items()}
 
 
 def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """`optimizer.state_dict()` with whole tensors, keyed by position as torch keys it. Sharded: gathered onto rank
-    0's CPU (the other ranks get an empty dict), every rank calling it."""
+    """`optimizer.state_dict()` with whole tensors of the paper's shapes, keyed by position as torch keys it.
+    Sharded: gathered onto rank 0's CPU (the other ranks get an empty dict), every rank calling it."""
+    names = parameter_names(model, optimizer)
     if not is_sharded(model):
-        return optimizer.state_dict()
+        saved = optimizer.state_dict()
+        return {**saved, "state": {index: _in_paper_shapes(model, names[index], values)
+                                   for index, values in saved["state"].items()}}
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     by_name = get_optimizer_state_dict(model, optimizer, options=_options(full=False))
     state = {name: _whole_on_rank_0(values) for name, values in by_name["state"].items()}
     if dist.get_rank() != 0:
         return {}
-    position = {name: index for index, name in enumerate(parameter_names(model, optimizer))}
-    return {"state": {position[name]: values for name, values in state.items()},
+    position = {name: index for index, name in enumerate(names)}
+    return {"state": {position[name]: _in_paper_shapes(model, name, values) for name, values in state.items()},
             "param_groups": [{**group, "params": [position[name] for name in group["params"]]}
                              for group in by_name["param_groups"]]}
 
@@ -107,25 +118,53 @@ def load_model_state(model: torch.nn.Module, state: dict) -> None:
     """`model.load_state_dict(state)`; sharded, each rank keeps its slice of the whole tensors (every rank holds
     `state`, and every rank calls it)."""
     if not is_sharded(model):
-        model.load_state_dict(state)
+        model.load_state_dict(state)  # the aligned layers' load hooks pad the paper's shapes
         return
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-    set_model_state_dict(model, dict(state), options=_options(full=True))  # a copy: it replaces entries with slices
+    kept = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    stored = {key: to_stored(model, key, value, _zeros_or_itself(kept[key])) if key in kept else value
+              for key, value in state.items()}  # padded first: torch cuts the stored shapes into slices
+    set_model_state_dict(model, stored, options=_options(full=True))
 
 
 def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict) -> None:
     """`optimizer.load_state_dict(saved)` of a state keyed by position; sharded, each rank keeps its slices."""
+    names = parameter_names(model, optimizer)
+    params = dict(model.named_parameters())
+    state = {index: _in_stored_shapes(model, names[index], values, params[names[index]])
+             for index, values in saved["state"].items()}
     if not is_sharded(model):
-        optimizer.load_state_dict(saved)
+        optimizer.load_state_dict({**saved, "state": state})
         return
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
-    names = parameter_names(model, optimizer)
-    by_name = {"state": {names[index]: state for index, state in saved["state"].items()},
+    by_name = {"state": {names[index]: values for index, values in state.items()},
                "param_groups": [{**group, "params": [names[index] for index in group["params"]]}
                                 for group in saved["param_groups"]]}
     set_optimizer_state_dict(model, optimizer, by_name, options=_options(full=True))
+
+
+def _in_paper_shapes(model: torch.nn.Module, name: str, values: dict) -> dict:
+    """One parameter's optimizer state (its momentum) in the paper's shape."""
+    return {key: to_paper(model, name, value) if isinstance(value, torch.Tensor) else value
+            for key, value in values.items()}
+
+
+def _in_stored_shapes(model: torch.nn.Module, name: str, values: dict, param: torch.Tensor) -> dict:
+    """One parameter's optimizer state of the paper's shape, padded with zeros as the parameter is stored."""
+    if not isinstance(values, dict):
+        return values
+    return {key: to_stored(model, name, value, _zeros_or_itself(param, zeros=True))
+            if isinstance(value, torch.Tensor) else value for key, value in values.items()}
+
+
+def _zeros_or_itself(tensor: torch.Tensor, zeros: bool = False) -> torch.Tensor:
+    """What a padded copy of `tensor` takes its padding from: zeros of its whole shape on the CPU for a DTensor
+    (or when `zeros`), else the tensor itself (a running variance pads with its ones)."""
+    if _is_dtensor(tensor):
+        return torch.zeros(tensor.shape, dtype=tensor.dtype)
+    return torch.zeros_like(tensor) if zeros else tensor.detach()
 
 
 def parameter_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:

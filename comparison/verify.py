@@ -121,7 +121,8 @@ def _train_reference(cfg: Config, world_size: int, device: torch.device) -> dict
                 break
         if cfg.reached_max_steps(step):
             break
-    return {name: param.detach().cpu().clone() for name, param in model.named_parameters()}
+    params = dict(model.named_parameters())  # in the paper's shapes, as model.pt holds them
+    return {name: value.cpu().clone() for name, value in model.state_dict().items() if name in params}
 
 
 # ---------------------------------------------------------------------------------------------------- tolerances

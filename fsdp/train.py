@@ -52,6 +52,7 @@ from common.state import model_state
 from common.sync_check import verify_sync
 from common.telemetry import peak_memory_gb
 from models import pyramidnet
+from models.aligned import weights_nhwc
 
 MODE = "fsdp"
 
@@ -121,11 +122,11 @@ def get_model(cfg: FsdpConfig, device: torch.device):
     raw_model = pyramidnet(cfg.depth, cfg.alpha, cfg.block, num_classes=data.classes,
                            in_channels=data.channels, width_multiple=cfg.width_multiple,
                            align_channels=cfg.align_channels)  # activations stored aligned
-    # FSDP2 shards contiguous parameters only: the weights stay NCHW; with --channels_last the
-    # batches are NHWC, and cuDNN takes a convolution's layout from its input
     raw_model = raw_model.to(device)
-    for tensor in raw_model.state_dict().values():  # every rank starts from rank 0's weights, as
-        dist.broadcast(tensor, src=0)  # DDP's constructor makes sure; each rank keeps its slice
+    if cfg.channels_last:  # FSDP2 shards contiguous parameters only: the aligned convolutions store
+        weights_nhwc(raw_model)  # their weights (out, kh, kw, in), a channels_last view for cuDNN
+    for tensor in [*raw_model.parameters(), *raw_model.buffers()]:  # every rank starts from rank
+        dist.broadcast(tensor.detach(), src=0)  # 0's weights, as DDP's constructor makes sure
     # One unit per residual block, gathered just before it runs; the root unit takes the stem, the
     # last BatchNorm and the classifier. Mixed precision stays autocast, as in every mode (not
     # FSDP's MixedPrecisionPolicy, whose bf16 parameters would halve the gathers' bytes): the same

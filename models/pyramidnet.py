@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.aligned import AlignedBatchNorm2d, AlignedConv2d, PaddedStorage
+
 
 def stored(channels: int, align: int | None) -> int:
     """How many channels an activation of `channels` is stored at: rounded up to a multiple of `align` (0, 1 or
@@ -23,12 +25,12 @@ def stored(channels: int, align: int | None) -> int:
 def conv(in_channels: int, out_channels: int, kernel_size: int, align: int | None, stride: int = 1,
          padding: int = 0, aligned_input: bool = True) -> nn.Conv2d:
     """A bias-free convolution between activations stored aligned (its input too, unless `aligned_input` is
-    False: the images): nn.Conv2d itself where neither side is padded, else an AlignedConv2d of the same
-    weight."""
+    False: the images): nn.Conv2d itself without alignment, else an AlignedConv2d of the same weight (padded
+    where either side is)."""
+    if not (align and align > 1):
+        return nn.Conv2d(in_channels, out_channels, kernel_size, stride=stride, padding=padding, bias=False)
     in_stored = stored(in_channels, align) if aligned_input else in_channels
     out_stored = stored(out_channels, align)
-    if (in_stored, out_stored) == (in_channels, out_channels):
-        return nn.Conv2d(in_channels, out_channels, kernel_size, stride=stride, padding=padding, bias=False)
     return AlignedConv2d(in_channels, out_channels, kernel_size, in_stored=in_stored, out_stored=out_stored,
                          stride=stride, padding=padding)
 
@@ -37,54 +39,6 @@ def batch_norm(channels: int, align: int | None) -> nn.BatchNorm2d:
     """BatchNorm of an activation stored aligned: nn.BatchNorm2d itself where it is not padded."""
     width = stored(channels, align)
     return nn.BatchNorm2d(channels) if width == channels else AlignedBatchNorm2d(channels, width)
-
-
-class AlignedConv2d(nn.Conv2d):
-    """A convolution whose weight has the paper's shape, reading an input stored at `in_stored` channels and
-    writing an output stored at `out_stored`, the extra channels zero. The weight is padded with zeros on the fly:
-    the padded parts are no parameters, and the pad's backward drops their gradients."""
-
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, *, in_stored: int,
-                 out_stored: int, stride: int = 1, padding: int = 0):
-        super().__init__(in_channels, out_channels, kernel_size, stride=stride, padding=padding, bias=False)
-        self.in_stored, self.out_stored = in_stored, out_stored
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        extra_in, extra_out = self.in_stored - self.in_channels, self.out_stored - self.out_channels
-        weight = F.pad(self.weight, (0, 0, 0, 0, 0, extra_in, 0, extra_out))
-        return self._conv_forward(x, weight, None)
-
-
-class AlignedBatchNorm2d(nn.BatchNorm2d):
-    """BatchNorm of `num_features` channels (the paper's gamma and beta) over an input stored at `stored`
-    channels. Gamma and beta are padded with zeros on the fly, so a padded channel, all zeros, stays exactly zero
-    (BatchNorm of a constant channel outputs beta). The running statistics are kept at the stored length; the
-    state_dict holds the real ones only, so that checkpoints are those of the unaligned model."""
-
-    def __init__(self, num_features: int, stored_features: int):
-        super().__init__(num_features)
-        self.stored = stored_features
-        self.running_mean = torch.zeros(stored_features)
-        self.running_var = torch.ones(stored_features)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        extra = self.stored - self.num_features
-        if self.training:  # as nn.BatchNorm2d with its defaults: running statistics tracked, momentum 0.1
-            self.num_batches_tracked.add_(1)
-        return F.batch_norm(x, self.running_mean, self.running_var, F.pad(self.weight, (0, extra)),
-                            F.pad(self.bias, (0, extra)), self.training, self.momentum, self.eps)
-
-    def _save_to_state_dict(self, destination, prefix, keep_vars):
-        super()._save_to_state_dict(destination, prefix, keep_vars)
-        for name in ("running_mean", "running_var"):
-            destination[prefix + name] = destination[prefix + name][:self.num_features]
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        for name in ("running_mean", "running_var"):  # a saved real length gets this module's padded tail
-            key, kept = prefix + name, getattr(self, name)
-            if key in state_dict and len(state_dict[key]) == self.num_features < len(kept):
-                state_dict[key] = torch.cat([state_dict[key].to(kept), kept[self.num_features:]])
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
 class BasicBlock(nn.Module):
@@ -179,7 +133,10 @@ class PyramidNet(nn.Module):
         self.bn_final = batch_norm(channels, align_channels)
         self.fc = nn.Linear(channels, num_classes)
         self.out_channels = channels
-        self._init_weights()
+        self._init_weights()  # at the paper's shapes: the unaligned model's random draws, in its order
+        for module in self.modules():  # then every aligned layer's tensors padded with zeros
+            if isinstance(module, PaddedStorage):
+                module.store_padded()
 
     def _init_weights(self) -> None:
         """He (fan-out) init for convolutions, BN as identity, zero bias for the classifier."""
@@ -198,7 +155,8 @@ class PyramidNet(nn.Module):
         x = self.layer3(self.layer2(self.layer1(x)))
         x = F.relu(self.bn_final(x), inplace=True)
         x = x.mean((2, 3))  # global average pooling; CUDA's adaptive_avg_pool2d backward is not deterministic
-        return self.fc(x[:, :self.out_channels])  # the real channels (stored aligned, the rest are zeros)
+        # the real channels (the rest are zeros): a classifier over the padded ones would sum in another order
+        return self.fc(x[:, :self.out_channels])
 
 
 def check_arguments(depth, alpha, block, num_classes, in_channels):
@@ -247,6 +205,8 @@ def pyramidnet(depth: int = 110, alpha: float = 270, block: str = "basic", num_c
     """PyramidNet-`depth` with widening factor `alpha`; depth is 6n+2 for basic blocks, 9n+2 for bottlenecks.
     `width_multiple` > 1 rounds every block's width up to a multiple of it (8 suits tensor cores): a wider model.
     `align_channels` > 1 keeps the paper's model (its parameters, state_dict and FLOPs) but stores every
-    activation at a channel count rounded up to a multiple of it, the extra channels exactly zero, so that the
-    convolutions run on the shapes tensor cores take without cuDNN padding them on every call."""
+    activation, and the weights that touch it (models/aligned.py), at a channel count rounded up to a multiple of
+    it, the extra channels exactly zero, so that the convolutions run on the shapes tensor cores take without
+    cuDNN padding them on every call. Train it with common/optim.py's build_optimizer (or call
+    models.aligned.mask_padded_gradients on the optimizer): BatchNorm beta's padding must not move."""
     return PyramidNet(depth, alpha, block, num_classes, in_channels, width_multiple, align_channels)

@@ -55,7 +55,11 @@ from conftest import REPO, TINY, read_results, refuse_in_process, run_script
 
 DIST = "dist_parallel/train.py"
 SEED = 0  # the scripts' default --seed
-VERIFY = ["--verify", "--max_steps", "12"]  # 8 steps per epoch on the CPU: resumed at step 6, crossing epoch 1
+# 8 steps per epoch on the CPU: resumed at step 6, crossing epoch 1. The channels stored aligned and the batches
+# NHWC, as a GPU's defaults have them: every mode's padded storage, fsdp's (out, kh, kw, in) weights and the
+# checkpoints that cross between them are held to the checks' bit-for-bit tolerances (and the aligned model to the
+# unaligned one's training by tests/test_aligned_channels.py).
+VERIFY = ["--verify", "--max_steps", "12", "--align_channels", "8", "--channels_last"]
 RUNS = {  # the verification's runs, as its plan numbers them (their names are those of their logs and folders)
     "single_gpu": "01-single_gpu-1cpu-train", "data_parallel": "02-data_parallel-1cpu-train",
     "dist_parallel": "03-dist_parallel-1cpu-gloo-train", "ddp2": "04-dist_parallel-2cpu-gloo-train",
