@@ -92,7 +92,7 @@ if env:
               f"({first['peak_tflops']:g} TFLOP/s, {first['bandwidth_tbs']:g} TB/s): "
               f"{first['op_by_op_images_per_sec']:.0f} images/s op by op, {first['fused_images_per_sec']:.0f} fused; "
               f"each row against its own model's at its own precision")
-print("| run | images/s | x fast | batch p50 ms | p90 ms | data wait % | peak GB | MFU % | % of roofline | compile s |")
+print("| run | images/s | x fast | batch p50 ms | p90 ms | data wait % | peak GB alloc (reserved) | MFU % | % of roofline | compile s |")
 print("|---|---|---|---|---|---|---|---|---|---|")
 for name, r in runs.items():
     s = r["summary"]
@@ -101,7 +101,7 @@ for name, r in runs.items():
     bound = bound_of(r["config"])
     share = f"{100 * s['images_per_sec'] / bound['op_by_op_images_per_sec']:.1f}" if bound else "-"
     compile_s = f"{s['compile_time_s']:.0f}" if s["compile_time_s"] is not None else "-"
-    peak = f"{s['peak_mem_gb']:.2f}" if s["peak_mem_gb"] is not None else "-"
+    peak = "-" if s["peak_mem_gb"] is None else f"{s['peak_mem_gb']:.2f} ({s.get('peak_mem_reserved_gb') or 0:.2f})"
     print(f"| {name} | {s['images_per_sec']:.0f} | {ratio} | {1e3 * s['batch_time_p50']:.1f} "
           f"| {1e3 * s['batch_time_p90']:.1f} | {100 * s['data_wait_frac']:.2f} | {peak} | {mfu} | {share} "
           f"| {compile_s} |")

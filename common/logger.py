@@ -22,14 +22,15 @@ from common.telemetry import environment
 
 SUMMARY_FIELDS = ("images_per_sec", "images_per_sec_per_gpu", "batch_time_p50", "batch_time_p90", "data_wait_frac",
                   "flops_per_image", "mfu", "mfu_note", "first_step_s", "compile_time_s", "gpu_util_mean",
-                  "peak_mem_gb", "train_loss", "train_acc", "test_loss", "test_acc", "test_images", "epoch_time_s",
-                  "wall_time_s", "steps")
+                  "peak_mem_gb", "peak_mem_reserved_gb", "train_loss", "train_acc", "test_loss", "test_acc",
+                  "test_images", "epoch_time_s", "wall_time_s", "steps")
 # What a resumed run reports of its last attempt alone: the figures of the hardware it ran on
 # (speed, utilisation, memory), that of results.json's `env` (a restart may run on other GPUs).
-# Every other figure covers the whole run. (peak_mem_gb_per_gpu is beside the summary.)
+# Every other figure covers the whole run. (The peak_mem_*_per_gpu are beside the summary.)
 ATTEMPT_FIELDS = ("images_per_sec", "images_per_sec_per_gpu", "batch_time_p50", "batch_time_p90",
                   "data_wait_frac", "mfu", "mfu_note", "first_step_s", "compile_time_s",
-                  "gpu_util_mean", "peak_mem_gb", "peak_mem_gb_per_gpu")
+                  "gpu_util_mean", "peak_mem_gb", "peak_mem_reserved_gb", "peak_mem_gb_per_gpu",
+                  "peak_mem_reserved_gb_per_gpu")
 # The figures that cover the whole run from the earlier attempts' history in the checkpoint: a
 # checkpoint without one leaves them to the last attempt too.
 HISTORY_FIELDS = ("train_loss", "train_acc", "epoch_time_s", "wall_time_s")
@@ -298,7 +299,8 @@ def speed_line(summary: dict) -> str:
     if summary["mfu"] is not None:
         figures.append(f"MFU {100 * summary['mfu']:.1f}%")
     if summary["peak_mem_gb"] is not None:
-        figures.append(f"peak mem {summary['peak_mem_gb']:.2f} GB")
+        figures.append(f"peak mem {summary['peak_mem_gb']:.2f} GB allocated, "
+                       f"{summary['peak_mem_reserved_gb']:.2f} GB reserved")
     if summary["compile_time_s"] is not None:
         figures.append(f"compile {summary['compile_time_s']:.1f} s (untimed)")
     return ", ".join(figures)

@@ -103,12 +103,13 @@ class Run:
 
     def write_results(self, devices: int, peaks: dict, group: bool = False) -> None:
         """results.json: the run's speed over `devices` (GPUs or CPU processes), utilisation, peak memory of each
-        GPU (`peaks`), its last epoch's training and test figures, its times, and in a process `group` the
+        GPU (`peaks`: allocated and reserved), its last epoch's training and test figures, its times, and in a process `group` the
         sync check (None where none was made); then its speed line and where the results are."""
         summary = {
             **speed_summary(self.cfg, self.totals, self.timer, self.device, devices=devices),
             "gpu_util_mean": sum(self.gpu_util) / len(self.gpu_util) if self.gpu_util else None,
-            "peak_mem_gb": max(peaks.values(), default=None),
+            "peak_mem_gb": max((peak.allocated for peak in peaks.values()), default=None),
+            "peak_mem_reserved_gb": max((peak.reserved for peak in peaks.values()), default=None),
             "train_loss": self.epoch_sums.loss,
             "train_acc": self.epoch_sums.acc,
             "test_loss": self.test[0],
@@ -120,8 +121,10 @@ class Run:
         if group:
             summary["params_in_sync"] = (self.sync or {}).get("params_in_sync")
             summary["buffers_max_abs_diff"] = (self.sync or {}).get("buffers_max_abs_diff")
-        path = self.logger.write_results(summary, self.clock.attempts,
-                                         peak_mem_gb_per_gpu={str(i): gb for i, gb in peaks.items()})
+        path = self.logger.write_results(
+            summary, self.clock.attempts,
+            peak_mem_gb_per_gpu={str(i): peak.allocated for i, peak in peaks.items()},
+            peak_mem_reserved_gb_per_gpu={str(i): peak.reserved for i, peak in peaks.items()})
         self.console.line(speed_line(summary))
         self.console.line(f"results in {path}")
 

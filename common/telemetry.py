@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import platform
 import threading
+from typing import NamedTuple
 
 import torch
 
@@ -81,9 +82,19 @@ class GpuTelemetry:
             self.pynvml.nvmlShutdown()
 
 
-def peak_memory_gb(device_indices) -> dict[int, float]:
-    """`torch.cuda.max_memory_allocated` per device: the tensors' high-water mark, not the caching allocator's."""
-    return {i: torch.cuda.max_memory_allocated(i) / GIB for i in device_indices}
+class PeakMemory(NamedTuple):
+    """A GPU's peak memory in GiB since the warm-up: `allocated`, the tensors' high-water mark
+    (torch.cuda.max_memory_allocated), and `reserved`, the caching allocator's (max_memory_reserved), which also
+    holds what CUDA graphs keep in their private pools: a graph's replays allocate nothing, so its memory shows
+    in `reserved` only."""
+    allocated: float
+    reserved: float
+
+
+def peak_memory_gb(device_indices) -> dict[int, PeakMemory]:
+    """Each device's PeakMemory."""
+    return {i: PeakMemory(torch.cuda.max_memory_allocated(i) / GIB, torch.cuda.max_memory_reserved(i) / GIB)
+            for i in device_indices}
 
 
 def environment() -> dict:

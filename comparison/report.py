@@ -36,7 +36,8 @@ class Outcome:
 COLUMNS = ("run", "mode", "gpus", "backend", "amp", "sync_bn", "reshard_after_forward", "repeat", "status", "error",
            "global_batch", "per_gpu_batch", "batch_time_p50_s", "batch_time_p90_s", "epoch_time_50k_s",
            "images_per_sec", "images_per_sec_per_gpu", "speedup", "scaling_efficiency", "data_wait_frac",
-           "gpu_util_mean", "peak_mem_gb_per_gpu", "mfu", "test_acc", "train_loss", "wall_time_s", "log")
+           "gpu_util_mean", "peak_mem_gb_per_gpu", "peak_mem_reserved_gb_per_gpu", "mfu", "test_acc", "train_loss",
+           "wall_time_s", "log")
 
 
 def fill_rows(outcomes: list[Outcome], out: Path) -> None:
@@ -45,7 +46,7 @@ def fill_rows(outcomes: list[Outcome], out: Path) -> None:
         r, res = o.run, o.results or {}
         summary, config = res.get("summary", {}), res.get("config", {})
         ips = summary.get("images_per_sec")
-        memory = res.get("peak_mem_gb_per_gpu") or {}
+        memory, reserved = res.get("peak_mem_gb_per_gpu") or {}, res.get("peak_mem_reserved_gb_per_gpu") or {}
         o.row = {
             "run": r.name, "mode": r.mode, "gpus": r.gpus, "backend": r.backend or "", "amp": config.get("amp", r.amp),
             "sync_bn": r.sync_bn, "reshard_after_forward": r.reshard_after_forward, "repeat": r.repeat,
@@ -58,6 +59,7 @@ def fill_rows(outcomes: list[Outcome], out: Path) -> None:
             "speedup": None, "scaling_efficiency": None,
             "data_wait_frac": summary.get("data_wait_frac"), "gpu_util_mean": summary.get("gpu_util_mean"),
             "peak_mem_gb_per_gpu": " ".join(f"{memory[k]:.3f}" for k in sorted(memory, key=int)) or None,
+            "peak_mem_reserved_gb_per_gpu": " ".join(f"{reserved[k]:.3f}" for k in sorted(reserved, key=int)) or None,
             "mfu": summary.get("mfu"), "test_acc": summary.get("test_acc"), "train_loss": summary.get("train_loss"),
             "wall_time_s": summary.get("wall_time_s"), "log": str(o.log.relative_to(out)) if o.log else "",
         }
@@ -116,7 +118,8 @@ def groups(outcomes: list[Outcome]) -> list[list[Outcome]]:
 
 
 TABLE_HEADER = ("| mode | GPUs | backend | amp | global batch | per-GPU batch | batch time (ms) | epoch of 50k (s) | "
-                "images/s | speedup | scaling efficiency | data wait | GPU util | peak mem GB per GPU | MFU | "
+                "images/s | speedup | scaling efficiency | data wait | GPU util | peak mem GB per GPU, allocated "
+                "(reserved) | MFU | "
                 "test acc | runs |")
 
 
@@ -125,11 +128,22 @@ AMP_CELLS = {"bf16": "bf16 autocast", "fp16": "fp16 autocast + GradScaler", "off
 RESHARD_CELLS = {True: ", reshard", False: ", no reshard", None: ""}  # fsdp's --reshard_after_forward
 
 
+def memory_cell(row: dict) -> str:
+    """Each GPU's peak memory, `allocated (reserved)` in GB, the GPUs separated by slashes: the tensors' high-water
+    mark, and the caching allocator's, which alone shows what CUDA graphs hold in their private pools."""
+    allocated = (row["peak_mem_gb_per_gpu"] or "").split()
+    reserved = (row.get("peak_mem_reserved_gb_per_gpu") or "").split()
+    if not allocated:
+        return "—"
+    if len(reserved) != len(allocated):  # results written before reserved memory was recorded
+        return " / ".join(f"{float(a):.2f}" for a in allocated)
+    return " / ".join(f"{float(a):.2f} ({float(r):.2f})" for a, r in zip(allocated, reserved))
+
+
 def table_row(group: list[Outcome]) -> str:
     run, ok = group[0].run, [o.row for o in group if o.status == "ok"]
     col = lambda key: [r[key] for r in ok]  # noqa: E731
-    memory = ok[0]["peak_mem_gb_per_gpu"] if ok else None
-    memory = " / ".join(f"{float(v):.2f}" for v in memory.split()) if memory else "—"
+    memory = memory_cell(ok[0]) if ok else "—"
     backend = (run.backend or "") + (" + SyncBN" if run.sync_bn else "") + RESHARD_CELLS[run.reshard_after_forward]
     amp = (ok[0]["amp"] if ok else group[0].row["amp"]) or "default"
     amp = AMP_CELLS.get(amp, amp)

@@ -29,8 +29,8 @@ from comparison import runner
 from comparison.matrix import PlannedRun, check_runs, plan
 from comparison.projection import (FABRICS, SYNC_ALLOWANCE, Fabric, ddp_buckets, exposed_communication,
                                    gradient_bytes, projected_efficiency, ring_allreduce_seconds)
-from comparison.report import (Outcome, fabric_of_runs, fill_rows, findings, fmt_bytes, fmt_count, projection_inputs,
-                               projection_section)
+from comparison.report import (Outcome, fabric_of_runs, fill_rows, findings, fmt_bytes, fmt_count, memory_cell,
+                               projection_inputs, projection_section)
 
 # One configuration (data_parallel) is made to fail mid-run from outside, by a sitecustomize module that every Python
 # process on PYTHONPATH imports: it raises in its second loss computation.
@@ -195,6 +195,20 @@ def test_the_memory_projection_writes_units_that_fit(comparison):
     assert not re.search(r"\d{1,3}(,\d{3}){2,}", projection)  # no 7,158,455,178
     assert re.search(r"from α=\d+ \(\d\.\d\dB parameters, [\d,]+× the runs' α\) DDP's model state outgrows one "
                      r"GPU's 80\.0 GiB", projection)
+
+
+def test_peak_memory_shows_allocated_and_reserved_per_gpu(tmp_path):
+    """Each GPU's peak memory reads `allocated (reserved)`: CUDA graphs' private pools show in reserved alone. The
+    CSV keeps both, from results.json's two per-GPU dicts."""
+    run = PlannedRun("data_parallel", 2, None, None, False, 64, 1, unit="gpu")
+    results = {"summary": {}, "config": {"batch_size": 64}, "peak_mem_gb_per_gpu": {"0": 6.15, "1": 5.5},
+               "peak_mem_reserved_gb_per_gpu": {"0": 7.0, "1": 6.25}}
+    outcome = Outcome(run, "ok", results=results)
+    fill_rows([outcome], tmp_path)
+    assert outcome.row["peak_mem_reserved_gb_per_gpu"] == "7.000 6.250"
+    assert memory_cell(outcome.row) == "6.15 (7.00) / 5.50 (6.25)"
+    assert memory_cell({"peak_mem_gb_per_gpu": "6.150", "peak_mem_reserved_gb_per_gpu": None}) == "6.15"
+    assert memory_cell({"peak_mem_gb_per_gpu": None}) == "—"
 
 
 def test_sizes_and_counts_are_written_in_units_that_fit():

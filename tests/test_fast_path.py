@@ -51,6 +51,7 @@ def test_benchmark_writes_the_speed_figures_and_nothing_else(tmp_path, script, f
     assert 0 <= summary["data_wait_frac"] < 1
     assert summary["flops_per_image"] == flops_per_image(parse_config(Config, TINY))
     assert summary["mfu"] is None and summary["peak_mem_gb"] is None  # no GPU: no peak to divide by, no memory
+    assert summary["peak_mem_reserved_gb"] is None and results["peak_mem_reserved_gb_per_gpu"] == {}
     assert summary["test_acc"] is None and summary["test_loss"] is None  # no evaluation
     assert not (run_dir / "model.pt").exists()
     assert "test loss" not in done.stdout
