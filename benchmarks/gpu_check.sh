@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
-# Every CUDA path of the suite on one GPU, in one go, the figures first: the fast-path table with its profile and
-# roofline (benchmarks/fast_path.sh: the aligned, unaligned, classic and compiled+graphed rows, the compile cold
-# and warm), compare.py --verify without and with --deterministic (its tables in the summary), the GPU tests
-# (tests/gpu) and compare.py --repeat 3. Each part's outcome and tables go into the summary as soon as it ends, so
-# a run cut off by a time limit keeps what it measured. At most 8 files straight under OUT, the summary first:
-#   summary.md  tests.log  fast_path.md  profile.json  compare_report.md  compare_results.csv  environment.txt
-#   logs.tar.gz (every run's log and results.json, the plots)
+# Every CUDA path of the suite on one GPU, in one go, the figures first. Within its first 8 minutes on an H100 or
+# H200: the fast-path table's headline rows (benchmarks/fast_path.sh: the default aligned step, the unaligned and
+# classic ones, the compiled+graphed step cold and then warm on the cache the cold run wrote, data_parallel and
+# dist_parallel on the one GPU, --align_channels 16), then compare.py --verify. After them: the table's other rows
+# and the profiles, --verify --deterministic, the GPU tests (tests/gpu) and compare.py --repeat 3. Each part's
+# outcome and tables go into the summary as soon as it ends, so a run cut off by a time limit keeps what it
+# measured; the output ends with the table to paste into BENCHMARKS.md. At most 8 files straight under OUT:
+#   summary.md  for_benchmarks.md  fast_path.md  tests.log  compare_report.md  compare_results.csv
+#   environment.txt  logs.tar.gz (every run's log and results.json, the profiles, the plots)
 #
 #   PYTHONUNBUFFERED=1 bash benchmarks/gpu_check.sh OUT
 #   PARTS="tests compare" COMPARE_ARGS="--repeat 3 --backends nccl" bash benchmarks/gpu_check.sh OUT
 #
-# In that order: fast_path's eager rows and profiles, --verify, fast_path's compiled+graphed rows (cold, then warm),
-# --verify --deterministic, the GPU tests, compare.py. PARTS picks the parts (default: fast_path verify tests
-# compare); VERIFY_ARGS replaces --verify's model and data (default: PyramidNet-20 alpha=48 on 4,096 images);
-# BENCHMARK_STEPS goes to fast_path.sh (here 50 timed steps); COMPARE_ARGS replaces compare.py's arguments
-# (default: --repeat 3 --benchmark_steps 30 and every mode, fsdp included). A part that fails is named in the
-# summary, the others still run, and the exit status is 1.
+# PARTS picks the parts (default: fast_path verify tests compare); VERIFY_ARGS replaces --verify's model and data
+# (default: PyramidNet-20 alpha=48 on 4,096 images); BENCHMARK_STEPS goes to fast_path.sh (here 50 timed steps);
+# COMPARE_ARGS replaces compare.py's arguments (default: --repeat 3 --benchmark_steps 30 and every mode, fsdp
+# included). A part that fails is named in the summary, the others still run, and the exit status is 1.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT=${1:?usage: bash benchmarks/gpu_check.sh OUT}
@@ -56,12 +56,20 @@ verify_table() {  # verify_table FOLDER TITLE: a --verify run's table and verdic
     [ -f "$1/verify.md" ] && { echo "## $2"; grep -E "^\||^passed|^FAILED" "$1/verify.md"; echo; } >> "$SUMMARY"
 }
 
-EAGER_ROWS="fast unaligned align16 align32 cudnn_limit0 classic data_parallel dist_parallel width8 profile"
-if wanted fast_path; then  # the eager rows and the profiles first; the compiled ones after --verify
-    part fast_path "$WORK/fast_path.log" env BENCHMARK_STEPS="${BENCHMARK_STEPS:-50}" ROWS="$EAGER_ROWS" \
+# The rows the first minutes measure, the headline first: the default (aligned) step, the unaligned and the
+# classic ones, the compiled+graphed step cold then warm (one fast_path.sh call: the warm run reads the cache the
+# cold one wrote), then the modes on the one GPU and --align_channels 16. Each call adds its rows to one table.
+FIRST_ROWS=("fast unaligned classic" "compiled_cold compiled_warm" "data_parallel dist_parallel align16")
+LATER_ROWS="align32 cudnn_limit0 width8 profile"
+fast_path_rows() {  # fast_path_rows PART ROWS: one fast_path.sh call into the shared table
+    part "$1" "$WORK/fast_path.log" env BENCHMARK_STEPS="${BENCHMARK_STEPS:-50}" ROWS="$2" \
         bash benchmarks/fast_path.sh "$WORK/fast_path"
     cp "$WORK/fast_path/summary.txt" "$OUT/fast_path.md" 2>/dev/null
-    cp "$WORK/fast_path/profile.json" "$OUT/profile.json" 2>/dev/null
+}
+if wanted fast_path; then
+    for rows in "${FIRST_ROWS[@]}"; do
+        fast_path_rows "fast_path ($rows)" "$rows"
+    done
     { echo "## Fast path (PyramidNet-110 alpha=270, batch 256)"; cat "$OUT/fast_path.md"; echo; } >> "$SUMMARY"
 fi
 if wanted verify; then  # --verify on the GPU: how far the modes are without --deterministic (the default)
@@ -70,12 +78,10 @@ if wanted verify; then  # --verify on the GPU: how far the modes are without --d
     part verify "$WORK/verify.log" python compare.py --verify --modes $ALL_MODES $VERIFY_ARGS --out "$WORK/verify"
     verify_table "$WORK/verify" "compare.py --verify"
 fi
-if wanted fast_path; then  # the compiled+graphed step, its compile cold then warm, added to the same table
-    part fast_path_compiled "$WORK/fast_path.log" env BENCHMARK_STEPS="${BENCHMARK_STEPS:-50}" \
-        ROWS="compiled_cold compiled_warm" bash benchmarks/fast_path.sh "$WORK/fast_path"
-    cp "$WORK/fast_path/summary.txt" "$OUT/fast_path.md" 2>/dev/null
+if wanted fast_path; then  # the rest of the table, and the profiles of the default step and of width8
+    fast_path_rows "fast_path ($LATER_ROWS)" "$LATER_ROWS"
     grep -A60 "operator self time" "$WORK/fast_path.log" | head -80 >> "$OUT/fast_path.md"
-    { echo "## Fast path with the compiled rows"; head -24 "$OUT/fast_path.md"; echo; } >> "$SUMMARY"
+    { echo "## Fast path, every row"; grep -B3 "^|" "$OUT/fast_path.md" | head -24; echo; } >> "$SUMMARY"
 fi
 if wanted verify; then  # bitwise with --deterministic
     # shellcheck disable=SC2086
@@ -108,4 +114,8 @@ fi
 { echo; [ ${#FAILED[@]} -eq 0 ] && echo "every part passed" || echo "FAILED: ${FAILED[*]}"; } >> "$SUMMARY"
 tar czf "$OUT/logs.tar.gz" -C "$WORK" . 2>/dev/null
 cat "$SUMMARY"
+{ echo; echo "## For BENCHMARKS.md"; echo; head -3 "$SUMMARY" | tail -2  # the device, torch, CUDA and commit
+  grep -v "^ \|^  \|top kernels" "$OUT/fast_path.md" 2>/dev/null | grep -B2 -A20 "^| run" | head -24
+  for folder in verify verify_det; do grep -hE "^passed|^FAILED" "$WORK/$folder/verify.md" 2>/dev/null; done
+} | tee "$OUT/for_benchmarks.md"
 [ ${#FAILED[@]} -eq 0 ]
