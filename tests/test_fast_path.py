@@ -213,6 +213,7 @@ def fake_gpu(monkeypatch, name: str, uuid: str = "GPU-8932f937-d72c-4106-c12f-20
     ("NVIDIA H200", "H200", 989.4),
     ("NVIDIA H200 NVL", "H200 NVL", 835.5),
     ("NVIDIA GH200 480GB", "GH200", 989.4),  # Grace Hopper: not "H200"
+    ("NVIDIA GH200 144G HBM3e", "GH200", 989.4),  # its HBM3e variant: the same GPU peaks
     ("NVIDIA L40S", "L40S", 362.05),
     ("NVIDIA GeForce RTX 4090", "RTX 4090", 165.2),
     ("NVIDIA GeForce RTX 3090", "RTX 3090", 71.0),
@@ -221,6 +222,16 @@ def test_peak_table_matches_device_names(monkeypatch, name, key, bf16):
     device = fake_gpu(monkeypatch, name)
     assert performance.table_peaks(name) is performance.GPU_PEAK_TFLOPS[key]
     assert peak_tflops(device, "bf16") == bf16 and performance.no_peak_reason(device) is None
+
+
+@pytest.mark.parametrize("name", ["NVIDIA GeForce RTX 3090 Ti", "NVIDIA GeForce RTX 4090 D",
+                                  "NVIDIA GeForce RTX 4090 Laptop GPU"])
+def test_a_card_a_shorter_name_would_match_is_not_taken_for_it(monkeypatch, name):
+    """"RTX 3090" is in "RTX 3090 Ti" as whole words; the Ti, the 4090 D and the laptop 4090 have
+    other peaks."""
+    device = fake_gpu(monkeypatch, name)
+    assert performance.table_peaks(name) is None and peak_tflops(device, "bf16") is None
+    assert performance.no_peak_reason(device) == f"GPU not in the peak table: {name}"
 
 
 @pytest.mark.parametrize("name, amp, expected", [

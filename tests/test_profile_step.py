@@ -200,6 +200,18 @@ def test_a_step_of_the_model_has_its_flops_and_the_bytes_of_its_tensors():
     assert {"convolution", "batchnorm", "elementwise", "classifier", "update"} <= {op.category for op in ops}
 
 
-def test_bandwidth_by_gpu_name():
-    assert bandwidth_tbs("NVIDIA H100 80GB HBM3") == 3.35 and bandwidth_tbs("NVIDIA H200") == 4.8
-    assert bandwidth_tbs("NVIDIA GH200 480GB") == 4.0 and bandwidth_tbs("Tesla V100-SXM2-16GB") is None
+# torch.cuda.get_device_name() as each GPU reports it (NVIDIA's driver list), its bandwidth in TB/s
+@pytest.mark.parametrize("name, expected", [
+    ("NVIDIA H100 80GB HBM3", 3.35), ("NVIDIA H100 PCIe", 2.0), ("NVIDIA H100 NVL", 3.9),
+    ("NVIDIA H200", 4.8), ("NVIDIA H200 NVL", 4.8),
+    ("NVIDIA GH200 480GB", 4.0), ("NVIDIA GH200 120GB", 4.0),  # 96 GB HBM3 (the size: Grace's)
+    ("NVIDIA GH200 144G HBM3e", 4.9),
+    ("NVIDIA A100-SXM4-40GB", 1.555), ("NVIDIA A100-PCIE-40GB", 1.555),
+    ("NVIDIA A100-SXM4-80GB", 2.039), ("NVIDIA A100 80GB PCIe", 1.935),
+    ("NVIDIA L40S", 0.864), ("NVIDIA GeForce RTX 4090", 1.008), ("NVIDIA GeForce RTX 3090", 0.936),
+    ("NVIDIA GeForce RTX 3090 Ti", None), ("NVIDIA GeForce RTX 4090 D", None),  # other cards
+    ("NVIDIA H100", None),  # not the 80 GB SXM5: the name does not say which H100
+    ("Tesla V100-SXM2-16GB", None),
+])
+def test_bandwidth_by_gpu_name(name, expected):
+    assert bandwidth_tbs(name) == expected
