@@ -361,10 +361,15 @@ def test_compile_keeps_its_caches_where_the_next_run_finds_them(tmp_path, monkey
 
 
 def test_profile_tool_splits_a_step_into_categories(tmp_path):
+    """On the CPU: the split, without rates (a CPU's TFLOP/s would read as a GPU's 0.0) and
+    without the profiler's own lines about the GPU it does not find."""
     out = tmp_path / "profile.json"
     done = run_script("benchmarks/profile_step.py", "--depth", "8", "--alpha", "12", "--batch_size", "16",
                       "--steps", "2", "--warmup_steps", "1", "--top", "5", "--out", out, env=ONE_THREAD)
     assert done.returncode == 0, done.stderr
+    assert done.stderr == "", done.stderr  # once Kineto's "ERROR: ... gpuGetDeviceCount failed"
+    assert "TFLOP/s" not in done.stdout and "GB/s" not in done.stdout
+    assert "no rates on the CPU" in done.stdout
     import json
 
     report = json.loads(out.read_text())
@@ -375,4 +380,4 @@ def test_profile_tool_splits_a_step_into_categories(tmp_path):
     assert "convolution" in done.stdout and "ms of operator self time per step" in done.stdout
     passes = report["conv_passes"]  # on the CPU: forward and backward, by the input's resolution
     assert set(passes) == {"fprop", "backward"} and set(passes["fprop"]) == {"32x32", "16x16", "8x8"}
-    assert report["achieved"]["convolution_tflops"] > 0 and report["roofline"] is None
+    assert report["achieved"] is None and report["roofline"] is None
