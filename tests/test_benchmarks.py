@@ -1,8 +1,14 @@
 """The benchmark scripts' own behaviour on the CPU: benchmarks/roofline.py's command line and its
 bounds (the per-kernel floor, the bound of a step fused as training BatchNorm allows) against the
-profile measured on an H100. The profile's split is tests/test_profile_step.py's; what the scripts
+profile measured on an H100, fast_path.sh without a GPU and its summary, benchmarks/overhead.py's
+flags and run folders. The profile's split is tests/test_profile_step.py's; what the scripts
 measure needs a GPU (tests/gpu, BENCHMARKS.md)."""
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -139,3 +145,57 @@ def test_the_new_bounds_stay_below_what_the_h100_measured(pyramidnet_110_on_h100
     assert round(bound["eager_images_per_sec"], -2) == 12600
     assert round(bound["training_fused_images_per_sec"], -2) == 14000
     assert round(bound["fused_images_per_sec"], -2) == 33500
+
+
+# ---------------------------------------------------------------------------------- fast_path.sh
+def test_fast_path_without_a_gpu_says_so_and_writes_nothing(tmp_path):
+    out = tmp_path / "fast_path"
+    done = subprocess.run(["bash", "benchmarks/fast_path.sh", str(out)], cwd=REPO, text=True,
+                          capture_output=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": "-1"},
+                          timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and done.stdout == ""
+    assert done.stderr.startswith("error: no CUDA GPU here") and not out.exists()
+
+
+def test_fast_path_summary_labels_the_bounds(tmp_path):
+    """The summary of runs already under OUT (ROWS names none to run), as on an H100: the four
+    bounds with roofline.py's labels, then each row's share of two of them. `python` is the real
+    one but for the GPU check, which a stand-in answers."""
+    out, bin_dir = tmp_path / "fast_path", tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(
+        f'#!/bin/sh\ncase "$*" in *cuda.is_available*) exit 0;; esac\nexec {sys.executable} "$@"\n')
+    (bin_dir / "python").chmod(0o755)
+    config = {"dataset": "synthetic", "depth": 8, "alpha": 12.0, "block": "basic",
+              "width_multiple": 1, "amp": "bf16", "batch_size": 256}
+    summary = {"images_per_sec": 5000.0, "mfu": 0.1, "compile_time_s": None, "peak_mem_gb": 1.0,
+               "batch_time_p50": 0.05, "batch_time_p90": 0.06, "data_wait_frac": 0.001}
+    env_record = {"gpus": ["NVIDIA H100 80GB HBM3"], "torch": "2", "cuda": "13", "cudnn": "9"}
+    (out / "fast").mkdir(parents=True)
+    (out / "fast" / "results.json").write_text(
+        json.dumps({"config": config, "summary": summary, "env": env_record}))
+    done = subprocess.run(["bash", "benchmarks/fast_path.sh", str(out)], cwd=REPO, text=True,
+                          capture_output=True, timeout=300,
+                          env={**os.environ, "ROWS": "none", "OMP_NUM_THREADS": "1",
+                               "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = (out / "summary.txt").read_text().splitlines()
+    for label in LABELS:
+        assert sum(line.startswith(f"  {label}") for line in lines) == 1, label
+    assert any("| % of op-by-op bound | % of training-fused bound |" in line for line in lines)
+    assert lines[-1].startswith("| fast | 5000 |")
+
+
+# ------------------------------------------------------------------------------------- overhead.py
+def test_overhead_takes_its_flag_in_any_spelling_and_keeps_the_runs_it_names(tmp_path, capsys):
+    """--repeat=1 was handed on to train.py, which refused it; the runs went to a folder deleted at
+    the end, while train.py's lines named it."""
+    import benchmarks.overhead as overhead
+
+    overhead.main(["--repeat=1", "--benchmark_steps", "1", "--warmup_steps", "1",
+                   "--synthetic_size", "64", "--batch_size", "8", "--num_workers", "0",
+                   "--log_dir", str(tmp_path), "--run_name", "check"])
+    out = capsys.readouterr().out
+    assert "best of 1 each" in out and f"train.py's runs: {tmp_path / 'check-suite0'}" in out
+    assert (tmp_path / "check-suite0" / "results.json").exists()
+    assert str(tmp_path / "check-suite0") in out.split("--benchmark / bare loop")[0]
