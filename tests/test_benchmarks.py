@@ -16,6 +16,7 @@ from torch import nn
 
 import benchmarks.roofline as roofline_module
 from benchmarks.roofline import KERNEL_US, Op, roofline, share_of_roofline, step_ops
+from common.config import missing_domains
 from conftest import REPO, refuse_in_process, run_script
 from models import pyramidnet
 
@@ -48,6 +49,10 @@ def test_roofline_prints_its_four_bounds_labelled(capsys):
     roofline_module.main(["--depth", "8", "--alpha", "12", "--amp", "off", "--peak_tflops", "100",
                           "--bandwidth_tbs", "1", "--gpu", "my GPU"])
     assert "a GPU: 100 TFLOP/s (given), 1 TB/s (given)" in capsys.readouterr().out
+
+
+def test_every_flag_of_roofline_has_a_domain():
+    assert missing_domains(roofline_module.RooflineConfig) == []
 
 
 @pytest.mark.parametrize("flags, says", [
