@@ -11,13 +11,22 @@
 # cache, the second with the first's), and with COMPILE=all compiled (--compile, default mode) too. Then the
 # profile of the fast path (by category, by convolution pass and stage, against the roofline) and of width8.
 # ROWS="fast classic ... profile" runs only the rows named (and the profiles with "profile"); the summary covers
-# every run under OUT, so a second call into the same OUT adds its rows to the first's table.
+# every run under OUT, so a second call into the same OUT adds its rows to the first's table. The
+# summary gives each row's images/s as a share of two of benchmarks/roofline.py's bounds for its own
+# model: op by op (no kernel cost) and fused as training BatchNorm allows.
 # A run that fails is named in the summary and the others still run; the exit status is then 1.
+# Without a CUDA GPU it says so in one line and exits 2, before anything is written.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT=${1:-runs/fast_path}
 VISIBLE=${CUDA_VISIBLE_DEVICES:-0}
 export CUDA_VISIBLE_DEVICES=${VISIBLE%%,*}  # one GPU: the first visible one, for every run
+if ! python -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
+    echo "error: no CUDA GPU here (CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES):" \
+         "fast_path.sh measures one; on a CPU, python single_gpu/train.py --benchmark runs" >&2
+    exit 2
+fi
+mkdir -p "$OUT" || exit 1
 STEPS=${BENCHMARK_STEPS:-200}
 COMMON=(--benchmark --batch_size 256 --warmup_steps 30 --benchmark_steps "$STEPS" --log_interval 50
         --no_progress --log_dir "$OUT" --overwrite "${@:2}")
@@ -25,10 +34,19 @@ FAILED=()
 ROWS=${ROWS:-all}
 wanted() { [ "$ROWS" = all ] || [[ " $ROWS " == *" $1 "* ]]; }
 run() { local name=$1 script=$2; shift 2; wanted "$name" || return 0
-        echo "== $name: python $script ${COMMON[*]} $*"
+        local shown="$*"  # the compile cache as CACHE: a temporary folder, gone at the end
+        echo "== $name: python $script ${COMMON[*]} ${shown//"$CACHE"/CACHE}"
         python "$script" "${COMMON[@]}" --run_name "$name" "$@" || FAILED+=("$name"); }
 
-CACHE=$(mktemp -d)  # an empty compile cache: the first compiled run is cold, the second warm
+# An empty compile cache for the compiled rows (the first compiled run is cold, the second warm),
+# made only for them and removed when the script ends, however it ends
+CACHE=
+compiled_rows() { wanted compiled_cold || wanted compiled_warm || wanted compiled; }
+if [ "${COMPILE:-1}" != 0 ] && compiled_rows; then
+    CACHE=$(mktemp -d) || exit 1
+    trap 'rm -rf "$CACHE"' EXIT
+    echo "CACHE: a temporary folder for the compiled rows' torch.compile cache, removed at the end"
+fi
 run fast            single_gpu/train.py
 run unaligned       single_gpu/train.py --align_channels 0
 run align16         single_gpu/train.py --align_channels 16
@@ -56,7 +74,7 @@ import json, sys
 from pathlib import Path
 sys.path.insert(0, ".")
 import torch
-from benchmarks.roofline import bandwidth_tbs, roofline, step_ops
+from benchmarks.roofline import bandwidth_tbs, bound_lines, roofline, step_ops
 from common.performance import table_peaks
 from compare import model_on_meta  # the runs' model, from their config
 out, failed = Path(sys.argv[1]), sys.argv[2:]
@@ -87,24 +105,27 @@ def bound_of(cfg):
 if env:
     print(f"{', '.join(env['gpus']) or 'no GPU'}; torch {env['torch']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}")
     first = bound_of(runs["fast"]["config"]) if "fast" in runs else None
-    if first:
-        print(f"roofline of the fast row's model at batch {runs['fast']['config']['batch_size']} "
-              f"({first['peak_tflops']:g} TFLOP/s, {first['bandwidth_tbs']:g} TB/s): "
-              f"{first['op_by_op_images_per_sec']:.0f} images/s op by op, {first['fused_images_per_sec']:.0f} fused; "
-              f"each row against its own model's at its own precision")
-print("| run | images/s | x fast | batch p50 ms | p90 ms | data wait % | peak GB alloc (reserved) | MFU % | % of roofline | compile s |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+    if first:  # benchmarks/roofline.py's four bounds, labelled as it labels them
+        print(f"bounds of the fast row's model at batch {runs['fast']['config']['batch_size']} "
+              f"({first['peak_tflops']:g} TFLOP/s, {first['bandwidth_tbs']:g} TB/s, "
+              f"{first['kernel_us']:g} us a kernel; benchmarks/roofline.py); the table gives each "
+              f"row's images/s as a % of two of its own model's bounds at its own precision:")
+        print("\n".join(f"  {line}" for line in bound_lines(first)))
+print("| run | images/s | x fast | batch p50 ms | p90 ms | data wait % | peak GB alloc (reserved) | MFU % "
+      "| % of op-by-op bound | % of training-fused bound | compile s |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
 for name, r in runs.items():
     s = r["summary"]
     ratio = f"{s['images_per_sec'] / fast:.3f}" if fast else "-"
     mfu = f"{100 * s['mfu']:.1f}" if s["mfu"] is not None else "-"
     bound = bound_of(r["config"])
-    share = f"{100 * s['images_per_sec'] / bound['op_by_op_images_per_sec']:.1f}" if bound else "-"
+    shares = [f"{100 * s['images_per_sec'] / bound[f'{key}_images_per_sec']:.1f}" if bound else "-"
+              for key in ("op_by_op", "training_fused")]
     compile_s = f"{s['compile_time_s']:.0f}" if s["compile_time_s"] is not None else "-"
     peak = "-" if s["peak_mem_gb"] is None else f"{s['peak_mem_gb']:.2f} ({s.get('peak_mem_reserved_gb') or 0:.2f})"
     print(f"| {name} | {s['images_per_sec']:.0f} | {ratio} | {1e3 * s['batch_time_p50']:.1f} "
-          f"| {1e3 * s['batch_time_p90']:.1f} | {100 * s['data_wait_frac']:.2f} | {peak} | {mfu} | {share} "
-          f"| {compile_s} |")
+          f"| {1e3 * s['batch_time_p90']:.1f} | {100 * s['data_wait_frac']:.2f} | {peak} | {mfu} "
+          f"| {' | '.join(shares)} | {compile_s} |")
 if fast and "classic" in runs:
     print(f"fast / classic: {fast / runs['classic']['summary']['images_per_sec']:.2f}x")
 if failed:

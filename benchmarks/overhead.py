@@ -6,12 +6,14 @@ batches and optimizer (no timer, no meter, no logging; one host sync at the end)
 
 It takes every train.py flag. The ratio of images/s (train.py's over the bare loop's) is printed: 1.0 means the
 suite's measurement costs nothing. A benchmark, not a test: it is timed, and the figure goes to BENCHMARKS.md.
+train.py's runs are kept as run folders in --log_dir, named --run_name (default overhead-<time>)
+plus -suite<N>, so that the folders their lines name are there to read afterwards.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 import torch.nn.functional as F
 
-from common.config import Config, flag, parse_config, user_errors
+from common.config import CHECKS, Config, UsageError, config_argv, flag, parse_config, user_errors
 from common.data import ShuffleSampler, load_datasets, make_loader
 from common.devices import seed_everything
 from common.optim import build_optimizer
@@ -35,6 +37,19 @@ DEFAULTS = ["--dataset", "synthetic", "--synthetic_size", "512", "--depth", "8",
 @dataclass(frozen=True)
 class OverheadConfig(Config):
     repeat: int = flag(2, "runs of each loop, alternately; the best of each is compared", at_least=1)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.run_name is not None:  # the last run's folder name must be one too
+            wrong = CHECKS["name"](suite_run_name(self.run_name, self.repeat - 1))
+            if wrong:
+                raise UsageError(f"--run_name {self.run_name!r} leaves no room for "
+                                 f"-suite{self.repeat - 1}: give a shorter one")
+
+
+def suite_run_name(base: str, attempt: int) -> str:
+    """The run folder of train.py's `attempt`-th run."""
+    return f"{base}-suite{attempt}"
 
 
 def bare_images_per_sec(cfg: Config, device: torch.device) -> float:
@@ -78,21 +93,23 @@ def main(argv=None) -> None:
 
     argv = sys.argv[1:] if argv is None else argv
     cfg = parse_config(OverheadConfig, [*DEFAULTS, *argv], description=__doc__)
-    train_flags = [*DEFAULTS, *argv]
-    if "--repeat" in train_flags:  # this script's own flag, not train.py's
-        at = train_flags.index("--repeat")
-        del train_flags[at:at + 2]
+    # train.py's flags from the parsed values, whichever way they were spelt (--repeat=1, --rep 1)
+    values = {field.name: getattr(cfg, field.name) for field in dataclasses.fields(Config)}
+    train_flags = config_argv(Config, values)
+    base = cfg.run_name or f"overhead-{time.strftime('%Y%m%d-%H%M%S')}"
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     resolved = resolve_fast_path(cfg, device)
     suite, bare = [], []
-    with tempfile.TemporaryDirectory() as folder:
-        for attempt in range(cfg.repeat):
-            single.main([*train_flags, "--benchmark", "--log_dir", folder, "--run_name", f"bench{attempt}"])
-            results = json.loads(Path(folder, f"bench{attempt}", "results.json").read_text())
-            suite.append(results["summary"]["images_per_sec"])
-            bare.append(bare_images_per_sec(resolved, device))
+    for attempt in range(cfg.repeat):
+        name = suite_run_name(base, attempt)
+        single.main([*train_flags, "--benchmark", "--run_name", name])
+        results = json.loads(Path(cfg.log_dir, name, "results.json").read_text())
+        suite.append(results["summary"]["images_per_sec"])
+        bare.append(bare_images_per_sec(resolved, device))
+    runs = Path(cfg.log_dir, f"{base}-suite{{0..{cfg.repeat - 1}}}" if cfg.repeat > 1 else name)
     print(f"--benchmark / bare loop images/s on {device}: {max(suite) / max(bare):.3f} "
-          f"({max(suite):.0f} vs {max(bare):.0f}, best of {cfg.repeat} each)")
+          f"({max(suite):.0f} vs {max(bare):.0f}, best of {cfg.repeat} each); "
+          f"train.py's runs: {runs}")
 
 
 if __name__ == "__main__":

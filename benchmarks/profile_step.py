@@ -1,21 +1,28 @@
-"""Where a training step's time goes: torch.profiler over a few single_gpu steps, grouped into convolutions,
-BatchNorm, element-wise work and the rest, plus the top operators; the convolutions split by pass (fprop, dgrad,
-wgrad: by cuDNN's kernel names on a GPU; forward and backward on the CPU) and by the resolution of their input
-(the stage); each category's achieved TFLOP/s or GB/s; and the step against the roofline of the model
-(benchmarks/roofline.py: its layer shapes at the GPU's peak FLOP/s and memory bandwidth).
+"""Where a training step's time goes: torch.profiler over a few single_gpu steps, grouped into
+convolutions, BatchNorm, element-wise work and the rest, plus the top operators; the convolutions
+split by pass and by the resolution of their input (the stage); on a GPU each category's achieved
+TFLOP/s or GB/s, and the step against the roofline of the model (benchmarks/roofline.py: its layer
+shapes at the GPU's peak FLOP/s and memory bandwidth).
 
-    python benchmarks/profile_step.py --batch_size 256                       # the default model, the fast path
-    python benchmarks/profile_step.py --batch_size 256 --width_multiple 8    # widths rounded for tensor cores
-    python benchmarks/profile_step.py --depth 8 --alpha 12 --batch_size 32 --steps 3 --out profile.json  # CPU
+    python benchmarks/profile_step.py --batch_size 256                     # the fast path
+    python benchmarks/profile_step.py --batch_size 256 --width_multiple 8  # tensor-core widths
+    python benchmarks/profile_step.py --depth 8 --alpha 12 --batch_size 32 --steps 3  # on a CPU
 
-It takes every train.py flag (model, --amp, --channels_last, --compile, ...) and builds the model and optimizer
-with single_gpu/train.py's own functions; the batches are synthetic and stay on the device. Times are the
-operators' self time on the device (on the CPU without one), so nested operators are not counted twice; on a GPU the
-kernels are split the same way and the top ones listed, with the share of cuDNN's layout/padding kernels.
+It takes every train.py flag (model, --amp, --channels_last, --compile, ...) and builds the model
+and optimizer with single_gpu/train.py's own functions; the batches are synthetic and stay on the
+device. Times are the operators' self time on the device (on the CPU without one), so nested
+operators are not counted twice; on a GPU the kernels are split the same way and the top ones
+listed, with the share of cuDNN's layout/padding kernels. On a GPU a convolution kernel goes to the
+pass of the operator that launched it (forward: fprop; backward: dgrad or wgrad by its name, a
+kernel named fprop being dgrad), and the backward kernels no name places (split-K reductions) are
+printed as unattributed; on the CPU the passes are forward and backward, and no rates are printed
+(a CPU has no peak in the tables). A step replayed as CUDA graphs (--compile_mode reduce-overhead
+or max-autotune) is refused: its kernels have no operators above them to split by.
 """
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -28,11 +35,11 @@ import torch.nn.functional as F
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from common.config import Config, flag, parse_config, user_errors
+from common.config import CHECKS, Config, UsageError, flag, parse_config, user_errors
 from common.data import DATASET_INFO
 from common.devices import seed_everything
 from common.performance import autocast, memory_format, model_on_meta, peak_tflops, resolve_fast_path
-from benchmarks.roofline import bandwidth_tbs, roofline, step_ops
+from benchmarks.roofline import BOUNDS, bandwidth_tbs, bound_lines, roofline, step_ops
 from single_gpu.train import get_model, get_optimizer, setup
 
 # What operators and kernels compute, not which library ran them: cuDNN runs BatchNorm as well as convolutions
@@ -61,11 +68,38 @@ KINDS = ("convolution", "batchnorm", "elementwise", "other")  # as reported
 LAYOUT_HINT = "cuDNN reshaping inputs for tensor cores; --channels_last and --width_multiple 8 avoid it"
 
 
+GRAPHED = ("reduce-overhead", "max-autotune")  # torch.compile's modes that replay CUDA graphs
+
+
+def _writable_file(value: str) -> str | None:
+    """A file this run can write when it ends: checked before the profile, not after it."""
+    wrong = CHECKS["file"](value)
+    if wrong:
+        return wrong
+    path = Path(value)
+    folder = path.resolve().parent
+    if path.is_dir():
+        return "a file's path (this one is a folder)"
+    if not folder.is_dir():
+        return f"a file in a folder that exists ({folder} does not)"
+    if not os.access(folder, os.W_OK) or path.exists() and not os.access(path, os.W_OK):
+        return "a file this user can write"
+    return None
+
+
 @dataclass(frozen=True)
 class ProfileConfig(Config):
     steps: int = flag(5, "profiled steps, after --warmup_steps unprofiled ones", at_least=1)
     top: int = flag(15, "operators listed by self time", at_least=1)
-    out: str | None = flag(None, "also write the breakdown as JSON to this file", check="file")
+    out: str | None = flag(None, "also write the breakdown as JSON to this file",
+                           check=_writable_file)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.compile and self.compile_mode in GRAPHED:
+            raise UsageError(f"--compile_mode {self.compile_mode} replays the step as CUDA graphs, "
+                             f"whose kernels have no operators to split them by: profile "
+                             f"--compile_mode default or max-autotune-no-cudagraphs")
 
 
 def category(name: str) -> str:
@@ -104,89 +138,160 @@ def profile_steps(cfg: ProfileConfig) -> dict:
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.synchronize(device)
+    else:  # Kineto's own lines (its stages; an ERROR that no GPU answers) say nothing of a CPU
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # above its highest level (USDT, 5)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities, record_shapes=True) as prof:  # shapes: each convolution's stage
+    with profile(activities=activities, record_shapes=True) as prof:  # shapes: the stages
         for _ in range(cfg.steps):
             step()
         if cuda:
             torch.cuda.synchronize(device)
     operators, kernels = device_times(prof.key_averages(), cuda, cfg.steps)
-    report = {"device": torch.cuda.get_device_name(device) if cuda else "cpu", "torch": torch.__version__,
+    report = {"device": torch.cuda.get_device_name(device) if cuda else "cpu",
+              "torch": torch.__version__,
               "config": {"depth": cfg.depth, "alpha": cfg.alpha, "block": cfg.block,
                          "batch_size": cfg.batch_size, "width_multiple": cfg.width_multiple,
                          "align_channels": cfg.align_channels, "amp": cfg.amp,
                          "channels_last": cfg.channels_last, "compile": cfg.compile},
               **breakdown(operators, kernels, cfg.top)}
     report["conv_passes"] = conv_passes(prof.events(), cuda, cfg.steps)
-    ops = step_ops(model_on_meta(cfg), cfg.batch_size, (data.channels, data.size, data.size), data.classes,
-                   torch.float32 if cfg.amp == "off" else torch.bfloat16)
-    report["achieved"] = achieved(report, ops)
-    peak = peak_tflops(device, cfg.amp) if cuda else None
-    bandwidth = bandwidth_tbs(report["device"]) if cuda else None
-    report["roofline"] = None
-    if peak is not None and bandwidth is not None:
-        bound = roofline(ops, cfg.batch_size, peak, bandwidth)
-        measured = report["kernel_seconds"]
-        report["roofline"] = {**{k: v for k, v in bound.items() if k != "categories"},
-                              "op_by_op_share": bound["op_by_op_s"] / measured,
-                              "fused_share": bound["fused_s"] / measured}
+    report["achieved"] = report["roofline"] = None  # a GPU's only: a CPU's are no measure of one
+    if cuda:
+        ops = step_ops(model_on_meta(cfg), cfg.batch_size, (data.channels, data.size, data.size),
+                       data.classes, torch.float32 if cfg.amp == "off" else torch.bfloat16)
+        report["achieved"] = achieved(report, ops)
+        report["roofline"] = against_roofline(report, ops, peak_tflops(device, cfg.amp))
     return report
 
 
-def conv_pass(kernel: str, backward: bool) -> str:
-    """Which pass a convolution kernel computes, by its name: cuDNN's and CUTLASS's say dgrad or wgrad; a
-    layout kernel reshapes; any other kernel of a forward operator is fprop, of a backward one unnamed."""
+def against_roofline(report: dict, ops, peak: float | None) -> dict | None:
+    """The model's roofline on the report's GPU (None where its peak or bandwidth is unknown) and
+    the share of each bound the measured kernel time reaches (`<bound>_share`: the bound's time
+    over the kernels')."""
+    bandwidth = bandwidth_tbs(report["device"])
+    if peak is None or bandwidth is None:
+        return None
+    bound = roofline(ops, report["config"]["batch_size"], peak, bandwidth)
+    shares = {f"{key}_share": bound[f"{key}_s"] / report["kernel_seconds"] for key in BOUNDS}
+    return {**{k: v for k, v in bound.items() if k != "categories"}, **shares}
+
+
+# The operators a convolution kernel is launched under: aten's convolutions (cuDNN's, MIOpen's,
+# mkldnn's, the slow ones), forward or backward.
+CONV_BACKWARD_OP = re.compile(r"^aten::\w*conv\w*backward")
+CONV_OP = re.compile(r"^aten::\w*conv")
+UNATTRIBUTED = "unattributed"
+
+
+def conv_parent(event) -> tuple[str, object] | None:
+    """("backward", that operator) where `event` (a CPU operator) is or runs inside a convolution's
+    backward operator, else ("forward", the outermost convolution operator it is or runs inside),
+    else None."""
+    forward = None
+    while event is not None:
+        if CONV_BACKWARD_OP.search(event.name):
+            return "backward", event
+        if CONV_OP.search(event.name):
+            forward = event
+        event = event.cpu_parent
+    return ("forward", forward) if forward is not None else None
+
+
+def conv_pass(kernel: str, parent: str | None) -> str:
+    """Which pass a convolution kernel computes, given the pass of the operator it was launched
+    under ("forward", "backward"; None: no operator). A layout kernel reshapes; in the forward any
+    other kernel is fprop. In the backward cuDNN's and CUTLASS's names say dgrad or wgrad, and a
+    kernel named fprop computes the input's gradient (a stride-1 dgrad is a convolution of the
+    gradient with the flipped weights, which cuDNN often runs with its fprop kernels; a weight
+    gradient is not). Any other backward kernel, split-K reductions among them, and a convolution
+    kernel without an operator is unattributed: in no single pass's rate."""
     lowered = kernel.lower()
     if is_conv_layout(lowered):
         return "layout"
-    for name in ("dgrad", "wgrad"):
-        if name in lowered:
-            return name
-    return "backward (unnamed)" if backward else "fprop"
+    if parent == "forward":
+        return "fprop"
+    if parent == "backward":
+        for name in ("dgrad", "wgrad"):
+            if name in lowered:
+                return name
+        return "dgrad" if "fprop" in lowered else UNATTRIBUTED
+    return UNATTRIBUTED
+
+
+def stage_of(op, backward: bool) -> str:
+    """The resolution of a convolution's input, from its operator's shapes ("?" where none)."""
+    shapes = [shape for shape in (op.input_shapes or []) if len(shape) == 4]
+    activation = shapes[1] if backward and len(shapes) > 1 else shapes[0] if shapes else None
+    return f"{activation[2]}x{activation[3]}" if activation else "?"
 
 
 def conv_passes(events, cuda: bool, steps: int) -> dict:
-    """Convolution time per step, in ms, by pass and by the resolution of the convolution's input ("32x32": the
-    stem and stage 1, with stage 2's first, strided, convolution; "16x16"; "8x8"). On a GPU from each
-    convolution operator's kernels, named by pass; on the CPU from the operators' self time, forward or
+    """Convolution time per step, in ms, by pass and by the resolution of the convolution's input
+    ("32x32": the stem and stage 1, with stage 2's first, strided, convolution; "16x16"; "8x8").
+    On a GPU from every kernel launched under a convolution operator (conv_pass), and the kernels
+    that the profiler tied to no operator and whose names say convolution (unattributed; the row
+    is there, if empty, on every GPU); on the CPU from the operators' self time, forward or
     backward (dgrad and wgrad are one operator there)."""
     table: dict[str, dict[str, float]] = {}
-    for event in events:
-        if event.device_type != DeviceType.CPU or "convolution" not in event.name:
+
+    def add(kind: str, stage: str, microseconds: float) -> None:
+        row = table.setdefault(kind, {})
+        row[stage] = row.get(stage, 0.0) + microseconds / 1e3 / steps
+
+    operators = [event for event in events if event.device_type == DeviceType.CPU]
+    for event in operators:
+        if not cuda:
+            if "convolution" in event.name:
+                backward = "backward" in event.name
+                add("backward" if backward else "fprop", stage_of(event, backward),
+                    event.self_cpu_time_total)
             continue
-        backward = "backward" in event.name
-        shapes = [shape for shape in (event.input_shapes or []) if len(shape) == 4]
-        activation = shapes[1] if backward and len(shapes) > 1 else shapes[0] if shapes else None
-        stage = f"{activation[2]}x{activation[3]}" if activation else "?"
-        if cuda:
-            times = [(conv_pass(kernel.name, backward), kernel.duration) for kernel in event.kernels]
-        else:
-            times = [("backward" if backward else "fprop", event.self_cpu_time_total)]
-        for kind, microseconds in times:
-            row = table.setdefault(kind, {})
-            row[stage] = row.get(stage, 0.0) + microseconds / 1e3 / steps
+        found = conv_parent(event) if event.kernels else None
+        if found is not None:
+            parent, op = found
+            for kernel in event.kernels:
+                add(conv_pass(kernel.name, parent), stage_of(op, parent == "backward"),
+                    kernel.duration)
+    if cuda:
+        table.setdefault(UNATTRIBUTED, {})
+        # as torch ties kernels to operators: by the correlation id of the operator's launch
+        launched = {event.id for event in operators if not event.linked_correlation_id}
+        for event in events:
+            if (event.device_type == DeviceType.CUDA and not event.is_user_annotation
+                    and event.linked_correlation_id not in launched
+                    and category(event.name) == "convolution"):
+                add(UNATTRIBUTED, "?", event.time_range.elapsed_us())
     return table
 
 
 def achieved(report: dict, ops) -> dict:
-    """Each category's achieved rate: the model's real FLOPs (its convolutions and classifier) over the
-    convolution time, in TFLOP/s, and BatchNorm's and the element-wise work's minimum bytes over their time, in
-    GB/s; then each convolution pass's TFLOP/s (on a GPU: fprop and wgrad do the forward's FLOPs, dgrad the
-    forward's less the stem's, which needs no input gradient)."""
-    shares = report["kernel_shares"] or report["shares"]
-    seconds = report["kernel_seconds"] or report["step_seconds"]
-    flops = {"convolution": sum(op.flops for op in ops if op.category in ("convolution", "classifier"))}
-    moved = {kind: sum(op.bytes for op in ops if op.category == kind) for kind in ("batchnorm", "elementwise")}
-    rates = {"convolution_tflops": flops["convolution"] / (shares["convolution"] * seconds) / 1e12}
-    rates.update({f"{kind}_gbs": moved[kind] / (shares[kind] * seconds) / 1e9 if shares[kind] else None
-                  for kind in moved})
+    """Each category's achieved rate, on a GPU: the model's real FLOPs (its convolutions and
+    classifier) over the convolution time, in TFLOP/s, and BatchNorm's and the element-wise work's
+    minimum bytes over their time, in GB/s; then the convolutions' TFLOP/s by pass: fprop and wgrad
+    do the forward's FLOPs, dgrad the forward's less the stem's (which needs no input gradient),
+    and the backward both over every backward kernel, the unattributed ones included. dgrad's and
+    wgrad's own rates leave the unattributed time out: while there is some they are upper bounds
+    (`passes_upper_bounds`)."""
+    shares = report["kernel_shares"]
+    seconds = report["kernel_seconds"]
+    flops = sum(op.flops for op in ops if op.category in ("convolution", "classifier"))
+    moved = {kind: sum(op.bytes for op in ops if op.category == kind)
+             for kind in ("batchnorm", "elementwise")}
+    rates = {"convolution_tflops": flops / (shares["convolution"] * seconds) / 1e12}
+    rates.update({f"{kind}_gbs": moved[kind] / (shares[kind] * seconds) / 1e9 if shares[kind]
+                  else None for kind in moved})
     forward = [op for op in ops if op.name == "convolution"]
     fprop = sum(op.flops for op in forward)
     stem = forward[0].flops if forward else 0
     passes = report["conv_passes"]
-    for kind, work in (("fprop", fprop), ("dgrad", fprop - stem), ("wgrad", fprop)):
-        ms = sum(passes.get(kind, {}).values())
-        rates[f"{kind}_tflops"] = work / (ms / 1e3) / 1e12 if ms and report["kernel_shares"] else None
+    ms = {kind: sum(passes.get(kind, {}).values())
+          for kind in ("fprop", "dgrad", "wgrad", UNATTRIBUTED)}
+    ms["backward"] = ms["dgrad"] + ms["wgrad"] + ms[UNATTRIBUTED]
+    work = {"fprop": fprop, "dgrad": fprop - stem, "wgrad": fprop, "backward": 2 * fprop - stem}
+    for kind in ("fprop", "backward", "dgrad", "wgrad"):
+        rates[f"{kind}_tflops"] = work[kind] / (ms[kind] / 1e3) / 1e12 if ms[kind] else None
+    rates["unattributed_ms"] = ms[UNATTRIBUTED]
+    rates["passes_upper_bounds"] = ms[UNATTRIBUTED] > 0
     return rates
 
 
@@ -246,23 +351,32 @@ def summary(report: dict) -> list[str]:
                   f"  conv layout/padding kernels: {100 * report['conv_layout_share']:.1f}% of kernel time, in "
                   f"convolution ({LAYOUT_HINT})"]
     lines += pass_lines(report.get("conv_passes") or {})
-    rates = report.get("achieved") or {}
+    rates = report.get("achieved")
     if rates:
         def rate(key, unit):
-            return f"{rates[key]:.1f} {unit}" if rates.get(key) is not None else "-"
+            value = rates.get(key)
+            return "-" if value is None else f"{value:.1f} {unit}".rstrip()
 
-        lines.append(f"  achieved: convolution {rate('convolution_tflops', 'TFLOP/s')} (fprop "
-                     f"{rate('fprop_tflops', 'TFLOP/s')}, dgrad {rate('dgrad_tflops', 'TFLOP/s')}, wgrad "
-                     f"{rate('wgrad_tflops', 'TFLOP/s')}); batchnorm {rate('batchnorm_gbs', 'GB/s')}; "
-                     f"elementwise {rate('elementwise_gbs', 'GB/s')}")
+        most = "at most " if rates["passes_upper_bounds"] else ""
+        lines += [f"  achieved: convolution {rate('convolution_tflops', 'TFLOP/s')}; batchnorm "
+                  f"{rate('batchnorm_gbs', 'GB/s')}; elementwise {rate('elementwise_gbs', 'GB/s')}",
+                  f"  convolution by pass: fprop {rate('fprop_tflops', 'TFLOP/s')}, backward "
+                  f"{rate('backward_tflops', 'TFLOP/s')} (dgrad {most}{rate('dgrad_tflops', '')}, "
+                  f"wgrad {most}{rate('wgrad_tflops', '')})",
+                  f"  unattributed convolution kernels: {rates['unattributed_ms']:.3f} ms per step "
+                  f"(backward kernels named neither dgrad nor wgrad, such as split-K reductions, "
+                  f"and kernels under no operator): in the backward's rate only"]
+    elif report["kernel_shares"] is None:
+        lines.append("  no rates on the CPU: achieved rates and the roofline are a GPU's "
+                     "(benchmarks/roofline.py needs none)")
     bound = report.get("roofline")
     if bound:
-        lines.append(f"  roofline ({bound['peak_tflops']:g} TFLOP/s, {bound['bandwidth_tbs']:g} TB/s): "
-                     f"{1e3 * bound['op_by_op_s']:.2f} ms op by op ({bound['op_by_op_images_per_sec']:.0f} "
-                     f"images/s), {1e3 * bound['fused_s']:.2f} ms fused ({bound['fused_images_per_sec']:.0f}); "
-                     f"this step is at {100 * bound['op_by_op_share']:.1f} % of the op-by-op roofline and "
-                     f"{100 * bound['fused_share']:.1f} % of the fused one")
-    elif "roofline" in report:
+        lines.append(f"  roofline ({bound['peak_tflops']:g} TFLOP/s, {bound['bandwidth_tbs']:g} "
+                     f"TB/s, {bound['kernel_us']:g} us a kernel; benchmarks/roofline.py), and this "
+                     f"step's kernel time against each bound:")
+        lines += [f"    {line}: {100 * bound[f'{key}_share']:.1f} %"
+                  for key, line in zip(BOUNDS, bound_lines(bound))]
+    elif report["kernel_shares"] is not None:
         lines.append("  roofline: needs a GPU of known peak FLOP/s and bandwidth")
     for row in report["top"]:
         lines.append(f"  {row['ms_per_step']:9.3f} ms {100 * row['share']:5.1f}%  {row['category']:<11} {row['op']}")

@@ -26,6 +26,9 @@ AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # --amp off computes its convolutions in TF32 (cuDNN's default, kept here). GeForce figures are those with FP32
 # accumulation, which autocast uses. A key matches whole words of torch.cuda.get_device_name() in any case ("H200"
 # is not in "GH200"; "H100 PCIe" is in "H100 PCIE"); the first key found wins, so the specific names come first.
+# A key whose value is None names a GPU that a shorter key would take for another: "NVIDIA GeForce
+# RTX 3090 Ti" and "RTX 4090 D" (other SM counts) and "RTX 4090 Laptop GPU" (another chip) are not
+# the cards below.
 # Sources: NVIDIA H100 Tensor Core GPU datasheet (SXM, PCIe and NVL columns); NVIDIA H200 datasheet; NVIDIA GH200
 # Grace Hopper Superchip datasheet (its GPU: H100/H200 SXM-class peaks); NVIDIA A100 datasheet; NVIDIA L40S
 # datasheet; NVIDIA Ada GPU architecture whitepaper, appendix A (RTX 4090); NVIDIA Ampere GA102 GPU architecture
@@ -39,7 +42,9 @@ GPU_PEAK_TFLOPS = {
     "GH200": {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9},  # Grace Hopper: "NVIDIA GH200 480GB"
     "A100": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},  # SXM4 and PCIe, 40 and 80 GB
     "L40S": {"bf16": 362.05, "fp16": 362.05, "tf32": 183.0, "fp32": 91.6},
+    "RTX 4090 D": None, "RTX 4090 Laptop": None,
     "RTX 4090": {"bf16": 165.2, "fp16": 165.2, "tf32": 82.6, "fp32": 82.6},
+    "RTX 3090 Ti": None,
     "RTX 3090": {"bf16": 71.0, "fp16": 71.0, "tf32": 35.6, "fp32": 35.6},
 }
 MIG_NOTE = "MIG slice: a fraction of the chip, whose peak is not known"
@@ -136,8 +141,9 @@ def flops_per_image(cfg: Config) -> int:
 
 
 def by_gpu_name(table: dict, name: str):
-    """The first entry of `table` (keyed by GPU names, most specific first) whose key is in `name` as whole
-    words, in any case; None when none is."""
+    """The first entry of `table` (keyed by GPU names, most specific first) whose key is in `name`
+    as whole words, in any case; None when none is, or when the first that is holds None (a GPU the
+    table leaves out on purpose)."""
     words = lambda key: rf"(?<![a-z0-9]){re.escape(key)}(?![a-z0-9])"  # noqa: E731  "H200" not in "GH200"
     return next((value for key, value in table.items() if re.search(words(key), name, re.IGNORECASE)), None)
 

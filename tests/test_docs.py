@@ -131,7 +131,7 @@ def broken_links(page: Path, root: Path = REPO) -> list[str]:
 
 # ------------------------------------------------------------------------------------------------- flags
 SCRIPTS = ("single_gpu/train.py", "data_parallel/train.py", "dist_parallel/train.py", "fsdp/train.py", "compare.py",
-           "benchmarks/profile_step.py")
+           "benchmarks/profile_step.py", "benchmarks/roofline.py")
 # A line that names a script checks its flags against that script's (several named: any of theirs).
 MENTIONS = {
     "single_gpu/train.py": re.compile(r"(?<![\w-])single_gpu/"),
@@ -140,6 +140,7 @@ MENTIONS = {
     "fsdp/train.py": re.compile(r"(?<![\w-])fsdp/"),
     "compare.py": re.compile(r"(?<![\w-])compare\.py\b"),
     "benchmarks/profile_step.py": re.compile(r"(?<![\w-])profile_step\.py\b"),
+    "benchmarks/roofline.py": re.compile(r"(?<![\w-])roofline\.py\b"),
 }
 # Other tools' flags that the documentation names, wherever it names them.
 OTHER_TOOLS = {

@@ -10,11 +10,13 @@ import pytest
 import torch
 from torch.autograd import DeviceType
 
-from benchmarks.profile_step import (ProfileConfig, breakdown, category, conv_pass, device_times, is_conv_layout,
-                                     summary)
+import benchmarks.profile_step as profile_step
+from benchmarks.profile_step import (ProfileConfig, achieved, breakdown, category, conv_pass,
+                                     conv_passes, device_times, is_conv_layout, summary)
 from benchmarks.roofline import Op, bandwidth_tbs, roofline, share_of_roofline, step_ops
-from common.config import Config, missing_domains, parse_config
+from common.config import Config, UsageError, missing_domains, parse_config
 from common.performance import flops_per_image
+from conftest import refuse_in_process
 from models import pyramidnet
 
 # As the H100 profiles printed them: kernels cut at 120 characters, operators at 80.
@@ -162,15 +164,138 @@ def test_every_flag_of_profile_step_has_a_domain():
 
 
 # ---------------------------------------------------------------------------------------------- passes, roofline
-@pytest.mark.parametrize("kernel, backward, expected", [
-    (CONVOLUTION[6], True, "dgrad"), (CONVOLUTION[11], False, "fprop"), (CONVOLUTION[14], True, "wgrad"),
-    ("void wgrad_alg0_engine_NHWC<float, 128, 5, 5, 3, 3, 3, false, 512>(int, int", True, "wgrad"),
-    ("void cutlass__5x_cudnn::Kernel<cutlass_tensorop_bf16_s16816dgrad_optimized_bf16_128x128", True, "dgrad"),
-    ("void nhwcAddPaddingKernel<__nv_bfloat16, __nv_bfloat16, float, true>(int, int", False, "layout"),
-    ("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc", True, "backward (unnamed)"),
+SPLIT_K = "void cutlass__5x_cudnn::Kernel<cutlass_tensorop_splitKreduce_kernel<float, __nv_bfloat16>"
+WGRAD_ALG0 = "void wgrad_alg0_engine_NHWC<float, 128, 5, 5, 3, 3, 3, false, 512>(int, int"
+CUTLASS_DGRAD = "void cutlass__5x_cudnn::Kernel<cutlass_tensorop_bf16_s16816dgrad_optimized_bf16"
+PADDING = "void nhwcAddPaddingKernel<__nv_bfloat16, __nv_bfloat16, float, true>(int, int"
+
+
+@pytest.mark.parametrize("kernel, parent, expected", [
+    (CONVOLUTION[6], "backward", "dgrad"), (CONVOLUTION[11], "forward", "fprop"),
+    (CONVOLUTION[14], "backward", "wgrad"),
+    (WGRAD_ALG0, "backward", "wgrad"), (CUTLASS_DGRAD, "backward", "dgrad"),
+    (PADDING, "forward", "layout"), (PADDING, "backward", "layout"),
+    # cuDNN runs many a dgrad with its fprop kernels: under a backward operator it is dgrad
+    ("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc", "backward", "dgrad"),
+    (SPLIT_K, "forward", "fprop"),  # the forward's split-K reduction is the forward's
+    (SPLIT_K, "backward", "unattributed"),  # dgrad's or wgrad's: the name does not say
+    (CONVOLUTION[6], None, "unattributed"),  # no operator: no pass to take it from
 ])
-def test_a_convolution_kernel_is_named_by_its_pass(kernel, backward, expected):
-    assert conv_pass(kernel, backward) == expected
+def test_a_convolution_kernel_goes_to_the_pass_of_its_operator(kernel, parent, expected):
+    assert conv_pass(kernel, parent) == expected
+
+
+def cpu_op(op_id, name, parent=None, kernels=(), shapes=None):
+    """A CPU operator as torch.profiler's events() gives it: its parent, the kernels it launched
+    (name, microseconds) and its input shapes."""
+    launched = [SimpleNamespace(name=kernel, device=0, duration=us) for kernel, us in kernels]
+    return SimpleNamespace(id=op_id, name=name, cpu_parent=parent, input_shapes=shapes,
+                           device_type=DeviceType.CPU, linked_correlation_id=0,
+                           self_cpu_time_total=0, kernels=launched)
+
+
+def gpu_kernel(name, microseconds, launched_by):
+    return SimpleNamespace(name=name, device_type=DeviceType.CUDA, is_user_annotation=False,
+                           linked_correlation_id=launched_by,
+                           time_range=SimpleNamespace(elapsed_us=lambda: microseconds))
+
+
+def a_profiled_step():
+    """Two steps of a stem (3 to 16 channels at 32x32) and one convolution at 16x16, as
+    torch.profiler records them on an H100: the operators' tree (conv2d > convolution >
+    _convolution > cudnn_convolution forward; the autograd node > convolution_backward, with a
+    fill_ inside it, backward), the kernels each launched, and a convolution kernel the profiler
+    tied to no operator."""
+    stem_in, block_in = [256, 3, 32, 32], [256, 32, 16, 16]
+    conv2d = cpu_op(1, "aten::conv2d", shapes=[stem_in, [16, 3, 3, 3]])
+    convolution = cpu_op(2, "aten::convolution", conv2d, shapes=[stem_in, [16, 3, 3, 3]])
+    inner = cpu_op(3, "aten::_convolution", convolution, shapes=[stem_in, [16, 3, 3, 3]])
+    stem = cpu_op(4, "aten::cudnn_convolution", inner, [(CONVOLUTION[11], 200)],
+                  [stem_in, [16, 3, 3, 3]])
+    block_conv2d = cpu_op(5, "aten::conv2d", shapes=[block_in, [32, 32, 3, 3]])
+    block = cpu_op(6, "aten::cudnn_convolution", block_conv2d,
+                   [(CONVOLUTION[12], 100), (CONV_LAYOUT[0], 40), (SPLIT_K, 20)],
+                   [block_in, [32, 32, 3, 3]])
+    node = cpu_op(7, "autograd::engine::evaluate_function: ConvolutionBackward0")
+    backward_node = cpu_op(8, "ConvolutionBackward0", node)
+    block_backward = cpu_op(9, "aten::convolution_backward", backward_node,
+                            [(CONVOLUTION[11], 120), (CONVOLUTION[14], 160), (SPLIT_K, 30)],
+                            [block_in, block_in, [32, 32, 3, 3]])
+    fill = cpu_op(10, "aten::fill_", block_backward, [(ELEMENTWISE[21], 10)])  # inside the backward
+    stem_backward = cpu_op(11, "aten::convolution_backward", None, [(CONVOLUTION[15], 80)],
+                           [[256, 16, 32, 32], stem_in, [16, 3, 3, 3]])
+    classifier = cpu_op(12, "aten::addmm", None,
+                        [("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize64", 50)])
+    operators = [conv2d, convolution, inner, stem, block_conv2d, block, node, backward_node,
+                 block_backward, fill, stem_backward, classifier]
+    kernels = [gpu_kernel(k.name, k.duration, op.id) for op in operators for k in op.kernels]
+    orphans = [gpu_kernel(CONVOLUTION[7], 40, 999), gpu_kernel("Memset (Device)", 5, 998)]
+    return operators + kernels + orphans
+
+
+def test_kernels_are_attributed_by_their_operator_and_the_rest_shown_as_unattributed():
+    """Every kernel launched under a convolution operator counts for that operator's pass, its
+    input's resolution read from the operator: the backward's fprop-named kernel as dgrad, the
+    kernel of an operator inside the backward, the split-K reductions of the forward as fprop and of
+    the backward as unattributed, beside the convolution kernel no operator launched. The
+    classifier's GEMM and a memset with no operator are no convolution's."""
+    passes = conv_passes(a_profiled_step(), cuda=True, steps=2)
+    expected = {"fprop": {"32x32": 0.100, "16x16": 0.060}, "layout": {"16x16": 0.020},
+                "dgrad": {"16x16": 0.060}, "wgrad": {"16x16": 0.080, "32x32": 0.040},
+                "unattributed": {"16x16": 0.020, "?": 0.020}}
+    assert passes.keys() == expected.keys()
+    for kind, row in expected.items():
+        assert passes[kind] == pytest.approx(row), kind
+
+
+def test_the_backward_rate_counts_every_backward_kernel_and_the_split_says_what_it_leaves_out():
+    """fprop and wgrad do the forward's FLOPs, dgrad the forward's less the stem's; the backward's
+    rate is over all its kernels, the unattributed ones too, while dgrad's and wgrad's leave those
+    out and say so."""
+    ops = [Op("convolution", "convolution", 2_000_000_000, 0),
+           Op("convolution", "convolution", 6_000_000_000, 0)]
+    kernels = [(CONVOLUTION[11], 0.0004), (BATCHNORM[4], 0.0001)]
+    report = {"device": "NVIDIA H100 80GB HBM3", "config": {"batch_size": 256},
+              **breakdown(kernels, kernels, 5),
+              "conv_passes": conv_passes(a_profiled_step(), cuda=True, steps=2)}
+    rates = achieved(report, ops)
+    assert rates["fprop_tflops"] == pytest.approx(8e9 / 0.16e-3 / 1e12)
+    assert rates["dgrad_tflops"] == pytest.approx(6e9 / 0.06e-3 / 1e12)
+    assert rates["wgrad_tflops"] == pytest.approx(8e9 / 0.12e-3 / 1e12)
+    assert rates["backward_tflops"] == pytest.approx(14e9 / (0.06 + 0.12 + 0.04) / 1e-3 / 1e12)
+    assert rates["unattributed_ms"] == pytest.approx(0.04) and rates["passes_upper_bounds"]
+    report["achieved"] = rates
+    lines = summary(report)
+    assert ("  convolution by pass: fprop 50.0 TFLOP/s, backward 63.6 TFLOP/s (dgrad at most "
+            "100.0, wgrad at most 66.7)") in lines
+    assert any(line.startswith("  unattributed convolution kernels: 0.040 ms per step")
+               for line in lines)
+    assert any(line.startswith("    unattributed       ") for line in lines)  # in the pass table
+
+
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
+def test_a_step_replayed_as_cuda_graphs_is_refused(mode, monkeypatch):
+    """Under CUDA graphs the kernels have no operator above them: the per-pass table would come out
+    empty."""
+    monkeypatch.setattr(profile_step, "profile_steps", lambda cfg: pytest.fail("profiled"))
+    done = refuse_in_process("benchmarks/profile_step.py", "--compile", "--compile_mode", mode)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert f"--compile_mode {mode} replays the step as CUDA graphs" in done.stderr
+    assert done.stdout == ""
+    parse_config(ProfileConfig, ["--compile", "--compile_mode", "max-autotune-no-cudagraphs"])
+    parse_config(ProfileConfig, ["--compile_mode", mode])  # without --compile nothing is compiled
+
+
+@pytest.mark.parametrize("where", ["missing/profile.json", "."])
+def test_out_is_checked_before_the_profile(tmp_path, monkeypatch, where):
+    """A file that cannot be written is refused before minutes of profiling, not after them."""
+    monkeypatch.setattr(profile_step, "profile_steps", lambda cfg: pytest.fail("profiled"))
+    out = tmp_path / where
+    done = refuse_in_process("benchmarks/profile_step.py", "--out", out)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "--out must be" in done.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing written
+    with pytest.raises(UsageError, match="--out must be a file's path"):
+        parse_config(ProfileConfig, ["--out", str(tmp_path)])
 
 
 def test_the_roofline_takes_the_slower_of_compute_and_memory():
@@ -200,6 +325,18 @@ def test_a_step_of_the_model_has_its_flops_and_the_bytes_of_its_tensors():
     assert {"convolution", "batchnorm", "elementwise", "classifier", "update"} <= {op.category for op in ops}
 
 
-def test_bandwidth_by_gpu_name():
-    assert bandwidth_tbs("NVIDIA H100 80GB HBM3") == 3.35 and bandwidth_tbs("NVIDIA H200") == 4.8
-    assert bandwidth_tbs("NVIDIA GH200 480GB") == 4.0 and bandwidth_tbs("Tesla V100-SXM2-16GB") is None
+# torch.cuda.get_device_name() as each GPU reports it (NVIDIA's driver list), its bandwidth in TB/s
+@pytest.mark.parametrize("name, expected", [
+    ("NVIDIA H100 80GB HBM3", 3.35), ("NVIDIA H100 PCIe", 2.0), ("NVIDIA H100 NVL", 3.9),
+    ("NVIDIA H200", 4.8), ("NVIDIA H200 NVL", 4.8),
+    ("NVIDIA GH200 480GB", 4.0), ("NVIDIA GH200 120GB", 4.0),  # 96 GB HBM3 (the size: Grace's)
+    ("NVIDIA GH200 144G HBM3e", 4.9),
+    ("NVIDIA A100-SXM4-40GB", 1.555), ("NVIDIA A100-PCIE-40GB", 1.555),
+    ("NVIDIA A100-SXM4-80GB", 2.039), ("NVIDIA A100 80GB PCIe", 1.935),
+    ("NVIDIA L40S", 0.864), ("NVIDIA GeForce RTX 4090", 1.008), ("NVIDIA GeForce RTX 3090", 0.936),
+    ("NVIDIA GeForce RTX 3090 Ti", None), ("NVIDIA GeForce RTX 4090 D", None),  # other cards
+    ("NVIDIA H100", None),  # not the 80 GB SXM5: the name does not say which H100
+    ("Tesla V100-SXM2-16GB", None),
+])
+def test_bandwidth_by_gpu_name(name, expected):
+    assert bandwidth_tbs(name) == expected
