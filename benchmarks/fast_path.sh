@@ -122,7 +122,8 @@ for name, r in runs.items():
     shares = [f"{100 * s['images_per_sec'] / bound[f'{key}_images_per_sec']:.1f}" if bound else "-"
               for key in ("op_by_op", "training_fused")]
     compile_s = f"{s['compile_time_s']:.0f}" if s["compile_time_s"] is not None else "-"
-    peak = "-" if s["peak_mem_gb"] is None else f"{s['peak_mem_gb']:.2f} ({s.get('peak_mem_reserved_gb') or 0:.2f})"
+    peak = "-" if s["peak_mem_gb"] is None else f"{s['peak_mem_gb']:.2f}"
+    peak += f" ({s['peak_mem_reserved_gb']:.2f})" if s.get("peak_mem_reserved_gb") is not None else ""
     print(f"| {name} | {s['images_per_sec']:.0f} | {ratio} | {1e3 * s['batch_time_p50']:.1f} "
           f"| {1e3 * s['batch_time_p90']:.1f} | {100 * s['data_wait_frac']:.2f} | {peak} | {mfu} "
           f"| {' | '.join(shares)} | {compile_s} |")
