@@ -263,7 +263,7 @@ def misfit_entry(state: dict, cfg: Config) -> str | None:
     checks += [(f"rng[{rank}]", _is_rng_state(entry), "not the random generators' states")
                for rank, entry in enumerate(state["rng"])]
     if "history" in state:
-        checks.append(("history", _is_history(state["history"], epoch), "not the run's seconds and windows"))
+        checks.append(("history", _is_history(state["history"]), "not the run's seconds and windows"))
     return next((f"{name!r} entry ({why})" for name, holds, why in checks if not holds), None)
 
 
@@ -281,15 +281,19 @@ def _is_rng_state(entry) -> bool:
             and len(python["state"]) == 625)
 
 
-def _is_history(history: dict, epoch: int) -> bool:
-    """Whether `history` has the shape checkpoint_state() gives it: what RunClock.load and restore() read."""
-    def seconds(value) -> bool:
-        return isinstance(value, (int, float)) and 0 <= value < math.inf
+def _is_history(history: dict) -> bool:
+    """Whether `history` has the shape checkpoint_state() gives it: what RunClock.load and restore() read. An
+    epoch's seconds may be None (not known); the epochs' list may be longer than the epochs done, as an earlier
+    version wrote it when --max_steps had cut an epoch (RunClock.load sorts that out)."""
+    def seconds(value, unknown=False) -> bool:
+        if value is None:
+            return unknown
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < math.inf
 
     times, sums, attempts = history.get("epoch_times_s"), history.get("epoch_sums"), history.get("attempts")
     return ((attempts is None or isinstance(attempts, int) and attempts >= 1)
-            and seconds(history.get("wall_time_s")) and seconds(history.get("epoch_time_s"))
-            and isinstance(times, list) and len(times) <= epoch + 1 and all(map(seconds, times))
+            and seconds(history.get("wall_time_s")) and seconds(history.get("epoch_time_s"), unknown=True)
+            and isinstance(times, list) and all(seconds(value, unknown=True) for value in times)
             and isinstance(sums, list) and len(sums) == Sums.SIZE
             and all(isinstance(value, (int, float)) for value in sums))
 
@@ -371,7 +375,7 @@ def restore(state: dict, run: Run, rank: int) -> None:
     run.scaler.load_state_dict(state["scaler"])
     run.epoch, run.batch, run.step, run.best_acc = state["epoch"], state["batch"], state["step"], state["best_acc"]
     history = state.get("history")  # None in a checkpoint written before checkpoints kept one
-    run.clock.load(history)  # so that the results cover the whole run, not this attempt alone
+    run.clock.load(history, run.epoch, run.batch)  # so that the results cover the whole run, not this attempt
     run.epoch_sums = Sums(history["epoch_sums"] if run.clock.attempts else None)  # epoch so far
     rng = state["rng"]
     set_rng_state(rng[rank] if rank < len(rng) else rng[0])

@@ -196,7 +196,7 @@ def train(run: Run, test_loader) -> None:
         train_one_epoch(run, epoch)
         if run.stop:  # the stop checkpoint keeps the epoch's time so far, ended or not
             return
-        epoch_seconds = run.clock.end_epoch()  # with the time earlier attempts spent on it
+        epoch_seconds = run.end_epoch()  # over every attempt; paused if --max_steps cut it short
         if not cfg.benchmark:  # --benchmark measures speed only: no evaluation, no checkpoint
             test = evaluate(cfg, run.raw_model, test_loader, run.device)
             run.record_test(epoch, test, epoch_seconds)
