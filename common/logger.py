@@ -8,6 +8,7 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import sys
 import time
 from pathlib import Path
@@ -104,14 +105,80 @@ def is_run_folder(folder: Path, earlier_runs: bool) -> bool:
     return earlier_runs and any((folder / name).is_file() for name in EARLIER_RUN_FILES)
 
 
-def claim_run_dir(run_dir: Path, cfg: Config):
+STARTED = "started afresh by: "  # the line of MARKER that names the job attempt that started the run afresh
+
+
+def this_attempt() -> dict | None:
+    """The job this process is an attempt of, and which attempt: a SLURM job keeps its id when it is requeued
+    (SLURM_RESTART_COUNT counts the requeues), torchrun (or the self-launch) its run id over the restarts of its
+    workers (TORCHELASTIC_RESTART_COUNT); torchrun's default run id ("none", without --rdzv_id) is told apart
+    by the agent, the worker's parent. None outside both: a run started by hand is no attempt of a job."""
+    env = os.environ
+    if env.get("SLURM_JOB_ID"):
+        job = f"SLURM job {env['SLURM_JOB_ID']}"
+    elif env.get("TORCHELASTIC_RUN_ID"):
+        job = f"torchrun {env['TORCHELASTIC_RUN_ID']}"
+        if env["TORCHELASTIC_RUN_ID"] == "none":
+            job += f" (agent {socket.gethostname()}:{os.getppid()})"
+    else:
+        return None
+    try:
+        attempt = [int(env.get("SLURM_RESTART_COUNT") or 0), int(env.get("TORCHELASTIC_RESTART_COUNT") or 0)]
+    except ValueError:
+        return None
+    return {"job": job, "attempt": attempt}
+
+
+def fresh_restart(run_dir: Path) -> bool:
+    """Whether this process is a later attempt (a requeue, an elastic restart) of the job that started the run in
+    `run_dir` afresh, with no checkpoint written since (a run resumed from one is marked without a starter):
+    what an earlier attempt of it logged is this run's, and lost to the kill, so it may start afresh again."""
+    now = this_attempt()
+    try:
+        lines = (run_dir / MARKER).read_text().splitlines()
+        started = next((json.loads(line[len(STARTED):]) for line in lines if line.startswith(STARTED)), None)
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return (now is not None and isinstance(started, dict) and started.get("job") == now["job"]
+            and isinstance(started.get("attempt"), list) and started["attempt"] < now["attempt"])
+
+
+def logged_curves(run_dir: Path) -> str | None:
+    """What TensorBoard curves the event files in `run_dir` hold, for a message ("TensorBoard curves to step 40"),
+    or None when they hold no point (an attempt that died before its first log window logs only its config). The
+    files are read record by record (TFRecord: the Event's length, a CRC, the Event, a CRC); one that cannot be
+    read is never taken for an empty one."""
+    from google.protobuf.message import DecodeError
+    from tensorboardX.proto.event_pb2 import Event
+
+    last = None
+    for path in sorted(run_dir.glob("events.out.tfevents.*")):
+        try:
+            with open(path, "rb") as events:
+                while len(header := events.read(12)) == 12:
+                    length = int.from_bytes(header[:8], "little")
+                    record = events.read(length)
+                    events.read(4)
+                    if len(record) < length:  # the last record, cut by a kill
+                        break
+                    event = Event.FromString(record)
+                    if any(value.HasField("simple_value") for value in event.summary.value):
+                        last = max(last or 0, event.step)
+        except (OSError, DecodeError):
+            return f"TensorBoard event files ({path.name} cannot be read)"
+    return None if last is None else f"TensorBoard curves to step {last}"
+
+
+def claim_run_dir(run_dir: Path, cfg: Config, started_by: dict | None = None):
     """Make `run_dir` this process's, for as long as the returned lock file stays open: a new folder is created
     exclusively (a second run started with the same --run_name at the same moment is refused), and an existing
     one (--resume, --overwrite) is locked, so a run whose folder is in use by a live run (an orphan, a second
     `--resume auto`) is refused in one line rather than writing beside it. The lock (a POSIX record lock, which
     a forked child such as a DataLoader worker does not inherit) dies with its process. Temporary files that a
     writer killed mid-write left behind are removed: no other process writes here now. The folder is marked as
-    a run's (MARKER), which --overwrite and --resume look for."""
+    a run's (MARKER), which --overwrite and --resume look for; the mark of a run started afresh names the job
+    attempt that started it (`started_by`, this_attempt()), so that a restart of that job before its first
+    checkpoint may start afresh again (fresh_restart)."""
     import fcntl
 
     fresh = not (cfg.resume or cfg.overwrite)
@@ -121,7 +188,6 @@ def claim_run_dir(run_dir: Path, cfg: Config):
     except FileExistsError:
         raise UsageError(f"run folder {run_dir} was created by another run a moment ago: choose another "
                          f"--run_name") from None
-    (run_dir / MARKER).write_text("A run folder of pytorch-multigpu: --overwrite may replace what is in it.\n")
     lock = open(run_dir / LOCK, "a+")
     try:
         fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -136,6 +202,10 @@ def claim_run_dir(run_dir: Path, cfg: Config):
     lock.truncate(0)
     lock.write(f"{os.getpid()}\n")
     lock.flush()
+    # marked once locked: the record of a fresh start is this process's, never one of a run refused here
+    started = f"{STARTED}{json.dumps(started_by)}\n" if started_by else ""
+    (run_dir / MARKER).write_text(f"A run folder of pytorch-multigpu: --overwrite may replace what is in it.\n"
+                                  f"{started}")
     for left in run_dir.glob(".*.tmp"):  # see write_atomically
         left.unlink(missing_ok=True)
     if cfg.overwrite:  # the folder's files go, its lock stays held
@@ -169,7 +239,8 @@ class RunLogger:
         from tensorboardX.proto.event_pb2 import Event, SessionLog
         from tensorboardX.summary import text
 
-        self.lock = claim_run_dir(run_dir, cfg)  # a resumed run adds to its folder; --overwrite empties it
+        # a resumed run adds to its folder; --overwrite empties it; a fresh start names its job's attempt
+        self.lock = claim_run_dir(run_dir, cfg, this_attempt() if resumed_step is None else None)
         self.events = EventsWriter(str(run_dir / "events"))  # a new file, beside earlier attempts'
         if cfg.resume:
             # with no checkpoint yet (--resume auto), nothing an earlier attempt logged was kept

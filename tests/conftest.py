@@ -64,6 +64,25 @@ def refuse_in_process(script: str, *args) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess([script, *map(str, args)], code or 0, out.getvalue(), err.getvalue())
 
 
+def train_in_process(script: str, *args, sigterm_at: int | None = None) -> subprocess.CompletedProcess:
+    """`python <script> args...` of single_gpu or data_parallel run inside this process, as refuse_in_process runs
+    it, but to the end of its training: a tiny run without the ~3 s of starting Python and importing torch. With
+    `sigterm_at`, a SIGTERM is noted at the log window of that step, as the signal handler notes one: the run
+    stops there with its checkpoint. (The signals themselves are tested on real processes.)"""
+    import common.loop
+
+    record_window = common.loop.Run.record_window
+
+    def record_then_signal(run, *window):
+        record_window(run, *window)
+        if run.step == sigterm_at:
+            run.signals.received = "SIGTERM"
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(common.loop.Run, "record_window", record_then_signal)
+        return refuse_in_process(script, *args)
+
+
 def read_results(run_dir: Path) -> dict:
     return json.loads((run_dir / "results.json").read_text())
 

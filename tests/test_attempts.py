@@ -15,9 +15,6 @@ log window as the signal handler would note it; fsdp runs as a user starts it (t
 """
 from __future__ import annotations
 
-import contextlib
-import importlib
-import io
 import re
 import statistics
 from dataclasses import dataclass
@@ -26,12 +23,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import common.loop
 import common.metrics
 from common.checkpoint import LAST, write_checkpoint
-from common.config import user_errors
 from common.metrics import RunClock
-from conftest import TINY, read_results, run_script
+from conftest import TINY, read_results, run_script, train_in_process
 
 SINGLE, FSDP = "single_gpu/train.py", "fsdp/train.py"
 # 256 images, global batch 32: 8 steps an epoch, 16 in two; a log window every 2 steps (and at --max_steps)
@@ -155,27 +150,11 @@ class Attempt:
 
 
 def train_here(run_dir: Path, *flags, sigterm_at: int | None = None) -> Attempt:
-    """single_gpu/train.py with FLAGS and `flags` into `run_dir`, inside this process; a SIGTERM noted by the
-    signal handler at the log window of step `sigterm_at`."""
-    module = importlib.import_module("single_gpu.train")
-    record_window = common.loop.Run.record_window
-
-    def record_then_signal(run, *args):
-        record_window(run, *args)
-        if run.step == sigterm_at:
-            run.signals.received = "SIGTERM"
-
-    out = io.StringIO()
-    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out), \
-            contextlib.redirect_stderr(out):
-        patch.setattr(common.loop.Run, "record_window", record_then_signal)
-        try:
-            with user_errors():
-                code = module.main([*map(str, FLAGS), *map(str, flags), "--log_dir", str(run_dir.parent),
-                                    "--run_name", run_dir.name])
-        except SystemExit as exit_:
-            code = exit_.code
-    return left_by(run_dir, code, out.getvalue())
+    """single_gpu/train.py with FLAGS and `flags` into `run_dir`, inside this process; a SIGTERM noted at the log
+    window of step `sigterm_at`."""
+    done = train_in_process(SINGLE, *FLAGS, *flags, "--log_dir", run_dir.parent, "--run_name", run_dir.name,
+                            sigterm_at=sigterm_at)
+    return left_by(run_dir, done.returncode, done.stdout + done.stderr)
 
 
 def left_by(run_dir: Path, code: int, output: str) -> Attempt:
