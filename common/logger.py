@@ -241,14 +241,18 @@ class RunLogger:
 
         # a resumed run adds to its folder; --overwrite empties it; a fresh start names its job's attempt
         self.lock = claim_run_dir(run_dir, cfg, this_attempt() if resumed_step is None else None)
-        self.events = EventsWriter(str(run_dir / "events"))  # a new file, beside earlier attempts'
+        # a new file, beside earlier attempts': tensorboardX names it by the second and opens it with "wb", so
+        # an attempt started in the second of an earlier one would empty that one's; the nanosecond keeps it
+        # apart, and in the order of the attempts (TensorBoard reads the files in the order of their names)
+        self.events = EventsWriter(str(run_dir / "events"), filename_suffix=f".{time.time_ns()}")
         if cfg.resume:
             # with no checkpoint yet (--resume auto), nothing an earlier attempt logged was kept
             purge_step = 0 if resumed_step is None else resumed_step + 1
             self._write(Event(step=purge_step, session_log=SessionLog(status=SessionLog.START)))
         config = "\n".join(f"    {k}: {v}" for k, v in dataclasses.asdict(cfg).items())
-        # the config this attempt trains with, from the step it starts at
-        self._write(Event(step=resumed_step or 0, summary=text("config", config)))
+        # the config this attempt trains with, at the first step it trains: an attempt killed before its first
+        # checkpoint is purged by the next one, resumed from the same checkpoint, config and all
+        self._write(Event(step=0 if resumed_step is None else resumed_step + 1, summary=text("config", config)))
         self.events.flush()
 
     def _write(self, event) -> None:
