@@ -174,11 +174,12 @@ def train_one_epoch(run: Run, epoch: int) -> None:
         run.batch = index
         run.console.update()
         last = index == len(loader) or cfg.reached_max_steps(run.step)
-        if index % cfg.log_interval == 0 or last:
-            run.epoch_sums += log_window(run, epoch, index)
+        checkpoint_due = cfg.checkpoint_interval and run.step % cfg.checkpoint_interval == 0
+        if index % cfg.log_interval == 0 or last or checkpoint_due:  # a checkpoint ends a window:
+            run.epoch_sums += log_window(run, epoch, index)  # it holds every step's figures
         if last or run.stop:
             break
-        if cfg.checkpoint_interval and run.step % cfg.checkpoint_interval == 0:
+        if checkpoint_due:
             save_checkpoint(run)
     run.console.close()
 

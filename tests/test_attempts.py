@@ -8,7 +8,10 @@
 3. a chain of five attempts as users make them: single_gpu stopped by --max_steps, fsdp on 2 processes resumed
    and stopped by a larger --max_steps, single_gpu stopped by SIGTERM, then by --max_steps in the next epoch, then
    to the end: every checkpoint resumes, each holds one time per epoch done, and results.json's epoch_time_s is
-   the mean of whole epochs only (null, with a note that says what there is, when no epoch was whole).
+   the mean of whole epochs only (null, with a note that says what there is, when no epoch was whole);
+4. a checkpoint written between two log windows (--checkpoint_interval, a DataLoader worker that died) ends a
+   window first: it holds the figures of every step it holds, and the run resumed from it reports the training
+   loss and accuracy the uninterrupted run reports (the steps after the last window were lost to both attempts).
 
 The single_gpu attempts run inside this process (main() as its __main__ block runs it), a SIGTERM injected at a
 log window as the signal handler would note it; fsdp runs as a user starts it (two processes, gloo).
@@ -26,7 +29,7 @@ import torch
 import common.metrics
 from common.checkpoint import LAST, write_checkpoint
 from common.metrics import RunClock
-from conftest import TINY, read_results, run_script, train_in_process
+from conftest import TINY, read_results, read_scalars, run_script, train_in_process
 
 SINGLE, FSDP = "single_gpu/train.py", "fsdp/train.py"
 # 256 images, global batch 32: 8 steps an epoch, 16 in two; a log window every 2 steps (and at --max_steps)
@@ -231,3 +234,62 @@ def test_a_checkpoint_an_earlier_version_damaged_resumes(chain, tmp_path):
     assert resumed.checkpoint["history"]["epoch_times_s"][0] is None
     assert summary["epoch_time_s"] == pytest.approx(resumed.checkpoint["history"]["epoch_times_s"][1])
     assert summary["epoch_time_note"].startswith("the mean of 1 of the 2 epochs trained")
+
+
+# ---------------------------------------------------------------------------------------------------- 4. windows
+def written_checkpoints(patch: pytest.MonkeyPatch) -> dict[int, bytes]:
+    """Every checkpoint file the run writes from now on, by step."""
+    import common.checkpoint
+
+    files, write = {}, common.checkpoint.write_checkpoint
+
+    def keep(run_dir, state, best):
+        path = write(run_dir, state, best)
+        files[state["step"]] = path.read_bytes()
+        return path
+
+    patch.setattr(common.checkpoint, "write_checkpoint", keep)
+    return files
+
+
+def test_an_interval_checkpoint_holds_the_figures_of_every_step(tmp_path):
+    """A window every 2 steps, a checkpoint every 3: the checkpoint at step 3 ends a window there (step 3's loss
+    used to be in no checkpoint, and in no attempt's results or curves once resumed from it)."""
+    flags = [*TINY, "--log_interval", 2, "--checkpoint_interval", 3, "--no_progress", "--log_dir", tmp_path]
+    with pytest.MonkeyPatch.context() as patch:
+        files = written_checkpoints(patch)
+        whole = train_in_process(SINGLE, *flags, "--run_name", "whole")
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    (tmp_path / "resumed").mkdir()
+    (tmp_path / "resumed" / LAST).write_bytes(files[3])
+    images = torch.load(tmp_path / "resumed" / LAST, weights_only=True)["history"]["epoch_sums"][2]
+    assert images == 3 * 32  # those of steps 1 to 3
+    assert [step for step, _ in read_scalars(tmp_path / "whole")["train/loss"]] == [2, 3, 4, 6, 8]
+    resumed = train_in_process(SINGLE, *flags, "--run_name", "resumed", "--resume", "auto")
+    assert resumed.returncode == 0 and "resumed at step 3 " in resumed.stdout, resumed.stdout + resumed.stderr
+    for figure in ("train_loss", "train_acc"):
+        assert read_results(tmp_path / "resumed")["summary"][figure] == pytest.approx(
+            read_results(tmp_path / "whole")["summary"][figure], rel=1e-12), figure
+
+
+def test_a_dead_loader_worker_checkpoint_holds_the_figures_of_every_step(tmp_path):
+    """A DataLoader worker found dead before step 4 (a window every 2 steps): the run stops with a checkpoint at
+    step 3 whose figures include step 3, as a signal's would."""
+    from common.data import LoaderWorkerDied
+    from common.metrics import StepTimer
+
+    timed = StepTimer.timed
+
+    def dies_before_step_4(timer, loader):
+        for number, batch in enumerate(timed(timer, loader), start=1):
+            if number == 4:
+                raise LoaderWorkerDied("DataLoader worker (pid 1) is killed by signal: Killed")
+            yield batch
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(StepTimer, "timed", dies_before_step_4)
+        done = train_in_process(SINGLE, *TINY, "--log_interval", 2, "--no_progress", "--log_dir", tmp_path,
+                                "--run_name", "died")
+    assert done.returncode == 1 and "stopped at step 3" in done.stderr, done.stdout + done.stderr
+    state = torch.load(tmp_path / "died" / LAST, weights_only=True)
+    assert state["step"] == 3 and state["history"]["epoch_sums"][2] == 3 * 32
