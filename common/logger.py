@@ -137,10 +137,9 @@ def fresh_restart(run_dir: Path) -> bool:
     try:
         lines = (run_dir / MARKER).read_text().splitlines()
         started = next((json.loads(line[len(STARTED):]) for line in lines if line.startswith(STARTED)), None)
-    except (OSError, UnicodeDecodeError, ValueError):
+        return now is not None and started["job"] == now["job"] and started["attempt"] < now["attempt"]
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError):  # no mark, or one edited by hand
         return False
-    return (now is not None and isinstance(started, dict) and started.get("job") == now["job"]
-            and isinstance(started.get("attempt"), list) and started["attempt"] < now["attempt"])
 
 
 def logged_curves(run_dir: Path) -> str | None:
@@ -155,12 +154,13 @@ def logged_curves(run_dir: Path) -> str | None:
     for path in sorted(run_dir.glob("events.out.tfevents.*")):
         try:
             with open(path, "rb") as events:
+                size = os.fstat(events.fileno()).st_size
                 while len(header := events.read(12)) == 12:
                     length = int.from_bytes(header[:8], "little")
+                    if events.tell() + length > size:  # the last record, cut by a kill
+                        break
                     record = events.read(length)
                     events.read(4)
-                    if len(record) < length:  # the last record, cut by a kill
-                        break
                     event = Event.FromString(record)
                     if any(value.HasField("simple_value") for value in event.summary.value):
                         last = max(last or 0, event.step)

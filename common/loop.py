@@ -143,6 +143,8 @@ class Run:
         if known and len(known) == len(times):
             return None
         if not times:
+            if not self.batch:  # nothing trained: --evaluate
+                return None
             limit = "--benchmark's steps" if self.cfg.benchmark else f"--max_steps {self.cfg.max_steps}"
             seconds = self.clock.epoch_earlier
             timed = "in a time not known" if seconds is None else f"in {seconds:.3g} s"

@@ -219,6 +219,15 @@ def test_epoch_time_is_the_mean_of_whole_epochs_only(chain):
     assert last.results["resumed"]["attempts"] == 5
 
 
+def test_an_evaluation_has_no_epoch_and_says_nothing_of_one(chain, tmp_path):
+    torch.save(chain[-1].checkpoint["model"], tmp_path / "model.pt")
+    done = train_in_process(SINGLE, *TINY, "--evaluate", tmp_path / "model.pt", "--log_dir", tmp_path,
+                            "--run_name", "evaluated")
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = read_results(tmp_path / "evaluated")["summary"]
+    assert summary["steps"] == 0 and summary["epoch_time_s"] is None and summary["epoch_time_note"] is None
+
+
 def test_a_checkpoint_an_earlier_version_damaged_resumes(chain, tmp_path):
     """The checkpoint the bug left (an epoch cut twice by --max_steps, its two parts recorded as two epochs) resumes
     and finishes; the epoch's seconds cannot be told apart, and results.json says so."""
