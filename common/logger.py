@@ -111,15 +111,14 @@ STARTED = "started afresh by: "  # the line of MARKER that names the job attempt
 def this_attempt() -> dict | None:
     """The job this process is an attempt of, and which attempt: a SLURM job keeps its id when it is requeued
     (SLURM_RESTART_COUNT counts the requeues), torchrun (or the self-launch) its run id over the restarts of its
-    workers (TORCHELASTIC_RESTART_COUNT); torchrun's default run id ("none", without --rdzv_id) is told apart
-    by the agent, the worker's parent. None outside both: a run started by hand is no attempt of a job."""
+    workers (TORCHELASTIC_RESTART_COUNT) and its agent (the worker's parent, which restarts it; a run id is
+    "none" without --rdzv_id, or one given by hand to many launches). None outside both: a run started by hand
+    is no attempt of a job."""
     env = os.environ
     if env.get("SLURM_JOB_ID"):
         job = f"SLURM job {env['SLURM_JOB_ID']}"
-    elif env.get("TORCHELASTIC_RUN_ID"):
-        job = f"torchrun {env['TORCHELASTIC_RUN_ID']}"
-        if env["TORCHELASTIC_RUN_ID"] == "none":
-            job += f" (agent {socket.gethostname()}:{os.getppid()})"
+    elif env.get("TORCHELASTIC_RUN_ID"):  # and the agent: a run id given by hand may name many launches
+        job = f"torchrun {env['TORCHELASTIC_RUN_ID']} (agent {socket.gethostname()}:{os.getppid()})"
     else:
         return None
     try:

@@ -296,6 +296,9 @@ ATTEMPT = ("SLURM_JOB_ID", "SLURM_RESTART_COUNT", "TORCHELASTIC_RUN_ID", "TORCHE
     ({"SLURM_JOB_ID": "41"}, {"SLURM_JOB_ID": "41"}, False),  # run again by hand in the same allocation
     ({"SLURM_JOB_ID": "41"}, {"SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "1"}, False),
     ({}, {}, False),  # by hand, twice
+    # a run id given by hand (--rdzv_id exp1) to two launches: the second's restart is not the first's
+    ({"TORCHELASTIC_RUN_ID": "exp1", "agent": 100},
+     {"TORCHELASTIC_RUN_ID": "exp1", "TORCHELASTIC_RESTART_COUNT": "1", "agent": 200}, False),
     ({}, {"TORCHELASTIC_RUN_ID": "r1", "TORCHELASTIC_RESTART_COUNT": "1"}, False),
 ])
 def test_only_a_later_attempt_of_the_job_that_started_it_starts_afresh_again(tmp_path, monkeypatch, first, now,
@@ -303,17 +306,21 @@ def test_only_a_later_attempt_of_the_job_that_started_it_starts_afresh_again(tmp
     """An attempt that logged a window and died before its first checkpoint (kill -9, a node lost): the job's
     restart (torchrun --max-restarts, a SLURM requeue) starts afresh, as before; anything else is refused."""
     cfg = parse_config(Config, [*TINY, "--log_dir", str(tmp_path), "--run_name", "run", "--resume", "auto"])
-    for name in ATTEMPT:
-        monkeypatch.delenv(name, raising=False)
-    for name, value in first.items():
-        monkeypatch.setenv(name, value)
+
+    def attempt_of(env: dict) -> None:  # this process as a worker with `env` (its agent's pid as "agent")
+        for name in ATTEMPT:
+            monkeypatch.delenv(name, raising=False)
+        for name, value in env.items():
+            if name == "agent":
+                monkeypatch.setattr(os, "getppid", lambda: value)
+            else:
+                monkeypatch.setenv(name, value)
+
+    attempt_of(first)
     logger = RunLogger(tmp_path / "run", cfg, "single_gpu", world_size=1)
     logger.scalars(4, {"train/loss": 2.3})
     logger.close()
-    for name in ATTEMPT:
-        monkeypatch.delenv(name, raising=False)
-    for name, value in now.items():
-        monkeypatch.setenv(name, value)
+    attempt_of(now)
     if afresh:
         refuse_fresh_start(cfg, tmp_path / "run")
     else:
