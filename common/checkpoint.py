@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from common.config import Config, RunError, UsageError, file_system_error
-from common.logger import write_atomically
+from common.logger import fresh_restart, logged_curves, write_atomically
 from common.metrics import Sums
 from common.state import all_finite, load_model_state, load_optimizer_state, model_state, optimizer_state
 from models.aligned import paper_shapes
@@ -45,7 +45,7 @@ if TYPE_CHECKING:  # the loop's state, which imports this module
 
 FORMAT = "pytorch-multigpu checkpoint v2"  # v2: with the checksum of its contents
 EARLIER_FORMAT = "pytorch-multigpu checkpoint v1"  # the same contents without a checksum: resumed, unverified
-LAST, BEST, RESULTS = "checkpoint.pt", "best.pt", "results.json"
+LAST, BEST, RESULTS, MODEL = "checkpoint.pt", "best.pt", "results.json", "model.pt"
 # The flags that decide what training computes: a checkpoint resumes only under the same values. Flags of
 # logging, speed measurement and hardware may change (a restart on other GPUs, a longer --max_steps).
 MUST_MATCH = ("depth", "alpha", "block", "width_multiple", "dataset", "synthetic_size", "batch_size", "epochs", "lr",
@@ -189,11 +189,52 @@ def resume_file(cfg: Config, run_dir: Path) -> Path | None:
 def resume_checkpoint(cfg: Config, run_dir: Path) -> dict | None:
     """The checkpoint this run resumes from, loaded and checked; None for a fresh start. With --resume auto, a run
     that finished and whose checkpoint.pt was deleted since (to save space) is known by its results.json: what
-    it gives is a run that has ended, never a fresh start that would replace what it wrote."""
+    it gives is a run that has ended, never a fresh start that would replace what it wrote. An unfinished one
+    without its checkpoint.pt is refused (refuse_fresh_start)."""
     path = resume_file(cfg, run_dir)
     if path is None and cfg.resume == "auto" and (run_dir / RESULTS).is_file():
         return {"finished": True, "file": str(run_dir / RESULTS)}
+    if path is None:
+        refuse_fresh_start(cfg, run_dir)
     return load_checkpoint(path, cfg) if path is not None else None
+
+
+def refuse_fresh_start(cfg: Config, run_dir: Path) -> None:
+    """--resume auto on a folder without a checkpoint.pt starts the run afresh, which replaces what is there. A
+    folder that holds an earlier run's work (best.pt, model.pt, TensorBoard curves) is refused in one line that
+    says what is there and what to do, before anything is written: resume from best.pt where these flags can,
+    another --run_name, or --overwrite. A later attempt of the job that started the run afresh (a requeue, an
+    elastic restart) whose earlier attempts died before their first checkpoint starts afresh again: what they
+    logged is lost with their steps (their curves are purged)."""
+    if cfg.resume != "auto" or not run_dir.is_dir() or (run_dir / LAST).exists() or (run_dir / RESULTS).exists():
+        return
+    weights = [name for name in (BEST, MODEL) if (run_dir / name).is_file()]
+    curves = logged_curves(run_dir)
+    if not weights and (curves is None or fresh_restart(run_dir)):
+        return
+    held = [*weights, *([curves] if curves else [])]
+    best = resumable(run_dir / BEST, cfg) if BEST in weights else None
+    then = (f"continue from {BEST} (step {best['step']}) with --resume {run_dir / BEST} in place of --resume "
+            f"auto, " if best else "")
+    raise UsageError(f"--resume auto: run folder {run_dir} has no {LAST} to resume, but {' and '.join(held)} of "
+                     f"an earlier run, which a fresh start would replace: {then}choose another --run_name, or "
+                     f"start afresh with --overwrite in place of --resume auto")
+
+
+def resumable(path: Path, cfg: Config) -> dict | None:
+    """The checkpoint at `path` if this run could resume from it (it loads, fits these flags, and has training
+    left); None if not. --amp not yet resolved for a device (a launcher, before its workers) is not compared."""
+    try:
+        if cfg.amp is None:
+            try:
+                saved = torch.load(path, map_location="cpu", weights_only=True)["config"]["amp"]
+            except Exception:  # whatever is wrong with the file, load_checkpoint says it
+                saved = None
+            cfg = dataclasses.replace(cfg, amp=saved)
+        state = load_checkpoint(path, cfg)
+    except UsageError:
+        return None
+    return None if has_ended(state, cfg) else state
 
 
 # What checkpoint_state writes besides the format, and the type of each: a file without one is refused by its name.
@@ -264,7 +305,7 @@ def misfit_entry(state: dict, cfg: Config) -> str | None:
     checks += [(f"rng[{rank}]", _is_rng_state(entry), "not the random generators' states")
                for rank, entry in enumerate(state["rng"])]
     if "history" in state:
-        checks.append(("history", _is_history(state["history"], epoch), "not the run's seconds and windows"))
+        checks.append(("history", _is_history(state["history"]), "not the run's seconds and windows"))
     return next((f"{name!r} entry ({why})" for name, holds, why in checks if not holds), None)
 
 
@@ -282,15 +323,19 @@ def _is_rng_state(entry) -> bool:
             and len(python["state"]) == 625)
 
 
-def _is_history(history: dict, epoch: int) -> bool:
-    """Whether `history` has the shape checkpoint_state() gives it: what RunClock.load and restore() read."""
-    def seconds(value) -> bool:
-        return isinstance(value, (int, float)) and 0 <= value < math.inf
+def _is_history(history: dict) -> bool:
+    """Whether `history` has the shape checkpoint_state() gives it: what RunClock.load and restore() read. An
+    epoch's seconds may be None (not known); the epochs' list may be longer than the epochs done, as an earlier
+    version wrote it when --max_steps had cut an epoch (RunClock.load sorts that out)."""
+    def seconds(value, unknown=False) -> bool:
+        if value is None:
+            return unknown
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < math.inf
 
     times, sums, attempts = history.get("epoch_times_s"), history.get("epoch_sums"), history.get("attempts")
     return ((attempts is None or isinstance(attempts, int) and attempts >= 1)
-            and seconds(history.get("wall_time_s")) and seconds(history.get("epoch_time_s"))
-            and isinstance(times, list) and len(times) <= epoch + 1 and all(map(seconds, times))
+            and seconds(history.get("wall_time_s")) and seconds(history.get("epoch_time_s"), unknown=True)
+            and isinstance(times, list) and all(seconds(value, unknown=True) for value in times)
             and isinstance(sums, list) and len(sums) == Sums.SIZE
             and all(isinstance(value, (int, float)) for value in sums))
 
@@ -372,7 +417,7 @@ def restore(state: dict, run: Run, rank: int) -> None:
     run.scaler.load_state_dict(state["scaler"])
     run.epoch, run.batch, run.step, run.best_acc = state["epoch"], state["batch"], state["step"], state["best_acc"]
     history = state.get("history")  # None in a checkpoint written before checkpoints kept one
-    run.clock.load(history)  # so that the results cover the whole run, not this attempt alone
+    run.clock.load(history, run.epoch, run.batch)  # so that the results cover the whole run, not this attempt
     run.epoch_sums = Sums(history["epoch_sums"] if run.clock.attempts else None)  # epoch so far
     rng = state["rng"]
     set_rng_state(rng[rank] if rank < len(rng) else rng[0])

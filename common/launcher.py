@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from common.checkpoint import refuse_fresh_start
 from common.config import UsageError
 from common.devices import cuda_devices
 from common.guards import check_launch
@@ -121,7 +122,8 @@ def self_launch(cfg, script: str, argv, mode: str) -> int:
     if gpus and nproc > len(gpus):
         raise UsageError(f"--nproc_per_node {nproc} is more than the {len(gpus)} GPUs available: one process per GPU")
     check_launch(cfg, mode, nproc)
-    resolve_run_dir(cfg, mode, nproc)
+    run_dir = resolve_run_dir(cfg, mode, nproc)
+    refuse_fresh_start(cfg, run_dir)  # in one line before any worker starts (and is restarted)
     os.environ.setdefault("OMP_NUM_THREADS", str(max((os.cpu_count() or 1) // nproc, 1)))  # share the cores
     return launch_workers(script, sys.argv[1:] if argv is None else [str(arg) for arg in argv], nproc,
                           cfg.max_restarts)

@@ -8,6 +8,7 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import sys
 import time
 from pathlib import Path
@@ -23,7 +24,7 @@ from common.telemetry import environment
 SUMMARY_FIELDS = ("images_per_sec", "images_per_sec_per_gpu", "batch_time_p50", "batch_time_p90", "data_wait_frac",
                   "flops_per_image", "mfu", "mfu_note", "first_step_s", "compile_time_s", "gpu_util_mean",
                   "peak_mem_gb", "peak_mem_reserved_gb", "train_loss", "train_acc", "test_loss", "test_acc",
-                  "test_images", "epoch_time_s", "wall_time_s", "steps")
+                  "test_images", "epoch_time_s", "epoch_time_note", "wall_time_s", "steps")
 # What a resumed run reports of its last attempt alone: the figures of the hardware it ran on
 # (speed, utilisation, memory), that of results.json's `env` (a restart may run on other GPUs).
 # Every other figure covers the whole run. (The peak_mem_*_per_gpu are beside the summary.)
@@ -105,14 +106,79 @@ def is_run_folder(folder: Path, earlier_runs: bool) -> bool:
     return earlier_runs and any((folder / name).is_file() for name in EARLIER_RUN_FILES)
 
 
-def claim_run_dir(run_dir: Path, cfg: Config):
+STARTED = "started afresh by: "  # the line of MARKER that names the job attempt that started the run afresh
+
+
+def this_attempt() -> dict | None:
+    """The job this process is an attempt of, and which attempt: a SLURM job keeps its id when it is requeued
+    (SLURM_RESTART_COUNT counts the requeues), torchrun (or the self-launch) its run id over the restarts of its
+    workers (TORCHELASTIC_RESTART_COUNT) and its agent (the worker's parent, which restarts it; a run id is
+    "none" without --rdzv_id, or one given by hand to many launches). None outside both: a run started by hand
+    is no attempt of a job."""
+    env = os.environ
+    if env.get("SLURM_JOB_ID"):
+        job = f"SLURM job {env['SLURM_JOB_ID']}"
+    elif env.get("TORCHELASTIC_RUN_ID"):  # and the agent: a run id given by hand may name many launches
+        job = f"torchrun {env['TORCHELASTIC_RUN_ID']} (agent {socket.gethostname()}:{os.getppid()})"
+    else:
+        return None
+    try:
+        attempt = [int(env.get("SLURM_RESTART_COUNT") or 0), int(env.get("TORCHELASTIC_RESTART_COUNT") or 0)]
+    except ValueError:
+        return None
+    return {"job": job, "attempt": attempt}
+
+
+def fresh_restart(run_dir: Path) -> bool:
+    """Whether this process is a later attempt (a requeue, an elastic restart) of the job that started the run in
+    `run_dir` afresh, with no checkpoint written since (a run resumed from one is marked without a starter):
+    what an earlier attempt of it logged is this run's, and lost to the kill, so it may start afresh again."""
+    now = this_attempt()
+    try:
+        lines = (run_dir / MARKER).read_text().splitlines()
+        started = next((json.loads(line[len(STARTED):]) for line in lines if line.startswith(STARTED)), None)
+        return now is not None and started["job"] == now["job"] and started["attempt"] < now["attempt"]
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError):  # no mark, or one edited by hand
+        return False
+
+
+def logged_curves(run_dir: Path) -> str | None:
+    """What TensorBoard curves the event files in `run_dir` hold, for a message ("TensorBoard curves to step 40"),
+    or None when they hold no point (an attempt that died before its first log window logs only its config). The
+    files are read record by record (TFRecord: the Event's length, a CRC, the Event, a CRC); one that cannot be
+    read is never taken for an empty one."""
+    from google.protobuf.message import DecodeError
+    from tensorboardX.proto.event_pb2 import Event
+
+    last = None
+    for path in sorted(run_dir.glob("events.out.tfevents.*")):
+        try:
+            with open(path, "rb") as events:
+                size = os.fstat(events.fileno()).st_size
+                while len(header := events.read(12)) == 12:
+                    length = int.from_bytes(header[:8], "little")
+                    if events.tell() + length > size:  # the last record, cut by a kill
+                        break
+                    record = events.read(length)
+                    events.read(4)
+                    event = Event.FromString(record)
+                    if any(value.HasField("simple_value") for value in event.summary.value):
+                        last = max(last or 0, event.step)
+        except (OSError, DecodeError):
+            return f"TensorBoard event files ({path.name} cannot be read)"
+    return None if last is None else f"TensorBoard curves to step {last}"
+
+
+def claim_run_dir(run_dir: Path, cfg: Config, started_by: dict | None = None):
     """Make `run_dir` this process's, for as long as the returned lock file stays open: a new folder is created
     exclusively (a second run started with the same --run_name at the same moment is refused), and an existing
     one (--resume, --overwrite) is locked, so a run whose folder is in use by a live run (an orphan, a second
     `--resume auto`) is refused in one line rather than writing beside it. The lock (a POSIX record lock, which
     a forked child such as a DataLoader worker does not inherit) dies with its process. Temporary files that a
     writer killed mid-write left behind are removed: no other process writes here now. The folder is marked as
-    a run's (MARKER), which --overwrite and --resume look for."""
+    a run's (MARKER), which --overwrite and --resume look for; the mark of a run started afresh names the job
+    attempt that started it (`started_by`, this_attempt()), so that a restart of that job before its first
+    checkpoint may start afresh again (fresh_restart)."""
     import fcntl
 
     fresh = not (cfg.resume or cfg.overwrite)
@@ -122,7 +188,6 @@ def claim_run_dir(run_dir: Path, cfg: Config):
     except FileExistsError:
         raise UsageError(f"run folder {run_dir} was created by another run a moment ago: choose another "
                          f"--run_name") from None
-    (run_dir / MARKER).write_text("A run folder of pytorch-multigpu: --overwrite may replace what is in it.\n")
     lock = open(run_dir / LOCK, "a+")
     try:
         fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -137,6 +202,10 @@ def claim_run_dir(run_dir: Path, cfg: Config):
     lock.truncate(0)
     lock.write(f"{os.getpid()}\n")
     lock.flush()
+    # marked once locked: the record of a fresh start is this process's, never one of a run refused here
+    started = f"{STARTED}{json.dumps(started_by)}\n" if started_by else ""
+    (run_dir / MARKER).write_text(f"A run folder of pytorch-multigpu: --overwrite may replace what is in it.\n"
+                                  f"{started}")
     for left in run_dir.glob(".*.tmp"):  # see write_atomically
         left.unlink(missing_ok=True)
     if cfg.overwrite:  # the folder's files go, its lock stays held
@@ -170,15 +239,20 @@ class RunLogger:
         from tensorboardX.proto.event_pb2 import Event, SessionLog
         from tensorboardX.summary import text
 
-        self.lock = claim_run_dir(run_dir, cfg)  # a resumed run adds to its folder; --overwrite empties it
-        self.events = EventsWriter(str(run_dir / "events"))  # a new file, beside earlier attempts'
+        # a resumed run adds to its folder; --overwrite empties it; a fresh start names its job's attempt
+        self.lock = claim_run_dir(run_dir, cfg, this_attempt() if resumed_step is None else None)
+        # a new file, beside earlier attempts': tensorboardX names it by the second and opens it with "wb", so
+        # an attempt started in the second of an earlier one would empty that one's; the nanosecond keeps it
+        # apart, and in the order of the attempts (TensorBoard reads the files in the order of their names)
+        self.events = EventsWriter(str(run_dir / "events"), filename_suffix=f".{time.time_ns()}")
         if cfg.resume:
             # with no checkpoint yet (--resume auto), nothing an earlier attempt logged was kept
             purge_step = 0 if resumed_step is None else resumed_step + 1
             self._write(Event(step=purge_step, session_log=SessionLog(status=SessionLog.START)))
         config = "\n".join(f"    {k}: {v}" for k, v in dataclasses.asdict(cfg).items())
-        # the config this attempt trains with, from the step it starts at
-        self._write(Event(step=resumed_step or 0, summary=text("config", config)))
+        # the config this attempt trains with, at the first step it trains: an attempt killed before its first
+        # checkpoint is purged by the next one, resumed from the same checkpoint, config and all
+        self._write(Event(step=0 if resumed_step is None else resumed_step + 1, summary=text("config", config)))
         self.events.flush()
 
     def _write(self, event) -> None:

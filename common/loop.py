@@ -88,12 +88,21 @@ class Run:
                                       sums.acc, sums.batch_time, sums.data_frac, rate))
         self.console.update(0, loss=f"{sums.loss:.3f}", acc=f"{100 * sums.acc:.1f}%", img_s=f"{rate or 0:.0f}")
 
-    def record_test(self, epoch: int, test: Test, epoch_seconds: float) -> None:
+    def end_epoch(self) -> float | None:
+        """Stop the epoch's clock after its training: its seconds over every attempt that trained part
+        of it (None: not known). An epoch that --max_steps cut short is paused, not counted as one of
+        the run's epochs: the attempt that resumes it goes on with its seconds."""
+        return self.clock.end_epoch(whole=self.batch == len(self.train_loader))
+
+    def record_test(self, epoch: int, test: Test, epoch_seconds: float | None) -> None:
         """An epoch's test loss and accuracy, on the terminal and in TensorBoard."""
         self.test = test
         self.logger.scalars(self.step, {"test/loss": test[0], "test/acc": test[1]})
+        timed = "time not known" if epoch_seconds is None else f"{epoch_seconds:.1f}s"
+        batches = len(self.train_loader)
+        cut = "" if self.batch == batches else f" ({self.batch} of {batches} batches)"  # --max_steps
         self.console.line(f"Epoch {epoch + 1}/{self.cfg.epochs} test loss {test[0]:.3f} acc "
-                          f"{100 * test[1]:.2f}% ({test[2]} images) epoch {epoch_seconds:.1f}s")
+                          f"{100 * test[1]:.2f}% ({test[2]} images) epoch {timed}{cut}")
 
     def record_evaluation(self, test: Test) -> None:
         """--evaluate's one evaluation of saved weights, said."""
@@ -116,6 +125,7 @@ class Run:
             "test_acc": self.test[1],
             "test_images": self.test[2] or None,
             "epoch_time_s": self.clock.epoch_time(),  # with wall_time_s: over every attempt
+            "epoch_time_note": self.epoch_time_note(),
             "wall_time_s": self.clock.wall_time(),
             "steps": self.step}
         if group:
@@ -127,6 +137,24 @@ class Run:
             peak_mem_reserved_gb_per_gpu={str(i): peak.reserved for i, peak in peaks.items()})
         self.console.line(speed_line(summary))
         self.console.line(f"results in {path}")
+
+    def epoch_time_note(self) -> str | None:
+        """What epoch_time_s is when it is not the mean of every epoch the run trained (None then): the
+        mean of whole epochs only, so a run that --max_steps ended before any epoch's end has none."""
+        times = self.clock.epoch_times
+        known = [seconds for seconds in times if seconds is not None]
+        if known and len(known) == len(times):
+            return None
+        if not times:
+            if not self.batch:  # nothing trained: --evaluate
+                return None
+            limit = "--benchmark's steps" if self.cfg.benchmark else f"--max_steps {self.cfg.max_steps}"
+            seconds = self.clock.epoch_earlier
+            timed = "in a time not known" if seconds is None else f"in {seconds:.3g} s"
+            return (f"no epoch was trained to its end: {limit} stopped the run at batch {self.batch} of "
+                    f"{len(self.train_loader)} of epoch {self.epoch + 1}, trained {timed}")
+        return (f"the mean of {len(known)} of the {len(times)} epochs trained: the others' seconds were not "
+                f"kept (a checkpoint this run resumed from did not hold them)")
 
     def close(self) -> None:
         """The teardown, whatever ended the run: the signal handlers back, the NVML sampler stopped, the event

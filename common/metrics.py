@@ -192,54 +192,80 @@ def window_sums(meter: TrainMeter, timer: StepTimer) -> torch.Tensor:
 
 
 class RunClock:
-    """The run's wall time and epoch times, whole when the run is made of attempts (stopped or
-    killed, then resumed): a checkpoint keeps the seconds up to it, and the attempt that resumes
-    from it adds its own. An attempt's time after its last checkpoint is not kept, as its steps
-    are not: the next attempt trains them again. An epoch split by a resume counts once."""
+    """The run's wall time and epoch times, whole when the run is made of attempts (stopped by a signal
+    or --max_steps, or killed, then resumed, in any mode and on any number of processes): a checkpoint
+    keeps the seconds up to it, and the attempt that resumes from it adds its own. An attempt's time
+    after its last checkpoint is not kept, as its steps are not: the next attempt trains them again.
+    An epoch counts once, whatever number of attempts trained it: one that --max_steps cut short is
+    paused, not ended, and its seconds so far go on with the attempt that resumes it. A time that is
+    not known (part of the epoch was trained by an attempt whose seconds no checkpoint kept) is None."""
 
     def __init__(self, started: float):
         self.started = started  # perf_counter() when this attempt began
         self.attempts = 1  # the attempts whose work the run kept, this one included; None: unknown
         self.earlier = 0.0  # the earlier attempts' seconds, up to the checkpoint resumed from
-        self.epoch_times = []  # seconds of each epoch trained to its end (or to --max_steps)
-        self.epoch_earlier = 0.0  # the epoch under way's seconds before that checkpoint
-        self.epoch_started = None  # perf_counter() when this attempt began the epoch under way
+        self.epoch_times = []  # seconds of each epoch trained to its end, one per epoch (None: not known)
+        self.epoch_earlier = 0.0  # the epoch under way's seconds not timed by epoch_started (None: unknown)
+        self.epoch_started = None  # perf_counter() when this attempt began (or went on with) that epoch
 
     def start_epoch(self) -> None:
         self.epoch_started = time.perf_counter()
 
-    def end_epoch(self) -> float:
-        """The epoch's seconds, over every attempt that trained part of it."""
-        self.epoch_times.append(self.epoch_earlier + time.perf_counter() - self.epoch_started)
-        self.epoch_earlier, self.epoch_started = 0.0, None
-        return self.epoch_times[-1]
+    def end_epoch(self, whole: bool) -> float | None:
+        """Stop the epoch's clock: its seconds over every attempt that trained part of it (None: not
+        known). `whole`: the epoch was trained to its end, and counts as one of the run's epochs;
+        otherwise (--max_steps stopped it) its seconds so far wait, in the checkpoint, for the attempt
+        that trains the rest of it."""
+        seconds = self._under_way()
+        self.epoch_started = None
+        if whole:
+            self.epoch_times.append(seconds)
+        self.epoch_earlier = 0.0 if whole else seconds
+        return seconds
+
+    def _under_way(self) -> float | None:
+        """The seconds of the epoch under way so far, over every attempt (None: not known)."""
+        if self.epoch_earlier is None:
+            return None
+        if self.epoch_started is None:
+            return self.epoch_earlier
+        return self.epoch_earlier + time.perf_counter() - self.epoch_started
 
     def wall_time(self) -> float:
         return self.earlier + time.perf_counter() - self.started
 
     def epoch_time(self) -> float | None:
-        """The mean epoch's seconds."""
-        return sum(self.epoch_times) / len(self.epoch_times) if self.epoch_times else None
+        """The mean seconds of the whole epochs whose time is known; None without one."""
+        known = [seconds for seconds in self.epoch_times if seconds is not None]
+        return sum(known) / len(known) if known else None
 
     def state(self, epoch_done: bool) -> dict:
         """The run's seconds so far, for a checkpoint. `epoch_done`: the epoch under way has ended
         (the checkpoint stores the start of the next one), end_epoch() called or not."""
-        epoch_times, under_way = list(self.epoch_times), self.epoch_earlier
-        if self.epoch_started is not None:
-            under_way += time.perf_counter() - self.epoch_started
-            if epoch_done:
-                epoch_times, under_way = epoch_times + [under_way], 0.0
+        epoch_times, under_way = list(self.epoch_times), self._under_way()
+        if epoch_done and self.epoch_started is not None:  # stopped at the epoch's last window
+            epoch_times, under_way = epoch_times + [under_way], 0.0
         return {"attempts": self.attempts, "wall_time_s": self.wall_time(),
                 "epoch_times_s": epoch_times, "epoch_time_s": under_way}
 
-    def load(self, history: dict | None) -> None:
-        """A checkpoint's seconds, as the earlier attempts' share of this run. Without them (a
-        checkpoint written before checkpoints kept them, or one resumed from such) the earlier
-        attempts are unknown: the figures are this attempt's."""
+    def load(self, history: dict | None, epoch: int, batch: int) -> None:
+        """A checkpoint's seconds, as the earlier attempts' share of this run; the checkpoint resumes
+        at batch `batch` of epoch `epoch`. Without them (a checkpoint written before checkpoints kept
+        them, or one resumed from such) the earlier attempts are unknown: the figures are this
+        attempt's, and an epoch it did not train from its start has no time."""
+        unknown = None if batch else 0.0  # the epoch under way's seconds, when not known
         if history is None or history["attempts"] is None:
             self.attempts = None
+            self.epoch_times, self.epoch_earlier = [None] * epoch, unknown
             return
         self.attempts = history["attempts"] + 1
         self.earlier = history["wall_time_s"]
-        self.epoch_times = list(history["epoch_times_s"])
-        self.epoch_earlier = history["epoch_time_s"]
+        times, under_way = list(history["epoch_times_s"]), history["epoch_time_s"] if batch else 0.0
+        if len(times) > epoch:  # an earlier version's: an epoch cut by --max_steps counted per attempt
+            if len(times) == epoch + 1 and batch and under_way == 0:  # cut once, the epoch under way
+                times, under_way = times[:-1], times[-1]
+            else:  # which epoch each time belongs to cannot be told
+                times, under_way = [None] * epoch, unknown
+        # fewer: the first epochs were trained before an attempt that did not know the earlier ones
+        self.epoch_times = [None] * (epoch - len(times)) + times
+        self.epoch_earlier = under_way

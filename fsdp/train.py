@@ -181,11 +181,12 @@ def train_one_epoch(run: Run, epoch: int) -> None:
         run.batch = index
         run.console.update()
         last = index == len(loader) or cfg.reached_max_steps(run.step)
-        if index % cfg.log_interval == 0 or last:
-            run.epoch_sums += log_window(run, epoch, index)
+        checkpoint_due = cfg.checkpoint_interval and run.step % cfg.checkpoint_interval == 0
+        if index % cfg.log_interval == 0 or last or checkpoint_due:  # a checkpoint ends a window:
+            run.epoch_sums += log_window(run, epoch, index)  # it holds every step's figures
         if last or run.stop:
             break
-        if cfg.checkpoint_interval and run.step % cfg.checkpoint_interval == 0:
+        if checkpoint_due:
             save_checkpoint(run)
     run.console.close()
 
@@ -289,7 +290,7 @@ def train(run: Run, test_loader) -> None:
         train_one_epoch(run, epoch)
         if run.stop:  # the stop checkpoint keeps the epoch's time so far, ended or not
             return
-        epoch_seconds = run.clock.end_epoch()  # with the time earlier attempts spent on it
+        epoch_seconds = run.end_epoch()  # over every attempt; paused if --max_steps cut it short
         if cfg.verify_sync or epoch + 1 == cfg.epochs or cfg.reached_max_steps(run.step):
             # before evaluate(), which aligns the buffers: the ranks must hold the same weights
             # False: no SyncBatchNorm under FSDP

@@ -124,11 +124,12 @@ def train_one_epoch(run: Run, epoch: int) -> None:
         run.batch = index
         run.console.update()
         last = index == len(loader) or cfg.reached_max_steps(run.step)
-        if index % cfg.log_interval == 0 or last:
-            run.epoch_sums += log_window(run, epoch, index)
+        checkpoint_due = cfg.checkpoint_interval and run.step % cfg.checkpoint_interval == 0
+        if index % cfg.log_interval == 0 or last or checkpoint_due:  # a checkpoint ends a window:
+            run.epoch_sums += log_window(run, epoch, index)  # it holds every step's figures
         if last or run.stop:
             break
-        if cfg.checkpoint_interval and run.step % cfg.checkpoint_interval == 0:
+        if checkpoint_due:
             save_checkpoint(run)
     run.console.close()
 
@@ -196,7 +197,7 @@ def train(run: Run, test_loader) -> None:
         train_one_epoch(run, epoch)
         if run.stop:  # the stop checkpoint keeps the epoch's time so far, ended or not
             return
-        epoch_seconds = run.clock.end_epoch()  # with the time earlier attempts spent on it
+        epoch_seconds = run.end_epoch()  # over every attempt; paused if --max_steps cut it short
         if not cfg.benchmark:  # --benchmark measures speed only: no evaluation, no checkpoint
             test = evaluate(cfg, run.raw_model, test_loader, run.device)
             run.record_test(epoch, test, epoch_seconds)
@@ -227,6 +228,8 @@ def main(argv=None) -> int:
         train(run, test_loader)
         return finish(run)
     except LoaderWorkerDied as died:  # found between two steps: the run stops as if signalled
+        if run.meter.images:  # at a window's end, so that the checkpoint holds every step's figures
+            run.epoch_sums += log_window(run, run.epoch, run.batch)
         save_checkpoint(run)
         note = last_checkpoint_note(run.checkpoint_dir)
         raise RunError(f"{died}; stopped at step {run.step}: {note}, continue with --resume auto "

@@ -64,6 +64,25 @@ def refuse_in_process(script: str, *args) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess([script, *map(str, args)], code or 0, out.getvalue(), err.getvalue())
 
 
+def train_in_process(script: str, *args, sigterm_at: int | None = None) -> subprocess.CompletedProcess:
+    """`python <script> args...` of single_gpu or data_parallel run inside this process, as refuse_in_process runs
+    it, but to the end of its training: a tiny run without the ~3 s of starting Python and importing torch. With
+    `sigterm_at`, a SIGTERM is noted at the log window of that step, as the signal handler notes one: the run
+    stops there with its checkpoint. (The signals themselves are tested on real processes.)"""
+    import common.loop
+
+    record_window = common.loop.Run.record_window
+
+    def record_then_signal(run, *window):
+        record_window(run, *window)
+        if run.step == sigterm_at:
+            run.signals.received = "SIGTERM"
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(common.loop.Run, "record_window", record_then_signal)
+        return refuse_in_process(script, *args)
+
+
 def read_results(run_dir: Path) -> dict:
     return json.loads((run_dir / "results.json").read_text())
 
@@ -89,7 +108,7 @@ def scalar_events(run_dir: Path) -> dict:
 # over the cores a file at a time (pytest.ini); started first, the long files do not leave one core working alone
 # at the end while the short ones fill in beside them.
 HEAVIEST_FIRST = ("test_parallel.py", "test_reliability.py", "test_compare.py", "test_compare_front_door.py",
-                  "test_tensorboard.py", "test_fast_path.py",
+                  "test_tensorboard.py", "test_attempts.py", "test_fast_path.py",
                   "test_bad_input.py", "test_single_gpu.py", "test_slurm.py", "test_aligned_channels.py",
                   "test_mnist.py", "test_vscode.py")
 

@@ -7,11 +7,17 @@
    it either; the lock dies with its process, not with the DataLoader workers it forked;
 4. a killed torchrun agent takes its workers with it (they would otherwise train on in the folder);
 5. temporary files have names of their own, so two writers never rename each other's half-written file, and the
-   next writer of the folder removes those a killed writer left.
+   next writer of the folder removes those a killed writer left;
+6. a disk that fills up stops the run in one line, the last checkpoint whole;
+7. `--resume auto` never starts afresh over an earlier run's work (best.pt, model.pt, TensorBoard curves) when its
+   checkpoint.pt is gone: one line that says what is there and what to do (resume from best.pt where these flags
+   can), exit 2, nothing written; only a later attempt of the job that started the run afresh (an elastic restart,
+   a SLURM requeue), whose earlier attempts died before their first checkpoint, starts afresh again.
 """
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,11 +27,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.config import Config, UsageError
-from common.logger import LOCK, MARKER, claim_run_dir, write_atomically
-from conftest import REPO, TINY, read_results, refuse_in_process, run_script
+from common.checkpoint import refuse_fresh_start
+from common.config import Config, UsageError, parse_config
+from common.logger import LOCK, MARKER, RunLogger, claim_run_dir, write_atomically
+from conftest import REPO, TINY, read_results, read_scalars, refuse_in_process, run_script, train_in_process
 
-SINGLE, DIST = "single_gpu/train.py", "dist_parallel/train.py"
+SINGLE, DIST, FSDP = "single_gpu/train.py", "dist_parallel/train.py", "fsdp/train.py"
 
 
 def launch(script: str, log_dir: Path, name: str, *flags) -> subprocess.Popen:
@@ -214,3 +221,125 @@ def test_a_full_disk_stops_the_run_in_one_line_and_keeps_the_last_checkpoint(tmp
     run_dir = small_disk / "full"
     assert not list(run_dir.glob(".*.tmp"))
     assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["step"] == 8  # the first epoch's, whole
+
+
+# ---------------------------------------------------------------------------------------------------- 7. no fresh start
+TWO_EPOCHS = [*TINY, "--epochs", "2", "--log_interval", "2", "--no_progress"]  # 8 steps an epoch
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory) -> Path:
+    """A run of two epochs stopped by SIGTERM at step 10 (best.pt from the end of epoch 1, step 8; TensorBoard
+    curves to step 10; no results.json), whose checkpoint.pt was then deleted."""
+    log_dir = tmp_path_factory.mktemp("stopped")
+    done = train_in_process(SINGLE, *TWO_EPOCHS, "--log_dir", log_dir, "--run_name", "run", sigterm_at=10)
+    assert done.returncode == 143, done.stdout + done.stderr
+    (log_dir / "run" / "checkpoint.pt").unlink()
+    return log_dir / "run"
+
+
+def refused_afresh(run_dir: Path, script: str, *flags) -> str:
+    """`--resume auto` of `run_dir` by `script` with TWO_EPOCHS and `flags`: refused in one line (returned), exit
+    2, and not a byte of the folder changed."""
+    before = contents(run_dir)
+    done = refuse_in_process(script, *TWO_EPOCHS, *flags, "--log_dir", run_dir.parent, "--run_name", run_dir.name,
+                             "--resume", "auto")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert error_lines(done.stderr) == [done.stderr.strip()] and "Traceback" not in done.stderr
+    assert contents(run_dir) == before
+    return done.stderr
+
+
+@pytest.mark.parametrize("script, flags", [(SINGLE, []), (DIST, ["--nproc_per_node", "2"]),
+                                           (FSDP, ["--nproc_per_node", "2"])])
+def test_a_stopped_run_without_its_checkpoint_is_never_started_afresh(stopped, script, flags):
+    """It used to start again from step 0 silently and replace best.pt (nothing protected a run that had not
+    finished). dist_parallel and fsdp refuse in their launcher, before any worker starts (or is restarted)."""
+    said = refused_afresh(stopped, script, *flags)
+    assert f"run folder {stopped} has no checkpoint.pt" in said
+    assert "best.pt and TensorBoard curves to step 10 of an earlier run" in said
+    assert f"continue from best.pt (step 8) with --resume {stopped / 'best.pt'} in place of --resume auto" in said
+    assert "another --run_name" in said and "--overwrite in place of --resume auto" in said
+
+
+def test_its_best_checkpoint_continues_it_as_the_refusal_says(stopped, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(stopped, run_dir)
+    done = train_in_process(SINGLE, *TWO_EPOCHS, "--log_dir", tmp_path, "--run_name", "run", "--resume",
+                            run_dir / "best.pt")
+    assert done.returncode == 0 and "resumed at step 8 " in done.stdout, done.stdout + done.stderr
+    assert read_results(run_dir)["summary"]["steps"] == 16
+    steps = [step for step, _ in read_scalars(run_dir)["train/loss"]]
+    assert steps == list(range(2, 17, 2))  # the stopped attempt's curve to step 8, then this one's: never back
+
+
+def test_curves_alone_or_a_best_these_flags_cannot_resume_are_refused_too(stopped, tmp_path):
+    curves_only = tmp_path / "curves"
+    shutil.copytree(stopped, curves_only)
+    (curves_only / "best.pt").unlink()
+    said = refused_afresh(curves_only, SINGLE)
+    assert "has no checkpoint.pt to resume, but TensorBoard curves to step 10 of an earlier run" in said
+    assert "--resume " not in said.replace("--resume auto", "")  # nothing to continue from
+    said = refused_afresh(stopped, SINGLE, "--seed", "7")  # best.pt was trained with --seed 0
+    assert "best.pt and TensorBoard curves" in said and "continue from" not in said
+
+
+ATTEMPT = ("SLURM_JOB_ID", "SLURM_RESTART_COUNT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
+
+
+@pytest.mark.parametrize("first, now, afresh", [
+    ({"TORCHELASTIC_RUN_ID": "r1"}, {"TORCHELASTIC_RUN_ID": "r1", "TORCHELASTIC_RESTART_COUNT": "1"}, True),
+    ({"SLURM_JOB_ID": "41"}, {"SLURM_JOB_ID": "41", "SLURM_RESTART_COUNT": "1"}, True),  # requeued
+    ({"SLURM_JOB_ID": "41", "TORCHELASTIC_RUN_ID": "41", "TORCHELASTIC_RESTART_COUNT": "2"},
+     {"SLURM_JOB_ID": "41", "SLURM_RESTART_COUNT": "1", "TORCHELASTIC_RUN_ID": "41"}, True),
+    ({"TORCHELASTIC_RUN_ID": "r1"}, {"TORCHELASTIC_RUN_ID": "r2", "TORCHELASTIC_RESTART_COUNT": "1"}, False),
+    ({"SLURM_JOB_ID": "41"}, {"SLURM_JOB_ID": "41"}, False),  # run again by hand in the same allocation
+    ({"SLURM_JOB_ID": "41"}, {"SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "1"}, False),
+    ({}, {}, False),  # by hand, twice
+    # a run id given by hand (--rdzv_id exp1) to two launches: the second's restart is not the first's
+    ({"TORCHELASTIC_RUN_ID": "exp1", "agent": 100},
+     {"TORCHELASTIC_RUN_ID": "exp1", "TORCHELASTIC_RESTART_COUNT": "1", "agent": 200}, False),
+    ({}, {"TORCHELASTIC_RUN_ID": "r1", "TORCHELASTIC_RESTART_COUNT": "1"}, False),
+])
+def test_only_a_later_attempt_of_the_job_that_started_it_starts_afresh_again(tmp_path, monkeypatch, first, now,
+                                                                             afresh):
+    """An attempt that logged a window and died before its first checkpoint (kill -9, a node lost): the job's
+    restart (torchrun --max-restarts, a SLURM requeue) starts afresh, as before; anything else is refused."""
+    cfg = parse_config(Config, [*TINY, "--log_dir", str(tmp_path), "--run_name", "run", "--resume", "auto"])
+
+    def attempt_of(env: dict) -> None:  # this process as a worker with `env` (its agent's pid as "agent")
+        for name in ATTEMPT:
+            monkeypatch.delenv(name, raising=False)
+        for name, value in env.items():
+            if name == "agent":
+                monkeypatch.setattr(os, "getppid", lambda: value)
+            else:
+                monkeypatch.setenv(name, value)
+
+    attempt_of(first)
+    logger = RunLogger(tmp_path / "run", cfg, "single_gpu", world_size=1)
+    logger.scalars(4, {"train/loss": 2.3})
+    logger.close()
+    attempt_of(now)
+    if afresh:
+        refuse_fresh_start(cfg, tmp_path / "run")
+    else:
+        with pytest.raises(UsageError, match="TensorBoard curves to step 4 of an earlier run"):
+            refuse_fresh_start(cfg, tmp_path / "run")
+
+
+def test_a_restart_after_a_resume_or_of_an_attempt_that_logged_nothing(tmp_path, monkeypatch):
+    """A run resumed from a checkpoint has had one: its curves are refused to a fresh start even by its job's next
+    attempt. An attempt that died before its first log window left only its config: nothing to keep."""
+    cfg = parse_config(Config, [*TINY, "--log_dir", str(tmp_path), "--run_name", "run", "--resume", "auto"])
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "r1")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    RunLogger(tmp_path / "run", cfg, "single_gpu", world_size=1).close()
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    refuse_fresh_start(cfg, tmp_path / "run")  # config only
+    logger = RunLogger(tmp_path / "run", cfg, "single_gpu", world_size=1, resumed_step=4)  # resumed at step 4
+    logger.scalars(6, {"train/loss": 2.3})
+    logger.close()
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    with pytest.raises(UsageError, match="TensorBoard curves to step 6"):
+        refuse_fresh_start(cfg, tmp_path / "run")
