@@ -137,7 +137,10 @@ def get_model(cfg: FsdpConfig, device: torch.device):
     fully_shard(raw_model, reshard_after_forward=cfg.reshard_after_forward)
     model = raw_model
     if cfg.compile:  # compiled in the first step; raw_model (evaluation, saving) stays eager
-        model = torch.compile(model, mode=cfg.compile_mode)  # reduce-overhead: CUDA graphs
+        # TorchDynamo does not trace FSDP2's hooks: a graph per block, each of its own width, with
+        # static shapes (dynamic ones make inductor fail: docs/modes.md#fsdp), and room for them all
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, cfg.depth)
+        model = torch.compile(model, mode=cfg.compile_mode, dynamic=False)  # no CUDA graphs
     return model, raw_model
 
 
