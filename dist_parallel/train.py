@@ -125,8 +125,8 @@ def get_model(cfg: DistConfig, device: torch.device):
         raw_model = nn.SyncBatchNorm.convert_sync_batchnorm(raw_model)
     # DDP broadcasts rank 0's weights now, then all-reduces (averages) gradients in buckets during
     # backward. gradient_as_bucket_view: gradients live in the buckets (no copy); static_graph: the
-    # same parameters are used every step, so DDP skips its per-step search for unused ones (left
-    # off under torch.compile's own DDP path)
+    # same parameters and graph every step (a promise; DDP searches for unused parameters only
+    # with find_unused_parameters, off here, static or not); left off under torch.compile's DDP
     model = DDP(raw_model, device_ids=[device.index] if device.type == "cuda" else None,
                 bucket_cap_mb=cfg.bucket_cap_mb, gradient_as_bucket_view=True,
                 static_graph=not cfg.compile)
