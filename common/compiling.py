@@ -25,7 +25,8 @@ from common.config import compile_cache_alias, splits_apart
 # Where a compile looks for what an earlier one left (torch/_inductor/codecache.py, FxGraphCache._get_tmp_dir_for_key:
 # fxgraph/<key[1:3]>/<key>/<entry>; torch/_functorch/_aot_autograd/autograd_cache.py, AOTAutogradCache:
 # aotautograd/<key>/<entry>). An entry is a file whose name does not start with "." (write_atomic's temporary
-# files do). Kernels alone (the code cache's .py/.cpp/.so, Triton's) are read only through such an entry.
+# files do). Kernels alone (the code cache's .py/.cpp/.so, Triton's) spare a compile at most their own build,
+# after it has traced and lowered every graph again: a cache that holds only them is not called warm.
 GRAPH_ENTRIES = ("fxgraph/*/*/*", "aotautograd/*/*")
 
 
