@@ -188,8 +188,9 @@ def speed_summary(cfg: Config, totals, timer, device: torch.device, devices: int
     `devices` is how many GPUs (or CPUs) the global batch is split over. `mfu_note` says why MFU is None.
     `compile_time_s`: this process's time compiling and recording CUDA graphs, from torch's compile callbacks
     (the timer's CompileClock; common/compiling.py says what is in it and what is not), None when the run is not
-    compiled (0.0: this process had nothing to compile). `compile_wait_s`: the longest any rank waited for its node's first rank to compile a graph it then
-    read from the cache (`compile_waits`, by rank), not compile time; None outside a compiled process group."""
+    compiled (0.0: this process had nothing to compile). `compile_wait_s`: the longest any rank waited for its
+    node's first rank to compile a graph it then read from the cache (`compile_waits`, by rank), not compile
+    time; None outside a compiled process group."""
     rate = totals.images_per_sec(cfg.batch_size)
     per_device = rate / devices if rate is not None else None
     flops = flops_per_image(cfg)
