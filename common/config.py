@@ -222,12 +222,14 @@ def compile_cache_refusal(cfg) -> str | None:
     a file, a symbolic link that leads nowhere, a folder that cannot be written (read-only, not this user's), or
     a path the C++ compiler cannot be given that no alias can stand in for. Said with where the path came from."""
     folder = Path(compile_cache_folder(cfg))
+    give = "give a --compile_cache folder"
     if cfg.compile_cache:
         name = f"--compile_cache {folder}"
     elif os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
         name = f"the compile cache {folder} (from TORCHINDUCTOR_CACHE_DIR)"
     else:
         name = f"the compile cache {folder} (--compile_cache's default, under --log_dir)"
+        give = "give a --log_dir or --compile_cache folder"
     existing = _first_existing(folder)
     if existing.is_symlink() and not existing.exists():
         where = "" if existing == folder else f": {existing}"
@@ -235,11 +237,11 @@ def compile_cache_refusal(cfg) -> str | None:
                 f"that folder, or give another --compile_cache")
     if not existing.is_dir():
         where = "" if existing == folder else f": {existing}"
-        return f"{name}{where} is a file, not a folder: give a --compile_cache folder"
+        return f"{name}{where} is a file, not a folder: {give}"
     if not os.access(existing, os.W_OK | os.X_OK):  # the kernel's answer: a read-only mount, permissions
         read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
         why = "is on a read-only file system" if read_only else "cannot be written by this user"
-        return f"{name}: {existing} {why}: give a --compile_cache folder that can be written"
+        return f"{name}: {existing} {why}: {give} that can be written"
     if not splits_apart(os.path.abspath(folder)):
         return None
     alias = compile_cache_alias(str(folder))  # where a link will stand in for it
