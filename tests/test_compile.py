@@ -192,18 +192,20 @@ def builder_command(folder: str) -> list[str]:
     return shlex.split(builder.get_command_line())
 
 
-def test_a_space_in_the_cache_path_reaches_the_compiler_through_a_link_without_one(tmp_path, clock):
+def test_a_space_in_the_cache_path_reaches_the_compiler_through_a_link_without_one(tmp_path, clock, monkeypatch):
     """Why --compile failed with a space in the cache's path ("g++: fatal error: input file '.../a' is the same as
     output file"): CppBuilder writes the source and output paths into its command unquoted and splits it with
     shlex (torch/_inductor/cpp_builder.py). The cache is then given to inductor as a link without spaces, in this
     user's folder of the temporary folder, that leads to it: the command holds the whole path, and what inductor
     writes there lands in the cache."""
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "temp"))  # where the link goes: this test's own
+    (tmp_path / "temp").mkdir()
     spaced = tmp_path / "my runs" / ".compile_cache"
-    assert f"{spaced}/kernel.cpp" not in builder_command(str(spaced))  # torch's own behaviour
     cfg = resolve_fast_path(parse_config(Config, [*TINY, "--compile", "--log_dir", str(tmp_path / "my runs")]),
                             CPU)
     assert cfg.compile_cache == str(spaced)  # reported as the user's folder
     given = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    assert f"{spaced}/kernel.cpp" not in builder_command(str(spaced))  # torch's own behaviour
     assert given == inductor_cache_path(str(spaced)) == str(compile_cache_alias(str(spaced)))
     assert not splits_apart(given) and not spaced.exists()  # nothing made before the run starts
     clock(spaced)  # the run starts: the folder and its link
