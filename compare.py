@@ -409,7 +409,7 @@ def compare(argv: list[str]) -> int:
             if cc.verify:  # the checks instead of the comparison
                 verification = Verification(cc, train, group_flags, cuda, out)
             else:
-                shared, runs = plan_matrix(cc, train, group_flags, cuda)
+                shared, runs = plan_matrix(cc, train, group_flags, cuda, out)
             prepare_output(out, argv)
         except KeyboardInterrupt as caught:  # for main, which tells the signals apart
             interruption = caught
@@ -429,8 +429,9 @@ def compare(argv: list[str]) -> int:
 
 
 def plan_matrix(cc: CompareConfig, train: dict, group_flags: dict[str, list[str]],
-                cuda: bool) -> tuple[list[str], list]:
-    """The flags every run shares and the runs, or the one line that refuses them."""
+                cuda: bool, out: Path | None = None) -> tuple[list[str], list]:
+    """The flags every run shares and the runs, or the one line that refuses them (each run checked as it
+    will run, its folder under `out`)."""
     train["epochs"] = cc.epochs if cc.epochs else None
     shared = config_argv(Config, {k: v for k, v in train.items() if k != "batch_size"})
     shared += [] if cc.epochs else ["--benchmark"]
@@ -441,7 +442,7 @@ def plan_matrix(cc: CompareConfig, train: dict, group_flags: dict[str, list[str]
                 cc.batch_per_gpu, reshards)
     if not runs:
         raise UsageError("--modes/--gpu_counts/--backends leave nothing to run")
-    check_runs(runs, shared, group_flags)
+    check_runs(runs, shared, group_flags, out / "runs" if out is not None else None)
     return shared, runs
 
 

@@ -15,10 +15,13 @@ import contextlib
 import dataclasses
 import errno
 import functools
+import hashlib
 import math
 import operator
 import os
+import shlex
 import sys
+import tempfile
 import types
 import typing
 from dataclasses import dataclass, field
@@ -182,6 +185,80 @@ def _worker_processes(count: int) -> str | None:
     return f"at most {most} worker processes on this machine (each is a process of at least 10 MiB)"
 
 
+def compile_cache_folder(cfg) -> str:
+    """Where torch.compile's caches go: --compile_cache, else the TORCHINDUCTOR_CACHE_DIR the user set, else
+    <log_dir>/.compile_cache."""
+    return cfg.compile_cache or os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(Path(cfg.log_dir) / ".compile_cache")
+
+
+def splits_apart(path: str) -> bool:
+    """Whether `path` would not reach the C++ compiler whole. Inductor's C++ builder (torch/_inductor/
+    cpp_builder.py, CppBuilder) writes the source and output files, which lie in the compile cache, into its
+    command line unquoted (only -I and -L paths are quoted) and splits that line with shlex.split: a space, tab,
+    quote or backslash in the path cuts it in two ("g++: fatal error: input file '/a' is the same as output
+    file"; an odd quote makes shlex raise)."""
+    try:
+        return shlex.split(path) != [path]
+    except ValueError:  # "No closing quotation"
+        return True
+
+
+def compile_cache_alias(folder: str) -> Path:
+    """A path without spaces that leads to the compile cache `folder` (whose own path splits apart): a symbolic
+    link in this user's own folder of the temporary folder, named after the cache's real path."""
+    real = os.path.realpath(folder)
+    name = hashlib.sha256(os.fsencode(real)).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"pytorch-multigpu-{os.getuid()}" / name
+
+
+def _first_existing(path: Path) -> Path:
+    while not (path.exists() or path.is_symlink()) and path != path.parent:
+        path = path.parent
+    return path
+
+
+def compile_cache_refusal(cfg) -> str | None:
+    """Why the compile cache cannot be used, in one line (None when it can), checked before anything is written:
+    a file, a symbolic link that leads nowhere, a folder that cannot be written (read-only, not this user's), or
+    a path the C++ compiler cannot be given that no alias can stand in for. Said with where the path came from."""
+    folder = Path(compile_cache_folder(cfg))
+    give = "give a --compile_cache folder"
+    if cfg.compile_cache:
+        name = f"--compile_cache {folder}"
+    elif os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        name = f"the compile cache {folder} (from TORCHINDUCTOR_CACHE_DIR)"
+    else:
+        name = f"the compile cache {folder} (--compile_cache's default, under --log_dir)"
+        give = "give a --log_dir or --compile_cache folder"
+    existing = _first_existing(folder)
+    if existing.is_symlink() and not existing.exists():
+        where = "" if existing == folder else f": {existing}"
+        return (f"{name}{where} is a symbolic link to {os.readlink(existing)}, which does not exist: create "
+                f"that folder, or give another --compile_cache")
+    if not existing.is_dir():
+        where = "" if existing == folder else f": {existing}"
+        return f"{name}{where} is a file, not a folder: {give}"
+    if not os.access(existing, os.W_OK | os.X_OK):  # the kernel's answer: a read-only mount, permissions
+        read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
+        why = "is on a read-only file system" if read_only else "cannot be written by this user"
+        return f"{name}: {existing} {why}: {give} that can be written"
+    if not splits_apart(os.path.abspath(folder)):
+        return None
+    alias = compile_cache_alias(str(folder))  # where a link will stand in for it
+    if splits_apart(str(alias)):
+        return (f"{name} has a space (or a quote or backslash) in its path, which inductor's C++ builder cuts "
+                f"apart, and so does the temporary folder {alias.parent.parent} that would hold a link to it: "
+                f"give a --compile_cache path without them")
+    links = alias.parent
+    if links.is_symlink() or links.exists() and (not links.is_dir() or links.stat().st_uid != os.getuid()):
+        return (f"{name} has a space in its path, and {links}, where a link without one would stand in for it, "
+                f"is not a folder of this user's: remove it, or give a --compile_cache path without spaces")
+    if not os.access(_first_existing(links), os.W_OK | os.X_OK):
+        return (f"{name} has a space in its path, and {links.parent}, where a link without one would stand in "
+                f"for it, cannot be written: give a --compile_cache path without spaces")
+    return None
+
+
 CHECKS = {"folder": _folder, "file": _path, "file_or_auto": _file_or_auto, "name": _folder_name,
           "rendezvous": _rendezvous}
 
@@ -304,9 +381,10 @@ class Config:
                                             "parameters and checkpoints (default: 8 with CUDA, 0 = off on the "
                                             "CPU)", at_least=0, at_most=256)
     compile: bool = flag(False, "torch.compile the model; the compile time is reported apart and not timed")
-    compile_mode: str = flag("default", "torch.compile's mode: default; reduce-overhead (CUDA graphs of the "
-                                        "step's forward and backward); max-autotune-no-cudagraphs; max-autotune",
-                             choices=COMPILE_MODES)
+    compile_mode: str | None = flag(None, "with --compile, torch.compile's mode: default (the default); "
+                                          "reduce-overhead (CUDA graphs of the step's forward and backward); "
+                                          "max-autotune-no-cudagraphs; max-autotune (CUDA graphs too)",
+                                    choices=COMPILE_MODES)
     compile_cache: str | None = flag(None, "folder of torch.compile's caches (inductor's FX graphs, AOTAutograd's, "
                                            "Triton's kernels), kept between runs so that the next run on this "
                                            "machine compiles in seconds (default: TORCHINDUCTOR_CACHE_DIR if set, "
@@ -357,10 +435,17 @@ class Config:
             (self.resume != "auto" or self.run_name, "--resume auto finds the run by its name: add --run_name "
                                                      "NAME (the same name on every restart)"),
             (not (self.benchmark and self.evaluate), "--benchmark trains and --evaluate does not: give one of them"),
+            *[(self.compile or getattr(self, name) is None,  # a flag that would be ignored is refused
+               f"--{name} {getattr(self, name)} does nothing without --compile: give --compile too, or leave "
+               f"out --{name}")
+              for name in ("compile_mode", "compile_cache")],
         ]
         for ok, message in checks:
             if not ok:
                 raise UsageError(message)
+        refusal = compile_cache_refusal(self) if self.compile else None
+        if refusal:
+            raise UsageError(refusal)
         try:
             check_arguments(self.depth, self.alpha, self.block, 10, 3)
         except ValueError as error:

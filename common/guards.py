@@ -7,6 +7,7 @@ import contextlib
 import datetime
 import ipaddress
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -38,7 +39,8 @@ def check_launch(cfg, mode: str, world_size: int, rank: int = 0) -> None:
         check_rendezvous_file(Path(cfg.init_method[len("file://"):]), cfg.dist_timeout)
     refuse_launch(mode, world_size, cuda=torch.cuda.is_available(), batch_size=cfg.batch_size,
                   backend=cfg.backend, sync_bn=getattr(cfg, "sync_bn", False), compile=cfg.compile,
-                  evaluate=bool(cfg.evaluate))
+                  evaluate=bool(cfg.evaluate), compile_mode=cfg.compile_mode,
+                  bucket_cap_mb=getattr(cfg, "bucket_cap_mb", None))
 
 
 def check_master_address(environ=os.environ) -> None:
@@ -170,6 +172,34 @@ def node_leader_first():
     yield
     if local_rank == 0:
         dist.barrier()
+
+
+def compile_leader(device: torch.device, timeout_s: float) -> tuple | None:
+    """Which rank compiles first for this one, for CompileClock.follow (common/compiling.py): the ranks of one
+    torchrun node (GROUP_RANK, its host) on the same device compile the same graphs into one cache, so the
+    first of them compiles each graph while the others wait, then read it from the cache. Ranks on different GPUs
+    are not grouped: inductor's FX-graph cache keys hold the device index (torch/_inductor/codecache.py,
+    extract_tensor_metadata_for_cache_key) and Triton's cache is per device (runtime/cache_dir_utils.py,
+    triton_cache_dir), so a rank on cuda:1 cannot read what cuda:0 compiled. Returns (a store on the first rank's
+    loopback, whether this rank is the first, `timeout_s`), or None where this rank compiles alone (a launch by
+    hand says nothing of its node). Two all_gather_object calls: every rank makes them."""
+    node = os.environ.get("GROUP_RANK")  # set by torchrun's agent: the node its workers share
+    place = None if node is None else (node, socket.gethostname(), str(device))
+    places = [None] * dist.get_world_size()
+    dist.all_gather_object(places, place)
+    sharing = [rank for rank, other in enumerate(places) if place is not None and other == place]
+    first = sharing[0] if len(sharing) > 1 else None
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = None
+    if first == dist.get_rank():  # the node's own store, on its loopback, at a port the system picks
+        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timeout)
+    ports = [None] * dist.get_world_size()
+    dist.all_gather_object(ports, store.port if store is not None else None)
+    if first is None:
+        return None
+    if store is None:
+        store = dist.TCPStore("127.0.0.1", ports[first], is_master=False, timeout=timeout)
+    return store, first == dist.get_rank(), timeout_s
 
 
 def from_rank0(load):

@@ -55,7 +55,8 @@ class Run:
     def start(cls, cfg: Config, device: torch.device, gpus: list[int], started: float, **parts) -> "Run":
         """The run's state at its first step: `parts` are the model, the loaders' training one, the optimizer
         and its schedule and scaler, the logger, the console and the run folder; the timers start here."""
-        return cls(cfg=cfg, device=device, gpus=gpus, timer=StepTimer(device, cfg.warmup_steps, gpus),
+        timer = StepTimer(device, cfg.warmup_steps, gpus, cfg.compile_cache if cfg.compile else None)
+        return cls(cfg=cfg, device=device, gpus=gpus, timer=timer,
                    meter=TrainMeter(device), telemetry=GpuTelemetry(gpus), clock=RunClock(started), **parts)
 
     @property
@@ -110,12 +111,13 @@ class Run:
         self.console.line(f"{self.cfg.evaluate}: test loss {test[0]:.4f} acc {100 * test[1]:.2f}% "
                           f"({test[2]} images)")
 
-    def write_results(self, devices: int, peaks: dict, group: bool = False) -> None:
+    def write_results(self, devices: int, peaks: dict, group: bool = False, compile_waits: dict | None = None):
         """results.json: the run's speed over `devices` (GPUs or CPU processes), utilisation, peak memory of each
-        GPU (`peaks`: allocated and reserved), its last epoch's training and test figures, its times, and in a process `group` the
-        sync check (None where none was made); then its speed line and where the results are."""
+        GPU (`peaks`: allocated and reserved), its last epoch's training and test figures, its times, and in a
+        process `group` the sync check (None where none was made) and each rank's wait for its node's first
+        compile (`compile_waits`, by rank); then its speed line and where the results are."""
         summary = {
-            **speed_summary(self.cfg, self.totals, self.timer, self.device, devices=devices),
+            **speed_summary(self.cfg, self.totals, self.timer, self.device, devices, compile_waits),
             "gpu_util_mean": sum(self.gpu_util) / len(self.gpu_util) if self.gpu_util else None,
             "peak_mem_gb": max((peak.allocated for peak in peaks.values()), default=None),
             "peak_mem_reserved_gb": max((peak.reserved for peak in peaks.values()), default=None),
@@ -160,5 +162,6 @@ class Run:
         """The teardown, whatever ended the run: the signal handlers back, the NVML sampler stopped, the event
         file and the logs closed."""
         self.signals.restore()
+        self.timer.close()  # torch's compile callbacks removed
         self.telemetry.close()
         self.logger.close()

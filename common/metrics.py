@@ -5,7 +5,8 @@ when the step starts waiting for its batch, one when the batch is ready and one 
 their elapsed times are read once per log window, after the window's last event has completed. The wait for data
 (DataLoader stalls, the device loader's kernels) is measured apart from compute; warm-up steps are left out.
 On the CPU the work is synchronous, and perf_counter gives the same three marks. The run's first step, which
-carries torch.compile's compilation and cuDNN's autotuning, is synchronised once and timed on the host.
+carries torch.compile's compilation and cuDNN's autotuning, is synchronised once and timed on the host; the
+compilation itself is timed apart, by torch's compile callbacks (common/compiling.py).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import time
 import numpy as np
 import torch
 
+from common.compiling import CompileClock
 from common.config import RunError
 
 
@@ -50,8 +52,10 @@ class StepTimer:
     When the warm-up ends, the peak memory of `gpus` is reset too, so that peak memory, like time, describes the
     training step and not cuDNN's autotuning workspaces or torch.compile's first step."""
 
-    def __init__(self, device: torch.device, warmup_steps: int, gpus=()):
+    def __init__(self, device: torch.device, warmup_steps: int, gpus=(), compile_cache: str | None = None):
         self.clock = _CudaClock() if device.type == "cuda" else _HostClock()
+        # a compiled run: its compile cache made ready, and the time torch spends compiling (common/compiling.py)
+        self.compiling = CompileClock(compile_cache) if compile_cache else None
         self.warmup_steps = warmup_steps
         self.gpus = list(gpus)
         self.steps_seen = 0
@@ -101,6 +105,10 @@ class StepTimer:
         self.step_seconds += step
         self.data_seconds += data
         return len(step), sum(step), data
+
+    def close(self) -> None:
+        if self.compiling is not None:
+            self.compiling.close()
 
     def percentiles(self) -> tuple[float | None, float | None]:
         if not self.step_seconds:

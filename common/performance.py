@@ -11,11 +11,11 @@ import contextlib
 import dataclasses
 import os
 import re
-from pathlib import Path
 
 import torch
 
-from common.config import Config, UsageError
+from common.compiling import graph_entries, inductor_cache_path
+from common.config import Config, UsageError, compile_cache_folder
 from common.data import DATASET_INFO
 from common.rules import alignment_refusal
 from models import pyramidnet
@@ -75,11 +75,13 @@ def resolve_fast_path(cfg: Config, device: torch.device) -> Config:
         torch.backends.cudnn.deterministic = True
     # inductor reads TORCHINDUCTOR_CACHE_DIR when it compiles: the FX-graph, AOTAutograd and Triton caches go
     # there. --compile_cache sets it; else a folder the user gave it is kept, else <log_dir>/.compile_cache
-    cache = cfg.compile_cache or os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(Path(cfg.log_dir) / ".compile_cache")
+    # (a path with a space goes through a link without one, made when the run starts: common/compiling.py)
+    cache = compile_cache_folder(cfg)
     if cfg.compile:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache_path(cache)
     return dataclasses.replace(cfg, amp=amp, channels_last=channels_last, align_channels=align,
-                               compile_cache=cache if cfg.compile else cfg.compile_cache)
+                               compile_cache=cache if cfg.compile else cfg.compile_cache,
+                               compile_mode=cfg.compile_mode or "default" if cfg.compile else None)
 
 
 def memory_format(cfg: Config) -> torch.memory_format:
@@ -186,20 +188,29 @@ def mfu(images_per_sec_per_gpu: float | None, flops: int, peak: float | None) ->
     return images_per_sec_per_gpu * flops / (peak * 1e12)
 
 
-def speed_summary(cfg: Config, totals, timer, device: torch.device, devices: int) -> dict:
+def speed_summary(cfg: Config, totals, timer, device: torch.device, devices: int,
+                  compile_waits: dict | None = None) -> dict:
     """The run's speed figures for results.json, from its timed log windows (`totals`, a Sums) and its step timer.
-    `devices` is how many GPUs (or CPUs) the global batch is split over. `mfu_note` says why MFU is None."""
+    `devices` is how many GPUs (or CPUs) the global batch is split over. `mfu_note` says why MFU is None.
+    `compile_time_s`: this process's time compiling and recording CUDA graphs, from torch's compile callbacks
+    (the timer's CompileClock; common/compiling.py says what is in it and what is not), None when the run is not
+    compiled (0.0: this process had nothing to compile). `compile_wait_s`: the longest any rank waited for its
+    node's first rank to compile a graph it then read from the cache (`compile_waits`, by rank), not compile
+    time; None outside a compiled process group."""
     rate = totals.images_per_sec(cfg.batch_size)
     per_device = rate / devices if rate is not None else None
     flops = flops_per_image(cfg)
     p50, p90 = timer.percentiles()
     first = timer.first_step_seconds
     utilisation = mfu(per_device, flops, peak_tflops(device, cfg.amp))
+    waits = [wait for wait in (compile_waits or {}).values() if wait is not None]
+    compiling = getattr(timer, "compiling", None)
     return {
         "images_per_sec": rate, "images_per_sec_per_gpu": per_device, "batch_time_p50": p50, "batch_time_p90": p90,
         "data_wait_frac": totals.data_frac, "flops_per_image": flops,
         "mfu": utilisation, "first_step_s": first,
-        "compile_time_s": first - (p50 or 0.0) if cfg.compile and first is not None else None,
+        "compile_time_s": compiling.seconds if compiling is not None else None,
+        "compile_wait_s": max(waits) if waits else None,
         "mfu_note": None if utilisation is not None else no_peak_reason(device) or "no timed steps"}
 
 
@@ -211,9 +222,11 @@ def describe_fast_path(cfg: Config) -> str:
 
 
 def compile_state(cfg: Config) -> str:
-    """torch.compile's mode, and whether its cache folder holds earlier compilations ("warm": this run compiles
-    from whatever they share with it, its graphs if the same model and mode filled it) or nothing ("cold")."""
-    cache = Path(cfg.compile_cache) if cfg.compile_cache else None
-    warm = cache is not None and cache.is_dir() and any(cache.iterdir())
-    mode = "" if cfg.compile_mode == "default" else f"{cfg.compile_mode}, "
-    return f"{mode}cache {'warm' if warm else 'cold'}: {cfg.compile_cache}"
+    """torch.compile's mode, and whether its cache folder holds compiled graphs of the kinds a compile reads
+    ("warm": inductor's FX graphs or AOTAutograd's, common/compiling.py GRAPH_ENTRIES; this run reads those it
+    shares with them, all of its own if the same model and mode filled it) or none ("cold", even with other files
+    in it: kernels alone, locks, an empty tree)."""
+    entries = graph_entries(cfg.compile_cache)
+    mode = "" if cfg.compile_mode in (None, "default") else f"{cfg.compile_mode}, "
+    state = f"warm, {entries} compiled graph{'s' * (entries != 1)}" if entries else "cold"
+    return f"{mode}cache {state}: {cfg.compile_cache}"

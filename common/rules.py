@@ -3,12 +3,25 @@ splits over the processes. Each train.py applies them to itself, and compare.py 
 before it starts any, so that the matrix never starts a run that would refuse to train."""
 from __future__ import annotations
 
+import torch.distributed as dist
+
 from common.config import UsageError
+
+# torch.compile's modes that capture CUDA graphs: reduce-overhead, and max-autotune (inductor's
+# triton.cudagraphs is on in both; torch._inductor.list_mode_options)
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+# The first gradient bucket of a DDP model compiled by TorchDynamo: DDPOptimizer (torch/_dynamo/backends/
+# distributed.py) is built with first_bucket_cap = this and bucket_bytes_cap = DDP's bucket_bytes_cap, which is
+# int(bucket_cap_mb * 2**20), and asserts "First bucket should be smaller/equal to other buckets" when the first
+# is the larger (torch/_dynamo/convert_frame.py builds it for every DDP model compiled with optimize_ddp on, the
+# default, whatever the mode and the number of processes).
+FIRST_BUCKET_BYTES = dist._DEFAULT_FIRST_BUCKET_BYTES  # 1 MiB
 
 
 def launch_refusal(mode: str, processes: int, *, cuda: bool, batch_size: int, backend: str | None = None,
                    sync_bn: bool = False, compile: bool = False, evaluate: bool = False,
-                   align_channels: int | None = None) -> str | None:
+                   align_channels: int | None = None, compile_mode: str | None = None,
+                   bucket_cap_mb: float | None = None) -> str | None:
     """Why `mode` over `processes` (GPUs, for data_parallel) cannot run on this machine (`cuda`: it has CUDA
     GPUs), in one line; None when it can. An evaluation trains nothing: any batch suits any number of them."""
     refusal = machine_refusal(cuda, (backend,), sync_bn)
@@ -20,10 +33,33 @@ def launch_refusal(mode: str, processes: int, *, cuda: bool, batch_size: int, ba
     if mode == "data_parallel" and compile and processes > 1:
         return (f"--compile with data_parallel on {processes} GPUs would compile nothing (TorchDynamo does "
                 f"not trace DataParallel's replica threads): leave out --compile, or use dist_parallel")
+    refusal = compile_refusal(mode, compile, compile_mode, bucket_cap_mb)
+    if refusal is not None:
+        return refusal
     if mode != "single_gpu" and batch_size % processes and not evaluate:
         unit = "GPUs" if mode == "data_parallel" else "processes"
         return (f"--batch_size {batch_size} does not divide over {processes} {unit}: the global batch is split "
                 f"evenly, so give a multiple of {processes}")
+    return None
+
+
+def compile_refusal(mode: str, compile: bool, compile_mode: str | None,
+                    bucket_cap_mb: float | None = None) -> str | None:
+    """Why torch.compile cannot run `mode` this way, in one line; None when it can. FSDP2's hooks are not traced
+    and every unshard allocates the gathered parameters anew, so CUDA graphs of its step would be recorded again
+    on every step, or fail (pytorch/pytorch#127225). Compiled DDP asserts where DDP's buckets are smaller than
+    its first one (FIRST_BUCKET_BYTES)."""
+    if not compile:
+        return None
+    if mode == "fsdp" and compile_mode in CUDA_GRAPH_MODES:
+        return (f"--compile_mode {compile_mode} captures CUDA graphs, which FSDP2 cannot keep (its "
+                f"unsharded parameters are allocated anew every step; pytorch/pytorch#127225): give "
+                f"--compile_mode default or max-autotune-no-cudagraphs")
+    if mode == "dist_parallel" and bucket_cap_mb is not None and \
+            int(bucket_cap_mb * 2**20) < FIRST_BUCKET_BYTES:
+        return (f"--bucket_cap_mb {bucket_cap_mb:g} with --compile: compiled DDP needs buckets at least as "
+                f"large as its first one ({FIRST_BUCKET_BYTES / 2**20:g} MiB; torch's DDPOptimizer asserts "
+                f"otherwise): give --bucket_cap_mb {FIRST_BUCKET_BYTES / 2**20:g} or more")
     return None
 
 

@@ -149,20 +149,22 @@ def cpu_threads() -> int:
     return int(value) if value.isascii() and value.isdigit() and int(value) > 0 else 1
 
 
-def check_runs(runs: list[PlannedRun], shared: list[str], group_flags: dict[str, list[str]]) -> None:
-    """Refuse, before anything starts, a matrix that some run would refuse: each run against the rules every
-    train.py keeps (common/rules.py: the backend and SyncBatchNorm against the machine, the global batch
-    dividing over the run's GPUs, DataParallel on several GPUs not compiled), and the flags each script would
-    get must parse."""
-    align = int(shared[shared.index("--align_channels") + 1]) if "--align_channels" in shared else None
+def check_runs(runs: list[PlannedRun], shared: list[str], group_flags: dict[str, list[str]],
+               log_dir: Path | None = None) -> None:
+    """Refuse, before anything starts, a matrix that some run would refuse: the flags each script would get must
+    parse (and pass its config's checks: the compile cache under `log_dir`, the runs' folder, among them), and
+    each run must keep the rules every train.py keeps (common/rules.py: the backend and SyncBatchNorm against the
+    machine, the global batch dividing over the run's GPUs, DataParallel on several GPUs not compiled, fsdp
+    without CUDA graphs, compiled DDP's buckets no smaller than its first)."""
     for run in runs:
-        refusal = launch_refusal(run.mode, run.gpus, cuda=run.unit == "gpu", batch_size=run.batch_size,
-                                 backend=run.backend, sync_bn=run.sync_bn, compile="--compile" in shared,
-                                 align_channels=align)
-        if refusal is not None:
-            raise UsageError(f"{refusal} ({run.describe()})")
         extra = ["--amp", run.amp] if run.amp else []
         extra += ["--batch_size", str(run.batch_size)]
+        extra += ["--log_dir", str(log_dir)] if log_dir is not None else []
         extra += mode_flags(run, group_flags) if run.mode in GROUP_MODES else []
-        parse_config(config_class(run.mode), [*shared, *extra])
-
+        cfg = parse_config(config_class(run.mode), [*shared, *extra])
+        refusal = launch_refusal(run.mode, run.gpus, cuda=run.unit == "gpu", batch_size=run.batch_size,
+                                 backend=run.backend, sync_bn=run.sync_bn, compile=cfg.compile,
+                                 align_channels=cfg.align_channels, compile_mode=cfg.compile_mode,
+                                 bucket_cap_mb=getattr(cfg, "bucket_cap_mb", None))
+        if refusal is not None:
+            raise UsageError(f"{refusal} ({run.describe()})")

@@ -39,8 +39,8 @@ from common.checkpoint import (StopSignals, check_fits, ended_line, has_ended, l
 from common.config import Config, GroupConfig, RunError, flag, parse_config, user_errors
 from common.data import DATASET_INFO, EvalShard, LoaderWorkerDied, load_datasets, make_loader
 from common.devices import seed_everything
-from common.guards import (check_launch, from_rank0, group_failure, joining_group, launch_variables,
-                           node_leader_first, on_every_rank, restart_store)
+from common.guards import (check_launch, compile_leader, from_rank0, group_failure, joining_group,
+                           launch_variables, node_leader_first, on_every_rank, restart_store)
 from common.launcher import own_gpu, report_stop, self_launch, tie_to_launcher
 from common.logger import Console, RunLogger, load_model_weights, resolve_run_dir, start_line
 from common.loop import Run
@@ -125,8 +125,8 @@ def get_model(cfg: DistConfig, device: torch.device):
         raw_model = nn.SyncBatchNorm.convert_sync_batchnorm(raw_model)
     # DDP broadcasts rank 0's weights now, then all-reduces (averages) gradients in buckets during
     # backward. gradient_as_bucket_view: gradients live in the buckets (no copy); static_graph: the
-    # same parameters are used every step, so DDP skips its per-step search for unused ones (left
-    # off under torch.compile's own DDP path)
+    # same parameters and graph every step (a promise; DDP searches for unused parameters only
+    # with find_unused_parameters, off here, static or not); left off under torch.compile's DDP
     model = DDP(raw_model, device_ids=[device.index] if device.type == "cuda" else None,
                 bucket_cap_mb=cfg.bucket_cap_mb, gradient_as_bucket_view=True,
                 static_graph=not cfg.compile)
@@ -251,6 +251,9 @@ def prepare(cfg: DistConfig, started: float) -> tuple[Run | None, object]:
                     scaler=scaler, logger=logger, console=console, run_dir=run_dir)
     if checkpoint:
         run.resume(checkpoint, rank=dist.get_rank())  # the same weights and position on every rank
+    if cfg.compile:  # one cold compile per node: the node's ranks that compile the same graphs wait
+        leader = compile_leader(device, cfg.dist_timeout)  # for its first rank, then read its cache
+        run.timer.compiling.follow(leader)
     return run, test_loader
 
 
@@ -288,7 +291,8 @@ def finish(run: Run) -> int:
     if run.cfg.save_model and not run.cfg.evaluate:
         run.console.line(f"weights saved to {run.logger.save_model(run.raw_model.state_dict())}")
     peaks = by_rank(peak_memory_gb(run.gpus))  # each rank's GPU, keyed by rank
-    run.write_results(devices=dist.get_world_size(), peaks=peaks, group=True)
+    waits = by_rank({0: getattr(run.timer.compiling, "waited", None)})  # for another's compile
+    run.write_results(devices=dist.get_world_size(), peaks=peaks, group=True, compile_waits=waits)
     return 0
 
 

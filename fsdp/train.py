@@ -39,8 +39,8 @@ from common.checkpoint import (StopSignals, check_fits, ended_line, has_ended, l
 from common.config import Config, GroupConfig, RunError, flag, parse_config, user_errors
 from common.data import DATASET_INFO, EvalShard, LoaderWorkerDied, load_datasets, make_loader
 from common.devices import seed_everything
-from common.guards import (check_launch, from_rank0, group_failure, joining_group, launch_variables,
-                           node_leader_first, on_every_rank, restart_store)
+from common.guards import (check_launch, compile_leader, from_rank0, group_failure, joining_group,
+                           launch_variables, node_leader_first, on_every_rank, restart_store)
 from common.launcher import own_gpu, report_stop, self_launch, tie_to_launcher
 from common.logger import Console, RunLogger, load_model_weights, resolve_run_dir, start_line
 from common.loop import Run
@@ -138,7 +138,10 @@ def get_model(cfg: FsdpConfig, device: torch.device):
     fully_shard(raw_model, reshard_after_forward=cfg.reshard_after_forward)
     model = raw_model
     if cfg.compile:  # compiled in the first step; raw_model (evaluation, saving) stays eager
-        model = torch.compile(model, mode=cfg.compile_mode)  # reduce-overhead: CUDA graphs
+        # TorchDynamo does not trace FSDP2's hooks: a graph per block, each of its own width, with
+        # static shapes (dynamic ones make inductor fail: docs/modes.md#fsdp), and room for them all
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, cfg.depth)
+        model = torch.compile(model, mode=cfg.compile_mode, dynamic=False)  # no CUDA graphs
     return model, raw_model
 
 
@@ -276,6 +279,9 @@ def prepare(cfg: FsdpConfig, started: float) -> tuple[Run | None, object]:
                     scaler=scaler, logger=logger, console=console, run_dir=run_dir)
     if checkpoint:
         run.resume(checkpoint, rank=dist.get_rank())  # the same weights and position on every rank
+    if cfg.compile:  # one cold compile per node: the node's ranks that compile the same graphs wait
+        leader = compile_leader(device, cfg.dist_timeout)  # for its first rank, then read its cache
+        run.timer.compiling.follow(leader)
     return run, test_loader
 
 
@@ -315,7 +321,8 @@ def finish(run: Run) -> int:
         weights = model_state(run.raw_model)  # gathered from the slices onto rank 0, every rank in
         run.console.line(f"weights saved to {run.logger.save_model(weights)}")
     peaks = by_rank(peak_memory_gb(run.gpus))  # each rank's GPU, keyed by rank
-    run.write_results(devices=dist.get_world_size(), peaks=peaks, group=True)
+    waits = by_rank({0: getattr(run.timer.compiling, "waited", None)})  # for another's compile
+    run.write_results(devices=dist.get_world_size(), peaks=peaks, group=True, compile_waits=waits)
     return 0
 
 

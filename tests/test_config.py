@@ -216,8 +216,10 @@ DOMAINS = {
     "channels_last": (["--channels_last", "--no_channels_last"], []),
     "align_channels": (["0", "8", "256"], ["-1", "257", BIG]),
     "compile": (["--compile"], []),
-    "compile_mode": (["default", "reduce-overhead", "max-autotune"], ["fast"]),
-    "compile_cache": ([".", "relative/cache"], ["", "/proc/cache"]),
+    "compile_mode": (["--compile --compile_mode default", "--compile --compile_mode max-autotune"],
+                     ["fast", "--compile_mode default"]),  # without --compile it would be ignored
+    "compile_cache": (["--compile --compile_cache .", "--compile --compile_cache relative/cache"],
+                      ["", "/proc/cache", "--compile_cache /tmp/cache"]),
     "cudnn_benchmark_limit": (["0", "10"], ["-1", str(10**6 + 1)]),
     "benchmark": (["--benchmark"], []),
     "benchmark_steps": (["1"], ["0", BIG]),

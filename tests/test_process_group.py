@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -147,9 +148,11 @@ def _sync_check_worker(rank: int, world_size: int, init_file: str, out_dir: str)
 
 
 def _group_worker(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
-    """One rank of a real 2-process gloo group, for the two tests below: the sync checks, then the gathers."""
+    """One rank of a real 2-process gloo group, for the three tests below: the sync checks, the gathers, the
+    node's first compile."""
     _sync_check_worker(rank, world_size, init_file + ".sync", out_dir)
     _gather_worker(rank, world_size, init_file + ".gather", out_dir)
+    _compile_worker(rank, world_size, init_file + ".compile", out_dir)
 
 
 @pytest.fixture(scope="module")
@@ -206,6 +209,46 @@ def test_sharded_parameters_gather_through_the_cpu_as_full_tensor_gathers_them(g
     for rank in range(2):
         same = json.loads((group_reports / f"gathered{rank}.json").read_text())
         assert len(same) == 4 and all(same.values()), (rank, same)
+
+
+def _compile_worker(rank: int, world_size: int, init_file: str, out_dir: str) -> None:
+    """One rank of the first-compile test: both ranks of one torchrun node (GROUP_RANK) compile a forward and its
+    backward (AOTAutograd, eager kernels), rank 0 starting half a second late; then who would lead on other devices, or
+    in a launch by hand."""
+    from common.compiling import CompileClock
+    from common.guards import compile_leader
+
+    os.environ["GROUP_RANK"] = "0"
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    try:
+        clock = CompileClock(str(Path(out_dir) / "compile_cache"))
+        leader = compile_leader(torch.device("cpu"), timeout_s=60.0)
+        clock.follow(leader)
+        if rank == 0:
+            time.sleep(0.5)
+        model = torch.compile(nn.Linear(3, 2), backend="aot_eager")
+        model(torch.ones(4, 3)).sum().backward()
+        report = {"leads": leader[1], "waited": clock.waited, "seconds": clock.seconds, "events": clock.events}
+        clock.close()
+        report["other_devices"] = compile_leader(torch.device("cpu" if rank else "meta"), 60.0)
+        del os.environ["GROUP_RANK"]
+        report["by_hand"] = compile_leader(torch.device("cpu"), 60.0)
+        Path(out_dir, f"compiled{rank}.json").write_text(json.dumps(report))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_ranks_of_a_node_wait_for_its_first_rank_to_compile_each_graph(group_reports):
+    """On a real 2-process gloo group, as two ranks of one torchrun node on the CPU: rank 1 waits for rank 0 (half a
+    second late) to compile the forward, then the backward, each of which it would then read from the cache,
+    and that wait is not counted as its compile time. Ranks on different devices (GPUs: inductor's cache keys
+    hold the device index) and processes started by hand (no node known) compile alone."""
+    first, second = (json.loads((group_reports / f"compiled{rank}.json").read_text()) for rank in range(2))
+    assert first["leads"] is True and second["leads"] is False
+    assert first["events"] == second["events"] == 2  # the forward, then the backward at its first call
+    assert first["waited"] == 0 and second["waited"] >= 0.4, (first, second)
+    assert second["seconds"] < second["waited"] and first["seconds"] > 0
+    assert first["other_devices"] is second["other_devices"] is first["by_hand"] is second["by_hand"] is None
 
 
 # ---------------------------------------------------------------------------------------------------- 9. sampler
