@@ -283,7 +283,8 @@ def test_a_step_replayed_as_cuda_graphs_is_refused(mode, monkeypatch):
     assert f"--compile_mode {mode} replays the step as CUDA graphs" in done.stderr
     assert done.stdout == ""
     parse_config(ProfileConfig, ["--compile", "--compile_mode", "max-autotune-no-cudagraphs"])
-    parse_config(ProfileConfig, ["--compile_mode", mode])  # without --compile nothing is compiled
+    with pytest.raises(UsageError, match="does nothing without --compile"):  # nothing would be compiled
+        parse_config(ProfileConfig, ["--compile_mode", mode])
 
 
 @pytest.mark.parametrize("where", ["missing/profile.json", "."])
