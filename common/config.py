@@ -27,6 +27,7 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from models.factory import PYRAMIDNET, unknown_model
 from models.pyramidnet import BLOCKS as MODEL_BLOCKS, check_arguments, parameters_at_least
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -349,6 +350,9 @@ class Config:
     weight_decay: float = flag(1e-4, "L2 weight decay", at_least=0, at_most=FLOAT32_MAX)
     nesterov: bool = flag(True, "Nesterov momentum (the paper's)")
     # model
+    model: str = flag(PYRAMIDNET, "pyramidnet (the paper's CIFAR model, shaped by the four flags below) or any "
+                                  "classification model torchvision lists (resnet50, vit_b_16, ...), built "
+                                  "without pretrained weights", check=unknown_model)
     depth: int = flag(110, "PyramidNet depth: 6n+2 (basic) or 9n+2 (bottleneck)", at_least=1)  # its form: __post_init__
     alpha: float = flag(270.0, "PyramidNet widening factor: channels added over the whole network", above=0)
     block: str = flag("basic", "residual block", choices=tuple(MODEL_BLOCKS))
@@ -358,6 +362,9 @@ class Config:
     dataset: str = flag("cifar10", "cifar10 or mnist (downloaded into --data_dir), or synthetic (CIFAR-10-shaped, "
                                    "generated, offline)", choices=DATASETS)
     data_dir: str = flag(str(REPO_ROOT / "data"), "where datasets are downloaded and read", check="folder")
+    image_size: int | None = flag(None, "side of the square images the model takes (default: 224 for --dataset "
+                                        "imagefolder and for torchvision models on synthetic data; else the "
+                                        "dataset's own, 32, or 28 for mnist)", at_least=8, at_most=4096)
     synthetic_size: int = flag(50_000, "training images of --dataset synthetic; the test set is a fifth of it",
                                at_least=5, check=_synthetic_images)
     loader: str | None = flag(None, "gpu: dataset held on the device, augmented there (default with CUDA); "
@@ -446,6 +453,8 @@ class Config:
         refusal = compile_cache_refusal(self) if self.compile else None
         if refusal:
             raise UsageError(refusal)
+        if self.model != PYRAMIDNET:  # a torchvision model: its own shape, checked on its images at the start
+            return
         try:
             check_arguments(self.depth, self.alpha, self.block, 10, 3)
         except ValueError as error:

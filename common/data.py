@@ -12,6 +12,7 @@ differ only in the rounding of the normalisation, by at most one float32 ulp (2*
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import pickle
@@ -52,6 +53,23 @@ DATASET_INFO = {
     "mnist": DatasetInfo(1, 28, 10, (0.1307,), (0.3081,), flip=False),
     "synthetic": DatasetInfo(3, 32, 10, CIFAR10_MEAN, CIFAR10_STD, flip=True),  # CIFAR-10's shapes and statistics
 }  # one entry per common.config.DATASETS
+
+
+def dataset_info(cfg) -> DatasetInfo:
+    """The DatasetInfo of the data a run's config (a Config, or any object with its fields) trains on: what the
+    model is built for (channels, classes, image size) and how the loaders normalise and augment it."""
+    info = DATASET_INFO[cfg.dataset]
+    return dataclasses.replace(info, size=image_size(cfg))
+
+
+def image_size(cfg) -> int:
+    """The side of the images a run trains on: --image_size, else 224 for torchvision's models on synthetic data
+    (the size they are made for), else the dataset's own."""
+    if cfg.image_size:
+        return cfg.image_size
+    if cfg.dataset == "synthetic" and cfg.model != "pyramidnet":
+        return 224
+    return DATASET_INFO[cfg.dataset].size
 
 
 # ---- datasets: .data uint8 (N, H, W, C) or (N, H, W), .targets (ints), .info; [i] is (PIL image, label) ----

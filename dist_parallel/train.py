@@ -37,7 +37,8 @@ from torch.utils.data import DistributedSampler
 from common.checkpoint import (StopSignals, check_fits, ended_line, has_ended, last_checkpoint_note,
                                resume_checkpoint, save_checkpoint, stopped_line)
 from common.config import Config, GroupConfig, RunError, flag, parse_config, user_errors
-from common.data import DATASET_INFO, EvalShard, LoaderWorkerDied, load_datasets, make_loader
+from common.data import (EvalShard, LoaderWorkerDied, dataset_info, load_datasets,
+                         make_loader)
 from common.devices import seed_everything
 from common.guards import (check_launch, compile_leader, from_rank0, group_failure, joining_group,
                            launch_variables, node_leader_first, on_every_rank, restart_store)
@@ -50,7 +51,7 @@ from common.performance import autocast, grad_scaler, memory_format, resolve_fas
 from common.rules import per_process_batch
 from common.sync_check import verify_sync
 from common.telemetry import peak_memory_gb
-from models import pyramidnet
+from models import build_model
 
 MODE = "dist_parallel"
 
@@ -116,10 +117,7 @@ def get_loaders(cfg: Config, device: torch.device):
 # -------------------------------------------------------------------------------------------- model
 def get_model(cfg: DistConfig, device: torch.device):
     """The model to call, and the unwrapped one whose weights are saved and evaluated."""
-    data = DATASET_INFO[cfg.dataset]  # the images' channels and the classes
-    raw_model = pyramidnet(cfg.depth, cfg.alpha, cfg.block, num_classes=data.classes,
-                           in_channels=data.channels, width_multiple=cfg.width_multiple,
-                           align_channels=cfg.align_channels)  # activations stored aligned
+    raw_model = build_model(cfg, dataset_info(cfg))  # --model, for the images' shape and classes
     raw_model = raw_model.to(device, memory_format=memory_format(cfg))
     if cfg.sync_bn:  # BatchNorm statistics over the global batch: an all-reduce in every BN forward
         raw_model = nn.SyncBatchNorm.convert_sync_batchnorm(raw_model)

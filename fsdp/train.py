@@ -37,7 +37,8 @@ from torch.utils.data import DistributedSampler
 from common.checkpoint import (StopSignals, check_fits, ended_line, has_ended, last_checkpoint_note,
                                resume_checkpoint, save_checkpoint, stopped_line)
 from common.config import Config, GroupConfig, RunError, flag, parse_config, user_errors
-from common.data import DATASET_INFO, EvalShard, LoaderWorkerDied, load_datasets, make_loader
+from common.data import (EvalShard, LoaderWorkerDied, dataset_info, load_datasets,
+                         make_loader)
 from common.devices import seed_everything
 from common.guards import (check_launch, compile_leader, from_rank0, group_failure, joining_group,
                            launch_variables, node_leader_first, on_every_rank, restart_store)
@@ -51,7 +52,7 @@ from common.rules import per_process_batch
 from common.state import model_state
 from common.sync_check import verify_sync
 from common.telemetry import peak_memory_gb
-from models import pyramidnet
+from models import build_model
 from models.aligned import weights_nhwc
 
 MODE = "fsdp"
@@ -118,10 +119,7 @@ def get_loaders(cfg: Config, device: torch.device):
 def get_model(cfg: FsdpConfig, device: torch.device):
     """The model to call, and the unwrapped one whose weights are saved and evaluated (under FSDP2
     the same module, its parameters now DTensor slices; compiled, the model to call wraps it)."""
-    data = DATASET_INFO[cfg.dataset]  # the images' channels and the classes
-    raw_model = pyramidnet(cfg.depth, cfg.alpha, cfg.block, num_classes=data.classes,
-                           in_channels=data.channels, width_multiple=cfg.width_multiple,
-                           align_channels=cfg.align_channels)  # activations stored aligned
+    raw_model = build_model(cfg, dataset_info(cfg))  # --model, for the images' shape and classes
     raw_model = raw_model.to(device)
     if cfg.channels_last:  # FSDP2 shards contiguous parameters only: the aligned convolutions store
         weights_nhwc(raw_model)  # their weights (out, kh, kw, in), a channels_last view for cuDNN
@@ -231,7 +229,7 @@ def as_many_batches(cfg: FsdpConfig, loader, device: torch.device):
     unit's parameters from every rank."""
     most = torch.tensor([len(loader)], device=device)
     dist.all_reduce(most, op=dist.ReduceOp.MAX)
-    data = DATASET_INFO[cfg.dataset]
+    data = dataset_info(cfg)
     shape = (0, data.channels, data.size, data.size)
     images = torch.empty(shape, device=device, memory_format=memory_format(cfg))  # no images
     labels = torch.empty(0, dtype=torch.long, device=device)

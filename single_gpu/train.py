@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from common.checkpoint import (StopSignals, check_fits, ended_line, has_ended, last_checkpoint_note,
                                resume_checkpoint, save_checkpoint, stopped_line)
 from common.config import Config, RunError, UsageError, parse_config, user_errors
-from common.data import (DATASET_INFO, EvalShard, LoaderWorkerDied, ShuffleSampler, load_datasets,
-                         make_loader)
+from common.data import (EvalShard, LoaderWorkerDied, ShuffleSampler, dataset_info,
+                         load_datasets, make_loader)
 from common.devices import cuda_devices, one_process, seed_everything
 from common.logger import Console, RunLogger, load_model_weights, resolve_run_dir, start_line
 from common.loop import Run
@@ -33,7 +33,7 @@ from common.optim import build_optimizer, lr_schedule
 from common.performance import autocast, grad_scaler, memory_format, resolve_fast_path
 from common.rules import per_process_batch
 from common.telemetry import peak_memory_gb
-from models import pyramidnet
+from models import build_model
 
 MODE = "single_gpu"
 
@@ -74,10 +74,7 @@ def get_loaders(cfg: Config, device: torch.device):
 # -------------------------------------------------------------------------------------------- model
 def get_model(cfg: Config, device: torch.device):
     """The model to call, and the unwrapped one whose weights are saved and evaluated."""
-    data = DATASET_INFO[cfg.dataset]  # the images' channels and the classes
-    raw_model = pyramidnet(cfg.depth, cfg.alpha, cfg.block, num_classes=data.classes,
-                           in_channels=data.channels, width_multiple=cfg.width_multiple,
-                           align_channels=cfg.align_channels)  # activations stored aligned
+    raw_model = build_model(cfg, dataset_info(cfg))  # --model, for the images' shape and classes
     raw_model = raw_model.to(device, memory_format=memory_format(cfg))
     model = raw_model  # one device: nothing to wrap
     if cfg.compile:  # compiled in the first step; raw_model (evaluation, saving) stays eager
