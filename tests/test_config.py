@@ -198,6 +198,7 @@ DOMAINS = {
     "weight_decay": (["0", "10", "3.4e38"], ["--weight_decay=-1e-4", "nan", "inf", "1e39"]),
     "nesterov": (["--no_nesterov"], []),
     # model
+    "model": (["pyramidnet", "resnet18", "vit_b_16"], ["", "resnt18", "yolo", "fasterrcnn_resnet50_fpn"]),
     "depth": (["8", "--depth 11 --block bottleneck"], ["2", "-4", "109", BIG, "--depth 8 --block bottleneck"]),
     "alpha": (["1e-3"], ["0", "-5", "nan", "inf", "1e7"]),  # 1e7: petabytes of weights
     "block": (["bottleneck"], ["wide"]),
@@ -206,6 +207,7 @@ DOMAINS = {
     "dataset": (["synthetic", "mnist"], ["imagenet"]),
     "data_dir": ([".", "relative/data", path_of(FOLDER_ROOM)],
                  ["", "/proc/data", "/sys/data", "a\0b", "/tmp/" + "x" * (NAME_MAX + 1), path_of(FOLDER_ROOM + 1)]),
+    "image_size": (["8", "224", "4096"], ["7", "0", "4097"]),
     "synthetic_size": (["5"], ["4", "0", "-1", str(10**13)]),  # 10**13: 246 PB while generated
     "loader": (["gpu", "torchvision"], ["dali"]),
     "num_workers": (["0", "64"], ["-1", BIG, "1000000"]),  # a million processes: 10 TB at the least
