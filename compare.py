@@ -42,6 +42,7 @@ import os
 import shutil
 import sys
 import time
+import types
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -52,7 +53,8 @@ import torch  # noqa: E402
 
 from common.config import (REPO_ROOT, AMPS, Config, UsageError, _OneLineParser, add_flags,  # noqa: E402
                            check_domains, config_argv, flag, user_errors)
-from common.data import DATASET_INFO  # noqa: E402
+from common import performance  # noqa: E402
+from common.data import dataset_info  # noqa: E402
 from common.rules import machine_refusal  # noqa: E402
 from comparison import environment as machine  # noqa: E402
 from comparison.matrix import BACKENDS, GROUP_MODES, MODES, check_runs, command, config_class, plan  # noqa: E402
@@ -64,7 +66,6 @@ from comparison.report import (  # noqa: E402
 from comparison.runner import (  # noqa: E402
     run_all, signal_name, signal_of, signals_deferred, start, stop_signals)
 from comparison.verify import Verification, defaults as verify_defaults  # noqa: E402
-from models.pyramidnet import pyramidnet  # noqa: E402
 
 # ------------------------------------------------------------------------------------------------------ config
 
@@ -263,7 +264,7 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
     grads = gradient_bytes(model)
     bucket_cap_mb = next((o.results["config"].get("bucket_cap_mb") for o in ok if o.run.mode == "dist_parallel"),
                          25.0)
-    data = DATASET_INFO[config["dataset"]]
+    data = dataset_info(types.SimpleNamespace(**{**{f.name: f.default for f in dataclasses.fields(Config)}, **config}))
     projection = projection_inputs(outcomes, grads, bucket_cap_mb, fsdp_units(model, data.channels, data.size))
     amp = projection["amp"] if projection else (config.get("amp") or ("bf16" if cuda else "off"))
     memory = memory_projection(lambda alpha: model_on_meta({**config, "alpha": alpha}), config["alpha"], amp,
@@ -331,11 +332,11 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
 
 
 def model_on_meta(config: dict) -> torch.nn.Module:
-    """The model the runs trained, built without memory, to count its gradients."""
-    data = DATASET_INFO[config["dataset"]]
-    with torch.device("meta"), uninitialised():
-        return pyramidnet(config["depth"], config["alpha"], config["block"], num_classes=data.classes,
-                          in_channels=data.channels, width_multiple=config["width_multiple"])
+    """The model the runs trained (results.json's config; a field it lacks, written before the field existed,
+    takes its default), built without memory, to count its gradients."""
+    fields = {field.name: field.default for field in dataclasses.fields(Config)}
+    with uninitialised():
+        return performance.model_on_meta(types.SimpleNamespace(**{**fields, **config, "align_channels": 0}))
 
 
 @contextlib.contextmanager

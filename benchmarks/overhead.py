@@ -24,11 +24,11 @@ import torch
 import torch.nn.functional as F
 
 from common.config import CHECKS, Config, UsageError, config_argv, flag, parse_config, user_errors
-from common.data import ShuffleSampler, load_datasets, make_loader
+from common.data import ShuffleSampler, dataset_info, load_datasets, make_loader
 from common.devices import seed_everything
 from common.optim import build_optimizer
 from common.performance import autocast, memory_format, resolve_fast_path
-from models import pyramidnet
+from models import build_model
 
 DEFAULTS = ["--dataset", "synthetic", "--synthetic_size", "512", "--depth", "8", "--alpha", "12", "--batch_size",
             "32", "--warmup_steps", "3", "--benchmark_steps", "24", "--log_interval", "9", "--no_progress"]
@@ -60,8 +60,7 @@ def bare_images_per_sec(cfg: Config, device: torch.device) -> float:
                          ShuffleSampler(len(train_set), True, cfg.seed), cfg.batch_size, device, train=True,
                          augment=True, num_workers=cfg.num_workers, seed=cfg.seed,
                          memory_format=memory_format(cfg))  # the loader --benchmark builds, workers included
-    model = pyramidnet(cfg.depth, cfg.alpha, cfg.block, width_multiple=cfg.width_multiple,
-                       align_channels=cfg.align_channels).to(device, memory_format=memory_format(cfg)).train()
+    model = build_model(cfg, dataset_info(cfg)).to(device, memory_format=memory_format(cfg)).train()
     optimizer = build_optimizer(model, cfg, device)
     steps = cfg.warmup_steps + cfg.benchmark_steps
     done = 0

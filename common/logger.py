@@ -22,9 +22,10 @@ from common.state import load_model_state
 from common.telemetry import environment
 
 SUMMARY_FIELDS = ("images_per_sec", "images_per_sec_per_gpu", "batch_time_p50", "batch_time_p90", "data_wait_frac",
-                  "flops_per_image", "mfu", "mfu_note", "first_step_s", "compile_time_s", "compile_wait_s",
-                  "gpu_util_mean", "peak_mem_gb", "peak_mem_reserved_gb", "train_loss", "train_acc", "test_loss",
-                  "test_acc", "test_images", "epoch_time_s", "epoch_time_note", "wall_time_s", "steps")
+                  "flops_per_image", "parameters", "mfu", "mfu_note", "first_step_s", "compile_time_s",
+                  "compile_wait_s", "gpu_util_mean", "peak_mem_gb", "peak_mem_reserved_gb", "train_loss",
+                  "train_acc", "test_loss", "test_acc", "test_images", "epoch_time_s", "epoch_time_note",
+                  "wall_time_s", "steps")
 # What a resumed run reports of its last attempt alone: the figures of the hardware it ran on
 # (speed, utilisation, memory), that of results.json's `env` (a restart may run on other GPUs).
 # Every other figure covers the whole run. (The peak_mem_*_per_gpu are beside the summary.)

@@ -16,9 +16,9 @@ import torch
 
 from common.compiling import graph_entries, inductor_cache_path
 from common.config import Config, UsageError, compile_cache_folder
-from common.data import DATASET_INFO
+from common.data import dataset_info
 from common.rules import alignment_refusal
-from models import pyramidnet
+from models import PYRAMIDNET, build_model, model_refusal, on_meta
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -60,8 +60,12 @@ def resolve_fast_path(cfg: Config, device: torch.device) -> Config:
         raise UsageError(f"{torch.cuda.get_device_name(device)} has no bf16 tensor cores: use --amp fp16 or off")
     channels_last = cuda if cfg.channels_last is None else cfg.channels_last
     sync_bn = getattr(cfg, "sync_bn", False)  # dist_parallel's: SyncBatchNorm takes the paper's widths only
-    align = cfg.align_channels if cfg.align_channels is not None else 8 if cuda and not sync_bn else 0
-    refusal = alignment_refusal(sync_bn, align)
+    pyramid = cfg.model == PYRAMIDNET  # the aligned storage is PyramidNet's (models/aligned.py)
+    align = cfg.align_channels if cfg.align_channels is not None else 8 if cuda and pyramid and not sync_bn else 0
+    refusal = alignment_refusal(sync_bn, align) or model_refusal(cfg, dataset_info(cfg))
+    if align > 1 and not pyramid:
+        refusal = (f"--align_channels {align} stores PyramidNet's channels padded; --model {cfg.model} keeps its "
+                   f"own: leave out --align_channels")
     if refusal is not None:
         raise UsageError(refusal)
     if cuda:
@@ -117,28 +121,33 @@ def grad_scaler(cfg: Config, device: torch.device) -> torch.amp.GradScaler:
     return torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16")
 
 
-def model_on_meta(cfg: Config) -> torch.nn.Module:
-    """The paper's model a run trains (its real widths, whatever --align_channels stores), built on the meta
-    device: shapes without memory, for counting its FLOPs and bytes."""
-    data = DATASET_INFO[cfg.dataset]
-    with torch.device("meta"):
-        return pyramidnet(cfg.depth, cfg.alpha, cfg.block, num_classes=data.classes, in_channels=data.channels,
-                          width_multiple=cfg.width_multiple)
+def model_on_meta(cfg) -> torch.nn.Module:
+    """The model a run trains (a Config, or anything with its fields), as its paper or torchvision defines it
+    (PyramidNet's real widths, whatever --align_channels stores), built on the meta device: shapes without memory,
+    for counting its parameters, FLOPs and bytes."""
+    paper = dataclasses.replace(cfg, align_channels=0) if dataclasses.is_dataclass(cfg) else cfg
+    return on_meta(lambda: build_model(paper, dataset_info(cfg)))
 
 
-def flops_per_image(cfg: Config) -> int:
+def parameter_count(cfg) -> int:
+    """The parameters of the model a run trains (PyramidNet's paper count, whatever --align_channels stores)."""
+    return sum(param.numel() for param in model_on_meta(cfg).parameters())
+
+
+def flops_per_image(cfg) -> int:
     """Forward plus backward FLOPs of one training image, counted by torch.utils.flop_counter on a copy of the model
-    built on the meta device (no memory, no compute, the real model untouched). Convolutions and the classifier
-    are counted (2 FLOPs per multiply-add); BatchNorm, ReLU and additions are not, as in the usual MFU convention."""
+    built on the meta device (no memory, no compute, the real model untouched). Convolutions, matrix products and
+    attention are counted (2 FLOPs per multiply-add); normalisation, activations and additions are not, as in the
+    usual MFU convention."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    batch, data = 2, DATASET_INFO[cfg.dataset]  # the images' shape and the classes of the data trained on
+    batch, data = 2, dataset_info(cfg)  # the images' shape and the classes of the data trained on
     model = model_on_meta(cfg)
     with torch.device("meta"):
         images = torch.empty(batch, data.channels, data.size, data.size)
         labels = torch.zeros(batch, dtype=torch.int64)
     with FlopCounterMode(display=False) as counter:
-        torch.nn.functional.cross_entropy(model(images), labels).backward()
+        torch.nn.functional.cross_entropy(model.train()(images), labels).backward()
     return counter.get_total_flops() // batch
 
 
@@ -207,7 +216,7 @@ def speed_summary(cfg: Config, totals, timer, device: torch.device, devices: int
     compiling = getattr(timer, "compiling", None)
     return {
         "images_per_sec": rate, "images_per_sec_per_gpu": per_device, "batch_time_p50": p50, "batch_time_p90": p90,
-        "data_wait_frac": totals.data_frac, "flops_per_image": flops,
+        "data_wait_frac": totals.data_frac, "flops_per_image": flops, "parameters": parameter_count(cfg),
         "mfu": utilisation, "first_step_s": first,
         "compile_time_s": compiling.seconds if compiling is not None else None,
         "compile_wait_s": max(waits) if waits else None,

@@ -39,14 +39,14 @@ import torch.nn.functional as F
 from torch.utils.data import DistributedSampler
 
 from common.config import Config, UsageError, config_argv
-from common.data import load_datasets, make_loader
+from common.data import dataset_info, load_datasets, make_loader
 from common.devices import seed_everything
 from common.optim import build_optimizer, lr_schedule
 from common.performance import autocast, grad_scaler, memory_format, resolve_fast_path
 from comparison.matrix import GROUP_MODES, PlannedRun, check_runs, command, cpu_threads
 from comparison.report import Outcome, fmt_seconds, write_file
 from comparison.runner import run_all, signal_name, signals_deferred, start
-from models import pyramidnet
+from models import build_model
 
 DEFAULT_STEPS = 24
 
@@ -93,9 +93,7 @@ def _train_reference(cfg: Config, world_size: int, device: torch.device) -> dict
         loaders.append(make_loader(kind, train_set, sampler, cfg.batch_size // world_size, device, train=True,
                                    augment=cfg.augment, num_workers=cfg.num_workers, seed=cfg.seed,
                                    memory_format=memory_format(cfg)))
-    info = train_set.info
-    model = pyramidnet(cfg.depth, cfg.alpha, cfg.block, num_classes=info.classes, in_channels=info.channels,
-                       width_multiple=cfg.width_multiple, align_channels=cfg.align_channels)
+    model = build_model(cfg, dataset_info(cfg))
     model = model.to(device, memory_format=memory_format(cfg))
     optimizer = build_optimizer(model, cfg, device)
     scheduler, scaler = lr_schedule(optimizer, cfg, len(loaders[0])), grad_scaler(cfg, device)

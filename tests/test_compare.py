@@ -23,6 +23,7 @@ import torchvision
 from conftest import REPO, run_script
 
 import compare
+from models import pyramidnet
 from common.config import UsageError, missing_domains
 from comparison import environment as machine
 from comparison import runner
@@ -399,7 +400,7 @@ def test_ring_allreduce_cost_follows_the_nccl_tests_definition():
 
 def test_projection_falls_with_gpus_and_slower_links():
     with torch.device("meta"):
-        grads = gradient_bytes(compare.pyramidnet(110, 270, "basic"))
+        grads = gradient_bytes(pyramidnet(110, 270, "basic"))
     assert sum(grads) == 28_485_477 * 4
     nvlink, pcie, _ = FABRICS
     step = 0.020  # a fast GPU's step: communication matters
