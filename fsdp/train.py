@@ -8,15 +8,16 @@ each holding a slice of every parameter, gradient and momentum buffer, on one no
     python train.py --resume ../runs/<dist_parallel run>/checkpoint.pt   # one checkpoint format
     python train.py --evaluate ../runs/<run>/model.pt  # exact test loss and accuracy, any processes
 
-dist_parallel/train.py with FSDP2's `fully_shard` in place of the DDP wrapper: every residual block
-is a unit whose parameters are all-gathered from the ranks' slices just before the block runs and
-freed after it (again in backward: `--reshard_after_forward`, ZeRO-3-like, the default; off,
-ZeRO-2-like, they stay gathered from forward to backward), and whose gradients are reduce-scattered,
-each rank keeping the averaged slice it updates. The root unit holds the rest (stem, final
-BatchNorm, classifier). Per GPU the weights, gradients and optimizer state take 1/N of DDP's memory,
-for 1.5x its traffic (1x without resharding); `python compare.py` measures both. Everything else
-(the process group, launches, global batch, exact evaluation, checkpoints, stopping, restarts) is
-dist_parallel's, repeated here so that this file reads alone.
+dist_parallel/train.py with FSDP2's `fully_shard` in place of the DDP wrapper, the model built on
+the meta device and sharded before any rank fills its slices: every repeated block (a residual
+block, a transformer layer) is a unit whose parameters are all-gathered from the ranks' slices just
+before the block runs and freed after it (again in backward: `--reshard_after_forward`, ZeRO-3-like,
+the default; off, ZeRO-2-like, they stay gathered from forward to backward), and whose gradients are
+reduce-scattered, each rank keeping the averaged slice it updates. The root unit holds the rest
+(stem, final BatchNorm, classifier). Per GPU the weights, gradients and optimizer state take 1/N of
+DDP's memory, for 1.5x its traffic (1x without resharding); `python compare.py` measures both.
+Everything else (the process group, launches, global batch, exact evaluation, checkpoints, stopping,
+restarts) is dist_parallel's, repeated here so that this file reads alone.
 """
 # ------------------------------------------------------------------------------------------ imports
 import datetime
@@ -31,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python train.py
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.utils.data import DistributedSampler
 
@@ -52,7 +54,7 @@ from common.rules import per_process_batch
 from common.state import model_state
 from common.sync_check import verify_sync
 from common.telemetry import peak_memory_gb
-from models import build_model
+from models import build_model, on_meta, repeated_blocks
 from models.aligned import weights_nhwc
 
 MODE = "fsdp"
@@ -118,27 +120,40 @@ def get_loaders(cfg: Config, device: torch.device):
 # -------------------------------------------------------------------------------------------- model
 def get_model(cfg: FsdpConfig, device: torch.device):
     """The model to call, and the unwrapped one whose weights are saved and evaluated (under FSDP2
-    the same module, its parameters now DTensor slices; compiled, the model to call wraps it)."""
-    raw_model = build_model(cfg, dataset_info(cfg))  # --model, for the images' shape and classes
-    raw_model = raw_model.to(device)
+    the same module, its parameters now DTensor slices; compiled, the model to call wraps it).
+    Built as FSDP2 teaches: on the meta device, sharded, then each rank's slices materialised and
+    filled, so that no GPU ever holds the whole model."""
+    data = dataset_info(cfg)  # the images' shape and classes
+    raw_model = on_meta(lambda: build_model(cfg, data))  # shapes only: no memory, no random draws
     if cfg.channels_last:  # FSDP2 shards contiguous parameters only: the aligned convolutions store
         weights_nhwc(raw_model)  # their weights (out, kh, kw, in), a channels_last view for cuDNN
-    for tensor in [*raw_model.parameters(), *raw_model.buffers()]:  # every rank starts from rank
-        dist.broadcast(tensor.detach(), src=0)  # 0's weights, as DDP's constructor makes sure
-    # One unit per residual block, gathered just before it runs; the root unit takes the stem, the
-    # last BatchNorm and the classifier. Mixed precision stays autocast, as in every mode (not
-    # FSDP's MixedPrecisionPolicy, whose bf16 parameters would halve the gathers' bytes): the same
-    # ops see the same dtypes, BatchNorm computes in fp32, and one process ends with single_gpu's
-    # weights, bit for bit. Gathers and gradients then move fp32, and autocast's bf16 weight
-    # copies, which autograd keeps from forward to backward, are whole on every rank.
-    for block in (*raw_model.layer1, *raw_model.layer2, *raw_model.layer3):
+    # One unit per repeated block (PyramidNet's and ResNet's residual blocks, ViT's encoder layers:
+    # models.repeated_blocks), gathered just before it runs; the root unit takes the rest. Mixed
+    # precision stays autocast, as in every mode (not FSDP's MixedPrecisionPolicy, whose bf16
+    # parameters would halve the gathers' bytes): the same ops see the same dtypes, BatchNorm
+    # computes in fp32, and one process ends with single_gpu's weights, bit for bit. Gathers and
+    # gradients then move fp32, and autocast's bf16 weight copies, which autograd keeps from forward
+    # to backward, are whole on every rank.
+    blocks = repeated_blocks(raw_model)
+    for block in blocks:
         fully_shard(block, reshard_after_forward=cfg.reshard_after_forward)
     fully_shard(raw_model, reshard_after_forward=cfg.reshard_after_forward)
+    raw_model.to_empty(device=device)  # each rank allocates its own slices, not yet filled
+    whole = {}  # every rank starts from rank 0's weights, as DDP's constructor makes sure:
+    if dist.get_rank() == 0:  # rank 0 builds the whole model in host memory (single_gpu's draws)
+        built = build_model(cfg, data)
+        if cfg.channels_last:
+            weights_nhwc(built)
+        whole = {**dict(built.named_parameters()), **dict(built.named_buffers())}  # as stored
+    # rank 0's tensors broadcast, each rank keeping its slice of every parameter
+    set_model_state_dict(raw_model, whole, options=StateDictOptions(full_state_dict=True,
+                                                                    broadcast_from_rank0=True))
     model = raw_model
     if cfg.compile:  # compiled in the first step; raw_model (evaluation, saving) stays eager
         # TorchDynamo does not trace FSDP2's hooks: a graph per block, each of its own width, with
         # static shapes (dynamic ones make inductor fail: docs/modes.md#fsdp), and room for them all
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, cfg.depth)
+        limit = max(torch._dynamo.config.recompile_limit, len(blocks) + 1)
+        torch._dynamo.config.recompile_limit = limit
         model = torch.compile(model, mode=cfg.compile_mode, dynamic=False)  # no CUDA graphs
     return model, raw_model
 
@@ -146,7 +161,7 @@ def get_model(cfg: FsdpConfig, device: torch.device):
 # ---------------------------------------------------------------------------------------- optimizer
 def get_optimizer(cfg: Config, raw_model: torch.nn.Module, device: torch.device, steps_per_epoch):
     """SGD, its learning-rate schedule, and fp16's loss scaler (a pass-through in bf16 and fp32)."""
-    optimizer = build_optimizer(raw_model, cfg, device)
+    optimizer = build_optimizer(raw_model, cfg, device)  # after sharding: SGD holds each slice
     return optimizer, lr_schedule(optimizer, cfg, steps_per_epoch), grad_scaler(cfg, device)
 
 
