@@ -64,7 +64,7 @@ from comparison.projection import fsdp_units, gradient_bytes, memory_projection 
 from comparison.report import (  # noqa: E402
     PICTURES, TABLE_HEADER, Outcome, environment_section, fabric_of_runs, findings, fill_rows,
     fmt_seconds, groups, listed, memory_section, model_line, model_title, projection_inputs, projection_section,
-    run_config, table_row, untimed_note, write_csv, write_file)
+    recommendation, run_config, table_row, untimed_note, write_csv, write_file)
 from comparison.runner import (  # noqa: E402
     run_all, signal_name, signal_of, signals_deferred, start, stop_signals)
 from comparison.verify import Verification, defaults as verify_defaults  # noqa: E402
@@ -308,6 +308,8 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
         f"{config['lr']:g} per 128 images of global batch) in every run.",
         "",
         model_line(config, outcomes, sum(p.numel() for p in model.parameters())),
+        "",
+        recommendation(outcomes, memory),
         "",
         "## Results",
         "",

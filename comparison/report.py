@@ -423,6 +423,142 @@ def untimed_note(outcomes: list[Outcome], warmup_steps: int) -> list[str]:
             f"steps (more `--epochs`, a larger `--synthetic_size`) or fewer `--warmup_steps`.", ""]
 
 
+# --- report.md: the recommendation ---------------------------------------------------------------------------------
+
+MODE_NAMES = {"single_gpu": "single_gpu", "data_parallel": "data_parallel (nn.DataParallel)",
+              "dist_parallel": "dist_parallel (DDP)", "fsdp": "fsdp (FSDP2)"}
+# among modes whose speeds cannot be told apart: DDP first (WHY_DDP); DataParallel last, PyTorch's own advice
+PREFERENCE = ("dist_parallel", "fsdp", "single_gpu", "data_parallel")
+WHY_DDP = ("DDP is the default where modes tie: PyTorch recommends it over DataParallel even on one machine, it "
+           "scales past one node, and FSDP spends traffic to save memory this model does not need saved "
+           "(docs/guide.md)")
+
+
+def recommendation(outcomes: list[Outcome], memory: dict) -> str:
+    """The report's `Recommendation:` line: the mode to use on this machine for this model, and why, from the
+    table's figures (images/s and speedup, mean ± std over the repeats; two configurations told apart only where
+    their runs' images/s do not overlap, as the spread line judges) and the model state each mode needs per GPU
+    (memory_projection's arithmetic). The rules, in order:
+
+    1. Memory: where DDP's model state outgrows one GPU (the projection), or a dist_parallel run ran out of memory,
+       fsdp, on the fewest GPUs that hold the state; none of these modes where FSDP does not hold it on 64 GPUs.
+    2. No configuration timed a step: nothing to choose by.
+    3. A configuration with one run: no spread was measured, so no mode is shown faster: dist_parallel, the default
+       (WHY_DDP).
+    4. The fastest configuration's runs above every other's: its mode. data_parallel is recommended over
+       dist_parallel only so, on measured cause; dist_parallel that was not run is still the default.
+    5. Otherwise the modes whose runs overlap the fastest's tie: the first of them in PREFERENCE (dist_parallel
+       where it is among them, data_parallel only where it ties with nothing else), the rest named.
+    On the CPU, a sentence on what CPU processes standing in for GPUs can and cannot tell."""
+    timed, unit = measured(outcomes), UNITS[outcomes[0].run.unit]
+    text = memory_choice(outcomes, memory, unit) or speed_choice(timed, memory, unit)
+    if outcomes[0].run.unit == "cpu":
+        text += (" On this CPU-only machine each \"GPU\" is a CPU process with one thread: its figures show the "
+                 "modes' mechanics (processes over gloo, the split batch, each wrapper's own cost), not what GPUs "
+                 "would gain, nor NCCL, nor GPU memory (projected, not measured); run compare.py on GPUs to choose "
+                 "for them.")
+    return "Recommendation: " + text
+
+
+def state_per_gpu(memory: dict, gpus: int, mode: str, reshard: bool = True) -> float:
+    """Bytes per GPU of the runs' model state under `mode` (projection.memory_per_gpu)."""
+    return sum(memory_per_gpu(memory["models"][0], gpus, mode, reshard, memory["amp"], memory["momentum"]).values())
+
+
+def capacity_text(memory: dict) -> str:
+    """The GPU memory the state is weighed against: "its 79.2 GiB", or "an assumed 80.0 GiB" (no GPU here)."""
+    return f"{'an assumed' if memory['assumed'] else 'its'} {fmt_bytes(memory['gpu_bytes'])}"
+
+
+def fits_text(memory: dict) -> str:
+    return (f"the model's state fits one GPU under DDP ({fmt_bytes(state_per_gpu(memory, 1, 'dist_parallel'))} of "
+            f"{capacity_text(memory)})")
+
+
+def memory_choice(outcomes: list[Outcome], memory: dict, unit: tuple[str, str]) -> str | None:
+    """Rule 1 of recommendation(): fsdp where DDP cannot hold the model state; None where it can."""
+    ddp = state_per_gpu(memory, 1, "dist_parallel")
+    ran_out = [o for o in outcomes if o.run.mode == "dist_parallel" and o.status == "failed"
+               and "out of memory" in (o.error or "").lower()
+               and not any(p.status == "ok" and p.run.mode == o.run.mode and p.run.gpus == o.run.gpus
+                           for p in outcomes)]
+    if ddp <= memory["gpu_bytes"] and not ran_out:
+        return None
+    fsdp = measured([o for o in outcomes if o.run.mode == "fsdp"])
+    if ran_out:
+        where = (f"fsdp ran ({fsdp[0].name()}, {fsdp[0].images_per_sec:,.0f} images/s)" if fsdp else
+                 "fsdp shards the model state over the GPUs: add it to --modes")
+        return (f"fsdp (FSDP2): dist_parallel ran out of memory (`{ran_out[0].run.name}`, its log in "
+                f"`{ran_out[0].row.get('log') or 'logs/'}`) and {where}.")
+    gpus = memory["runs_fsdp_gpus"][True]
+    need = (f"under DDP each GPU would need {fmt_bytes(ddp)} for the model state alone (weights, gradients and "
+            f"optimizer state), more than {capacity_text(memory)}")
+    if gpus is None:
+        most = MEMORY_GPU_COUNTS[-1]
+        return (f"none of these modes: {need}, and FSDP on {most} GPUs still "
+                f"{fmt_bytes(state_per_gpu(memory, most, 'fsdp'))} each (projection.md); a smaller model, or a "
+                "parallelism this suite does not have (tensor, pipeline).")
+    each = fmt_bytes(state_per_gpu(memory, gpus, "fsdp"))
+    return (f"fsdp (FSDP2): {need}; FSDP holds it on {gpus} GPUs or more ({each} each, resharding after forward), "
+            "activations on top (projection.md).")
+
+
+def speed_text(m: Measured, unit: tuple[str, str]) -> str:
+    """A configuration's speed as the table has it: its speedup over one GPU, else its images/s (mean ± std)."""
+    speedups = [row["speedup"] for row in m.rows if row["speedup"] is not None]
+    if speedups and m.run.mode != "single_gpu":
+        return f"{spread(speedups, 2, unit='×')} one {unit[0]}"
+    return f"{spread([row['images_per_sec'] for row in m.rows], 0)} images/s"
+
+
+def speed_choice(timed: list[Measured], memory: dict, unit: tuple[str, str]) -> str:
+    """Rules 2 to 5 of recommendation(), the model state fitting one GPU under DDP."""
+    if not timed:
+        return "none: no run timed a step, so nothing was measured to choose by (the failed runs are listed below)."
+    fits = fits_text(memory)
+    ranked = sorted(timed, key=lambda m: m.images_per_sec, reverse=True)
+    best, others = ranked[0], ranked[1:]
+    ddp = next((m for m in ranked if m.run.mode == "dist_parallel"), None)
+    not_run = "" if ddp else ", not run here (add it to --modes)"
+    default = lambda why: f"dist_parallel (DDP){not_run}: {fits}; {why}, and {WHY_DDP}."  # noqa: E731
+    if not others:
+        return default(f"only {best.name()} timed a step ({speed_text(best, unit)}), nothing to compare")
+    if any(len(m.rows) < 2 for m in ranked):
+        return default(f"one run per configuration measures no spread, so no mode is shown faster than "
+                                  f"another ({best.name()} was fastest in its run, {speed_text(best, unit)}; "
+                                  f"`--repeat 3` measures the spread)")
+    tied = [best, *[m for m in others if overlap(best, m)]]
+    if len(tied) == 1:
+        beyond = f"its {len(best.rows)} runs all above every other configuration's"
+        if best.run.mode == "dist_parallel":
+            return (f"dist_parallel (DDP): {fits}, and DDP was fastest: {best.name()} at {speed_text(best, unit)}, "
+                    f"{beyond}.")
+        if best.run.mode == "fsdp":
+            return (f"fsdp (FSDP2): fastest, {best.name()} at {speed_text(best, unit)}, {beyond}, DDP's included, "
+                    f"though {fits}.")
+        if best.run.mode == "single_gpu":
+            return (f"single_gpu: faster than every parallel configuration here ({speed_text(best, unit)}, "
+                    f"{beyond}): for this model and batch the parallel modes cost this machine more than they "
+                    "bring; with more GPUs or a larger batch, dist_parallel (DDP).")
+        if ddp is None:
+            return default(f"data_parallel was fastest ({speed_text(best, unit)}) but dist_parallel was "
+                                      "not measured beside it")
+        return (f"data_parallel (nn.DataParallel): fastest, {best.name()} at {speed_text(best, unit)}, {beyond}, "
+                f"dist_parallel's ({speed_text(ddp, unit)}) included: the measured cause to prefer it on this "
+                "machine; DDP still scales past one node (docs/guide.md).")
+    modes = [m.run.mode for m in tied]
+    chosen = next(mode for mode in PREFERENCE if mode in modes)
+    if ddp is None:
+        chosen = "dist_parallel"
+    ranges = "; ".join(f"{m.name()} {m.low:,.0f}–{m.high:,.0f}" for m in tied)
+    tie = (f"no difference measurable between {listed([m.name() for m in tied])}: their images/s over the repeats "
+           f"overlap ({ranges}), so any of them")
+    if chosen == "dist_parallel":
+        return default(tie)
+    return (f"{MODE_NAMES[chosen]}: {tie}; dist_parallel was slower beyond the spread ({ddp.name()} at "
+            f"{speed_text(ddp, unit)}), the measured cause to prefer {chosen} here.")
+
+
 def modelled_backend(run: PlannedRun) -> bool:
     """Whether a dist_parallel or fsdp run's backend is the one the projection models: on GPUs NCCL only, as Gloo
     stages every collective through host memory (even in one process); without GPUs Gloo, the only backend there."""

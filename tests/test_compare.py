@@ -144,12 +144,13 @@ def test_the_first_screen_holds_the_title_the_table_and_the_sentences(comparison
     assert sum(line.startswith("| ") for line in first_screen) == 4  # the header and the three configurations
     for lead in ("- **Fastest: ", "- **Scaling at 2 CPU processes**, the most run", "- **What the parallelism costs",
                  "- **Spread:** each configuration ran once", "- **1 of 3 runs did not succeed:**",
-                 "Model: PyramidNet-8 α=12 (basic): "):
+                 "Model: PyramidNet-8 α=12 (basic): ", "Recommendation: "):
         assert any(line.startswith(lead) for line in first_screen), lead
 
 
-def test_the_first_screen_names_the_model_and_its_size(comparison):
-    """The model's size is the runs' own (results.json's summary)."""
+def test_the_first_screen_names_the_model_and_recommends_a_mode_from_the_tables_figures(comparison):
+    """The model's size is the runs' own (results.json's summary); the recommendation quotes the table's figures. One
+    run each measures no spread, so no mode is shown faster: DDP, the default, with what CPU processes cannot tell."""
     _, out = comparison
     report = (out / "report.md").read_text()
     summary = json.loads((out / "runs" / "01-single_gpu-1cpu-r1" / "results.json").read_text())["summary"]
@@ -157,6 +158,15 @@ def test_the_first_screen_names_the_model_and_its_size(comparison):
     assert f"{fmt_count(summary['parameters'])} parameters, " in model
     assert f"{fmt_flops(summary['flops_per_image'])} per image (forward and backward)" in model
     assert model.endswith("Data: synthetic, 32×32 images, 3 channels, 10 classes.")
+    advice = next(line for line in report.splitlines() if line.startswith("Recommendation: "))
+    assert advice.startswith("Recommendation: dist_parallel (DDP): the model's state fits one GPU under DDP (")
+    assert "one run per configuration measures no spread, so no mode is shown faster than another" in advice
+    table = table_figures(report)
+    timed = [mode for mode in table if table[mode][7] != "—"]
+    fastest = max(timed, key=lambda mode: float(table[mode][7].replace(",", "")))
+    figure = f"{table[fastest][7]} images/s" if fastest == "single_gpu" else f"{table[fastest][8]} one CPU process"
+    assert f"({fastest} " in advice and f", {figure};" in advice  # the table's speedup (or images/s) as it is
+    assert "docs/guide.md" in advice and "On this CPU-only machine each \"GPU\" is a CPU process" in advice
 
 
 def test_the_sentences_are_computed_from_the_tables_figures(comparison):
@@ -322,6 +332,7 @@ def test_overwrite_replaces_the_earlier_comparison_and_nothing_else(comparison, 
     assert report.startswith("# single_gpu: resnet18 on CPU")
     assert [row["model"] for row in csv_rows(out)] == ["resnet18"]
     assert "Model: resnet18, torchvision's, without pretrained weights: 11.2M parameters" in report
+    assert "Recommendation: dist_parallel (DDP), not run here (add it to --modes): " in report
     assert projection.startswith("# Projection past this machine: resnet18, from the runs on CPU")
     assert "no wider models: only PyramidNet has a width (α) to sweep here" in projection
     assert "The model resnet18 (11.2M parameters, the runs') needs at most" in projection and "α=" not in projection
