@@ -97,13 +97,15 @@ def test_data_parallel_only_on_measured_cause():
     tied = line(made({SINGLE: [1380, 1400, 1390], DP: [1400, 1420, 1410], DDP: [1150, 1250, 1200]}))
     assert tied.startswith("Recommendation: single_gpu: no difference measurable between data_parallel on 2 GPUs "
                            "and single_gpu")  # where they tie, the simpler mode
-    assert "dist_parallel was slower beyond the spread (dist_parallel on 2 GPUs (nccl) at 0.86 ± 0.04× one GPU)" in tied
+    assert ("dist_parallel was slower beyond the spread (dist_parallel on 2 GPUs (nccl) at 0.86 ± 0.04× one "
+            "GPU)") in tied
 
 
 def test_fsdp_or_one_gpu_when_it_is_faster_beyond_the_spread():
     fsdp = line(made({SINGLE: [600, 640, 620], DDP: [1150, 1250, 1200], FSDP: [1300, 1320, 1310]}))
-    assert fsdp.startswith("Recommendation: fsdp (FSDP2): fastest, fsdp on 2 GPUs (nccl) at 2.11 ± 0.02× one GPU, its "
-                           "3 runs all above every other configuration's, DDP's included, though the model's state fits")
+    assert fsdp.startswith("Recommendation: fsdp (FSDP2): fastest, fsdp on 2 GPUs (nccl) at 2.11 ± 0.02× one GPU, "
+                           "its 3 runs all above every other configuration's, DDP's included, though the model's "
+                           "state fits")
     single = line(made({SINGLE: [1300, 1320, 1310], DDP: [1150, 1250, 1200]}))
     assert single.startswith("Recommendation: single_gpu: faster than every parallel configuration here (1,310 ± 10 "
                              "images/s, its 3 runs all above")
