@@ -8,6 +8,7 @@
     python compare.py --modes dist_parallel fsdp --reshard_after_forward on off   # DDP, FSDP ZeRO-3 and ZeRO-2
     python compare.py --epochs 30 --dataset cifar10   # train for 30 epochs and compare test accuracy too
     python compare.py --depth 56 --alpha 84           # any model/data flag of train.py goes to every run
+    python compare.py --model resnet50 --image_size 224   # any classification model torchvision lists
     python compare.py --verify --deterministic        # prove the modes agree here: a verdict per check, verify.md
 
 Each configuration runs as its own subprocess, started as a user would start it (`python single_gpu/train.py`,
@@ -15,9 +16,10 @@ Each configuration runs as its own subprocess, started as a user would start it 
 data, global batch, learning rate and seed; by default in `--benchmark` mode (synthetic data, speed only). fsdp is
 in the default --modes where there are two GPUs or more (one GPU has nothing to shard over); `--modes fsdp` runs it
 anywhere. Each run's results.json is read back and everything goes to `--out` (default results/<timestamp>):
-report.md (the table and what it says, first), results.csv, the plots, each run's log and run folder, and
-projection.md: projections past this machine (DDP's and FSDP's scaling, and the memory per GPU of this model and
-wider ones). A run that fails is kept in the report with
+report.md (the model, the mode to use here and why, the table and what it says, first), results.csv, the plots,
+each run's log and run folder, and projection.md: projections past this machine (DDP's and FSDP's scaling, and the
+memory per GPU of this model, and of wider ones for PyramidNet). A model that cannot take the images is refused
+before any run. A run that fails is kept in the report with
 its error. Without GPUs the same matrix runs as CPU processes over Gloo with a tiny PyramidNet, one thread per
 process standing in for a GPU.
 
@@ -61,11 +63,12 @@ from comparison.matrix import BACKENDS, GROUP_MODES, MODES, check_runs, command,
 from comparison.projection import fsdp_units, gradient_bytes, memory_projection  # noqa: E402
 from comparison.report import (  # noqa: E402
     PICTURES, TABLE_HEADER, Outcome, environment_section, fabric_of_runs, findings, fill_rows,
-    fmt_seconds, groups, listed, memory_section, projection_inputs, projection_section, table_row,
-    untimed_note, write_csv, write_file)
+    fmt_seconds, groups, listed, memory_section, model_line, model_title, projection_inputs, projection_section,
+    recommendation, run_config, table_row, untimed_note, write_csv, write_file)
 from comparison.runner import (  # noqa: E402
     run_all, signal_name, signal_of, signals_deferred, start, stop_signals)
 from comparison.verify import Verification, defaults as verify_defaults  # noqa: E402
+from models import PYRAMIDNET  # noqa: E402
 
 # ------------------------------------------------------------------------------------------------------ config
 
@@ -264,17 +267,20 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
     grads = gradient_bytes(model)
     bucket_cap_mb = next((o.results["config"].get("bucket_cap_mb") for o in ok if o.run.mode == "dist_parallel"),
                          25.0)
-    data = dataset_info(types.SimpleNamespace(**{**{f.name: f.default for f in dataclasses.fields(Config)}, **config}))
+    data = dataset_info(run_config(config))
     projection = projection_inputs(outcomes, grads, bucket_cap_mb, fsdp_units(model, data.channels, data.size))
     amp = projection["amp"] if projection else (config.get("amp") or ("bf16" if cuda else "off"))
-    memory = memory_projection(lambda alpha: model_on_meta({**config, "alpha": alpha}), config["alpha"], amp,
-                               config["momentum"] != 0, gpu_memory_bytes(cuda))
+    model_name = model_title(config)
+    sweep = config.get("model", PYRAMIDNET) == PYRAMIDNET  # only PyramidNet has a width (alpha) to sweep
+    memory = memory_projection(lambda alpha: model_on_meta({**config, "alpha": alpha}) if sweep else model,
+                               config["alpha"] if sweep else None, amp, config["momentum"] != 0,
+                               gpu_memory_bytes(cuda))
+    memory["name"] = model_name
     from comparison.plots import pictures_section, write_plots  # matplotlib: a second's import, for pictures only
 
     # the projected curves from a GPU's step only: from a CPU process's, they say nothing (projection.md says why)
     pictures = write_plots(outcomes, out, device, cuda, projection if cuda else None)
     write_csv(outcomes, out / "results.csv")
-    model_name = f"PyramidNet-{config['depth']} α={config['alpha']:g} ({config['block']})"
     what = (f"`--benchmark`: synthetic data, {config['warmup_steps']} untimed then {config['benchmark_steps']} timed "
             f"steps per run" if not cc.epochs else f"training for {cc.epochs} epochs on {config['dataset']}")
     modes = listed(list(dict.fromkeys(o.run.mode for o in outcomes)))
@@ -282,8 +288,8 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
         f"# Projection past this machine: {model_name}, from the runs on {device}",
         "",
         "**A projection, not a measurement**: what the runs of [report.md](report.md) imply for more GPUs than "
-        "this machine has, and for wider models, by the cost models of `comparison/projection.py` (which lists "
-        "what they assume, with their sources).",
+        "this machine has" + (", and for wider models" if sweep else "") + ", by the cost models of "
+        "`comparison/projection.py` (which lists what they assume, with their sources).",
         "",
         "## Scaling past this machine",
         "",
@@ -300,6 +306,10 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
         f"`python compare.py {' '.join(argv)}` — {datetime.now():%Y-%m-%d %H:%M}, {len(outcomes)} runs in "
         f"{fmt_seconds(elapsed)}; {what}; the same seed ({config['seed']}) and learning rate rule (--lr "
         f"{config['lr']:g} per 128 images of global batch) in every run.",
+        "",
+        model_line(config, outcomes, sum(p.numel() for p in model.parameters())),
+        "",
+        recommendation(outcomes, memory),
         "",
         "## Results",
         "",
@@ -321,7 +331,7 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
         "column means, and why GPU utilisation is not efficiency).",
         "",
         "[projection.md](projection.md): a projection past this machine, labelled so (DDP's and FSDP's scaling on "
-        "more GPUs, and the memory per GPU of this model and wider ones).",
+        "more GPUs, and the memory per GPU of this model" + (" and wider ones)." if sweep else ")."),
         "",
         "## Environment",
         "",

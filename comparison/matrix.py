@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.config import REPO_ROOT, Config, UsageError, parse_config
+from common.data import dataset_info
 from common.rules import launch_refusal
+from models import model_refusal
 
 MODES = ("single_gpu", "data_parallel", "dist_parallel", "fsdp")
 GROUP_MODES = ("dist_parallel", "fsdp")  # a process group of one process per GPU, started under torchrun
@@ -155,13 +157,18 @@ def check_runs(runs: list[PlannedRun], shared: list[str], group_flags: dict[str,
     parse (and pass its config's checks: the compile cache under `log_dir`, the runs' folder, among them), and
     each run must keep the rules every train.py keeps (common/rules.py: the backend and SyncBatchNorm against the
     machine, the global batch dividing over the run's GPUs, DataParallel on several GPUs not compiled, fsdp
-    without CUDA graphs, compiled DDP's buckets no smaller than its first)."""
-    for run in runs:
+    without CUDA graphs, compiled DDP's buckets no smaller than its first). The model must take the data's images
+    (models.model_refusal: every run trains the same model on the same data, so it is checked once, on the meta
+    device)."""
+    for index, run in enumerate(runs):
         extra = ["--amp", run.amp] if run.amp else []
         extra += ["--batch_size", str(run.batch_size)]
         extra += ["--log_dir", str(log_dir)] if log_dir is not None else []
         extra += mode_flags(run, group_flags) if run.mode in GROUP_MODES else []
         cfg = parse_config(config_class(run.mode), [*shared, *extra])
+        refusal = model_refusal(cfg, dataset_info(cfg)) if index == 0 else None
+        if refusal is not None:
+            raise UsageError(refusal)
         refusal = launch_refusal(run.mode, run.gpus, cuda=run.unit == "gpu", batch_size=run.batch_size,
                                  backend=run.backend, sync_bn=run.sync_bn, compile=cfg.compile,
                                  align_channels=cfg.align_channels, compile_mode=cfg.compile_mode,

@@ -1,5 +1,5 @@
 """Projections past the GPUs at hand: DDP's and FSDP's scaling (ring collectives overlapping the compute), and the
-memory each needs per GPU for this model and wider ones.
+memory each needs per GPU for the runs' model (PyramidNet: and wider ones).
 
 They are models, not measurements, and the report labels them so. What the DDP model assumes:
 
@@ -22,8 +22,9 @@ They are models, not measurements, and the report labels them so. What the DDP m
   ResNet-101, ResNeXt-50 and ResNeXt-101. ResNet-50 is left out of the fit and is the check: the tests re-derive
   the allowance from those figures and compare the model with the measured ResNet-50 efficiency.
 
-What the FSDP model (fsdp/train.py: FSDP2's fully_shard on every residual block, and on the root for the stem, the
-final BatchNorm and the classifier) assumes, beside the above (weak scaling, the same fabrics, backward two thirds
+What the FSDP model (fsdp/train.py: FSDP2's fully_shard on every block models.repeated_blocks finds, PyramidNet's
+and ResNet's residual blocks or ViT's encoder blocks, and on the root for the rest: stem, final norm, classifier)
+assumes, beside the above (weak scaling, the same fabrics, backward two thirds
 of the compute, the same lock-step allowance):
 
 - Traffic per GPU per step, nccl-tests' bus-bandwidth definitions, P the parameters' bytes and G the gradients'
@@ -58,11 +59,13 @@ What the memory projection assumes (bytes per GPU of the model state, not a meas
   two blocks' parameters (the one computing and the next, prefetched) and, in backward, the computing block's
   unsharded gradients before their reduce-scatter; without, every block's parameters from its forward to the end
   of its backward, and the computing block's gradients.
-- Under autocast (bf16 or fp16) every mode also keeps, from forward to backward, a 2-byte copy of every convolution
-  and classifier weight: autograd saves the cast copies for backward, and FSDP's resharding frees its gathered fp32
-  parameters but not these copies. They are not sharded.
+- Under autocast (bf16 or fp16) every mode also keeps, from forward to backward, a 2-byte copy of the weights of
+  every convolution, linear layer and attention input projection: autograd saves the cast copies for backward,
+  and FSDP's resharding frees its gathered fp32 parameters but not these copies. They are not sharded.
 - Activations are left out: they do not shard under FSDP, they grow with the per-GPU batch, and for a CNN of this
   size they are usually most of a GPU's memory. A model state that fits is necessary, not sufficient.
+- Wider models: PyramidNet's width (alpha) is swept, each width's model built on the meta device. Any other model
+  has no such knob here: its own state is projected, for DDP and FSDP on 1 to 64 GPUs, and nothing wider.
 """
 from __future__ import annotations
 
@@ -72,6 +75,8 @@ from typing import Callable
 
 import torch
 from torch import nn
+
+from models import repeated_blocks
 
 FIRST_BUCKET_BYTES = 1024 * 1024  # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES
 BACKWARD_SHARE = 2 / 3            # backward ~ 2x forward FLOPs
@@ -183,21 +188,24 @@ class Unit:
 
 
 def unit_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The residual blocks, each a unit of its own in fsdp/train.py, in forward order, with their names."""
-    return [(name, module) for name, module in model.named_modules()
-            if name.count(".") == 1 and name.split(".")[0] in ("layer1", "layer2", "layer3")]
+    """The blocks FSDP shards one at a time, each a unit of its own, in forward order, with their names: the blocks
+    of models.repeated_blocks, the rule fsdp/train.py follows (PyramidNet's and ResNet's residual blocks, ViT's
+    encoder blocks; none for a model with nothing repeated, which is then one unit, the root)."""
+    blocks = {id(block) for block in repeated_blocks(model)}
+    return [(name, module) for name, module in model.named_modules() if id(module) in blocks]
 
 
 def fsdp_units(model: nn.Module, channels: int, size: int) -> list[Unit]:
     """FSDP's units in forward order, the root first: each unit's parameter bytes and forward FLOPs per image,
-    counted by torch.utils.flop_counter on `model` as it is (build it on the meta device: nothing is computed)."""
+    counted by torch.utils.flop_counter on `model` as it is (build it on the meta device: nothing is computed). Two
+    images go through it, as a training batch of one would leave BatchNorm a single value per channel."""
     from torch.utils.flop_counter import FlopCounterMode
 
     blocks = unit_modules(model)
-    images = torch.empty(1, channels, size, size, device=next(model.parameters()).device)
+    images = torch.empty(2, channels, size, size, device=next(model.parameters()).device)
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         model(images)
-    counts = {name: sum(ops.values()) for name, ops in counter.get_flop_counts().items()}
+    counts = {name: sum(ops.values()) // 2 for name, ops in counter.get_flop_counts().items()}
     prefix = type(model).__name__
     units = [Unit(name, sum(p.numel() * p.element_size() for p in block.parameters()),
                   counts.get(f"{prefix}.{name}", 0)) for name, block in blocks]
@@ -249,9 +257,10 @@ def fsdp_projected_efficiency(single_step_s: float, fsdp_step_s: float, units: l
 @dataclass(frozen=True)
 class ModelSize:
     """What the memory projection needs of a model: the parameters of its FSDP units in forward order, the root's
-    first, and the parameters autocast computes with in 2-byte copies (convolution and classifier weights;
-    BatchNorm stays fp32)."""
-    alpha: float
+    first, and the parameters autocast computes with in 2-byte copies (the weights and biases of convolutions,
+    linear layers and attention's input projection; normalisation layers stay fp32). `alpha`: PyramidNet's width,
+    None for any other model."""
+    alpha: float | None
     units: tuple[int, ...]
     autocast_cast: int
 
@@ -260,12 +269,16 @@ class ModelSize:
         return sum(self.units)
 
 
-def model_size(model: nn.Module, alpha: float) -> ModelSize:
+CAST_BY_AUTOCAST = (nn.modules.conv._ConvNd, nn.Linear, nn.MultiheadAttention)  # their own parameters
+
+
+def model_size(model: nn.Module, alpha: float | None = None) -> ModelSize:
     """`model`'s ModelSize (built on the meta device, it costs no memory)."""
     count = lambda module: sum(p.numel() for p in module.parameters())  # noqa: E731
     blocks = [count(block) for _, block in unit_modules(model)]
-    cast = sum(count(m) for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear)))
-    return ModelSize(alpha, (count(model) - sum(blocks), *blocks), cast)
+    cast = {id(p): p.numel() for m in model.modules() if isinstance(m, CAST_BY_AUTOCAST)
+            for p in m.parameters(recurse=False)}
+    return ModelSize(alpha, (count(model) - sum(blocks), *blocks), sum(cast.values()))
 
 
 def gathered_at_peak(units: tuple[int, ...], reshard: bool) -> int:
@@ -293,17 +306,27 @@ def memory_per_gpu(size: ModelSize, gpus: int, mode: str, reshard: bool = True, 
     return parts
 
 
-def memory_projection(build: Callable[[float], nn.Module], alpha: float, amp: str, momentum: bool,
+def memory_projection(build: Callable[[float | None], nn.Module], alpha: float | None, amp: str, momentum: bool,
                       gpu_bytes: int | None) -> dict:
-    """The memory projection of the model `build(alpha)` returns (on the meta device) and of wider ones (WIDER
-    times alpha), against a GPU of `gpu_bytes` (None: ASSUMED_GPU_BYTES, an H100's): each model's ModelSize, and
-    where FSDP lets a model fit that DDP cannot: the smallest whole alpha whose DDP model state outgrows the GPU,
-    the fewest GPUs on which FSDP holds it (with and without resharding; None: not on 64), and the widest model
-    FSDP holds on 64 GPUs. Each alpha is found by bisection, a model built for each probe."""
+    """The memory projection of the model `build(alpha)` returns (on the meta device) against a GPU of `gpu_bytes`
+    (None: ASSUMED_GPU_BYTES, an H100's): its ModelSize, and the fewest GPUs on which FSDP holds its model state
+    (`runs_fsdp_gpus`, with and without resharding; None: not on 64). With PyramidNet's `alpha`, wider models too
+    (WIDER times alpha), and where FSDP lets a model fit that DDP cannot: the smallest whole alpha whose DDP model
+    state outgrows the GPU, the fewest GPUs on which FSDP holds it, and the widest model FSDP holds on 64 GPUs, each
+    alpha found by bisection, a model built for each probe. `alpha` None: a model without a width to sweep (any
+    model but PyramidNet): the runs' model alone (`sweep` False)."""
     capacity = gpu_bytes or ASSUMED_GPU_BYTES
     size_of = functools.cache(lambda a: model_size(build(a), a))
     total = lambda size, gpus, mode, reshard=True: sum(  # noqa: E731
         memory_per_gpu(size, gpus, mode, reshard, amp, momentum).values())
+    fewest = lambda size, reshard: next(  # noqa: E731
+        (n for n in MEMORY_GPU_COUNTS if total(size, n, "fsdp", reshard) <= capacity), None)
+    found = {"gpu_bytes": capacity, "assumed": gpu_bytes is None, "amp": amp, "momentum": momentum,
+             "sweep": alpha is not None,
+             "runs_fsdp_gpus": {reshard: fewest(size_of(alpha), reshard) for reshard in (True, False)}}
+    if alpha is None:
+        return {**found, "models": [size_of(None)], "crossover": None, "fsdp_gpus": {True: None, False: None},
+                "fsdp_limit": {True: None, False: None}}
 
     def first_alpha(outgrows: Callable[[ModelSize], bool]) -> int | None:
         """The smallest whole alpha whose model `outgrows` holds for (monotone in alpha); None past 2**24."""
@@ -320,11 +343,9 @@ def memory_projection(build: Callable[[float], nn.Module], alpha: float, amp: st
     crossover = first_alpha(lambda size: total(size, 1, "dist_parallel") > capacity)
     fsdp_gpus, fsdp_limit = {}, {}
     for reshard in (True, False):
-        fsdp_gpus[reshard] = crossover and next(
-            (n for n in MEMORY_GPU_COUNTS if total(size_of(crossover), n, "fsdp", reshard) <= capacity), None)
+        fsdp_gpus[reshard] = crossover and fewest(size_of(crossover), reshard)
         beyond = first_alpha(lambda size: total(size, MEMORY_GPU_COUNTS[-1], "fsdp", reshard) > capacity)
         fsdp_limit[reshard] = size_of(beyond - 1) if beyond and beyond > 1 else None
-    return {"gpu_bytes": capacity, "assumed": gpu_bytes is None, "amp": amp, "momentum": momentum,
-            "models": [size_of(alpha * k) for k in WIDER],
+    return {**found, "models": [size_of(alpha * k) for k in WIDER],
             "crossover": size_of(crossover) if crossover else None, "fsdp_gpus": fsdp_gpus,
             "fsdp_limit": fsdp_limit}

@@ -6,11 +6,15 @@ so."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import statistics
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.config import Config
+from common.data import dataset_info
 from common.logger import write_atomically
 from comparison import environment as machine
 from comparison.environment import gpu_summary
@@ -18,6 +22,7 @@ from comparison.matrix import GROUP_MODES, PlannedRun
 from comparison.projection import (AUTOCAST, FABRICS, MEMORY_GPU_COUNTS, PROJECTED_GPU_COUNTS, SYNC_ALLOWANCE,
                                    bytes_sent_per_gpu, fsdp_projected_efficiency, memory_per_gpu,
                                    projected_efficiency)
+from models import PYRAMIDNET
 
 CIFAR10_TRAIN_IMAGES = 50_000
 
@@ -37,7 +42,7 @@ COLUMNS = ("run", "mode", "gpus", "backend", "amp", "sync_bn", "reshard_after_fo
            "global_batch", "per_gpu_batch", "batch_time_p50_s", "batch_time_p90_s", "epoch_time_50k_s",
            "images_per_sec", "images_per_sec_per_gpu", "speedup", "scaling_efficiency", "data_wait_frac",
            "gpu_util_mean", "peak_mem_gb_per_gpu", "peak_mem_reserved_gb_per_gpu", "mfu", "test_acc", "train_loss",
-           "wall_time_s", "log")
+           "model", "parameters", "flops_per_image", "wall_time_s", "log")
 
 
 def fill_rows(outcomes: list[Outcome], out: Path) -> None:
@@ -61,6 +66,8 @@ def fill_rows(outcomes: list[Outcome], out: Path) -> None:
             "peak_mem_gb_per_gpu": " ".join(f"{memory[k]:.3f}" for k in sorted(memory, key=int)) or None,
             "peak_mem_reserved_gb_per_gpu": " ".join(f"{reserved[k]:.3f}" for k in sorted(reserved, key=int)) or None,
             "mfu": summary.get("mfu"), "test_acc": summary.get("test_acc"), "train_loss": summary.get("train_loss"),
+            "model": model_title(config) if config else None, "parameters": summary.get("parameters"),
+            "flops_per_image": summary.get("flops_per_image"),
             "wall_time_s": summary.get("wall_time_s"), "log": str(o.log.relative_to(out)) if o.log else "",
         }
     for o in outcomes:  # speedup against single_gpu with the same --amp
@@ -68,6 +75,43 @@ def fill_rows(outcomes: list[Outcome], out: Path) -> None:
         if base and o.row["images_per_sec"]:
             o.row["speedup"] = o.row["images_per_sec"] / base
             o.row["scaling_efficiency"] = o.row["speedup"] / o.run.gpus
+
+
+def run_config(config: dict) -> types.SimpleNamespace:
+    """A results.json config with every field: one it lacks (written before the field existed) takes its default."""
+    return types.SimpleNamespace(**{**{f.name: f.default for f in dataclasses.fields(Config)}, **config})
+
+
+def model_title(config: dict) -> str:
+    """The model a run trained (its results.json config), as the report names it: 'PyramidNet-110 α=270 (basic)',
+    or torchvision's name, 'resnet50'."""
+    cfg = run_config(config)
+    if cfg.model == PYRAMIDNET:
+        return f"PyramidNet-{cfg.depth} α={cfg.alpha:g} ({cfg.block})"
+    return cfg.model
+
+
+def model_line(config: dict, outcomes: list[Outcome], parameters: int) -> str:
+    """What the runs trained, for the report's first screen: the model, its parameters and FLOPs per image (a
+    successful run's results.json summary; without one, `parameters` as counted here and no FLOPs) and the data."""
+    cfg, data = run_config(config), dataset_info(run_config(config))
+    summary = next((o.results["summary"] for o in outcomes if o.status == "ok"), {})
+    parameters = summary.get("parameters") or parameters
+    flops = summary.get("flops_per_image")
+    origin = "" if cfg.model == PYRAMIDNET else ", torchvision's, without pretrained weights"
+    figures = f"{fmt_count(parameters)} parameters" + (f", {fmt_flops(flops)} per image (forward and backward)"
+                                                      if flops else "")
+    return (f"Model: {model_title(config)}{origin}: {figures}. Data: {cfg.dataset}, {data.size}×{data.size} "
+            f"images, {data.channels} channel{'s' * (data.channels > 1)}, {data.classes} classes.")
+
+
+def fmt_flops(flops: float) -> str:
+    """FLOPs in three figures with their prefix: '2.75 MFLOPs', '1.82 GFLOPs', '562 GFLOPs'."""
+    for prefix, size in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        value = flops / size
+        if value >= 0.9995:
+            return f"{value:,.{2 if value < 9.995 else 1 if value < 99.95 else 0}f} {prefix}FLOPs"
+    return f"{flops:,.0f} FLOPs"
 
 
 def baseline(outcomes: list[Outcome], amp) -> float | None:
@@ -324,7 +368,7 @@ def spread_line(timed: list[Measured]) -> str:
         return ("- **Spread:** each configuration ran once, so nothing here tells a difference from run-to-run "
                 "noise; `--repeat 3` measures the spread.")
     ranked = sorted(timed, key=lambda m: m.images_per_sec, reverse=True)
-    overlapping = [(a, b) for i, a in enumerate(ranked) for b in ranked[i + 1:] if a.low <= b.high and b.low <= a.high]
+    overlapping = [(a, b) for i, a in enumerate(ranked) for b in ranked[i + 1:] if overlap(a, b)]
     runs = f"{repeats[0]}–{repeats[-1]}" if len(repeats) > 1 else f"{repeats[0]}"
     if not overlapping:
         return ("- **Spread:** no two configurations' images/s overlap over their runs: every difference above is "
@@ -334,6 +378,12 @@ def spread_line(timed: list[Measured]) -> str:
     more = f", and {len(overlapping) - 3} more pairs" if len(overlapping) > 3 else ""
     return (f"- **Within the run-to-run spread** ({runs} runs each): " + "; ".join(shown) + more + ". Their "
             "images/s over the repeats overlap: the difference between them cannot be told from run-to-run noise.")
+
+
+def overlap(a: Measured, b: Measured) -> bool:
+    """Whether two configurations' images/s over their runs (lowest to highest) overlap: their difference cannot be
+    told from run-to-run noise. The spread line and the recommendation both judge by it."""
+    return a.low <= b.high and b.low <= a.high
 
 
 def listed(parts: list[str]) -> str:
@@ -371,6 +421,142 @@ def untimed_note(outcomes: list[Outcome], warmup_steps: int) -> list[str]:
     return [f"*no timed steps*: the run succeeded but ended within its {warmup_steps} warm-up "
             f"steps (`--warmup_steps`), which are not timed, so it measured no speed. Give it more "
             f"steps (more `--epochs`, a larger `--synthetic_size`) or fewer `--warmup_steps`.", ""]
+
+
+# --- report.md: the recommendation ---------------------------------------------------------------------------------
+
+MODE_NAMES = {"single_gpu": "single_gpu", "data_parallel": "data_parallel (nn.DataParallel)",
+              "dist_parallel": "dist_parallel (DDP)", "fsdp": "fsdp (FSDP2)"}
+# among modes whose speeds cannot be told apart: DDP first (WHY_DDP); DataParallel last, PyTorch's own advice
+PREFERENCE = ("dist_parallel", "fsdp", "single_gpu", "data_parallel")
+WHY_DDP = ("DDP is the default where modes tie: PyTorch recommends it over DataParallel even on one machine, it "
+           "scales past one node, and FSDP spends traffic to save memory this model does not need saved "
+           "(docs/guide.md)")
+
+
+def recommendation(outcomes: list[Outcome], memory: dict) -> str:
+    """The report's `Recommendation:` line: the mode to use on this machine for this model, and why, from the
+    table's figures (images/s and speedup, mean ± std over the repeats; two configurations told apart only where
+    their runs' images/s do not overlap, as the spread line judges) and the model state each mode needs per GPU
+    (memory_projection's arithmetic). The rules, in order:
+
+    1. Memory: where DDP's model state outgrows one GPU (the projection), or a dist_parallel run ran out of memory,
+       fsdp, on the fewest GPUs that hold the state; none of these modes where FSDP does not hold it on 64 GPUs.
+    2. No configuration timed a step: nothing to choose by.
+    3. A configuration with one run: no spread was measured, so no mode is shown faster: dist_parallel, the default
+       (WHY_DDP).
+    4. The fastest configuration's runs above every other's: its mode. data_parallel is recommended over
+       dist_parallel only so, on measured cause; dist_parallel that was not run is still the default.
+    5. Otherwise the modes whose runs overlap the fastest's tie: the first of them in PREFERENCE (dist_parallel
+       where it is among them, data_parallel only where it ties with nothing else), the rest named.
+    On the CPU, a sentence on what CPU processes standing in for GPUs can and cannot tell."""
+    timed, unit = measured(outcomes), UNITS[outcomes[0].run.unit]
+    text = memory_choice(outcomes, memory, unit) or speed_choice(timed, memory, unit)
+    if outcomes[0].run.unit == "cpu":
+        text += (" On this CPU-only machine each \"GPU\" is a CPU process with one thread: its figures show the "
+                 "modes' mechanics (processes over gloo, the split batch, each wrapper's own cost), not what GPUs "
+                 "would gain, nor NCCL, nor GPU memory (projected, not measured); run compare.py on GPUs to choose "
+                 "for them.")
+    return "Recommendation: " + text
+
+
+def state_per_gpu(memory: dict, gpus: int, mode: str, reshard: bool = True) -> float:
+    """Bytes per GPU of the runs' model state under `mode` (projection.memory_per_gpu)."""
+    return sum(memory_per_gpu(memory["models"][0], gpus, mode, reshard, memory["amp"], memory["momentum"]).values())
+
+
+def capacity_text(memory: dict) -> str:
+    """The GPU memory the state is weighed against: "its 79.2 GiB", or "an assumed 80.0 GiB" (no GPU here)."""
+    return f"{'an assumed' if memory['assumed'] else 'its'} {fmt_bytes(memory['gpu_bytes'])}"
+
+
+def fits_text(memory: dict) -> str:
+    return (f"the model's state fits one GPU under DDP ({fmt_bytes(state_per_gpu(memory, 1, 'dist_parallel'))} of "
+            f"{capacity_text(memory)})")
+
+
+def memory_choice(outcomes: list[Outcome], memory: dict, unit: tuple[str, str]) -> str | None:
+    """Rule 1 of recommendation(): fsdp where DDP cannot hold the model state; None where it can."""
+    ddp = state_per_gpu(memory, 1, "dist_parallel")
+    ran_out = [o for o in outcomes if o.run.mode == "dist_parallel" and o.status == "failed"
+               and "out of memory" in (o.error or "").lower()
+               and not any(p.status == "ok" and p.run.mode == o.run.mode and p.run.gpus == o.run.gpus
+                           for p in outcomes)]
+    if ddp <= memory["gpu_bytes"] and not ran_out:
+        return None
+    fsdp = measured([o for o in outcomes if o.run.mode == "fsdp"])
+    if ran_out:
+        where = (f"fsdp ran ({fsdp[0].name()}, {fsdp[0].images_per_sec:,.0f} images/s)" if fsdp else
+                 "fsdp shards the model state over the GPUs: add it to --modes")
+        return (f"fsdp (FSDP2): dist_parallel ran out of memory (`{ran_out[0].run.name}`, its log in "
+                f"`{ran_out[0].row.get('log') or 'logs/'}`) and {where}.")
+    gpus = memory["runs_fsdp_gpus"][True]
+    need = (f"under DDP each GPU would need {fmt_bytes(ddp)} for the model state alone (weights, gradients and "
+            f"optimizer state), more than {capacity_text(memory)}")
+    if gpus is None:
+        most = MEMORY_GPU_COUNTS[-1]
+        return (f"none of these modes: {need}, and FSDP on {most} GPUs still "
+                f"{fmt_bytes(state_per_gpu(memory, most, 'fsdp'))} each (projection.md); a smaller model, or a "
+                "parallelism this suite does not have (tensor, pipeline).")
+    each = fmt_bytes(state_per_gpu(memory, gpus, "fsdp"))
+    return (f"fsdp (FSDP2): {need}; FSDP holds it on {gpus} GPUs or more ({each} each, resharding after forward), "
+            "activations on top (projection.md).")
+
+
+def speed_text(m: Measured, unit: tuple[str, str]) -> str:
+    """A configuration's speed as the table has it: its speedup over one GPU, else its images/s (mean ± std)."""
+    speedups = [row["speedup"] for row in m.rows if row["speedup"] is not None]
+    if speedups and m.run.mode != "single_gpu":
+        return f"{spread(speedups, 2, unit='×')} one {unit[0]}"
+    return f"{spread([row['images_per_sec'] for row in m.rows], 0)} images/s"
+
+
+def speed_choice(timed: list[Measured], memory: dict, unit: tuple[str, str]) -> str:
+    """Rules 2 to 5 of recommendation(), the model state fitting one GPU under DDP."""
+    if not timed:
+        return "none: no run timed a step, so nothing was measured to choose by (the failed runs are listed below)."
+    fits = fits_text(memory)
+    ranked = sorted(timed, key=lambda m: m.images_per_sec, reverse=True)
+    best, others = ranked[0], ranked[1:]
+    ddp = next((m for m in ranked if m.run.mode == "dist_parallel"), None)
+    not_run = "" if ddp else ", not run here (add it to --modes)"
+    default = lambda why: f"dist_parallel (DDP){not_run}: {fits}; {why}, and {WHY_DDP}."  # noqa: E731
+    if not others:
+        return default(f"only {best.name()} timed a step ({speed_text(best, unit)}), nothing to compare")
+    if any(len(m.rows) < 2 for m in ranked):
+        return default(f"one run per configuration measures no spread, so no mode is shown faster than "
+                                  f"another ({best.name()} was fastest in its run, {speed_text(best, unit)}; "
+                                  f"`--repeat 3` measures the spread)")
+    tied = [best, *[m for m in others if overlap(best, m)]]
+    if len(tied) == 1:
+        beyond = f"its {len(best.rows)} runs all above every other configuration's"
+        if best.run.mode == "dist_parallel":
+            return (f"dist_parallel (DDP): {fits}, and DDP was fastest: {best.name()} at {speed_text(best, unit)}, "
+                    f"{beyond}.")
+        if best.run.mode == "fsdp":
+            return (f"fsdp (FSDP2): fastest, {best.name()} at {speed_text(best, unit)}, {beyond}, DDP's included, "
+                    f"though {fits}.")
+        if best.run.mode == "single_gpu":
+            return (f"single_gpu: faster than every parallel configuration here ({speed_text(best, unit)}, "
+                    f"{beyond}): for this model and batch the parallel modes cost this machine more than they "
+                    "bring; with more GPUs or a larger batch, dist_parallel (DDP).")
+        if ddp is None:
+            return default(f"data_parallel was fastest ({speed_text(best, unit)}) but dist_parallel was "
+                                      "not measured beside it")
+        return (f"data_parallel (nn.DataParallel): fastest, {best.name()} at {speed_text(best, unit)}, {beyond}, "
+                f"dist_parallel's ({speed_text(ddp, unit)}) included: the measured cause to prefer it on this "
+                "machine; DDP still scales past one node (docs/guide.md).")
+    modes = [m.run.mode for m in tied]
+    chosen = next(mode for mode in PREFERENCE if mode in modes)
+    if ddp is None:
+        chosen = "dist_parallel"
+    ranges = "; ".join(f"{m.name()} {m.low:,.0f}–{m.high:,.0f}" for m in tied)
+    tie = (f"no difference measurable between {listed([m.name() for m in tied])}: their images/s over the repeats "
+           f"overlap ({ranges}), so any of them")
+    if chosen == "dist_parallel":
+        return default(tie)
+    return (f"{MODE_NAMES[chosen]}: {tie}; dist_parallel was slower beyond the spread ({ddp.name()} at "
+            f"{speed_text(ddp, unit)}), the measured cause to prefer {chosen} here.")
 
 
 def modelled_backend(run: PlannedRun) -> bool:
@@ -500,13 +686,15 @@ def fsdp_projection(inputs: dict, cuda: bool) -> list[str]:
     most_sent = bytes_sent_per_gpu(param_bytes, grad_bytes, PROJECTED_GPU_COUNTS[-1], "fsdp", True)
     unit, size = byte_unit(most_sent, 1000)  # one unit for the table, the one its largest cell fits
     lines = [
-        "**FSDP, projected the same way.** FSDP's units (the model's "
-        f"{len(units) - 1} residual blocks and the root: stem, final BatchNorm, classifier) all-gather their "
-        "parameters before their forward, one unit ahead of the compute, again before their backward when they "
-        "reshard after forward, and reduce-scatter their gradients as their backward ends, all in fp32 (the runs "
-        "use autocast, not FSDP's MixedPrecisionPolicy); each unit computes its share of the model's FLOPs, and "
-        "only what the compute does not hide adds to the step. A ring's latency grows with N and is paid per "
-        "collective: FSDP issues two or three per unit where DDP issues one per bucket. "
+        "**FSDP, projected the same way.** FSDP's units ("
+        + (f"the model's {len(units) - 1} repeated blocks, as `models.repeated_blocks` finds them, and the root: what "
+           "no block holds, stem, final norm, classifier" if len(units) > 1 else
+           "one, the whole model: `models.repeated_blocks` finds nothing repeated in it")
+        + ") all-gather their parameters before their forward, one unit ahead of the compute, again before their "
+        "backward when they reshard after forward, and reduce-scatter their gradients as their backward ends, all "
+        "in fp32 (the runs use autocast, not FSDP's MixedPrecisionPolicy); each unit computes its share of the "
+        "model's FLOPs, and only what the compute does not hide adds to the step. A ring's latency grows with N and "
+        "is paid per collective: FSDP issues two or three per unit where DDP issues one per bucket. "
         + (f"FSDP's own overhead comes from the measured one-process fsdp step ({measured}); a setting not "
            "measured takes the single_gpu step. " if measured else
            "FSDP's own one-process overhead was not measured (add fsdp to `--modes` with `--gpu_counts 1 ...`"
@@ -590,16 +778,19 @@ def memory_section(memory: dict, outcomes: list[Outcome], gpu: str | None) -> li
     largest = {size: max(total(size, n, mode, reshard) for _, mode, reshard in MEMORY_SETTINGS
                          for n in MEMORY_GPU_COUNTS) for size in memory["models"]}
     shown = [size for size in memory["models"] if largest[size] >= TRIVIAL_SHARE * capacity]
+    models = ("the runs' depth and block at their α and wider, each built on the meta device" if memory["sweep"] else
+              f"the runs' model, {model_name(memory)}, built on the meta device; no wider models: only PyramidNet "
+              "has a width (α) to sweep here")
     lines = [
-        "**A projection, not a measurement: arithmetic on parameter counts** (the runs' depth and block at their α "
-        "and wider, each built on the meta device). Per GPU: the fp32 parameters, gradients and "
+        f"**A projection, not a measurement: arithmetic on parameter counts** ({models}). Per GPU: the fp32 "
+        "parameters, gradients and "
         + ("SGD momentum" if momentum else "no momentum (`--momentum 0`)") + ", replicated by DDP, a 1/N shard "
-        "each under FSDP, which also holds what it gathers: the root's parameters (stem, final BatchNorm, "
-        "classifier) and, resharding after forward, two blocks' (the one computing, the next prefetched) and the "
-        "computing block's gradients before their reduce-scatter; without, every parameter from forward to "
-        "backward. "
-        + (f"Under {amp} autocast every mode also keeps a 2-byte copy of every convolution and classifier weight "
-           "from forward to backward (autograd saves the casts; FSDP frees its gathered fp32 parameters, not "
+        "each under FSDP, which also holds what it gathers: the root's parameters (what no repeated block holds: "
+        "stem, final norm, classifier) and, resharding after forward, two blocks' (the one computing, the next "
+        "prefetched) and the computing block's gradients before their reduce-scatter; without, every parameter from "
+        "forward to backward. "
+        + (f"Under {amp} autocast every mode also keeps a 2-byte copy of every convolution, linear and attention "
+           "weight from forward to backward (autograd saves the casts; FSDP frees its gathered fp32 parameters, not "
            "these), unsharded. " if half else "")
         + "**Activations are left out**: they do not shard under FSDP, grow with the per-GPU batch, and are "
         "usually most of a CNN's memory, so a model state that fits is necessary, not sufficient. "
@@ -614,14 +805,14 @@ def memory_section(memory: dict, outcomes: list[Outcome], gpu: str | None) -> li
     else:
         lines.pop()  # the blank line the table would have followed
     for size in shown:
-        factor = size.alpha / memory["models"][0].alpha
         for first, (name, mode, reshard) in enumerate(MEMORY_SETTINGS):
-            label = f"α={size.alpha:g} " + ("(the runs')" if factor == 1 else f"(×{factor:g})") if first == 0 else ""
+            label = size_label(memory, size) if first == 0 else ""
             cells = [fmt_bytes(b) + (" ✗" if b > capacity else "")
                      for b in (total(size, n, mode, reshard) for n in MEMORY_GPU_COUNTS)]
             lines.append(f"| {label} | {fmt_count(size.parameters) if first == 0 else ''} | {name} | "
                          + " | ".join(cells) + " |")
-    lines += ["", *fit_lines(memory, total, half), "", activation_line(memory, outcomes, total)]
+    fits = fit_lines(memory, total, half) if shown or memory["sweep"] else []  # else trivial_line said it
+    lines += [*(["", *fits] if fits else []), "", activation_line(memory, outcomes, total)]
     return lines
 
 
@@ -631,8 +822,8 @@ def trivial_line(memory: dict, shown: list, largest: dict, capacity: float) -> l
     if not left_out:
         return []
     runs_alpha = memory["models"][0].alpha
-    names = [f"α={size.alpha:g} ({fmt_count(size.parameters)} parameters"
-             + (", the runs'" if size.alpha == runs_alpha else f", ×{size.alpha / runs_alpha:g}") + ")"
+    names = [(f"α={size.alpha:g}" if memory["sweep"] else memory["name"]) + f" ({fmt_count(size.parameters)} "
+             "parameters" + (", the runs'" if size.alpha == runs_alpha else f", ×{size.alpha / runs_alpha:g}") + ")"
              for size in (left_out[0], left_out[-1])]
     many = len(left_out) > 1
     models = f"The models from {names[0]} to {names[1]} need" if many else f"The model {names[0]} needs"
@@ -641,7 +832,7 @@ def trivial_line(memory: dict, shown: list, largest: dict, capacity: float) -> l
     text = (f"{models} at most {fmt_bytes(most)} of model state per GPU in any setting (DDP or FSDP, 1 to "
             f"{MEMORY_GPU_COUNTS[-1]} GPUs), under {TRIVIAL_SHARE * 100:g} % of the GPU's {fmt_bytes(capacity)}: "
             f"memory is no reason to shard {them}")
-    return [text + (f", and the table leaves {them} out." if shown else ", so there is no table of them."), ""]
+    return [text + (f", and the table leaves {them} out." if shown else f", so there is no table of {them}."), ""]
 
 
 def fit_lines(memory: dict, total, half: bool) -> list[str]:
@@ -649,6 +840,8 @@ def fit_lines(memory: dict, total, half: bool) -> list[str]:
     past REALISTIC_PARAMETERS, only that DDP fits every model of the family up to that size."""
     crossover, runs_alpha, most = memory["crossover"], memory["models"][0].alpha, MEMORY_GPU_COUNTS[-1]
     capacity = fmt_bytes(memory["gpu_bytes"])
+    if not memory["sweep"]:
+        return [runs_fit_line(memory, total)]
     if crossover is None:
         return ["No width of this model up to α=2²⁴ outgrows one GPU under DDP."]
     if crossover.parameters > REALISTIC_PARAMETERS:
@@ -679,6 +872,37 @@ def fit_lines(memory: dict, total, half: bool) -> list[str]:
     return [text]
 
 
+def model_name(memory: dict) -> str:
+    """The runs' model as the memory projection names it (compare.py gives it its title)."""
+    return memory.get("name", "the runs' model")
+
+
+def size_label(memory: dict, size) -> str:
+    """A model's cell in the memory table: its α (and how much wider than the runs'), or the runs' model's name."""
+    if not memory["sweep"]:
+        return f"{model_name(memory)} (the runs')"
+    factor = size.alpha / memory["models"][0].alpha
+    return f"α={size.alpha:g} " + ("(the runs')" if factor == 1 else f"(×{factor:g})")
+
+
+def runs_fit_line(memory: dict, total) -> str:
+    """Without a width sweep: whether DDP holds the runs' model state on one GPU, and else on how many GPUs FSDP
+    does."""
+    size, capacity = memory["models"][0], fmt_bytes(memory["gpu_bytes"])
+    ddp = total(size, 1, "dist_parallel", True)
+    model = f"{model_name(memory)} ({fmt_count(size.parameters)} parameters)"
+    if ddp <= memory["gpu_bytes"]:
+        return (f"DDP holds the model state of {model} on one GPU: {fmt_bytes(ddp)} of its {capacity}, the rest "
+                "left to the activations.")
+    fewest = memory["runs_fsdp_gpus"]
+    on = [f"on {fewest[reshard]} GPUs {how} ({fmt_bytes(total(size, fewest[reshard], 'fsdp', reshard))} each)"
+          for reshard, how in ((True, "resharding"), (False, "without resharding")) if fewest[reshard]]
+    fsdp = ("FSDP holds it " + " and ".join(on) if on else
+            f"FSDP does not hold it on up to {MEMORY_GPU_COUNTS[-1]} GPUs either")
+    return (f"**Where FSDP lets a model fit that DDP cannot:** DDP's model state of {model} takes {fmt_bytes(ddp)} "
+            f"per GPU, more than one GPU's {capacity}; {fsdp}.")
+
+
 def activation_line(memory: dict, outcomes: list[Outcome], total) -> str:
     """The activations the projection leaves out, as single_gpu's measured peak memory shows them (GPUs only)."""
     peaks = [(float(o.row["peak_mem_gb_per_gpu"].split()[0]) * GIB, o.row["per_gpu_batch"]) for o in outcomes
@@ -691,8 +915,8 @@ def activation_line(memory: dict, outcomes: list[Outcome], total) -> str:
     state = total(memory["models"][0], 1, "dist_parallel", True)
     return (f"single_gpu's measured peak, {fmt_bytes(peak)} at {batch} images per GPU, is {fmt_bytes(peak - state)} "
             f"above its model state ({fmt_bytes(state)}): activations and workspace, which the projection leaves out. "
-            "They are the same under DDP and FSDP at the same per-GPU batch, and grow about as the widths (α) for a "
-            "wider model.")
+            "They are the same under DDP and FSDP at the same per-GPU batch"
+            + (", and grow about as the widths (α) for a wider model." if memory["sweep"] else "."))
 
 
 def environment_section(env: dict, topology: str | None) -> list[str]:

@@ -44,7 +44,7 @@ from common.devices import seed_everything
 from common.optim import build_optimizer, lr_schedule
 from common.performance import autocast, grad_scaler, memory_format, resolve_fast_path
 from comparison.matrix import GROUP_MODES, PlannedRun, check_runs, command, cpu_threads
-from comparison.report import Outcome, fmt_seconds, write_file
+from comparison.report import Outcome, fmt_seconds, model_title, write_file
 from comparison.runner import run_all, signal_name, signals_deferred, start
 from models import build_model
 
@@ -643,8 +643,7 @@ class Verification:
         run_rows = [f"| `{o.run.name}` | {o.status} | {fmt_seconds(o.seconds)} | {o.error or ''} | "
                     + (f"`logs/{o.run.name}.log` |" if o.log else "— |") for o in outcomes.values()]
         lines = [
-            f"# Verification: PyramidNet-{cfg.get('depth', Config.depth)} α={cfg.get('alpha', Config.alpha):g} "
-            f"— {device}",
+            f"# Verification: {model_title(cfg)} — {device}",
             "",
             f"`python compare.py {' '.join(argv)}` — {datetime.now():%Y-%m-%d %H:%M}, {len(outcomes)} runs in "
             f"{fmt_seconds(elapsed)}: {self.steps} steps of global batch {self.batch} on "

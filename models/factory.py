@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import difflib
 import functools
-from collections import Counter
 
 import torch
 from torch import nn
@@ -90,30 +89,6 @@ def hint(name: str) -> str:
     if name.startswith("vit_") and patch.isdigit():
         return f" (a multiple of its {patch}-pixel patches, e.g. 224)"
     return " (224, the size torchvision's models are made for, suits them all)"
-
-
-def repeated_blocks(model: nn.Module) -> list[nn.Module]:
-    """The units FSDP shards a model into, one per repeated block: the children of a Sequential or ModuleList
-    that are blocks (modules with layers and parameters of their own, not plain containers) whose class occurs
-    twice or more among the model's blocks; plain containers are searched within, a block's insides only if its
-    class occurs once. So PyramidNet's and ResNet's residual blocks, ViT's encoder layers, Swin's and ConvNeXt's
-    blocks, EfficientNet's MBConvs; none for a model of plain layers (VGG, AlexNet), which then is one unit."""
-    def candidates(module: nn.Module):
-        within = isinstance(module, (nn.Sequential, nn.ModuleList))
-        for child in module.children():
-            container = type(child) in (nn.Sequential, nn.ModuleList)
-            layered = any(True for _ in child.children()) and any(True for _ in child.parameters())
-            if within and not container and layered:
-                yield child
-            else:
-                yield from candidates(child)
-
-    found = list(candidates(model))
-    counts = Counter(type(block) for block in found)
-    blocks = []
-    for block in found:
-        blocks += [block] if counts[type(block)] > 1 else repeated_blocks(block)
-    return blocks
 
 
 def on_meta(build):

@@ -30,8 +30,8 @@ from comparison import runner
 from comparison.matrix import PlannedRun, check_runs, plan
 from comparison.projection import (FABRICS, SYNC_ALLOWANCE, Fabric, ddp_buckets, exposed_communication,
                                    gradient_bytes, projected_efficiency, ring_allreduce_seconds)
-from comparison.report import (Outcome, fabric_of_runs, fill_rows, findings, fmt_bytes, fmt_count, memory_cell,
-                               projection_inputs, projection_section)
+from comparison.report import (Outcome, fabric_of_runs, fill_rows, findings, fmt_bytes, fmt_count, fmt_flops,
+                               memory_cell, projection_inputs, projection_section)
 
 # One configuration (data_parallel) is made to fail mid-run from outside, by a sitecustomize module that every Python
 # process on PYTHONPATH imports: it raises in its second loss computation.
@@ -98,6 +98,9 @@ def test_the_report_numbers_are_the_runs_own(comparison):
         assert float(row["speedup"]) == pytest.approx(speedup)
         assert float(row["scaling_efficiency"]) == pytest.approx(speedup / int(row["gpus"]))
         assert int(row["global_batch"]) == results["config"]["batch_size"] == 32
+        assert row["model"] == "PyramidNet-8 α=12 (basic)"  # what the runs trained, its size as they counted it
+        assert int(row["parameters"]) == summary["parameters"]
+        assert int(row["flops_per_image"]) == summary["flops_per_image"]
         assert int(row["per_gpu_batch"]) == 32 // int(row["gpus"])
         # the same figures, rounded, in the report's row for this configuration
         line = next(l for l in report.splitlines() if l.startswith(f"| {row['mode']} | {row['gpus']} |"))
@@ -140,8 +143,30 @@ def test_the_first_screen_holds_the_title_the_table_and_the_sentences(comparison
     assert compare.TABLE_HEADER in first_screen
     assert sum(line.startswith("| ") for line in first_screen) == 4  # the header and the three configurations
     for lead in ("- **Fastest: ", "- **Scaling at 2 CPU processes**, the most run", "- **What the parallelism costs",
-                 "- **Spread:** each configuration ran once", "- **1 of 3 runs did not succeed:**"):
+                 "- **Spread:** each configuration ran once", "- **1 of 3 runs did not succeed:**",
+                 "Model: PyramidNet-8 α=12 (basic): ", "Recommendation: "):
         assert any(line.startswith(lead) for line in first_screen), lead
+
+
+def test_the_first_screen_names_the_model_and_recommends_a_mode_from_the_tables_figures(comparison):
+    """The model's size is the runs' own (results.json's summary); the recommendation quotes the table's figures. One
+    run each measures no spread, so no mode is shown faster: DDP, the default, with what CPU processes cannot tell."""
+    _, out = comparison
+    report = (out / "report.md").read_text()
+    summary = json.loads((out / "runs" / "01-single_gpu-1cpu-r1" / "results.json").read_text())["summary"]
+    model = next(line for line in report.splitlines() if line.startswith("Model: "))
+    assert f"{fmt_count(summary['parameters'])} parameters, " in model
+    assert f"{fmt_flops(summary['flops_per_image'])} per image (forward and backward)" in model
+    assert model.endswith("Data: synthetic, 32×32 images, 3 channels, 10 classes.")
+    advice = next(line for line in report.splitlines() if line.startswith("Recommendation: "))
+    assert advice.startswith("Recommendation: dist_parallel (DDP): the model's state fits one GPU under DDP (")
+    assert "one run per configuration measures no spread, so no mode is shown faster than another" in advice
+    table = table_figures(report)
+    timed = [mode for mode in table if table[mode][7] != "—"]
+    fastest = max(timed, key=lambda mode: float(table[mode][7].replace(",", "")))
+    figure = f"{table[fastest][7]} images/s" if fastest == "single_gpu" else f"{table[fastest][8]} one CPU process"
+    assert f"({fastest} " in advice and f", {figure};" in advice  # the table's speedup (or images/s) as it is
+    assert "docs/guide.md" in advice and "On this CPU-only machine each \"GPU\" is a CPU process" in advice
 
 
 def test_the_sentences_are_computed_from_the_tables_figures(comparison):
@@ -237,6 +262,9 @@ def test_sizes_and_counts_are_written_in_units_that_fit():
     (["--repeat", "0"], "--repeat must be a whole number at least 1, not 0"),  # compare.py's own flags' domains
     (["--gpu_counts", "2", "0"], "--gpu_counts must be a whole number at least 1, not 0"),
     (["--momentum", "nan"], "--momentum"),  # a train.py flag: refused by its own domain, before the matrix
+    (["--epochs", "1", "--model", "resnet18", "--dataset", "mnist"], "--model resnet18 takes 3-channel images"),
+    (["--model", "vit_b_16", "--image_size", "40"], "--model vit_b_16 cannot take 40x40 images"),
+    (["--verify", "--model", "vit_b_16", "--image_size", "40"], "--model vit_b_16 cannot take 40x40 images"),
 ])
 def test_a_matrix_that_cannot_run_is_refused_before_anything_starts(argv, message, tmp_path, capsys):
     out = tmp_path / "out"
@@ -276,7 +304,9 @@ def test_overwrite_replaces_the_earlier_comparison_and_nothing_else(comparison, 
     """--overwrite over a copy of the module's comparison, with a run of the same name
     (01-single_gpu-1cpu-r1): the run succeeds (its earlier run folder is gone, not in its way), the
     report is the new comparison's alone, the user's own file stays, and logs/, made a symbolic
-    link, is removed without following it."""
+    link, is removed without following it. The run trains another model, torchvision's ResNet-18 on
+    32x32 images: the report, the CSV and the projection name it, and its memory is projected
+    without a width sweep."""
     _, earlier = comparison
     out = tmp_path / "out"
     shutil.copytree(earlier, out, symlinks=True)
@@ -286,8 +316,9 @@ def test_overwrite_replaces_the_earlier_comparison_and_nothing_else(comparison, 
     (elsewhere / "keep.txt").write_text("kept")
     shutil.rmtree(out / "logs")
     (out / "logs").symlink_to(elsewhere)
-    code = compare.main(["--out", str(out), "--overwrite", "--modes", "single_gpu",
-                         "--benchmark_steps", "4", "--warmup_steps", "1", "--synthetic_size", "64"])
+    code = compare.main(["--out", str(out), "--overwrite", "--modes", "single_gpu", "--model", "resnet18",
+                         "--image_size", "32", "--benchmark_steps", "3", "--warmup_steps", "1",
+                         "--synthetic_size", "64"])
     printed = capsys.readouterr()
     assert code == 0, printed.out + printed.err
     run = "01-single_gpu-1cpu-r1"
@@ -296,7 +327,15 @@ def test_overwrite_replaces_the_earlier_comparison_and_nothing_else(comparison, 
     assert [path.name for path in (out / "logs").iterdir()] == [f"{run}.log"]
     assert [path.name for path in elsewhere.iterdir()] == ["keep.txt"]
     assert (out / "notes.md").read_text() == "mine"
-    assert "data_parallel" not in (out / "report.md").read_text()
+    report, projection = (out / "report.md").read_text(), (out / "projection.md").read_text()
+    assert "data_parallel" not in report
+    assert report.startswith("# single_gpu: resnet18 on CPU")
+    assert [row["model"] for row in csv_rows(out)] == ["resnet18"]
+    assert "Model: resnet18, torchvision's, without pretrained weights: 11.2M parameters" in report
+    assert "Recommendation: dist_parallel (DDP), not run here (add it to --modes): " in report
+    assert projection.startswith("# Projection past this machine: resnet18, from the runs on CPU")
+    assert "no wider models: only PyramidNet has a width (α) to sweep here" in projection
+    assert "The model resnet18 (11.2M parameters, the runs') needs at most" in projection and "α=" not in projection
 
 
 def test_overwrite_counts_projection_md_among_compares_own_files(tmp_path):

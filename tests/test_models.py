@@ -29,14 +29,14 @@ def tiny_vit() -> torch.nn.Module:
 
 def test_the_repeated_blocks_are_the_units_fsdp_shards():
     """One small rule finds PyramidNet's and ResNet's residual blocks and ViT's encoder layers; a model of plain
-    layers has none (it is then one unit)."""
+    layers in Sequentials has its layers as units (tests/test_blocks.py has the rule's own cases)."""
     kinds = lambda model: Counter(type(block).__name__ for block in repeated_blocks(model))  # noqa: E731
     assert kinds(on_meta(lambda: pyramidnet(20, 48))) == {"BasicBlock": 9}
     assert kinds(on_meta(lambda: pyramidnet(11, 48, "bottleneck"))) == {"Bottleneck": 3}
     assert kinds(on_meta(lambda: torchvision.models.resnet18(num_classes=10))) == {"BasicBlock": 8}
     assert kinds(on_meta(lambda: torchvision.models.resnet50(num_classes=10))) == {"Bottleneck": 16}
     assert kinds(on_meta(lambda: torchvision.models.vit_b_16(num_classes=10))) == {"EncoderBlock": 12}
-    assert kinds(on_meta(lambda: torchvision.models.vgg11(num_classes=10))) == {}
+    assert kinds(on_meta(lambda: torchvision.models.vgg11(num_classes=10))) == {"Conv2d": 8, "Linear": 3}
 
 
 def test_a_constructor_that_computes_on_tensors_is_built_on_the_meta_device_too():

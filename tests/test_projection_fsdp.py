@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+import torchvision
 from torch import nn
 
 import compare
@@ -18,6 +19,7 @@ from comparison.projection import (ASSUMED_GPU_BYTES, FABRICS, Fabric, ModelSize
 from comparison.report import (Outcome, fill_rows, groups, memory_section, projection_inputs, projection_section,
                                table_row)
 from conftest import REPO
+from models import pyramidnet
 
 FOUR = ("single_gpu", "data_parallel", "dist_parallel", "fsdp")
 
@@ -134,7 +136,7 @@ def test_fsdp_units_are_the_residual_blocks_and_the_root_with_their_flops():
     convolutions, 16 -> 20 and 20 -> 20 channels, 2 FLOPs a multiply-add; the root is the stem (3 -> 16) and the
     classifier (28 -> 10)."""
     with torch.device("meta"):
-        model = compare.pyramidnet(8, 12, "basic")
+        model = pyramidnet(8, 12, "basic")
     units = fsdp_units(model, 3, 32)
     assert [u.name for u in units] == ["root", "layer1.0", "layer2.0", "layer3.0"]
     assert units[1].flops == 2 * 9 * 32 * 32 * (16 * 20 + 20 * 20)
@@ -142,7 +144,7 @@ def test_fsdp_units_are_the_residual_blocks_and_the_root_with_their_flops():
     assert sum(u.param_bytes for u in units) == sum(gradient_bytes(model))
     assert units[1].param_bytes == 4 * sum(p.numel() for p in model.layer1.parameters())
     with torch.device("meta"):
-        units = fsdp_units(compare.pyramidnet(56, 84, "basic"), 3, 32)
+        units = fsdp_units(pyramidnet(56, 84, "basic"), 3, 32)
     step = 0.005  # a fast GPU's step: communication matters
     for fabric in FABRICS:
         n = fabric.gpu_counts[-1]
@@ -229,7 +231,7 @@ def test_the_report_has_fsdp_rows_with_their_reshard_setting_and_autocast():
 def test_the_projection_section_projects_fsdp_from_its_one_process_step():
     made = outcomes()
     with torch.device("meta"):
-        model = compare.pyramidnet(20, 24, "basic")
+        model = pyramidnet(20, 24, "basic")
     units, grads = fsdp_units(model, 3, 32), gradient_bytes(model)
     inputs = projection_inputs(made, grads, 25.0, units)
     assert inputs["fsdp1_step_s"] == {True: pytest.approx(0.104)} and inputs["ddp1_step_s"] is None
@@ -279,3 +281,34 @@ def test_the_memory_section_leaves_out_what_says_nothing():
     assert [line.split(" | ")[0] for line in lines if line.startswith("| α=")] == ["| α=16000 (×16)"]
     assert "DDP's model state fits one GPU's 1.8 TiB for any model of this family up to 100B parameters" in text
     assert "Where FSDP lets a model fit" not in text
+
+
+# --- any model: torchvision's --------------------------------------------------------------------------------------
+
+def test_any_models_fsdp_units_are_its_repeated_blocks_and_its_memory_is_projected_without_a_sweep():
+    """ResNet-18: eight BasicBlocks and the root (stem, classifier), FLOPs counted at 32x32 (a batch of two, so that
+    BatchNorm on the last 1x1 maps has two values a channel). ViT-B/16: twelve encoder blocks, and autocast's copies
+    count the attention's input projections beside the linear layers and the patch convolution. ResNet-18's memory:
+    the runs' model only, no width to sweep. Against a 100 MB GPU DDP's 134 MiB do not fit; FSDP's shards do from 4
+    GPUs resharding (layer4's two blocks, 3.7M and 4.7M parameters, gathered with one's gradients, take about 50
+    MiB), from 8 without."""
+    with torch.device("meta"):
+        resnet = torchvision.models.resnet18()
+        vit = torchvision.models.vit_b_16(image_size=32)
+    units = fsdp_units(resnet, 3, 32)
+    assert [u.name for u in units] == ["root", *[f"layer{s}.{i}" for s in (1, 2, 3, 4) for i in (0, 1)]]
+    assert sum(u.param_bytes for u in units) == sum(gradient_bytes(resnet)) and all(u.flops > 0 for u in units)
+    assert len(fsdp_units(vit, 3, 32)) == 13
+    cast = sum(p.numel() for m in vit.modules() if isinstance(m, (nn.Conv2d, nn.Linear, nn.MultiheadAttention))
+               for p in m.parameters(recurse=False))
+    assert model_size(vit).autocast_cast == cast > sum(p.numel() for m in vit.modules() if isinstance(m, nn.Linear)
+                                                       for p in m.parameters(recurse=False))
+    memory = {**memory_projection(lambda alpha: resnet, None, "off", True, 100_000_000), "name": "resnet18"}
+    assert not memory["sweep"] and [size.alpha for size in memory["models"]] == [None]
+    assert memory["runs_fsdp_gpus"] == {True: 4, False: 8} and memory["crossover"] is None
+    text = "\n".join(memory_section(memory, [], "1× Test GPU"))
+    assert "(the runs' model, resnet18, built on the meta device; no wider models: only PyramidNet has a width" in text
+    assert "| resnet18 (the runs') | 11.7M | DDP | 134 MiB ✗ |" in text and "α=" not in text
+    assert ("**Where FSDP lets a model fit that DDP cannot:** DDP's model state of resnet18 (11.7M parameters) takes "
+            "134 MiB per GPU, more than one GPU's 95.4 MiB; FSDP holds it on 4 GPUs resharding (87.5 MiB each) and "
+            "on 8 GPUs without resharding (81.3 MiB each).") in text

@@ -104,3 +104,17 @@ def test_on_one_gpu_the_one_process_run_is_the_run_checks_2_to_5_start_from(gpus
     assert len(verification.launches) == 10
     sync_bn = verification.sync_batchnorm(setting, {})
     assert sync_bn.verdict == "not run" and "two or more GPUs" in sync_bn.why
+
+
+def test_any_model_is_verified_with_the_same_runs_and_verify_md_names_it(tmp_path):
+    """--model resnet18 --image_size 32 on this CPU: the runs PyramidNet's verification plans, each given the model's
+    flags, and verify.md titled with the model. The runs themselves are PyramidNet's in tests/test_parallel.py: with a
+    torchvision model they take minutes on 2 cores (run by hand: `python compare.py --verify --model resnet18
+    --image_size 32 --max_steps 4`, every check passes)."""
+    default = planned(tmp_path / "pyramidnet")
+    verification = planned(tmp_path, "--model", "resnet18", "--image_size", "32")
+    lines = command_lines(verification)
+    assert list(lines) == list(command_lines(default))
+    assert all(" --model resnet18 " in line and " --image_size 32 " in line for line in lines.values())
+    verification.write([], {}, ["--verify", "--model", "resnet18"], "CPU", 1.0)
+    assert (tmp_path / "verify.md").read_text().startswith("# Verification: resnet18 — CPU")
