@@ -39,6 +39,7 @@ import contextlib
 import dataclasses
 import errno
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -214,7 +215,7 @@ def prepare_output(out: Path, argv: list[str]) -> None:
     removed."""
     made = not (out.exists() or out.is_symlink())
     marker = (f"A comparison folder of pytorch-multigpu, written by `python compare.py "
-              f"{' '.join(argv)}`: --overwrite replaces what compare.py wrote here, nothing "
+              f"{shlex.join(argv)}`: --overwrite replaces what compare.py wrote here, nothing "
               f"else.\n")
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -296,7 +297,7 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
     report_page = [
         f"# {modes}: {model_name} on {device}",
         "",
-        f"`python compare.py {' '.join(argv)}` — {datetime.now():%Y-%m-%d %H:%M}, {len(outcomes)} runs in "
+        f"`{shlex.join(['python', 'compare.py', *argv])}` — {datetime.now():%Y-%m-%d %H:%M}, {len(outcomes)} runs in "
         f"{fmt_seconds(elapsed)}; {what}; the same seed ({config['seed']}) and learning rate rule (--lr "
         f"{config['lr']:g} per 128 images of global batch) in every run.",
         "",

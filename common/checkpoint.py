@@ -24,6 +24,7 @@ import dataclasses
 import hashlib
 import math
 import random
+import shlex
 import shutil
 import signal
 import sys
@@ -140,11 +141,18 @@ def write_checkpoint(run_dir: Path | None, state: dict, best: bool) -> Path | No
             with open(path, "rb") as latest:
                 write_atomically(run_dir / BEST, lambda f: shutil.copyfileobj(latest, f))
     except OSError as error:  # a full or read-only disk: what is on it is still whole (write_atomically)
-        if file_system_error(error) is None:
+        line = file_system_error(error)
+        if line is None:
             raise
-        raise RunError(f"could not write {error.filename}: {error.strerror}; {last_checkpoint_note(run_dir)}: free "
-                       f"some space there (or make it writable) and continue with --resume auto") from None
+        raise RunError(f"could not write {line}; {last_checkpoint_note(run_dir)}; then continue with "
+                       f"{continue_flags(run_dir)}") from None
     return path
+
+
+def continue_flags(run_dir: Path) -> str:
+    """The flags that continue the run in `run_dir`, to add to the command that started it, ready to paste: the
+    run's name quoted where a shell would split it."""
+    return f"--resume auto --run_name {shlex.quote(run_dir.name)}"
 
 
 def checksum(state: dict) -> str:
@@ -214,8 +222,8 @@ def refuse_fresh_start(cfg: Config, run_dir: Path) -> None:
         return
     held = [*weights, *([curves] if curves else [])]
     best = resumable(run_dir / BEST, cfg) if BEST in weights else None
-    then = (f"continue from {BEST} (step {best['step']}) with --resume {run_dir / BEST} in place of --resume "
-            f"auto, " if best else "")
+    then = (f"continue from {BEST} (step {best['step']}) with --resume {shlex.quote(str(run_dir / BEST))} in "
+            f"place of --resume auto, " if best else "")
     raise UsageError(f"--resume auto: run folder {run_dir} has no {LAST} to resume, but {' and '.join(held)} of "
                      f"an earlier run, which a fresh start would replace: {then}choose another --run_name, or "
                      f"start afresh with --overwrite in place of --resume auto")
@@ -400,8 +408,7 @@ def stopped_line(signal_name: str, step: int, path: Path | None, run_dir: Path |
     writes none (it measures speed only): nothing to continue."""
     if path is None:
         return f"stopped by {signal_name} at step {step}; a --benchmark run keeps no checkpoint"
-    return (f"stopped by {signal_name} at step {step}; checkpoint {path}: continue with --resume auto "
-            f"--run_name {run_dir.name}")
+    return f"stopped by {signal_name} at step {step}; checkpoint {path}: continue with {continue_flags(run_dir)}"
 
 
 def _as_saved(value):

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import types
 import typing
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -139,11 +140,19 @@ def _file_or_auto(value: str) -> str | None:
     return wrong and f"auto, or {wrong}"
 
 
+CONTROL = ("Cc", "Zl", "Zp")  # Unicode's control characters (newline, tab, NUL, escape...) and line separators
+
+
 def _folder_name(value: str) -> str | None:
-    """One name in a folder, as --run_name is: the run folder's own."""
-    plain = value not in ("", ".", "..") and "/" not in value and "\0" not in value
+    """One name in a folder, as --run_name is: the run folder's own. Neither a path separator (/, nor Windows' \\,
+    which a copy of the runs to Windows would split on) nor a control character (a newline, a tab, an escape):
+    the name is printed in messages and in the commands they give to paste, each of which must stay one line."""
+    plain = value not in ("", ".", "..") and not any(separator in value for separator in ("/", "\\"))
     if not plain:
-        return "a plain folder name (not empty, . or .., without / or NUL)"
+        return "a plain folder name (not empty, . or .., without / or \\)"
+    control = next((character for character in value if unicodedata.category(character) in CONTROL), None)
+    if control is not None:
+        return f"a folder name without control characters (this one has {control!r})"
     try:
         size = len(os.fsencode(value))
     except UnicodeEncodeError:

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import secrets
+import shlex
 import shutil
 import socket
 import sys
@@ -72,8 +73,8 @@ def resolve_run_dir(cfg: Config, mode: str, gpu_count: int) -> Path:
         own = Path(cfg.resume).absolute().parent
         if run_dir.resolve() != own.resolve():
             raise UsageError(f"run folder {run_dir} exists already and belongs to another run than {cfg.resume}: "
-                             f"choose a new --run_name (or --run_name {own.name} --log_dir {own.parent} to "
-                             f"continue in the checkpoint's own folder)")
+                             f"choose a new --run_name (or --run_name {shlex.quote(own.name)} --log_dir "
+                             f"{shlex.quote(str(own.parent))} to continue in the checkpoint's own folder)")
     elif run_dir.exists() and not (cfg.overwrite or cfg.resume):
         raise UsageError(f"run folder {run_dir} exists already: choose another --run_name, add --overwrite, or "
                          f"continue it with --resume auto")

@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.checkpoint import (StopSignals, check_fits, ended_line, has_ended, last_checkpoint_note,
-                               resume_checkpoint, save_checkpoint, stopped_line)
+from common.checkpoint import (StopSignals, check_fits, continue_flags, ended_line, has_ended,
+                               last_checkpoint_note, resume_checkpoint, save_checkpoint, stopped_line)
 from common.config import Config, RunError, parse_config, user_errors
 from common.data import (DATASET_INFO, EvalShard, LoaderWorkerDied, ShuffleSampler, load_datasets,
                          make_loader)
@@ -236,8 +236,8 @@ def main(argv=None) -> int:
             run.epoch_sums += log_window(run, run.epoch, run.batch)
         save_checkpoint(run)
         note = last_checkpoint_note(run.checkpoint_dir)
-        raise RunError(f"{died}; stopped at step {run.step}: {note}, continue with --resume auto "
-                       f"--run_name {run.run_dir.name}") from None
+        raise RunError(f"{died}; stopped at step {run.step}: {note}, continue with "
+                       f"{continue_flags(run.run_dir)}") from None
     # ------------------------------------------------------------------------------------- teardown
     finally:
         run.close()

@@ -1,0 +1,62 @@
+"""The lines a user reads and acts on: each says what is wrong and what to give, and a command it gives to paste
+runs as printed.
+
+- a run name that would break a line or a path (a newline, a control character, a separator) is refused where it
+  is parsed (tests/test_config.py's table); names a shell would split are quoted in every command printed to paste;
+"""
+from __future__ import annotations
+
+import errno
+import os
+import shlex
+
+import pytest
+
+import compare
+from common.checkpoint import continue_flags, stopped_line, write_checkpoint
+from common.config import Config, RunError, UsageError
+from common.logger import resolve_run_dir
+
+
+# ------------------------------------------------------------------------------------------- commands to paste
+@pytest.mark.parametrize("name", ["plain", "my run", "it's", "$HOME", "a;b", "-x"])
+def test_the_commands_a_stopped_run_prints_quote_its_name(tmp_path, name):
+    run_dir = tmp_path / name
+    line = stopped_line("SIGTERM", 7, run_dir / "checkpoint.pt", run_dir)
+    assert "\n" not in line
+    assert shlex.split(line.split("continue with ", 1)[1]) == ["--resume", "auto", "--run_name", name]
+    assert shlex.split(continue_flags(run_dir)) == ["--resume", "auto", "--run_name", name]
+
+
+def test_a_checkpoint_that_cannot_be_written_says_how_to_continue(tmp_path, monkeypatch):
+    run_dir = tmp_path / "run one"
+    run_dir.mkdir()
+
+    def full(path, write):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr("common.checkpoint.write_atomically", full)
+    with pytest.raises(RunError) as error:
+        write_checkpoint(run_dir, {"step": 1}, best=False)
+    line = str(error.value)
+    assert "\n" not in line and "No space left on device: free some space there" in line, line
+    assert shlex.split(line.split("continue with ", 1)[1]) == ["--resume", "auto", "--run_name", "run one"]
+
+
+def test_the_folder_a_checkpoint_continues_in_is_quoted(tmp_path):
+    own = tmp_path / "its runs" / "first run"
+    own.mkdir(parents=True)
+    (tmp_path / "runs" / "other").mkdir(parents=True)
+    cfg = Config(log_dir=str(tmp_path / "runs"), run_name="other", resume=str(own / "checkpoint.pt"))
+    with pytest.raises(UsageError) as error:
+        resolve_run_dir(cfg, "single_gpu", 0)
+    words = shlex.split(str(error.value).split("(or ", 1)[1].split(" to continue")[0])
+    assert words == ["--run_name", "first run", "--log_dir", str(tmp_path / "its runs")]
+
+
+def test_the_comparison_names_its_command_as_a_shell_takes_it(tmp_path):
+    out = tmp_path / "out"
+    compare.prepare_output(out, ["--out", str(tmp_path / "my out"), "--epochs", "1"])
+    marker = (out / compare.MARKER).read_text()
+    command = marker.split("`")[1]
+    assert shlex.split(command) == ["python", "compare.py", "--out", str(tmp_path / "my out"), "--epochs", "1"]
