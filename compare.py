@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import os
 import shlex
 import shutil
@@ -52,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # `python compare.py` 
 import torch  # noqa: E402
 
 from common.config import (REPO_ROOT, AMPS, Config, UsageError, _OneLineParser, add_flags,  # noqa: E402
-                           check_domains, config_argv, flag, user_errors)
+                           check_domains, config_argv, file_system_problem, flag, user_errors)
 from common.data import DATASET_INFO  # noqa: E402
 from common.rules import machine_refusal  # noqa: E402
 from comparison import environment as machine  # noqa: E402
@@ -245,9 +244,8 @@ def remove_earlier(out: Path) -> None:
 def out_error(out: Path, error: OSError) -> str:
     """The one line for an --out that the file system refuses: where, why, and what to do."""
     where = f" ({error.filename})" if error.filename and Path(error.filename) != out else ""
-    full = error.errno in (errno.ENOSPC, errno.EDQUOT)
-    advice = "free some space there, or give another --out" if full else "give a folder to write to"
-    return f"cannot write --out {out}{where}: {error.strerror}: {advice}"
+    problem = file_system_problem(error) or f"{error.strerror}: give another --out, a folder this user can write"
+    return f"cannot write --out {out}{where}: {problem}"
 
 
 # ----------------------------------------------------------------------------------------------------- report

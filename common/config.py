@@ -576,24 +576,43 @@ def says_group_errors() -> bool:
     return not started_by_launcher or os.environ.get("LOCAL_RANK", "0") == "0"
 
 
-# What a file system refuses for reasons a user can fix: it is full, read-only, not theirs, or the path is wrong.
-FILE_SYSTEM_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ELOOP,
-                      errno.ENOTDIR, errno.EISDIR, errno.ENAMETOOLONG, errno.EFBIG, errno.EIO}
+# What a file system refuses for reasons a user can fix, each with what is wrong where the system's own words do not
+# say it, and what to give instead: it is full, read-only, not theirs, failing, or the path is wrong.
+FILE_SYSTEM_ERRORS = {
+    errno.ENOSPC: ("", "free some space there, or give a folder on another disk"),
+    errno.EDQUOT: ("", "free some of your quota there, or give a folder on another disk"),
+    errno.EFBIG: ("the file system there takes no file this large", "give a folder on another file system"),
+    errno.EROFS: ("", "give a folder on a file system that can be written"),
+    errno.EACCES: ("this user may not read or write there", "give a path this user can use, or change its "
+                                                               "permissions"),
+    errno.EPERM: ("this user may not read or write there", "give a path this user can use, or change its "
+                                                              "permissions"),
+    errno.EIO: ("the disk or the network file system failed", "check it, or give a folder on another disk"),
+    errno.ELOOP: ("a symbolic link on the path leads round in a loop", "mend the link, or give a path without it"),
+    errno.ENOTDIR: ("a part of the path that must be a folder is a file", "give a path whose every part but the "
+                                                                          "last is a folder"),
+    errno.EISDIR: ("a folder stands where a file is to be read or written", "move that folder away, or give the "
+                                                                            "path of a file"),
+    errno.ENAMETOOLONG: ("", f"give a shorter path (at most {NAME_MAX} bytes a name, {PATH_MAX} in all)"),
+}
+
+
+def file_system_problem(error: OSError) -> str | None:
+    """What is wrong and what to give, for a file-system failure a user can fix (without the path), or None for
+    other OS errors, which are bugs or the network's and keep their traceback."""
+    if error.errno not in FILE_SYSTEM_ERRORS:
+        return None
+    why, advice = FILE_SYSTEM_ERRORS[error.errno]
+    said = error.strerror or os.strerror(error.errno)
+    return f"{said} ({why}): {advice}" if why else f"{said}: {advice}"
 
 
 def file_system_error(error: OSError) -> str | None:
-    """The one line for a file-system failure (naming the path where the error does), or None for other OS
-    errors, which are bugs or the network's and keep their traceback."""
-    if error.errno not in FILE_SYSTEM_ERRORS:
+    """The one line for a file-system failure, naming the path where the error does (file_system_problem)."""
+    problem = file_system_problem(error)
+    if problem is None:
         return None
-    where = f"{error.filename}: " if error.filename else ""
-    if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-        advice = "free some space there, or write elsewhere"
-    elif error.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO):
-        advice = "give a folder that can be written"
-    else:
-        advice = "give a path that leads to a folder"
-    return f"{where}{error.strerror}: {advice}"
+    return f"{error.filename}: {problem}" if error.filename else problem
 
 
 @contextlib.contextmanager

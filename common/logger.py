@@ -306,8 +306,8 @@ class RunLogger:
 def write_atomically(path: Path, write) -> None:
     """Write to a temporary file, fsync, rename: a crash, a signal or a full disk leaves the old file or the new
     one, never half of one. The temporary file's name is this process's own, so no two writers ever share one. A
-    write the file system refuses raises OSError naming `path` (a failed write() names no file), which the
-    scripts' user_errors turns into one line."""
+    write the file system refuses raises OSError naming `path` (a failed write() names no file, a failed rename
+    the temporary one), which the scripts' user_errors turns into one line."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
         with open(temporary, "wb") as f:
@@ -315,8 +315,9 @@ def write_atomically(path: Path, write) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(temporary, path)
-    except OSError as error:
-        raise OSError(error.errno, error.strerror, str(error.filename or path)) from None
+    except OSError as error:  # named by the file it is about, never by its temporary stand-in
+        named = path if error.filename in (None, str(temporary)) else error.filename
+        raise OSError(error.errno, error.strerror, str(named)) from None
     finally:
         with contextlib.suppress(OSError):  # left only if the write failed: the old file is untouched
             temporary.unlink(missing_ok=True)

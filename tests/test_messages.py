@@ -3,6 +3,7 @@ runs as printed.
 
 - a run name that would break a line or a path (a newline, a control character, a separator) is refused where it
   is parsed (tests/test_config.py's table); names a shell would split are quoted in every command printed to paste;
+- a file-system failure says what is wrong and what to give, for each error a user can fix;
 """
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ import pytest
 
 import compare
 from common.checkpoint import continue_flags, stopped_line, write_checkpoint
-from common.config import Config, RunError, UsageError
-from common.logger import resolve_run_dir
+from common.config import Config, RunError, UsageError, file_system_error, user_errors
+from common.logger import resolve_run_dir, write_atomically
 
 
 # ------------------------------------------------------------------------------------------- commands to paste
@@ -60,3 +61,28 @@ def test_the_comparison_names_its_command_as_a_shell_takes_it(tmp_path):
     marker = (out / compare.MARKER).read_text()
     command = marker.split("`")[1]
     assert shlex.split(command) == ["python", "compare.py", "--out", str(tmp_path / "my out"), "--epochs", "1"]
+
+
+# ------------------------------------------------------------------------------------------- file systems
+@pytest.mark.parametrize("number", [errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES,
+                                    errno.EPERM, errno.EIO, errno.ELOOP, errno.ENOTDIR, errno.EISDIR,
+                                    errno.ENAMETOOLONG])
+def test_each_file_system_error_says_what_is_wrong_and_what_to_give(number):
+    line = file_system_error(OSError(number, os.strerror(number), "/runs/r/model.pt"))
+    assert line.startswith(f"/runs/r/model.pt: {os.strerror(number)}") and "\n" not in line, line
+    advice = line.rsplit(": ", 1)[1]
+    assert advice.split()[0] in ("give", "free", "check", "mend", "move"), line
+    assert "a folder" not in line or number != errno.EISDIR or "stands where a file" in line, line
+
+
+def test_a_folder_where_a_file_is_written_is_said_so(tmp_path, capsys):
+    """The line it used to print: `Is a directory: give a path that leads to a folder`."""
+    in_the_way = tmp_path / "model.pt"
+    in_the_way.mkdir()
+    with pytest.raises(SystemExit) as exit_status, user_errors():
+        write_atomically(in_the_way, lambda f: f.write(b"weights"))
+    err = capsys.readouterr().err
+    assert exit_status.value.code == 1 and err.count("\n") == 1, err
+    assert err == (f"error: {in_the_way}: Is a directory (a folder stands where a file is to be read or "
+                   f"written): move that folder away, or give the path of a file\n")
+    assert file_system_error(OSError(errno.ECONNRESET, "reset", "x")) is None  # not the file system's: a traceback
