@@ -4,6 +4,7 @@ runs as printed.
 - a run name that would break a line or a path (a newline, a control character, a separator) is refused where it
   is parsed (tests/test_config.py's table); names a shell would split are quoted in every command printed to paste;
 - a file-system failure says what is wrong and what to give, for each error a user can fix;
+- a damaged CIFAR-10 archive in --data_dir is named as damaged, with what to do;
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 import compare
 from common.checkpoint import continue_flags, stopped_line, write_checkpoint
 from common.config import Config, RunError, UsageError, file_system_error, user_errors
+from common.data import load_datasets
 from common.logger import resolve_run_dir, write_atomically
 
 
@@ -86,3 +88,16 @@ def test_a_folder_where_a_file_is_written_is_said_so(tmp_path, capsys):
     assert err == (f"error: {in_the_way}: Is a directory (a folder stands where a file is to be read or "
                    f"written): move that folder away, or give the path of a file\n")
     assert file_system_error(OSError(errno.ECONNRESET, "reset", "x")) is None  # not the file system's: a traceback
+
+
+# ------------------------------------------------------------------------------------------- data
+def test_a_damaged_cifar10_archive_is_named_with_what_to_do(tmp_path, offline):
+    archive = tmp_path / "cifar-10-python.tar.gz"
+    archive.write_bytes(b"\x1f\x8b" + bytes(1000))  # gzip's magic, then nothing CIFAR-10's md5 would match
+    with pytest.raises(UsageError) as error:
+        load_datasets("cifar10", str(tmp_path), 0, 0)
+    line = str(error.value)
+    assert "\n" not in line and f"archive {archive} is damaged" in line, line
+    assert "delete it" in line and "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz" in line, line
+    assert "--dataset synthetic" in line and "put cifar-10-python.tar.gz" not in line, line
+    assert archive.read_bytes()[:2] == b"\x1f\x8b"  # left as it was: the user decides
