@@ -38,7 +38,8 @@ import torch.distributed as dist
 from common.config import Config, RunError, UsageError, file_system_error
 from common.logger import fresh_restart, logged_curves, write_atomically
 from common.metrics import Sums
-from common.state import all_finite, load_model_state, load_optimizer_state, model_state, optimizer_state
+from common.state import (all_finite, load_file, load_model_state, load_optimizer_state, model_state,
+                          optimizer_state)
 from models.aligned import paper_shapes
 
 if TYPE_CHECKING:  # the loop's state, which imports this module
@@ -235,7 +236,7 @@ def resumable(path: Path, cfg: Config) -> dict | None:
     try:
         if cfg.amp is None:
             try:
-                saved = torch.load(path, map_location="cpu", weights_only=True)["config"]["amp"]
+                saved = load_file(path)["config"]["amp"]
             except Exception:  # whatever is wrong with the file, load_checkpoint says it
                 saved = None
             cfg = dataclasses.replace(cfg, amp=saved)
@@ -258,7 +259,7 @@ def load_checkpoint(path: Path, cfg: Config) -> dict:
         raise UsageError(f"--resume: no checkpoint at {path}; give a {LAST} a run wrote, or --resume auto "
                          f"with the run's --run_name")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = load_file(path)
     except Exception:  # the weights-only unpickler refuses in many ways (EOFError, UnpicklingError, KeyError...)
         raise UsageError(f"--resume: {path} is truncated or not a checkpoint; use an intact {LAST} (the previous "
                          f"one is kept until a new one is complete)") from None

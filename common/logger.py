@@ -19,7 +19,7 @@ import torch
 from common.config import Config, UsageError
 from common.optim import describe_lr
 from common.performance import describe_fast_path
-from common.state import load_model_state
+from common.state import load_file, load_model_state
 from common.telemetry import environment
 
 SUMMARY_FIELDS = ("images_per_sec", "images_per_sec_per_gpu", "batch_time_p50", "batch_time_p90", "data_wait_frac",
@@ -330,7 +330,7 @@ def load_model_weights(raw_model: torch.nn.Module, path: str) -> None:
     if not file.is_file():
         raise UsageError(f"--evaluate: no file at {file}; give the model.pt a run wrote with --save_model")
     try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
+        state = load_file(file)
     except Exception:
         raise UsageError(f"--evaluate: {file} is not a PyTorch weights file; give a model.pt written with "
                          f"--save_model") from None

@@ -5,20 +5,25 @@ runs as printed.
   is parsed (tests/test_config.py's table); names a shell would split are quoted in every command printed to paste;
 - a file-system failure says what is wrong and what to give, for each error a user can fix;
 - a damaged CIFAR-10 archive in --data_dir is named as damaged, with what to do;
+- a raw pickle given for a checkpoint or model.pt is refused in one line, without torch's pickle-protocol warning.
 """
 from __future__ import annotations
 
 import errno
 import os
+import pickle
 import shlex
+import warnings
 
 import pytest
+import torch
 
 import compare
-from common.checkpoint import continue_flags, stopped_line, write_checkpoint
+from common.checkpoint import continue_flags, load_checkpoint, stopped_line, write_checkpoint
 from common.config import Config, RunError, UsageError, file_system_error, user_errors
 from common.data import load_datasets
-from common.logger import resolve_run_dir, write_atomically
+from common.logger import load_model_weights, resolve_run_dir, write_atomically
+from models import pyramidnet
 
 
 # ------------------------------------------------------------------------------------------- commands to paste
@@ -101,3 +106,23 @@ def test_a_damaged_cifar10_archive_is_named_with_what_to_do(tmp_path, offline):
     assert "delete it" in line and "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz" in line, line
     assert "--dataset synthetic" in line and "put cifar-10-python.tar.gz" not in line, line
     assert archive.read_bytes()[:2] == b"\x1f\x8b"  # left as it was: the user decides
+
+
+# ------------------------------------------------------------------------------------------- raw pickles
+@pytest.mark.parametrize("protocol", [4, 5])
+def test_a_raw_pickle_is_refused_without_torchs_protocol_warning(tmp_path, protocol):
+    raw = tmp_path / "weights.pkl"
+    raw.write_bytes(pickle.dumps({"conv.weight": [1.0, 2.0]}, protocol=protocol))
+    model = pyramidnet(8, 12)
+    for load in (lambda: load_model_weights(model, str(raw)), lambda: load_checkpoint(raw, Config())):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises(UsageError):
+                load()
+        assert [str(w.message) for w in caught] == []
+    with warnings.catch_warnings(record=True) as caught:  # silenced for that load only
+        warnings.simplefilter("always")
+        with pytest.raises(Exception):
+            torch.load(raw, weights_only=True)
+    assert any("pickle protocol" in str(w.message) for w in caught)
+
