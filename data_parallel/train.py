@@ -22,8 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.checkpoint import (StopSignals, check_fits, continue_flags, ended_line, has_ended,
-                               last_checkpoint_note, resume_checkpoint, save_checkpoint, stopped_line)
+from common.checkpoint import (StopSignals, check_fits, ended_line, has_ended, last_checkpoint_note,
+                               resume_checkpoint, save_checkpoint, stopped_line)
+from common.checkpoint import continue_flags  # the flags that continue a stopped run, quoted
 from common.config import Config, RunError, parse_config, user_errors
 from common.data import (DATASET_INFO, EvalShard, LoaderWorkerDied, ShuffleSampler, load_datasets,
                          make_loader)
