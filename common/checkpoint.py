@@ -35,7 +35,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from common.config import Config, RunError, UsageError, file_system_error
+from common.config import MODEL_FLAGS, Config, RunError, UsageError, file_system_error
 from common.logger import fresh_restart, logged_curves, write_atomically
 from common.metrics import Sums
 from common.state import (all_finite, load_file, load_model_state, load_optimizer_state, model_state,
@@ -50,8 +50,8 @@ EARLIER_FORMAT = "pytorch-multigpu checkpoint v1"  # the same contents without a
 LAST, BEST, RESULTS, MODEL = "checkpoint.pt", "best.pt", "results.json", "model.pt"
 # The flags that decide what training computes: a checkpoint resumes only under the same values. Flags of
 # logging, speed measurement and hardware may change (a restart on other GPUs, a longer --max_steps).
-MUST_MATCH = ("depth", "alpha", "block", "width_multiple", "dataset", "synthetic_size", "batch_size", "epochs", "lr",
-              "lr_warmup_epochs", "momentum", "weight_decay", "nesterov", "shuffle", "augment", "seed", "amp")
+MUST_MATCH = (*MODEL_FLAGS, "synthetic_size", "batch_size", "epochs", "lr", "lr_warmup_epochs", "momentum",
+              "weight_decay", "nesterov", "shuffle", "augment", "seed", "amp")
 
 
 # ---------------------------------------------------------------------------------------------------- RNG states

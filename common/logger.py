@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from common.config import Config, UsageError
+from common.config import MODEL_FLAGS, Config, UsageError
 from common.optim import describe_lr
 from common.performance import describe_fast_path
 from common.state import load_file, load_model_state
@@ -334,6 +334,7 @@ def load_model_weights(raw_model: torch.nn.Module, path: str) -> None:
     except Exception:
         raise UsageError(f"--evaluate: {file} is not a PyTorch weights file; give a model.pt written with "
                          f"--save_model") from None
+    trained_with = model_flags_of(file, state)
     if isinstance(state, dict) and isinstance(state.get("model"), dict):
         state = state["model"]  # a full checkpoint: its model part
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
@@ -344,8 +345,28 @@ def load_model_weights(raw_model: torch.nn.Module, path: str) -> None:
     try:
         load_model_state(raw_model, state)  # under FSDP each rank keeps its slice
     except (RuntimeError, KeyError, ValueError):
-        raise UsageError(f"--evaluate: the weights in {file} do not fit this model; pass the --depth, --alpha, "
-                         f"--block and --dataset the run was trained with") from None
+        every = ", ".join(f"--{name}" for name in MODEL_FLAGS[:-1]) + f" and --{MODEL_FLAGS[-1]}"
+        give = (f"give the model flags it was trained with, {trained_with}" if trained_with else
+                f"give the {every} it was trained with")
+        raise UsageError(f"--evaluate: the weights in {file} do not fit this model: {give}") from None
+
+
+def model_flags_of(file: Path, state) -> str | None:
+    """The model flags (MODEL_FLAGS) of the run that wrote the weights file `file` (loaded: `state`), as flags
+    to paste, with where they were read: a checkpoint's own config, or the results.json of the run folder a
+    model.pt lies in. None where neither says."""
+    config, source = None, ""
+    if isinstance(state, dict) and isinstance(state.get("config"), dict):
+        config, source = state["config"], "the checkpoint's config"
+    else:
+        with contextlib.suppress(OSError, ValueError, UnicodeDecodeError, AttributeError):
+            config = json.loads((file.parent / "results.json").read_text()).get("config")
+            source = str(file.parent / "results.json")
+    if not isinstance(config, dict) or any(name not in config for name in MODEL_FLAGS):
+        return None
+    words = [word for name in MODEL_FLAGS
+             for word in (f"--{name}", f"{config[name]:g}" if isinstance(config[name], float) else str(config[name]))]
+    return f"{shlex.join(words)} (from {source})"
 
 
 def window_line(epoch: int, epochs: int, step: int, steps: int, loss: float, acc: float,
@@ -358,7 +379,12 @@ def window_line(epoch: int, epochs: int, step: int, steps: int, loss: float, acc
 
 def start_line(mode: str, cfg: Config, placement: str, steps_per_epoch: int, run_dir: Path | None) -> str:
     """The run's first line: `single_gpu: PyramidNet-110 alpha=270 basic, cifar10, global batch 128 on cuda:0
-    (amp bf16, channels_last); lr 0.1 ...; logs in runs/...`. `placement` says where the batch goes."""
+    (amp bf16, channels_last); lr 0.1 ...; logs in runs/...`. `placement` says where the batch goes. An
+    evaluation (--evaluate) trains nothing and says so: no schedule, no epochs."""
+    if cfg.evaluate:
+        return (f"{mode}: evaluating {cfg.evaluate}, PyramidNet-{cfg.depth} alpha={cfg.alpha:g} {cfg.block}, on "
+                f"{cfg.dataset}'s test set, every image once, batch {cfg.batch_size} {placement} "
+                f"({describe_fast_path(cfg)}); nothing is trained; results in {run_dir}")
     return (f"{mode}: PyramidNet-{cfg.depth} alpha={cfg.alpha:g} {cfg.block}, {cfg.dataset}, global batch "
             f"{cfg.batch_size} {placement} ({describe_fast_path(cfg)}); {describe_lr(cfg, steps_per_epoch)}; "
             f"logs in {run_dir}")

@@ -137,7 +137,8 @@ class Run:
             summary, self.clock.attempts,
             peak_mem_gb_per_gpu={str(i): peak.allocated for i, peak in peaks.items()},
             peak_mem_reserved_gb_per_gpu={str(i): peak.reserved for i, peak in peaks.items()})
-        self.console.line(speed_line(summary))
+        if not self.cfg.evaluate:  # an evaluation trains no step to time
+            self.console.line(speed_line(summary))
         self.console.line(f"results in {path}")
 
     def epoch_time_note(self) -> str | None:

@@ -181,7 +181,7 @@ def prepare(cfg: Config, started: float) -> tuple[Run | None, object]:
     logger = RunLogger(run_dir, cfg, MODE, world_size=1, resumed_step=resumed_at)
     console = Console(enabled=True, bar=cfg.progress)
     if not gpus:  # said after every refusal: it never stands between a mistake and its error
-        console.warn("no CUDA GPU found: training on the CPU (DataParallel wraps nothing)")
+        console.warn("no CUDA GPU found: running on the CPU (DataParallel wraps nothing)")
     console.line(start_line(MODE, cfg, f"on {device}", len(train_loader), run_dir))
     run = Run.start(cfg, device, gpus, started, model=model, raw_model=raw_model,
                     train_loader=train_loader, optimizer=optimizer, scheduler=scheduler,

@@ -243,7 +243,7 @@ def prepare(cfg: DistConfig, started: float) -> tuple[Run | None, object]:
     logger = on_every_rank(lambda: RunLogger(run_dir, cfg, MODE, dist.get_world_size(), resumed_at))
     console = Console(is_main, bar=cfg.progress)
     if not gpus:  # said after every refusal: it never stands between a mistake and its error
-        console.warn("no CUDA GPU found: training on the CPU")
+        console.warn("no CUDA GPU found: running on the CPU")
     split = f"= {dist.get_world_size()} x {train_loader.batch_size} over {dist.get_backend()}"
     console.line(start_line(MODE, cfg, split, len(train_loader), run_dir))
     run = Run.start(cfg, device, gpus, started, model=model, raw_model=raw_model,

@@ -5,11 +5,14 @@ runs as printed.
   is parsed (tests/test_config.py's table); names a shell would split are quoted in every command printed to paste;
 - a file-system failure says what is wrong and what to give, for each error a user can fix;
 - a damaged CIFAR-10 archive in --data_dir is named as damaged, with what to do;
-- a raw pickle given for a checkpoint or model.pt is refused in one line, without torch's pickle-protocol warning.
+- a raw pickle given for a checkpoint or model.pt is refused in one line, without torch's pickle-protocol warning;
+- --evaluate says it evaluates (no schedule, no speed), and weights of another model name every model flag.
 """
 from __future__ import annotations
 
+import dataclasses
 import errno
+import json
 import os
 import pickle
 import shlex
@@ -20,9 +23,10 @@ import torch
 
 import compare
 from common.checkpoint import continue_flags, load_checkpoint, stopped_line, write_checkpoint
-from common.config import Config, RunError, UsageError, file_system_error, user_errors
+from common.config import MODEL_FLAGS, Config, RunError, UsageError, file_system_error, user_errors
 from common.data import load_datasets
 from common.logger import load_model_weights, resolve_run_dir, write_atomically
+from conftest import TINY, run_script
 from models import pyramidnet
 
 
@@ -126,3 +130,45 @@ def test_a_raw_pickle_is_refused_without_torchs_protocol_warning(tmp_path, proto
             torch.load(raw, weights_only=True)
     assert any("pickle protocol" in str(w.message) for w in caught)
 
+
+
+# ------------------------------------------------------------------------------------------- --evaluate
+def test_an_evaluation_says_what_it_is_and_nothing_of_training(tmp_path):
+    """No learning-rate schedule, no epochs, no "speed: no timed steps": an evaluation trains nothing."""
+    weights = tmp_path / "model.pt"
+    torch.save(pyramidnet(8, 12).state_dict(), weights)
+    done = run_script("single_gpu/train.py", *TINY, "--evaluate", weights, "--log_dir", tmp_path / "runs",
+                      "--run_name", "ev", "--no_progress")
+    assert done.returncode == 0, done.stdout + done.stderr
+    first, result, where = done.stdout.splitlines()
+    assert first.startswith(f"single_gpu: evaluating {weights}, PyramidNet-8 alpha=12 basic, on synthetic's test "
+                            f"set, every image once, batch 32 on cpu"), first
+    assert "nothing is trained" in first and "lr" not in first and "epoch" not in first, first
+    assert result.startswith(f"{weights}: test loss ") and result.endswith("(51 images)"), result
+    assert where == f"results in {tmp_path / 'runs' / 'ev' / 'results.json'}"
+    assert done.stderr == "warning: no CUDA GPU found: running on the CPU\n"
+
+
+def test_weights_of_another_model_name_every_model_flag(tmp_path):
+    """--width_multiple was missing from the list; a run folder's results.json gives the very flags."""
+    lone = tmp_path / "lone.pt"
+    torch.save(pyramidnet(8, 12, width_multiple=8).state_dict(), lone)
+    with pytest.raises(UsageError) as error:
+        load_model_weights(pyramidnet(8, 12), str(lone))
+    assert str(error.value).endswith("give the --depth, --alpha, --block, --width_multiple and --dataset it was "
+                                     "trained with"), error.value
+    assert [f"--{name}" for name in MODEL_FLAGS] == ["--depth", "--alpha", "--block", "--width_multiple",
+                                                     "--dataset"]
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    torch.save(pyramidnet(8, 12, width_multiple=8).state_dict(), run_dir / "model.pt")
+    trained = {**dataclasses.asdict(Config()), "depth": 8, "alpha": 12.0, "width_multiple": 8,
+               "dataset": "synthetic"}
+    (run_dir / "results.json").write_text(json.dumps({"config": trained}))
+    with pytest.raises(UsageError) as error:
+        load_model_weights(pyramidnet(8, 12), str(run_dir / "model.pt"))
+    line = str(error.value)
+    given = shlex.split(line.split("trained with, ", 1)[1].split(" (from ")[0])
+    assert given == ["--depth", "8", "--alpha", "12", "--block", "basic", "--width_multiple", "8",
+                     "--dataset", "synthetic"], line
+    assert line.endswith(f"(from {run_dir / 'results.json'})") and "\n" not in line, line
