@@ -105,7 +105,7 @@ def checkpoint_state(run: Run, rng_states: list[dict]) -> dict:
         "best_acc": run.best_acc, "model": model_state(run.raw_model),
         "optimizer": optimizer_state(run.raw_model, run.optimizer),
         "scheduler": run.scheduler.state_dict(), "scaler": run.scaler.state_dict(), "rng": rng_states,
-        "history": history,
+        "history": history, "extended": run.extended,
     }
 
 
@@ -283,10 +283,13 @@ def load_checkpoint(path: Path, cfg: Config) -> dict:
     if absent:
         raise UsageError(f"--resume: {path} has no --{absent[0]} in its config; use a {LAST} as a run wrote it, or "
                          f"start afresh without --resume")
-    differ = [name for name in MUST_MATCH if _as_saved(getattr(cfg, name)) != saved.get(name)]
+    differ = [name for name in MUST_MATCH if _as_saved(getattr(cfg, name)) != saved.get(name)
+              and not (name == "epochs" and extends(saved, cfg))]
     if differ:
         changes = ", ".join(f"--{name} {saved.get(name)} (now {getattr(cfg, name)})" for name in differ)
-        raise UsageError(f"--resume: {path} was written by a different run: {changes}; resume with the same flags")
+        more = " (--epochs may be raised: that extends the run)" if "epochs" in differ else ""
+        raise UsageError(f"--resume: {path} was written by a different run: {changes}; resume with the same "
+                         f"flags{more}")
     wrong = misfit_entry(state, cfg)
     if wrong:
         raise UsageError(f"--resume: {path} has a damaged {wrong}; use a {LAST} as a run wrote it, or start "
@@ -315,6 +318,8 @@ def misfit_entry(state: dict, cfg: Config) -> str | None:
                for rank, entry in enumerate(state["rng"])]
     if "history" in state:
         checks.append(("history", _is_history(state["history"]), "not the run's seconds and windows"))
+    if "extended" in state:  # absent from checkpoints written before runs could be extended
+        checks.append(("extended", _is_extensions(state["extended"]), "not a list of the run's extensions"))
     return next((f"{name!r} entry ({why})" for name, holds, why in checks if not holds), None)
 
 
@@ -330,6 +335,22 @@ def _is_rng_state(entry) -> bool:
             and isinstance(numpy.get("cached_gauss"), float)
             and isinstance(python.get("version"), int) and isinstance(python.get("state"), list)
             and len(python["state"]) == 625)
+
+
+def _is_extensions(extended) -> bool:
+    """Whether `extended` has the shape Run.extended gives it: what results.json repeats."""
+    keys = {"at_step", "epochs_from", "epochs_to"}
+    return isinstance(extended, list) and all(
+        isinstance(entry, dict) and set(entry) == keys and all(isinstance(entry[key], int) for key in keys)
+        for entry in extended)
+
+
+def extends(saved: dict, cfg: Config) -> bool:
+    """Whether `cfg` extends the run whose config a checkpoint saved: more --epochs than it was set to train. A run,
+    ended or not, may be extended (--max_steps, a ceiling, may be raised anyway); the learning-rate schedule is
+    then that of the new --epochs from the checkpoint's step on (restore)."""
+    epochs = saved.get("epochs")
+    return isinstance(epochs, int) and cfg.epochs > epochs
 
 
 def _is_history(history: dict) -> bool:
@@ -394,14 +415,17 @@ def has_ended(state: dict | None, cfg: Config) -> bool:
 
 
 def ended_line(state: dict, cfg: Config) -> str:
-    """What a run resumed after its end says before it exits, having written nothing."""
+    """What a run resumed after its end says before it exits, having written nothing: and how to train on."""
     if state.get("finished"):
-        return (f"{state['file']}: this run has finished, and its {LAST} is gone: nothing to resume; its folder "
-                f"is left as it is (a new run needs another --run_name)")
-    where = (f"all {cfg.epochs} epochs done" if state["epoch"] >= cfg.epochs else
-             f"--max_steps {cfg.max_steps} reached")
+        return (f"{state['file']}: this run has finished, and its {LAST} is gone: nothing to resume or extend; "
+                f"its folder is left as it is (to train again, start a new run: another --run_name, without "
+                f"--resume)")
+    if state["epoch"] >= cfg.epochs:
+        where, more = f"all {cfg.epochs} epochs done", "a larger --epochs extends it"
+    else:
+        where, more = f"--max_steps {cfg.max_steps} reached", "a larger --max_steps (or 0: no limit) trains on"
     return (f"{state['file']}: this run has ended ({where}, step {state['step']}): nothing left to train; "
-            f"its folder is left as it is")
+            f"its folder is left as it is ({more}, with --resume auto)")
 
 
 def stopped_line(signal_name: str, step: int, path: Path | None, run_dir: Path | None) -> str:
@@ -424,6 +448,14 @@ def restore(state: dict, run: Run, rank: int) -> None:
     run.scheduler.load_state_dict(state["scheduler"])
     run.scaler.load_state_dict(state["scaler"])
     run.epoch, run.batch, run.step, run.best_acc = state["epoch"], state["batch"], state["step"], state["best_acc"]
+    run.extended = list(state.get("extended", []))
+    if extends(state["config"], run.cfg):  # the schedule of the new --epochs, from this step on
+        run.extended.append({"at_step": run.step, "epochs_from": state["config"]["epochs"],
+                             "epochs_to": run.cfg.epochs})
+        scheduler = run.scheduler  # the optimizer holds the rate the old schedule gave this step
+        for group, base, factor in zip(run.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+            group["lr"] = base * factor(scheduler.last_epoch)  # as LambdaLR computes it
+        scheduler._last_lr = [group["lr"] for group in run.optimizer.param_groups]
     history = state.get("history")  # None in a checkpoint written before checkpoints kept one
     run.clock.load(history, run.epoch, run.batch)  # so that the results cover the whole run, not this attempt
     run.epoch_sums = Sums(history["epoch_sums"] if run.clock.attempts else None)  # epoch so far

@@ -6,7 +6,8 @@ runs as printed.
 - a file-system failure says what is wrong and what to give, for each error a user can fix;
 - a damaged CIFAR-10 archive in --data_dir is named as damaged, with what to do;
 - a raw pickle given for a checkpoint or model.pt is refused in one line, without torch's pickle-protocol warning;
-- --evaluate says it evaluates (no schedule, no speed), and weights of another model name every model flag.
+- --evaluate says it evaluates (no schedule, no speed), and weights of another model name every model flag;
+- a run that has ended says how to train on, and a larger --epochs extends it, saying what that does.
 """
 from __future__ import annotations
 
@@ -26,8 +27,10 @@ from common.checkpoint import continue_flags, load_checkpoint, stopped_line, wri
 from common.config import MODEL_FLAGS, Config, RunError, UsageError, file_system_error, user_errors
 from common.data import load_datasets
 from common.logger import load_model_weights, resolve_run_dir, write_atomically
-from conftest import TINY, run_script
+from conftest import TINY, read_results, read_scalars, refuse_in_process, run_script, train_in_process
 from models import pyramidnet
+
+SINGLE = "single_gpu/train.py"
 
 
 # ------------------------------------------------------------------------------------------- commands to paste
@@ -172,3 +175,30 @@ def test_weights_of_another_model_name_every_model_flag(tmp_path):
     assert given == ["--depth", "8", "--alpha", "12", "--block", "basic", "--width_multiple", "8",
                      "--dataset", "synthetic"], line
     assert line.endswith(f"(from {run_dir / 'results.json'})") and "\n" not in line, line
+
+
+# ------------------------------------------------------------------------------------------- extending a run
+def test_a_run_is_extended_by_a_larger_epochs_and_says_how(tmp_path):
+    """A run trained to --epochs 1, continued with --epochs 2 --resume auto: it was refused ("written by a
+    different run"), with no way forward. Now the ended run says how to train on, and the larger --epochs
+    extends it: the learning rate follows the 2-epoch schedule from the checkpoint's step on (0.1 x 0.025 in
+    the second epoch, where the 1-epoch schedule would be at 0.01 x), said at the resume and in results.json."""
+    run_dir = tmp_path / "ext"
+    flags = [*TINY, "--log_dir", tmp_path, "--run_name", "ext", "--no_progress"]  # 8 steps an epoch
+    assert train_in_process(SINGLE, *flags).returncode == 0
+    ended = refuse_in_process(SINGLE, *flags, "--resume", "auto")
+    assert ended.returncode == 0 and "(a larger --epochs extends it, with --resume auto)" in ended.stdout
+    done = train_in_process(SINGLE, *flags, "--epochs", "2", "--resume", "auto")
+    assert done.returncode == 0, done.stderr
+    resumed = next(line for line in done.stdout.splitlines() if line.startswith("resumed at step 8"))
+    assert "extended from 1 to 2 epochs" in resumed and "at 0.0025 now" in resumed, resumed
+    results = read_results(run_dir)
+    assert results["extended"] == [{"at_step": 8, "epochs_from": 1, "epochs_to": 2}]
+    assert results["summary"]["steps"] == 16 and results["config"]["epochs"] == 2
+    rates = dict(read_scalars(run_dir)["train/lr"])
+    assert rates[4] == rates[8] == pytest.approx(0.025) and rates[12] == rates[16] == pytest.approx(0.0025)
+    lower = refuse_in_process(SINGLE, *flags, "--epochs", "1", "--resume", "auto")
+    assert lower.returncode == 2 and "--epochs 2 (now 1)" in lower.stderr, lower.stderr
+    assert "--epochs may be raised" in lower.stderr and lower.stderr.count("\n") == 1, lower.stderr
+    again = refuse_in_process(SINGLE, *flags, "--epochs", "2", "--resume", "auto")  # the extended run has ended
+    assert again.returncode == 0 and "all 2 epochs done" in again.stdout, again.stdout
