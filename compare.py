@@ -50,8 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # `python compare.py` 
 
 import torch  # noqa: E402
 
-from common.config import (REPO_ROOT, AMPS, Config, UsageError, _OneLineParser, add_flags,  # noqa: E402
-                           check_domains, config_argv, file_system_problem, flag, user_errors)
+from common.config import (REPO_ROOT, AMPS, Config, HelpFormatter, UsageError, _OneLineParser,  # noqa: E402
+                           add_flags, check_domains, config_argv, file_system_problem, flag, user_errors)
 from common.data import DATASET_INFO  # noqa: E402
 from common.rules import machine_refusal  # noqa: E402
 from comparison import environment as machine  # noqa: E402
@@ -116,7 +116,7 @@ CPU_DEFAULTS = {"depth": 8, "alpha": 12.0, "batch_size": 32, "synthetic_size": 5
 def build_compare_parser() -> _OneLineParser:
     """compare.py's flags, then the train.py flags it passes on: the parser parse() reads (docs/flags.py prints
     its --help)."""
-    parser = _OneLineParser(description=__doc__.split("\n\n")[0])
+    parser = _OneLineParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     add_flags(parser, CompareConfig)
     group = parser.add_argument_group("passed to every train.py (their defaults unless given)")
     add_flags(group, Config, skip=CONTROLLED, defaults=False)

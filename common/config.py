@@ -1,8 +1,9 @@
 """One frozen dataclass of hyper-parameters; its fields generate the command-line flags of every train.py.
 
 A field's default is the flag's default and its metadata the help text and the domain. A bool that defaults to
-False becomes `--name`; one that defaults to True becomes `--no_name`; an optional bool (None: the run decides) gets
-both. A mode with flags of its own subclasses `Config` inline.
+False becomes `--name`; one that defaults to True becomes `--no_name`, its help naming what it turns off ("turn off
+the paper's Nesterov momentum (on by default)"); an optional bool (None: the run decides) gets both. A mode with
+flags of its own subclasses `Config` inline. --help prints the script's docstring as written (HelpFormatter).
 
 Every value is checked where it is parsed, before anything starts: each field against its own domain (check_domains,
 which any frozen config dataclass can call from __post_init__), then the rules between fields (Config.__post_init__).
@@ -359,7 +360,7 @@ class Config:
                                         "(at most a tenth of the run)", at_least=0, at_most=1e9)  # x steps: a float
     momentum: float = flag(0.9, "SGD momentum", at_least=0, below=1)  # 1 and more: steps that never shrink
     weight_decay: float = flag(1e-4, "L2 weight decay", at_least=0, at_most=FLOAT32_MAX)
-    nesterov: bool = flag(True, "Nesterov momentum (the paper's)")
+    nesterov: bool = flag(True, "the paper's Nesterov momentum")
     # model
     depth: int = flag(110, "PyramidNet depth: 6n+2 (basic) or 9n+2 (bottleneck)", at_least=1)  # its form: __post_init__
     alpha: float = flag(270.0, "PyramidNet widening factor: channels added over the whole network", above=0)
@@ -379,8 +380,9 @@ class Config:
                                          "default: what fits this machine: the usable cores shared among the node's "
                                          "training processes, one of each share left to the process, at most 4",
                                    at_least=0, check=_worker_processes)
-    shuffle: bool = flag(True, "reshuffle the training set every epoch")
-    augment: bool = flag(True, "pad-4 random crop and horizontal flip of training images (no flip for mnist)")
+    shuffle: bool = flag(True, "reshuffling the training set every epoch")
+    augment: bool = flag(True, "augmentation: a pad-4 random crop and a horizontal flip of each training image "
+                               "(no flip for mnist)")
     # speed
     amp: str | None = flag(None, "autocast precision: bf16 (default on GPUs that have it), fp16 (with loss "
                                  "scaling; the default on older GPUs) or off (fp32; the default on the CPU)",
@@ -408,7 +410,8 @@ class Config:
                                   "--benchmark_steps timed steps, no evaluation")
     benchmark_steps: int = flag(100, "timed optimizer steps of --benchmark", at_least=1)
     # hardware and reproducibility
-    gpu_devices: tuple[int, ...] | None = flag(None, "CUDA device ids to use", nargs="+", at_least=0)
+    gpu_devices: tuple[int, ...] | None = flag(None, "CUDA device ids to use (default: GPU 0 for single_gpu, every "
+                                                     "visible GPU for the other modes)", nargs="+", at_least=0)
     seed: int = flag(0, "seed of the weights, the epoch order and the augmentation",
                      at_least=0, at_most=2**32 - 1)  # numpy's seeds
     deterministic: bool = flag(False, "torch.use_deterministic_algorithms and cuDNN's deterministic mode "
@@ -427,7 +430,7 @@ class Config:
                                     "(auto; a fresh start when it has none yet)", check="file_or_auto")
     evaluate: str | None = flag(None, "load weights from PATH, evaluate on the test set, write results, exit",
                                 check="file")
-    progress: bool = flag(True, "a tqdm bar per epoch when stdout is a terminal")
+    progress: bool = flag(True, "the tqdm bar of each epoch (shown when stdout is a terminal)")
 
     def __post_init__(self):
         """Each field against its domain, then the rules between fields."""
@@ -500,8 +503,29 @@ class _OneLineParser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see --help)")
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """--help as a reader takes it: the script's docstring as it is written (its command lines one a line, not run
+    together into a paragraph), and after each flag its default where that says something: `(default: 128)`, an
+    on/off flag's as words (`(on by default)`), none for a default of None (the run decides, and the flag's help
+    says how)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "%(default)" in text or not action.option_strings or action.default is argparse.SUPPRESS:
+            return text
+        if isinstance(action, argparse._StoreTrueAction):
+            return f"{text} (off by default)"
+        if isinstance(action, argparse._StoreFalseAction):
+            return f"{text} (on by default)"
+        if action.default is None or isinstance(action, argparse._StoreConstAction):
+            return text
+        if isinstance(action.default, (tuple, list)):  # as it is typed: `on off`, not `('on', 'off')`
+            return f"{text} (default: {' '.join(map(str, action.default))})"
+        return super()._get_help_string(action)
+
+
 def build_parser(config_class: type[Config], description: str) -> argparse.ArgumentParser:
-    parser = _OneLineParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = _OneLineParser(description=description, formatter_class=HelpFormatter)
     add_flags(parser, config_class)
     return parser
 
@@ -521,7 +545,7 @@ def add_flags(parser: argparse.ArgumentParser, config_class: type[Config], skip=
         if kind is bool:
             name = f"--no_{f.name}" if f.default else f"--{f.name}"
             parser.add_argument(name, dest=f.name, action="store_false" if f.default else "store_true",
-                                default=default, help=f"turn off: {help_text}" if f.default else help_text)
+                                default=default, help=f"turn off {help_text}" if f.default else help_text)
             continue
         if kind == bool | None:  # on, off, or None: the run decides (from the device)
             parser.add_argument(f"--{f.name}", dest=f.name, action="store_const", const=True, default=default,

@@ -60,10 +60,10 @@ MODE = "fsdp"
 # ------------------------------------------------------------------------------------------- config
 @dataclass(frozen=True)
 class FsdpConfig(GroupConfig):  # the process group's flags (common/config.py), and FSDP's own
-    reshard_after_forward: bool = flag(True, "free each block's gathered parameters after its "
-                                             "forward and gather them again in backward "
-                                             "(ZeRO-3-like); off: keep them (ZeRO-2-like, less "
-                                             "traffic, more memory)")
+    reshard_after_forward: bool = flag(True, "resharding after forward (ZeRO-3-like): each "
+                                             "block's gathered parameters freed after its forward "
+                                             "and gathered again in backward; off, they are kept "
+                                             "to backward (ZeRO-2-like, less traffic, more memory)")
 
 
 def get_config(argv=None) -> FsdpConfig:

@@ -3,6 +3,7 @@ README.md and docs/*.md reaches a file (and a heading, for an anchor into a page
 flag of the script they name it for. All in this process, from the parsers the scripts use: no script is started."""
 from __future__ import annotations
 
+import argparse
 import functools
 import importlib.util
 import re
@@ -291,3 +292,29 @@ def test_link_checker_finds_missing_files_and_anchors(tmp_path):
         f"{page}:4: #nothing-here (no heading of README.md has the anchor #nothing-here)",
         f"{page}:9: docs/gone.md (no such file)",
     ]
+
+
+# ------------------------------------------------------------------------------------------------- --help
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help_prints_the_docstrings_command_lines_as_written(script):
+    """argparse's default formatter ran the docstring's example commands together into one paragraph."""
+    text = generator().help_text(script)
+    examples = [line.rstrip() for line in generator()._docstring(script).splitlines()
+                if line.startswith("    ") and line.split()[0] in ("python", "torchrun", "RANK=R", "bash")]
+    if script == "compare.py":  # its --help gives the docstring's first paragraph alone
+        examples = []
+    assert all(line in text.splitlines() for line in examples), [l for l in examples if l not in text]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_default_shown_reads_right(script):
+    """`--no_nesterov ... (default: True)` read backwards, and `(default: None)` said nothing the help did not."""
+    parser = generator().parser_of(script)
+    text = " ".join(generator().help_text(script).split())
+    for wrong in ("(default: True)", "(default: False)", "(default: None)", "(default: ('", "turn off:"):
+        assert wrong not in text, wrong
+    for action in parser._actions:
+        if isinstance(action, argparse._StoreFalseAction) and action.default is not argparse.SUPPRESS:
+            help_text = " ".join(parser._get_formatter()._expand_help(action).split())
+            assert help_text.startswith("turn off ") and help_text.endswith(" (on by default)"), help_text
+            assert f"{action.option_strings[0]} {help_text}" in text
