@@ -52,7 +52,7 @@ import torch  # noqa: E402
 
 from common.config import (REPO_ROOT, AMPS, Config, HelpFormatter, UsageError, _OneLineParser,  # noqa: E402
                            add_flags, check_domains, config_argv, file_system_problem, flag, user_errors)
-from common.data import DATASET_INFO  # noqa: E402
+from common.data import DATASET_INFO, load_datasets  # noqa: E402
 from common.rules import machine_refusal  # noqa: E402
 from comparison import environment as machine  # noqa: E402
 from comparison.matrix import BACKENDS, GROUP_MODES, MODES, check_runs, command, config_class, plan  # noqa: E402
@@ -405,6 +405,7 @@ def compare(argv: list[str]) -> int:
         try:
             cc, train, group_flags, cuda = configure(argv)
             out = output_folder(cc)
+            check_dataset(cc, train)
             if cc.verify:  # the checks instead of the comparison
                 verification = Verification(cc, train, group_flags, cuda, out)
             else:
@@ -425,6 +426,16 @@ def compare(argv: list[str]) -> int:
         print(f"error: {out_error(out, error)}; what was written before is in {out}, without "
               f"a report", file=sys.stderr)
         return 1
+
+
+def check_dataset(cc: CompareConfig, train: dict) -> None:
+    """The dataset the runs train on, read here once before any run when they would read or download it (cifar10,
+    mnist: with --epochs, or --verify given one): downloaded into --data_dir if it is missing and the network
+    allows, or refused in one line (common/data.py's), rather than every configuration starting only to fail
+    alike. --benchmark runs (the default) and synthetic data need nothing."""
+    dataset = train.get("dataset", Config.dataset)
+    if (cc.epochs or cc.verify) and dataset != "synthetic":
+        load_datasets(dataset, train.get("data_dir", Config.data_dir), 0, 0)
 
 
 def plan_matrix(cc: CompareConfig, train: dict, group_flags: dict[str, list[str]],

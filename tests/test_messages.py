@@ -202,3 +202,20 @@ def test_a_run_is_extended_by_a_larger_epochs_and_says_how(tmp_path):
     assert "--epochs may be raised" in lower.stderr and lower.stderr.count("\n") == 1, lower.stderr
     again = refuse_in_process(SINGLE, *flags, "--epochs", "2", "--resume", "auto")  # the extended run has ended
     assert again.returncode == 0 and "all 2 epochs done" in again.stdout, again.stdout
+
+
+# ------------------------------------------------------------------------------------------- compare.py
+@pytest.mark.parametrize("dataset, named", [("cifar10", "cifar-10-python.tar.gz"), ("mnist", "MNIST/raw")])
+def test_compare_checks_a_dataset_it_cannot_get_once_before_any_run(tmp_path, monkeypatch, capsys, offline,
+                                                                     dataset, named):
+    """It used to start every configuration, each failing alike after its own download attempt."""
+    def no_run(*args, **kwargs):
+        raise AssertionError("a run was started")
+
+    monkeypatch.setattr(compare, "start", no_run)
+    out, data = tmp_path / "out", tmp_path / "data"
+    with pytest.raises(SystemExit) as exit_status:
+        compare.main(["--epochs", "1", "--dataset", dataset, "--data_dir", str(data), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert exit_status.value.code == 2 and err.count("\n") == 1 and err.startswith("error: "), err
+    assert named in err and "--dataset synthetic" in err and not out.exists(), err
