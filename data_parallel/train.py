@@ -1,8 +1,9 @@
-"""Train PyramidNet on CIFAR-10 with nn.DataParallel: single_gpu/train.py plus the wrapper.
+r"""Train PyramidNet on CIFAR-10 with nn.DataParallel: single_gpu/train.py plus the wrapper.
 
     python train.py                      # every visible GPU, PyramidNet-110 alpha=270, batch 128
     python train.py --gpu_devices 0 1 2 3 --batch_size 512   # four GPUs, 128 images each
-    python train.py --dataset synthetic --depth 20 --alpha 24 --epochs 1   # offline; a CPU will do
+    python train.py --dataset synthetic --synthetic_size 5000 --depth 20 --alpha 24 \
+                    --epochs 1   # offline: 5,000 generated images, 1-3 minutes on a CPU
     python train.py --evaluate ../runs/<run>/model.pt   # test loss and accuracy of saved weights
 
 One process drives every GPU: each step, DataParallel copies the weights from the first listed GPU

@@ -1,10 +1,11 @@
-"""Train PyramidNet on CIFAR-10 with DistributedDataParallel: one process per GPU, on one node or
+r"""Train PyramidNet on CIFAR-10 with DistributedDataParallel: one process per GPU, on one node or
 many.
 
     torchrun --standalone --nproc_per_node 4 train.py --batch_size 512   # 4 GPUs, 128 images each
     python train.py --gpu_devices 0 1 2 3 --batch_size 512   # the same, started by torch's launcher
-    python train.py --nproc_per_node 2 --dataset synthetic --depth 20 --alpha 24   # 2 CPU workers
-    torchrun --nnodes 2 --node_rank R --nproc_per_node 8 --rdzv_backend c10d \
+    python train.py --nproc_per_node 2 --dataset synthetic --synthetic_size 5000 --depth 20 \
+                    --alpha 24 --epochs 1   # 2 CPU workers, offline, a minute or two
+    torchrun --nnodes 2 --nproc_per_node 8 --rdzv_id JOB --rdzv_backend c10d \
              --rdzv_endpoint HOST:29500 train.py --batch_size 2048   # on each of two nodes
     RANK=R WORLD_SIZE=2 MASTER_ADDR=HOST MASTER_PORT=29500 python train.py   # by hand, each shell
     python train.py --evaluate ../runs/<run>/model.pt  # exact test loss and accuracy, any processes

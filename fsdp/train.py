@@ -1,9 +1,10 @@
-"""Train PyramidNet on CIFAR-10 with fully sharded data parallelism (FSDP2): one process per GPU,
+r"""Train PyramidNet on CIFAR-10 with fully sharded data parallelism (FSDP2): one process per GPU,
 each holding a slice of every parameter, gradient and momentum buffer, on one node or many.
 
     torchrun --standalone --nproc_per_node 4 train.py --batch_size 512   # 4 GPUs, 128 images each
     python train.py --gpu_devices 0 1 2 3 --batch_size 512   # the same, started by torch's launcher
-    python train.py --nproc_per_node 2 --dataset synthetic --depth 20 --alpha 24   # 2 CPU workers
+    python train.py --nproc_per_node 2 --dataset synthetic --synthetic_size 5000 --depth 20 \
+                    --alpha 24 --epochs 1   # 2 CPU workers, offline, a minute or two
     python train.py --no_reshard_after_forward ...   # keep the gathered parameters for backward
     python train.py --resume ../runs/<dist_parallel run>/checkpoint.pt   # one checkpoint format
     python train.py --evaluate ../runs/<run>/model.pt  # exact test loss and accuracy, any processes

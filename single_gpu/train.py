@@ -1,8 +1,9 @@
-"""Train PyramidNet on CIFAR-10 on one GPU: the reference loop that every other mode changes.
+r"""Train PyramidNet on CIFAR-10 on one GPU: the reference loop that every other mode changes.
 
     python train.py                      # CIFAR-10 on GPU 0, PyramidNet-110 alpha=270, batch 128
     python train.py --gpu_devices 3      # on GPU 3
-    python train.py --dataset synthetic --depth 20 --alpha 24 --epochs 1   # offline; a CPU will do
+    python train.py --dataset synthetic --synthetic_size 5000 --depth 20 --alpha 24 \
+                    --epochs 1   # offline: 5,000 generated images, 1-3 minutes on a CPU
     python train.py --evaluate ../runs/<run>/model.pt   # test loss and accuracy of saved weights
 
 It runs from this folder or from the repository root (`python single_gpu/train.py`); without a GPU
