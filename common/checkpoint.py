@@ -2,8 +2,9 @@
 
 A checkpoint is everything the rest of the run depends on: the unwrapped model, the optimizer, the learning-rate
 schedule, the GradScaler, the position (epoch, batches done in it, optimizer steps), the best test accuracy so far,
-every rank's RNG states (torch, CUDA, numpy, python), the config, and the run's history (its seconds so far and
-the epoch's log windows, so that the results of a resumed run cover the whole run). It is written by the main
+every rank's RNG states (torch, CUDA, numpy, python), the config, the run's history (its seconds so far and
+the epoch's log windows, so that the results of a resumed run cover the whole run) and its extensions (each time
+--epochs was raised on resuming). It is written by the main
 process only, atomically (temporary file, fsync, rename), as <run folder>/checkpoint.pt (the latest) and best.pt (the
 best test accuracy so far), with the SHA-256 of its contents, checked on loading. Everything in it is a tensor or a
 plain Python value, so it loads with `torch.load(weights_only=True)`: a checkpoint file cannot run code. A
@@ -48,8 +49,9 @@ if TYPE_CHECKING:  # the loop's state, which imports this module
 FORMAT = "pytorch-multigpu checkpoint v2"  # v2: with the checksum of its contents
 EARLIER_FORMAT = "pytorch-multigpu checkpoint v1"  # the same contents without a checksum: resumed, unverified
 LAST, BEST, RESULTS, MODEL = "checkpoint.pt", "best.pt", "results.json", "model.pt"
-# The flags that decide what training computes: a checkpoint resumes only under the same values. Flags of
-# logging, speed measurement and hardware may change (a restart on other GPUs, a longer --max_steps).
+# The flags that decide what training computes: a checkpoint resumes only under the same values, except that
+# --epochs may grow (the run is extended: extends). Flags of logging, speed measurement and hardware may change
+# (a restart on other GPUs, a longer --max_steps).
 MUST_MATCH = (*MODEL_FLAGS, "synthetic_size", "batch_size", "epochs", "lr", "lr_warmup_epochs", "momentum",
               "weight_decay", "nesterov", "shuffle", "augment", "seed", "amp")
 
