@@ -39,8 +39,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -53,10 +53,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # `python compare.py` 
 
 import torch  # noqa: E402
 
-from common.config import (REPO_ROOT, AMPS, Config, UsageError, _OneLineParser, add_flags,  # noqa: E402
-                           check_domains, config_argv, flag, user_errors)
+from common.config import (REPO_ROOT, AMPS, Config, HelpFormatter, UsageError, _OneLineParser,  # noqa: E402
+                           add_flags, check_domains, config_argv, file_system_problem, flag, user_errors)
 from common import performance  # noqa: E402
-from common.data import dataset_info  # noqa: E402
+from common.data import DATASET_INFO, dataset_info, load_datasets  # noqa: E402
 from common.rules import machine_refusal  # noqa: E402
 from comparison import environment as machine  # noqa: E402
 from comparison.matrix import BACKENDS, GROUP_MODES, MODES, check_runs, command, config_class, plan  # noqa: E402
@@ -120,7 +120,7 @@ CPU_DEFAULTS = {"depth": 8, "alpha": 12.0, "batch_size": 32, "synthetic_size": 5
 def build_compare_parser() -> _OneLineParser:
     """compare.py's flags, then the train.py flags it passes on: the parser parse() reads (docs/flags.py prints
     its --help)."""
-    parser = _OneLineParser(description=__doc__.split("\n\n")[0])
+    parser = _OneLineParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     add_flags(parser, CompareConfig)
     group = parser.add_argument_group("passed to every train.py (their defaults unless given)")
     add_flags(group, Config, skip=CONTROLLED, defaults=False)
@@ -218,7 +218,7 @@ def prepare_output(out: Path, argv: list[str]) -> None:
     removed."""
     made = not (out.exists() or out.is_symlink())
     marker = (f"A comparison folder of pytorch-multigpu, written by `python compare.py "
-              f"{' '.join(argv)}`: --overwrite replaces what compare.py wrote here, nothing "
+              f"{shlex.join(argv)}`: --overwrite replaces what compare.py wrote here, nothing "
               f"else.\n")
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -248,9 +248,8 @@ def remove_earlier(out: Path) -> None:
 def out_error(out: Path, error: OSError) -> str:
     """The one line for an --out that the file system refuses: where, why, and what to do."""
     where = f" ({error.filename})" if error.filename and Path(error.filename) != out else ""
-    full = error.errno in (errno.ENOSPC, errno.EDQUOT)
-    advice = "free some space there, or give another --out" if full else "give a folder to write to"
-    return f"cannot write --out {out}{where}: {error.strerror}: {advice}"
+    problem = file_system_problem(error) or f"{error.strerror}: give another --out, a folder this user can write"
+    return f"cannot write --out {out}{where}: {problem}"
 
 
 # ----------------------------------------------------------------------------------------------------- report
@@ -303,7 +302,7 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
     report_page = [
         f"# {modes}: {model_name} on {device}",
         "",
-        f"`python compare.py {' '.join(argv)}` — {datetime.now():%Y-%m-%d %H:%M}, {len(outcomes)} runs in "
+        f"`{shlex.join(['python', 'compare.py', *argv])}` — {datetime.now():%Y-%m-%d %H:%M}, {len(outcomes)} runs in "
         f"{fmt_seconds(elapsed)}; {what}; the same seed ({config['seed']}) and learning rate rule (--lr "
         f"{config['lr']:g} per 128 images of global batch) in every run.",
         "",
@@ -417,6 +416,7 @@ def compare(argv: list[str]) -> int:
         try:
             cc, train, group_flags, cuda = configure(argv)
             out = output_folder(cc)
+            check_dataset(cc, train)
             if cc.verify:  # the checks instead of the comparison
                 verification = Verification(cc, train, group_flags, cuda, out)
             else:
@@ -437,6 +437,16 @@ def compare(argv: list[str]) -> int:
         print(f"error: {out_error(out, error)}; what was written before is in {out}, without "
               f"a report", file=sys.stderr)
         return 1
+
+
+def check_dataset(cc: CompareConfig, train: dict) -> None:
+    """The dataset the runs train on, read here once before any run when they would read or download it (cifar10,
+    mnist: with --epochs, or --verify given one): downloaded into --data_dir if it is missing and the network
+    allows, or refused in one line (common/data.py's), rather than every configuration starting only to fail
+    alike. --benchmark runs (the default) and synthetic data need nothing."""
+    dataset = train.get("dataset", Config.dataset)
+    if (cc.epochs or cc.verify) and dataset != "synthetic":
+        load_datasets(dataset, train.get("data_dir", Config.data_dir), 0, 0)
 
 
 def plan_matrix(cc: CompareConfig, train: dict, group_flags: dict[str, list[str]],

@@ -2,8 +2,9 @@
 
 A checkpoint is everything the rest of the run depends on: the unwrapped model, the optimizer, the learning-rate
 schedule, the GradScaler, the position (epoch, batches done in it, optimizer steps), the best test accuracy so far,
-every rank's RNG states (torch, CUDA, numpy, python), the config, and the run's history (its seconds so far and
-the epoch's log windows, so that the results of a resumed run cover the whole run). It is written by the main
+every rank's RNG states (torch, CUDA, numpy, python), the config, the run's history (its seconds so far and
+the epoch's log windows, so that the results of a resumed run cover the whole run) and its extensions (each time
+--epochs was raised on resuming). It is written by the main
 process only, atomically (temporary file, fsync, rename), as <run folder>/checkpoint.pt (the latest) and best.pt (the
 best test accuracy so far), with the SHA-256 of its contents, checked on loading. Everything in it is a tensor or a
 plain Python value, so it loads with `torch.load(weights_only=True)`: a checkpoint file cannot run code. A
@@ -24,6 +25,7 @@ import dataclasses
 import hashlib
 import math
 import random
+import shlex
 import shutil
 import signal
 import sys
@@ -34,10 +36,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from common.config import Config, RunError, UsageError, file_system_error
+from common.config import MODEL_FLAGS, Config, RunError, UsageError, file_system_error
 from common.logger import fresh_restart, logged_curves, write_atomically
 from common.metrics import Sums
-from common.state import all_finite, load_model_state, load_optimizer_state, model_state, optimizer_state
+from common.state import (all_finite, load_file, load_model_state, load_optimizer_state, model_state,
+                          optimizer_state)
 from models.aligned import paper_shapes
 
 if TYPE_CHECKING:  # the loop's state, which imports this module
@@ -46,10 +49,11 @@ if TYPE_CHECKING:  # the loop's state, which imports this module
 FORMAT = "pytorch-multigpu checkpoint v2"  # v2: with the checksum of its contents
 EARLIER_FORMAT = "pytorch-multigpu checkpoint v1"  # the same contents without a checksum: resumed, unverified
 LAST, BEST, RESULTS, MODEL = "checkpoint.pt", "best.pt", "results.json", "model.pt"
-# The flags that decide what training computes: a checkpoint resumes only under the same values. Flags of
-# logging, speed measurement and hardware may change (a restart on other GPUs, a longer --max_steps).
-MUST_MATCH = ("depth", "alpha", "block", "width_multiple", "dataset", "synthetic_size", "batch_size", "epochs", "lr",
-              "lr_warmup_epochs", "momentum", "weight_decay", "nesterov", "shuffle", "augment", "seed", "amp")
+# The flags that decide what training computes: a checkpoint resumes only under the same values, except that
+# --epochs may grow (the run is extended: extends). Flags of logging, speed measurement and hardware may change
+# (a restart on other GPUs, a longer --max_steps).
+MUST_MATCH = (*MODEL_FLAGS, "synthetic_size", "batch_size", "epochs", "lr", "lr_warmup_epochs", "momentum",
+              "weight_decay", "nesterov", "shuffle", "augment", "seed", "amp")
 
 
 # ---------------------------------------------------------------------------------------------------- RNG states
@@ -103,7 +107,7 @@ def checkpoint_state(run: Run, rng_states: list[dict]) -> dict:
         "best_acc": run.best_acc, "model": model_state(run.raw_model),
         "optimizer": optimizer_state(run.raw_model, run.optimizer),
         "scheduler": run.scheduler.state_dict(), "scaler": run.scaler.state_dict(), "rng": rng_states,
-        "history": history,
+        "history": history, "extended": run.extended,
     }
 
 
@@ -140,11 +144,18 @@ def write_checkpoint(run_dir: Path | None, state: dict, best: bool) -> Path | No
             with open(path, "rb") as latest:
                 write_atomically(run_dir / BEST, lambda f: shutil.copyfileobj(latest, f))
     except OSError as error:  # a full or read-only disk: what is on it is still whole (write_atomically)
-        if file_system_error(error) is None:
+        line = file_system_error(error)
+        if line is None:
             raise
-        raise RunError(f"could not write {error.filename}: {error.strerror}; {last_checkpoint_note(run_dir)}: free "
-                       f"some space there (or make it writable) and continue with --resume auto") from None
+        raise RunError(f"could not write {line}; {last_checkpoint_note(run_dir)}; then continue with "
+                       f"{continue_flags(run_dir)}") from None
     return path
+
+
+def continue_flags(run_dir: Path) -> str:
+    """The flags that continue the run in `run_dir`, to add to the command that started it, ready to paste: the
+    run's name quoted where a shell would split it."""
+    return f"--resume auto --run_name {shlex.quote(run_dir.name)}"
 
 
 def checksum(state: dict) -> str:
@@ -214,8 +225,8 @@ def refuse_fresh_start(cfg: Config, run_dir: Path) -> None:
         return
     held = [*weights, *([curves] if curves else [])]
     best = resumable(run_dir / BEST, cfg) if BEST in weights else None
-    then = (f"continue from {BEST} (step {best['step']}) with --resume {run_dir / BEST} in place of --resume "
-            f"auto, " if best else "")
+    then = (f"continue from {BEST} (step {best['step']}) with --resume {shlex.quote(str(run_dir / BEST))} in "
+            f"place of --resume auto, " if best else "")
     raise UsageError(f"--resume auto: run folder {run_dir} has no {LAST} to resume, but {' and '.join(held)} of "
                      f"an earlier run, which a fresh start would replace: {then}choose another --run_name, or "
                      f"start afresh with --overwrite in place of --resume auto")
@@ -227,7 +238,7 @@ def resumable(path: Path, cfg: Config) -> dict | None:
     try:
         if cfg.amp is None:
             try:
-                saved = torch.load(path, map_location="cpu", weights_only=True)["config"]["amp"]
+                saved = load_file(path)["config"]["amp"]
             except Exception:  # whatever is wrong with the file, load_checkpoint says it
                 saved = None
             cfg = dataclasses.replace(cfg, amp=saved)
@@ -250,7 +261,7 @@ def load_checkpoint(path: Path, cfg: Config) -> dict:
         raise UsageError(f"--resume: no checkpoint at {path}; give a {LAST} a run wrote, or --resume auto "
                          f"with the run's --run_name")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = load_file(path)
     except Exception:  # the weights-only unpickler refuses in many ways (EOFError, UnpicklingError, KeyError...)
         raise UsageError(f"--resume: {path} is truncated or not a checkpoint; use an intact {LAST} (the previous "
                          f"one is kept until a new one is complete)") from None
@@ -274,10 +285,13 @@ def load_checkpoint(path: Path, cfg: Config) -> dict:
     if absent:
         raise UsageError(f"--resume: {path} has no --{absent[0]} in its config; use a {LAST} as a run wrote it, or "
                          f"start afresh without --resume")
-    differ = [name for name in MUST_MATCH if _as_saved(getattr(cfg, name)) != saved.get(name)]
+    differ = [name for name in MUST_MATCH if _as_saved(getattr(cfg, name)) != saved.get(name)
+              and not (name == "epochs" and extends(saved, cfg))]
     if differ:
         changes = ", ".join(f"--{name} {saved.get(name)} (now {getattr(cfg, name)})" for name in differ)
-        raise UsageError(f"--resume: {path} was written by a different run: {changes}; resume with the same flags")
+        more = " (--epochs may be raised: that extends the run)" if "epochs" in differ else ""
+        raise UsageError(f"--resume: {path} was written by a different run: {changes}; resume with the same "
+                         f"flags{more}")
     wrong = misfit_entry(state, cfg)
     if wrong:
         raise UsageError(f"--resume: {path} has a damaged {wrong}; use a {LAST} as a run wrote it, or start "
@@ -306,6 +320,8 @@ def misfit_entry(state: dict, cfg: Config) -> str | None:
                for rank, entry in enumerate(state["rng"])]
     if "history" in state:
         checks.append(("history", _is_history(state["history"]), "not the run's seconds and windows"))
+    if "extended" in state:  # absent from checkpoints written before runs could be extended
+        checks.append(("extended", _is_extensions(state["extended"]), "not a list of the run's extensions"))
     return next((f"{name!r} entry ({why})" for name, holds, why in checks if not holds), None)
 
 
@@ -321,6 +337,22 @@ def _is_rng_state(entry) -> bool:
             and isinstance(numpy.get("cached_gauss"), float)
             and isinstance(python.get("version"), int) and isinstance(python.get("state"), list)
             and len(python["state"]) == 625)
+
+
+def _is_extensions(extended) -> bool:
+    """Whether `extended` has the shape Run.extended gives it: what results.json repeats."""
+    keys = {"at_step", "epochs_from", "epochs_to"}
+    return isinstance(extended, list) and all(
+        isinstance(entry, dict) and set(entry) == keys and all(isinstance(entry[key], int) for key in keys)
+        for entry in extended)
+
+
+def extends(saved: dict, cfg: Config) -> bool:
+    """Whether `cfg` extends the run whose config a checkpoint saved: more --epochs than it was set to train. A run,
+    ended or not, may be extended (--max_steps, a ceiling, may be raised anyway); the learning-rate schedule is
+    then that of the new --epochs from the checkpoint's step on (restore)."""
+    epochs = saved.get("epochs")
+    return isinstance(epochs, int) and cfg.epochs > epochs
 
 
 def _is_history(history: dict) -> bool:
@@ -385,14 +417,17 @@ def has_ended(state: dict | None, cfg: Config) -> bool:
 
 
 def ended_line(state: dict, cfg: Config) -> str:
-    """What a run resumed after its end says before it exits, having written nothing."""
+    """What a run resumed after its end says before it exits, having written nothing: and how to train on."""
     if state.get("finished"):
-        return (f"{state['file']}: this run has finished, and its {LAST} is gone: nothing to resume; its folder "
-                f"is left as it is (a new run needs another --run_name)")
-    where = (f"all {cfg.epochs} epochs done" if state["epoch"] >= cfg.epochs else
-             f"--max_steps {cfg.max_steps} reached")
+        return (f"{state['file']}: this run has finished, and its {LAST} is gone: nothing to resume or extend; "
+                f"its folder is left as it is (to train again, start a new run: another --run_name, without "
+                f"--resume)")
+    if state["epoch"] >= cfg.epochs:
+        where, more = f"all {cfg.epochs} epochs done", "a larger --epochs extends it"
+    else:
+        where, more = f"--max_steps {cfg.max_steps} reached", "a larger --max_steps (or 0: no limit) trains on"
     return (f"{state['file']}: this run has ended ({where}, step {state['step']}): nothing left to train; "
-            f"its folder is left as it is")
+            f"its folder is left as it is ({more}, with --resume auto)")
 
 
 def stopped_line(signal_name: str, step: int, path: Path | None, run_dir: Path | None) -> str:
@@ -400,8 +435,7 @@ def stopped_line(signal_name: str, step: int, path: Path | None, run_dir: Path |
     writes none (it measures speed only): nothing to continue."""
     if path is None:
         return f"stopped by {signal_name} at step {step}; a --benchmark run keeps no checkpoint"
-    return (f"stopped by {signal_name} at step {step}; checkpoint {path}: continue with --resume auto "
-            f"--run_name {run_dir.name}")
+    return f"stopped by {signal_name} at step {step}; checkpoint {path}: continue with {continue_flags(run_dir)}"
 
 
 def _as_saved(value):
@@ -416,6 +450,14 @@ def restore(state: dict, run: Run, rank: int) -> None:
     run.scheduler.load_state_dict(state["scheduler"])
     run.scaler.load_state_dict(state["scaler"])
     run.epoch, run.batch, run.step, run.best_acc = state["epoch"], state["batch"], state["step"], state["best_acc"]
+    run.extended = list(state.get("extended", []))
+    if extends(state["config"], run.cfg):  # the schedule of the new --epochs, from this step on
+        run.extended.append({"at_step": run.step, "epochs_from": state["config"]["epochs"],
+                             "epochs_to": run.cfg.epochs})
+        scheduler = run.scheduler  # the optimizer holds the rate the old schedule gave this step
+        for group, base, factor in zip(run.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+            group["lr"] = base * factor(scheduler.last_epoch)  # as LambdaLR computes it
+        scheduler._last_lr = [group["lr"] for group in run.optimizer.param_groups]
     history = state.get("history")  # None in a checkpoint written before checkpoints kept one
     run.clock.load(history, run.epoch, run.batch)  # so that the results cover the whole run, not this attempt
     run.epoch_sums = Sums(history["epoch_sums"] if run.clock.attempts else None)  # epoch so far

@@ -1,8 +1,9 @@
 """One frozen dataclass of hyper-parameters; its fields generate the command-line flags of every train.py.
 
 A field's default is the flag's default and its metadata the help text and the domain. A bool that defaults to
-False becomes `--name`; one that defaults to True becomes `--no_name`; an optional bool (None: the run decides) gets
-both. A mode with flags of its own subclasses `Config` inline.
+False becomes `--name`; one that defaults to True becomes `--no_name`, its help naming what it turns off ("turn off
+the paper's Nesterov momentum (on by default)"); an optional bool (None: the run decides) gets both. A mode with
+flags of its own subclasses `Config` inline. --help prints the script's docstring as written (HelpFormatter).
 
 Every value is checked where it is parsed, before anything starts: each field against its own domain (check_domains,
 which any frozen config dataclass can call from __post_init__), then the rules between fields (Config.__post_init__).
@@ -24,6 +25,7 @@ import sys
 import tempfile
 import types
 import typing
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +38,9 @@ LOADERS = ("gpu", "torchvision")
 AMPS = ("bf16", "fp16", "off")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")  # torch.compile's
 BASE_BATCH = 128  # --lr is given per this many images of global batch
+# The flags that decide the model's parameters: its names and shapes (--dataset: its input channels and classes).
+# Weights load only into a model built with the same ones; --align_channels stores them padded, the same model.
+MODEL_FLAGS = ("depth", "alpha", "block", "width_multiple", "dataset")
 INT_MAX = 2**63 - 1  # torch's largest integer: a count above it reaches no tensor and no C++ call
 # The weights are float32 in every mode (autocast computes in bf16/fp16 but keeps them so): SGD hands the learning
 # rate and the weight decay to its kernels as scalars of the weights' dtype, and a larger one cannot be converted.
@@ -140,11 +145,19 @@ def _file_or_auto(value: str) -> str | None:
     return wrong and f"auto, or {wrong}"
 
 
+CONTROL = ("Cc", "Zl", "Zp")  # Unicode's control characters (newline, tab, NUL, escape...) and line separators
+
+
 def _folder_name(value: str) -> str | None:
-    """One name in a folder, as --run_name is: the run folder's own."""
-    plain = value not in ("", ".", "..") and "/" not in value and "\0" not in value
+    """One name in a folder, as --run_name is: the run folder's own. Neither a path separator (/, nor Windows' \\,
+    which a copy of the runs to Windows would split on) nor a control character (a newline, a tab, an escape):
+    the name is printed in messages and in the commands they give to paste, each of which must stay one line."""
+    plain = value not in ("", ".", "..") and not any(separator in value for separator in ("/", "\\"))
     if not plain:
-        return "a plain folder name (not empty, . or .., without / or NUL)"
+        return "a plain folder name (not empty, . or .., without / or \\)"
+    control = next((character for character in value if unicodedata.category(character) in CONTROL), None)
+    if control is not None:
+        return f"a folder name without control characters (this one has {control!r})"
     try:
         size = len(os.fsencode(value))
     except UnicodeEncodeError:
@@ -348,7 +361,7 @@ class Config:
                                         "(at most a tenth of the run)", at_least=0, at_most=1e9)  # x steps: a float
     momentum: float = flag(0.9, "SGD momentum", at_least=0, below=1)  # 1 and more: steps that never shrink
     weight_decay: float = flag(1e-4, "L2 weight decay", at_least=0, at_most=FLOAT32_MAX)
-    nesterov: bool = flag(True, "Nesterov momentum (the paper's)")
+    nesterov: bool = flag(True, "the paper's Nesterov momentum")
     # model
     model: str = flag(PYRAMIDNET, "pyramidnet (the paper's CIFAR model, shaped by the four flags below) or any "
                                   "classification model torchvision lists (resnet50, vit_b_16, ...), built "
@@ -374,8 +387,9 @@ class Config:
                                          "default: what fits this machine: the usable cores shared among the node's "
                                          "training processes, one of each share left to the process, at most 4",
                                    at_least=0, check=_worker_processes)
-    shuffle: bool = flag(True, "reshuffle the training set every epoch")
-    augment: bool = flag(True, "pad-4 random crop and horizontal flip of training images (no flip for mnist)")
+    shuffle: bool = flag(True, "reshuffling the training set every epoch")
+    augment: bool = flag(True, "augmentation: a pad-4 random crop and a horizontal flip of each training image "
+                               "(no flip for mnist)")
     # speed
     amp: str | None = flag(None, "autocast precision: bf16 (default on GPUs that have it), fp16 (with loss "
                                  "scaling; the default on older GPUs) or off (fp32; the default on the CPU)",
@@ -403,7 +417,8 @@ class Config:
                                   "--benchmark_steps timed steps, no evaluation")
     benchmark_steps: int = flag(100, "timed optimizer steps of --benchmark", at_least=1)
     # hardware and reproducibility
-    gpu_devices: tuple[int, ...] | None = flag(None, "CUDA device ids to use", nargs="+", at_least=0)
+    gpu_devices: tuple[int, ...] | None = flag(None, "CUDA device ids to use (default: GPU 0 for single_gpu, every "
+                                                     "visible GPU for the other modes)", nargs="+", at_least=0)
     seed: int = flag(0, "seed of the weights, the epoch order and the augmentation",
                      at_least=0, at_most=2**32 - 1)  # numpy's seeds
     deterministic: bool = flag(False, "torch.use_deterministic_algorithms and cuDNN's deterministic mode "
@@ -422,7 +437,7 @@ class Config:
                                     "(auto; a fresh start when it has none yet)", check="file_or_auto")
     evaluate: str | None = flag(None, "load weights from PATH, evaluate on the test set, write results, exit",
                                 check="file")
-    progress: bool = flag(True, "a tqdm bar per epoch when stdout is a terminal")
+    progress: bool = flag(True, "the tqdm bar of each epoch (shown when stdout is a terminal)")
 
     def __post_init__(self):
         """Each field against its domain, then the rules between fields."""
@@ -497,8 +512,29 @@ class _OneLineParser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see --help)")
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """--help as a reader takes it: the script's docstring as it is written (its command lines one a line, not run
+    together into a paragraph), and after each flag its default where that says something: `(default: 128)`, an
+    on/off flag's as words (`(on by default)`), none for a default of None (the run decides, and the flag's help
+    says how)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "%(default)" in text or not action.option_strings or action.default is argparse.SUPPRESS:
+            return text
+        if isinstance(action, argparse._StoreTrueAction):
+            return f"{text} (off by default)"
+        if isinstance(action, argparse._StoreFalseAction):
+            return f"{text} (on by default)"
+        if action.default is None or isinstance(action, argparse._StoreConstAction):
+            return text
+        if isinstance(action.default, (tuple, list)):  # as it is typed: `on off`, not `('on', 'off')`
+            return f"{text} (default: {' '.join(map(str, action.default))})"
+        return super()._get_help_string(action)
+
+
 def build_parser(config_class: type[Config], description: str) -> argparse.ArgumentParser:
-    parser = _OneLineParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = _OneLineParser(description=description, formatter_class=HelpFormatter)
     add_flags(parser, config_class)
     return parser
 
@@ -518,7 +554,7 @@ def add_flags(parser: argparse.ArgumentParser, config_class: type[Config], skip=
         if kind is bool:
             name = f"--no_{f.name}" if f.default else f"--{f.name}"
             parser.add_argument(name, dest=f.name, action="store_false" if f.default else "store_true",
-                                default=default, help=f"turn off: {help_text}" if f.default else help_text)
+                                default=default, help=f"turn off {help_text}" if f.default else help_text)
             continue
         if kind == bool | None:  # on, off, or None: the run decides (from the device)
             parser.add_argument(f"--{f.name}", dest=f.name, action="store_const", const=True, default=default,
@@ -576,24 +612,43 @@ def says_group_errors() -> bool:
     return not started_by_launcher or os.environ.get("LOCAL_RANK", "0") == "0"
 
 
-# What a file system refuses for reasons a user can fix: it is full, read-only, not theirs, or the path is wrong.
-FILE_SYSTEM_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.ELOOP,
-                      errno.ENOTDIR, errno.EISDIR, errno.ENAMETOOLONG, errno.EFBIG, errno.EIO}
+# What a file system refuses for reasons a user can fix, each with what is wrong where the system's own words do not
+# say it, and what to give instead: it is full, read-only, not theirs, failing, or the path is wrong.
+FILE_SYSTEM_ERRORS = {
+    errno.ENOSPC: ("", "free some space there, or give a folder on another disk"),
+    errno.EDQUOT: ("", "free some of your quota there, or give a folder on another disk"),
+    errno.EFBIG: ("the file system there takes no file this large", "give a folder on another file system"),
+    errno.EROFS: ("", "give a folder on a file system that can be written"),
+    errno.EACCES: ("this user may not read or write there", "give a path this user can use, or change its "
+                                                               "permissions"),
+    errno.EPERM: ("this user may not read or write there", "give a path this user can use, or change its "
+                                                              "permissions"),
+    errno.EIO: ("the disk or the network file system failed", "check it, or give a folder on another disk"),
+    errno.ELOOP: ("a symbolic link on the path leads round in a loop", "mend the link, or give a path without it"),
+    errno.ENOTDIR: ("a part of the path that must be a folder is a file", "give a path whose every part but the "
+                                                                          "last is a folder"),
+    errno.EISDIR: ("a folder stands where a file is to be read or written", "move that folder away, or give the "
+                                                                            "path of a file"),
+    errno.ENAMETOOLONG: ("", f"give a shorter path (at most {NAME_MAX} bytes a name, {PATH_MAX} in all)"),
+}
+
+
+def file_system_problem(error: OSError) -> str | None:
+    """What is wrong and what to give, for a file-system failure a user can fix (without the path), or None for
+    other OS errors, which are bugs or the network's and keep their traceback."""
+    if error.errno not in FILE_SYSTEM_ERRORS:
+        return None
+    why, advice = FILE_SYSTEM_ERRORS[error.errno]
+    said = error.strerror or os.strerror(error.errno)
+    return f"{said} ({why}): {advice}" if why else f"{said}: {advice}"
 
 
 def file_system_error(error: OSError) -> str | None:
-    """The one line for a file-system failure (naming the path where the error does), or None for other OS
-    errors, which are bugs or the network's and keep their traceback."""
-    if error.errno not in FILE_SYSTEM_ERRORS:
+    """The one line for a file-system failure, naming the path where the error does (file_system_problem)."""
+    problem = file_system_problem(error)
+    if problem is None:
         return None
-    where = f"{error.filename}: " if error.filename else ""
-    if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-        advice = "free some space there, or write elsewhere"
-    elif error.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO):
-        advice = "give a folder that can be written"
-    else:
-        advice = "give a path that leads to a folder"
-    return f"{where}{error.strerror}: {advice}"
+    return f"{error.filename}: {problem}" if error.filename else problem
 
 
 @contextlib.contextmanager

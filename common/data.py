@@ -125,6 +125,7 @@ def load_datasets(dataset: str, data_dir: str, synthetic_size: int, seed: int, d
 
 def _cifar10(data_dir: str, train: bool, download: bool):
     from torchvision import datasets
+    from torchvision.datasets.utils import check_integrity
 
     root = Path(data_dir)
     folder = root / datasets.CIFAR10.base_folder
@@ -132,6 +133,12 @@ def _cifar10(data_dir: str, train: bool, download: bool):
         return datasets.CIFAR10(str(root), train=train, download=download)
     except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as error:
         reason = " ".join(str(error).split())[:160]
+        archive = root / datasets.CIFAR10.filename
+        if archive.is_file() and not check_integrity(str(archive), datasets.CIFAR10.tgz_md5):
+            raise UsageError(f"CIFAR-10's archive {archive} is damaged (its MD5 is not CIFAR-10's: cut short, or "
+                             f"another file) and could not be downloaded again ({reason}): delete it, then run "
+                             f"again to download it or put an intact copy from {CIFAR10_URL} there, or run "
+                             f"offline with --dataset synthetic") from None
         if folder.is_dir() and any(folder.iterdir()):  # files there, but unreadable or failing their md5
             raise UsageError(f"CIFAR-10 in {folder} is corrupt or incomplete ({reason}): delete that folder and "
                              f"run again to download it afresh (or put {CIFAR10_URL.rsplit('/', 1)[1]} into "

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import secrets
+import shlex
 import shutil
 import socket
 import sys
@@ -15,10 +16,10 @@ from pathlib import Path
 
 import torch
 
-from common.config import Config, UsageError
+from common.config import MODEL_FLAGS, Config, UsageError
 from common.optim import describe_lr
 from common.performance import describe_fast_path
-from common.state import load_model_state
+from common.state import load_file, load_model_state
 from common.telemetry import environment
 
 SUMMARY_FIELDS = ("images_per_sec", "images_per_sec_per_gpu", "batch_time_p50", "batch_time_p90", "data_wait_frac",
@@ -73,8 +74,8 @@ def resolve_run_dir(cfg: Config, mode: str, gpu_count: int) -> Path:
         own = Path(cfg.resume).absolute().parent
         if run_dir.resolve() != own.resolve():
             raise UsageError(f"run folder {run_dir} exists already and belongs to another run than {cfg.resume}: "
-                             f"choose a new --run_name (or --run_name {own.name} --log_dir {own.parent} to "
-                             f"continue in the checkpoint's own folder)")
+                             f"choose a new --run_name (or --run_name {shlex.quote(own.name)} --log_dir "
+                             f"{shlex.quote(str(own.parent))} to continue in the checkpoint's own folder)")
     elif run_dir.exists() and not (cfg.overwrite or cfg.resume):
         raise UsageError(f"run folder {run_dir} exists already: choose another --run_name, add --overwrite, or "
                          f"continue it with --resume auto")
@@ -306,8 +307,8 @@ class RunLogger:
 def write_atomically(path: Path, write) -> None:
     """Write to a temporary file, fsync, rename: a crash, a signal or a full disk leaves the old file or the new
     one, never half of one. The temporary file's name is this process's own, so no two writers ever share one. A
-    write the file system refuses raises OSError naming `path` (a failed write() names no file), which the
-    scripts' user_errors turns into one line."""
+    write the file system refuses raises OSError naming `path` (a failed write() names no file, a failed rename
+    the temporary one), which the scripts' user_errors turns into one line."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
         with open(temporary, "wb") as f:
@@ -315,8 +316,9 @@ def write_atomically(path: Path, write) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(temporary, path)
-    except OSError as error:
-        raise OSError(error.errno, error.strerror, str(error.filename or path)) from None
+    except OSError as error:  # named by the file it is about, never by its temporary stand-in
+        named = path if error.filename in (None, str(temporary)) else error.filename
+        raise OSError(error.errno, error.strerror, str(named)) from None
     finally:
         with contextlib.suppress(OSError):  # left only if the write failed: the old file is untouched
             temporary.unlink(missing_ok=True)
@@ -329,10 +331,11 @@ def load_model_weights(raw_model: torch.nn.Module, path: str) -> None:
     if not file.is_file():
         raise UsageError(f"--evaluate: no file at {file}; give the model.pt a run wrote with --save_model")
     try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
+        state = load_file(file)
     except Exception:
         raise UsageError(f"--evaluate: {file} is not a PyTorch weights file; give a model.pt written with "
                          f"--save_model") from None
+    trained_with = model_flags_of(file, state)
     if isinstance(state, dict) and isinstance(state.get("model"), dict):
         state = state["model"]  # a full checkpoint: its model part
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
@@ -343,8 +346,28 @@ def load_model_weights(raw_model: torch.nn.Module, path: str) -> None:
     try:
         load_model_state(raw_model, state)  # under FSDP each rank keeps its slice
     except (RuntimeError, KeyError, ValueError):
-        raise UsageError(f"--evaluate: the weights in {file} do not fit this model; pass the --depth, --alpha, "
-                         f"--block and --dataset the run was trained with") from None
+        every = ", ".join(f"--{name}" for name in MODEL_FLAGS[:-1]) + f" and --{MODEL_FLAGS[-1]}"
+        give = (f"give the model flags it was trained with, {trained_with}" if trained_with else
+                f"give the {every} it was trained with")
+        raise UsageError(f"--evaluate: the weights in {file} do not fit this model: {give}") from None
+
+
+def model_flags_of(file: Path, state) -> str | None:
+    """The model flags (MODEL_FLAGS) of the run that wrote the weights file `file` (loaded: `state`), as flags
+    to paste, with where they were read: a checkpoint's own config, or the results.json of the run folder a
+    model.pt lies in. None where neither says."""
+    config, source = None, ""
+    if isinstance(state, dict) and isinstance(state.get("config"), dict):
+        config, source = state["config"], "the checkpoint's config"
+    else:
+        with contextlib.suppress(OSError, ValueError, UnicodeDecodeError, AttributeError):
+            config = json.loads((file.parent / "results.json").read_text()).get("config")
+            source = str(file.parent / "results.json")
+    if not isinstance(config, dict) or any(name not in config for name in MODEL_FLAGS):
+        return None
+    words = [word for name in MODEL_FLAGS
+             for word in (f"--{name}", f"{config[name]:g}" if isinstance(config[name], float) else str(config[name]))]
+    return f"{shlex.join(words)} (from {source})"
 
 
 def window_line(epoch: int, epochs: int, step: int, steps: int, loss: float, acc: float,
@@ -357,7 +380,12 @@ def window_line(epoch: int, epochs: int, step: int, steps: int, loss: float, acc
 
 def start_line(mode: str, cfg: Config, placement: str, steps_per_epoch: int, run_dir: Path | None) -> str:
     """The run's first line: `single_gpu: PyramidNet-110 alpha=270 basic, cifar10, global batch 128 on cuda:0
-    (amp bf16, channels_last); lr 0.1 ...; logs in runs/...`. `placement` says where the batch goes."""
+    (amp bf16, channels_last); lr 0.1 ...; logs in runs/...`. `placement` says where the batch goes. An
+    evaluation (--evaluate) trains nothing and says so: no schedule, no epochs."""
+    if cfg.evaluate:
+        return (f"{mode}: evaluating {cfg.evaluate}, PyramidNet-{cfg.depth} alpha={cfg.alpha:g} {cfg.block}, on "
+                f"{cfg.dataset}'s test set, every image once, batch {cfg.batch_size} {placement} "
+                f"({describe_fast_path(cfg)}); nothing is trained; results in {run_dir}")
     return (f"{mode}: PyramidNet-{cfg.depth} alpha={cfg.alpha:g} {cfg.block}, {cfg.dataset}, global batch "
             f"{cfg.batch_size} {placement} ({describe_fast_path(cfg)}); {describe_lr(cfg, steps_per_epoch)}; "
             f"logs in {run_dir}")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from common.checkpoint import StopSignals, last_checkpoint_note, restore
+from common.checkpoint import StopSignals, extends, last_checkpoint_note, restore
 from common.config import Config
 from common.logger import Console, RunLogger, speed_line, window_line
 from common.metrics import RunClock, StepTimer, Sums, TrainMeter, check_loss
@@ -50,6 +50,7 @@ class Run:
     gpu_util: list = field(default_factory=list)  # every window's utilisation of every GPU
     test: Test = (None, None, 0)  # the last evaluation
     sync: dict | None = None  # the last check that every rank holds the same weights (process groups)
+    extended: list = field(default_factory=list)  # each time --epochs was raised: where, from and to
 
     @classmethod
     def start(cls, cfg: Config, device: torch.device, gpus: list[int], started: float, **parts) -> "Run":
@@ -68,7 +69,17 @@ class Run:
         """Everything of `checkpoint` into the run (this rank's RNG), said once."""
         restore(checkpoint, self, rank)
         self.console.line(f"resumed at step {self.step} (epoch {self.epoch + 1}, batch {self.batch}) "
-                          f"from {checkpoint['file']}")
+                          f"from {checkpoint['file']}{self.extension_note(checkpoint)}")
+
+    def extension_note(self, checkpoint: dict) -> str:
+        """What a resume that raised --epochs says of the schedule (restore): nothing for a plain resume."""
+        if not extends(checkpoint["config"], self.cfg):
+            return ""
+        before, now = checkpoint["config"]["epochs"], self.cfg.epochs
+        rate = self.optimizer.param_groups[0]["lr"]
+        return (f"; the run is extended from {before} to {now} epochs: from here the learning rate follows the "
+                f"schedule of {now} epochs (above), at {rate:g} now, where its {self.step} steps so far followed "
+                f"that of {before}, so it is not the run --epochs {now} trains from the start")
 
     def record_window(self, epoch: int, index: int, sums: Sums, gpu: dict) -> None:
         """A log window's totals (`sums`, over every rank) and GPU readings (`gpu`, by rank): added to the run's,
@@ -134,10 +145,11 @@ class Run:
             summary["params_in_sync"] = (self.sync or {}).get("params_in_sync")
             summary["buffers_max_abs_diff"] = (self.sync or {}).get("buffers_max_abs_diff")
         path = self.logger.write_results(
-            summary, self.clock.attempts,
+            summary, self.clock.attempts, extended=self.extended or None,
             peak_mem_gb_per_gpu={str(i): peak.allocated for i, peak in peaks.items()},
             peak_mem_reserved_gb_per_gpu={str(i): peak.reserved for i, peak in peaks.items()})
-        self.console.line(speed_line(summary))
+        if not self.cfg.evaluate:  # an evaluation trains no step to time
+            self.console.line(speed_line(summary))
         self.console.line(f"results in {path}")
 
     def epoch_time_note(self) -> str | None:

@@ -16,6 +16,7 @@ alignment (`to_paper`, `to_stored`).
 from __future__ import annotations
 
 import sys
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -80,6 +81,16 @@ def _options(full: bool):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
     return StateDictOptions(full_state_dict=full)
+
+
+def load_file(path) -> object:
+    """What a checkpoint or model.pt file holds: `torch.load(weights_only=True)` onto the CPU, so that a file
+    cannot run code. A file that torch.save did not write but `pickle` did makes torch warn of its pickle protocol
+    (not torch's 2) before it refuses the file; the caller refuses it in one line that says what to give, so that
+    warning is silenced, for this load only."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+        return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def model_state(model: torch.nn.Module) -> dict:

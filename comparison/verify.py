@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shlex
 import sys
 import time
 from dataclasses import dataclass, field
@@ -645,8 +646,8 @@ class Verification:
         lines = [
             f"# Verification: {model_title(cfg)} — {device}",
             "",
-            f"`python compare.py {' '.join(argv)}` — {datetime.now():%Y-%m-%d %H:%M}, {len(outcomes)} runs in "
-            f"{fmt_seconds(elapsed)}: {self.steps} steps of global batch {self.batch} on "
+            f"`{shlex.join(['python', 'compare.py', *argv])}` — {datetime.now():%Y-%m-%d %H:%M}, "
+            f"{len(outcomes)} runs in {fmt_seconds(elapsed)}: {self.steps} steps of global batch {self.batch} on "
             f"{cfg.get('dataset', Config.dataset)} (at most {self.train['epochs']} epochs), seed "
             f"{cfg.get('seed', Config.seed)}; N = {self.processes} {'GPUs' if self.cuda else 'CPU processes'}.",
             "",

@@ -1,8 +1,9 @@
-"""Train PyramidNet on CIFAR-10 with nn.DataParallel: single_gpu/train.py plus the wrapper.
+r"""Train PyramidNet on CIFAR-10 with nn.DataParallel: single_gpu/train.py plus the wrapper.
 
     python train.py                      # every visible GPU, PyramidNet-110 alpha=270, batch 128
     python train.py --gpu_devices 0 1 2 3 --batch_size 512   # four GPUs, 128 images each
-    python train.py --dataset synthetic --depth 20 --alpha 24 --epochs 1   # offline; a CPU will do
+    python train.py --dataset synthetic --synthetic_size 5000 --depth 20 --alpha 24 \
+                    --epochs 1   # offline: 5,000 generated images, 1-3 minutes on a CPU
     python train.py --evaluate ../runs/<run>/model.pt   # test loss and accuracy of saved weights
 
 One process drives every GPU: each step, DataParallel copies the weights from the first listed GPU
@@ -24,6 +25,7 @@ from torch import nn
 
 from common.checkpoint import (StopSignals, check_fits, ended_line, has_ended, last_checkpoint_note,
                                resume_checkpoint, save_checkpoint, stopped_line)
+from common.checkpoint import continue_flags  # the flags that continue a stopped run, quoted
 from common.config import Config, RunError, parse_config, user_errors
 from common.data import (EvalShard, LoaderWorkerDied, ShuffleSampler, dataset_info,
                          load_datasets, make_loader)
@@ -177,7 +179,7 @@ def prepare(cfg: Config, started: float) -> tuple[Run | None, object]:
     logger = RunLogger(run_dir, cfg, MODE, world_size=1, resumed_step=resumed_at)
     console = Console(enabled=True, bar=cfg.progress)
     if not gpus:  # said after every refusal: it never stands between a mistake and its error
-        console.warn("no CUDA GPU found: training on the CPU (DataParallel wraps nothing)")
+        console.warn("no CUDA GPU found: running on the CPU (DataParallel wraps nothing)")
     console.line(start_line(MODE, cfg, f"on {device}", len(train_loader), run_dir))
     run = Run.start(cfg, device, gpus, started, model=model, raw_model=raw_model,
                     train_loader=train_loader, optimizer=optimizer, scheduler=scheduler,
@@ -233,8 +235,8 @@ def main(argv=None) -> int:
             run.epoch_sums += log_window(run, run.epoch, run.batch)
         save_checkpoint(run)
         note = last_checkpoint_note(run.checkpoint_dir)
-        raise RunError(f"{died}; stopped at step {run.step}: {note}, continue with --resume auto "
-                       f"--run_name {run.run_dir.name}") from None
+        raise RunError(f"{died}; stopped at step {run.step}: {note}, continue with "
+                       f"{continue_flags(run.run_dir)}") from None
     # ------------------------------------------------------------------------------------- teardown
     finally:
         run.close()

@@ -1,10 +1,11 @@
-"""Train PyramidNet on CIFAR-10 with DistributedDataParallel: one process per GPU, on one node or
+r"""Train PyramidNet on CIFAR-10 with DistributedDataParallel: one process per GPU, on one node or
 many.
 
     torchrun --standalone --nproc_per_node 4 train.py --batch_size 512   # 4 GPUs, 128 images each
     python train.py --gpu_devices 0 1 2 3 --batch_size 512   # the same, started by torch's launcher
-    python train.py --nproc_per_node 2 --dataset synthetic --depth 20 --alpha 24   # 2 CPU workers
-    torchrun --nnodes 2 --node_rank R --nproc_per_node 8 --rdzv_backend c10d \
+    python train.py --nproc_per_node 2 --dataset synthetic --synthetic_size 5000 --depth 20 \
+                    --alpha 24 --epochs 1   # 2 CPU workers, offline, a minute or two
+    torchrun --nnodes 2 --nproc_per_node 8 --rdzv_id JOB --rdzv_backend c10d \
              --rdzv_endpoint HOST:29500 train.py --batch_size 2048   # on each of two nodes
     RANK=R WORLD_SIZE=2 MASTER_ADDR=HOST MASTER_PORT=29500 python train.py   # by hand, each shell
     python train.py --evaluate ../runs/<run>/model.pt  # exact test loss and accuracy, any processes
@@ -241,7 +242,7 @@ def prepare(cfg: DistConfig, started: float) -> tuple[Run | None, object]:
     logger = on_every_rank(lambda: RunLogger(run_dir, cfg, MODE, dist.get_world_size(), resumed_at))
     console = Console(is_main, bar=cfg.progress)
     if not gpus:  # said after every refusal: it never stands between a mistake and its error
-        console.warn("no CUDA GPU found: training on the CPU")
+        console.warn("no CUDA GPU found: running on the CPU")
     split = f"= {dist.get_world_size()} x {train_loader.batch_size} over {dist.get_backend()}"
     console.line(start_line(MODE, cfg, split, len(train_loader), run_dir))
     run = Run.start(cfg, device, gpus, started, model=model, raw_model=raw_model,

@@ -1,9 +1,10 @@
-"""Train PyramidNet on CIFAR-10 with fully sharded data parallelism (FSDP2): one process per GPU,
+r"""Train PyramidNet on CIFAR-10 with fully sharded data parallelism (FSDP2): one process per GPU,
 each holding a slice of every parameter, gradient and momentum buffer, on one node or many.
 
     torchrun --standalone --nproc_per_node 4 train.py --batch_size 512   # 4 GPUs, 128 images each
     python train.py --gpu_devices 0 1 2 3 --batch_size 512   # the same, started by torch's launcher
-    python train.py --nproc_per_node 2 --dataset synthetic --depth 20 --alpha 24   # 2 CPU workers
+    python train.py --nproc_per_node 2 --dataset synthetic --synthetic_size 5000 --depth 20 \
+                    --alpha 24 --epochs 1   # 2 CPU workers, offline, a minute or two
     python train.py --no_reshard_after_forward ...   # keep the gathered parameters for backward
     python train.py --resume ../runs/<dist_parallel run>/checkpoint.pt   # one checkpoint format
     python train.py --evaluate ../runs/<run>/model.pt  # exact test loss and accuracy, any processes
@@ -63,10 +64,10 @@ MODE = "fsdp"
 # ------------------------------------------------------------------------------------------- config
 @dataclass(frozen=True)
 class FsdpConfig(GroupConfig):  # the process group's flags (common/config.py), and FSDP's own
-    reshard_after_forward: bool = flag(True, "free each block's gathered parameters after its "
-                                             "forward and gather them again in backward "
-                                             "(ZeRO-3-like); off: keep them (ZeRO-2-like, less "
-                                             "traffic, more memory)")
+    reshard_after_forward: bool = flag(True, "resharding after forward (ZeRO-3-like): each "
+                                             "block's gathered parameters freed after its forward "
+                                             "and gathered again in backward; off, they are kept "
+                                             "to backward (ZeRO-2-like, less traffic, more memory)")
 
 
 def get_config(argv=None) -> FsdpConfig:
@@ -284,7 +285,7 @@ def prepare(cfg: FsdpConfig, started: float) -> tuple[Run | None, object]:
     logger = on_every_rank(lambda: RunLogger(run_dir, cfg, MODE, dist.get_world_size(), resumed_at))
     console = Console(is_main, bar=cfg.progress)
     if not gpus:  # said after every refusal: it never stands between a mistake and its error
-        console.warn("no CUDA GPU found: training on the CPU")
+        console.warn("no CUDA GPU found: running on the CPU")
     split = f"= {dist.get_world_size()} x {train_loader.batch_size} over {dist.get_backend()}"
     console.line(start_line(MODE, cfg, split, len(train_loader), run_dir))
     run = Run.start(cfg, device, gpus, started, model=model, raw_model=raw_model,

@@ -1,8 +1,9 @@
-"""Train PyramidNet on CIFAR-10 on one GPU: the reference loop that every other mode changes.
+r"""Train PyramidNet on CIFAR-10 on one GPU: the reference loop that every other mode changes.
 
     python train.py                      # CIFAR-10 on GPU 0, PyramidNet-110 alpha=270, batch 128
     python train.py --gpu_devices 3      # on GPU 3
-    python train.py --dataset synthetic --depth 20 --alpha 24 --epochs 1   # offline; a CPU will do
+    python train.py --dataset synthetic --synthetic_size 5000 --depth 20 --alpha 24 \
+                    --epochs 1   # offline: 5,000 generated images, 1-3 minutes on a CPU
     python train.py --evaluate ../runs/<run>/model.pt   # test loss and accuracy of saved weights
 
 It runs from this folder or from the repository root (`python single_gpu/train.py`); without a GPU
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 
 from common.checkpoint import (StopSignals, check_fits, ended_line, has_ended, last_checkpoint_note,
                                resume_checkpoint, save_checkpoint, stopped_line)
+from common.checkpoint import continue_flags  # the flags that continue a stopped run, quoted
 from common.config import Config, RunError, UsageError, parse_config, user_errors
 from common.data import (EvalShard, LoaderWorkerDied, ShuffleSampler, dataset_info,
                          load_datasets, make_loader)
@@ -173,7 +175,7 @@ def prepare(cfg: Config, started: float) -> tuple[Run | None, object]:
     logger = RunLogger(run_dir, cfg, MODE, world_size=1, resumed_step=resumed_at)
     console = Console(enabled=True, bar=cfg.progress)
     if not gpus:  # said after every refusal: it never stands between a mistake and its error
-        console.warn("no CUDA GPU found: training on the CPU")
+        console.warn("no CUDA GPU found: running on the CPU")
     console.line(start_line(MODE, cfg, f"on {device}", len(train_loader), run_dir))
     run = Run.start(cfg, device, gpus, started, model=model, raw_model=raw_model,
                     train_loader=train_loader, optimizer=optimizer, scheduler=scheduler,
@@ -229,8 +231,8 @@ def main(argv=None) -> int:
             run.epoch_sums += log_window(run, run.epoch, run.batch)
         save_checkpoint(run)
         note = last_checkpoint_note(run.checkpoint_dir)
-        raise RunError(f"{died}; stopped at step {run.step}: {note}, continue with --resume auto "
-                       f"--run_name {run.run_dir.name}") from None
+        raise RunError(f"{died}; stopped at step {run.step}: {note}, continue with "
+                       f"{continue_flags(run.run_dir)}") from None
     # ------------------------------------------------------------------------------------- teardown
     finally:
         run.close()

@@ -551,7 +551,7 @@ def test_a_nan_loss_prints_only_the_error_line(diverged):
     """The NaN stop meets the whole contract: besides the warning that training started on the CPU, its error line
     is all stderr holds."""
     done, _ = diverged
-    assert done.stderr.startswith("warning: no CUDA GPU found: training on the CPU\n")
+    assert done.stderr.startswith("warning: no CUDA GPU found: running on the CPU\n")
     assert_refused(subprocess.CompletedProcess(done.args, done.returncode, done.stdout,
                                                done.stderr.split("\n", 1)[1]), "NaN/inf", code=1)
 

@@ -234,7 +234,8 @@ DOMAINS = {
                 ["", "/proc/runs", "/proc", "/sys/kernel/runs", "a\0b", "/tmp/" + "x" * (NAME_MAX + 1),
                  path_of(FOLDER_ROOM + 1)]),
     "run_name": (["r", "x" * NAME_MAX, "\u00e9" * (NAME_MAX // 2)],  # é: 2 bytes
-                 ["", ".", "..", "a/b", "a\0b", "x" * (NAME_MAX + 1), "\u00e9" * (NAME_MAX // 2 + 1)]),
+                 ["", ".", "..", "a/b", "a\0b", "x" * (NAME_MAX + 1), "\u00e9" * (NAME_MAX // 2 + 1),
+                  "a\nb", "a\tb", "a\rb", "\x1b[31mred", "a\u2028b", "a\\b"]),  # one line; no separator
     "overwrite": (["--overwrite"], []),
     "log_interval": (["1"], ["0"]),
     "warmup_steps": (["0"], ["-1", f"--benchmark --warmup_steps {2**62} --benchmark_steps {2**62}"]),

@@ -1,11 +1,20 @@
 """The documentation against the code: docs/flags.md is what docs/flags.py writes now, every relative link in
-README.md and docs/*.md reaches a file (and a heading, for an anchor into a page), and every --flag they name is a
-flag of the script they name it for. All in this process, from the parsers the scripts use: no script is started."""
+README.md and docs/*.md reaches a file (and a heading, for an anchor into a page), every --flag they name is a
+flag of the script they name it for, --help prints the docstrings' commands as written and its defaults as they
+read, and every command the pages and the docstrings show runs as shown: parsed by the program's own parser from
+the folder it runs in, naming files that exist (a command shown for a CPU sized to end in minutes). The figures
+guide.md quotes are those of the report in comparing.md, and no page kills processes by a name every user shares.
+All in this process, from the parsers the scripts use: no script is started."""
 from __future__ import annotations
 
+import argparse
+import contextlib
+import dataclasses
 import functools
 import importlib.util
+import io
 import re
+import shlex
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -291,3 +300,267 @@ def test_link_checker_finds_missing_files_and_anchors(tmp_path):
         f"{page}:4: #nothing-here (no heading of README.md has the anchor #nothing-here)",
         f"{page}:9: docs/gone.md (no such file)",
     ]
+
+
+# ------------------------------------------------------------------------------------------------- --help
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help_prints_the_docstrings_command_lines_as_written(script):
+    """argparse's default formatter ran the docstring's example commands together into one paragraph."""
+    text = generator().help_text(script)
+    examples = [line.rstrip() for line in generator()._docstring(script).splitlines()
+                if line.startswith("    ") and line.split()[0] in ("python", "torchrun", "RANK=R", "bash")]
+    if script == "compare.py":  # its --help gives the docstring's first paragraph alone
+        examples = []
+    assert all(line in text.splitlines() for line in examples), [l for l in examples if l not in text]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_default_shown_reads_right(script):
+    """`--no_nesterov ... (default: True)` read backwards, and `(default: None)` said nothing the help did not."""
+    parser = generator().parser_of(script)
+    text = " ".join(generator().help_text(script).split())
+    for wrong in ("(default: True)", "(default: False)", "(default: None)", "(default: ('", "turn off:"):
+        assert wrong not in text, wrong
+    for action in parser._actions:
+        if isinstance(action, argparse._StoreFalseAction) and action.default is not argparse.SUPPRESS:
+            help_text = " ".join(parser._get_formatter()._expand_help(action).split())
+            assert help_text.startswith("turn off ") and help_text.endswith(" (on by default)"), help_text
+            assert f"{action.option_strings[0]} {help_text}" in text
+
+
+# ------------------------------------------------------------------------------------------------- commands
+# What the docs show is run as shown: every command of README.md's and docs/*.md's code blocks, every inline code
+# span that runs a script by its path, and the example commands of the scripts' docstrings (what --help prints) are
+# parsed here as the program would parse them, from the folder they run in, and the files they name must exist.
+# Nothing is started: a command's flags go through the script's own parser (train.py's through parse_config,
+# which checks every value and the rules between them), torchrun's through torch.distributed.run's.
+PROGRAMS = ("python", "torchrun", "bash", "sbatch", "cd", "pip")
+DOCSTRINGS = {"single_gpu/train.py": "single_gpu", "data_parallel/train.py": "data_parallel",
+              "dist_parallel/train.py": "dist_parallel", "fsdp/train.py": "fsdp", "compare.py": ".",
+              "benchmarks/profile_step.py": ".", "benchmarks/roofline.py": "."}
+PLACEHOLDER = re.compile(r"<[^<>\n]*>")  # <run>, <a dist_parallel run>: one word for the shell
+CPU_IMAGES = 10_000  # a command shown for a CPU trains at most this many images (30-100 images/s here)
+
+
+@dataclasses.dataclass
+class Shown:
+    where: str  # page:line
+    folder: Path  # where it runs: the repository root, or where a `cd` in its block moved
+    text: str  # the command as the page shows it, its lines joined
+
+
+def commands_of_block(lines: list[str], first: int, page: str, folder: Path) -> list[Shown]:
+    """The commands of a code block's `lines` (the block's first line is line `first` of `page`), each with the
+    folder it runs in: a `cd` moves the commands after it."""
+    shown, i = [], 0
+    while i < len(lines):
+        start, text = i, lines[i]
+        while text.rstrip().endswith("\\") and i + 1 < len(lines):
+            i += 1
+            text = text.rstrip()[:-1] + " " + lines[i].strip()
+        i += 1
+        words = words_of(text)
+        if words and words[0] in PROGRAMS or words and "=" in words[0]:
+            shown.append(Shown(f"{page}:{first + start}", folder, text.strip()))
+        if words[:1] == ["cd"] and len(words) == 2:  # `cd X && ...` is a line of its own: it moves nothing after it
+            folder = (folder / words[1]).resolve()
+    return shown
+
+
+def words_of(text: str) -> list[str]:
+    """`text` as a shell splits it, its comment left out, a <placeholder> one word."""
+    return shlex.split(PLACEHOLDER.sub("X", text), comments=True)
+
+
+def split_commands(words: list[str]) -> list[list[str]]:
+    """The commands of `a && b`, each without its VAR=value prefix."""
+    commands, current = [], []
+    for word in [*words, "&&"]:
+        if word == "&&":
+            while current and re.fullmatch(r"[A-Za-z_]\w*=.*", current[0]):
+                current = current[1:]
+            commands += [current] if current else []
+            current = []
+        else:
+            current.append(word)
+    return commands
+
+
+def shown_commands() -> list[Shown]:
+    shown = []
+    for page in pages():
+        if page == REPO / GENERATED:
+            continue
+        lines = page.read_text().split("\n")
+        code, name, i = fenced(lines), page.relative_to(REPO).as_posix(), 0
+        while i < len(lines):  # the fenced blocks, each from the repository root
+            if code[i] and FENCE.match(lines[i]):
+                j = i + 1
+                while j < len(lines) and code[j] and not FENCE.match(lines[j]):
+                    j += 1
+                shown += commands_of_block(lines[i + 1:j], i + 2, name, REPO)
+                i = j + 1
+            else:
+                i += 1
+        kept = "\n".join("" if c else line for line, c in zip(lines, code))
+        for match in CODE_SPAN.finditer(kept):  # spans that run a script by its path, from the root
+            text = " ".join(match.group(2).split())
+            words = words_of(text)
+            script = next((w for w in words[1:] if re.search(r"\.(py|sh|sbatch)$", w)), "")
+            if words and words[0] in PROGRAMS[:4] and "/" in script or script == "compare.py" or \
+                    words[:2] == ["pip", "install"]:
+                shown.append(Shown(f"{name}:{kept.count(chr(10), 0, match.start()) + 1}", REPO, text))
+    for script, folder in DOCSTRINGS.items():  # what --help prints
+        lines = generator()._docstring(script).split("\n")
+        examples = [i for i, line in enumerate(lines) if line.startswith("    ") and line.split()[0] in PROGRAMS
+                    or line.startswith("    RANK=")]
+        for i in examples:
+            end = i
+            while lines[end].rstrip().endswith("\\"):
+                end += 1
+            shown += commands_of_block(lines[i:end + 1], i + 1, f"{script} (docstring)", REPO / folder)
+    return shown
+
+
+def parse_script(script: str, args: list[str], folder: Path) -> str | None:
+    """Why `python script args` (from `folder`) would not run as shown, or None."""
+    from common.config import UsageError, parse_config
+    from comparison.matrix import config_class
+
+    path = (folder / script).resolve()
+    if not path.is_file():
+        return f"{script}: no such file in {folder.relative_to(REPO.parent)}"
+    relative = path.relative_to(REPO).as_posix()
+    args = [arg for arg in args if arg != "..."]
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            if relative.endswith("/train.py"):
+                cfg = parse_config(config_class(relative.split("/")[0]), args)
+            elif relative in SCRIPTS:
+                parse_with = __import__("compare").parse if relative == "compare.py" else \
+                    generator().parser_of(relative).parse_args
+                parse_with(args)
+                return None
+            else:
+                return None  # a script without flags to check (docs/flags.py, benchmarks/*.sh): it exists
+    except (UsageError, SystemExit) as error:
+        return f"{relative} refuses it: {error}"
+    log_dir = (folder / cfg.log_dir).resolve()
+    for name in ("resume", "evaluate"):  # a file of a run: in the runs' folder, seen from where it runs
+        value = getattr(cfg, name)
+        if value not in (None, "auto") and not (folder / value).resolve().is_relative_to(log_dir):
+            return f"--{name} {value} is not under --log_dir {log_dir} when run from {folder}"
+    return None
+
+
+def problems_of(command: Shown) -> list[str]:
+    from torch.distributed.run import get_args_parser
+
+    problems, folder, words = [], command.folder, words_of(command.text)
+    env = dict(word.split("=", 1) for word in words if re.fullmatch(r"[A-Za-z_]\w*=.*", word))
+    for argv in split_commands(words):
+        program, args = argv[0], argv[1:]
+        if program == "cd":
+            folder = (folder / args[0]).resolve()
+            if not folder.is_dir():
+                problems.append(f"cd {args[0]}: no such folder")
+            continue
+        if program == "python" and args[:1] == ["-m"]:
+            if args[1:2] != ["torch.distributed.run"]:
+                continue  # pytest and the like
+            program, args = "torchrun", args[2:]
+        if program == "torchrun":
+            try:
+                with contextlib.redirect_stderr(io.StringIO()):
+                    launch = get_args_parser().parse_args(args)
+            except SystemExit:
+                problems.append("torchrun refuses its flags")
+                continue
+            several_nodes = not launch.standalone and launch.nnodes != "1"
+            if several_nodes and launch.rdzv_id == "none":
+                problems.append("several nodes without --rdzv_id: the agents of one job must share one")
+            if several_nodes and launch.rdzv_backend == "c10d" and "--node_rank" in args:
+                problems.append("--node_rank with the c10d rendezvous, which gives the ranks itself")
+            program, args = "python", [launch.training_script, *launch.training_script_args]
+        if program == "python" and args:
+            why = parse_script(args[0], args[1:], folder)
+            problems += [why] if why else []
+        elif program in ("bash", "sbatch"):
+            script = next((arg for arg in args if re.search(r"\.(sh|sbatch)$", arg)), None)
+            if script is None or not (folder / script).is_file():
+                problems.append(f"{program}: no script {script} in {folder}")
+            elif program == "sbatch" and "TRAIN_ARGS" in env:
+                why = parse_script(f"{env.get('MODE', 'dist_parallel')}/train.py", shlex.split(env["TRAIN_ARGS"]),
+                                   REPO)
+                problems += [f"TRAIN_ARGS: {why}"] if why else []
+        elif program == "pip" and args[:1] == ["install"]:
+            if args[1:2] == ["-r"]:
+                problems += [] if (folder / args[2]).is_file() else [f"pip: no {args[2]}"]
+            required = {re.split(r"[<>=\s#]", line)[0].lower() for line in (REPO / "requirements.txt").read_text()
+                        .splitlines() if line.strip() and not line.startswith("#")}
+            problems += [f"pip install {name}: requirements.txt installs it already"
+                         for name in args[1:] if name.lower() in required]
+    return problems
+
+
+def test_every_command_the_docs_show_runs_as_shown():
+    shown = shown_commands()
+    assert len(shown) > 60 and any("docstring" in command.where for command in shown)
+    problems = [f"{c.where}: {c.text}\n    {why}" for c in shown for why in problems_of(c)]
+    assert not problems, "commands that would not run as shown:\n" + "\n".join(problems)
+
+
+def test_a_command_shown_for_a_cpu_ends_in_minutes():
+    """The README's offline command trained 50,000 images, 5-20 minutes on a CPU, for a comment that said
+    minutes: a command whose comment says CPU or offline gives --synthetic_size and --epochs to fit."""
+    from common.config import parse_config
+    from comparison.matrix import config_class
+
+    for command in shown_commands():
+        comment = command.text.split(" #", 1)[1] if " #" in command.text else ""
+        argv = split_commands(words_of(command.text))[-1]
+        if not re.search(r"\b(CPU|offline)\b", comment) or "train.py" not in " ".join(argv):
+            continue
+        script = next(arg for arg in argv if arg.endswith("train.py"))
+        mode = (command.folder / script).resolve().parent.name
+        cfg = parse_config(config_class(mode), [a for a in argv[argv.index(script) + 1:] if a != "..."])
+        if cfg.dataset == "synthetic":
+            assert "--epochs" in argv and cfg.epochs * cfg.synthetic_size <= CPU_IMAGES, command.where
+
+
+def test_the_docs_quote_each_measured_figure_as_its_source_does():
+    """guide.md quoted the CPU comparison from one run (1.68 ± 0.07×, 84 ± 4 %) and comparing.md's report from
+    another (1.68 ± 0.10×, 84 ± 5 %): every spread guide.md quotes is one the report in comparing.md shows."""
+    report = (REPO / "docs" / "comparing.md").read_text()
+    quoted = re.findall(r"\d+(?:\.\d+)? ± \d+(?:\.\d+)?\s?[×%]", prose((REPO / "docs" / "guide.md").read_text()))
+    assert quoted and [figure for figure in quoted if figure not in report] == []
+
+
+def test_no_page_kills_processes_by_a_name_every_user_shares():
+    """`pkill -f dist_parallel/train.py` on a shared node ends other users' runs: no page shows a command that
+    kills by a process's name (pkill, killall)."""
+    for page in pages():
+        text = page.read_text()
+        for match in re.finditer(r"(?:`|^)\s*(?:pkill|killall)\b([^`\n]*)", text, re.MULTILINE):
+            named = [word for word in match.group(1).split() if not word.startswith("-")]
+            assert not named, f"{where(page, text.count(chr(10), 0, match.start()) + 1)}: {match.group(0)}"
+
+
+def test_the_command_checker_finds_what_the_docs_got_wrong(tmp_path):
+    """Each mistake the docs made, caught."""
+    wrong = {
+        "cd single_gpu && python train.py ... --resume runs/exp1/checkpoint.pt": "not under --log_dir",
+        "torchrun --nnodes 2 --node_rank 1 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint H:1 "
+        "dist_parallel/train.py": "--rdzv_id",
+        "python train.py --epochs 1": "no such file",
+        "cd fsdp && sbatch slurm/multi_node.sbatch": "no script",
+        "pip install tensorboard": "installs it already",  # docs/interruptions.md had it, in a code span
+        "python compare.py --repeat 0": "refuses it",
+        "cd single_gpu && python train.py --resume auto": "refuses it",
+    }
+    for text, why in wrong.items():
+        problems = problems_of(Shown("page:1", REPO, text))
+        assert any(why in problem for problem in problems), (text, problems)
+    assert problems_of(Shown("page:1", REPO, "cd fsdp && torchrun --nnodes 2 --nproc_per_node 8 --rdzv_id J "
+                                             "--rdzv_backend c10d --rdzv_endpoint H:1 train.py --batch_size 16 "
+                                             "--evaluate ../runs/<run>/model.pt")) == []

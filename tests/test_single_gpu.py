@@ -25,7 +25,7 @@ def trained(tmp_path_factory):
 
 def test_run_prints_the_seeds_log_line_and_a_test_line(trained):
     _, done = trained
-    assert "training on the CPU" in done.stderr  # the one warning
+    assert "running on the CPU" in done.stderr  # the one warning
     lines = done.stdout.splitlines()
     window = [line for line in lines if line.startswith("Epoch 2/2 [8/8] loss")]
     assert window and " acc " in window[0] and "img/s" in window[0] and " data " in window[0]

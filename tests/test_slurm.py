@@ -256,6 +256,7 @@ def test_the_last_line_says_what_follows_a_sigterm_and_a_crash(tmp_path, script)
     nodes = 2 if script == "multi" else 1
     command, env, _ = make_job(tmp_path, script, nodes=nodes, gpus_per_node=1, job_id="51")
     env["PYTHON"] = stand_in_python(tmp_path, "exec sleep 60")
+    env["RUN_NAME"] = "run 51"  # a name a shell would split: the command to paste quotes it
     out = tmp_path / "job.out"
     with out.open("w") as stdout:
         batch = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=stdout,
@@ -274,7 +275,7 @@ def test_the_last_line_says_what_follows_a_sigterm_and_a_crash(tmp_path, script)
     last = out.read_text().splitlines()[-1]
     assert batch.returncode != 0 and "SIGTERM" in last, out.read_text()
     assert "not requeued" not in last and "from its last checkpoint" in last, last
-    assert f"RUN_NAME=slurm-51 sbatch {SCRIPTS[script].relative_to(REPO)}" in last, last
+    assert f"RUN_NAME=run\\ 51 sbatch {SCRIPTS[script].relative_to(REPO)}" in last, last
 
     env["PYTHON"] = stand_in_python(tmp_path, "exit 1")
     crashed = run_job(command, env, cwd=tmp_path, timeout=30)
