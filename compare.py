@@ -56,7 +56,7 @@ import torch  # noqa: E402
 from common.config import (REPO_ROOT, AMPS, Config, HelpFormatter, UsageError, _OneLineParser,  # noqa: E402
                            add_flags, check_domains, config_argv, file_system_problem, flag, user_errors)
 from common import performance  # noqa: E402
-from common.data import DATASET_INFO, dataset_info, load_datasets  # noqa: E402
+from common.data import dataset_info, load_datasets  # noqa: E402
 from common.rules import machine_refusal  # noqa: E402
 from comparison import environment as machine  # noqa: E402
 from comparison.matrix import BACKENDS, GROUP_MODES, MODES, check_runs, command, config_class, plan  # noqa: E402
