@@ -16,7 +16,7 @@ import torch
 
 from common.compiling import graph_entries, inductor_cache_path
 from common.config import Config, UsageError, compile_cache_folder
-from common.data import DATASET_INFO
+from common.data import dataset_info, loader_description, resolve_loader
 from common.rules import alignment_refusal
 from models import pyramidnet
 
@@ -79,7 +79,8 @@ def resolve_fast_path(cfg: Config, device: torch.device) -> Config:
     cache = compile_cache_folder(cfg)
     if cfg.compile:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache_path(cache)
-    return dataclasses.replace(cfg, amp=amp, channels_last=channels_last, align_channels=align,
+    loader = resolve_loader(cfg, device)  # --loader, else gpu where the data fits on the device (common/data.py)
+    return dataclasses.replace(cfg, amp=amp, channels_last=channels_last, align_channels=align, loader=loader,
                                compile_cache=cache if cfg.compile else cfg.compile_cache,
                                compile_mode=cfg.compile_mode or "default" if cfg.compile else None)
 
@@ -120,7 +121,7 @@ def grad_scaler(cfg: Config, device: torch.device) -> torch.amp.GradScaler:
 def model_on_meta(cfg: Config) -> torch.nn.Module:
     """The paper's model a run trains (its real widths, whatever --align_channels stores), built on the meta
     device: shapes without memory, for counting its FLOPs and bytes."""
-    data = DATASET_INFO[cfg.dataset]
+    data = dataset_info(cfg)
     with torch.device("meta"):
         return pyramidnet(cfg.depth, cfg.alpha, cfg.block, num_classes=data.classes, in_channels=data.channels,
                           width_multiple=cfg.width_multiple)
@@ -132,7 +133,7 @@ def flops_per_image(cfg: Config) -> int:
     are counted (2 FLOPs per multiply-add); BatchNorm, ReLU and additions are not, as in the usual MFU convention."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    batch, data = 2, DATASET_INFO[cfg.dataset]  # the images' shape and the classes of the data trained on
+    batch, data = 2, dataset_info(cfg)  # the images' shape and the classes of the data trained on
     model = model_on_meta(cfg)
     with torch.device("meta"):
         images = torch.empty(batch, data.channels, data.size, data.size)
@@ -215,9 +216,10 @@ def speed_summary(cfg: Config, totals, timer, device: torch.device, devices: int
 
 
 def describe_fast_path(cfg: Config) -> str:
-    """`amp bf16, channels_last, compiled` for the run's first line."""
+    """`amp bf16, channels_last, gpu loader, compiled` for the run's first line."""
     parts = [f"amp {cfg.amp}" if cfg.amp != "off" else "fp32", "channels_last" if cfg.channels_last else "NCHW"]
     parts += [f"channels stored in multiples of {cfg.align_channels}"] if (cfg.align_channels or 0) > 1 else []
+    parts += [loader_description(cfg)] if cfg.loader else []
     return ", ".join(parts + ([f"compiled ({compile_state(cfg)})"] if cfg.compile else []))
 
 
