@@ -52,7 +52,7 @@ import torch  # noqa: E402
 
 from common.config import (REPO_ROOT, AMPS, Config, UsageError, _OneLineParser, add_flags,  # noqa: E402
                            check_domains, config_argv, flag, user_errors)
-from common.data import DATASET_INFO  # noqa: E402
+from common.data import dataset_info  # noqa: E402
 from common.rules import machine_refusal  # noqa: E402
 from comparison import environment as machine  # noqa: E402
 from comparison.matrix import BACKENDS, GROUP_MODES, MODES, check_runs, command, config_class, plan  # noqa: E402
@@ -263,7 +263,7 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
     grads = gradient_bytes(model)
     bucket_cap_mb = next((o.results["config"].get("bucket_cap_mb") for o in ok if o.run.mode == "dist_parallel"),
                          25.0)
-    data = DATASET_INFO[config["dataset"]]
+    data = dataset_info(config)
     projection = projection_inputs(outcomes, grads, bucket_cap_mb, fsdp_units(model, data.channels, data.size))
     amp = projection["amp"] if projection else (config.get("amp") or ("bf16" if cuda else "off"))
     memory = memory_projection(lambda alpha: model_on_meta({**config, "alpha": alpha}), config["alpha"], amp,
@@ -332,7 +332,7 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
 
 def model_on_meta(config: dict) -> torch.nn.Module:
     """The model the runs trained, built without memory, to count its gradients."""
-    data = DATASET_INFO[config["dataset"]]
+    data = dataset_info(config)
     with torch.device("meta"), uninitialised():
         return pyramidnet(config["depth"], config["alpha"], config["block"], num_classes=data.classes,
                           in_channels=data.channels, width_multiple=config["width_multiple"])
