@@ -414,7 +414,7 @@ class _Decoded(Dataset):
         width, height = image.size
         image = image.resize((self.side, self.side), Image.BILINEAR) if self.augment else \
             evaluation_crop(image, self.side)
-        return np.asarray(image, dtype=np.uint8), np.array([width, height]), ""
+        return np.array(image, dtype=np.uint8), np.array([width, height]), ""
 
 
 def _image_folder_splits(data_dir: str, size: int) -> tuple[FolderSplit, FolderSplit]:
