@@ -338,17 +338,6 @@ def evaluation_crop(image, size: int):
     return functional.center_crop(functional.resize(image, stored_side(size)), [size, size])
 
 
-class UnreadableImage(RuntimeError):
-    """An image of an image folder that PIL could not decode while training (one that passed check_images):
-    raised in a DataLoader worker, re-raised by the DataLoader in the main process with the worker's traceback,
-    of which it keeps its own line."""
-
-    def __init__(self, message: str):
-        if "Original Traceback" in message:  # re-raised by the DataLoader: the last line is this error's own
-            message = message.rstrip().splitlines()[-1].split(f"{type(self).__name__}: ", 1)[-1]
-        super().__init__(message)
-
-
 class FolderSplit(Dataset):
     """One split of an image folder (train/ or val/), read by torchvision's datasets.ImageFolder: [i] is (PIL RGB
     image, class index); .targets, .classes and .samples are ImageFolder's, .info the run's DatasetInfo."""
@@ -704,6 +693,17 @@ class DeviceLoader:
 
 class LoaderWorkerDied(RuntimeError):
     """A DataLoader worker process ended (killed by the OOM killer, say): the run can stop as if asked to."""
+
+
+class UnreadableImage(LoaderWorkerDied):
+    """An image of an image folder that PIL could not decode while training (one that passed check_images): the
+    run stops as for a dead worker. Raised in a DataLoader worker, re-raised by the DataLoader in the main process
+    with the worker's traceback, of which it keeps its own line."""
+
+    def __init__(self, message: str):
+        if "Original Traceback" in message:  # re-raised by the DataLoader: the last line is this error's own
+            message = message.rstrip().splitlines()[-1].split(f"{type(self).__name__}: ", 1)[-1]
+        super().__init__(message)
 
 
 class TorchvisionLoader:

@@ -156,6 +156,31 @@ def test_a_png_without_its_end_that_pil_still_reads_is_read(tmp_path):
     assert len(train) == 6
 
 
+def corrupt_inside(path: Path) -> None:
+    """A byte of the PNG's image data flipped: its header and its end are whole, so only decoding it fails."""
+    data = bytearray(path.read_bytes())
+    data[data.index(b"IDAT") + 12] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_an_image_that_fails_only_when_decoded_stops_the_run_naming_it(tmp_path):
+    """The gpu loader decodes every image before anything is written: refused, exit status 2. The torchvision
+    loader meets it in a worker while training: the run stops as for a dead worker, with its checkpoint and the
+    path in one line, exit status 1."""
+    root = write_folder(tmp_path / "data", train=2, val=1)
+    path = root / "train" / "bee" / "1.png"
+    corrupt_inside(path)
+    small = ["--batch_size", "2", "--run_name", "run"]
+    refused = refuse_in_process("single_gpu/train.py", *flags(root, tmp_path / "gpu", "--loader", "gpu", *small))
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and not (tmp_path / "gpu").exists()
+    assert f"error: --dataset imagefolder: {path} cannot be read as an image (" in refused.stderr
+    stopped = train_in_process("single_gpu/train.py", *flags(root, tmp_path / "runs", *small, "--num_workers", "1"))
+    lines = stopped.stderr.splitlines()
+    assert stopped.returncode == 1 and lines[-1].startswith(f"error: {path} cannot be read as an image ("), lines
+    assert "replace it with a readable image; stopped at step" in lines[-1] and "--resume auto" in lines[-1]
+    assert "Traceback" not in stopped.stderr and (tmp_path / "runs" / "run" / "checkpoint.pt").is_file()
+
+
 # ---------------------------------------------------------------------------------------------------- the loaders
 def test_both_loaders_give_the_same_evaluation_images(folder):
     """Evaluation: resize to image_size * 256 // 224, centre crop, by PIL in both loaders (the gpu loader decodes
