@@ -294,21 +294,21 @@ def unreadable(path: str) -> str | None:
             file.seek(max(0, os.path.getsize(path) - TAIL))
             tail = file.read()
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
-        return _reason(error)
+        return _reason(error, path)
     if {"PNG": b"IEND", "JPEG": b"\xff\xd9"}.get(kind, b"") in tail:
         return None
     try:
         with Image.open(path) as image:
             image.load()
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
-        return _reason(error)
+        return _reason(error, path)
     return None
 
 
-def _reason(error: Exception) -> str:
-    text = " ".join(str(error).split())
-    return (text.replace(f"{getattr(error, 'filename', None)!r}", "").replace("  ", " ").strip(" :")[:160]
-            or type(error).__name__)
+def _reason(error: Exception, path: str) -> str:
+    """PIL's words for why `path` could not be read, without the path (the line names it once)."""
+    text = " ".join(str(error).replace(repr(path), "").replace(path, "").split()).strip(" :")
+    return text[:160] or type(error).__name__
 
 
 def check_images(paths: list[str]) -> None:
@@ -358,7 +358,7 @@ class FolderSplit(Dataset):
             return self.folder[index]
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
             path = self.samples[index][0]
-            raise UnreadableImage(f"{path} cannot be read as an image ({_reason(error)}): replace it with a "
+            raise UnreadableImage(f"{path} cannot be read as an image ({_reason(error, path)}): replace it with a "
                                   f"readable image") from None
 
     def decoded(self, device: torch.device, augment: bool, num_workers: int | None):
