@@ -36,7 +36,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from common.config import CHECKS, Config, UsageError, flag, parse_config, user_errors
-from common.data import DATASET_INFO
+from common.data import dataset_info
 from common.devices import seed_everything
 from common.performance import autocast, memory_format, model_on_meta, peak_tflops, resolve_fast_path
 from benchmarks.roofline import BOUNDS, bandwidth_tbs, bound_lines, roofline, step_ops
@@ -119,7 +119,7 @@ def profile_steps(cfg: ProfileConfig) -> dict:
     seed_everything(cfg.seed)
     model, raw_model = get_model(cfg, device)
     optimizer, _, scaler = get_optimizer(cfg, raw_model, device, steps_per_epoch=1)
-    data = DATASET_INFO[cfg.dataset]  # random images of the shape the model was built for
+    data = dataset_info(cfg)  # random images of the shape the model was built for
     images = torch.randn(cfg.batch_size, data.channels, data.size, data.size, device=device)
     images = images.contiguous(memory_format=memory_format(cfg))
     labels = torch.randint(0, data.classes, (cfg.batch_size,), device=device)

@@ -33,7 +33,7 @@ from models.factory import PYRAMIDNET, unknown_model
 from models.pyramidnet import BLOCKS as MODEL_BLOCKS, check_arguments, parameters_at_least
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DATASETS = ("cifar10", "mnist", "synthetic")  # their shapes and statistics: common/data.py
+DATASETS = ("cifar10", "mnist", "synthetic", "imagefolder")  # their shapes and statistics: common/data.py
 LOADERS = ("gpu", "torchvision")
 AMPS = ("bf16", "fp16", "off")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")  # torch.compile's
@@ -372,16 +372,21 @@ class Config:
     width_multiple: int = flag(1, "round every block's width up to a multiple of this (8 suits tensor cores); "
                                   "1 = the paper's widths", at_least=1)
     # data
-    dataset: str = flag("cifar10", "cifar10 or mnist (downloaded into --data_dir), or synthetic (CIFAR-10-shaped, "
-                                   "generated, offline)", choices=DATASETS)
-    data_dir: str = flag(str(REPO_ROOT / "data"), "where datasets are downloaded and read", check="folder")
+    dataset: str = flag("cifar10", "cifar10 or mnist (downloaded into --data_dir), synthetic (CIFAR-10-shaped, "
+                                   "generated, offline), or imagefolder (your images: --data_dir/train/<class>/* "
+                                   "and --data_dir/val/<class>/*)", choices=DATASETS)
+    data_dir: str = flag(str(REPO_ROOT / "data"), "where datasets are downloaded and read; for imagefolder, the "
+                                                  "folder that holds train/ and val/", check="folder")
     image_size: int | None = flag(None, "side of the square images the model takes (default: 224 for --dataset "
                                         "imagefolder and for torchvision models on synthetic data; else the "
-                                        "dataset's own, 32, or 28 for mnist)", at_least=8, at_most=4096)
+                                        "dataset's own, 32, or 28 for mnist); cifar10, mnist and synthetic are "
+                                        "resized to it after their augmentation", at_least=8, at_most=4096)
     synthetic_size: int = flag(50_000, "training images of --dataset synthetic; the test set is a fifth of it",
                                at_least=5, check=_synthetic_images)
-    loader: str | None = flag(None, "gpu: dataset held on the device, augmented there (default with CUDA); "
-                                    "torchvision: DataLoader workers with PIL transforms (default without)",
+    loader: str | None = flag(None, "gpu: dataset held on the device, augmented there (default with CUDA; for "
+                                    "imagefolder where its decoded images take at most half the GPU's free "
+                                    "memory); torchvision: DataLoader workers with PIL transforms (default "
+                                    "without)",
                               choices=LOADERS)
     num_workers: int | None = flag(None, "DataLoader worker processes per training process (torchvision loader); "
                                          "default: what fits this machine: the usable cores shared among the node's "
@@ -389,7 +394,7 @@ class Config:
                                    at_least=0, check=_worker_processes)
     shuffle: bool = flag(True, "reshuffling the training set every epoch")
     augment: bool = flag(True, "augmentation: a pad-4 random crop and a horizontal flip of each training image "
-                               "(no flip for mnist)")
+                               "(no flip for mnist; imagefolder: a random resized crop and a flip)")
     # speed
     amp: str | None = flag(None, "autocast precision: bf16 (default on GPUs that have it), fp16 (with loss "
                                  "scaling; the default on older GPUs) or off (fp32; the default on the CPU)",
@@ -468,6 +473,12 @@ class Config:
         refusal = compile_cache_refusal(self) if self.compile else None
         if refusal:
             raise UsageError(refusal)
+        if self.dataset == "imagefolder":  # its layout and classes, listed once per process (no image is read)
+            from common.data import image_folder_refusal
+
+            refusal = image_folder_refusal(self.data_dir)
+            if refusal:
+                raise UsageError(refusal)
         if self.model != PYRAMIDNET:  # a torchvision model: its own shape, checked on its images at the start
             return
         try:

@@ -9,6 +9,15 @@ The augmentation (pad-4 random crop, horizontal flip) is a function of (seed, ep
 whole dataset at once by `augmentation_draws`: an image is cropped and flipped alike in an epoch whatever the
 loader, the number of DataLoader workers or processes, or a resume in between. The two loaders' batches then
 differ only in the rounding of the normalisation, by at most one float32 ulp (2**-22 for values in [2, 4)).
+Images are stored at their own size (the synthetic set at 32 pixels at most); at another --image_size both
+loaders resize each augmented image with the same bilinear interpolation (`resized`), so that holds there too.
+
+An image folder (--dataset imagefolder) is ImageNet's recipe instead: a random resized crop and a flip drawn from
+(seed, epoch, index) by `resized_crop_draws`, whose box in the original image's pixels (`crop_boxes`) is the same
+in both loaders; evaluation images are resized to image_size * 256 // 224 and centre-cropped. The torchvision
+loader crops the decoded original with PIL; the gpu loader holds every image decoded once, squashed to a fixed
+stored side (`stored_side`), and crops the same box there (torchvision.ops.roi_align), so its crops are the same
+region of the same image at the stored resolution. Its evaluation images are PIL's, the same as the other's.
 """
 from __future__ import annotations
 
@@ -19,7 +28,9 @@ import pickle
 import signal
 import sys
 import threading
+import types
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,12 +38,15 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from common.config import DATASETS, UsageError
+from common.config import DATASETS, UsageError, physical_memory
 
 PAD = 4  # pixels of zero padding around an image before its random crop
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+IMAGENET_MEAN = (0.485, 0.456, 0.406)  # an image folder is normalised as ImageNet is
+IMAGENET_STD = (0.229, 0.224, 0.225)
+SYNTHETIC_SIDE = 32  # the synthetic set is generated at this side at most, and resized per batch above it
 
 
 @dataclass(frozen=True)
@@ -42,29 +56,45 @@ class DatasetInfo:
     the same class (a flipped digit is not)."""
     channels: int
     size: int  # square images of size x size pixels
-    classes: int
+    classes: int | None  # None: counted from the folder (imagefolder; dataset_info counts them)
     mean: tuple[float, ...]
     std: tuple[float, ...]
     flip: bool
+    crop: str = "pad"  # training crop: pad (pad-4 random crop, CIFAR's) or resized (random resized, ImageNet's)
 
 
 DATASET_INFO = {
     "cifar10": DatasetInfo(3, 32, 10, CIFAR10_MEAN, CIFAR10_STD, flip=True),
     "mnist": DatasetInfo(1, 28, 10, (0.1307,), (0.3081,), flip=False),
     "synthetic": DatasetInfo(3, 32, 10, CIFAR10_MEAN, CIFAR10_STD, flip=True),  # CIFAR-10's shapes and statistics
+    "imagefolder": DatasetInfo(3, 224, None, IMAGENET_MEAN, IMAGENET_STD, flip=True, crop="resized"),
 }  # one entry per common.config.DATASETS
 
 
+def _fields(cfg):
+    """A config's fields as attributes, from a Config, any object with its fields, or a dict of them (the config
+    a results.json holds); a field left out has Config's default."""
+    if not isinstance(cfg, dict):
+        return cfg
+    from common.config import Config
+
+    return types.SimpleNamespace(**{**{f.name: f.default for f in dataclasses.fields(Config)}, **cfg})
+
+
 def dataset_info(cfg) -> DatasetInfo:
-    """The DatasetInfo of the data a run's config (a Config, or any object with its fields) trains on: what the
-    model is built for (channels, classes, image size) and how the loaders normalise and augment it."""
+    """The DatasetInfo of the data a run's config (a Config, any object with its fields, or a dict of them) trains
+    on: what the model is built for (channels, classes, image size) and how the loaders normalise and augment it.
+    An image folder's classes are its class folders (`image_folder`, listed once per process)."""
+    cfg = _fields(cfg)
     info = DATASET_INFO[cfg.dataset]
-    return dataclasses.replace(info, size=image_size(cfg))
+    classes = len(image_folder(cfg.data_dir).classes) if cfg.dataset == "imagefolder" else info.classes
+    return dataclasses.replace(info, size=image_size(cfg), classes=classes)
 
 
 def image_size(cfg) -> int:
     """The side of the images a run trains on: --image_size, else 224 for torchvision's models on synthetic data
-    (the size they are made for), else the dataset's own."""
+    (the size they are made for), else the dataset's own (224 for an image folder)."""
+    cfg = _fields(cfg)
     if cfg.image_size:
         return cfg.image_size
     if cfg.dataset == "synthetic" and cfg.model != "pyramidnet":
@@ -80,12 +110,16 @@ class SyntheticCIFAR(Dataset):
     Each class is a smooth random colour pattern (a 4x4x3 grid upsampled to 32x32); an image is its class pattern
     with random contrast, brightness and pixel noise. The patterns depend only on the seed; train and test draw
     their samples from separate streams.
+
+    At an `image_size` above SYNTHETIC_SIDE (32) the images are still generated at 32 pixels, and the loaders
+    resize each batch (after its augmentation) to image_size: memory stays that of the 32-pixel set (150 MB for
+    50,000 images, where 224-pixel ones would take 7.5 GB) and the 32-pixel set stays the same bits. Below 32 they
+    are generated at image_size.
     """
 
-    info = DATASET_INFO["synthetic"]
-
-    def __init__(self, size: int, seed: int, train: bool, transform=None):
-        classes, channels, side = self.info.classes, self.info.channels, self.info.size
+    def __init__(self, size: int, seed: int, train: bool, transform=None, image_size: int = SYNTHETIC_SIDE):
+        self.info = dataclasses.replace(DATASET_INFO["synthetic"], size=image_size)
+        classes, channels, side = self.info.classes, self.info.channels, min(image_size, SYNTHETIC_SIDE)
         patterns = torch.rand(classes, channels, 4, 4, generator=torch.Generator().manual_seed(seed))
         patterns = torch.nn.functional.interpolate(patterns, size=side, mode="bilinear", align_corners=False)
         stream = torch.Generator().manual_seed(seed * 2 + (1 if train else 2))
@@ -108,18 +142,24 @@ class SyntheticCIFAR(Dataset):
         return (self.transform(image) if self.transform else image), self.targets[index]
 
 
-def load_datasets(dataset: str, data_dir: str, synthetic_size: int, seed: int, download: bool = True):
-    """(train, test) datasets in torchvision's form, each with its DatasetInfo as `.info`; CIFAR-10 and MNIST are
-    downloaded into data_dir when missing."""
-    if dataset == "synthetic":
-        return (SyntheticCIFAR(synthetic_size, seed, train=True),
-                SyntheticCIFAR(synthetic_size // 5, seed, train=False))
-    read = {"cifar10": _cifar10, "mnist": _mnist}.get(dataset)
-    if read is None:
+def load_datasets(dataset: str, data_dir: str, synthetic_size: int, seed: int, image_size: int | None = None,
+                  download: bool = True):
+    """(train, test) datasets in torchvision's form, each with its DatasetInfo as `.info` (`.info.size`:
+    image_size, default the dataset's own); CIFAR-10 and MNIST are downloaded into data_dir when missing, an image
+    folder is read from data_dir/train and data_dir/val (every image checked first: `check_images`). CIFAR-10,
+    MNIST and the synthetic set keep their own size: the loaders resize their batches to image_size."""
+    if dataset not in DATASETS:
         raise UsageError(f"unknown dataset {dataset!r}: use {', '.join(DATASETS[:-1])} or {DATASETS[-1]}")
+    size = image_size or DATASET_INFO[dataset].size
+    if dataset == "synthetic":
+        return (SyntheticCIFAR(synthetic_size, seed, train=True, image_size=size),
+                SyntheticCIFAR(synthetic_size // 5, seed, train=False, image_size=size))
+    if dataset == "imagefolder":
+        return _image_folder_splits(data_dir, size)
+    read = {"cifar10": _cifar10, "mnist": _mnist}[dataset]
     splits = read(data_dir, train=True, download=download), read(data_dir, train=False, download=download)
     for split in splits:
-        split.info = DATASET_INFO[dataset]
+        split.info = dataclasses.replace(DATASET_INFO[dataset], size=size)
     return splits
 
 
@@ -175,6 +215,213 @@ def _mnist(data_dir: str, train: bool, download: bool):
             from None
 
 
+# ---- an image folder: DIR/train/<class>/* and DIR/val/<class>/*, read by torchvision's ImageFolder ----
+
+SPLITS = {"train": "training", "val": "validation"}  # the folders of an image folder, and what each holds
+CHECK_THREADS = 16  # files read at once by check_images: the reads wait on the disk, not on a core
+TAIL = 4096  # bytes at the end of a PNG or JPEG where its end marker must be
+
+
+@dataclass(frozen=True)
+class ImageFolderFacts:
+    """What a run needs to know of an image folder before reading an image: its class folders (the same in
+    train/ and val/, sorted as ImageFolder sorts them) and how many images each split has."""
+    root: str
+    classes: tuple[str, ...]
+    images: dict  # split -> number of images
+
+
+@functools.cache
+def image_folder(data_dir: str) -> ImageFolderFacts:
+    """The facts of the image folder `data_dir`, listed once per process with torchvision's own find_classes and
+    make_dataset (what ImageFolder lists); a folder ImageFolder could not read, or that would train on other
+    classes than it evaluates, is refused in one line that names the path and says what to do: data_dir, train/
+    or val/ missing, a split without class folders, a class folder without images, class folders that differ
+    between train/ and val/. No image is opened (check_images does that)."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
+
+    root = Path(data_dir)
+    layout = f"{root}/train/<class>/* and {root}/val/<class>/*"
+    if not root.is_dir():
+        raise UsageError(f"--dataset imagefolder: {root} is not a folder: give --data_dir the folder that holds "
+                         f"train/ and val/, one folder of images per class in each ({layout})")
+    classes, images = {}, {}
+    for split, holds in SPLITS.items():
+        folder = root / split
+        if not folder.is_dir():
+            raise UsageError(f"--dataset imagefolder: {folder} is {'not a folder' if folder.exists() else 'missing'}"
+                             f": put the {holds} images in {folder}/<class>/, one folder per class ({layout})")
+        try:
+            names = sorted(entry.name for entry in os.scandir(folder) if entry.is_dir())
+        except OSError as error:
+            raise UsageError(f"--dataset imagefolder: {folder} cannot be read ({error.strerror}): give a folder "
+                             f"this user can read") from None
+        if not names:
+            raise UsageError(f"--dataset imagefolder: {folder} has no class folders: put each class's {holds} "
+                             f"images in {folder}/<class>/")
+        samples = make_dataset(str(folder), {name: i for i, name in enumerate(names)}, IMG_EXTENSIONS,
+                               allow_empty=True)
+        counts = np.bincount([target for _, target in samples], minlength=len(names))
+        empty = [name for name, count in zip(names, counts) if count == 0]
+        if empty:
+            more = f" (and {len(empty) - 1} more class folders without images)" if len(empty) > 1 else ""
+            raise UsageError(f"--dataset imagefolder: {folder / empty[0]} has no images{more}: put its {holds} "
+                             f"images there ({', '.join(IMG_EXTENSIONS)}), or remove the folder")
+        classes[split], images[split] = names, len(samples)
+    if classes["train"] != classes["val"]:
+        only = {split: sorted(set(classes[split]) - set(classes[other]))
+                for split, other in (("train", "val"), ("val", "train"))}
+        said = "; ".join(f"only {root / split} has {', '.join(names[:5])}{' ...' * (len(names) > 5)}"
+                         for split, names in only.items() if names)
+        raise UsageError(f"--dataset imagefolder: train/ and val/ have different class folders ({said}): give "
+                         f"both the same classes")
+    return ImageFolderFacts(str(root), tuple(classes["train"]), images)
+
+
+def image_folder_refusal(data_dir: str) -> str | None:
+    """Why `data_dir` is no image folder a run can read, in one line (None: it is one); for Config's checks."""
+    try:
+        image_folder(data_dir)
+    except UsageError as error:
+        return str(error)
+    return None
+
+
+def unreadable(path: str) -> str | None:
+    """Why the image file `path` cannot be read (None: it can), found cheaply: PIL identifies it from its first
+    bytes, and a PNG or JPEG must end with its end marker (IEND, FFD9), which a file cut short lacks. One that
+    does not is decoded in full, and refused only if PIL cannot decode it (a JPEG with data after its end, as
+    some phones write, is read)."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:  # reads the header only
+            kind = image.format
+        with open(path, "rb") as file:
+            file.seek(max(0, os.path.getsize(path) - TAIL))
+            tail = file.read()
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
+        return _reason(error, path)
+    if {"PNG": b"IEND", "JPEG": b"\xff\xd9"}.get(kind, b"") in tail:
+        return None
+    try:
+        with Image.open(path) as image:
+            image.load()
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
+        return _reason(error, path)
+    return None
+
+
+def _reason(error: Exception, path: str) -> str:
+    """PIL's words for why `path` could not be read, without the path (the line names it once)."""
+    text = " ".join(str(error).replace(repr(path), "").replace(path, "").split()).strip(" :")
+    return text[:160] or type(error).__name__
+
+
+def check_images(paths: list[str]) -> None:
+    """Refuse the first of `paths` (in order) that cannot be read as an image, in one line, before anything is
+    written: a file cut short, empty, or not an image. `unreadable` reads two small pieces of each file, a few
+    files at a time (they wait on the disk, not on a core)."""
+    parts = [paths[i:i + 1024] for i in range(0, len(paths), 1024)]  # a task per 1024 files, not one per file
+    with ThreadPoolExecutor(CHECK_THREADS) as pool:
+        for part, reasons in zip(parts, pool.map(lambda part: [unreadable(path) for path in part], parts)):
+            bad = next(((path, why) for path, why in zip(part, reasons) if why), None)
+            if bad:
+                raise UsageError(f"--dataset imagefolder: {bad[0]} cannot be read as an image ({bad[1]}): replace "
+                                 f"it with a readable image, or delete it")
+
+
+def stored_side(size: int) -> int:
+    """The side at which the gpu loader stores an image folder's training images: the evaluation's resize
+    (image_size * 256 // 224, 256 for 224), where the random resized crops are drawn."""
+    return size * 256 // 224
+
+
+def evaluation_crop(image, size: int):
+    """An image folder's evaluation image: the PIL image resized (its shorter side to image_size * 256 // 224,
+    bilinear with antialiasing) and centre-cropped to size x size."""
+    from torchvision.transforms import functional
+
+    return functional.center_crop(functional.resize(image, stored_side(size)), [size, size])
+
+
+class FolderSplit(Dataset):
+    """One split of an image folder (train/ or val/), read by torchvision's datasets.ImageFolder: [i] is (PIL RGB
+    image, class index); .targets, .classes and .samples are ImageFolder's, .info the run's DatasetInfo."""
+
+    def __init__(self, folder: Path, info: DatasetInfo):
+        from torchvision import datasets
+
+        self.folder, self.info = datasets.ImageFolder(str(folder)), info
+        self.samples, self.targets, self.classes = self.folder.samples, self.folder.targets, self.folder.classes
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, index):
+        from PIL import Image
+
+        try:
+            return self.folder[index]
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
+            path = self.samples[index][0]
+            raise UnreadableImage(f"{path} cannot be read as an image ({_reason(error, path)}): replace it with a "
+                                  f"readable image") from None
+
+    def decoded(self, device: torch.device, augment: bool, num_workers: int | None):
+        """Every image decoded once into uint8 (N, side, side, 3) on `device`, with the originals' (width,
+        height) (N, 2) on the host: for augmented training each image squashed to side = stored_side(image_size)
+        (the crops are drawn there, crop_boxes), else its evaluation crop (side = image_size). Decoded by
+        DataLoader workers, a slice at a time, so the host never holds the whole set."""
+        side = stored_side(self.info.size) if augment else self.info.size
+        images = torch.empty((len(self), side, side, 3), dtype=torch.uint8, device=device)
+        sizes = torch.empty((len(self), 2), dtype=torch.int64)
+        workers = default_num_workers() if num_workers is None else num_workers
+        decoding = DataLoader(_Decoded(self, side, augment), batch_size=64, num_workers=workers)
+        start = 0
+        for pixels, originals, errors in decoding:
+            bad = next((error for error in errors if error), None)
+            if bad:
+                raise UsageError(bad)
+            images[start:start + len(pixels)] = pixels.to(device)
+            sizes[start:start + len(pixels)] = originals
+            start += len(pixels)
+        return images, sizes
+
+
+class _Decoded(Dataset):
+    """The gpu loader's decoding of a FolderSplit: (uint8 (side, side, 3), (width, height), "" or the error's line);
+    an image that cannot be decoded comes back as zeros with its error, which the main process raises."""
+
+    def __init__(self, split: FolderSplit, side: int, augment: bool):
+        self.split, self.side, self.augment = split, side, augment
+
+    def __len__(self):
+        return len(self.split)
+
+    def __getitem__(self, index):
+        from PIL import Image
+
+        try:
+            image, _ = self.split[index]
+        except UnreadableImage as error:
+            return np.zeros((self.side, self.side, 3), np.uint8), np.zeros(2, np.int64), \
+                f"--dataset imagefolder: {error}, or delete it"
+        width, height = image.size
+        image = image.resize((self.side, self.side), Image.BILINEAR) if self.augment else \
+            evaluation_crop(image, self.side)
+        return np.array(image, dtype=np.uint8), np.array([width, height]), ""
+
+
+def _image_folder_splits(data_dir: str, size: int) -> tuple[FolderSplit, FolderSplit]:
+    facts = image_folder(data_dir)
+    info = dataclasses.replace(DATASET_INFO["imagefolder"], size=size, classes=len(facts.classes))
+    splits = tuple(FolderSplit(Path(data_dir) / split, info) for split in SPLITS)
+    for split in splits:
+        check_images([path for path, _ in split.samples])
+    return splits
+
+
 # ---- samplers ----
 
 class ShuffleSampler(Sampler[int]):
@@ -223,6 +470,42 @@ def augmentation_draws(seed: int, epoch: int, size: int, flip: bool) -> tuple[np
     return top, left, mirrored
 
 
+def resized_crop_draws(seed: int, epoch: int, size: int, flip: bool) -> tuple[np.ndarray, ...]:
+    """(area, aspect, down, across, flip) of every image of a `size`-image folder in epoch `epoch`: the random
+    resized crop of RandomResizedCrop's defaults, drawn once per image from (seed, epoch): the fraction of the
+    image's area the crop covers (0.08 to 1), its aspect ratio (3/4 to 4/3, log-uniform), where it lies (fractions
+    of the room left, down and across), and whether it is mirrored. `crop_boxes` turns them into pixels of each
+    image. Indexed by the dataset index, as augmentation_draws."""
+    rng = np.random.default_rng([seed, epoch])
+    area = rng.uniform(0.08, 1.0, size)
+    aspect = np.exp(rng.uniform(np.log(3 / 4), np.log(4 / 3), size))
+    down, across = rng.random((2, size))
+    mirrored = rng.random(size) < 0.5 if flip else np.zeros(size, dtype=bool)
+    return area, aspect, down, across, mirrored
+
+
+def crop_boxes(draws, widths, heights) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(top, left, height, width) in pixels of the crops `draws` (resized_crop_draws at some indices) of images of
+    `widths` x `heights` pixels, as torchvision's RandomResizedCrop.get_params computes them, except that a box
+    larger than the image is clamped to it where torchvision draws again. Only +, *, /, sqrt, rint and floor,
+    which IEEE 754 rounds exactly: the same boxes for one image or a whole dataset at once, in any process."""
+    area, aspect, down, across = (np.asarray(draw, dtype=np.float64) for draw in draws[:4])
+    widths, heights = np.asarray(widths, dtype=np.float64), np.asarray(heights, dtype=np.float64)
+    target = area * widths * heights
+    width = np.clip(np.rint(np.sqrt(target * aspect)), 1, widths)
+    height = np.clip(np.rint(np.sqrt(target / aspect)), 1, heights)
+    top = np.floor(down * (heights - height + 1))
+    left = np.floor(across * (widths - width + 1))
+    return tuple(value.astype(np.int64) for value in (top, left, height, width))
+
+
+def resized(images: torch.Tensor, size: int) -> torch.Tensor:
+    """Float images (N, C, h, w) resized to size x size: bilinear, antialiased when shrinking. Both loaders resize
+    CIFAR-10, MNIST and the synthetic set to another --image_size with it, each image after its augmentation."""
+    return torch.nn.functional.interpolate(images, size=(size, size), mode="bilinear", align_corners=False,
+                                           antialias=True)
+
+
 # ---- loaders: iterate (images, labels) on the device; start_epoch; len = batches per epoch ----
 
 def make_loader(kind: str, dataset, sampler, batch_size: int, device: torch.device, *, train: bool, augment: bool,
@@ -233,10 +516,59 @@ def make_loader(kind: str, dataset, sampler, batch_size: int, device: torch.devi
     options = dict(batch_size=batch_size, device=device, augment=train and augment, drop_last=train,
                    seed=seed, memory_format=memory_format)
     if kind == "gpu":
-        return DeviceLoader(dataset, sampler, **options)
+        return DeviceLoader(dataset, sampler, num_workers=num_workers, **options)
     if kind == "torchvision":
         return TorchvisionLoader(dataset, sampler, num_workers=num_workers, **options)
     raise UsageError(f"unknown loader {kind!r}: use gpu or torchvision")
+
+
+DEVICE_SHARE = 0.5  # of the device's free memory, the most an image folder's decoded images may take by default
+_loader_notes: dict[tuple, str] = {}  # why resolve_loader chose what it did, for the run's first line
+
+
+def folder_bytes(cfg) -> int:
+    """The bytes the gpu loader holds for an image folder (uint8): its training images at stored_side(image_size)
+    (image_size with --no_augment) and its validation images at image_size."""
+    images, size = image_folder(cfg.data_dir).images, image_size(cfg)
+    train_side = stored_side(size) if cfg.augment else size
+    return 3 * (images["train"] * train_side ** 2 + images["val"] * size ** 2)
+
+
+def resolve_loader(cfg, device: torch.device) -> str:
+    """--loader, else the default for this device: torchvision on the CPU; on a GPU the gpu loader, except for an
+    image folder whose decoded images would take more than DEVICE_SHARE (half) of the memory free on the device
+    now, before the model: the rest is the model's, its activations' and the optimizer's. An image folder asked to
+    go on the device (--loader gpu) where it cannot fit (all the free memory; the host's, on the CPU) is refused."""
+    if cfg.dataset != "imagefolder":
+        return cfg.loader or ("gpu" if device.type == "cuda" else "torchvision")
+    if cfg.loader == "torchvision" or cfg.loader is None and device.type != "cuda":
+        return "torchvision"
+    need = folder_bytes(cfg)
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else physical_memory() or need
+    where = f"{_memory(free)} {'free on ' + str(device) if device.type == 'cuda' else 'of memory on this machine'}"
+    if cfg.loader == "gpu" and need > free:
+        raise UsageError(f"--loader gpu: the image folder's decoded images take {_memory(need)}, more than the "
+                         f"{where}: leave out --loader (the torchvision loader reads them from disk), or give a "
+                         f"smaller --image_size")
+    if cfg.loader == "gpu":
+        kind, note = "gpu", f"{_memory(need)} of decoded images on {device}"
+    elif need <= DEVICE_SHARE * free:
+        kind, note = "gpu", f"{_memory(need)} of decoded images, at most half of the {where}"
+    else:
+        kind, note = "torchvision", f"the decoded images would take {_memory(need)}, more than half of the {where}"
+    _loader_notes[cfg.data_dir, image_size(cfg), cfg.augment, kind] = note
+    return kind
+
+
+def loader_description(cfg) -> str:
+    """The loader a run uses, for its first line: `gpu loader`, with resolve_loader's reason for an image
+    folder's."""
+    note = _loader_notes.get((cfg.data_dir, image_size(cfg), cfg.augment, cfg.loader))
+    return f"{cfg.loader} loader" + (f" ({note})" if note and cfg.dataset == "imagefolder" else "")
+
+
+def _memory(size: float) -> str:
+    return f"{size / 2**30:,.3g} GiB" if size >= 2**30 else f"{size / 2**20:,.3g} MiB"
 
 
 MAX_WORKERS = 4  # DataLoader workers per training process by default: enough to keep up with CIFAR-sized images
@@ -278,16 +610,24 @@ def _say_once_if_too_many(num_workers: int) -> None:
 class DeviceLoader:
     """The `gpu` loader: the uint8 dataset is copied to the device once; each batch is one gather with the random
     crop and flip (where the dataset allows one) folded into its indices, then a normalisation. No worker
-    processes, no host round trip."""
+    processes, no host round trip. Images stored at another size than the run's are resized after their crop
+    (`resized`). An image folder is decoded once into the device's memory (FolderSplit.decoded, DataLoader
+    workers, `num_workers` of them); its training crops are random resized crops of the stored images, all of a
+    batch in one torchvision.ops.roi_align."""
 
-    def __init__(self, dataset, sampler, *, batch_size, device, augment, drop_last, seed,
+    def __init__(self, dataset, sampler, *, batch_size, device, augment, drop_last, seed, num_workers=None,
                  memory_format=torch.contiguous_format):
         self.sampler, self.batch_size, self.device, self.memory_format = sampler, batch_size, device, memory_format
         self.augment, self.drop_last, self.seed, self.epoch, self.skip = augment, drop_last, seed, 0, 0
-        images = torch.as_tensor(np.asarray(dataset.data)).to(device)
-        images = images.reshape(*images.shape[:3], -1)  # (N, H, W, C) uint8; greyscale (N, H, W) gets C = 1
-        self.height, self.width, self.flip = images.shape[1], images.shape[2], dataset.info.flip
-        self.images = torch.nn.functional.pad(images, (0, 0, PAD, PAD, PAD, PAD)) if augment else images
+        self.size, self.flip, self.crop = dataset.info.size, dataset.info.flip, dataset.info.crop
+        if self.crop == "resized":  # an image folder: decoded once, (width, height) of the originals kept
+            images, self.originals = dataset.decoded(device, augment, num_workers)
+        else:
+            images = torch.as_tensor(np.asarray(dataset.data)).to(device)
+            images = images.reshape(*images.shape[:3], -1)  # (N, H, W, C) uint8; greyscale (N, H, W) gets C = 1
+        self.height, self.width = images.shape[1], images.shape[2]
+        padded = augment and self.crop == "pad"
+        self.images = torch.nn.functional.pad(images, (0, 0, PAD, PAD, PAD, PAD)) if padded else images
         self.labels = torch.as_tensor(dataset.targets, dtype=torch.int64).to(device)
         self.mean = torch.tensor(dataset.info.mean, device=device).view(1, -1, 1, 1) * 255
         self.std = torch.tensor(dataset.info.std, device=device).view(1, -1, 1, 1) * 255
@@ -302,26 +642,75 @@ class DeviceLoader:
         return size // self.batch_size if self.drop_last else -(-size // self.batch_size)
 
     def __iter__(self):
-        row_range = torch.arange(self.height, device=self.device)
-        col_range = torch.arange(self.width, device=self.device)
         order = torch.tensor(list(self.sampler), dtype=torch.int64).to(self.device)  # one copy per epoch
+        pad = self.crop == "pad"
+        crop = self._pad_crops if pad else self._resized_crops
         if self.augment:  # the epoch's crops and flips of every image, one copy per epoch, gathered by index
-            top, left, flip = (torch.from_numpy(draws).to(self.device) for draws in
-                               augmentation_draws(self.seed, self.epoch, len(self.labels), self.flip))
+            draws = self._pad_draws() if pad else self._resized_draws()
         for start in range(self.skip * self.batch_size, len(self) * self.batch_size, self.batch_size):
             index = order[start:start + self.batch_size]
-            if self.augment:  # pad-4 random crop + horizontal flip, as row/column indices into the padded images
-                rows = top[index, None] + row_range
-                cols = left[index, None] + torch.where(flip[index, None], self.width - 1 - col_range, col_range)
-                images = self.images[index[:, None, None], rows[:, :, None], cols[:, None, :]]
+            if self.augment:
+                images = crop(index, draws)
             else:
-                images = self.images[index]
-            images = images.permute(0, 3, 1, 2).contiguous(memory_format=self.memory_format)  # NHWC is channels_last
+                images = self.images[index].permute(0, 3, 1, 2).contiguous(memory_format=self.memory_format)
+            if images.shape[-1] != self.size:  # stored at another size: resized after the crop
+                images = resized(images.float(), self.size).contiguous(memory_format=self.memory_format)
             yield images.float().sub_(self.mean).div_(self.std), self.labels[index]
+
+    def _pad_draws(self):
+        return tuple(torch.from_numpy(draw).to(self.device) for draw in
+                     augmentation_draws(self.seed, self.epoch, len(self.labels), self.flip))
+
+    def _pad_crops(self, index, draws):
+        """pad-4 random crops + horizontal flips of the images `index`, as row/column indices into the padded
+        images (uint8 NCHW)."""
+        top, left, flip = draws
+        row_range = torch.arange(self.height, device=self.device)
+        col_range = torch.arange(self.width, device=self.device)
+        rows = top[index, None] + row_range
+        cols = left[index, None] + torch.where(flip[index, None], self.width - 1 - col_range, col_range)
+        images = self.images[index[:, None, None], rows[:, :, None], cols[:, None, :]]
+        return images.permute(0, 3, 1, 2).contiguous(memory_format=self.memory_format)  # NHWC is channels_last
+
+    def _resized_draws(self):
+        """The epoch's boxes (x1, y1, x2, y2 in stored pixels) and flips of every image: each box crop_boxes's in
+        its original's pixels (the torchvision loader's), scaled to the stored side."""
+        area, aspect, down, across, mirrored = resized_crop_draws(self.seed, self.epoch, len(self.labels), self.flip)
+        widths, heights = self.originals.numpy().T
+        top, left, height, width = crop_boxes((area, aspect, down, across), widths, heights)
+        across_scale, down_scale = self.width / widths, self.height / heights
+        boxes = np.stack([left * across_scale, top * down_scale, (left + width) * across_scale,
+                          (top + height) * down_scale], axis=1)
+        return torch.from_numpy(boxes).to(self.device, torch.float32), torch.from_numpy(mirrored).to(self.device)
+
+    def _resized_crops(self, index, draws):
+        """Random resized crops + horizontal flips of the stored images `index` (float NCHW, image_size pixels),
+        cut and resized by roi_align, which averages ceil(box / image_size) bilinear samples per pixel each way
+        (antialiased where it shrinks)."""
+        from torchvision.ops import roi_align
+
+        boxes, mirrored = draws
+        images = self.images[index].permute(0, 3, 1, 2).float()
+        batch = torch.arange(len(index), device=self.device, dtype=torch.float32)[:, None]
+        crops = roi_align(images, torch.cat([batch, boxes[index]], dim=1), output_size=self.size,
+                          spatial_scale=1.0, sampling_ratio=-1, aligned=True)
+        crops = torch.where(mirrored[index, None, None, None], crops.flip(-1), crops)
+        return crops.contiguous(memory_format=self.memory_format)
 
 
 class LoaderWorkerDied(RuntimeError):
     """A DataLoader worker process ended (killed by the OOM killer, say): the run can stop as if asked to."""
+
+
+class UnreadableImage(LoaderWorkerDied):
+    """An image of an image folder that PIL could not decode while training (one that passed check_images): the
+    run stops as for a dead worker. Raised in a DataLoader worker, re-raised by the DataLoader in the main process
+    with the worker's traceback, of which it keeps its own line."""
+
+    def __init__(self, message: str):
+        if "Original Traceback" in message:  # re-raised by the DataLoader: the last line is this error's own
+            message = message.rstrip().splitlines()[-1].split(f"{type(self).__name__}: ", 1)[-1]
+        super().__init__(message)
 
 
 class TorchvisionLoader:
@@ -405,8 +794,11 @@ def _defer_worker_failures() -> None:
 
 class _Transformed(Dataset):
     """The torchvision loader's dataset: item (epoch, index) is image `index` as a PIL image, padded, cropped and
-    flipped as `augmentation_draws` says for that epoch, then ToTensor and Normalize. Each worker keeps the draws
-    of the epoch it is in (persistent workers hold their own copy of this object)."""
+    flipped as `augmentation_draws` says for that epoch, then ToTensor and Normalize; stored at another size than
+    the run's, resized after the crop as the gpu loader resizes (`resized`, then its normalisation). An image
+    folder's: a random resized crop and flip as `resized_crop_draws` and `crop_boxes` say, by PIL (torchvision's
+    resized_crop, bilinear, antialiased), or its evaluation crop. Each worker keeps the draws of the epoch it is in
+    (persistent workers hold their own copy of this object)."""
 
     def __init__(self, dataset, seed: int, augment: bool):
         from torchvision import transforms
@@ -414,6 +806,8 @@ class _Transformed(Dataset):
         self.dataset, self.seed, self.augment, self.info = dataset, seed, augment, dataset.info
         self.normalise = transforms.Compose([transforms.ToTensor(), transforms.Normalize(dataset.info.mean,
                                                                                          dataset.info.std)])
+        self.mean = torch.tensor(dataset.info.mean).view(-1, 1, 1) * 255  # the gpu loader's normalisation
+        self.std = torch.tensor(dataset.info.std).view(-1, 1, 1) * 255
         self.epoch, self.draws = None, None
 
     def __len__(self):
@@ -424,13 +818,30 @@ class _Transformed(Dataset):
 
         epoch, index = item
         image, label = self.dataset[index]
+        if self.augment and epoch != self.epoch:
+            draw = resized_crop_draws if self.info.crop == "resized" else augmentation_draws
+            self.epoch, self.draws = epoch, draw(self.seed, epoch, len(self.dataset), self.info.flip)
+        if self.info.crop == "resized":
+            image = self._resized_crop(image, index) if self.augment else evaluation_crop(image, self.info.size)
+            return self.normalise(image), label
         if self.augment:
-            if epoch != self.epoch:
-                self.epoch, self.draws = epoch, augmentation_draws(self.seed, epoch, len(self.dataset), self.info.flip)
             top, left, flip = (int(draws[index]) for draws in self.draws)
-            image = functional.crop(functional.pad(image, PAD), top, left, self.info.size, self.info.size)
+            side = image.size[0]  # square, stored at its own size
+            image = functional.crop(functional.pad(image, PAD), top, left, side, side)
             image = functional.hflip(image) if flip else image
-        return self.normalise(image), label
+        if image.size[0] == self.info.size:
+            return self.normalise(image), label
+        pixels = functional.pil_to_tensor(image).float()  # (C, h, w) in 0..255, as the gpu loader holds them
+        return (resized(pixels[None], self.info.size)[0] - self.mean) / self.std, label
+
+    def _resized_crop(self, image, index: int):
+        from torchvision.transforms import functional
+
+        area, aspect, down, across, mirrored = (draws[index] for draws in self.draws)
+        top, left, height, width = (int(value) for value in crop_boxes((area, aspect, down, across), *image.size))
+        size = [self.info.size, self.info.size]
+        image = functional.resized_crop(image, top, left, height, width, size, antialias=True)
+        return functional.hflip(image) if mirrored else image
 
 
 class _EpochIndices(Sampler[tuple[int, int]]):

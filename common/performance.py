@@ -16,7 +16,7 @@ import torch
 
 from common.compiling import graph_entries, inductor_cache_path
 from common.config import Config, UsageError, compile_cache_folder
-from common.data import dataset_info
+from common.data import dataset_info, loader_description, resolve_loader
 from common.rules import alignment_refusal
 from models import PYRAMIDNET, build_model, model_refusal, on_meta
 
@@ -83,7 +83,8 @@ def resolve_fast_path(cfg: Config, device: torch.device) -> Config:
     cache = compile_cache_folder(cfg)
     if cfg.compile:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache_path(cache)
-    return dataclasses.replace(cfg, amp=amp, channels_last=channels_last, align_channels=align,
+    loader = resolve_loader(cfg, device)  # --loader, else gpu where the data fits on the device (common/data.py)
+    return dataclasses.replace(cfg, amp=amp, channels_last=channels_last, align_channels=align, loader=loader,
                                compile_cache=cache if cfg.compile else cfg.compile_cache,
                                compile_mode=cfg.compile_mode or "default" if cfg.compile else None)
 
@@ -224,9 +225,10 @@ def speed_summary(cfg: Config, totals, timer, device: torch.device, devices: int
 
 
 def describe_fast_path(cfg: Config) -> str:
-    """`amp bf16, channels_last, compiled` for the run's first line."""
+    """`amp bf16, channels_last, gpu loader, compiled` for the run's first line."""
     parts = [f"amp {cfg.amp}" if cfg.amp != "off" else "fp32", "channels_last" if cfg.channels_last else "NCHW"]
     parts += [f"channels stored in multiples of {cfg.align_channels}"] if (cfg.align_channels or 0) > 1 else []
+    parts += [loader_description(cfg)] if cfg.loader else []
     return ", ".join(parts + ([f"compiled ({compile_state(cfg)})"] if cfg.compile else []))
 
 

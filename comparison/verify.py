@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch.utils.data import DistributedSampler
 
 from common.config import Config, UsageError, config_argv
-from common.data import dataset_info, load_datasets, make_loader
+from common.data import dataset_info, image_folder, image_size, load_datasets, make_loader
 from common.devices import seed_everything
 from common.optim import build_optimizer, lr_schedule
 from common.performance import autocast, grad_scaler, memory_format, resolve_fast_path
@@ -60,8 +60,8 @@ def defaults(cuda: bool) -> dict:
     return {"dataset": "synthetic", **({} if cuda else {"synthetic_size": 266})}
 
 
-TRAIN_IMAGES = {"cifar10": 50_000, "mnist": 60_000}  # synthetic: --synthetic_size
-TEST_IMAGES = {"cifar10": 10_000, "mnist": 10_000}  # synthetic: a fifth of --synthetic_size
+TRAIN_IMAGES = {"cifar10": 50_000, "mnist": 60_000}  # synthetic: --synthetic_size; imagefolder: counted
+TEST_IMAGES = {"cifar10": 10_000, "mnist": 10_000}  # synthetic: a fifth of --synthetic_size; imagefolder: counted
 
 
 # ---------------------------------------------------------------------------------------------------- reference
@@ -86,7 +86,7 @@ def reference_training(cfg: Config, world_size: int, device: torch.device) -> di
 
 def _train_reference(cfg: Config, world_size: int, device: torch.device) -> dict[str, torch.Tensor]:
     seed_everything(cfg.seed)  # train.py: seed, then the loaders (no global RNG drawn), then the model
-    train_set, _ = load_datasets(cfg.dataset, cfg.data_dir, cfg.synthetic_size, cfg.seed)
+    train_set, _ = load_datasets(cfg.dataset, cfg.data_dir, cfg.synthetic_size, cfg.seed, image_size(cfg))
     kind = cfg.loader or ("gpu" if device.type == "cuda" else "torchvision")
     loaders = []
     for rank in range(world_size):
@@ -339,7 +339,8 @@ class Verification:
         fsdp that rank then runs an empty batch, so that every rank gathers the weights as often; a batch that
         gave every rank as many batches would leave that path unchecked."""
         images = images_in_test_set({"dataset": self.train.get("dataset", Config.dataset),
-                                     "synthetic_size": self.train.get("synthetic_size", Config.synthetic_size)})
+                                     "synthetic_size": self.train.get("synthetic_size", Config.synthetic_size),
+                                     "data_dir": self.train.get("data_dir", Config.data_dir)})
         if self.cuda or processes == 1 or not images % processes:
             return ()
         return "--batch_size", str(images // processes * processes)
@@ -684,6 +685,8 @@ class Verification:
 # ---------------------------------------------------------------------------------------------------- helpers
 def images_in_training_set(train: dict) -> int:
     dataset = train.get("dataset", Config.dataset)
+    if dataset == "imagefolder":
+        return image_folder(train.get("data_dir", Config.data_dir)).images["train"]
     return train.get("synthetic_size", Config.synthetic_size) if dataset == "synthetic" else TRAIN_IMAGES[dataset]
 
 
@@ -696,6 +699,8 @@ def steps_per_epoch(images: int, batch: int, processes: int) -> int:
 
 def images_in_test_set(config: dict) -> int:
     dataset = config["dataset"]
+    if dataset == "imagefolder":
+        return image_folder(config.get("data_dir", Config.data_dir)).images["val"]
     return config["synthetic_size"] // 5 if dataset == "synthetic" else TEST_IMAGES[dataset]
 
 

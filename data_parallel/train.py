@@ -28,7 +28,7 @@ from common.checkpoint import (StopSignals, check_fits, ended_line, has_ended, l
 from common.checkpoint import continue_flags  # the flags that continue a stopped run, quoted
 from common.config import Config, RunError, parse_config, user_errors
 from common.data import (EvalShard, LoaderWorkerDied, ShuffleSampler, dataset_info,
-                         load_datasets, make_loader)
+                         image_size, load_datasets, make_loader)
 from common.devices import cuda_devices, one_process, seed_everything
 from common.logger import Console, RunLogger, load_model_weights, resolve_run_dir, start_line
 from common.loop import Run
@@ -64,9 +64,10 @@ def setup(cfg: Config):
 
 # --------------------------------------------------------------------------------------------- data
 def get_loaders(cfg: Config, device: torch.device):
-    train_set, test_set = load_datasets(cfg.dataset, cfg.data_dir, cfg.synthetic_size, cfg.seed)
+    train_set, test_set = load_datasets(cfg.dataset, cfg.data_dir, cfg.synthetic_size,
+                                        cfg.seed, image_size(cfg))
     batch = per_process_batch(cfg.batch_size, 1, len(train_set))  # one process: the whole batch
-    kind = cfg.loader or ("gpu" if device.type == "cuda" else "torchvision")
+    kind = cfg.loader  # gpu, or torchvision: resolve_fast_path chose it for this device
     options = dict(augment=cfg.augment, num_workers=cfg.num_workers, seed=cfg.seed,
                    memory_format=memory_format(cfg))
     train_sampler = ShuffleSampler(len(train_set), cfg.shuffle, cfg.seed)
@@ -162,7 +163,7 @@ def prepare(cfg: Config, started: float) -> tuple[Run | None, object]:
     the run folder and a checkpoint to resume, the data, the model, the optimizer. No run: the run
     had ended already."""
     device, gpus = setup(cfg)
-    cfg = resolve_fast_path(cfg, device)  # --amp and --channels_last made explicit for this device
+    cfg = resolve_fast_path(cfg, device)  # --amp, --channels_last, --loader made explicit here
     run_dir = resolve_run_dir(cfg, MODE, len(gpus))
     checkpoint = resume_checkpoint(cfg, run_dir)  # read and checked before anything is written
     if has_ended(checkpoint, cfg):  # an elastic command run again after the end, say: nothing to do

@@ -38,8 +38,8 @@ from torch.utils.data import DistributedSampler
 from common.checkpoint import (StopSignals, check_fits, ended_line, has_ended, last_checkpoint_note,
                                resume_checkpoint, save_checkpoint, stopped_line)
 from common.config import Config, GroupConfig, RunError, flag, parse_config, user_errors
-from common.data import (EvalShard, LoaderWorkerDied, dataset_info, load_datasets,
-                         make_loader)
+from common.data import (EvalShard, LoaderWorkerDied, dataset_info, image_size,
+                         load_datasets, make_loader)
 from common.devices import seed_everything
 from common.guards import (check_launch, compile_leader, from_rank0, group_failure, joining_group,
                            launch_variables, node_leader_first, on_every_rank, restart_store)
@@ -101,9 +101,10 @@ def get_loaders(cfg: Config, device: torch.device):
     rank = dist.get_rank()  # this process's place in the group
     world_size = dist.get_world_size()
     with node_leader_first():  # one download per node
-        train_set, test_set = load_datasets(cfg.dataset, cfg.data_dir, cfg.synthetic_size, cfg.seed)
+        train_set, test_set = load_datasets(cfg.dataset, cfg.data_dir, cfg.synthetic_size,
+                                        cfg.seed, image_size(cfg))
     batch = per_process_batch(cfg.batch_size, world_size, len(train_set))  # the global batch, split
-    kind = cfg.loader or ("gpu" if device.type == "cuda" else "torchvision")
+    kind = cfg.loader  # gpu, or torchvision: resolve_fast_path chose it for this device
     options = dict(augment=cfg.augment, num_workers=cfg.num_workers, seed=cfg.seed,
                    memory_format=memory_format(cfg))
     # each rank's share of every epoch, the shares drawn from one shuffle of the whole training set
@@ -224,7 +225,7 @@ def prepare(cfg: DistConfig, started: float) -> tuple[Run | None, object]:
     the run folder and a checkpoint to resume, the data, the model, the optimizer. No run: the run
     had ended already."""
     device, gpus = setup(cfg)
-    cfg = resolve_fast_path(cfg, device)  # --amp and --channels_last made explicit for this device
+    cfg = resolve_fast_path(cfg, device)  # --amp, --channels_last, --loader made explicit here
     is_main = dist.get_rank() == 0  # only rank 0 prints and writes: the others' console is silent
     run_dir = resolve_run_dir(cfg, MODE, dist.get_world_size()) if is_main else None
     checkpoint = from_rank0(lambda: resume_checkpoint(cfg, run_dir))  # rank 0 reads it, all get it

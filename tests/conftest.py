@@ -110,7 +110,7 @@ def scalar_events(run_dir: Path) -> dict:
 HEAVIEST_FIRST = ("test_parallel.py", "test_reliability.py", "test_compare.py", "test_compare_front_door.py",
                   "test_tensorboard.py", "test_attempts.py", "test_fast_path.py", "test_models.py", "test_compile.py",
                   "test_bad_input.py", "test_single_gpu.py", "test_slurm.py", "test_aligned_channels.py",
-                  "test_mnist.py", "test_vscode.py")
+                  "test_imagefolder.py", "test_mnist.py", "test_vscode.py")
 
 
 def pytest_collection_modifyitems(items):

@@ -1,6 +1,7 @@
 """common/data.py: the synthetic set, CIFAR-10 reading (on a fixture in the real format), samplers and loaders."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import multiprocessing
 import os
@@ -120,7 +121,7 @@ def test_synthetic_is_learnable_and_test_matches_train():
 
 
 def test_unknown_dataset():
-    with pytest.raises(UsageError, match="cifar10, mnist or synthetic"):
+    with pytest.raises(UsageError, match="cifar10, mnist, synthetic or imagefolder"):
         load_datasets("imagenet", "", 10, 0)
 
 
@@ -329,10 +330,11 @@ def test_augmentation_draws_depend_on_the_seed_and_the_epoch_only():
 
 
 class PixelRamp:
-    """One 16x16 image holding every pixel value 0..255 once, in every channel, with the real dataset interface."""
+    """One 16x16 image holding every pixel value 0..255 once, in every channel, with the real dataset interface
+    (its info's size 16: the loaders resize an image stored at another size than the run's)."""
 
     def __init__(self, name: str):
-        self.info = DATASET_INFO[name]
+        self.info = dataclasses.replace(DATASET_INFO[name], size=16)
         ramp = np.arange(256, dtype=np.uint8).reshape(1, 16, 16)
         self.data = ramp if self.info.channels == 1 else np.repeat(ramp[..., None], self.info.channels, axis=3)
         self.targets = [0]

@@ -22,12 +22,13 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from common.config import Config, parse_config
-from common.data import ShuffleSampler, load_datasets, make_loader
+from common.data import EvalShard, ShuffleSampler, crop_boxes, load_datasets, make_loader, resized_crop_draws
 from common.devices import seed_everything
 from common.metrics import StepTimer
 from common.performance import autocast, peak_tflops, resolve_fast_path
@@ -246,6 +247,49 @@ def test_the_gpu_loader_replays_its_crops_on_resume():
     at_epoch(loader, 3, 5)
     resumed = [images for images, _ in loader]
     assert len(resumed) == 3 and all(torch.equal(a, b) for a, b in zip(resumed, whole[5:]))
+
+
+def test_an_image_folder_on_the_gpu_loader_gives_the_torchvision_loaders_images(tmp_path):
+    """An image folder decoded into the GPU's memory (the default where it fits): its evaluation images are the
+    torchvision loader's, and its training crops, cut by roi_align on the device, are the boxes drawn for them
+    (tests/test_imagefolder.py's ramps, within 1.5 of 255), in channels_last."""
+    from PIL import Image
+
+    from test_imagefolder import crop_expected, pixels, write_folder
+
+    root = write_folder(tmp_path / "data")
+    assert config("--dataset", "imagefolder", "--data_dir", str(root), "--image_size", "32").loader == "gpu"
+    train, val = load_datasets("imagefolder", str(root), 0, 0, 32)
+    options = dict(num_workers=0, seed=0, memory_format=torch.channels_last)
+    evaluation = {kind: next(iter(make_loader(kind, val, EvalShard(15), 15, CUDA, train=False, augment=True,
+                                              **options)))[0] for kind in ("gpu", "torchvision")}
+    assert evaluation["gpu"].is_contiguous(memory_format=torch.channels_last)
+    assert (evaluation["gpu"] - evaluation["torchvision"]).abs().max() <= 2 ** -21
+    loader = at_epoch(make_loader("gpu", train, EvalShard(24), 24, CUDA, train=True, augment=True, **options), 2)
+    crops = next(iter(loader))[0]
+    assert crops.device == CUDA and crops.is_contiguous(memory_format=torch.channels_last)
+    draws = resized_crop_draws(0, 2, 24, flip=True)
+    for index, image in enumerate(pixels(crops.cpu()).numpy()):
+        width, height = Image.open(train.samples[index][0]).size
+        box = tuple(int(v) for v in crop_boxes([draw[index] for draw in draws[:4]], width, height))
+        red, green = crop_expected(width, height, box, bool(draws[4][index]), 32)
+        assert np.abs(image[0] - red[None, :])[1:-1, 1:-1].max() < 1.5, (index, box)
+        assert np.abs(image[1] - green[:, None])[1:-1, 1:-1].max() < 1.5, (index, box)
+
+
+def test_the_synthetic_set_at_224_pixels_is_resized_alike_by_both_loaders():
+    """Generated at 32 pixels, cropped there, resized to 224 on the device (channels_last) by the gpu loader and
+    in the workers by the torchvision loader: the same batches up to float rounding."""
+    def batches(kind):
+        train_set, _ = load_datasets("synthetic", "", 256, 0, 224)
+        loader = make_loader(kind, train_set, ShuffleSampler(256, True, 0), 64, CUDA, train=True, augment=True,
+                             num_workers=2, seed=0, memory_format=torch.channels_last)
+        return [images for (images, _), _ in zip(loader, range(2))]
+
+    for gpu_images, tv_images in zip(batches("gpu"), batches("torchvision")):
+        assert gpu_images.shape == (64, 3, 224, 224)
+        assert gpu_images.is_contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(gpu_images, tv_images, rtol=0, atol=1e-4)
 
 
 @pytest.mark.parametrize("amp", ["bf16", "fp16"])
