@@ -15,6 +15,7 @@ import importlib.util
 import io
 import re
 import shlex
+import tempfile
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -422,6 +423,18 @@ def shown_commands() -> list[Shown]:
     return shown
 
 
+@functools.cache
+def image_folder_standing_in() -> Path:
+    """An image folder of one class, one image in train/ and val/, for commands that show a placeholder folder."""
+    from PIL import Image
+
+    root = Path(tempfile.mkdtemp(prefix="docs-imagefolder-"))
+    for split in ("train", "val"):
+        (root / split / "a").mkdir(parents=True)
+        Image.new("RGB", (8, 8)).save(root / split / "a" / "0.png")
+    return root
+
+
 def parse_script(script: str, args: list[str], folder: Path) -> str | None:
     """Why `python script args` (from `folder`) would not run as shown, or None."""
     from common.config import UsageError, parse_config
@@ -432,6 +445,8 @@ def parse_script(script: str, args: list[str], folder: Path) -> str | None:
         return f"{script}: no such file in {folder.relative_to(REPO.parent)}"
     relative = path.relative_to(REPO).as_posix()
     args = [arg for arg in args if arg != "..."]
+    if "imagefolder" in args and "--data_dir" in args:  # a placeholder folder: an image folder stands in for it
+        args[args.index("--data_dir") + 1] = str(image_folder_standing_in())
     try:
         with contextlib.redirect_stderr(io.StringIO()):
             if relative.endswith("/train.py"):
