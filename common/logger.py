@@ -383,12 +383,19 @@ def start_line(mode: str, cfg: Config, placement: str, steps_per_epoch: int, run
     (amp bf16, channels_last); lr 0.1 ...; logs in runs/...`. `placement` says where the batch goes. An
     evaluation (--evaluate) trains nothing and says so: no schedule, no epochs."""
     if cfg.evaluate:
-        return (f"{mode}: evaluating {cfg.evaluate}, PyramidNet-{cfg.depth} alpha={cfg.alpha:g} {cfg.block}, on "
-                f"{cfg.dataset}'s test set, every image once, batch {cfg.batch_size} {placement} "
-                f"({describe_fast_path(cfg)}); nothing is trained; results in {run_dir}")
-    return (f"{mode}: PyramidNet-{cfg.depth} alpha={cfg.alpha:g} {cfg.block}, {cfg.dataset}, global batch "
-            f"{cfg.batch_size} {placement} ({describe_fast_path(cfg)}); {describe_lr(cfg, steps_per_epoch)}; "
-            f"logs in {run_dir}")
+        return (f"{mode}: evaluating {cfg.evaluate}, {model_line(cfg)}, on {cfg.dataset}'s test set, every image "
+                f"once, batch {cfg.batch_size} {placement} ({describe_fast_path(cfg)}); nothing is trained; results "
+                f"in {run_dir}")
+    return (f"{mode}: {model_line(cfg)}, {cfg.dataset}, global batch {cfg.batch_size} {placement} "
+            f"({describe_fast_path(cfg)}); {describe_lr(cfg, steps_per_epoch)}; logs in {run_dir}")
+
+
+def model_line(cfg: Config) -> str:
+    """`PyramidNet-110 alpha=270 basic`, or a torchvision model's name, with the images' side where it is not
+    the dataset's own."""
+    name = (f"PyramidNet-{cfg.depth} alpha={cfg.alpha:g} {cfg.block}" if cfg.model == "pyramidnet" else
+            cfg.model)
+    return name + (f" at {cfg.image_size}x{cfg.image_size} px" if cfg.image_size else "")
 
 
 def speed_line(summary: dict) -> str:
