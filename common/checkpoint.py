@@ -36,7 +36,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from common.config import MODEL_FLAGS, Config, RunError, UsageError, file_system_error
+from common.config import LATER_FLAGS, MODEL_FLAGS, Config, RunError, UsageError, file_system_error
 from common.logger import fresh_restart, logged_curves, write_atomically
 from common.metrics import Sums
 from common.state import (all_finite, load_file, load_model_state, load_optimizer_state, model_state,
@@ -280,7 +280,7 @@ def load_checkpoint(path: Path, cfg: Config) -> dict:
         if not isinstance(state.get(key), kind) or key == "rng" and not state[key]:  # rng: one entry per rank
             raise UsageError(f"--resume: {path} has {'a damaged' if key in state else 'no'} {key!r} entry; use a "
                              f"{LAST} as a run wrote it, or start afresh without --resume")
-    saved = state["config"]
+    saved = {**LATER_FLAGS, **state["config"]}  # a checkpoint from before a flag existed: its default
     absent = [name for name in MUST_MATCH if name not in saved]
     if absent:
         raise UsageError(f"--resume: {path} has no --{absent[0]} in its config; use a {LAST} as a run wrote it, or "

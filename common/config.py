@@ -40,7 +40,9 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "ma
 BASE_BATCH = 128  # --lr is given per this many images of global batch
 # The flags that decide the model's parameters: its names and shapes (--dataset: its input channels and classes).
 # Weights load only into a model built with the same ones; --align_channels stores them padded, the same model.
-MODEL_FLAGS = ("depth", "alpha", "block", "width_multiple", "dataset")
+MODEL_FLAGS = ("model", "depth", "alpha", "block", "width_multiple", "dataset", "image_size")
+# The model flags added after runs had been written: a config without one was written with its default.
+LATER_FLAGS = {"model": "pyramidnet", "image_size": None}
 INT_MAX = 2**63 - 1  # torch's largest integer: a count above it reaches no tensor and no C++ call
 # The weights are float32 in every mode (autocast computes in bf16/fp16 but keeps them so): SGD hands the learning
 # rate and the weight decay to its kernels as scalars of the weights' dtype, and a larger one cannot be converted.

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from common.config import MODEL_FLAGS, Config, UsageError
+from common.config import LATER_FLAGS, MODEL_FLAGS, Config, UsageError
 from common.optim import describe_lr
 from common.performance import describe_fast_path
 from common.state import load_file, load_model_state
@@ -363,9 +363,10 @@ def model_flags_of(file: Path, state) -> str | None:
         with contextlib.suppress(OSError, ValueError, UnicodeDecodeError, AttributeError):
             config = json.loads((file.parent / "results.json").read_text()).get("config")
             source = str(file.parent / "results.json")
-    if not isinstance(config, dict) or any(name not in config for name in MODEL_FLAGS):
+    if not isinstance(config, dict) or any(name not in {**LATER_FLAGS, **config} for name in MODEL_FLAGS):
         return None
-    words = [word for name in MODEL_FLAGS
+    config = {**LATER_FLAGS, **config}  # written before a flag existed: its default
+    words = [word for name in MODEL_FLAGS if config[name] is not None
              for word in (f"--{name}", f"{config[name]:g}" if isinstance(config[name], float) else str(config[name]))]
     return f"{shlex.join(words)} (from {source})"
 

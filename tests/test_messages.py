@@ -158,10 +158,10 @@ def test_weights_of_another_model_name_every_model_flag(tmp_path):
     torch.save(pyramidnet(8, 12, width_multiple=8).state_dict(), lone)
     with pytest.raises(UsageError) as error:
         load_model_weights(pyramidnet(8, 12), str(lone))
-    assert str(error.value).endswith("give the --depth, --alpha, --block, --width_multiple and --dataset it was "
-                                     "trained with"), error.value
-    assert [f"--{name}" for name in MODEL_FLAGS] == ["--depth", "--alpha", "--block", "--width_multiple",
-                                                     "--dataset"]
+    assert str(error.value).endswith("give the --model, --depth, --alpha, --block, --width_multiple, --dataset and "
+                                     "--image_size it was trained with"), error.value
+    assert [f"--{name}" for name in MODEL_FLAGS] == ["--model", "--depth", "--alpha", "--block", "--width_multiple",
+                                                     "--dataset", "--image_size"]
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     torch.save(pyramidnet(8, 12, width_multiple=8).state_dict(), run_dir / "model.pt")
@@ -172,8 +172,8 @@ def test_weights_of_another_model_name_every_model_flag(tmp_path):
         load_model_weights(pyramidnet(8, 12), str(run_dir / "model.pt"))
     line = str(error.value)
     given = shlex.split(line.split("trained with, ", 1)[1].split(" (from ")[0])
-    assert given == ["--depth", "8", "--alpha", "12", "--block", "basic", "--width_multiple", "8",
-                     "--dataset", "synthetic"], line
+    assert given == ["--model", "pyramidnet", "--depth", "8", "--alpha", "12", "--block", "basic",
+                     "--width_multiple", "8", "--dataset", "synthetic"], line  # --image_size: its default
     assert line.endswith(f"(from {run_dir / 'results.json'})") and "\n" not in line, line
 
 
