@@ -416,11 +416,11 @@ def compare(argv: list[str]) -> int:
         try:
             cc, train, group_flags, cuda = configure(argv)
             out = output_folder(cc)
-            check_dataset(cc, train)
             if cc.verify:  # the checks instead of the comparison
                 verification = Verification(cc, train, group_flags, cuda, out)
             else:
                 shared, runs = plan_matrix(cc, train, group_flags, cuda, out)
+            check_dataset(cc, train)  # once the runs themselves are known to be possible
             prepare_output(out, argv)
         except KeyboardInterrupt as caught:  # for main, which tells the signals apart
             interruption = caught

@@ -436,7 +436,7 @@ def test_refused_launches_change_no_file_and_create_no_run_folder(refusals, work
 def test_load_checkpoint_requires_every_entry_a_run_writes(trained):
     """CONTENTS is what a real checkpoint holds (besides its format), each of its type."""
     state = torch.load(trained / "checkpoint.pt", map_location="cpu", weights_only=True)
-    assert set(state) == {"format", "checksum", *CONTENTS}
+    assert set(state) == {"format", "checksum", "extended", *CONTENTS}  # extended: optional (older checkpoints)
     assert state["checksum"] == checksum(state)
     assert all(isinstance(state[key], kind) for key, kind in CONTENTS.items())
 

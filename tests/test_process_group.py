@@ -240,14 +240,15 @@ def _compile_worker(rank: int, world_size: int, init_file: str, out_dir: str) ->
 
 def test_the_ranks_of_a_node_wait_for_its_first_rank_to_compile_each_graph(group_reports):
     """On a real 2-process gloo group, as two ranks of one torchrun node on the CPU: rank 1 waits for rank 0 (half a
-    second late) to compile the forward, then the backward, each of which it would then read from the cache,
-    and that wait is not counted as its compile time. Ranks on different devices (GPUs: inductor's cache keys
+    second late) to compile the forward, then the backward, each of which it would then read from the cache
+    (that the wait is not counted as compile time, test_compile.py holds on a clock of its own: timing here would
+    depend on the machine's load). Ranks on different devices (GPUs: inductor's cache keys
     hold the device index) and processes started by hand (no node known) compile alone."""
     first, second = (json.loads((group_reports / f"compiled{rank}.json").read_text()) for rank in range(2))
     assert first["leads"] is True and second["leads"] is False
     assert first["events"] == second["events"] == 2  # the forward, then the backward at its first call
     assert first["waited"] == 0 and second["waited"] >= 0.4, (first, second)
-    assert second["seconds"] < second["waited"] and first["seconds"] > 0
+    assert first["seconds"] > 0 and second["seconds"] >= 0  # the wait kept out of it: test_compile.py's clock test
     assert first["other_devices"] is second["other_devices"] is first["by_hand"] is second["by_hand"] is None
 
 
