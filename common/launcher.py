@@ -63,7 +63,8 @@ def launch_workers(script: str, argv: list[str], nproc: int, max_restarts: int =
     `torchrun --standalone --nproc_per_node nproc --max-restarts max_restarts script argv` would (a free port,
     c10d rendezvous; after a worker fails, the whole group is restarted up to max_restarts times), and say in one
     line how they ended when they did not all succeed (stop_line, failure_line). SIGUSR1 is passed on to the
-    workers with SIGTERM, SIGINT, SIGHUP and SIGQUIT (torch's agent would die of it, its workers with it)."""
+    workers with SIGTERM, SIGINT, SIGHUP and SIGQUIT (torch's agent would die of it, its workers with it), and
+    the workers have SHUTDOWN_TIMEOUT_S to stop cleanly after one."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
@@ -72,6 +73,8 @@ def launch_workers(script: str, argv: list[str], nproc: int, max_restarts: int =
                                          f"--max-restarts={max_restarts}", script, *argv])
     if hasattr(args, "signals_to_handle") and "PET_SIGNALS_TO_HANDLE" not in os.environ:  # not in old torch
         args.signals_to_handle = AGENT_SIGNALS  # unless the user chose (torchrun --signals-to-handle's variable)
+    if getattr(args, "shutdown_timeout", 0) is None and "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in os.environ:
+        args.shutdown_timeout = SHUTDOWN_TIMEOUT_S  # unless the user chose (its variable, or PET_SHUTDOWN_TIMEOUT)
     agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
     with tempfile.TemporaryDirectory(prefix="stop-report-") as folder:
         os.environ[STOP_REPORT] = folder  # the workers inherit this process's environment
@@ -98,6 +101,10 @@ def launch_workers(script: str, argv: list[str], nproc: int, max_restarts: int =
 # The signals torch's agent passes on to its workers: its default (SIGTERM, SIGINT, SIGHUP, SIGQUIT) and SIGUSR1,
 # which would otherwise kill the agent, and its workers with it, before they can write a stop checkpoint.
 AGENT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+# How long torch's agent waits, once it has passed a signal on, for the workers to reach their next log window
+# and write the stop checkpoint before it kills them: its own 30 s is little on a loaded node (a window of the
+# default 50 steps, the RNG states gathered, the checkpoint written and fsynced); slurm/*.sbatch give 90 s too.
+SHUTDOWN_TIMEOUT_S = 90
 
 
 def said_here(record: logging.LogRecord) -> bool:
@@ -110,7 +117,7 @@ def stop_line(signum: int, report: Path, run_dir: Path | None) -> tuple[str, int
     """What the self-launch says, and its exit status, when a signal stopped it: the workers stopped cleanly when
     rank 0 told what it left (StopSignals: its stop checkpoint, or an evaluation cut short); before rank 0 was
     listening for signals (the workers were starting), nothing was trained; else torch's agent, which waits
-    TORCH_ELASTIC_SHUTDOWN_TIMEOUT (30 s) after passing the signal on, killed workers that had not stopped."""
+    SHUTDOWN_TIMEOUT_S after passing the signal on, killed workers that had not stopped."""
     name = signal.Signals(signum).name
     stopped = report / STOPPED
     if stopped.exists():

@@ -241,3 +241,24 @@ def test_rank_0_tells_the_self_launch_only_where_one_listens(tmp_path, monkeypat
     monkeypatch.setenv("RANK", "0")
     StopSignals().restore()
     assert (tmp_path / TRAINING).exists()
+
+
+def test_the_self_launch_gives_its_workers_time_to_stop_and_passes_sigusr1_on(monkeypatch):
+    """torch's agent waits 30 s by itself for workers to reach their stop checkpoint after a signal (little on a
+    loaded node: the next log window, the RNG states gathered, the checkpoint written and fsynced) and dies of
+    SIGUSR1; the self-launch gives them 90 s, as slurm/*.sbatch does, and passes SIGUSR1 on. A value the user
+    set is kept."""
+    import torch.distributed.run
+
+    from common.launcher import launch_workers
+
+    seen = []
+    monkeypatch.setattr(torch.distributed.run, "run", seen.append)
+    for name in ("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "PET_SHUTDOWN_TIMEOUT", "PET_SIGNALS_TO_HANDLE"):
+        monkeypatch.delenv(name, raising=False)
+    assert launch_workers("train.py", [], 2) == 0
+    assert seen[0].shutdown_timeout == 90 and "SIGUSR1" in seen[0].signals_to_handle.split(",")
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "45")  # torch's agent reads it when the flag is unset
+    monkeypatch.setenv("PET_SIGNALS_TO_HANDLE", "SIGTERM")
+    launch_workers("train.py", [], 2)
+    assert seen[1].shutdown_timeout is None and seen[1].signals_to_handle == "SIGTERM"
