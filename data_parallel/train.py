@@ -213,7 +213,7 @@ def train(run: Run, test_loader) -> None:
 
 def finish(run: Run) -> int:
     """After the last step: a stop checkpoint, or the weights and the results; the exit status."""
-    if run.stop:  # SIGTERM/SIGINT: a checkpoint, then a clean exit
+    if run.stop:  # SIGTERM, SIGINT, SIGHUP or SIGUSR1: a checkpoint, then a clean exit
         path = save_checkpoint(run)
         run.console.line(stopped_line(run.stop, run.step, path, run.run_dir))
         return StopSignals.EXIT_CODES[run.stop]

@@ -283,7 +283,7 @@ def train(run: Run, test_loader) -> None:
 
 def finish(run: Run) -> int:
     """After the last step: a stop checkpoint, or the weights and the results; the exit status."""
-    if run.stop:  # SIGTERM/SIGINT: a checkpoint where every rank stopped, then a clean exit
+    if run.stop:  # a stop signal: a checkpoint where every rank stopped, then a clean exit
         path = save_checkpoint(run)
         report_stop(run.step, path)  # to the self-launch, if that started this worker
         dist.barrier()  # no rank exits before rank 0 wrote it: a launcher may end the job then
