@@ -123,14 +123,22 @@ def stop_line(signum: int, report: Path, run_dir: Path | None) -> tuple[str, int
     if stopped.exists():
         what, then = stopped.read_text().splitlines()[:2]
         return f"stopped by {name}: the workers stopped cleanly ({what}); {then}", 128 + signum
-    last = run_dir / LAST if run_dir is not None else None
     if not (report / TRAINING).exists():
-        kept = (f"its last checkpoint {last} is as it was: continue with --resume auto" if last and last.exists()
-                else "nothing to resume: run the command again")
-        return f"stopped by {name} before training began (the workers were starting); {kept}", 128 + signum
+        return f"stopped by {name} before training began (the workers were starting); {unchanged(run_dir)}", \
+            128 + signum
     note = last_checkpoint_note(run_dir)
     return (f"error: stopped by {name}, but the workers did not stop cleanly (rank 0 reported no stop "
             f"checkpoint; their output above may say why); {note}", 1)
+
+
+def unchanged(run_dir: Path | None) -> str:
+    """What there is to resume after a stop before training began, in the run's folder `run_dir` (None: a
+    default name, which the next launch does not share)."""
+    if run_dir is not None and (run_dir / LAST).exists():
+        return f"its last checkpoint {run_dir / LAST} is as it was: continue with --resume auto"
+    if run_dir is not None and run_dir.is_dir():  # claimed as training was about to begin: empty
+        return f"nothing to resume: run the command again, with --resume auto ({run_dir} exists)"
+    return "nothing to resume: run the command again"
 
 
 def failure_line(exit_codes: dict[int, int], report: Path) -> tuple[str, int]:
@@ -200,4 +208,4 @@ def self_launch(cfg, script: str, argv, mode: str) -> int:
     refuse_fresh_start(cfg, run_dir)  # in one line before any worker starts (and is restarted)
     os.environ.setdefault("OMP_NUM_THREADS", str(max((os.cpu_count() or 1) // nproc, 1)))  # share the cores
     return launch_workers(script, sys.argv[1:] if argv is None else [str(arg) for arg in argv], nproc,
-                          cfg.max_restarts, run_dir)
+                          cfg.max_restarts, run_dir if cfg.run_name else None)  # a default name is the worker's

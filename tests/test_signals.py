@@ -224,7 +224,9 @@ def test_a_stop_before_training_began_says_so(tmp_path):
     assert code == 143
     assert line == ("stopped by SIGTERM before training began (the workers were starting); nothing to resume: run "
                     "the command again")
-    run_dir.mkdir()
+    run_dir.mkdir()  # rank 0 had claimed it: the same --run_name starts afresh in it with --resume auto
+    assert stop_line(signal.SIGTERM, tmp_path, run_dir)[0].endswith(
+        f"nothing to resume: run the command again, with --resume auto ({run_dir} exists)")
     (run_dir / LAST).write_bytes(b"")  # a resumed run stopped as it started: its checkpoint is as it was
     assert f"its last checkpoint {run_dir / LAST} is as it was" in stop_line(signal.SIGTERM, tmp_path, run_dir)[0]
     (tmp_path / TRAINING).write_text("listening for signals\n")  # rank 0 was training: no stop reported
