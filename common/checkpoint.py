@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import os
 import random
 import shlex
 import shutil
@@ -488,17 +489,28 @@ def restore_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, 
 
 
 # ---------------------------------------------------------------------------------------------------- signals
-class StopSignals:
-    """From creation to `restore()`: SIGTERM (SLURM preemption, torchrun shutting a job down, `kill`) and SIGINT
-    (Ctrl-C) ask the run to stop at the next log window, where every rank agrees to stop, the main process writes
-    a checkpoint and the process group is destroyed. A second Ctrl-C stops at once."""
+# A folder the self-launch gives its workers: rank 0 marks in it that it listens for signals (TRAINING), then what a
+# stop by one left (STOPPED); the self-launch cannot see how its workers ended (common/launcher.py).
+STOP_REPORT, TRAINING, STOPPED = "PYTORCH_MULTIGPU_STOP_REPORT", "training", "stopped"
 
-    NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "SIGINT"}
-    EXIT_CODES = {"SIGTERM": 128 + signal.SIGTERM, "SIGINT": 128 + signal.SIGINT}  # as if killed by it
+
+class StopSignals:
+    """From creation to `restore()`: SIGTERM (SLURM preemption, torchrun shutting a job down, `kill`), SIGINT
+    (Ctrl-C), SIGHUP (the terminal closed) and SIGUSR1 (SLURM's warning before a time limit, `--signal=USR1@T`)
+    ask the run to stop at the next log window, where every rank agrees to stop, the main process writes a
+    checkpoint and the process group is destroyed; --evaluate stops at the next batch. A second Ctrl-C stops at
+    once. SIGUSR1 stops, it does not checkpoint and go on: torch's elastic agent ends its workers after any
+    signal it passes on to them, and a time limit ends the job anyway (docs/interruptions.md)."""
+
+    NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "SIGINT", signal.SIGHUP: "SIGHUP",
+             signal.SIGUSR1: "SIGUSR1"}
+    EXIT_CODES = {name: 128 + number for number, name in NAMES.items()}  # as if killed by it
 
     def __init__(self):
         self.received: str | None = None
         self.previous = {number: signal.signal(number, self._handle) for number in self.NAMES}
+        if os.environ.get("RANK", "0") == "0":  # from here on a signal stops the run with its line
+            tell_self_launch(TRAINING, "listening for signals")
 
     def restore(self) -> None:
         for number, handler in self.previous.items():
@@ -507,4 +519,105 @@ class StopSignals:
     def _handle(self, number, frame):
         if self.received == "SIGINT" and number == signal.SIGINT:
             raise KeyboardInterrupt
+        if number == signal.SIGHUP:  # the terminal may be gone: writing to it would fail, and end the run
+            silence_lost_outputs()
         self.received = self.received or self.NAMES[number]
+
+    def vote(self) -> list[float]:
+        """This process's vote in a process group: one entry per signal, 1 for the one received."""
+        return [float(self.received == name) for name in self.NAMES.values()]
+
+    @classmethod
+    def agreed(cls, votes) -> str | None:
+        """The signal that stops every rank, from the votes summed over ranks (the one most ranks received;
+        the first in NAMES' order on a tie), or None when no rank received one."""
+        names = list(cls.NAMES.values())
+        counts = [int(count) for count in votes[:len(names)]]
+        return names[counts.index(max(counts))] if max(counts) else None
+
+
+def silence_lost_outputs() -> None:
+    """Standard output and error that lead nowhere any more (a terminal that hung up, a pipe whose reader
+    ended: poll says POLLERR or POLLHUP) are sent to /dev/null, so that the run's lines cannot make it fail
+    (EIO, EPIPE) before its stop checkpoint is written. Outputs that still work are left as they are."""
+    import select
+
+    for fd in (1, 2):
+        poll = select.poll()
+        poll.register(fd, select.POLLOUT)
+        events = poll.poll(0)
+        if events and events[0][1] & (select.POLLERR | select.POLLHUP | select.POLLNVAL):
+            nowhere = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(nowhere, fd)
+            os.close(nowhere)
+
+
+def until_stopped(loader, signals: StopSignals | None):
+    """`loader`'s batches until a stop signal (checked between two batches) ends --evaluate (stop_evaluation);
+    without `signals` (an epoch's evaluation, which its checkpoint follows), `loader` itself."""
+    if signals is None:
+        return loader
+    return _until_stopped(loader, signals)
+
+
+def _until_stopped(loader, signals: StopSignals):
+    total = len(loader)
+    for done, batch in enumerate(loader):
+        if signals.received:
+            raise stop_evaluation(signals.received, done, total, says=True)
+        yield batch
+
+
+def until_voted_stop(loader, signals: StopSignals | None, device: torch.device):
+    """`loader`'s batches (this rank's evaluation shard) until a stop signal to any rank ends --evaluate: before
+    each batch every rank votes, as many times on every rank (a shard may have a batch fewer), so that all stop
+    at the same batch, together (stop_evaluation; rank 0 says it). Without `signals` (an epoch's evaluation,
+    which its checkpoint follows), `loader` itself."""
+    return loader if signals is None else VotedStop(loader, signals, device)
+
+
+class VotedStop:
+    """until_voted_stop's batches: as long as the loader, every rank's vote taken before each batch."""
+
+    def __init__(self, loader, signals: StopSignals, device: torch.device):
+        self.loader, self.signals, self.device = loader, signals, device
+
+    def __len__(self):  # this rank's batches, as the loader's
+        return len(self.loader)
+
+    def __iter__(self):
+        longest = torch.tensor([len(self.loader)], device=self.device)
+        dist.all_reduce(longest, op=dist.ReduceOp.MAX)  # every rank votes as often as the longest shard has
+        most = int(longest.item())  # batches
+        batches = iter(self.loader)
+        for done in range(most):
+            votes = torch.tensor(self.signals.vote(), device=self.device)
+            dist.all_reduce(votes)  # a signal to any rank stops every rank here
+            stopped = StopSignals.agreed(votes.tolist())
+            if stopped:
+                stop = stop_evaluation(stopped, done, most, says=dist.get_rank() == 0)
+                dist.barrier()  # rank 0 has told the self-launch before any rank exits
+                raise stop
+            batch = next(batches, None)
+            if batch is not None:
+                yield batch
+
+
+def stop_evaluation(signal_name: str, done: int, total: int, says: bool) -> SystemExit:
+    """--evaluate stopped by `signal_name` after `done` of `total` batches: one line (by the process that
+    `says` it, which tells a self-launch too), and the exit to raise, with the status of a stop by that signal
+    (nothing is written)."""
+    if says:
+        print(f"stopped by {signal_name} during the evaluation, after {done} of {total} batches: no results "
+              f"written; run it again to evaluate", flush=True)
+        tell_self_launch(STOPPED, f"during the evaluation, after {done} of {total} batches\nno results written")
+    return SystemExit(StopSignals.EXIT_CODES[signal_name])
+
+
+def tell_self_launch(name: str, text: str) -> None:
+    """Tell the self-launch, which cannot see how its workers ended, that rank 0 listens for signals (TRAINING),
+    or what a stop by one left and what to do then, a line each (STOPPED). Under torchrun nothing is listening,
+    and nothing is written."""
+    folder = os.environ.get(STOP_REPORT)
+    if folder:
+        Path(folder, name).write_text(f"{text}\n")

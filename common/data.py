@@ -760,13 +760,14 @@ class TorchvisionLoader:
 
 
 def _leave_stopping_to_the_main_process(main_process: int, worker_id: int) -> None:
-    """Ctrl-C signals the whole foreground process group and SLURM every process: a worker that ended on SIGINT
-    or SIGTERM would make the main process fail ("DataLoader worker exited unexpectedly") before it wrote its stop
-    checkpoint. So a worker ignores both, except a SIGTERM from its own main process: that is how multiprocessing
-    ends the workers when the main process exits (and then waits for them). The main process is named by its pid,
-    not as the worker's parent, which under the forkserver and spawn start methods is another process. An orphaned
-    worker exits by itself (torch's watchdog, within 5 s)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """Ctrl-C and a closed terminal signal the whole foreground process group and SLURM every process: a worker
+    that ended on SIGINT, SIGHUP, SIGUSR1 or SIGTERM would make the main process fail ("DataLoader worker exited
+    unexpectedly") before it wrote its stop checkpoint. So a worker ignores them all, except a SIGTERM from its own
+    main process: that is how multiprocessing ends the workers when the main process exits (and then waits for
+    them). The main process is named by its pid, not as the worker's parent, which under the forkserver and spawn
+    start methods is another process. An orphaned worker exits by itself (torch's watchdog, within 5 s)."""
+    for number in (signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):  # the other stop signals (StopSignals)
+        signal.signal(number, signal.SIG_IGN)
     if hasattr(signal, "sigwaitinfo"):  # Linux; elsewhere (macOS) SIGTERM ends a worker as torch lets it
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # threads started from here on inherit it
         threading.Thread(target=_exit_on_the_main_process_sigterm, args=(main_process,), daemon=True).start()

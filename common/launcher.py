@@ -3,21 +3,21 @@
 that die with their launcher, and the report of a clean stop, which the launcher cannot see for itself."""
 from __future__ import annotations
 
+import logging
 import os
+import signal
 import sys
 import tempfile
 from pathlib import Path
 
 import torch.distributed as dist
 
-from common.checkpoint import refuse_fresh_start
+from common.checkpoint import (LAST, STOP_REPORT, STOPPED, TRAINING, StopSignals, last_checkpoint_note,
+                               refuse_fresh_start, silence_lost_outputs, tell_self_launch)
 from common.config import UsageError
 from common.devices import cuda_devices
 from common.guards import check_launch
 from common.logger import resolve_run_dir
-
-STOP_REPORT = "PYTORCH_MULTIGPU_STOP_REPORT"  # a file the self-launch gives its workers for their stop line
-
 
 def tie_to_launcher() -> None:
     """A worker started by torch's elastic agent (torchrun or the self-launch) is tied to it. It dies with the
@@ -32,7 +32,8 @@ def tie_to_launcher() -> None:
     if arm is not None:
         arm()
     if os.environ.get("RANK") == "0" and os.environ.get(STOP_REPORT):
-        Path(os.environ[STOP_REPORT]).unlink(missing_ok=True)
+        for name in (STOPPED, TRAINING):
+            (Path(os.environ[STOP_REPORT]) / name).unlink(missing_ok=True)
 
 
 def killed_with(parent: int):
@@ -56,49 +57,130 @@ def killed_with(parent: int):
     return arm
 
 
-def launch_workers(script: str, argv: list[str], nproc: int, max_restarts: int = 0) -> int:
+def launch_workers(script: str, argv: list[str], nproc: int, max_restarts: int = 0,
+                   run_dir: Path | None = None) -> int:
     """Start `nproc` workers of `script` on this machine through torch's elastic launcher, exactly as
     `torchrun --standalone --nproc_per_node nproc --max-restarts max_restarts script argv` would (a free port,
-    c10d rendezvous; after a worker fails, the whole group is restarted up to max_restarts times). Stopped by a
-    signal, it says the run stopped cleanly only when rank 0 reported its stop checkpoint (`report_stop`): torch's
-    agent passes the signal on and waits 30 s, then kills the workers, and does not tell how they ended."""
+    c10d rendezvous; after a worker fails, the whole group is restarted up to max_restarts times), and say in one
+    line how they ended when they did not all succeed (stop_line, failure_line). SIGUSR1 is passed on to the
+    workers with SIGTERM, SIGINT, SIGHUP and SIGQUIT (torch's agent would die of it, its workers with it), and
+    the workers have SHUTDOWN_TIMEOUT_S to stop cleanly after one."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
     args = get_args_parser().parse_args(["--standalone", f"--nproc_per_node={nproc}",
                                          f"--max-restarts={max_restarts}", script, *argv])
+    if hasattr(args, "signals_to_handle") and "PET_SIGNALS_TO_HANDLE" not in os.environ:  # not in old torch
+        args.signals_to_handle = AGENT_SIGNALS  # unless the user chose (torchrun --signals-to-handle's variable)
+    if getattr(args, "shutdown_timeout", 0) is None and "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in os.environ:
+        args.shutdown_timeout = SHUTDOWN_TIMEOUT_S  # unless the user chose (its variable, or PET_SHUTDOWN_TIMEOUT)
+    agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
     with tempfile.TemporaryDirectory(prefix="stop-report-") as folder:
-        report = Path(folder) / "stopped"
-        os.environ[STOP_REPORT] = str(report)  # the workers inherit this process's environment
+        os.environ[STOP_REPORT] = folder  # the workers inherit this process's environment
+        agent_log.addFilter(said_here)
         try:
             run(args)
-        except SignalException as stop:  # the launcher passed SIGTERM/SIGINT on to the workers
-            if report.exists():
-                print(f"stopped by {stop.sigval.name}: the workers stopped cleanly ({report.read_text().strip()}); "
-                      f"continue with --resume auto", file=sys.stderr)
-                return 128 + int(stop.sigval)
-            print(f"error: stopped by {stop.sigval.name}, but the workers did not stop cleanly (no stop checkpoint "
-                  f"was reported; their output above says why): --resume auto continues from the last checkpoint",
-                  file=sys.stderr)
-            return 1
+        except SignalException as stop:  # the launcher passed the signal on to the workers
+            if stop.sigval == signal.SIGHUP:  # the terminal may be gone
+                silence_lost_outputs()
+            line, code = stop_line(stop.sigval, Path(folder), run_dir)
+            print(line, file=sys.stderr)
+            return code
         except ChildFailedError as error:
-            ranks = ", ".join(str(failure.local_rank) for failure in error.failures.values())
-            codes = sorted({failure.exitcode for failure in error.failures.values()})
-            print(f"error: worker {ranks} failed (exit code {', '.join(map(str, codes))}); its message is above",
-                  file=sys.stderr)
-            return max(codes, key=abs) or 1
+            line, code = failure_line({failure.local_rank: failure.exitcode
+                                       for failure in error.failures.values()}, Path(folder))
+            print(line, file=sys.stderr)
+            return code
         finally:
             del os.environ[STOP_REPORT]
+            agent_log.removeFilter(said_here)
     return 0
 
 
+# The signals torch's agent passes on to its workers: its default (SIGTERM, SIGINT, SIGHUP, SIGQUIT) and SIGUSR1,
+# which would otherwise kill the agent, and its workers with it, before they can write a stop checkpoint.
+AGENT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+# How long torch's agent waits, once it has passed a signal on, for the workers to reach their next log window
+# and write the stop checkpoint before it kills them: its own 30 s is little on a loaded node (a window of the
+# default 50 steps, the RNG states gathered, the checkpoint written and fsynced); slurm/*.sbatch give 90 s too.
+SHUTDOWN_TIMEOUT_S = 90
+
+
+def said_here(record: logging.LogRecord) -> bool:
+    """torch's agent logs "failed (exitcode: N)" for each worker that did not exit 0, a stop by a signal
+    included; the self-launch says what happened to its workers itself, once (stop_line, failure_line)."""
+    return not str(record.msg).startswith("failed (exitcode")
+
+
+def stop_line(signum: int, report: Path, run_dir: Path | None) -> tuple[str, int]:
+    """What the self-launch says, and its exit status, when a signal stopped it: the workers stopped cleanly when
+    rank 0 told what it left (StopSignals: its stop checkpoint, or an evaluation cut short); before rank 0 was
+    listening for signals (the workers were starting), nothing was trained; else torch's agent, which waits
+    SHUTDOWN_TIMEOUT_S after passing the signal on, killed workers that had not stopped."""
+    name = signal.Signals(signum).name
+    stopped = report / STOPPED
+    if stopped.exists():
+        what, then = stopped.read_text().splitlines()[:2]
+        return f"stopped by {name}: the workers stopped cleanly ({what}); {then}", 128 + signum
+    if not (report / TRAINING).exists():
+        return f"stopped by {name} before training began (the workers were starting); {unchanged(run_dir)}", \
+            128 + signum
+    note = last_checkpoint_note(run_dir)
+    return (f"error: stopped by {name}, but the workers did not stop cleanly (rank 0 reported no stop "
+            f"checkpoint; their output above may say why); {note}", 1)
+
+
+def unchanged(run_dir: Path | None) -> str:
+    """What there is to resume after a stop before training began, in the run's folder `run_dir` (None: a
+    default name, which the next launch does not share)."""
+    if run_dir is not None and (run_dir / LAST).exists():
+        return f"its last checkpoint {run_dir / LAST} is as it was: continue with --resume auto"
+    if run_dir is not None and run_dir.is_dir():  # claimed as training was about to begin: empty
+        return f"nothing to resume: run the command again, with --resume auto ({run_dir} exists)"
+    return "nothing to resume: run the command again"
+
+
+def failure_line(exit_codes: dict[int, int], report: Path) -> tuple[str, int]:
+    """What the self-launch says, and its exit status, when workers failed ({worker: exit code}; -N: killed by
+    signal N): a stop by a signal that reached one worker (its vote stopped all: rank 0 told what it left) is a
+    stop like any other; a worker that ended with a status of its own has said why (a usage error exits 2, as
+    everywhere); a worker killed by a signal said nothing, so the line names the signal. Workers that torch's
+    agent ended with SIGTERM once another had failed are left out, as effects, not causes."""
+    exited = {worker: code for worker, code in exit_codes.items() if code > 0}
+    killed = {worker: -code for worker, code in exit_codes.items() if code < 0}
+    stops = {code - 128 for code in exited.values()} & set(StopSignals.NAMES)
+    if (report / STOPPED).exists() and len(stops) == 1 and set(exited.values()) == {128 + min(stops)}:
+        return stop_line(min(stops), report, None)
+    causes = {worker: number for worker, number in killed.items() if number != signal.SIGTERM}
+    if exited:
+        workers = ", ".join(map(str, sorted(exited)))
+        codes = ", ".join(map(str, sorted(set(exited.values()))))
+        line = f"error: worker {workers} failed (exit status {codes}); its message is above"
+        return "; ".join([line, *killed_by(causes)]), max(exited.values())
+    causes = causes or killed
+    hint = ("; TORCH_DISTRIBUTED_DEBUG=DETAIL is set, which crashes DDP's constructor on torch 2.14.1: unset it "
+            "(docs/guide.md#debugging-a-hang)" if signal.SIGSEGV in causes.values()
+            and os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL" else "")
+    own = "their" if len(causes) > 1 else "its"
+    return f"error: {'; '.join(killed_by(causes))}, with no message of {own} own{hint}", 128 + min(causes.values())
+
+
+def killed_by(signals: dict[int, int]) -> list[str]:
+    """{worker: signal number} said by signal: "worker 1 was killed by SIGSEGV (signal 11)"."""
+    said = []
+    for number in sorted(set(signals.values())):
+        workers = [str(worker) for worker, other in sorted(signals.items()) if other == number]
+        were = "workers " + ", ".join(workers) + " were" if len(workers) > 1 else f"worker {workers[0]} was"
+        said.append(f"{were} killed by {signal.Signals(number).name} (signal {number})")
+    return said
+
+
 def report_stop(step: int, checkpoint: Path | None) -> None:
-    """Stopped by a signal with the checkpoint written, rank 0 tells the self-launch, which cannot see how its
-    workers ended (under torchrun nothing is listening, and nothing is written)."""
-    path = os.environ.get(STOP_REPORT)
-    if path and dist.get_rank() == 0:
-        Path(path).write_text(f"step {step}, checkpoint {checkpoint}\n")
+    """Stopped by a signal with the checkpoint written, rank 0 tells the self-launch what it left."""
+    if dist.get_rank() == 0:
+        then = "continue with --resume auto" if checkpoint else "a --benchmark run keeps no checkpoint"
+        tell_self_launch(STOPPED, f"step {step}, checkpoint {checkpoint}\n{then}")
 
 
 SHARING_HINT = " (ranks may share a GPU under --backend gloo; NCCL refuses two ranks on one GPU)"
@@ -126,4 +208,4 @@ def self_launch(cfg, script: str, argv, mode: str) -> int:
     refuse_fresh_start(cfg, run_dir)  # in one line before any worker starts (and is restarted)
     os.environ.setdefault("OMP_NUM_THREADS", str(max((os.cpu_count() or 1) // nproc, 1)))  # share the cores
     return launch_workers(script, sys.argv[1:] if argv is None else [str(arg) for arg in argv], nproc,
-                          cfg.max_restarts)
+                          cfg.max_restarts, run_dir if cfg.run_name else None)  # a default name is the worker's

@@ -39,7 +39,7 @@ class Run:
     meter: TrainMeter
     telemetry: GpuTelemetry
     clock: RunClock  # the run's wall time and epoch times, over the attempts it is made of
-    signals: StopSignals = field(default_factory=StopSignals)  # from here on, SIGTERM/SIGINT stop the run
+    signals: StopSignals = field(default_factory=StopSignals)  # from here on, a stop signal stops the run
     step: int = 0  # optimizer steps so far
     epoch: int = 0  # the epoch being trained (or to train next)
     batch: int = 0  # batches of that epoch done

@@ -38,7 +38,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.utils.data import DistributedSampler
 
 from common.checkpoint import (StopSignals, check_fits, ended_line, has_ended, last_checkpoint_note,
-                               resume_checkpoint, save_checkpoint, stopped_line)
+                               resume_checkpoint, save_checkpoint, stopped_line, until_voted_stop)
 from common.config import Config, GroupConfig, RunError, flag, parse_config, user_errors
 from common.data import (EvalShard, LoaderWorkerDied, dataset_info, image_size,
                          load_datasets, make_loader)
@@ -212,7 +212,7 @@ def train_one_epoch(run: Run, epoch: int) -> None:
 def log_window(run: Run, epoch: int, index: int) -> Sums:
     """Read the window's totals (one host sync), report them, and take note of a stop signal."""
     totals = window_sums(run.meter, run.timer)
-    voted = totals.new_tensor([run.signals.received is not None])  # a signal to any rank stops all
+    voted = totals.new_tensor(run.signals.vote())  # a signal to any rank stops all, with its name
     totals = torch.cat([totals, voted])
     dist.all_reduce(totals)  # images and correct predictions add up over ranks; so do the votes
     totals[3:6] /= dist.get_world_size()  # timings: the mean over ranks
@@ -220,18 +220,20 @@ def log_window(run: Run, epoch: int, index: int) -> Sums:
     sums = Sums(values[:Sums.SIZE])
     gpu = by_rank(run.telemetry.window())  # every rank's GPU, keyed by rank
     run.record_window(epoch, index, sums, gpu)  # the totals, a NaN check, TensorBoard, the log
-    run.stop = (run.signals.received or "a signal to another rank") if values[Sums.SIZE] else None
+    run.stop = StopSignals.agreed(values[Sums.SIZE:])  # the same signal on every rank
     return sums
 
 
 @torch.no_grad()
-def evaluate(cfg: Config, raw_model: torch.nn.Module, loader, device: torch.device):
-    """Test loss and accuracy over every test image exactly once, and how many images that was."""
+def evaluate(cfg: Config, raw_model: torch.nn.Module, loader, device: torch.device, signals=None):
+    """Test loss and accuracy over every test image exactly once, and how many images that was;
+    with `signals` (--evaluate), a stop signal ends it between two batches."""
     raw_model.eval()
     for buffer in raw_model.buffers():  # rank 0's BatchNorm statistics (FSDP shards no buffers):
         dist.broadcast(buffer, src=0)  # the figures are those of the saved weights
     with autocast(cfg, device):
-        sums = evaluation_sums(raw_model, as_many_batches(cfg, loader, device), device)
+        batches = until_voted_stop(loader, signals, device)  # every rank stops at the same batch
+        sums = evaluation_sums(raw_model, as_many_batches(cfg, batches, device), device)
     for module in raw_model.modules():  # no backward follows to free the gathered parameters
         if isinstance(module, FSDPModule):
             module.reshard()
@@ -304,7 +306,7 @@ def train(run: Run, test_loader) -> None:
     """Every epoch left, each followed by an evaluation and a checkpoint; or --evaluate's one."""
     cfg = run.cfg
     if cfg.evaluate:
-        run.record_evaluation(evaluate(cfg, run.raw_model, test_loader, run.device))
+        run.record_evaluation(evaluate(cfg, run.raw_model, test_loader, run.device, run.signals))
         return
     for epoch in range(run.epoch, cfg.epochs):
         run.clock.start_epoch()
@@ -326,12 +328,12 @@ def train(run: Run, test_loader) -> None:
 
 def finish(run: Run) -> int:
     """After the last step: a stop checkpoint, or the weights and the results; the exit status."""
-    if run.stop:  # SIGTERM/SIGINT: a checkpoint where every rank stopped, then a clean exit
+    if run.stop:  # a stop signal: a checkpoint where every rank stopped, then a clean exit
         path = save_checkpoint(run)
+        report_stop(run.step, path)  # to the self-launch, if that started this worker
         dist.barrier()  # no rank exits before rank 0 wrote it: a launcher may end the job then
         run.console.line(stopped_line(run.stop, run.step, path, run.run_dir))
-        report_stop(run.step, path)  # to the self-launch, if that started this worker
-        return StopSignals.EXIT_CODES.get(run.stop, 1)  # a signal to another rank: 1
+        return StopSignals.EXIT_CODES[run.stop]
     if run.cfg.save_model and not run.cfg.evaluate:
         weights = model_state(run.raw_model)  # gathered from the slices onto rank 0, every rank in
         run.console.line(f"weights saved to {run.logger.save_model(weights)}")

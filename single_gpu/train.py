@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from common.checkpoint import (StopSignals, check_fits, ended_line, has_ended, last_checkpoint_note,
-                               resume_checkpoint, save_checkpoint, stopped_line)
+                               resume_checkpoint, save_checkpoint, stopped_line, until_stopped)
 from common.checkpoint import continue_flags  # the flags that continue a stopped run, quoted
 from common.config import Config, RunError, UsageError, parse_config, user_errors
 from common.data import (EvalShard, LoaderWorkerDied, ShuffleSampler, dataset_info,
@@ -144,11 +144,12 @@ def log_window(run: Run, epoch: int, index: int) -> Sums:
 
 
 @torch.no_grad()
-def evaluate(cfg: Config, raw_model: torch.nn.Module, loader, device: torch.device):
-    """Test loss and accuracy over every test image exactly once, and how many images that was."""
+def evaluate(cfg: Config, raw_model: torch.nn.Module, loader, device: torch.device, signals=None):
+    """Test loss and accuracy over every test image exactly once, and how many images that was;
+    with `signals` (--evaluate), a stop signal ends it between two batches."""
     raw_model.eval()
     with autocast(cfg, device):
-        sums = evaluation_sums(raw_model, loader, device)
+        sums = evaluation_sums(raw_model, until_stopped(loader, signals), device)
     loss_sum, correct, images = sums.tolist()
     return loss_sum / images, correct / images, int(images)
 
@@ -190,7 +191,7 @@ def train(run: Run, test_loader) -> None:
     """Every epoch left, each followed by an evaluation and a checkpoint; or --evaluate's one."""
     cfg = run.cfg
     if cfg.evaluate:
-        run.record_evaluation(evaluate(cfg, run.raw_model, test_loader, run.device))
+        run.record_evaluation(evaluate(cfg, run.raw_model, test_loader, run.device, run.signals))
         return
     for epoch in range(run.epoch, cfg.epochs):
         run.clock.start_epoch()
@@ -208,7 +209,7 @@ def train(run: Run, test_loader) -> None:
 
 def finish(run: Run) -> int:
     """After the last step: a stop checkpoint, or the weights and the results; the exit status."""
-    if run.stop:  # SIGTERM/SIGINT: a checkpoint, then a clean exit
+    if run.stop:  # SIGTERM, SIGINT, SIGHUP or SIGUSR1: a checkpoint, then a clean exit
         path = save_checkpoint(run)
         run.console.line(stopped_line(run.stop, run.step, path, run.run_dir))
         return StopSignals.EXIT_CODES[run.stop]

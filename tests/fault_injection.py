@@ -1,8 +1,11 @@
 """A train.py run with one rank made to fail: `python tests/fault_injection.py SCRIPT flags...` runs SCRIPT as
 `__main__`, except that on rank FAULT_RANK the loss function raises on its FAULT_STEP-th call (a forward pass
-mid-training). The product carries no fault hooks; the failure is injected from outside, as a test would."""
+mid-training, or a batch of --evaluate's evaluation); with FAULT_SIGNAL (a name: SIGTERM), that call sends this
+process the signal instead, as `kill` would, and goes on. The product carries no fault hooks; the failure is
+injected from outside, as a test would."""
 import os
 import runpy
+import signal
 import sys
 
 import torch.nn.functional as F
@@ -13,7 +16,10 @@ if os.environ.get("RANK") == os.environ["FAULT_RANK"]:
     def failing_cross_entropy(*args, **kwargs):
         calls.append(1)
         if len(calls) == int(os.environ["FAULT_STEP"]):
-            raise RuntimeError(f"injected failure on rank {os.environ['RANK']}")
+            if os.environ.get("FAULT_SIGNAL"):
+                os.kill(os.getpid(), getattr(signal, os.environ["FAULT_SIGNAL"]))
+            else:
+                raise RuntimeError(f"injected failure on rank {os.environ['RANK']}")
         return real_cross_entropy(*args, **kwargs)
 
     F.cross_entropy = failing_cross_entropy

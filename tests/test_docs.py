@@ -156,7 +156,7 @@ MENTIONS = {
 OTHER_TOOLS = {
     # torchrun (torch.distributed.run)
     "--standalone", "--nproc_per_node", "--nnodes", "--node_rank", "--rdzv_backend", "--rdzv_endpoint", "--rdzv_id",
-    "--max-restarts", "--local_addr", "--master_addr", "--master_port",
+    "--max-restarts", "--local_addr", "--master_addr", "--master_port", "--signals-to-handle",
     # torch.distributed.launch, the launcher before torchrun: named as what these scripts do not take
     "--local_rank",
     # pytest and pytest-xdist

@@ -185,7 +185,9 @@ def test_the_scripts_avoid_the_known_mistakes(script):
     for needed in ("#SBATCH --ntasks-per-node=1", "#SBATCH --signal=B:USR1@120", "#SBATCH --requeue",
                    "#SBATCH --open-mode=append", "#SBATCH --output=%x-%j.out", "--resume auto",
                    'RUN_NAME="${RUN_NAME:-slurm-$SLURM_JOB_ID}"', "-m torch.distributed.run",
-                   'scontrol requeue "$SLURM_JOB_ID"'):
+                   'scontrol requeue "$SLURM_JOB_ID"',
+                   # torchrun passes USR1 on (train.py's stop with a checkpoint) instead of dying of it
+                   'PET_SIGNALS_TO_HANDLE="${PET_SIGNALS_TO_HANDLE:-SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1}"'):
         assert needed in code, needed
     if script == "multi":
         for needed in ('scontrol show hostnames "$SLURM_JOB_NODELIST"', '--nnodes "$NODES"',
