@@ -55,8 +55,8 @@ SAME_IN_GROUPS = ["setup", "get_loaders", "get_optimizer", "train_one_epoch", "l
 # compile; fsdp's are those with fully_shard in place of DDP, its evaluation's equal number of forward passes, the
 # gathered weights, its compile with static shapes, its convolution weights stored (out, kh, kw, in) under
 # --channels_last, and the FSDP2 construction: built on the meta device, sharded, materialised, filled from rank 0.
-BUDGETS = {"data_parallel/train.py": 32, "dist_parallel/train.py": 170, "fsdp/train.py": 228}
-FSDP_AGAINST_DIST = 121
+BUDGETS = {"data_parallel/train.py": 32, "dist_parallel/train.py": 172, "fsdp/train.py": 228}
+FSDP_AGAINST_DIST = 122
 
 
 def source(path: str) -> str:
