@@ -31,6 +31,8 @@ from common.checkpoint import LAST, write_checkpoint
 from common.metrics import RunClock
 from conftest import TINY, read_results, read_scalars, run_script, train_in_process
 
+pytestmark = pytest.mark.second_tier  # the longest scenarios: `python -m pytest -q -m second_tier`
+
 SINGLE, FSDP = "single_gpu/train.py", "fsdp/train.py"
 # 256 images, global batch 32: 8 steps an epoch, 16 in two; a log window every 2 steps (and at --max_steps)
 FLAGS = [*TINY, "--epochs", "2", "--log_interval", "2", "--no_progress"]

@@ -32,6 +32,8 @@ from comparison.verify import Verification
 from conftest import REPO
 from test_reliability import descendants, wait_for
 
+pytestmark = pytest.mark.second_tier  # the longest scenarios: `python -m pytest -q -m second_tier`
+
 # A --benchmark run that would train for minutes: every test here stops it long before its end.
 LONG = ["--benchmark_steps", "100000"]
 

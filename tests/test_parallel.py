@@ -53,6 +53,8 @@ from comparison.report import Outcome
 from comparison.verify import Verification, config_of, reference_training, summary_line
 from conftest import REPO, TINY, read_results, refuse_in_process, run_script
 
+pytestmark = pytest.mark.second_tier  # the longest scenarios: `python -m pytest -q -m second_tier`
+
 DIST = "dist_parallel/train.py"
 SEED = 0  # the scripts' default --seed
 # 8 steps per epoch on the CPU: resumed at step 6, crossing epoch 1. The channels stored aligned and the batches

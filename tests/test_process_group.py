@@ -27,6 +27,8 @@ from common.guards import check_master_address, nccl_error_handling
 from common.sync_check import check_sync, verify_sync
 from conftest import REPO, TINY, at_epoch, read_results
 
+pytestmark = pytest.mark.second_tier  # the longest scenarios: `python -m pytest -q -m second_tier`
+
 DIST = "dist_parallel/train.py"
 SEED = 0  # the scripts' default --seed
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # one intra-op thread per process, as in test_parallel.py

@@ -34,6 +34,8 @@ from common.data import ShuffleSampler, load_datasets, make_loader
 from conftest import REPO, TINY, at_epoch, refuse_in_process, run_script, two_at_a_time
 from models import pyramidnet
 
+pytestmark = pytest.mark.second_tier  # the longest scenarios: `python -m pytest -q -m second_tier`
+
 SINGLE, DIST = "single_gpu/train.py", "dist_parallel/train.py"
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 # 512 images, batch 32: 16 steps an epoch, long enough to signal or kill a run while it trains.

@@ -34,6 +34,8 @@ from common.launcher import failure_line, stop_line
 from conftest import REPO, TINY, refuse_in_process
 from test_reliability import _free_port, read_until, session_alive, start, wait_for
 
+pytestmark = pytest.mark.second_tier  # the longest scenarios: `python -m pytest -q -m second_tier`
+
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 # A test set of 512 synthetic images, global batch 32: 16 evaluation batches, on each rank of two as well.
 EVALUATE = [*TINY, "--synthetic_size", "2560", "--no_progress"]

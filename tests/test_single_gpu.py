@@ -86,6 +86,7 @@ def test_runs_from_its_own_folder_with_the_torchvision_loader(tmp_path):
     assert summary["test_acc"] is not None
 
 
+@pytest.mark.second_tier  # five epochs of training: the longest run of this file
 def test_synthetic_data_is_learnable(tmp_path):
     """The issue's bar: depth 8, alpha 12, 2048 synthetic images, 5 epochs on the CPU -> at least 90 % test acc."""
     done = run_script(SCRIPT, "--dataset", "synthetic", "--synthetic_size", "2048", "--depth", "8", "--alpha", "12",

@@ -57,6 +57,8 @@ import torch
 
 from conftest import REPO, TINY, read_results
 
+pytestmark = pytest.mark.second_tier  # the longest scenarios: `python -m pytest -q -m second_tier`
+
 SCRIPTS = {"single": REPO / "slurm" / "single_node.sbatch", "multi": REPO / "slurm" / "multi_node.sbatch"}
 TRAIN_ARGS = " ".join([*TINY, "--backend", "gloo"])
 
