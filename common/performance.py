@@ -198,6 +198,17 @@ def mfu(images_per_sec_per_gpu: float | None, flops: int, peak: float | None) ->
     return images_per_sec_per_gpu * flops / (peak * 1e12)
 
 
+def window_mfu(images_per_sec: float | None, gpus: int, flops: int | None,
+               peak: float | None) -> float | None:
+    """A log window's MFU, as mfu computes results.json's for the run: the window's global
+    images/s shared by the `gpus` GPUs that train the global batch, times the FLOPs of one
+    training image (forward and backward: flops_per_image), over one GPU's dense peak in TFLOP/s
+    (`peak`). None without a rate or a peak."""
+    if images_per_sec is None or peak is None:
+        return None
+    return mfu(images_per_sec / gpus, flops, peak)
+
+
 def speed_summary(cfg: Config, totals, timer, device: torch.device, devices: int,
                   compile_waits: dict | None = None) -> dict:
     """The run's speed figures for results.json, from its timed log windows (`totals`, a Sums) and its step timer.
