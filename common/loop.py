@@ -70,10 +70,10 @@ class Run:
         return peak_tflops(self.device, self.cfg.amp)
 
     @functools.cached_property
-    def flops(self) -> int | None:
-        """The FLOPs of one training image, counted once where a peak makes them an MFU (else
-        None)."""
-        return None if self.peak is None else flops_per_image(self.cfg)
+    def flops(self) -> int:
+        """The FLOPs of one training image, counted once (seconds for the full model): at the first
+        log window where a peak makes them an MFU, else for results.json."""
+        return flops_per_image(self.cfg)
 
     @property
     def checkpoint_dir(self) -> Path | None:
@@ -110,7 +110,7 @@ class Run:
         # step's rate by now)
         lr = self.cfg.effective_lr() * lr_factor(self.step - 1, self.cfg, len(self.train_loader))
         gpus = max(len(self.gpus), 1) * len(ranks or [0])  # what the global batch is split over
-        utilisation = window_mfu(rate, gpus, self.flops, self.peak)
+        utilisation = None if self.peak is None else window_mfu(rate, gpus, self.flops, self.peak)
         # first, and flushed: a window on the terminal is one in the event file
         scalars = window_scalars(sums, self.cfg.batch_size, lr, utilisation)
         self.logger.scalars(self.step, {**scalars, **device_scalars(gpu, ranks)})
@@ -146,7 +146,8 @@ class Run:
         process `group` the sync check (None where none was made) and each rank's wait for its node's first
         compile (`compile_waits`, by rank); then its speed line and where the results are."""
         summary = {
-            **speed_summary(self.cfg, self.totals, self.timer, self.device, devices, compile_waits),
+            **speed_summary(self.cfg, self.totals, self.timer, self.device, devices, compile_waits,
+                            self.flops),
             "gpu_util_mean": sum(self.gpu_util) / len(self.gpu_util) if self.gpu_util else None,
             "peak_mem_gb": max((peak.allocated for peak in peaks.values()), default=None),
             "peak_mem_reserved_gb": max((peak.reserved for peak in peaks.values()), default=None),
