@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from common.config import LATER_FLAGS, MODEL_FLAGS, Config, UsageError
+from common.metrics import Sums
 from common.optim import describe_lr
 from common.performance import describe_fast_path
 from common.state import load_file, load_model_state
@@ -369,6 +370,50 @@ def model_flags_of(file: Path, state) -> str | None:
     words = [word for name in MODEL_FLAGS if config[name] is not None
              for word in (f"--{name}", f"{config[name]:g}" if isinstance(config[name], float) else str(config[name]))]
     return f"{shlex.join(words)} (from {source})"
+
+
+def window_scalars(sums: Sums, global_batch: int, lr: float, mfu: float | None) -> dict:
+    """A log window's run-wide TensorBoard points, each tag naming its unit, each figure as the log
+    line prints it (window_line): the loss, the accuracy in %, the rate the window's last step
+    trained with, the step's seconds and its wait for data (seconds, and % of the step; the mean
+    over ranks in a process group), the global images/s, and MFU in % where the GPU's peak is
+    known (`mfu`: a fraction, as results.json's; None on the CPU, where no point is written)."""
+    return {"train/loss": sums.loss, "train/acc_pct": percent(sums.acc), "train/lr": lr,
+            **time_scalars(sums),
+            "throughput/images_per_s": sums.images_per_sec(global_batch),
+            "perf/mfu_pct": percent(mfu)}
+
+
+def time_scalars(sums: Sums, prefix: str = "") -> dict:
+    """`time/step_s`, `time/data_wait_s` (seconds per step) and `time/data_wait_pct` (% of the
+    step) of a window's Sums, under `prefix` (`rank/<r>/`: one rank's own)."""
+    return {f"{prefix}time/step_s": sums.batch_time, f"{prefix}time/data_wait_s": sums.data_time,
+            f"{prefix}time/data_wait_pct": percent(sums.data_frac)}
+
+
+def device_scalars(gpu: dict, ranks: dict[int, Sums] | None = None) -> dict:
+    """A window's points of each device: `gpu/<i>/util_pct` and `gpu/<i>/mem_used_gib` for the
+    GPUs one process drives (`gpu`: NVML's readings by CUDA index); in a process group (`ranks`:
+    each rank's own window, and `gpu` keyed by rank) `rank/<r>/time/...` and `rank/<r>/gpu/...`:
+    a value that belongs to a rank is named by it (GPU indices repeat on every node, ranks not)."""
+    scalars = {}
+    if ranks is None:
+        for i, reading in gpu.items():
+            scalars.update(gpu_scalars(f"gpu/{i}/", reading))
+    for rank, own in (ranks or {}).items():
+        scalars.update(time_scalars(own, f"rank/{rank}/"))
+        scalars.update(gpu_scalars(f"rank/{rank}/gpu/", gpu.get(rank, (None, None))))
+    return scalars
+
+
+def gpu_scalars(prefix: str, reading: tuple[float | None, float | None]) -> dict:
+    """NVML's (utilisation %, memory in use GiB) as `<prefix>util_pct`, `<prefix>mem_used_gib`."""
+    util, mem = reading
+    return {f"{prefix}util_pct": util, f"{prefix}mem_used_gib": mem}
+
+
+def percent(fraction: float | None) -> float | None:
+    return None if fraction is None else 100 * fraction
 
 
 def window_line(epoch: int, epochs: int, step: int, steps: int, loss: float, acc: float,

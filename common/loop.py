@@ -4,6 +4,7 @@ of a log window and an evaluation, the results summary, and the teardown. The lo
 every parallel call stay in each mode's train.py, where they are compared."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,10 +12,11 @@ import torch
 
 from common.checkpoint import StopSignals, extends, last_checkpoint_note, restore
 from common.config import Config
-from common.logger import Console, RunLogger, speed_line, window_line
+from common.logger import (Console, RunLogger, device_scalars, percent, speed_line, window_line,
+                           window_scalars)
 from common.metrics import RunClock, StepTimer, Sums, TrainMeter, check_loss
 from common.optim import lr_factor
-from common.performance import speed_summary
+from common.performance import flops_per_image, peak_tflops, speed_summary, window_mfu
 from common.telemetry import GpuTelemetry
 
 Test = tuple  # an evaluation: (loss, accuracy, images); (None, None, 0) before the first
@@ -60,6 +62,19 @@ class Run:
         return cls(cfg=cfg, device=device, gpus=gpus, timer=timer,
                    meter=TrainMeter(device), telemetry=GpuTelemetry(gpus), clock=RunClock(started), **parts)
 
+    @functools.cached_property
+    def peak(self) -> float | None:
+        """One GPU's dense peak for the run's dtype, for each window's MFU; None where none is
+        known (the CPU, a MIG slice, a GPU missing from the table: results.json's mfu_note says
+        which)."""
+        return peak_tflops(self.device, self.cfg.amp)
+
+    @functools.cached_property
+    def flops(self) -> int:
+        """The FLOPs of one training image, counted once (seconds for the full model): at the first
+        log window where a peak makes them an MFU, else for results.json."""
+        return flops_per_image(self.cfg)
+
     @property
     def checkpoint_dir(self) -> Path | None:
         """Where checkpoints go: the run folder, except under --benchmark (it measures speed only)."""
@@ -81,9 +96,12 @@ class Run:
                 f"schedule of {now} epochs (above), at {rate:g} now, where its {self.step} steps so far followed "
                 f"that of {before}, so it is not the run --epochs {now} trains from the start")
 
-    def record_window(self, epoch: int, index: int, sums: Sums, gpu: dict) -> None:
-        """A log window's totals (`sums`, over every rank) and GPU readings (`gpu`, by rank): added to the run's,
-        a NaN loss stopped before it reaches the logs, then TensorBoard, the log line and the progress bar."""
+    def record_window(self, epoch: int, index: int, sums: Sums, gpu: dict,
+                      ranks: dict | None = None) -> None:
+        """A log window's totals (`sums`, over every rank) and GPU readings (`gpu`: by CUDA index
+        in one process; by rank in a process group, which gives `ranks`, each rank's own Sums):
+        added to the run's, a NaN loss stopped before it reaches the logs, then TensorBoard, the
+        log line and the progress bar."""
         self.totals += sums
         self.gpu_util += [util for util, _ in gpu.values() if util is not None]
         check_loss(sums, self.meter, self.step, last_checkpoint_note(self.checkpoint_dir))
@@ -91,11 +109,11 @@ class Run:
         # the rate the window's last step trained with: a function of the step (the optimizer holds the next
         # step's rate by now)
         lr = self.cfg.effective_lr() * lr_factor(self.step - 1, self.cfg, len(self.train_loader))
-        self.logger.scalars(self.step, {  # first, and flushed: a window on the terminal is one in the event file
-            "train/loss": sums.loss, "train/acc": sums.acc, "train/lr": lr,
-            "time/batch": sums.batch_time, "time/data": sums.data_frac, "throughput/images_per_sec": rate,
-            **{f"gpu/util/{i}": util for i, (util, _) in gpu.items()},
-            **{f"gpu/mem_gb/{i}": mem for i, (_, mem) in gpu.items()}})
+        gpus = max(len(self.gpus), 1) * len(ranks or [0])  # what the global batch is split over
+        utilisation = None if self.peak is None else window_mfu(rate, gpus, self.flops, self.peak)
+        # first, and flushed: a window on the terminal is one in the event file
+        scalars = window_scalars(sums, self.cfg.batch_size, lr, utilisation)
+        self.logger.scalars(self.step, {**scalars, **device_scalars(gpu, ranks)})
         self.console.line(window_line(epoch, self.cfg.epochs, index, len(self.train_loader), sums.loss,
                                       sums.acc, sums.batch_time, sums.data_frac, rate))
         self.console.update(0, loss=f"{sums.loss:.3f}", acc=f"{100 * sums.acc:.1f}%", img_s=f"{rate or 0:.0f}")
@@ -109,7 +127,7 @@ class Run:
     def record_test(self, epoch: int, test: Test, epoch_seconds: float | None) -> None:
         """An epoch's test loss and accuracy, on the terminal and in TensorBoard."""
         self.test = test
-        self.logger.scalars(self.step, {"test/loss": test[0], "test/acc": test[1]})
+        self.logger.scalars(self.step, {"test/loss": test[0], "test/acc_pct": percent(test[1])})
         timed = "time not known" if epoch_seconds is None else f"{epoch_seconds:.1f}s"
         batches = len(self.train_loader)
         cut = "" if self.batch == batches else f" ({self.batch} of {batches} batches)"  # --max_steps
@@ -128,7 +146,8 @@ class Run:
         process `group` the sync check (None where none was made) and each rank's wait for its node's first
         compile (`compile_waits`, by rank); then its speed line and where the results are."""
         summary = {
-            **speed_summary(self.cfg, self.totals, self.timer, self.device, devices, compile_waits),
+            **speed_summary(self.cfg, self.totals, self.timer, self.device, devices, compile_waits,
+                            self.flops),
             "gpu_util_mean": sum(self.gpu_util) / len(self.gpu_util) if self.gpu_util else None,
             "peak_mem_gb": max((peak.allocated for peak in peaks.values()), default=None),
             "peak_mem_reserved_gb": max((peak.reserved for peak in peaks.values()), default=None),

@@ -187,6 +187,8 @@ class Sums:
     timed_steps = property(lambda self: int(self.values[3]))
     batch_time = property(lambda self: self.values[4] / self.values[3] if self.values[3] else None)
     data_frac = property(lambda self: self.values[5] / self.values[4] if self.values[3] else None)
+    # the mean data wait of a step, in seconds
+    data_time = property(lambda self: self.values[5] / self.values[3] if self.values[3] else None)
 
     def images_per_sec(self, global_batch: int) -> float | None:
         return global_batch / self.batch_time if self.values[3] else None

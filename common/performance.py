@@ -198,18 +198,30 @@ def mfu(images_per_sec_per_gpu: float | None, flops: int, peak: float | None) ->
     return images_per_sec_per_gpu * flops / (peak * 1e12)
 
 
+def window_mfu(images_per_sec: float | None, gpus: int, flops: int | None,
+               peak: float | None) -> float | None:
+    """A log window's MFU, as mfu computes results.json's for the run: the window's global
+    images/s shared by the `gpus` GPUs that train the global batch, times the FLOPs of one
+    training image (forward and backward: flops_per_image), over one GPU's dense peak in TFLOP/s
+    (`peak`). None without a rate or a peak."""
+    if images_per_sec is None or peak is None:
+        return None
+    return mfu(images_per_sec / gpus, flops, peak)
+
+
 def speed_summary(cfg: Config, totals, timer, device: torch.device, devices: int,
-                  compile_waits: dict | None = None) -> dict:
+                  compile_waits: dict | None = None, flops: int | None = None) -> dict:
     """The run's speed figures for results.json, from its timed log windows (`totals`, a Sums) and its step timer.
     `devices` is how many GPUs (or CPUs) the global batch is split over. `mfu_note` says why MFU is None.
     `compile_time_s`: this process's time compiling and recording CUDA graphs, from torch's compile callbacks
     (the timer's CompileClock; common/compiling.py says what is in it and what is not), None when the run is not
     compiled (0.0: this process had nothing to compile). `compile_wait_s`: the longest any rank waited for its
     node's first rank to compile a graph it then read from the cache (`compile_waits`, by rank), not compile
-    time; None outside a compiled process group."""
+    time; None outside a compiled process group. `flops`: flops_per_image(cfg), where the caller
+    counted it already (a count of the full model takes seconds)."""
     rate = totals.images_per_sec(cfg.batch_size)
     per_device = rate / devices if rate is not None else None
-    flops = flops_per_image(cfg)
+    flops = flops_per_image(cfg) if flops is None else flops
     p50, p90 = timer.percentiles()
     first = timer.first_step_seconds
     utilisation = mfu(per_device, flops, peak_tflops(device, cfg.amp))

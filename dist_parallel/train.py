@@ -187,6 +187,7 @@ def train_one_epoch(run: Run, epoch: int) -> None:
 def log_window(run: Run, epoch: int, index: int) -> Sums:
     """Read the window's totals (one host sync), report them, and take note of a stop signal."""
     totals = window_sums(run.meter, run.timer)
+    ranks = by_rank({0: Sums(totals.tolist())})  # each rank's own window (rank/<r>/ in TensorBoard)
     voted = totals.new_tensor(run.signals.vote())  # a signal to any rank stops all, with its name
     totals = torch.cat([totals, voted])
     dist.all_reduce(totals)  # images and correct predictions add up over ranks; so do the votes
@@ -194,7 +195,7 @@ def log_window(run: Run, epoch: int, index: int) -> Sums:
     values = totals.tolist()
     sums = Sums(values[:Sums.SIZE])
     gpu = by_rank(run.telemetry.window())  # every rank's GPU, keyed by rank
-    run.record_window(epoch, index, sums, gpu)  # the totals, a NaN check, TensorBoard, the log
+    run.record_window(epoch, index, sums, gpu, ranks)  # the totals, a NaN check, TensorBoard, log
     run.stop = StopSignals.agreed(values[Sums.SIZE:])  # the same signal on every rank
     return sums
 

@@ -68,7 +68,8 @@ def test_benchmark_times_exactly_the_benchmark_steps(tmp_path):
 
     results = read_results(run_dir)
     assert results["summary"]["steps"] == 16 and results["config"]["epochs"] == 4
-    assert len(read_scalars(run_dir)["time/batch"]) == 4  # one window per epoch's end (log_interval 4)
+    windows = read_scalars(run_dir)["time/step_s"]
+    assert len(windows) == 4  # one window per epoch's end (log_interval 4)
 
 
 def test_benchmark_and_evaluate_together_are_refused(tmp_path):

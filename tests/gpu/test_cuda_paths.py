@@ -118,7 +118,17 @@ def test_every_mode_runs_with_the_gpu_defaults(launched):
         assert summary["test_acc"] is not None and 0 <= summary["test_acc"] <= 1, name
         assert summary["gpu_util_mean"] is not None and summary["peak_mem_gb"] > 0, name
         assert torch.isfinite(torch.tensor(summary["train_loss"])), name
-        assert "gpu/util/0" in read_scalars(runs[name].run_dir), name
+        scalars = read_scalars(runs[name].run_dir)
+        # one process's GPUs by CUDA index; a process group's by rank (tests/test_tensorboard.py)
+        device = "gpu/0/" if name in ("single_gpu", "data_parallel") else "rank/0/gpu/"
+        assert f"{device}util_pct" in scalars and f"{device}mem_used_gib" in scalars, name
+        if summary["mfu"] is not None:  # a GPU in the peak table: each window's MFU, in %, by the
+            # same FLOPs, GPU count and peak as the run's: in proportion to the window's images/s
+            per_image_s = 100 * summary["mfu"] / summary["images_per_sec"]
+            rates = dict(scalars["throughput/images_per_s"])
+            expected = {step: per_image_s * rate for step, rate in rates.items()}
+            assert dict(scalars["perf/mfu_pct"]) == pytest.approx(expected, rel=1e-4), name
+    assert "rank/1/gpu/util_pct" in read_scalars(runs["gloo_shared"].run_dir)  # both ranks' GPU
     assert "over nccl" in outputs["nccl_sync_bn"] and "over gloo" in outputs["gloo_shared"]
     assert "identical on 2 ranks" in outputs["gloo_shared"]  # the sync check over the shared GPU
 
