@@ -96,6 +96,9 @@ class ProfileConfig(Config):
 
     def __post_init__(self):
         super().__post_init__()
+        if self.profile_steps:  # train.py's recording of its own steps: this script records --steps
+            raise UsageError(f"--profile_steps is train.py's: here give --steps "
+                             f"{self.profile_steps}")
         if self.compile and self.compile_mode in GRAPHED:
             raise UsageError(f"--compile_mode {self.compile_mode} replays the step as CUDA graphs, "
                              f"whose kernels have no operators to split them by: profile "

@@ -437,6 +437,11 @@ class Config:
     log_interval: int = flag(50, "optimizer steps per log window (a log line, TensorBoard points)", at_least=1)
     warmup_steps: int = flag(10, "first optimizer steps left out of the timing (cuDNN autotune, allocator)",
                              at_least=0)
+    profile_steps: int = flag(0, "record the N optimizer steps after --warmup_steps with "
+                                 "torch.profiler: each rank's trace goes to <run "
+                                 "folder>/trace_rank<r>.json, and results.json splits each "
+                                 "rank's step into compute, communication (hidden and "
+                                 "exposed), data, optimizer and the rest; 0 = off", at_least=0)
     save_model: bool = flag(False, "write the trained weights to <run folder>/model.pt")
     checkpoint_interval: int = flag(0, "write <run folder>/checkpoint.pt every N optimizer steps as well; 0 = at "
                                        "the end of every epoch only (and when stopped)", at_least=0)
@@ -464,6 +469,9 @@ class Config:
             (self.resume != "auto" or self.run_name, "--resume auto finds the run by its name: add --run_name "
                                                      "NAME (the same name on every restart)"),
             (not (self.benchmark and self.evaluate), "--benchmark trains and --evaluate does not: give one of them"),
+            (not (self.profile_steps and self.evaluate),
+             "--profile_steps records training steps and --evaluate trains none: give one of "
+             "them"),
             *[(self.compile or getattr(self, name) is None,  # a flag that would be ignored is refused
                f"--{name} {getattr(self, name)} does nothing without --compile: give --compile too, or leave "
                f"out --{name}")

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from common.breakdown import TRACE_NAME
 from common.config import LATER_FLAGS, MODEL_FLAGS, Config, UsageError
 from common.metrics import Sums
 from common.optim import describe_lr
@@ -27,14 +28,16 @@ SUMMARY_FIELDS = ("images_per_sec", "images_per_sec_per_gpu", "batch_time_p50", 
                   "flops_per_image", "parameters", "mfu", "mfu_note", "first_step_s", "compile_time_s",
                   "compile_wait_s", "gpu_util_mean", "peak_mem_gb", "peak_mem_reserved_gb", "train_loss",
                   "train_acc", "test_loss", "test_acc", "test_images", "epoch_time_s", "epoch_time_note",
-                  "wall_time_s", "steps")
+                  "wall_time_s", "steps",
+                  "breakdown", "breakdown_slowest_rank", "breakdown_steps", "breakdown_note")
 # What a resumed run reports of its last attempt alone: the figures of the hardware it ran on
 # (speed, utilisation, memory), that of results.json's `env` (a restart may run on other GPUs).
 # Every other figure covers the whole run. (The peak_mem_*_per_gpu are beside the summary.)
 ATTEMPT_FIELDS = ("images_per_sec", "images_per_sec_per_gpu", "batch_time_p50", "batch_time_p90",
                   "data_wait_frac", "mfu", "mfu_note", "first_step_s", "compile_time_s", "compile_wait_s",
                   "gpu_util_mean", "peak_mem_gb", "peak_mem_reserved_gb", "peak_mem_gb_per_gpu",
-                  "peak_mem_reserved_gb_per_gpu")
+                  "peak_mem_reserved_gb_per_gpu",
+                  "breakdown", "breakdown_slowest_rank", "breakdown_steps", "breakdown_note")
 # The figures that cover the whole run from the earlier attempts' history in the checkpoint: a
 # checkpoint without one leaves them to the last attempt too.
 HISTORY_FIELDS = ("train_loss", "train_acc", "epoch_time_s", "wall_time_s")
@@ -289,6 +292,14 @@ class RunLogger:
                    "env": environment(), "summary": summary, "resumed": resumed, **extra}
         path = self.run_dir / "results.json"
         write_atomically(path, lambda f: f.write(json.dumps(results, indent=2).encode()))
+        return path
+
+    def write_trace(self, rank: int, text: bytes | None) -> Path | None:
+        """A rank's profiler trace (Chrome trace JSON): <run folder>/trace_rank<rank>.json."""
+        if self.run_dir is None or text is None:
+            return None
+        path = self.run_dir / TRACE_NAME.format(rank=rank)
+        write_atomically(path, lambda f: f.write(text))
         return path
 
     def save_model(self, state_dict: dict) -> Path | None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from common.breakdown import StepProfiler, breakdown_line, slowest_rank, trace_text
 from common.checkpoint import StopSignals, extends, last_checkpoint_note, restore
 from common.config import Config
 from common.logger import (Console, RunLogger, device_scalars, percent, speed_line, window_line,
@@ -41,6 +42,7 @@ class Run:
     meter: TrainMeter
     telemetry: GpuTelemetry
     clock: RunClock  # the run's wall time and epoch times, over the attempts it is made of
+    profiler: StepProfiler  # --profile_steps: the steps after the warm-up, recorded and split
     signals: StopSignals = field(default_factory=StopSignals)  # from here on, a stop signal stops the run
     step: int = 0  # optimizer steps so far
     epoch: int = 0  # the epoch being trained (or to train next)
@@ -58,9 +60,12 @@ class Run:
     def start(cls, cfg: Config, device: torch.device, gpus: list[int], started: float, **parts) -> "Run":
         """The run's state at its first step: `parts` are the model, the loaders' training one, the optimizer
         and its schedule and scaler, the logger, the console and the run folder; the timers start here."""
-        timer = StepTimer(device, cfg.warmup_steps, gpus, cfg.compile_cache if cfg.compile else None)
-        return cls(cfg=cfg, device=device, gpus=gpus, timer=timer,
-                   meter=TrainMeter(device), telemetry=GpuTelemetry(gpus), clock=RunClock(started), **parts)
+        profiler = StepProfiler(cfg.profile_steps, cfg.warmup_steps, device)
+        cache = cfg.compile_cache if cfg.compile else None
+        timer = StepTimer(device, cfg.warmup_steps, gpus, cache, recorder=profiler)
+        return cls(cfg=cfg, device=device, gpus=gpus, timer=timer, meter=TrainMeter(device),
+                   telemetry=GpuTelemetry(gpus), clock=RunClock(started), profiler=profiler,
+                   **parts)
 
     @functools.cached_property
     def peak(self) -> float | None:
@@ -121,7 +126,10 @@ class Run:
     def end_epoch(self) -> float | None:
         """Stop the epoch's clock after its training: its seconds over every attempt that trained part
         of it (None: not known). An epoch that --max_steps cut short is paused, not counted as one of
-        the run's epochs: the attempt that resumes it goes on with its seconds."""
+        the run's epochs: the attempt that resumes it goes on with its seconds. The last epoch's end
+        ends --profile_steps' recording, if the run had fewer steps: no evaluation is recorded."""
+        if self.epoch + 1 >= self.cfg.epochs or self.cfg.reached_max_steps(self.step):
+            self.profiler.stop()
         return self.clock.end_epoch(whole=self.batch == len(self.train_loader))
 
     def record_test(self, epoch: int, test: Test, epoch_seconds: float | None) -> None:
@@ -140,11 +148,15 @@ class Run:
         self.console.line(f"{self.cfg.evaluate}: test loss {test[0]:.4f} acc {100 * test[1]:.2f}% "
                           f"({test[2]} images)")
 
-    def write_results(self, devices: int, peaks: dict, group: bool = False, compile_waits: dict | None = None):
+    def write_results(self, devices: int, peaks: dict, group: bool = False,
+                      compile_waits: dict | None = None, profiles: dict | None = None):
         """results.json: the run's speed over `devices` (GPUs or CPU processes), utilisation, peak memory of each
         GPU (`peaks`: allocated and reserved), its last epoch's training and test figures, its times, and in a
         process `group` the sync check (None where none was made) and each rank's wait for its node's first
-        compile (`compile_waits`, by rank); then its speed line and where the results are."""
+        compile (`compile_waits`, by rank); then its speed line and where the results are. With
+        --profile_steps, each rank's split of its profiled steps (`profiles`: by rank, what
+        StepProfiler.result() gives; this process's own by default), their traces beside it."""
+        profiles = profiles if profiles is not None else {0: self.profiler.result()}
         summary = {
             **speed_summary(self.cfg, self.totals, self.timer, self.device, devices, compile_waits,
                             self.flops),
@@ -159,7 +171,8 @@ class Run:
             "epoch_time_s": self.clock.epoch_time(),  # with wall_time_s: over every attempt
             "epoch_time_note": self.epoch_time_note(),
             "wall_time_s": self.clock.wall_time(),
-            "steps": self.step}
+            "steps": self.step,
+            **self.breakdown_summary(profiles)}
         if group:
             summary["params_in_sync"] = (self.sync or {}).get("params_in_sync")
             summary["buffers_max_abs_diff"] = (self.sync or {}).get("buffers_max_abs_diff")
@@ -167,9 +180,31 @@ class Run:
             summary, self.clock.attempts, extended=self.extended or None,
             peak_mem_gb_per_gpu={str(i): peak.allocated for i, peak in peaks.items()},
             peak_mem_reserved_gb_per_gpu={str(i): peak.reserved for i, peak in peaks.items()})
+        traces = [self.logger.write_trace(rank, trace_text(result))
+                  for rank, result in profiles.items()]
         if not self.cfg.evaluate:  # an evaluation trains no step to time
             self.console.line(speed_line(summary))
+        if summary["breakdown"]:
+            slowest, steps = summary["breakdown_slowest_rank"], summary["breakdown_steps"]
+            self.console.line(breakdown_line(summary["breakdown"], slowest, steps))
+        if summary["breakdown_note"]:
+            self.console.line(f"profile: {summary['breakdown_note']}")
+        if any(traces):
+            where = self.run_dir / "trace_rank*.json"
+            self.console.line(f"profiler traces in {where} (Perfetto, chrome://tracing)")
         self.console.line(f"results in {path}")
+
+    @staticmethod
+    def breakdown_summary(profiles: dict) -> dict:
+        """results.json's split of the profiled steps (--profile_steps, common/breakdown.py): each
+        rank's mean, in ms, keyed by the rank as text; the slowest rank; the steps split; and what
+        the figures are not, where fewer steps than asked were profiled (None where all were)."""
+        breakdown = {str(rank): result["breakdown"] for rank, result in sorted(profiles.items())
+                     if result["breakdown"] is not None}
+        steps = min((result["steps"] for result in profiles.values()), default=0)
+        notes = [result["note"] for result in profiles.values() if result["note"]]
+        return {"breakdown": breakdown or None, "breakdown_slowest_rank": slowest_rank(breakdown),
+                "breakdown_steps": steps or None, "breakdown_note": notes[0] if notes else None}
 
     def epoch_time_note(self) -> str | None:
         """What epoch_time_s is when it is not the mean of every epoch the run trained (None then): the
@@ -193,6 +228,7 @@ class Run:
         """The teardown, whatever ended the run: the signal handlers back, the NVML sampler stopped, the event
         file and the logs closed."""
         self.signals.restore()
+        self.profiler.close()  # a recording the run did not finish: stopped
         self.timer.close()  # torch's compile callbacks removed
         self.telemetry.close()
         self.logger.close()

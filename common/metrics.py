@@ -16,6 +16,7 @@ import time
 import numpy as np
 import torch
 
+from common.breakdown import StepProfiler
 from common.compiling import CompileClock
 from common.config import RunError
 
@@ -50,10 +51,14 @@ class StepTimer:
     """`timed(loader)` yields batches and marks the data wait; `step_done()` closes a step; `window()` syncs once
     and returns the window's (timed steps, step seconds, data seconds). Per-step times are kept for percentiles.
     When the warm-up ends, the peak memory of `gpus` is reset too, so that peak memory, like time, describes the
-    training step and not cuDNN's autotuning workspaces or torch.compile's first step."""
+    training step and not cuDNN's autotuning workspaces or torch.compile's first step. A `recorder`
+    (--profile_steps' StepProfiler) is told at the marks where each step starts, gets its batch and
+    ends."""
 
-    def __init__(self, device: torch.device, warmup_steps: int, gpus=(), compile_cache: str | None = None):
+    def __init__(self, device: torch.device, warmup_steps: int, gpus=(),
+                 compile_cache: str | None = None, recorder: StepProfiler | None = None):
         self.clock = _CudaClock() if device.type == "cuda" else _HostClock()
+        self.recorder = recorder or StepProfiler(0, warmup_steps, device)  # by default, none
         # a compiled run: its compile cache made ready, and the time torch spends compiling (common/compiling.py)
         self.compiling = CompileClock(compile_cache) if compile_cache else None
         self.warmup_steps = warmup_steps
@@ -69,19 +74,23 @@ class StepTimer:
     def timed(self, loader):
         iterator = iter(loader)
         while True:
+            self.recorder.starting(self.steps_seen + 1)  # may start the profiler: before the mark
             start = self.clock.mark()
             if self.steps_seen == 0:
                 self._first_start = time.perf_counter()
             try:
                 batch = next(iterator)
             except StopIteration:
+                self.recorder.no_batch()  # the epoch's end: no step
                 return
             self._marks = (start, self.clock.mark())
+            self.recorder.ready(self.steps_seen + 1)
             yield batch
 
     def step_done(self) -> None:
         self.steps_seen += 1
         done = self.clock.mark()
+        self.recorder.done()  # may stop the profiler and split its trace: after the mark
         if self.steps_seen == 1:
             self.clock.wait(done)
             self.first_step_seconds = time.perf_counter() - self._first_start

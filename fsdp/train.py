@@ -340,7 +340,9 @@ def finish(run: Run) -> int:
         run.console.line(f"weights saved to {run.logger.save_model(weights)}")
     peaks = by_rank(peak_memory_gb(run.gpus))  # each rank's GPU, keyed by rank
     waits = by_rank({0: getattr(run.timer.compiling, "waited", None)})  # for another's compile
-    run.write_results(devices=dist.get_world_size(), peaks=peaks, group=True, compile_waits=waits)
+    profiles = by_rank({0: run.profiler.result()})  # each rank's profiled steps and trace, by rank
+    run.write_results(devices=dist.get_world_size(), peaks=peaks, group=True, compile_waits=waits,
+                      profiles=profiles)
     return 0
 
 

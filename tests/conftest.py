@@ -108,7 +108,8 @@ def scalar_events(run_dir: Path) -> dict:
 # over the cores a file at a time (pytest.ini); started first, the long files do not leave one core working alone
 # at the end while the short ones fill in beside them.
 HEAVIEST_FIRST = ("test_parallel.py", "test_reliability.py", "test_compare.py", "test_compare_front_door.py",
-                  "test_tensorboard.py", "test_attempts.py", "test_fast_path.py", "test_signals.py", "test_models.py",
+                  "test_tensorboard.py", "test_attempts.py", "test_breakdown.py", "test_fast_path.py",
+                  "test_signals.py", "test_models.py",
                   "test_compile.py", "test_bad_input.py", "test_single_gpu.py", "test_slurm.py", "test_aligned_channels.py",
                   "test_imagefolder.py", "test_mnist.py", "test_vscode.py")
 

@@ -239,6 +239,7 @@ DOMAINS = {
     "overwrite": (["--overwrite"], []),
     "log_interval": (["1"], ["0"]),
     "warmup_steps": (["0"], ["-1", f"--benchmark --warmup_steps {2**62} --benchmark_steps {2**62}"]),
+    "profile_steps": (["0", "1"], ["-1"]),
     "save_model": (["--save_model"], []),
     "checkpoint_interval": (["0"], ["-1"]),
     "resume": (["--resume auto --run_name r", "checkpoint.pt", path_of(PATH_MAX)],

@@ -11,7 +11,7 @@ SUMMARY = {"images_per_sec", "images_per_sec_per_gpu", "batch_time_p50", "batch_
            "flops_per_image", "parameters", "mfu", "mfu_note", "first_step_s", "compile_time_s", "compile_wait_s", "gpu_util_mean",
            "peak_mem_gb", "peak_mem_reserved_gb", "train_loss", "train_acc", "test_loss", "test_acc", "test_images",
            "epoch_time_s", "epoch_time_note",
-           "wall_time_s", "steps"}
+           "wall_time_s", "steps", "breakdown", "breakdown_slowest_rank", "breakdown_steps", "breakdown_note"}
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,9 @@ resume); bf16 and fp16 autocast with fused SGD and the GradScaler (an fp16 overf
 channels_last; DataParallel's replica in bf16; CUDA-event timing against a synchronised host clock; NVML readings
 of the right GPU; peak memory without the warm-up. As a user runs them (subprocesses, several at once on the one
 GPU): every mode with the GPU defaults, one NCCL process with SyncBatchNorm, two Gloo ranks sharing the GPU,
---compile, a CPU checkpoint resumed on the GPU under fp16 and channels_last, SIGTERM, profile_step.py and
-compare.py with its GPU columns filled.
+--compile, a CPU checkpoint resumed on the GPU under fp16 and channels_last, SIGTERM,
+--profile_steps' split of the step from its kernels, profile_step.py and compare.py with its GPU
+columns filled.
 
 What one GPU cannot show: NCCL between GPUs (NCCL refuses two ranks on one GPU), SyncBatchNorm across GPUs,
 DataParallel's scatter and replica threads over several GPUs, scaling. Their mechanisms are tested on the CPU.
@@ -42,6 +43,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
 CUDA = torch.device("cuda", 0)
 # TINY without its --loader: on a GPU every default is the GPU's (gpu loader, bf16 or fp16, channels_last)
 GPU_TINY = [arg for arg in TINY if arg not in ("--loader", "gpu")]
+# every timed step profiled (--profile_steps): the split's steps are those the run's images/s times
+PROFILED = ["--benchmark", "--warmup_steps", "2", "--benchmark_steps", "4", "--profile_steps", "4"]
 
 
 def config(*flags) -> Config:
@@ -89,6 +92,9 @@ def launched(tmp_path_factory):
                                  "--save_model"),
         "compiled": Launch(folder, "compiled", "single_gpu/train.py", *GPU_TINY, "--compile", "--benchmark",
                            "--warmup_steps", "2", "--benchmark_steps", "6", "--log_interval", "2"),
+        "breakdown": Launch(folder, "breakdown", "single_gpu/train.py", *GPU_TINY, *PROFILED),
+        "breakdown_gloo": Launch(folder, "breakdown_gloo", "dist_parallel/train.py", *GPU_TINY,
+                                 *PROFILED, "--backend", "gloo", "--gpu_devices", "0", "0"),
         "profile": Launch(folder, "profile", "benchmarks/profile_step.py", "--depth", "8", "--alpha", "12",
                           "--batch_size", "32", "--steps", "2", "--warmup_steps", "1", "--out",
                           folder / "profile.json"),
@@ -195,6 +201,29 @@ def test_profile_step_splits_a_gpu_step(launched):
     if report["roofline"] is not None:  # a GPU of known peak and bandwidth
         assert 0 < report["roofline"]["op_by_op_share"] < 1
         assert 0 < report["roofline"]["training_fused_share"] < 1
+
+
+def test_the_step_breakdown_comes_from_the_kernels(launched):
+    """--profile_steps on a GPU: the step split from the kernels on their streams
+    (common/breakdown.py), the parts adding up to the step the CUDA events timed (every timed step
+    is profiled here: within 5 %), and gloo's collectives over CUDA tensors counted as
+    communication on both ranks sharing the GPU."""
+    finished(launched, "breakdown", "breakdown_gloo")
+    _, runs, _ = launched
+    parts = ("compute_ms", "comm_exposed_ms", "data_ms", "optimizer_ms", "other_ms")
+    for name, ranks in (("breakdown", {"0"}), ("breakdown_gloo", {"0", "1"})):
+        results = read_results(runs[name].run_dir)
+        summary, batch = results["summary"], results["config"]["batch_size"]
+        assert set(summary["breakdown"]) == ranks and summary["breakdown_steps"] == 4, name
+        for rank, figures in summary["breakdown"].items():
+            added = sum(figures[part] for part in parts)
+            assert added == pytest.approx(figures["step_ms"]), (name, rank)
+            assert figures["compute_ms"] > 0 and figures["optimizer_ms"] > 0, (name, rank)
+            assert (figures["comm_ms"] > 0) == (name == "breakdown_gloo"), (name, rank)
+            trace = json.loads((runs[name].run_dir / f"trace_rank{rank}.json").read_text())
+            assert any(event.get("cat") == "kernel" for event in trace["traceEvents"]), (name, rank)
+        mean_step = sum(f["step_ms"] for f in summary["breakdown"].values()) / len(ranks)
+        assert mean_step == pytest.approx(1e3 * batch / summary["images_per_sec"], rel=0.05), name
 
 
 def test_sigterm_on_the_gpu_checkpoints_and_exits(tmp_path):

@@ -1,0 +1,396 @@
+"""Where each rank's training step goes, measured. `--profile_steps N` records the N steps after
+the warm-up (--warmup_steps) with torch's profiler; each rank's trace is written beside the run as
+trace_rank<r>.json (Chrome trace JSON, as torch's export_chrome_trace writes it), and from that
+trace every recorded step is split into
+
+    compute       a kernel computing (GPU); the training thread inside an operator (CPU)
+    comm          communication in total, hidden or not: NCCL kernels (GPU), gloo's collectives
+    comm_exposed  the part of comm during which nothing else of the step runs: the step waits
+    data          the wait for the next batch, and the kernels the loader launches in it
+    optimizer     Optimizer.step and Optimizer.zero_grad (on a GPU: the kernels they launch)
+    other         the rest: kernel launches, Python, waits on nothing recorded
+
+Every instant of a step goes to the first of data, optimizer, compute and communication that holds
+it, else to other: compute + comm_exposed + data + optimizer + other is the step exactly, and
+comm - comm_exposed is the communication hidden behind other work (DDP's all-reduce behind the
+backward pass).
+
+The step is the StepTimer's (common/metrics.py): from the moment it waits for its batch to the end
+of its work. The timer marks it in the trace as two ranges, "data wait <n>" then "train step <n>"
+(n: the step's number in this attempt); a data wait that no train step follows is an epoch's end.
+
+On a GPU the figures come from the device's timeline: the kernels, copies and memsets on their
+streams, each tied to the call that launched it (the trace's `correlation`). NCCL kernels, and the
+peer-to-peer copies by which DataParallel scatters and gathers between GPUs, are communication; a
+kernel launched inside the data wait is data, one launched inside the optimizer's ranges is the
+optimizer's, any other is compute. The step runs on the device from its start on the host, or from
+the end of the work launched before it if that is later, to the end of the last work it launched,
+or its end on the host if that is later: what the StepTimer's CUDA events measure.
+
+On the CPU everything runs on threads. The training thread computes while it is inside an
+operator: the innermost range it is in is an operator (its own time, a convolution's included),
+not a range of Python's such as FSDP's, where it waits. Communication is a collective's call on
+that thread (c10d::allreduce_, c10d::_allgather_base_, c10d::_reduce_scatter_base_ ...) and its
+work on gloo's own threads (gloo:all_reduce, gloo:all_gather; gloo runs a reduce-scatter as an
+all-reduce). DDP's wait for its last bucket after the backward pass runs no operator: while gloo's
+thread works then, that communication is exposed.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import tempfile
+import zlib
+from pathlib import Path
+
+import torch
+
+DATA = "data wait"  # the StepTimer's wait for step n's batch: "data wait <n>"
+STEP = "train step"  # the rest of step n, from its batch to its end: "train step <n>"
+OPTIMIZER = ("Optimizer.step#", "Optimizer.zero_grad#")  # torch's ranges around optimizer calls
+COMM = re.compile(r"^(c10d::|gloo:|nccl:|mpi:)|nccl|memcpy ptop", re.IGNORECASE)  # and GPU to GPU
+GLOO = "gloo:"  # gloo's own threads doing a collective: gloo:all_reduce, gloo:all_gather
+DEVICE = ("kernel", "gpu_memcpy", "gpu_memset")  # the trace's categories of work on a GPU
+FIELDS = ("step_ms", "compute_ms", "comm_ms", "comm_exposed_ms", "data_ms", "optimizer_ms",
+          "other_ms")
+TRACE_NAME = "trace_rank{rank}.json"  # in the run folder
+
+
+# --------------------------------------------------------------------------- interval arithmetic
+def merged(intervals) -> list[tuple[float, float]]:
+    """The union of (start, end) intervals, as sorted disjoint intervals; empty ones dropped."""
+    union = []
+    for start, end in sorted(intervals):
+        if end <= start:
+            continue
+        if union and start <= union[-1][1]:
+            union[-1] = (union[-1][0], max(union[-1][1], end))
+        else:
+            union.append((start, end))
+    return union
+
+
+def intersect(first: list, second: list) -> list[tuple[float, float]]:
+    """Where two unions (merged) overlap."""
+    both, i, j = [], 0, 0
+    while i < len(first) and j < len(second):
+        start, end = max(first[i][0], second[j][0]), min(first[i][1], second[j][1])
+        if start < end:
+            both.append((start, end))
+        if first[i][1] < second[j][1]:
+            i += 1
+        else:
+            j += 1
+    return both
+
+
+def subtract(first: list, second: list) -> list[tuple[float, float]]:
+    """`first` (merged) without `second` (merged)."""
+    left, skip = [], 0
+    for start, end in first:
+        while skip < len(second) and second[skip][1] <= start:  # cuts that end before it
+            skip += 1
+        cut = skip
+        while cut < len(second) and second[cut][0] < end:
+            if second[cut][0] > start:
+                left.append((start, second[cut][0]))
+            start = max(start, second[cut][1])
+            cut += 1
+        if start < end:
+            left.append((start, end))
+    return left
+
+
+def length(intervals: list) -> float:
+    return sum(end - start for start, end in intervals)
+
+
+def split(window: tuple[float, float], parts: dict) -> dict[str, float]:
+    """`window`'s time given to `parts` (name -> merged intervals) in their order of priority:
+    each instant to the first part that holds it, the rest to "other". The shares add up to the
+    window."""
+    left, shares = [window], {}
+    for name, intervals in parts.items():
+        shares[name] = length(intersect(left, intervals))
+        left = subtract(left, intervals)
+    shares["other"] = length(left)
+    return shares
+
+
+# ----------------------------------------------------------------------------- the trace's steps
+def _range(event) -> tuple[float, float]:
+    return event["ts"], event["ts"] + event["dur"]
+
+
+def _thread(event) -> tuple:
+    return event.get("pid"), event.get("tid")
+
+
+def _numbered(event, prefix: str) -> int | None:
+    """n of the StepTimer's range named "<prefix> <n>"; None for any other event."""
+    name = event.get("name", "")
+    if event.get("cat") != "user_annotation" or not name.startswith(prefix + " "):
+        return None
+    number = name[len(prefix) + 1:]
+    return int(number) if number.isdigit() else None
+
+
+def recorded_steps(events: list) -> list[dict]:
+    """The whole steps among a trace's complete ("X") events, in order: each one's interval, its
+    data wait's, and its thread (pid, tid)."""
+    waits, steps = {}, {}
+    for event in events:
+        if (number := _numbered(event, DATA)) is not None:
+            waits.setdefault(number, []).append(event)
+        elif (number := _numbered(event, STEP)) is not None:
+            steps[number] = event
+    found = []
+    for number, step in sorted(steps.items()):
+        before = [wait for wait in waits.get(number, []) if wait["ts"] <= step["ts"]]
+        if not before:  # its wait for data began before the recording did: not a whole step
+            continue
+        wait = max(before, key=lambda event: event["ts"])  # an earlier one was an epoch's end
+        found.append({"number": number, "window": (wait["ts"], _range(step)[1]),
+                      "data": _range(wait), "thread": _thread(step)})
+    return found
+
+
+def _is_comm(event) -> bool:
+    return COMM.search(event.get("name", "")) is not None
+
+
+def innermost(events: list) -> list[tuple[float, float, dict]]:
+    """The ranges of one thread (nested) as the pieces of time each holds itself, inside none of
+    the others: (start, end, event), in order."""
+    pieces, stack, cursor = [], [], -math.inf  # stack: (end, event), the innermost last
+    for event in sorted(events, key=lambda event: (event["ts"], -event["dur"])) + [None]:
+        at = math.inf if event is None else event["ts"]
+        while stack and stack[-1][0] <= at:  # the ranges that end before this one starts
+            end, closed = stack.pop()
+            if cursor < end:
+                pieces.append((cursor, end, closed))
+            cursor = max(cursor, end)
+        if event is None:
+            break
+        if stack and cursor < at:
+            pieces.append((cursor, at, stack[-1][1]))
+        cursor = max(cursor, at)
+        end = at + event["dur"]
+        stack.append((min(end, stack[-1][0]) if stack else end, event))  # inside its parent
+    return pieces
+
+
+def host_parts(events: list, thread: tuple) -> dict:
+    """The host's share of the split, for the training thread `thread`: its optimizer ranges; its
+    time inside an operator (compute: the innermost range is an operator, not a collective's call);
+    the communication, on it (a collective's call) and on gloo's threads; and gloo's alone."""
+    own = [event for event in events if _thread(event) == thread
+           and event.get("cat") in ("cpu_op", "user_annotation")]
+    calls = merged(_range(event) for event in own
+                   if event.get("cat") == "cpu_op" and _is_comm(event))
+    gloo = merged(_range(event) for event in events
+                  if event.get("name", "").startswith(GLOO) and _thread(event) != thread)
+    operators = merged((start, end) for start, end, event in innermost(own)
+                       if event.get("cat") == "cpu_op" and not _is_comm(event))
+    optimizer = merged(_range(event) for event in own if event.get("cat") == "user_annotation"
+                       and event.get("name", "").startswith(OPTIMIZER))
+    return {"optimizer": optimizer, "compute": subtract(operators, calls),
+            "comm": merged(calls + gloo), "gloo": gloo}
+
+
+def device_ops(events: list) -> list[dict]:
+    """The work on the GPUs: each kernel, copy and memset, whether it is communication, and when
+    it was launched (None: before the recording began)."""
+    launched = {event["args"]["correlation"]: event["ts"] for event in events
+                if event.get("cat") not in DEVICE and "correlation" in event.get("args", {})}
+    return [{"start": event["ts"], "end": event["ts"] + event["dur"], "comm": _is_comm(event),
+             "launched": launched.get(event.get("args", {}).get("correlation"))}
+            for event in events if event.get("cat") in DEVICE]
+
+
+def device_step(step: dict, ops: list, host: dict) -> tuple:
+    """On a GPU: the step's interval on the device, and its data, optimizer, compute and comm
+    intervals there (gloo's collectives on the host are communication too: gloo over CUDA)."""
+    start, end = step["window"]
+    earlier = [op["end"] for op in ops if op["launched"] is None or op["launched"] < start]
+    own = [op["end"] for op in ops if op["launched"] is not None and start <= op["launched"] <= end]
+    window = (max([start, *earlier]), max([end, *own]))
+    kinds = {"data": [step["data"]], "optimizer": [], "compute": [], "comm": list(host["gloo"])}
+    for op in ops:
+        if op["end"] <= window[0] or op["start"] >= window[1]:
+            continue
+        launched = op["launched"]
+        if op["comm"]:
+            kind = "comm"
+        elif launched is not None and step["data"][0] <= launched <= step["data"][1]:
+            kind = "data"
+        elif launched is not None and any(a <= launched <= b for a, b in host["optimizer"]):
+            kind = "optimizer"
+        else:
+            kind = "compute"
+        kinds[kind].append((op["start"], op["end"]))
+    return window, {kind: merged(intervals) for kind, intervals in kinds.items()}
+
+
+def step_breakdowns(trace: dict) -> list[dict]:
+    """Each whole step of a Chrome trace (as export_chrome_trace writes it), split in milliseconds
+    (the trace's times are microseconds): {step_ms, compute_ms, comm_ms, comm_exposed_ms, data_ms,
+    optimizer_ms, other_ms}. From the GPUs' work where the trace has any, else from the threads."""
+    events = [event for event in trace.get("traceEvents", [])
+              if event.get("ph") == "X" and isinstance(event.get("dur"), (int, float))]
+    ops = device_ops(events)
+    threads, result = {}, []  # threads: each training thread's host_parts, found once
+    for step in recorded_steps(events):
+        if step["thread"] not in threads:
+            threads[step["thread"]] = host_parts(events, step["thread"])
+        host = threads[step["thread"]]
+        if ops:
+            window, parts = device_step(step, ops, host)
+        else:
+            window, parts = step["window"], {**host, "data": [step["data"]]}
+        order = ("data", "optimizer", "compute", "comm")  # who holds an instant two parts share
+        shares = split(window, {name: parts[name] for name in order})
+        milliseconds = {"step": window[1] - window[0], "compute": shares["compute"],
+                        "comm": length(intersect([window], parts["comm"])),
+                        "comm_exposed": shares["comm"], "data": shares["data"],
+                        "optimizer": shares["optimizer"], "other": shares["other"]}
+        result.append({f"{name}_ms": value / 1e3 for name, value in milliseconds.items()})
+    return result
+
+
+def mean_breakdown(steps: list[dict]) -> dict | None:
+    """The mean of each figure over the steps; None without a step."""
+    if not steps:
+        return None
+    return {name: sum(step[name] for step in steps) / len(steps) for name in FIELDS}
+
+
+def slowest_rank(breakdown: dict | None) -> str | None:
+    """The rank whose mean step is the longest (a straggler: the others wait for it)."""
+    if not breakdown:
+        return None
+    return max(breakdown, key=lambda rank: breakdown[rank]["step_ms"])
+
+
+def breakdown_line(breakdown: dict, rank: str, steps: int) -> str:
+    """`profile of 3 steps, rank 1 (the slowest): step 45.1 ms = compute 30.2 + communication
+    exposed 3.1 (of 12.0) + data 0.4 + optimizer 2.0 + other 9.4`."""
+    ms = {name: f"{value:.1f}" for name, value in breakdown[rank].items()}
+    slowest = " (the slowest)" if len(breakdown) > 1 else ""
+    return (f"profile of {steps} step{'s' * (steps != 1)}, rank {rank}{slowest}: step "
+            f"{ms['step_ms']} ms = compute {ms['compute_ms']} + communication exposed "
+            f"{ms['comm_exposed_ms']} (of {ms['comm_ms']}) + data {ms['data_ms']} + optimizer "
+            f"{ms['optimizer_ms']} + other {ms['other_ms']}")
+
+
+# ---------------------------------------------------------------------------------- the recording
+class StepProfiler:
+    """Records this attempt's steps warmup_steps + 1 to warmup_steps + `steps` with torch's
+    profiler, as the StepTimer tells it: `starting(n)` before step n's first mark, `ready(n)` once
+    its batch is there, `no_batch()` when the epoch had none left, `done()` after its last mark.
+    The profiler starts before the first recorded step's mark and stops after the last one's,
+    outside the timed steps (or at `stop()`, when the training ends first); its trace is then
+    exported, split (step_breakdowns) and kept, compressed, for `result()`. No shapes, stacks or
+    memory are recorded: only what the split needs, so that the recorded steps keep the pace of
+    the others."""
+
+    def __init__(self, steps: int, warmup_steps: int, device: torch.device):
+        self.asked, self.first, self.device = steps, warmup_steps + 1, device
+        self.profile = None
+        self.open = []  # the ranges open now, the innermost last
+        self.recorded = 0  # steps done under the profiler
+        self.stopped = steps == 0
+        self.steps, self.trace = [], None  # the split steps; the trace's JSON, compressed
+
+    def starting(self, step: int) -> None:
+        if self.stopped or step < self.first:
+            return
+        if self.profile is None:
+            self._start()
+        self._open(f"{DATA} {step}")
+
+    def ready(self, step: int) -> None:
+        if self.open:
+            self._close()
+            self._open(f"{STEP} {step}")
+
+    def no_batch(self) -> None:
+        while self.open:
+            self._close()
+
+    def done(self) -> None:
+        if not self.open:
+            return
+        self._close()
+        self.recorded += 1
+        if self.recorded == self.asked:
+            self.stop()
+
+    def _start(self) -> None:
+        from torch.autograd import profiler
+
+        if self.device.type != "cuda":  # kineto's "gpuGetDeviceCount failed": there is no GPU
+            os.environ.setdefault("KINETO_LOG_LEVEL", "5")
+        # torch.autograd's profiler is the engine of torch.profiler.profile, which imports inductor
+        # (seconds) when it starts, to read a setting of CUDA graphs
+        self.profile = profiler.profile(use_cpu=True, use_kineto=True,
+                                        use_device="cuda" if self.device.type == "cuda" else None)
+        self.profile.__enter__()
+
+    def _open(self, name: str) -> None:
+        from torch.autograd import profiler
+
+        scope = profiler.record_function(name)
+        scope.__enter__()
+        self.open.append(scope)
+
+    def _close(self) -> None:
+        self.open.pop().__exit__(None, None, None)
+
+    def stop(self) -> None:
+        """Stop recording (if it is under way), export the trace, split its steps."""
+        self.stopped = True
+        if self.profile is None:
+            return
+        self.no_batch()
+        self.profile.__exit__(None, None, None)
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "trace.json"
+            self.profile.export_chrome_trace(str(path))
+            text = path.read_bytes()
+        self.profile = None
+        self.steps = step_breakdowns(json.loads(text))
+        self.trace = zlib.compress(text, 6)
+
+    def result(self) -> dict:
+        """This rank's mean breakdown (None without a step), its trace (compressed; None without
+        one), the steps split, and what the figures are not when they are fewer than asked."""
+        self.stop()
+        return {"breakdown": mean_breakdown(self.steps), "trace": self.trace,
+                "steps": len(self.steps), "note": self.note()}
+
+    def note(self) -> str | None:
+        if not self.asked or len(self.steps) == self.asked:
+            return None
+        first, last = self.first, self.first + self.asked - 1
+        if not self.steps:
+            return (f"no step profiled: --profile_steps records steps {first} to {last}, after the "
+                    f"{first - 1} warm-up steps (--warmup_steps), and the run ended before step "
+                    f"{first}")
+        return (f"{len(self.steps)} of the {self.asked} steps --profile_steps asked for were "
+                f"profiled: the run ended after step {first + self.recorded - 1}")
+
+    def close(self) -> None:
+        """A run that ends with an error: the profiler stopped, nothing exported."""
+        while self.open:
+            self._close()
+        if self.profile is not None:
+            self.profile.__exit__(None, None, None)
+            self.profile = None
+
+
+def trace_text(result: dict) -> bytes | None:
+    """A rank's trace (result()'s), as the JSON text to write."""
+    return None if result["trace"] is None else zlib.decompress(result["trace"])

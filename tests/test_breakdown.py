@@ -1,0 +1,324 @@
+"""--profile_steps: each rank's step split into compute, communication (in total and exposed), data,
+optimizer and the rest, from torch.profiler's own trace (common/breakdown.py).
+
+The split itself on small Chrome traces made here in the format torch's exporter writes: a GPU step
+from its kernels on their streams (NCCL kernels beside compute kernels, copies between two GPUs), a
+CPU step from its threads (the training thread's operators, gloo's thread, an FSDP wait inside a
+range of its own), and an epoch's end, which is no step. Then on real runs, as a user starts them:
+results.json and the traces beside it, the parts adding up to the step the run's own timer measured
+(within 5 %), two gloo processes of DDP whose --bucket_cap_mb moves communication from exposed to
+hidden, FSDP's all-gathers and reduce-scatters, a run shorter than the steps asked for. The GPU's
+own run is in tests/gpu."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from common.breakdown import FIELDS, mean_breakdown, merged, split, step_breakdowns
+from conftest import TINY, read_results, refuse_in_process, run_script, train_in_process
+
+PARTS = ("compute_ms", "comm_exposed_ms", "data_ms", "optimizer_ms", "other_ms")  # sum: step_ms
+MAIN = dict(pid=100, tid=100)  # the training thread
+GLOO = dict(pid=100, tid=101)  # one of gloo's threads
+
+
+def range_(name: str, ts: float, dur: float, cat: str = "user_annotation", where=MAIN,
+           **args) -> dict:
+    """A complete event ("X") as kineto writes it: times in microseconds."""
+    event = {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, **where}
+    return {**event, "args": args} if args else event
+
+
+def launch(correlation: int, ts: float) -> dict:
+    """A kernel's launch on the training thread (cudaLaunchKernel, its correlation id)."""
+    return range_("cudaLaunchKernel", ts, 1, cat="cuda_runtime", correlation=correlation, cbid=211)
+
+
+def kernel(name: str, correlation: int, ts: float, dur: float, stream: int = 7, device: int = 0,
+           cat: str = "kernel") -> dict:
+    """Work on a GPU: kineto gives it the device as pid and the stream as tid."""
+    return range_(name, ts, dur, cat=cat, where=dict(pid=device, tid=stream),
+                  correlation=correlation, device=device, stream=stream)
+
+
+def trace(*events) -> dict:
+    process = {"ph": "M", "name": "process_name", "pid": 100, "tid": 0, "args": {"name": "python"}}
+    return {"schemaVersion": 1, "traceEvents": [process, *events]}
+
+
+def assert_adds_up(figures: dict) -> None:
+    assert sum(figures[part] for part in PARTS) == pytest.approx(figures["step_ms"], rel=1e-9)
+    assert figures["comm_exposed_ms"] <= figures["comm_ms"] + 1e-9
+
+
+def in_ms(**microseconds) -> dict:
+    return {name: value / 1e3 for name, value in microseconds.items()}
+
+
+# ------------------------------------------------------------------------------ the split, by hand
+def test_a_gpu_step_is_split_from_its_kernels_on_their_streams():
+    """The step on the device runs from the end of the work launched before it (a kernel of the
+    step before, still running when the step began on the host) to the end of its last kernel (the
+    optimizer's, after the host was done). The all-reduce on NCCL's stream is hidden while compute
+    kernels run beside it and exposed after them; a kernel launched inside the data wait is data,
+    one launched inside Optimizer.step the optimizer's; the gaps between kernels are the rest."""
+    events = trace(
+        range_("data wait 7", 0, 10), range_("train step 7", 10, 90),  # on the host: 0 to 100 us
+        range_("Optimizer.step#SGD.step", 80, 15),
+        launch(1, -5), kernel("void at::native::elementwise_kernel<>", 1, 0, 15),  # step 6's
+        launch(2, 5), kernel("void at::native::crop_flip_kernel", 2, 15, 3),  # the gpu loader's
+        launch(3, 12), kernel("sm90_xmma_fprop_implicit_gemm_bf16", 3, 20, 30),
+        launch(4, 14), kernel("sm90_xmma_dgrad_implicit_gemm_bf16", 4, 50, 20),
+        launch(5, 30), kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage)",
+                              5, 40, 40, stream=20),
+        launch(6, 82), kernel("void at::native::multi_tensor_apply_kernel<>", 6, 85, 20),
+        range_("data wait 7", 0, 10, cat="gpu_user_annotation", where=dict(pid=0, tid=7)),
+    )
+    (step,) = step_breakdowns(events)
+    assert step == pytest.approx(in_ms(step_ms=90, compute_ms=50, comm_ms=40, comm_exposed_ms=10,
+                                       data_ms=3, optimizer_ms=20, other_ms=7))
+    assert_adds_up(step)
+
+
+def test_data_parallel_copies_between_gpus_are_communication():
+    """DataParallel on two GPUs, in one trace: the scatter's peer-to-peer copy and the replicas'
+    broadcast (NCCL) are communication; a kernel on either GPU is compute, so communication is
+    exposed only where no GPU computes."""
+    events = trace(
+        range_("data wait 3", 0, 5), range_("train step 3", 5, 95),
+        launch(1, 6), kernel("Memcpy PtoP (Device -> Device)", 1, 10, 10, cat="gpu_memcpy"),
+        launch(2, 7), kernel("ncclKernel_Broadcast_RING_LL_Sum_int8_t(ncclDevComm*, ncclWork*)",
+                             2, 15, 10, stream=13),
+        launch(3, 8), kernel("implicit_convolve_sgemm", 3, 25, 40, device=0),
+        launch(4, 9), kernel("implicit_convolve_sgemm", 4, 20, 30, device=1),
+        launch(5, 60), kernel("Memcpy PtoP (Device -> Device)", 5, 65, 15, device=1,
+                              cat="gpu_memcpy"),
+    )
+    (step,) = step_breakdowns(events)
+    assert step == pytest.approx(in_ms(step_ms=100, compute_ms=45, comm_ms=30, comm_exposed_ms=25,
+                                       data_ms=5, optimizer_ms=0, other_ms=25))
+    assert_adds_up(step)
+
+
+def test_a_cpu_step_is_split_from_its_threads():
+    """On the CPU the training thread computes inside its operators (an operator's own time, as a
+    convolution's whose only child is an allocation); gloo's all-reduce beside them is hidden, and
+    exposed where the training thread waits in no operator (DDP's wait after backward) or inside a
+    range that is none (FSDP's). A collective's call on the training thread is communication."""
+    events = trace(
+        range_("data wait 4", 0, 10), range_("train step 4", 10, 190),  # 0 to 200 us
+        range_("aten::conv2d", 12, 40, cat="cpu_op"),
+        range_("aten::mkldnn_convolution", 14, 36, cat="cpu_op"),
+        range_("aten::empty", 15, 2, cat="cpu_op"),  # inside: the convolution's own time counts
+        range_("autograd::engine::evaluate_function: ConvolutionBackward0", 60, 40, cat="cpu_op"),
+        range_("c10d::allreduce_", 70, 5, cat="cpu_op"),  # DDP's call from its hook
+        range_("gloo:all_reduce", 75, 60, cat="gloo", where=GLOO),  # exposed 100-122, 130-135
+        range_("FSDP::post_backward_reduce (0)", 120, 40),  # no operator: it waits
+        range_("aten::div_", 122, 8, cat="cpu_op"),
+        range_("Optimizer.step#SGD.step", 170, 20),
+        range_("aten::add_", 172, 10, cat="cpu_op"),
+    )
+    (step,) = step_breakdowns(events)
+    assert step == pytest.approx(in_ms(step_ms=200, compute_ms=83, comm_ms=65, comm_exposed_ms=32,
+                                       data_ms=10, optimizer_ms=20, other_ms=55))
+    assert_adds_up(step)
+
+
+def test_an_epoch_end_is_no_step_and_steps_are_averaged():
+    """A wait for data that no batch ended (the epoch's last) is no step: the step is the next wait
+    with its number, after the evaluation between the epochs. Steps are averaged; a step whose wait
+    began before the recording did is left out."""
+    events = trace(
+        range_("train step 1", 0, 50),  # its wait was not recorded
+        range_("data wait 2", 60, 10), range_("train step 2", 70, 30),
+        range_("data wait 3", 110, 5),  # the epoch's end
+        range_("aten::conv2d", 120, 500, cat="cpu_op"),  # the evaluation
+        range_("data wait 3", 700, 20), range_("train step 3", 720, 60),
+        range_("aten::conv2d", 730, 40, cat="cpu_op"),
+    )
+    steps = step_breakdowns(events)
+    assert [step["step_ms"] for step in steps] == pytest.approx([0.04, 0.08])
+    assert mean_breakdown(steps) == pytest.approx(in_ms(
+        step_ms=60, compute_ms=20, comm_ms=0, comm_exposed_ms=0, data_ms=15, optimizer_ms=0,
+        other_ms=25))
+    assert mean_breakdown([]) is None
+
+
+def test_the_parts_of_any_overlap_add_up_to_the_window():
+    """Whatever the intervals, every instant of the window goes to one part: the first with it."""
+    draw = random.Random(31)
+    for _ in range(200):
+        starts = {name: [draw.uniform(-10, 100) for _ in range(draw.randrange(5))]
+                  for name in ("data", "optimizer", "compute", "comm")}
+        parts = {name: merged((start, start + draw.uniform(0, 30)) for start in starts[name])
+                 for name in starts}
+        shares = split((0.0, 100.0), parts)
+        assert sum(shares.values()) == pytest.approx(100.0)
+        assert all(share >= 0 for share in shares.values())
+
+
+# ------------------------------------------------------------------------------------- real runs
+# A PyramidNet with enough weights (0.3 M) for DDP to split them over several buckets of 0.1 MB, on
+# a batch small enough for a step of a fraction of a second. --benchmark: no evaluation, no
+# checkpoint; every timed step profiled.
+GROUP = ["--dataset", "synthetic", "--synthetic_size", "64", "--depth", "8", "--alpha", "96",
+         "--batch_size", "8", "--loader", "gpu", "--num_workers", "0", "--log_interval", "50",
+         "--benchmark", "--warmup_steps", "1", "--benchmark_steps", "3", "--profile_steps", "3",
+         "--no_progress"]
+
+
+def group_run(tmp_path_factory, script: str, name: str, *flags):
+    """A 2-process gloo run of `script` as a user starts it (its own launcher)."""
+    log_dir = tmp_path_factory.mktemp(name)
+    done = run_script(script, *GROUP, "--nproc_per_node", 2, *flags, "--log_dir", log_dir,
+                      "--run_name", name)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return log_dir / name, done
+
+
+@pytest.fixture(scope="module")
+def one_bucket(tmp_path_factory):
+    """DDP with every gradient in one bucket: its all-reduce starts once backward has ended."""
+    return group_run(tmp_path_factory, "dist_parallel/train.py", "one_bucket",
+                     "--bucket_cap_mb", 1000)
+
+
+def measured_step_ms(summary: dict, batch_size: int) -> float:
+    """The run's own measure of its timed steps (its StepTimer's, averaged over the ranks)."""
+    return 1e3 * batch_size / summary["images_per_sec"]
+
+
+def test_results_carry_each_ranks_breakdown_and_the_traces_lie_beside_them(one_bucket):
+    run_dir, done = one_bucket
+    summary = read_results(run_dir)["summary"]
+    breakdown = summary["breakdown"]
+    assert set(breakdown) == {"0", "1"}
+    assert all(set(figures) == set(FIELDS) for figures in breakdown.values())
+    assert summary["breakdown_steps"] == 3 and summary["breakdown_note"] is None
+    slowest = summary["breakdown_slowest_rank"]
+    assert breakdown[slowest]["step_ms"] == max(each["step_ms"] for each in breakdown.values())
+    assert f"profile of 3 steps, rank {slowest} (the slowest): step " in done.stdout
+    for rank, figures in breakdown.items():
+        assert_adds_up(figures)
+        assert figures["compute_ms"] > 0 and figures["comm_ms"] > 0, rank  # DDP's, on gloo
+        # the file written is the trace that was split: Chrome trace JSON, the steps named in it
+        written = json.loads((run_dir / f"trace_rank{rank}.json").read_text())
+        names = {event.get("name") for event in written["traceEvents"]}
+        assert {"data wait 2", "train step 2", "train step 4", "gloo:all_reduce"} <= names, rank
+        assert mean_breakdown(step_breakdowns(written)) == pytest.approx(figures), rank
+
+
+def test_the_parts_add_up_to_the_step_the_run_measured(one_bucket):
+    """Every timed step is profiled here, so the run's images/s is the same steps' StepTimer: the
+    parts of the profiled steps, added up and averaged over the ranks, are that step within 5 %."""
+    run_dir, _ = one_bucket
+    results = read_results(run_dir)
+    breakdown, batch = results["summary"]["breakdown"], results["config"]["batch_size"]
+    added = [sum(figures[part] for part in PARTS) for figures in breakdown.values()]
+    measured = measured_step_ms(results["summary"], batch)
+    assert sum(added) / len(added) == pytest.approx(measured, rel=0.05)
+
+
+def test_small_buckets_hide_the_communication_one_bucket_exposes(one_bucket, tmp_path_factory):
+    """With every gradient in one bucket, DDP all-reduces them once the backward pass is over:
+    nearly all of that communication is exposed. With buckets of 0.1 MB, each is all-reduced while
+    the backward pass goes on with the layers below: more of it is hidden, on every rank. (On two
+    processes sharing two cores, gloo's many small all-reduces take longer in all, and each waits
+    for the other rank, so the milliseconds exposed need not fall: the share exposed and the
+    milliseconds hidden are what the buckets move.)"""
+    small_dir, _ = group_run(tmp_path_factory, "dist_parallel/train.py", "small_buckets",
+                             "--bucket_cap_mb", 0.1)
+    runs = {"one": read_results(one_bucket[0])["summary"]["breakdown"],
+            "small": read_results(small_dir)["summary"]["breakdown"]}
+    for rank in ("0", "1"):
+        exposed = {name: run[rank]["comm_exposed_ms"] / run[rank]["comm_ms"]
+                   for name, run in runs.items()}
+        hidden = {name: run[rank]["comm_ms"] - run[rank]["comm_exposed_ms"]
+                  for name, run in runs.items()}
+        assert exposed["one"] > exposed["small"], (rank, exposed)
+        assert hidden["small"] > hidden["one"], (rank, hidden)
+
+
+def collectives(run_dir, rank: str = "0") -> dict:
+    """The all-gathers and reduce-scatters a rank's trace holds in its first recorded step."""
+    events = json.loads((run_dir / f"trace_rank{rank}.json").read_text())["traceEvents"]
+    wait = next(event for event in events if event.get("name") == "data wait 2")
+    step = next(event for event in events if event.get("name") == "train step 2")
+    inside = [event["name"] for event in events
+              if event.get("ph") == "X" and wait["ts"] <= event["ts"] <= step["ts"] + step["dur"]]
+    names = ("c10d::_allgather_base_", "c10d::_reduce_scatter_base_")
+    return {name: inside.count(name) for name in names}
+
+
+@pytest.fixture(scope="module")
+def fsdp_resharded(tmp_path_factory):
+    return group_run(tmp_path_factory, "fsdp/train.py", "fsdp_resharded")
+
+
+def test_fsdp_reports_its_all_gathers_and_reduce_scatters(fsdp_resharded):
+    """FSDP on gloo: each block's parameters all-gathered before its forward and again before its
+    backward (resharded after forward, the default), its gradients reduce-scattered; on the CPU
+    FSDP waits for each where it issues it (no CUDA streams to overlap them on): exposed."""
+    run_dir, _ = fsdp_resharded
+    summary = read_results(run_dir)["summary"]
+    for rank, figures in summary["breakdown"].items():
+        assert_adds_up(figures)
+        assert figures["comm_ms"] > 0 and figures["comm_exposed_ms"] > 0, rank
+    counts = collectives(run_dir)
+    assert counts["c10d::_allgather_base_"] == 2 * counts["c10d::_reduce_scatter_base_"] > 0, counts
+
+
+@pytest.mark.second_tier
+def test_fsdp_without_resharding_gathers_half_as_often(fsdp_resharded, tmp_path_factory):
+    """--no_reshard_after_forward keeps the gathered parameters for the backward pass: one
+    all-gather per block and step instead of two, the reduce-scatters unchanged."""
+    kept_dir, _ = group_run(tmp_path_factory, "fsdp/train.py", "fsdp_kept",
+                            "--no_reshard_after_forward")
+    resharded, kept = collectives(fsdp_resharded[0]), collectives(kept_dir)
+    assert kept["c10d::_reduce_scatter_base_"] == resharded["c10d::_reduce_scatter_base_"]
+    assert 2 * kept["c10d::_allgather_base_"] == resharded["c10d::_allgather_base_"]
+    for figures in read_results(kept_dir)["summary"]["breakdown"].values():
+        assert figures["comm_ms"] > 0
+        assert_adds_up(figures)
+
+
+# ------------------------------------------------------------------------ one process, in process
+def test_one_process_has_one_rank_and_no_communication(tmp_path):
+    """data_parallel on the CPU (DataParallel wraps nothing there): rank "0" alone, no
+    communication, its trace beside results.json, its parts adding up to the step it measured."""
+    done = train_in_process("data_parallel/train.py", *TINY, "--benchmark", "--benchmark_steps", 3,
+                            "--profile_steps", 3, "--log_dir", tmp_path, "--run_name", "dp")
+    assert done.returncode == 0, done.stderr
+    summary = read_results(tmp_path / "dp")["summary"]
+    assert list(summary["breakdown"]) == ["0"] and summary["breakdown_slowest_rank"] == "0"
+    figures = summary["breakdown"]["0"]
+    assert figures["comm_ms"] == 0 and figures["compute_ms"] > 0 and figures["optimizer_ms"] > 0
+    assert_adds_up(figures)
+    assert figures["step_ms"] == pytest.approx(measured_step_ms(summary, 32), rel=0.05)
+    assert (tmp_path / "dp" / "trace_rank0.json").is_file()
+    assert "profiler traces in" in done.stdout
+
+
+@pytest.mark.parametrize("max_steps, profiled, said", [
+    (3, 2, "2 of the 5 steps --profile_steps asked for were profiled: the run ended after step 3"),
+    (1, 0, "no step profiled: --profile_steps records steps 2 to 6, after the 1 warm-up steps "
+           "(--warmup_steps), and the run ended before step 2")])
+def test_a_run_shorter_than_the_steps_asked_for_says_so(tmp_path, max_steps, profiled, said):
+    done = train_in_process("single_gpu/train.py", *TINY, "--max_steps", max_steps,
+                            "--profile_steps", 5, "--log_dir", tmp_path, "--run_name", "short")
+    assert done.returncode == 0, done.stderr
+    summary = read_results(tmp_path / "short")["summary"]
+    assert summary["breakdown_note"] == said and f"profile: {said}" in done.stdout
+    assert summary["breakdown_steps"] == (profiled or None)
+    assert (summary["breakdown"] is None) == (profiled == 0)
+    assert (tmp_path / "short" / "trace_rank0.json").is_file() == (profiled > 0)
+
+
+def test_profiling_an_evaluation_is_refused(tmp_path):
+    done = refuse_in_process("single_gpu/train.py", *TINY, "--evaluate", tmp_path / "model.pt",
+                             "--profile_steps", 3)
+    assert done.returncode == 2
+    assert done.stderr == ("error: --profile_steps records training steps and --evaluate trains "
+                           "none: give one of them\n")
