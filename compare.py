@@ -59,14 +59,14 @@ from common import performance  # noqa: E402
 from common.data import dataset_info, load_datasets  # noqa: E402
 from common.rules import machine_refusal  # noqa: E402
 from comparison import environment as machine  # noqa: E402
-from comparison.matrix import (BACKENDS, GROUP_MODES, MODES, Cores, check_runs, command,  # noqa: E402
-                               config_class, cores_here, plan)
+from comparison.matrix import (BACKENDS, GROUP_MODES, MODES, Cores,  # noqa: E402
+                               check_runs, command, config_class, cores_here, plan)
 from comparison.projection import fsdp_units, gradient_bytes, memory_projection  # noqa: E402
 from comparison.report import (  # noqa: E402
-    EARLIER_PICTURES, PICTURES, TABLE_HEADER, TABLE_NOTE, Outcome, breakdown_section, environment_section,
-    fabric_of_runs, findings, fill_rows, fmt_seconds, groups, listed, memory_section, model_line, model_title,
-    oversubscription_title, projection_inputs, projection_section, recommendation, run_config, table_row,
-    untimed_note, write_csv, write_file)
+    EARLIER_PICTURES, PICTURES, TABLE_HEADER, TABLE_NOTE, Outcome, breakdown_section,
+    environment_section, fabric_of_runs, findings, fill_rows, fmt_seconds, groups, listed,
+    memory_section, model_line, model_title, oversubscription_title, projection_inputs,
+    projection_section, recommendation, run_config, table_row, untimed_note, write_csv, write_file)
 from comparison.runner import (  # noqa: E402
     run_all, signal_name, signal_of, signals_deferred, start, stop_signals)
 from comparison.verify import Verification, defaults as verify_defaults  # noqa: E402
@@ -97,9 +97,10 @@ class CompareConfig:
                                                            "keeping them to backward (off, ZeRO-2-like), or both",
                                                   nargs="+", choices=("on", "off"))
     repeat: int = flag(1, "runs of each configuration; the report gives mean ± std", at_least=1)
-    profile_steps: int = flag(3, "steps of every run recorded by torch.profiler after the warm-up: the report splits "
-                                 "each rank's step into compute, communication hidden and exposed, data and "
-                                 "optimizer; 0: off", at_least=0)
+    profile_steps: int = flag(3, "steps of every run recorded by torch.profiler after the "
+                                 "warm-up: the report splits each rank's step into compute, "
+                                 "communication hidden and exposed, data and optimizer; 0: off",
+                              at_least=0)
     epochs: int = flag(0, "0: --benchmark runs (synthetic data, speed only); N: train N epochs on --dataset and "
                           "compare test accuracy too", at_least=0)
     batch_per_gpu: int | None = flag(None, "images per GPU in every run, so the global batch grows with the GPUs "
@@ -182,8 +183,8 @@ def resolve(cc: CompareConfig, train: dict, cuda: bool, gpus_here: int, group_on
 
 MARKER = ".pytorch-multigpu-comparison"  # written first into every --out; --overwrite looks for it
 # what compare.py writes into --out: what --overwrite removes there, and nothing else
-WRITTEN = (MARKER, "report.md", "projection.md", "results.csv", *PICTURES, *EARLIER_PICTURES, "verify.md",
-           "verify.json", "logs", "runs")
+WRITTEN = (MARKER, "report.md", "projection.md", "results.csv", *PICTURES, *EARLIER_PICTURES,
+           "verify.md", "verify.json", "logs", "runs")
 
 
 def output_folder(cc: CompareConfig) -> Path:
@@ -481,9 +482,11 @@ def plan_matrix(cc: CompareConfig, train: dict, group_flags: dict[str, list[str]
 
 
 def profiling_flag() -> bool:
-    """Whether every train.py here takes --profile_steps (compare.py passes its own on to every run): the runs
-    then record the split of their steps that the report's "Where a step goes" shows."""
-    return all(any(f.name == "profile_steps" for f in dataclasses.fields(config_class(mode))) for mode in MODES)
+    """Whether every train.py here takes --profile_steps (compare.py passes its own on to every
+    run): the runs then record the split of their steps that the report's "Where a step goes"
+    shows."""
+    return all(any(f.name == "profile_steps" for f in dataclasses.fields(config_class(mode)))
+               for mode in MODES)
 
 
 def run_matrix(cc: CompareConfig, argv: list[str], train: dict, shared: list[str],
@@ -535,9 +538,9 @@ def oversubscription_warning(runs: list, cores: Cores) -> str | None:
         return None
     counts = listed(sorted({str(run.gpus) for run in crowded}, key=int))
     return (f"compare: warning: {max(run.gpus for run in crowded)} CPU processes on "
-            f"{cores.available} cores oversubscribe this machine (runs of {counts} processes): their "
-            f"speed will measure the contention, not the parallelism; --gpu_counts up to {cores.fit} "
-            f"keeps a core for every thread")
+            f"{cores.available} cores oversubscribe this machine (runs of {counts} processes): "
+            f"their speed will measure the contention, not the parallelism; --gpu_counts up to "
+            f"{cores.fit} keeps a core for every thread")
 
 
 def progress(outcome: Outcome) -> str:

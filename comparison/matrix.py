@@ -153,9 +153,10 @@ def cpu_threads() -> int:
 
 @dataclass(frozen=True)
 class Cores:
-    """The CPU cores a comparison's CPU runs share, and the intra-op threads each of their processes takes (one
-    run at a time: a run's processes are all there is). More threads than cores oversubscribe the machine: the
-    processes take turns, and the run's speed measures that contention, not the parallelism."""
+    """The CPU cores a comparison's CPU runs share, and the intra-op threads each of their
+    processes takes (one run at a time: a run's processes are all there is). More threads than
+    cores oversubscribe the machine: the processes take turns, and the run's speed measures that
+    contention, not the parallelism."""
     available: int
     threads: int
 
@@ -165,15 +166,18 @@ class Cores:
         return max(1, self.available // self.threads)
 
     def crowded(self, runs) -> list[PlannedRun]:
-        """The CPU runs among `runs` with more threads than cores (a GPU run is never refused for it: its
-        processes wait on their GPUs)."""
-        return [run for run in runs if run.unit == "cpu" and run.gpus * self.threads > self.available]
+        """The CPU runs among `runs` with more threads than cores (a GPU run's processes wait on
+        their GPUs, not on the cores)."""
+        return [run for run in runs
+                if run.unit == "cpu" and run.gpus * self.threads > self.available]
 
 
 def cores_here() -> Cores:
-    """This process's cores (those it may run on, as a container or taskset allows) and cpu_threads()."""
-    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return Cores(available, cpu_threads())
+    """This process's cores (those it may run on, as a container or taskset allows) and
+    cpu_threads()."""
+    if hasattr(os, "sched_getaffinity"):
+        return Cores(len(os.sched_getaffinity(0)), cpu_threads())
+    return Cores(os.cpu_count() or 1, cpu_threads())
 
 
 def check_runs(runs: list[PlannedRun], shared: list[str], group_flags: dict[str, list[str]],

@@ -3,15 +3,17 @@
 - images_per_sec.png: global images/s by GPU count, a line per configuration (mode, backend, --amp, SyncBN,
   ZeRO-2);
 - scaling_efficiency.png: speedup over single_gpu ÷ GPUs by GPU count, and the projection's curves beside it;
-- step_breakdown.png: where a step goes, a stacked bar per configuration from the profiler's split (compute,
-  exposed communication, data, optimizer, other; the communication hidden behind compute hatched over the compute
-  it overlapped, not added), drawn from report.step_split, the function the report's split table and sentences use;
+- step_breakdown.png: where a step goes, a stacked bar per configuration from the profiler's
+  split (compute, exposed communication, data, optimizer, other; the communication hidden behind
+  compute hatched over the compute it overlapped, not added), drawn from report.step_split, the
+  function the report's split table and its sentences use;
 - memory_per_gpu.png: each GPU's peak memory, grouped per configuration (only when the runs measured it: GPUs).
 
-With --repeat, a point or bar is the mean over the repeats and the error bar their standard deviation; each
-picture says how many runs it averages. Failed runs are left out. A step is the mean of the timed steps, as in the
-report's table. CPU runs with more processes than cores are shaded as oversubscribed. Every figure is built by a
-function that returns it, so its axes can be checked before it is saved.
+With --repeat, a point or bar is the mean over the repeats and the error bar their standard
+deviation; each picture says how many runs it averages. Failed runs are left out. A step is the
+mean of the timed steps, as in the report's table. CPU runs with more processes than cores are
+shaded as oversubscribed. Every figure is built by a function that returns it, so its axes can be
+checked before it is saved.
 """
 from __future__ import annotations
 
@@ -28,8 +30,8 @@ from matplotlib.ticker import NullLocator  # noqa: E402
 
 from comparison.matrix import Cores  # noqa: E402
 from comparison.projection import FABRICS, projected_efficiency  # noqa: E402
-from comparison.report import (PART_NAMES, PICTURES, SPLIT_PARTS, groups, measured, step_split,  # noqa: E402
-                               write_file)
+from comparison.report import (PART_NAMES, PICTURES, SPLIT_PARTS, groups, measured,  # noqa: E402
+                               step_split, write_file)
 
 PART_COLOURS = {"compute_ms": "#4c72b0", "comm_exposed_ms": "#dd5555", "data_ms": "#9a9a9a",
                 "optimizer_ms": "#55a868", "other_ms": "#e0c060"}
@@ -102,9 +104,10 @@ def gpu_axis(ax, counts, cuda: bool) -> None:
 
 
 def shade_oversubscribed(ax, counts, cores: Cores | None) -> None:
-    """Shade the GPU counts drawn that oversubscribe the CPU (more threads than cores), labelled so in the legend:
-    their speed measures contention. Call once the x axis is set: the span starts halfway (geometrically on a log
-    axis) between the last count that fits and the first that does not."""
+    """Shade the GPU counts drawn that oversubscribe the CPU (more threads than cores), labelled
+    so in the legend: their speed measures contention. Call once the x axis is set: the span starts
+    halfway (geometrically on a log axis) between the last count that fits and the first that does
+    not."""
     counts = sorted(set(counts))
     crowded = [n for n in counts if n > (cores.fit if cores else max(counts))]
     if not crowded:
@@ -139,7 +142,8 @@ def finish(fig: Figure, ax) -> Figure:
 
 
 # ---------------------------------------------------------------------------------------------------- the figures
-def throughput_figure(outcomes, device: str, cuda: bool, cores: Cores | None = None) -> Figure | None:
+def throughput_figure(outcomes, device: str, cuda: bool,
+                      cores: Cores | None = None) -> Figure | None:
     lines = series(outcomes, "images_per_sec")
     if not lines:
         return None
@@ -189,11 +193,12 @@ def projected_curves(projection: dict) -> dict[tuple, list[str]]:
 
 
 def breakdown_figure(outcomes, device: str) -> Figure | None:
-    """Where a step goes: a horizontal stacked bar per configuration (the report's order, first on top) of the parts
-    report.step_split gives, in ms per step (the mean over ranks of the profiled steps), each part's value written
-    on it where it is wide enough, the profiled step at the bar's end (± its std over the runs); the communication
-    hidden behind compute as a hatched outline over the compute it overlapped, not added. A configuration that
-    recorded no split keeps its place, marked "not recorded". None where none recorded one."""
+    """Where a step goes: a horizontal stacked bar per configuration (the report's order, first on
+    top) of the parts report.step_split gives, in ms per step (the mean over ranks of the profiled
+    steps), each part's value written on it where it is wide enough, the profiled step at the bar's
+    end (± its std over the runs); the communication hidden behind compute as a hatched outline
+    over the compute it overlapped, not added. A configuration that recorded no split keeps its
+    place, marked "not recorded". None where none recorded one."""
     splits = [(m, step_split(m)) for m in measured(outcomes)]
     if not any(split for _, split in splits):
         return None
@@ -206,25 +211,29 @@ def breakdown_figure(outcomes, device: str) -> Figure | None:
         left = 0.0
         for part in SPLIT_PARTS:
             value = split.parts[part]
-            ax.barh(y, value, left=left, height=0.6, color=PART_COLOURS[part], label=PART_NAMES[part])
-            if value >= 0.07 * widest:
-                ax.text(left + value / 2, y, f"{value:.1f}", ha="center", va="center", fontsize=8, color="white")
+            ax.barh(y, value, left=left, height=0.6, color=PART_COLOURS[part],
+                    label=PART_NAMES[part])
+            if value >= 0.07 * widest:  # wide enough for its figure
+                ax.text(left + value / 2, y, f"{value:.1f}", ha="center", va="center", fontsize=8,
+                        color="white")
             left += value
         if split.hidden_ms > 0:
-            ax.barh(y, split.hidden_ms, left=0.0, height=0.6, fill=False, hatch="///", edgecolor="black",
-                    linewidth=0.8, label=HIDDEN)
+            ax.barh(y, split.hidden_ms, left=0.0, height=0.6, fill=False, hatch="///",
+                    edgecolor="black", linewidth=0.8, label=HIDDEN)
         if split.step_std_ms:
             ax.errorbar(left, y, xerr=split.step_std_ms, color="black", capsize=3)
-        ax.text(left + split.step_std_ms + 0.01 * widest, y, f"{split.step_ms:.1f} ms", va="center", fontsize=8)
+        ax.text(left + split.step_std_ms + 0.01 * widest, y, f"{split.step_ms:.1f} ms",
+                va="center", fontsize=8)
     names = [f"{m.name()}\n{m.per_gpu_batch} images" + (" each" if m.run.gpus > 1 else "")
              for m, _ in splits]
     ax.set_yticks(range(len(splits)), names, fontsize=8)
-    ax.set_ylim(len(splits) - 0.5, -0.5)  # the first configuration on top, as in the report's table
+    ax.set_ylim(len(splits) - 0.5, -0.5)  # the first configuration on top, as in the table
     ax.set_xlim(0, 1.15 * widest)  # room for the step's label at the widest bar's end
     handles = dict(zip(*reversed(ax.get_legend_handles_labels())))  # one entry per part drawn
     order = [PART_NAMES[part] for part in SPLIT_PARTS] + [HIDDEN]
     shown = [name for name in order if name in handles]
-    fig.legend([handles[name] for name in shown], shown, fontsize=8, ncol=3, loc="lower center", frameon=False)
+    fig.legend([handles[name] for name in shown], shown, fontsize=8, ncol=3, loc="lower center",
+               frameon=False)
     ax.set_xlabel("ms per step (mean over ranks of the profiled steps)")
     ax.grid(True, axis="x", alpha=0.3)
     counts = sorted({split.runs for _, split in splits if split})
@@ -270,15 +279,18 @@ def pictures_section(outcomes, pictures: list[Path]) -> list[str]:
     if not pictures:
         return ["No run that succeeded timed a step, so there are no pictures."]
     lines = [" ".join(f"![{p.stem.replace('_', ' ')}]({p.name})" for p in pictures), "",
-             f"Each point or bar is one configuration: {averaged(configurations(outcomes))} (failed runs left "
-             "out), the error bars their standard deviation; images/s and scaling efficiency are the table's "
-             "(the mean of the timed steps)."]
+             "Each point or bar is one configuration: "
+             f"{averaged(configurations(outcomes))} (failed runs left out), the error bars their "
+             "standard deviation; images/s and scaling efficiency are the table's (the mean of the "
+             "timed steps)."]
     if any(p.name == "step_breakdown.png" for p in pictures):
-        lines[-1] += (" *step breakdown* draws the split of \"Where a step goes\" (the mean over ranks of the "
-                      "profiled steps): compute, exposed communication, data, optimizer and the rest, stacked; the "
-                      "communication hidden behind compute hatched over the compute it overlapped, not added.")
+        lines[-1] += (" *step breakdown* draws the split of \"Where a step goes\" (the mean "
+                      "over ranks of the profiled steps): compute, exposed communication, data, "
+                      "optimizer and the rest, stacked; the communication hidden behind compute "
+                      "hatched over the compute it overlapped, not added.")
     else:
-        lines[-1] += " There is no step breakdown picture: no run recorded the split of its step (above)."
+        lines[-1] += (" There is no step breakdown picture: no run recorded the split of its step "
+                      "(above).")
     if not any(p.name == "memory_per_gpu.png" for p in pictures):
         lines[-1] += " There is no memory picture: peak memory is measured on GPUs only."
     return lines
@@ -286,8 +298,8 @@ def pictures_section(outcomes, pictures: list[Path]) -> list[str]:
 
 def figures(outcomes, device: str, cuda: bool, projection: dict | None,
             cores: Cores | None = None) -> dict[str, Figure]:
-    """{file name: figure} of every picture there is something to draw for. `cores`: the CPU's, which CPU runs
-    with more processes oversubscribe (shaded); None: not shaded."""
+    """{file name: figure} of every picture there is something to draw for. `cores`: the CPU's,
+    which CPU runs with more processes oversubscribe (shaded); None: not shaded."""
     made = dict(zip(PICTURES, (throughput_figure(outcomes, device, cuda, cores),
                                efficiency_figure(outcomes, device, cuda, projection, cores),
                                breakdown_figure(outcomes, device),

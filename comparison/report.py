@@ -1,14 +1,15 @@
-"""From the runs' results.json files to the comparison: one CSV row per run; report.md, answers first: one table row
-per configuration (mean ± std over repeats of one named statistic per column), what the table says in sentences
-computed from its figures (whether the fastest configuration can be told apart from the rest, the scaling, the
-run-to-run spread, the failed runs), where a step goes on every rank (the profiler's measured split of the step:
-compute, communication hidden and exposed, data, optimizer), then the pictures and the environment; and
+"""From the runs' results.json files to the comparison: one CSV row per run; report.md, answers
+first: one table row per configuration (mean ± std over repeats of one named statistic per
+column), what the table says in sentences computed from its figures (whether the fastest
+configuration can be told apart from the rest, the scaling, the run-to-run spread, the failed
+runs), where a step goes on every rank (the profiler's measured split of the step: compute,
+communication hidden and exposed, data, optimizer), then the pictures and the environment; and
 projection.md beside it, the projections past this machine (scaling, memory), labelled so.
 
-Every figure of a step is the MEAN of the timed steps: the table's step, images/s (global batch ÷ that step), the
-epoch of 50k, the sentences, the pictures and results.csv. The split of a step is the mean over ranks of the
-profiled steps (`summary.breakdown`); one function (step_split) computes what the split's table, its sentences
-and step_breakdown.png show."""
+Every figure of a step is the MEAN of the timed steps: the table's step, images/s (global batch ÷
+that step), the epoch of 50k, the sentences, the pictures and results.csv. The split of a step is
+the mean over ranks of the profiled steps (`summary.breakdown`); one function (step_split)
+computes what the split's table, its sentences and step_breakdown.png show."""
 from __future__ import annotations
 
 import csv
@@ -47,19 +48,23 @@ class Outcome:
 # the parts a step splits into (summary.breakdown's keys): they add up to the profiled step
 SPLIT_PARTS = ("compute_ms", "comm_exposed_ms", "data_ms", "optimizer_ms", "other_ms")
 SPLIT_KEYS = ("step_ms", *SPLIT_PARTS, "comm_ms")
-COLUMNS = ("run", "mode", "gpus", "backend", "amp", "sync_bn", "reshard_after_forward", "repeat", "status", "error",
-           "global_batch", "per_gpu_batch", "step_time_mean_s", "batch_time_p50_s", "batch_time_p90_s",
-           "epoch_time_50k_s", "images_per_sec", "images_per_sec_per_gpu", "speedup", "scaling_efficiency",
-           "data_wait_frac", "gpu_util_mean", "peak_mem_gb_per_gpu", "peak_mem_reserved_gb_per_gpu", "mfu",
+SPLIT_COLUMNS = ("ranks", *(f"split_{key}" for key in SPLIT_KEYS), "split_comm_hidden_ms",
+                 "split_work_ms_per_rank", "split_slowest_rank")
+COLUMNS = ("run", "mode", "gpus", "backend", "amp", "sync_bn", "reshard_after_forward", "repeat",
+           "status", "error", "global_batch", "per_gpu_batch", "step_time_mean_s",
+           "batch_time_p50_s", "batch_time_p90_s", "epoch_time_50k_s", "images_per_sec",
+           "images_per_sec_per_gpu", "speedup", "scaling_efficiency", "data_wait_frac",
+           "gpu_util_mean", "peak_mem_gb_per_gpu", "peak_mem_reserved_gb_per_gpu", "mfu",
            "test_acc", "train_loss", "model", "parameters", "flops_per_image", "wall_time_s",
-           "profiled_steps", "ranks", *(f"split_{key}" for key in SPLIT_KEYS), "split_comm_hidden_ms",
-           "split_work_ms_per_rank", "split_slowest_rank", "log")
+           "profiled_steps",
+           *SPLIT_COLUMNS, "log")
 
 
 def fill_rows(outcomes: list[Outcome], out: Path) -> None:
-    """Each outcome's CSV row: the results.json figures as they are, plus what is derived from them: the mean
-    step (global batch ÷ images/s, which is the mean of the timed steps), the epoch of 50k at that step, speedup and
-    scaling efficiency (100 % for one process, by definition), and the step's split averaged over the ranks."""
+    """Each outcome's CSV row: the results.json figures as they are, plus what is derived from
+    them: the mean step (global batch ÷ images/s, which is the mean of the timed steps), the epoch
+    of 50k at that step, speedup and scaling efficiency (100 % for one process, by definition),
+    and the step's split averaged over the ranks (split_row)."""
     for o in outcomes:
         r, res = o.run, o.results or {}
         summary, config = res.get("summary", {}), res.get("config", {})
@@ -83,30 +88,32 @@ def fill_rows(outcomes: list[Outcome], out: Path) -> None:
             "mfu": summary.get("mfu"), "test_acc": summary.get("test_acc"), "train_loss": summary.get("train_loss"),
             "model": model_title(config) if config else None, "parameters": summary.get("parameters"),
             "flops_per_image": summary.get("flops_per_image"),
-            "wall_time_s": summary.get("wall_time_s"), "profiled_steps": config.get("profile_steps"),
-            **split_row(summary), "log": str(o.log.relative_to(out)) if o.log else "",
+            "wall_time_s": summary.get("wall_time_s"),
+            "profiled_steps": config.get("profile_steps"), **split_row(summary),
+            "log": str(o.log.relative_to(out)) if o.log else "",
         }
     for o in outcomes:  # speedup against single_gpu with the same --amp
         base = baseline(outcomes, o.row["amp"])
         if base and o.row["images_per_sec"]:
             o.row["speedup"] = o.row["images_per_sec"] / base
-            # one process scales nothing: its efficiency is 100 % by definition, whatever its speedup
-            o.row["scaling_efficiency"] = o.row["speedup"] / o.run.gpus if o.run.gpus > 1 else 1.0
+            # one process scales nothing: its efficiency is 100 % by definition, whatever its speed
+            gpus = o.run.gpus
+            o.row["scaling_efficiency"] = o.row["speedup"] / gpus if gpus > 1 else 1.0
 
 
 def split_row(summary: dict) -> dict:
-    """A run's step split for its CSV row, from results.json's `summary.breakdown` ({rank: {step_ms, compute_ms,
-    ...}}): each part averaged over the ranks, the communication hidden behind compute (comm_ms less
-    comm_exposed_ms), each rank's work (its step less its exposed communication: the time it was not waiting for
-    the others) and the slowest rank, the one with the most work. All None where the run recorded no breakdown
+    """A run's step split for its CSV row (SPLIT_COLUMNS), from results.json's
+    `summary.breakdown` ({rank: {step_ms, compute_ms, ...}}): each part averaged over the ranks,
+    the communication hidden behind compute (comm_ms less comm_exposed_ms), each rank's work (its
+    step less its exposed communication: the time it was not waiting for the others) and the
+    slowest rank, the one with the most work. All None where the run recorded no breakdown
     (profiling off, or a results.json written before it), or one that lacks a part."""
-    columns = ("ranks", *(f"split_{key}" for key in SPLIT_KEYS), "split_comm_hidden_ms",
-               "split_work_ms_per_rank", "split_slowest_rank")
     breakdown = summary.get("breakdown")
     ranks = sorted(breakdown, key=int) if isinstance(breakdown, dict) else []
-    if not ranks or not all(isinstance(breakdown[r], dict) and all(isinstance(breakdown[r].get(key), (int, float))
-                                                                   for key in SPLIT_KEYS) for r in ranks):
-        return dict.fromkeys(columns)
+    whole = lambda split: isinstance(split, dict) and all(  # noqa: E731
+        isinstance(split.get(key), (int, float)) for key in SPLIT_KEYS)
+    if not ranks or not all(whole(breakdown[r]) for r in ranks):
+        return dict.fromkeys(SPLIT_COLUMNS)
     mean = {key: statistics.fmean(breakdown[r][key] for r in ranks) for key in SPLIT_KEYS}
     work = {r: breakdown[r]["step_ms"] - breakdown[r]["comm_exposed_ms"] for r in ranks}
     return {"ranks": len(ranks), **{f"split_{key}": mean[key] for key in SPLIT_KEYS},
@@ -175,7 +182,8 @@ def write_file(path: Path, data: bytes) -> None:
 
 
 # The pictures compare.py may draw (comparison/plots.py draws those it has figures for)
-PICTURES = ("images_per_sec.png", "scaling_efficiency.png", "step_breakdown.png", "memory_per_gpu.png")
+PICTURES = ("images_per_sec.png", "scaling_efficiency.png", "step_breakdown.png",
+            "memory_per_gpu.png")
 EARLIER_PICTURES = ("step_time.png",)  # what earlier versions drew: --overwrite removes them too
 
 
@@ -200,13 +208,15 @@ def groups(outcomes: list[Outcome]) -> list[list[Outcome]]:
     return list(by_setting.values())
 
 
-# each column one statistic, named: a step is the mean of the timed steps, and so are the figures made from it
-TABLE_HEADER = ("| mode | GPUs | backend | amp | global batch | per-GPU batch | step, ms (mean of timed steps) | "
-                "epoch of 50k, s (at that step) | images/s (global batch ÷ step) | speedup (÷ single_gpu's images/s) "
-                "| scaling efficiency (speedup ÷ GPUs; 1 GPU: 100 %) | data wait (share of timed steps) | "
-                "GPU util (mean) | peak mem GB per GPU, allocated (reserved) | MFU (timed steps) | test acc | runs |")
-TABLE_NOTE = ("Each cell is the mean ± std, over the configuration's runs (`--repeat`), of each run's own figure; a "
-              "run's figures are from its timed steps, after `--warmup_steps`.")
+# each column one statistic, named: a step is the mean of the timed steps, and so are the figures
+# made from it
+TABLE_HEADER = ("| mode | GPUs | backend | amp | global batch | per-GPU batch | step, ms (mean "
+                "of timed steps) | epoch of 50k, s (at that step) | images/s (global batch ÷ "
+                "step) | speedup (÷ single_gpu's images/s) | scaling efficiency (speedup ÷ GPUs; "
+                "1 GPU: 100 %) | data wait (share of timed steps) | GPU util (mean) | peak mem GB "
+                "per GPU, allocated (reserved) | MFU (timed steps) | test acc | runs |")
+TABLE_NOTE = ("Each cell is the mean ± std, over the configuration's runs (`--repeat`), of each "
+              "run's own figure; a run's figures are from its timed steps, after `--warmup_steps`.")
 
 
 # what each --amp runs as: every mode casts under torch.autocast (fsdp too, not FSDP's MixedPrecisionPolicy)
@@ -241,8 +251,9 @@ def table_row(group: list[Outcome]) -> str:
         runs += f", **{count} {status}**" if count else ""
     cells = [run.mode, str(run.gpus), backend or "—", amp, str(group[0].row["global_batch"] or "—"),
              str(group[0].row["per_gpu_batch"] or "—"), spread(col("step_time_mean_s"), 1, 1000),
-             spread(col("epoch_time_50k_s"), 1), spread(col("images_per_sec"), 0), spread(col("speedup"), 2, unit="×"),
-             efficiency_cell(run, col("scaling_efficiency")), spread(col("data_wait_frac"), 1, 100, " %"),
+             spread(col("epoch_time_50k_s"), 1), spread(col("images_per_sec"), 0),
+             spread(col("speedup"), 2, unit="×"), efficiency_cell(run, col("scaling_efficiency")),
+             spread(col("data_wait_frac"), 1, 100, " %"),
              spread(col("gpu_util_mean"), 0, 1, " %"), memory, spread(col("mfu"), 1, 100, " %"),
              spread(col("test_acc"), 2, 100, " %"), runs]
     return "| " + " | ".join(cells) + " |"
@@ -297,7 +308,8 @@ class Measured:
 
     @property
     def low(self) -> float:
-        """The bottom of the configuration's range of images/s: mean − std over its runs, as the table shows."""
+        """The bottom of the configuration's range of images/s: mean − std over its runs, as the
+        table shows it."""
         return self.images_per_sec - self.images_per_sec_std
 
     @property
@@ -335,88 +347,96 @@ def fmt_percent(fraction: float, signed: bool = False) -> str:
 
 
 def findings(outcomes: list[Outcome], cores: Cores | None = None) -> list[str]:
-    """What the table says, as a list of sentences computed from its figures: runs with more processes than cores
-    (their figures measure contention), whether the fastest configuration can be told apart from the rest (and
-    by how much), DataParallel on the CPU (which wraps nothing), the scaling efficiency at the most GPUs run, which
-    configurations the run-to-run spread cannot tell apart, and the runs that failed and why (each with its log).
-    `cores`: the CPU cores the runs shared (None: not known, nothing said of them)."""
+    """What the table says, as a list of sentences computed from its figures: runs with more
+    processes than cores (their figures measure contention), whether the fastest configuration can
+    be told apart from the rest (and by how much), DataParallel on the CPU (which wraps nothing),
+    the scaling efficiency at the most GPUs run, which configurations the run-to-run spread cannot
+    tell apart, and the runs that failed and why (each with its log). `cores`: the CPU cores the
+    runs shared (None: not known, nothing said of them)."""
     timed = measured(outcomes)
     crowded = oversubscription_line(outcomes, cores)
     if not timed:
-        return [line for line in (crowded, "- **No run timed a step**, so there is nothing to compare.") if line] \
-            + failures(outcomes)
-    lines = [crowded, verdict_line(timed), wraps_nothing_line(timed), scaling_line(timed, cores), spread_line(timed)]
+        nothing = "- **No run timed a step**, so there is nothing to compare."
+        return [line for line in (crowded, nothing) if line] + failures(outcomes)
+    lines = [crowded, verdict_line(timed), wraps_nothing_line(timed), scaling_line(timed, cores),
+             spread_line(timed)]
     return [line for line in lines if line] + failures(outcomes)
 
 
 def wraps_nothing(m: Measured) -> bool:
-    """data_parallel on the CPU: nn.DataParallel without GPUs calls the model itself (nothing to scatter, replicate
-    or gather), so it is single_gpu's computation, and is not ranked among the modes."""
+    """data_parallel on the CPU: nn.DataParallel without GPUs calls the model itself (nothing to
+    scatter, replicate or gather), so it is single_gpu's computation, and is not ranked among the
+    modes."""
     return m.run.mode == "data_parallel" and m.run.unit == "cpu"
 
 
 def contenders(timed: list[Measured]) -> list[Measured]:
-    """The configurations ranked by speed, fastest first: every one that timed a step but data_parallel on the CPU
-    (wraps_nothing). The verdict, the spread line and the recommendation rank these alike."""
-    return sorted((m for m in timed if not wraps_nothing(m)), key=lambda m: m.images_per_sec, reverse=True)
+    """The configurations ranked by speed, fastest first: every one that timed a step but
+    data_parallel on the CPU (wraps_nothing). The verdict, the spread line and the recommendation
+    rank these alike."""
+    return sorted((m for m in timed if not wraps_nothing(m)), key=lambda m: m.images_per_sec,
+                  reverse=True)
 
 
 def oversubscription_line(outcomes: list[Outcome], cores: Cores | None) -> str | None:
-    """Whether some CPU runs had more processes (times their threads) than the cores they shared: such processes
-    take turns on the cores, so the runs' speed measures that contention, not the parallelism."""
+    """Whether some CPU runs had more processes (times their threads) than the cores they shared:
+    such processes take turns on the cores, so the runs' speed measures that contention, not the
+    parallelism."""
     crowded = cores.crowded([o.run for o in outcomes]) if cores else []
     if not crowded:
         return None
     counts = sorted({run.gpus for run in crowded})
-    most = counts[-1]
-    threads = "one thread each" if cores.threads == 1 else f"{cores.threads} threads each (OMP_NUM_THREADS)"
-    runs = listed([str(n) for n in counts])
-    return (f"- **Oversubscribed: up to {most} CPU processes on {cores.available} cores.** The runs on {runs} CPU "
-            f"processes ({threads}) had more threads than this machine has cores, so their processes took turns "
-            "on the cores: their images/s, speedup and scaling efficiency measure that contention, not the "
+    threads = ("one thread each" if cores.threads == 1 else
+               f"{cores.threads} threads each (OMP_NUM_THREADS)")
+    return (f"- **Oversubscribed: up to {counts[-1]} CPU processes on {cores.available} cores.** "
+            f"The runs on {listed([str(n) for n in counts])} CPU processes ({threads}) had more "
+            "threads than this machine has cores, so their processes took turns on the cores: "
+            "their images/s, speedup and scaling efficiency measure that contention, not the "
             f"parallelism. `--gpu_counts` up to {cores.fit} keeps a core for every thread here.")
 
 
 def oversubscription_title(outcomes: list[Outcome], cores: Cores | None) -> str:
-    """The report's title's end where some CPU runs were oversubscribed: ' — oversubscribed: 8 processes on 2
-    cores'; '' otherwise."""
+    """The report's title's end where some CPU runs were oversubscribed: ' — oversubscribed: 8
+    processes on 2 cores'; '' otherwise."""
     crowded = cores.crowded([o.run for o in outcomes]) if cores else []
     if not crowded:
         return ""
-    return f" — oversubscribed: {max(run.gpus for run in crowded)} processes on {cores.available} cores"
+    most = max(run.gpus for run in crowded)
+    return f" — oversubscribed: {most} processes on {cores.available} cores"
 
 
 def verdict_line(timed: list[Measured]) -> str:
-    """The first thing the table says: the fastest configuration, named only where its range of images/s (mean ±
-    std over its runs, as the table shows it) lies above every other's; otherwise which configurations cannot be
-    told apart, and why (one run each measures no spread; or their ranges overlap)."""
+    """The first thing the table says: the fastest configuration, named only where its range of
+    images/s (mean ± std over its runs, as the table shows it) lies above every other's; otherwise
+    which configurations cannot be told apart, and why (one run each measures no spread; or their
+    ranges overlap)."""
     ranked = contenders(timed)
     if not ranked:
-        return ("- **Nothing to rank:** only data_parallel on the CPU timed a step, and without GPUs it is "
-                "single_gpu's computation.")
+        return ("- **Nothing to rank:** only data_parallel on the CPU timed a step, and without "
+                "GPUs it is single_gpu's computation.")
     first = ranked[0]
     if len(ranked) == 1:
-        return (f"- **Only {first.name()} timed a step** ({first.speed()} images/s): nothing to compare it "
-                "with.")
+        return (f"- **Only {first.name()} timed a step** ({first.speed()} images/s): nothing to "
+                "compare it with.")
     if any(len(m.rows) < 2 for m in ranked):
         figures = "; ".join(f"{m.name()} {m.speed()}" for m in ranked)
-        return ("- **The configurations cannot be told apart: one run each** measures no run-to-run spread, so no "
-                "difference between them is shown to be more than noise (`--repeat 3` measures it). Images/s in "
-                f"their runs, fastest first: {figures}.")
+        return ("- **The configurations cannot be told apart: one run each** measures no "
+                "run-to-run spread, so no difference between them is shown to be more than noise "
+                f"(`--repeat 3` measures it). Images/s in their runs, fastest first: {figures}.")
     runs = run_counts(ranked)
     tied = [first, *[m for m in ranked[1:] if overlap(first, m)]]
     if len(tied) > 1:
         figures = "; ".join(f"{m.name()} {m.speed()}" for m in tied)
-        return (f"- **{listed([m.name() for m in tied])} cannot be told apart:** their images/s (mean ± std over "
-                f"{runs} runs) overlap: {figures}.")
+        return (f"- **{listed([m.name() for m in tied])} cannot be told apart:** their images/s "
+                f"(mean ± std over {runs} runs) overlap: {figures}.")
     second = ranked[1]
     text = (f"- **Fastest: {first.name()}**, {first.speed()} images/s: "
-            f"{first.images_per_sec / second.images_per_sec:.2f}× the next fastest, {second.name()} at "
-            f"{second.speed()}")
+            f"{first.images_per_sec / second.images_per_sec:.2f}× the next fastest, "
+            f"{second.name()} at {second.speed()}")
     single = next((m for m in ranked if m.run.mode == "single_gpu" and m.amp == first.amp), None)
     if first.run.mode != "single_gpu" and single is not None and single is not second:
-        text += (f", and {first.images_per_sec / single.images_per_sec:.2f}× {single.name()} at {single.speed()} "
-                 "(the speedup column)")
+        text += (f", and {first.images_per_sec / single.images_per_sec:.2f}× {single.name()} at "
+                 f"{single.speed()} (the speedup column)")
     text += f"; its range (mean ± std over {runs} runs) lies above every other's"
     if first.run.mode == "single_gpu":
         return text + f": no parallel mode beat one {UNITS[first.run.unit][0]} here."
@@ -435,81 +455,92 @@ def wraps_nothing_line(timed: list[Measured]) -> str | None:
     if wrapped is None:
         return None
     single = next((m for m in timed if m.run.mode == "single_gpu" and m.amp == wrapped.amp), None)
-    against = (f"; its {wrapped.speed()} images/s against single_gpu's {single.speed()} is no measure of "
-               "DataParallel" if single else "")
-    return (f"- **{wrapped.name()} is single_gpu's computation:** without GPUs nn.DataParallel calls the model "
-            f"itself, with nothing to scatter, replicate or gather{against}, so it is left out of the ranking.")
+    against = (f"; its {wrapped.speed()} images/s against single_gpu's {single.speed()} is no "
+               "measure of DataParallel" if single else "")
+    return (f"- **{wrapped.name()} is single_gpu's computation:** without GPUs nn.DataParallel "
+            f"calls the model itself, with nothing to scatter, replicate or gather{against}, so it "
+            "is left out of the ranking.")
 
 
 def scaling_line(timed: list[Measured], cores: Cores | None = None) -> str | None:
-    """The scaling efficiency of each configuration at the most GPUs run; None when one GPU count ran."""
+    """The scaling efficiency of each configuration at the most GPUs run, and whether that many
+    CPU processes oversubscribed the cores; None when one GPU count ran."""
     if len({m.run.gpus for m in timed}) < 2:
         return None
     most = max(m.run.gpus for m in timed)
     at_most = [m for m in timed if m.run.gpus == most]
     unit, units = UNITS[at_most[0].run.unit]
     text = f"- **Scaling at {most} {units}**, the most run: "
-    known = [(m, m.mean("scaling_efficiency")) for m in at_most if m.mean("scaling_efficiency") is not None]
+    known = [(m, m.mean("scaling_efficiency")) for m in at_most
+             if m.mean("scaling_efficiency") is not None]
     if not known:
-        return text + "no single_gpu run with the same `--amp` timed a step, so there is no scaling efficiency."
+        return (text + "no single_gpu run with the same `--amp` timed a step, so there is no "
+                "scaling efficiency.")
     parts = [f"{fmt_percent(efficiency)} for {m.name(count=False)}" for m, efficiency in known]
-    single = next((m for m in timed if m.run.mode == "single_gpu" and m.amp == known[0][0].amp), None)
+    single = next((m for m in timed if m.run.mode == "single_gpu" and m.amp == known[0][0].amp),
+                  None)
     batch = known[0][0].per_gpu_batch
     if single is None or single.per_gpu_batch == batch:
         share = f"each {unit} with {batch} images, as many as single_gpu"
     else:
         share = f"each {unit} with {batch} of the {batch * most} images single_gpu takes alone"
-    crowded = (f"; {most} processes on {cores.available} cores are oversubscribed, so this efficiency measures "
-               "their contention" if cores and cores.crowded([m.run for m in at_most]) else "")
-    return text + f"scaling efficiency (speedup ÷ {units}) " + listed(parts) + f"; {share}{crowded}."
+    crowded = (f"; {most} processes on {cores.available} cores are oversubscribed, so this "
+               "efficiency measures their contention"
+               if cores and cores.crowded([m.run for m in at_most]) else "")
+    return (text + f"scaling efficiency (speedup ÷ {units}) " + listed(parts)
+            + f"; {share}{crowded}.")
 
 
 def spread_line(timed: list[Measured]) -> str | None:
-    """With repeats, which configurations' images/s ranges (mean ± std over their runs) overlap, the fastest first:
-    their differences cannot be told from run-to-run noise. None with one run each (the verdict says so)."""
+    """With repeats, which configurations' images/s ranges (mean ± std over their runs) overlap,
+    the fastest first: their differences cannot be told from run-to-run noise. None with one run
+    each (the verdict says so)."""
     ranked = contenders(timed)
     if len(ranked) < 2 or any(len(m.rows) < 2 for m in ranked):
         return None
     runs = run_counts(ranked)
     overlapping = [(a, b) for i, a in enumerate(ranked) for b in ranked[i + 1:] if overlap(a, b)]
     if not overlapping:
-        return ("- **Spread:** no two configurations' images/s overlap (mean ± std over their runs): every "
-                f"difference above is larger than the run-to-run spread, as far as {runs} runs each can tell.")
-    shown = [f"{a.name()} at {a.speed()} images/s and {b.name()} at {b.speed()}" for a, b in overlapping[:3]]
+        return ("- **Spread:** no two configurations' images/s overlap (mean ± std over their "
+                "runs): every difference above is larger than the run-to-run spread, as far as "
+                f"{runs} runs each can tell.")
+    shown = [f"{a.name()} at {a.speed()} images/s and {b.name()} at {b.speed()}"
+             for a, b in overlapping[:3]]
     more = f", and {len(overlapping) - 3} more pairs" if len(overlapping) > 3 else ""
-    return (f"- **Within the run-to-run spread** ({runs} runs each): " + "; ".join(shown) + more + ". Their "
-            "images/s (mean ± std) overlap: the difference between them cannot be told from run-to-run noise.")
+    return (f"- **Within the run-to-run spread** ({runs} runs each): " + "; ".join(shown) + more
+            + ". Their images/s (mean ± std) overlap: the difference between them cannot be told "
+            "from run-to-run noise.")
 
 
 def overlap(a: Measured, b: Measured) -> bool:
-    """Whether two configurations' ranges of images/s (mean ± std over their runs, as the table shows them)
-    overlap: their difference cannot be told from run-to-run noise. The verdict, the spread line and the
-    recommendation all judge by it."""
+    """Whether two configurations' ranges of images/s (mean ± std over their runs, as the table
+    shows them) overlap: their difference cannot be told from run-to-run noise. The verdict, the
+    spread line and the recommendation all judge by it."""
     return a.low <= b.high and b.low <= a.high
 
 
-# --- report.md: where a step goes ---------------------------------------------------------------------------------
+# --- report.md: where a step goes --------------------------------------------------------------
 
-PART_NAMES = {"compute_ms": "compute", "comm_exposed_ms": "exposed communication", "data_ms": "data",
-              "optimizer_ms": "optimizer", "other_ms": "other"}
+PART_NAMES = {"compute_ms": "compute", "comm_exposed_ms": "exposed communication",
+              "data_ms": "data", "optimizer_ms": "optimizer", "other_ms": "other"}
 # what each parallel mode communicates
 COLLECTIVES = {"dist_parallel": "gradient all-reduce", "fsdp": "all-gathers and reduce-scatters",
                "data_parallel": "scatter, replication and gather"}
-STRAGGLER_SHARE = 0.10  # ranks whose work differs by more than this share of the step: the slowest is named
+STRAGGLER_SHARE = 0.10  # ranks whose work differs by more than this share of the step: named
 
 
 @dataclass
 class Split:
-    """A configuration's step as the split's table, its sentences and step_breakdown.png all show it (step_split
-    computes it once): ms per step, each the mean over the configuration's runs of the mean over its ranks of the
-    profiled steps."""
+    """A configuration's step as the split's table, its sentences and step_breakdown.png all show
+    it (step_split computes it once): ms per step, each the mean over the configuration's runs of
+    the mean over its ranks of the profiled steps."""
     parts: dict[str, float]  # SPLIT_PARTS: they add up to step_ms
     comm_ms: float           # all communication, hidden behind compute or not
-    hidden_ms: float         # comm_ms less the exposed communication: overlapped with compute, not in the sum
+    hidden_ms: float         # comm_ms less the exposed part: overlapped with compute, not added
     step_ms: float
     step_std_ms: float       # over the runs (0 with one)
     runs: int                # the runs that recorded a split
-    work: dict[int, float]   # rank -> its step less its exposed communication (the time it did not wait)
+    work: dict[int, float]   # rank -> its step less its exposed communication (time not waiting)
     profiled_steps: int | None
 
     @property
@@ -523,11 +554,13 @@ class Split:
     @property
     def straggler(self) -> bool:
         """Whether the ranks' work differs notably (more than STRAGGLER_SHARE of the step)."""
-        return self.work[self.slowest] - self.work[self.least] > STRAGGLER_SHARE * self.step_ms
+        spread_ms = self.work[self.slowest] - self.work[self.least]
+        return spread_ms > STRAGGLER_SHARE * self.step_ms
 
 
 def step_split(m: Measured) -> Split | None:
-    """The configuration's split (Split), from the CSV rows of its runs that recorded one; None where none did."""
+    """The configuration's split (Split), from the CSV rows of its runs that recorded one; None
+    where none did."""
     rows = [row for row in m.rows if row.get("split_step_ms") is not None]
     if not rows:
         return None
@@ -535,22 +568,24 @@ def step_split(m: Measured) -> Split | None:
     per_rank = [[float(w) for w in row["split_work_ms_per_rank"].split()] for row in rows]
     ranks = min(len(work) for work in per_rank)
     steps = [row["split_step_ms"] for row in rows]
-    return Split(parts={part: mean(f"split_{part}") for part in SPLIT_PARTS}, comm_ms=mean("split_comm_ms"),
-                 hidden_ms=mean("split_comm_hidden_ms"), step_ms=mean("split_step_ms"),
+    return Split(parts={part: mean(f"split_{part}") for part in SPLIT_PARTS},
+                 comm_ms=mean("split_comm_ms"), hidden_ms=mean("split_comm_hidden_ms"),
+                 step_ms=mean("split_step_ms"),
                  step_std_ms=statistics.stdev(steps) if len(steps) > 1 else 0.0, runs=len(rows),
                  work={r: statistics.fmean(work[r] for work in per_rank) for r in range(ranks)},
                  profiled_steps=rows[0].get("profiled_steps"))
 
 
-SPLIT_HEADER = ("| configuration | step, ms (mean of timed steps, as above) | profiled step, ms | compute | "
-                "communication exposed | data | optimizer | other | communication hidden behind compute (not "
-                "added) | slowest rank: work, ms (least) |")
+SPLIT_HEADER = ("| configuration | step, ms (mean of timed steps, as above) | profiled step, ms | "
+                "compute | communication exposed | data | optimizer | other | communication "
+                "hidden behind compute (not added) | slowest rank: work, ms (least) |")
 
 
 def breakdown_section(outcomes: list[Outcome], profiling: int | None) -> list[str]:
-    """report.md's "Where a step goes": each configuration's split (step_split) as a table, then a sentence per
-    parallel configuration at its mode's most GPUs. `profiling`: the --profile_steps the runs were given (None:
-    the train scripts here take no such flag), which says why a split is missing."""
+    """report.md's "Where a step goes": each configuration's split (step_split) as a table, then a
+    sentence per parallel configuration at its mode's most GPUs. `profiling`: the --profile_steps
+    the runs were given (None: the train scripts here take no such flag), which says why a split
+    is missing."""
     timed = measured(outcomes)
     splits = [(m, step_split(m)) for m in timed]
     if not any(split for _, split in splits):
@@ -558,14 +593,16 @@ def breakdown_section(outcomes: list[Outcome], profiling: int | None) -> list[st
     steps = sorted({split.profiled_steps for _, split in splits if split and split.profiled_steps})
     counted = f"{listed([str(n) for n in steps])} steps" if steps else "a few steps"
     lines = [
-        f"Each rank's step, recorded by torch.profiler over {counted} after the warm-up (`--profile_steps`), split "
-        "into compute, communication exposed (not overlapped with compute), waiting for data, the optimizer and "
-        "the rest, which add up to the profiled step; communication hidden behind compute ran while compute did, "
-        "so it is shown beside the parts, not added to them. **ms per step, the mean over ranks** (each "
-        "configuration's runs averaged). Profiling makes a step slower than the timed steps of the table above. "
-        "The slowest rank is the one with the most work (its step less its exposed communication: the time it did "
-        "not wait for the others). Each rank's trace is in its run folder, `runs/<run>/trace_rank<r>.json` "
-        "(Perfetto, chrome://tracing, TensorBoard's profile plugin).",
+        f"Each rank's step, recorded by torch.profiler over {counted} after the warm-up "
+        "(`--profile_steps`), split into compute, communication exposed (not overlapped with "
+        "compute), waiting for data, the optimizer and the rest, which add up to the profiled "
+        "step; communication hidden behind compute ran while compute did, so it is shown beside "
+        "the parts, not added to them. **ms per step, the mean over ranks** (each configuration's "
+        "runs averaged). Profiling makes a step slower than the timed steps of the table above. "
+        "The slowest rank is the one with the most work (its step less its exposed communication: "
+        "the time it did not wait for the others). Each rank's trace is in its run folder, "
+        "`runs/<run>/trace_rank<r>.json` (Perfetto, chrome://tracing, TensorBoard's profile "
+        "plugin).",
         "",
         SPLIT_HEADER,
         "|" + "---|" * SPLIT_HEADER.count(" | ") + "---|",
@@ -580,11 +617,12 @@ def breakdown_section(outcomes: list[Outcome], profiling: int | None) -> list[st
                    f"{split.work[split.least]:.1f})" if len(split.work) > 1 else "—")
         lines.append(f"| {m.name()} | {timed_step} | {split.step_ms:.1f} | " + " | ".join(parts)
                      + f" | {split.hidden_ms:.1f} | {slowest} |")
-    sentences = [split_line(m, split, timed) for m, split in splits if split and m in compared(timed)]
+    sentences = [split_line(m, split, timed) for m, split in splits
+                 if split and m in compared(timed)]
     missing = [m for m, split in splits if split is None]
     if missing:
-        sentences.append(f"- Not recorded for {listed([m.name() for m in missing])}: "
-                         + not_recorded(profiling, True).removeprefix("Not recorded: "))
+        why = not_recorded(profiling, True).removeprefix("Not recorded: ")
+        sentences.append(f"- Not recorded for {listed([m.name() for m in missing])}: {why}")
     return lines + ([""] + sentences if sentences else [])
 
 
@@ -593,17 +631,18 @@ def not_recorded(profiling: int | None, timed: bool) -> str:
     if not timed:
         return "Not recorded: no run timed a step, so none was profiled."
     if profiling is None:
-        return ("Not recorded: the train scripts here take no `--profile_steps`, so no run profiled its steps.")
+        return ("Not recorded: the train scripts here take no `--profile_steps`, so no run "
+                "profiled its steps.")
     if profiling == 0:
-        return ("Not recorded: `--profile_steps 0` left the profiler off; by default compare.py profiles 3 steps "
-                "of every run and splits them here.")
-    return ("Not recorded: no run's results.json has a split of its step (`summary.breakdown`): they were written "
-            "without the profiler.")
+        return ("Not recorded: `--profile_steps 0` left the profiler off; by default compare.py "
+                "profiles 3 steps of every run and splits them here.")
+    return ("Not recorded: no run's results.json has a split of its step (`summary.breakdown`): "
+            "they were written without the profiler.")
 
 
 def compared(timed: list[Measured]) -> list[Measured]:
-    """The parallel configurations given a sentence: every one at its mode's most GPUs (each backend, --amp and
-    setting there), data_parallel on the CPU aside (it wraps nothing)."""
+    """The parallel configurations given a sentence: every one at its mode's most GPUs (each
+    backend, --amp and setting there), data_parallel on the CPU aside (it wraps nothing)."""
     chosen = []
     for mode in PARALLEL_MODES:
         of_mode = [m for m in timed if m.run.mode == mode and not wraps_nothing(m)]
@@ -696,19 +735,21 @@ WHY_DDP = ("DDP is the default where modes tie: PyTorch recommends it over DataP
 def recommendation(outcomes: list[Outcome], memory: dict) -> str:
     """The report's `Recommendation:` line: the mode to use on this machine for this model, and why, from the
     table's figures (images/s and speedup, mean ± std over the repeats; two configurations told apart only where
-    their images/s ranges, mean ± std, do not overlap, as the verdict judges: `overlap`; data_parallel on the CPU,
-    which wraps nothing, not among them: `contenders`) and the model state each mode needs per GPU
-    (memory_projection's arithmetic). The rules, in order:
+    their images/s ranges, mean ± std, do not overlap, as the verdict judges: `overlap`;
+    data_parallel on the CPU, which wraps nothing, not among them: `contenders`) and the model
+    state each mode needs per GPU (memory_projection's arithmetic). The rules, in order:
 
     1. Memory: where DDP's model state outgrows one GPU (the projection), or a dist_parallel run ran out of memory,
        fsdp, on the fewest GPUs that hold the state; none of these modes where FSDP does not hold it on 64 GPUs.
     2. No configuration timed a step: nothing to choose by.
     3. A configuration with one run: no spread was measured, so no mode is shown faster: dist_parallel, the default
        (WHY_DDP).
-    4. The fastest configuration's range above every other's: its mode. data_parallel is recommended over
-       dist_parallel only so, on measured cause; dist_parallel that was not run is still the default.
-    5. Otherwise the modes whose ranges overlap the fastest's tie: the first of them in PREFERENCE (dist_parallel
-       where it is among them, data_parallel only where it ties with nothing else), the rest named.
+    4. The fastest configuration's range above every other's: its mode. data_parallel is
+       recommended over dist_parallel only so, on measured cause; dist_parallel that was not run
+       is still the default.
+    5. Otherwise the modes whose ranges overlap the fastest's tie: the first of them in
+       PREFERENCE (dist_parallel where it is among them, data_parallel only where it ties with
+       nothing else), the rest named.
     On the CPU, a sentence on what CPU processes standing in for GPUs can and cannot tell."""
     timed, unit = measured(outcomes), UNITS[outcomes[0].run.unit]
     text = memory_choice(outcomes, memory, unit) or speed_choice(timed, memory, unit)
@@ -776,10 +817,11 @@ def speed_choice(timed: list[Measured], memory: dict, unit: tuple[str, str]) -> 
     if not timed:
         return "none: no run timed a step, so nothing was measured to choose by (the failed runs are listed below)."
     fits = fits_text(memory)
-    ranked = contenders(timed)  # data_parallel on the CPU is single_gpu's computation: not a contender
+    ranked = contenders(timed)  # data_parallel on the CPU is single_gpu's computation
     if not ranked:
-        return (f"dist_parallel (DDP), not run here (add it to --modes): {fits}; only data_parallel on the CPU "
-                f"timed a step, which is single_gpu's computation there, and {WHY_DDP}.")
+        return (f"dist_parallel (DDP), not run here (add it to --modes): {fits}; only "
+                "data_parallel on the CPU timed a step, which is single_gpu's computation there, "
+                f"and {WHY_DDP}.")
     best, others = ranked[0], ranked[1:]
     ddp = next((m for m in ranked if m.run.mode == "dist_parallel"), None)
     not_run = "" if ddp else ", not run here (add it to --modes)"
@@ -792,7 +834,8 @@ def speed_choice(timed: list[Measured], memory: dict, unit: tuple[str, str]) -> 
                                   f"`--repeat 3` measures the spread)")
     tied = [best, *[m for m in others if overlap(best, m)]]
     if len(tied) == 1:
-        beyond = f"its range (mean ± std over {len(best.rows)} runs) above every other configuration's"
+        beyond = (f"its range (mean ± std over {len(best.rows)} runs) above every other "
+                  "configuration's")
         if best.run.mode == "dist_parallel":
             return (f"dist_parallel (DDP): {fits}, and DDP was fastest: {best.name()} at {speed_text(best, unit)}, "
                     f"{beyond}.")
@@ -814,8 +857,8 @@ def speed_choice(timed: list[Measured], memory: dict, unit: tuple[str, str]) -> 
     if ddp is None:
         chosen = "dist_parallel"
     ranges = "; ".join(f"{m.name()} {m.speed()}" for m in tied)
-    tie = (f"no difference measurable between {listed([m.name() for m in tied])}: their images/s (mean ± std over "
-           f"the repeats) overlap ({ranges}), so any of them")
+    tie = (f"no difference measurable between {listed([m.name() for m in tied])}: their images/s "
+           f"(mean ± std over the repeats) overlap ({ranges}), so any of them")
     if chosen == "dist_parallel":
         return default(tie)
     return (f"{MODE_NAMES[chosen]}: {tie}; dist_parallel was slower beyond the spread ({ddp.name()} at "
@@ -842,7 +885,8 @@ def projection_inputs(outcomes: list[Outcome], grads: list[int], bucket_cap_mb: 
                         and o.run.gpus == 1 and o.row["amp"] == amp and not o.run.sync_bn and modelled_backend(o.run)]
     ddp1 = [o.row["step_time_mean_s"] for o in one("dist_parallel")]
     fsdp1 = {reshard: statistics.fmean(steps) for reshard in (True, False)
-             if (steps := [o.row["step_time_mean_s"] for o in one("fsdp") if o.run.reshard_after_forward == reshard])}
+             if (steps := [o.row["step_time_mean_s"] for o in one("fsdp")
+                           if o.run.reshard_after_forward == reshard])}
     return {"amp": amp, "batch": single[0]["per_gpu_batch"], "grads": grads, "bucket_cap_mb": bucket_cap_mb,
             "step_s": statistics.fmean(r["step_time_mean_s"] for r in single if r["amp"] == amp),
             "ddp1_step_s": statistics.fmean(ddp1) if ddp1 else None, "units": units, "fsdp1_step_s": fsdp1}

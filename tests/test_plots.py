@@ -1,7 +1,8 @@
 """compare.py's pictures, held to what was measured: each figure is built in-process from hand-made outcomes (what
 fill_rows makes of the runs' results.json) and its axes are read before anything is saved. The real compare.py run,
-with a failed configuration, is in tests/test_compare.py. step_breakdown.png is held to the report's own sentences
-about the split of the step: one function (report.step_split) computes both."""
+with a failed configuration, is in tests/test_compare.py. step_breakdown.png is held to the
+report's own sentences about the split of the step: one function (report.step_split) computes
+both."""
 from __future__ import annotations
 
 import re
@@ -126,8 +127,8 @@ def test_a_failed_configuration_is_left_out_and_the_pictures_still_drawn():
     # no memory on CPUs, no breakdown without a profile
     assert sorted(drawn) == ["images_per_sec.png", "scaling_efficiency.png"]
     assert ticks(drawn["images_per_sec.png"].axes[0]) == [1, 2]  # the failed 3-process run is not a point
-    profiled = figures(split_matrix() + [outcome("dist_parallel", 3, 0, backend="gloo", failed=True)],
-                       CPU_DEVICE, cuda=False, projection=None)
+    failed = outcome("dist_parallel", 3, 0, backend="gloo", failed=True)
+    profiled = figures(split_matrix() + [failed], CPU_DEVICE, cuda=False, projection=None)
     assert len(profiled["step_breakdown.png"].axes[0].get_yticks()) == 3  # nor a bar
     for fig in profiled.values():
         plt.close(fig)
@@ -145,7 +146,8 @@ def split_matrix():
            {"0": split(31.0, 12.4, 10.9), "1": split(39.0, 12.4, 2.9)}]
     fsdp = {"0": split(31.0, 20.0, 7.0), "1": split(31.5, 20.0, 6.5)}
     return filled([outcome("single_gpu", 1, 64, unit="gpu", breakdown=single),
-                   outcome("dist_parallel", 2, 45, backend="nccl", unit="gpu", index=2, breakdown=ddp[0]),
+                   outcome("dist_parallel", 2, 45, backend="nccl", unit="gpu", index=2,
+                           breakdown=ddp[0]),
                    outcome("dist_parallel", 2, 46, backend="nccl", unit="gpu", index=3, repeat=2,
                            breakdown=ddp[1]),
                    outcome("fsdp", 2, 50, backend="nccl", unit="gpu", index=4, breakdown=fsdp,
@@ -181,15 +183,15 @@ def test_the_step_breakdown_draws_the_numbers_the_sentences_say():
     texts = [text.get_text() for text in ax.texts]
     section = "\n".join(breakdown_section(outcomes, 3))
     ddp = next(line for line in section.splitlines() if line.startswith("- **dist_parallel"))
-    hidden, comm, exposed = re.search(r"([\d.]+) ms of its ([\d.]+) ms of gradient all-reduce hidden "
-                                      r"behind compute, ([\d.]+) ms exposed", ddp).groups()
+    hidden, comm, exposed = re.search(r"([\d.]+) ms of its ([\d.]+) ms of gradient all-reduce "
+                                      r"hidden behind compute, ([\d.]+) ms exposed", ddp).groups()
     assert float(hidden) == pytest.approx(drawn[(1, "hatched")], abs=0.05)
     assert float(exposed) == pytest.approx(drawn[(1, PART_COLOURS["comm_exposed_ms"])], abs=0.05)
     assert float(comm) == pytest.approx(float(hidden) + float(exposed), abs=0.11)
     before, after = re.search(r"its profiled step ([\d.]+) → ([\d.]+) ms", ddp).groups()
     assert f"{before} ms" in texts and f"{after} ms" in texts  # the bars' ends say the same steps
-    assert sum(drawn[(1, PART_COLOURS[part])] for part in SPLIT_PARTS) == pytest.approx(float(after),
-                                                                                       abs=0.05)
+    ddp_bar = sum(drawn[(1, PART_COLOURS[part])] for part in SPLIT_PARTS)
+    assert ddp_bar == pytest.approx(float(after), abs=0.05)
     assert "rank 1 is the slowest" in ddp and "rank 0, which waits for it" in ddp
     assert ax.get_xlabel() == "ms per step (mean over ranks of the profiled steps)"
     assert ax.get_xlim()[0] == 0
