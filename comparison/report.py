@@ -593,16 +593,16 @@ def breakdown_section(outcomes: list[Outcome], profiling: int | None) -> list[st
     steps = sorted({split.profiled_steps for _, split in splits if split and split.profiled_steps})
     counted = f"{listed([str(n) for n in steps])} steps" if steps else "a few steps"
     lines = [
-        f"Each rank's step, recorded by torch.profiler over {counted} after the warm-up "
-        "(`--profile_steps`), split into compute, communication exposed (not overlapped with "
-        "compute), waiting for data, the optimizer and the rest, which add up to the profiled "
-        "step; communication hidden behind compute ran while compute did, so it is shown beside "
-        "the parts, not added to them. **ms per step, the mean over ranks** (each configuration's "
-        "runs averaged). Profiling makes a step slower than the timed steps of the table above. "
-        "The slowest rank is the one with the most work (its step less its exposed communication: "
-        "the time it did not wait for the others). Each rank's trace is in its run folder, "
-        "`runs/<run>/trace_rank<r>.json` (Perfetto, chrome://tracing, TensorBoard's profile "
-        "plugin).",
+        f"Each rank's step over {counted} recorded by torch.profiler after the warm-up "
+        "(`--profile_steps`), split into compute, exposed communication (the step waiting for "
+        "it), waiting for data, the optimizer and the rest: these add up to the profiled step. "
+        "The communication hidden behind compute ran while other work did, so it is shown beside "
+        "the parts, not added to them. **ms per step, the mean over ranks** (and over a "
+        "configuration's runs). The profiled steps are a few, with the profiler's own overhead: "
+        "the timed step of the results table stands beside them. The slowest rank is the one with "
+        "the most work (its step less its exposed communication: the time it did not wait for "
+        "the others). Each rank's trace is in its run folder, `runs/<run>/trace_rank<r>.json` "
+        "(Perfetto, chrome://tracing, TensorBoard's profile plugin).",
         "",
         SPLIT_HEADER,
         "|" + "---|" * SPLIT_HEADER.count(" | ") + "---|",
