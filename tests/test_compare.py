@@ -147,9 +147,18 @@ def test_the_report_names_what_ran_where_and_links_the_guide_and_the_projection(
     assert [report.index(part) for part in order] == sorted(report.index(part) for part in order)
 
 
+def results_table(report: str) -> list[str]:
+    """The results table of report.md: its header, then a line per configuration (the lines from
+    the header to the first that is not a row; the split of the step has a table of its own)."""
+    lines = report.splitlines()
+    start = lines.index(compare.TABLE_HEADER)
+    end = next(i for i in range(start, len(lines)) if not lines[i].startswith("|"))
+    return [lines[start], *lines[start + 2:end]]
+
+
 def table_figures(report: str) -> dict[str, list[str]]:
     """The results table's rows of report.md, by mode: each row's cells."""
-    rows = [line for line in report.splitlines() if line.startswith("| ") and not line.startswith("| mode |")]
+    rows = results_table(report)[1:]
     return {cells[0]: cells[1:] for cells in (row.strip("| ").split(" | ") for row in rows)}
 
 
@@ -159,7 +168,7 @@ def test_the_first_screen_holds_the_title_the_table_and_the_sentences(comparison
     assert first_screen[0].startswith("# single_gpu, data_parallel and dist_parallel: PyramidNet-8")
     assert compare.TABLE_HEADER in first_screen
     # the header and the three configurations
-    assert sum(line.startswith("| ") for line in first_screen) == 4
+    assert len(results_table("\n".join(first_screen))) == 4
     for lead in ("- **The configurations cannot be told apart: one run each**",
                  "- **Scaling at 2 CPU processes**, the most run",
                  "- **1 of 3 runs did not succeed:**", "Model: PyramidNet-8 α=12 (basic): ",
