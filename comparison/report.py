@@ -418,11 +418,15 @@ def verdict_line(timed: list[Measured]) -> str:
     if len(ranked) == 1:
         return (f"- **Only {first.name()} timed a step** ({first.speed()} images/s): nothing to "
                 "compare it with.")
-    if any(len(m.rows) < 2 for m in ranked):
+    once = [m for m in ranked if len(m.rows) < 2]
+    if once:
         figures = "; ".join(f"{m.name()} {m.speed()}" for m in ranked)
-        return ("- **The configurations cannot be told apart: one run each** measures no "
-                "run-to-run spread, so no difference between them is shown to be more than noise "
-                f"(`--repeat 3` measures it). Images/s in their runs, fastest first: {figures}.")
+        apart = "**The configurations cannot be told apart"
+        which = (f"{apart}: one run each**" if len(once) == len(ranked) else
+                 f"{apart}:** {listed([m.name() for m in once])} timed one run only, which")
+        return (f"- {which} measures no run-to-run spread, so no difference between them is shown "
+                "to be more than noise (`--repeat 3` measures it). Images/s in their runs, fastest "
+                f"first: {figures}.")
     runs = run_counts(ranked)
     tied = [first, *[m for m in ranked[1:] if overlap(first, m)]]
     if len(tied) > 1:
@@ -661,7 +665,7 @@ def split_line(m: Measured, split: Split, timed: list[Measured]) -> str:
     exposed = split.parts["comm_exposed_ms"]
     clauses = [f"{split.hidden_ms:.1f} ms of its {split.comm_ms:.1f} ms of {collective} hidden "
                f"behind compute, {exposed:.1f} ms exposed" if split.comm_ms > 0 else
-               f"no {collective} recorded"]
+               "no communication recorded"]
     single = next((s for s in timed if s.run.mode == "single_gpu" and s.amp == m.amp), None)
     reference = step_split(single) if single else None
     if reference is not None:

@@ -156,6 +156,7 @@ VERDICTS = [
     ({SINGLE: [600, 640, 620], DDP: [1150, 1250, 1200], FSDP: [1300, 1320, 1310]}, "gpu", "fsdp"),
     ({SINGLE: [600, 640, 620], DP: [1180, 1300, 1240], DDP: [1150, 1250, 1200]}, "gpu", None),
     ({SINGLE: [600], DP: [1300], DDP: [1200]}, "gpu", None),  # one run each
+    ({SINGLE: [600, 640, 620], DDP: [1200]}, "gpu", None),  # one run of one: no spread there
     ({SINGLE: [400, 440, 420], DP1: [900, 300, 600], GLOO: [700, 720, 710]}, "cpu",
      "dist_parallel"),  # data_parallel on the CPU is no contender
 ]
