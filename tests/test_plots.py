@@ -192,6 +192,10 @@ def test_the_step_breakdown_draws_the_numbers_the_sentences_say():
     assert f"{before} ms" in texts and f"{after} ms" in texts  # the bars' ends say the same steps
     ddp_bar = sum(drawn[(1, PART_COLOURS[part])] for part in SPLIT_PARTS)
     assert ddp_bar == pytest.approx(float(after), abs=0.05)
+    compute, exposed_bar = PART_COLOURS["compute_ms"], PART_COLOURS["comm_exposed_ms"]
+    assert (f"compute {drawn[(0, compute)]:.1f} → {drawn[(1, compute)]:.1f} ms; the part that grew "
+            f"most, exposed communication 0.0 → {drawn[(1, exposed_bar)]:.1f} ms") in ddp
+    assert "for 16 images per GPU, against 32" in ddp
     assert "rank 1 is the slowest" in ddp and "rank 0, which waits for it" in ddp
     assert ax.get_xlabel() == "ms per step (mean over ranks of the profiled steps)"
     assert ax.get_xlim()[0] == 0
