@@ -59,12 +59,14 @@ from common import performance  # noqa: E402
 from common.data import dataset_info, load_datasets  # noqa: E402
 from common.rules import machine_refusal  # noqa: E402
 from comparison import environment as machine  # noqa: E402
-from comparison.matrix import BACKENDS, GROUP_MODES, MODES, check_runs, command, config_class, plan  # noqa: E402
+from comparison.matrix import (BACKENDS, GROUP_MODES, MODES, Cores,  # noqa: E402
+                               check_runs, command, config_class, cores_here, plan)
 from comparison.projection import fsdp_units, gradient_bytes, memory_projection  # noqa: E402
 from comparison.report import (  # noqa: E402
-    PICTURES, TABLE_HEADER, Outcome, environment_section, fabric_of_runs, findings, fill_rows,
-    fmt_seconds, groups, listed, memory_section, model_line, model_title, projection_inputs, projection_section,
-    recommendation, run_config, table_row, untimed_note, write_csv, write_file)
+    EARLIER_PICTURES, PICTURES, TABLE_HEADER, TABLE_NOTE, Outcome, breakdown_section,
+    environment_section, fabric_of_runs, findings, fill_rows, fmt_seconds, groups, listed,
+    memory_section, model_line, model_title, oversubscription_title, projection_inputs,
+    projection_section, recommendation, run_config, table_row, untimed_note, write_csv, write_file)
 from comparison.runner import (  # noqa: E402
     run_all, signal_name, signal_of, signals_deferred, start, stop_signals)
 from comparison.verify import Verification, defaults as verify_defaults  # noqa: E402
@@ -95,6 +97,10 @@ class CompareConfig:
                                                            "keeping them to backward (off, ZeRO-2-like), or both",
                                                   nargs="+", choices=("on", "off"))
     repeat: int = flag(1, "runs of each configuration; the report gives mean ± std", at_least=1)
+    profile_steps: int = flag(3, "steps of every run recorded by torch.profiler after the "
+                                 "warm-up: the report splits each rank's step into compute, "
+                                 "communication hidden and exposed, data and optimizer; 0: off",
+                              at_least=0)
     epochs: int = flag(0, "0: --benchmark runs (synthetic data, speed only); N: train N epochs on --dataset and "
                           "compare test accuracy too", at_least=0)
     batch_per_gpu: int | None = flag(None, "images per GPU in every run, so the global batch grows with the GPUs "
@@ -109,7 +115,7 @@ class CompareConfig:
 
 # train.py flags that compare.py sets itself for every run, rather than passing the user's value on
 CONTROLLED = {"amp", "epochs", "overwrite", "gpu_devices", "log_dir", "run_name", "resume", "evaluate", "save_model",
-              "checkpoint_interval", "benchmark", "progress"}
+              "checkpoint_interval", "benchmark", "progress", "profile_steps"}
 # the process-group modes' own flags that are passed on to their runs, and which modes take each
 GROUP_PASSED = {"bucket_cap_mb": ("dist_parallel",), "dist_timeout": GROUP_MODES}
 # without GPUs, unless given: a model and run small enough for a few seconds per run on a laptop's CPU
@@ -177,8 +183,8 @@ def resolve(cc: CompareConfig, train: dict, cuda: bool, gpus_here: int, group_on
 
 MARKER = ".pytorch-multigpu-comparison"  # written first into every --out; --overwrite looks for it
 # what compare.py writes into --out: what --overwrite removes there, and nothing else
-WRITTEN = (MARKER, "report.md", "projection.md", "results.csv", *PICTURES, "verify.md", "verify.json", "logs",
-           "runs")
+WRITTEN = (MARKER, "report.md", "projection.md", "results.csv", *PICTURES, *EARLIER_PICTURES,
+           "verify.md", "verify.json", "logs", "runs")
 
 
 def output_folder(cc: CompareConfig) -> Path:
@@ -278,7 +284,8 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
     from comparison.plots import pictures_section, write_plots  # matplotlib: a second's import, for pictures only
 
     # the projected curves from a GPU's step only: from a CPU process's, they say nothing (projection.md says why)
-    pictures = write_plots(outcomes, out, device, cuda, projection if cuda else None)
+    cores = None if cuda else cores_here()  # what CPU runs share; GPU runs wait on their GPUs
+    pictures = write_plots(outcomes, out, device, cuda, projection if cuda else None, cores)
     write_csv(outcomes, out / "results.csv")
     what = (f"`--benchmark`: synthetic data, {config['warmup_steps']} untimed then {config['benchmark_steps']} timed "
             f"steps per run" if not cc.epochs else f"training for {cc.epochs} epochs on {config['dataset']}")
@@ -300,7 +307,7 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
     ]
     write_file(out / "projection.md", ("\n".join(projection_page) + "\n").encode())
     report_page = [
-        f"# {modes}: {model_name} on {device}",
+        f"# {modes}: {model_name} on {device}{oversubscription_title(outcomes, cores)}",
         "",
         f"`{shlex.join(['python', 'compare.py', *argv])}` — {datetime.now():%Y-%m-%d %H:%M}, {len(outcomes)} runs in "
         f"{fmt_seconds(elapsed)}; {what}; the same seed ({config['seed']}) and learning rate rule (--lr "
@@ -312,13 +319,19 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
         "",
         "## Results",
         "",
+        TABLE_NOTE,
+        "",
         TABLE_HEADER,
         "|" + "---|" * TABLE_HEADER.count(" | ") + "---|",
         *[table_row(group) for group in groups(outcomes)],
         "",
-        *findings(outcomes),
+        *findings(outcomes, cores),
         "",
         *untimed_note(outcomes, config["warmup_steps"]),
+        "## Where a step goes",
+        "",
+        *breakdown_section(outcomes, cc.profile_steps if profiling_flag() else None),
+        "",
         "## Pictures",
         "",
         *pictures_section(outcomes, pictures),
@@ -456,6 +469,7 @@ def plan_matrix(cc: CompareConfig, train: dict, group_flags: dict[str, list[str]
     train["epochs"] = cc.epochs if cc.epochs else None
     shared = config_argv(Config, {k: v for k, v in train.items() if k != "batch_size"})
     shared += [] if cc.epochs else ["--benchmark"]
+    shared += ["--profile_steps", str(cc.profile_steps)] if profiling_flag() else []
     batch = train.get("batch_size", Config.batch_size)
     sync_bns = [s == "on" for s in cc.sync_bn]
     reshards = [s == "on" for s in cc.reshard_after_forward]
@@ -467,6 +481,14 @@ def plan_matrix(cc: CompareConfig, train: dict, group_flags: dict[str, list[str]
     return shared, runs
 
 
+def profiling_flag() -> bool:
+    """Whether every train.py here takes --profile_steps (compare.py passes its own on to every
+    run): the runs then record the split of their steps that the report's "Where a step goes"
+    shows."""
+    return all(any(f.name == "profile_steps" for f in dataclasses.fields(config_class(mode)))
+               for mode in MODES)
+
+
 def run_matrix(cc: CompareConfig, argv: list[str], train: dict, shared: list[str],
                group_flags: dict[str, list[str]], runs: list, out: Path, cuda: bool) -> int:
     """Every run, one at a time, then the report. Exit status: 1 if a run did not succeed, 128 + the
@@ -474,6 +496,9 @@ def run_matrix(cc: CompareConfig, argv: list[str], train: dict, shared: list[str
     env, topology = machine.environment(), machine.topology()
     device = device_name(env, cuda)
     print(f"compare: {len(runs)} runs on {device} -> {out}", flush=True)
+    warning = oversubscription_warning(runs, cores_here())
+    if warning:
+        print(warning, flush=True)
     began = time.monotonic()
 
     def begin(run):
@@ -503,6 +528,19 @@ def run_matrix(cc: CompareConfig, argv: list[str], train: dict, shared: list[str
     if signum is not None:
         return 128 + signum
     return 1 if failed else 0
+
+
+def oversubscription_warning(runs: list, cores: Cores) -> str | None:
+    """The line compare.py prints before CPU runs with more threads than `cores` (report.md says it
+    again, first): their speed will measure the processes' contention for the cores."""
+    crowded = cores.crowded(runs)
+    if not crowded:
+        return None
+    counts = listed(sorted({str(run.gpus) for run in crowded}, key=int))
+    return (f"compare: warning: {max(run.gpus for run in crowded)} CPU processes on "
+            f"{cores.available} cores oversubscribe this machine (runs of {counts} processes): "
+            f"their speed will measure the contention, not the parallelism; --gpu_counts up to "
+            f"{cores.fit} keeps a core for every thread")
 
 
 def progress(outcome: Outcome) -> str:

@@ -151,6 +151,35 @@ def cpu_threads() -> int:
     return int(value) if value.isascii() and value.isdigit() and int(value) > 0 else 1
 
 
+@dataclass(frozen=True)
+class Cores:
+    """The CPU cores a comparison's CPU runs share, and the intra-op threads each of their
+    processes takes (one run at a time: a run's processes are all there is). More threads than
+    cores oversubscribe the machine: the processes take turns, and the run's speed measures that
+    contention, not the parallelism."""
+    available: int
+    threads: int
+
+    @property
+    def fit(self) -> int:
+        """The most processes that keep a core for every thread."""
+        return max(1, self.available // self.threads)
+
+    def crowded(self, runs) -> list[PlannedRun]:
+        """The CPU runs among `runs` with more threads than cores (a GPU run's processes wait on
+        their GPUs, not on the cores)."""
+        return [run for run in runs
+                if run.unit == "cpu" and run.gpus * self.threads > self.available]
+
+
+def cores_here() -> Cores:
+    """This process's cores (those it may run on, as a container or taskset allows) and
+    cpu_threads()."""
+    if hasattr(os, "sched_getaffinity"):
+        return Cores(len(os.sched_getaffinity(0)), cpu_threads())
+    return Cores(os.cpu_count() or 1, cpu_threads())
+
+
 def check_runs(runs: list[PlannedRun], shared: list[str], group_flags: dict[str, list[str]],
                log_dir: Path | None = None) -> None:
     """Refuse, before anything starts, a matrix that some run would refuse: the flags each script would get must

@@ -3,19 +3,22 @@
 - images_per_sec.png: global images/s by GPU count, a line per configuration (mode, backend, --amp, SyncBN,
   ZeRO-2);
 - scaling_efficiency.png: speedup over single_gpu ÷ GPUs by GPU count, and the projection's curves beside it;
-- step_time.png: where a step goes, a stacked bar per configuration: data wait, compute, and for the parallel modes
-  the time above single_gpu's step at the same per-GPU batch (what the parallelism costs);
+- step_breakdown.png: where a step goes, a stacked bar per configuration from the profiler's
+  split (compute, exposed communication, data, optimizer, other; the communication hidden behind
+  compute hatched over the compute it overlapped, not added), drawn from report.step_split, the
+  function the report's split table and its sentences use;
 - memory_per_gpu.png: each GPU's peak memory, grouped per configuration (only when the runs measured it: GPUs).
 
-With --repeat, a point or bar is the mean over the repeats and the error bar their standard deviation; each
-picture says how many runs it averages. Failed runs are left out. Every figure is built by a function that returns
-it, so its axes can be checked before it is saved.
+With --repeat, a point or bar is the mean over the repeats and the error bar their standard
+deviation; each picture says how many runs it averages. Failed runs are left out. A step is the
+mean of the timed steps, as in the report's table. CPU runs with more processes than cores are
+shaded as oversubscribed. Every figure is built by a function that returns it, so its axes can be
+checked before it is saved.
 """
 from __future__ import annotations
 
 import io
 import statistics
-import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -25,10 +28,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import NullLocator  # noqa: E402
 
+from comparison.matrix import Cores  # noqa: E402
 from comparison.projection import FABRICS, projected_efficiency  # noqa: E402
-from comparison.report import PICTURES, groups, write_file  # noqa: E402
+from comparison.report import (PART_NAMES, PICTURES, SPLIT_PARTS, groups, measured,  # noqa: E402
+                               step_split, write_file)
 
-COLOURS = {"data wait": "#b0b0b0", "compute": "#4c72b0", "parallelism": "#dd5555"}
+PART_COLOURS = {"compute_ms": "#4c72b0", "comm_exposed_ms": "#dd5555", "data_ms": "#9a9a9a",
+                "optimizer_ms": "#55a868", "other_ms": "#e0c060"}
+HIDDEN = "communication hidden behind compute (overlaps it, not added)"
 FABRIC_LINES = ("--", ":", "-.")  # one dash per projected curve
 
 
@@ -65,7 +72,12 @@ def configurations(outcomes) -> list[list]:
 
 def averaged(groups: list[list]) -> str:
     """How many runs each point or bar of a picture is the mean of."""
-    counts = sorted({len(group) for group in groups})
+    return runs_note([len(group) for group in groups])
+
+
+def runs_note(counts: list[int]) -> str:
+    """'one run each', 'mean ± std of 3 runs each', 'mean ± std of 2–3 runs each'."""
+    counts = sorted(set(counts))
     if not counts or counts == [1]:
         return "one run each"
     many = f"{counts[0]}–{counts[-1]}" if len(counts) > 1 else f"{counts[0]}"
@@ -91,6 +103,25 @@ def gpu_axis(ax, counts, cuda: bool) -> None:
     ax.set_xlabel(unit(cuda))
 
 
+def shade_oversubscribed(ax, counts, cores: Cores | None) -> None:
+    """Shade the GPU counts drawn that oversubscribe the CPU (more threads than cores), labelled
+    so in the legend: their speed measures contention. Call once the x axis is set: the span starts
+    halfway (geometrically on a log axis) between the last count that fits and the first that does
+    not."""
+    counts = sorted(set(counts))
+    crowded = [n for n in counts if n > (cores.fit if cores else max(counts))]
+    if not crowded:
+        return
+    fitting = [n for n in counts if n not in crowded]
+    low, high = ax.get_xlim()
+    if fitting:
+        last, first = fitting[-1], crowded[0]
+        low = (last * first) ** 0.5 if ax.get_xscale() == "log" else (last + first) / 2
+    ax.axvspan(low, high, color="#f2c0c0", alpha=0.4, zorder=0, linewidth=0,
+               label=f"oversubscribed: more processes than the {cores.available} cores")
+    ax.set_xlim(ax.get_xlim()[0], high)
+
+
 def draw_lines(ax, lines: dict[str, dict[int, list[float]]]) -> list[int]:
     """One line per configuration, mean with the std as error bars; the GPU counts drawn."""
     counts = []
@@ -111,19 +142,23 @@ def finish(fig: Figure, ax) -> Figure:
 
 
 # ---------------------------------------------------------------------------------------------------- the figures
-def throughput_figure(outcomes, device: str, cuda: bool) -> Figure | None:
+def throughput_figure(outcomes, device: str, cuda: bool,
+                      cores: Cores | None = None) -> Figure | None:
     lines = series(outcomes, "images_per_sec")
     if not lines:
         return None
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    gpu_axis(ax, draw_lines(ax, lines), cuda)
+    counts = draw_lines(ax, lines)
+    gpu_axis(ax, counts, cuda)
+    shade_oversubscribed(ax, counts, cores)
     ax.set_ylim(bottom=0)  # from zero: the heights compare as ratios
-    ax.set(ylabel="images/s (global)",
+    ax.set(ylabel="images/s (global batch ÷ mean step)",
            title=f"Throughput — {device}\n{averaged(configurations(outcomes))}")
     return finish(fig, ax)
 
 
-def efficiency_figure(outcomes, device: str, cuda: bool, projection: dict | None) -> Figure | None:
+def efficiency_figure(outcomes, device: str, cuda: bool, projection: dict | None,
+                      cores: Cores | None = None) -> Figure | None:
     lines = series(outcomes, "scaling_efficiency", 100)
     if not lines:
         return None
@@ -134,10 +169,13 @@ def efficiency_figure(outcomes, device: str, cuda: bool, projection: dict | None
             ax.plot(xs, ys, linestyle=dash, linewidth=1.6, alpha=0.8, label=f"projected DDP, {' = '.join(names)}")
             counts += xs
     gpu_axis(ax, counts, cuda)
+    shade_oversubscribed(ax, [n for n in counts if n in {o.run.gpus for o in outcomes}], cores)
     ax.axhline(100, color="grey", linewidth=0.8)
     ax.set_ylim(0, max(110, ax.get_ylim()[1]))
     title = f"Scaling efficiency — {device}\nmeasured: {averaged(configurations(outcomes))}"
-    ax.set(ylabel="scaling efficiency (%)", title=title + ("; broken lines: projected" if projection else ""))
+    counted = unit(cuda).split(" (")[0]
+    ax.set(ylabel=f"scaling efficiency (%): speedup ÷ {counted}",
+           title=title + ("; broken lines: projected" if projection else ""))
     return finish(fig, ax)
 
 
@@ -154,68 +192,55 @@ def projected_curves(projection: dict) -> dict[tuple, list[str]]:
     return curves
 
 
-def step_parts(group: list, groups: list[list]) -> dict[str, tuple[float, float]]:
-    """A configuration's mean step (ms) split into data wait, compute, and for a parallel mode the time above
-    single_gpu's compute at the same per-GPU batch and --amp: {part: (mean, std over repeats)}. The step is the
-    mean step (global batch ÷ images/s), of which data_wait_frac is the data wait."""
-    def split(o) -> tuple[float, float]:
-        step = 1000 * o.row["global_batch"] / o.row["images_per_sec"]
-        return step * (o.row["data_wait_frac"] or 0.0), step * (1 - (o.row["data_wait_frac"] or 0.0))
-
-    first = group[0]
-    data, work = zip(*(split(o) for o in group))
-    parts = {"data wait": mean_std(list(data))}
-    reference = next((g for g in groups if g[0].run.mode == "single_gpu" and g[0].row["amp"] == first.row["amp"]
-                      and g[0].row["per_gpu_batch"] == first.row["per_gpu_batch"]), None)
-    if first.run.mode == "single_gpu" or reference is None:
-        parts["compute"] = mean_std(list(work))
-        return parts
-    single = statistics.fmean(split(o)[1] for o in reference)
-    parts["compute"] = mean_std([min(w, single) for w in work])
-    parts["parallelism"] = mean_std([max(w - single, 0.0) for w in work])
-    return parts
-
-
-def step_figure(outcomes, device: str, cuda: bool) -> Figure | None:
-    groups = configurations(outcomes)
-    if not groups:
+def breakdown_figure(outcomes, device: str) -> Figure | None:
+    """Where a step goes: a horizontal stacked bar per configuration (the report's order, first on
+    top) of the parts report.step_split gives, in ms per step (the mean over ranks of the profiled
+    steps), each part's value written on it where it is wide enough, the profiled step at the bar's
+    end (± its std over the runs); the communication hidden behind compute as a hatched outline
+    over the compute it overlapped, not added. A configuration that recorded no split keeps its
+    place, marked "not recorded". None where none recorded one."""
+    splits = [(m, step_split(m)) for m in measured(outcomes)]
+    if not any(split for _, split in splits):
         return None
-    fig, ax = plt.subplots(figsize=(max(7.0, 1.6 * len(groups) + 3), 5.0))
-    names, tops, no_reference, drawn = [], [], [], set()
-    for x, group in enumerate(groups):
-        first, parts = group[0], step_parts(group, groups)
-        bottom = 0.0
-        for part, (mean, _) in parts.items():
-            ax.bar(x, mean, bottom=bottom, color=COLOURS[part], label=part, width=0.6)
-            drawn |= {part} if mean > 0 else set()
-            if mean >= 0.06 * max(1e-9, sum(m for m, _ in parts.values())):
-                ax.text(x, bottom + mean / 2, f"{mean:.1f}", ha="center", va="center", fontsize=8, color="white")
-            bottom += mean
-        spread = mean_std([1000 * o.row["global_batch"] / o.row["images_per_sec"] for o in group])[1]
-        if spread:
-            ax.errorbar(x, bottom, yerr=spread, color="black", capsize=3)
-        ax.text(x, bottom + spread, f"{bottom:.1f} ms\n", ha="center", va="bottom", fontsize=8)
-        names.append(f"{label(first)}\n{first.run.gpus} × {first.row['per_gpu_batch']} images")
-        tops.append(bottom + spread)  # where the error bar and its label end
-        if first.run.mode != "single_gpu" and "parallelism" not in parts:
-            no_reference.append(first.row["per_gpu_batch"])
-    ax.set_xticks(range(len(groups)), names, fontsize=7)
-    ax.set_xlim(-0.6, len(groups) - 0.4)
-    ax.set_ylim(0, 1.25 * max(tops))  # room above the highest error bar for its label
-    handles = dict(zip(*reversed(ax.get_legend_handles_labels())))  # one entry per part drawn, top part first
-    ax.legend([handles[p] for p in reversed(COLOURS) if p in drawn], [p for p in reversed(COLOURS) if p in drawn],
-              fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax.set(ylabel="ms per step (mean)", xlabel=f"{unit(cuda).split(' (')[0]} × images each",
-           title=f"Where a step goes — {averaged(groups)}\n{device}")
-    note = ""
-    if no_reference:
-        sizes = ", ".join(str(n) for n in sorted(set(no_reference)))
-        note = textwrap.fill(f"No single_gpu run at {sizes} images per GPU, so what the parallelism costs is not "
-                             f"split out of those bars: compare.py --batch_per_gpu N compares at equal per-GPU "
-                             f"batches.", width=int(16 * fig.get_figwidth()))
-        fig.text(0.01, 0.01, note, fontsize=7, va="bottom")
-    ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout(rect=(0, 0.03 * (note.count("\n") + 1) + 0.01 if note else 0, 1, 1))
+    widest = max(split.step_ms + split.step_std_ms for _, split in splits if split)
+    fig, ax = plt.subplots(figsize=(9.0, 2.3 + 0.55 * len(splits)))
+    for y, (m, split) in enumerate(splits):
+        if split is None:
+            ax.text(0, y, "  not recorded", va="center", fontsize=8, color="#555555")
+            continue
+        left = 0.0
+        for part in SPLIT_PARTS:
+            value = split.parts[part]
+            ax.barh(y, value, left=left, height=0.6, color=PART_COLOURS[part],
+                    label=PART_NAMES[part])
+            if value >= 0.07 * widest:  # wide enough for its figure
+                ax.text(left + value / 2, y, f"{value:.1f}", ha="center", va="center", fontsize=8,
+                        color="white")
+            left += value
+        if split.hidden_ms > 0:
+            ax.barh(y, split.hidden_ms, left=0.0, height=0.6, fill=False, hatch="///",
+                    edgecolor="black", linewidth=0.8, label=HIDDEN)
+        if split.step_std_ms:
+            ax.errorbar(left, y, xerr=split.step_std_ms, color="black", capsize=3)
+        ax.text(left + split.step_std_ms + 0.01 * widest, y, f"{split.step_ms:.1f} ms",
+                va="center", fontsize=8)
+    names = [f"{m.name()}\n{m.per_gpu_batch} images" + (" each" if m.run.gpus > 1 else "")
+             for m, _ in splits]
+    ax.set_yticks(range(len(splits)), names, fontsize=8)
+    ax.set_ylim(len(splits) - 0.5, -0.5)  # the first configuration on top, as in the table
+    ax.set_xlim(0, 1.15 * widest)  # room for the step's label at the widest bar's end
+    handles = dict(zip(*reversed(ax.get_legend_handles_labels())))  # one entry per part drawn
+    order = [PART_NAMES[part] for part in SPLIT_PARTS] + [HIDDEN]
+    shown = [name for name in order if name in handles]
+    fig.legend([handles[name] for name in shown], shown, fontsize=8, ncol=3, loc="lower center",
+               frameon=False)
+    ax.set_xlabel("ms per step (mean over ranks of the profiled steps)")
+    ax.grid(True, axis="x", alpha=0.3)
+    counts = sorted({split.runs for _, split in splits if split})
+    runs = ("one run each" if counts == [1] else
+            f"the mean of {runs_note(counts).removeprefix('mean ± std of ')}, ± the step's std")
+    ax.set_title(f"Where a step goes — {device}\n{runs}", fontsize=10)
+    fig.tight_layout(rect=(0, 0.6 / fig.get_figheight(), 1, 1))  # the legend's two rows below
     return fig
 
 
@@ -254,28 +279,38 @@ def pictures_section(outcomes, pictures: list[Path]) -> list[str]:
     if not pictures:
         return ["No run that succeeded timed a step, so there are no pictures."]
     lines = [" ".join(f"![{p.stem.replace('_', ' ')}]({p.name})" for p in pictures), "",
-             f"Each point or bar is one configuration: {averaged(configurations(outcomes))} (failed runs left "
-             f"out), the error bars their standard deviation. *step time* splits the mean step into the wait for "
-             f"data, compute and, for a parallel mode, the time above single_gpu's step at the same per-GPU batch: "
-             f"what the parallelism costs (gradient all-reduce not hidden by backward; DataParallel's "
-             f"scatter, replication and gather)."]
+             "Each point or bar is one configuration: "
+             f"{averaged(configurations(outcomes))} (failed runs left out), the error bars their "
+             "standard deviation; images/s and scaling efficiency are the table's (the mean of the "
+             "timed steps)."]
+    if any(p.name == "step_breakdown.png" for p in pictures):
+        lines[-1] += (" *step breakdown* draws the split of \"Where a step goes\" (the mean "
+                      "over ranks of the profiled steps): compute, exposed communication, data, "
+                      "optimizer and the rest, stacked; the communication hidden behind compute "
+                      "hatched over the compute it overlapped, not added.")
+    else:
+        lines[-1] += (" There is no step breakdown picture: no run recorded the split of its step "
+                      "(above).")
     if not any(p.name == "memory_per_gpu.png" for p in pictures):
         lines[-1] += " There is no memory picture: peak memory is measured on GPUs only."
     return lines
 
 
-def figures(outcomes, device: str, cuda: bool, projection: dict | None) -> dict[str, Figure]:
-    """{file name: figure} of every picture there is something to draw for."""
-    made = dict(zip(PICTURES, (throughput_figure(outcomes, device, cuda),
-                               efficiency_figure(outcomes, device, cuda, projection),
-                               step_figure(outcomes, device, cuda),
+def figures(outcomes, device: str, cuda: bool, projection: dict | None,
+            cores: Cores | None = None) -> dict[str, Figure]:
+    """{file name: figure} of every picture there is something to draw for. `cores`: the CPU's,
+    which CPU runs with more processes oversubscribe (shaded); None: not shaded."""
+    made = dict(zip(PICTURES, (throughput_figure(outcomes, device, cuda, cores),
+                               efficiency_figure(outcomes, device, cuda, projection, cores),
+                               breakdown_figure(outcomes, device),
                                memory_figure(outcomes, device))))
     return {name: fig for name, fig in made.items() if fig is not None}
 
 
-def write_plots(outcomes, out: Path, device: str, cuda: bool, projection: dict | None) -> list[Path]:
+def write_plots(outcomes, out: Path, device: str, cuda: bool, projection: dict | None,
+                cores: Cores | None = None) -> list[Path]:
     """The pictures in `out`, each written whole or not at all (write_file), the paths written."""
-    paths, drawn = [], figures(outcomes, device, cuda, projection)
+    paths, drawn = [], figures(outcomes, device, cuda, projection, cores)
     try:
         for name, fig in drawn.items():
             png = io.BytesIO()

@@ -1,8 +1,15 @@
-"""From the runs' results.json files to the comparison: one CSV row per run; report.md, answers first: one table row
-per configuration (mean ± std over repeats), what the table says in sentences computed from its figures (the fastest
-configuration, the scaling, what the parallelism costs, the run-to-run spread, the failed runs), then the pictures
-and the environment; and projection.md beside it, the projections past this machine (scaling, memory), labelled
-so."""
+"""From the runs' results.json files to the comparison: one CSV row per run; report.md, answers
+first: one table row per configuration (mean ± std over repeats of one named statistic per
+column), what the table says in sentences computed from its figures (whether the fastest
+configuration can be told apart from the rest, the scaling, the run-to-run spread, the failed
+runs), where a step goes on every rank (the profiler's measured split of the step: compute,
+communication hidden and exposed, data, optimizer), then the pictures and the environment; and
+projection.md beside it, the projections past this machine (scaling, memory), labelled so.
+
+Every figure of a step is the MEAN of the timed steps: the table's step, images/s (global batch ÷
+that step), the epoch of 50k, the sentences, the pictures and results.csv. The split of a step is
+the mean over ranks of the profiled steps (`summary.breakdown`); one function (step_split)
+computes what the split's table, its sentences and step_breakdown.png show."""
 from __future__ import annotations
 
 import csv
@@ -18,7 +25,7 @@ from common.data import dataset_info
 from common.logger import write_atomically
 from comparison import environment as machine
 from comparison.environment import gpu_summary
-from comparison.matrix import GROUP_MODES, PlannedRun
+from comparison.matrix import GROUP_MODES, Cores, PlannedRun
 from comparison.projection import (AUTOCAST, FABRICS, MEMORY_GPU_COUNTS, PROJECTED_GPU_COUNTS, SYNC_ALLOWANCE,
                                    bytes_sent_per_gpu, fsdp_projected_efficiency, memory_per_gpu,
                                    projected_efficiency)
@@ -38,19 +45,31 @@ class Outcome:
     row: dict = field(default_factory=dict)
 
 
-COLUMNS = ("run", "mode", "gpus", "backend", "amp", "sync_bn", "reshard_after_forward", "repeat", "status", "error",
-           "global_batch", "per_gpu_batch", "batch_time_p50_s", "batch_time_p90_s", "epoch_time_50k_s",
-           "images_per_sec", "images_per_sec_per_gpu", "speedup", "scaling_efficiency", "data_wait_frac",
-           "gpu_util_mean", "peak_mem_gb_per_gpu", "peak_mem_reserved_gb_per_gpu", "mfu", "test_acc", "train_loss",
-           "model", "parameters", "flops_per_image", "wall_time_s", "log")
+# the parts a step splits into (summary.breakdown's keys): they add up to the profiled step
+SPLIT_PARTS = ("compute_ms", "comm_exposed_ms", "data_ms", "optimizer_ms", "other_ms")
+SPLIT_KEYS = ("step_ms", *SPLIT_PARTS, "comm_ms")
+SPLIT_COLUMNS = ("ranks", *(f"split_{key}" for key in SPLIT_KEYS), "split_comm_hidden_ms",
+                 "split_work_ms_per_rank", "split_slowest_rank")
+COLUMNS = ("run", "mode", "gpus", "backend", "amp", "sync_bn", "reshard_after_forward", "repeat",
+           "status", "error", "global_batch", "per_gpu_batch", "step_time_mean_s",
+           "batch_time_p50_s", "batch_time_p90_s", "epoch_time_50k_s", "images_per_sec",
+           "images_per_sec_per_gpu", "speedup", "scaling_efficiency", "data_wait_frac",
+           "gpu_util_mean", "peak_mem_gb_per_gpu", "peak_mem_reserved_gb_per_gpu", "mfu",
+           "test_acc", "train_loss", "model", "parameters", "flops_per_image", "wall_time_s",
+           "profiled_steps",
+           *SPLIT_COLUMNS, "log")
 
 
 def fill_rows(outcomes: list[Outcome], out: Path) -> None:
-    """Each outcome's CSV row: the results.json figures as they are, plus what is derived from them."""
+    """Each outcome's CSV row: the results.json figures as they are, plus what is derived from
+    them: the mean step (global batch ÷ images/s, which is the mean of the timed steps), the epoch
+    of 50k at that step, speedup and scaling efficiency (100 % for one process, by definition),
+    and the step's split averaged over the ranks (split_row)."""
     for o in outcomes:
         r, res = o.run, o.results or {}
         summary, config = res.get("summary", {}), res.get("config", {})
         ips = summary.get("images_per_sec")
+        batch = config.get("batch_size")
         memory, reserved = res.get("peak_mem_gb_per_gpu") or {}, res.get("peak_mem_reserved_gb_per_gpu") or {}
         o.row = {
             "run": r.name, "mode": r.mode, "gpus": r.gpus, "backend": r.backend or "", "amp": config.get("amp", r.amp),
@@ -58,6 +77,7 @@ def fill_rows(outcomes: list[Outcome], out: Path) -> None:
             "status": o.status, "error": o.error or "",
             "global_batch": config.get("batch_size"),
             "per_gpu_batch": config["batch_size"] // r.gpus if config else None,
+            "step_time_mean_s": batch / ips if ips and batch else None,
             "batch_time_p50_s": summary.get("batch_time_p50"), "batch_time_p90_s": summary.get("batch_time_p90"),
             "epoch_time_50k_s": CIFAR10_TRAIN_IMAGES / ips if ips else None,
             "images_per_sec": ips, "images_per_sec_per_gpu": ips / r.gpus if ips else None,
@@ -68,13 +88,38 @@ def fill_rows(outcomes: list[Outcome], out: Path) -> None:
             "mfu": summary.get("mfu"), "test_acc": summary.get("test_acc"), "train_loss": summary.get("train_loss"),
             "model": model_title(config) if config else None, "parameters": summary.get("parameters"),
             "flops_per_image": summary.get("flops_per_image"),
-            "wall_time_s": summary.get("wall_time_s"), "log": str(o.log.relative_to(out)) if o.log else "",
+            "wall_time_s": summary.get("wall_time_s"),
+            "profiled_steps": config.get("profile_steps"), **split_row(summary),
+            "log": str(o.log.relative_to(out)) if o.log else "",
         }
     for o in outcomes:  # speedup against single_gpu with the same --amp
         base = baseline(outcomes, o.row["amp"])
         if base and o.row["images_per_sec"]:
             o.row["speedup"] = o.row["images_per_sec"] / base
-            o.row["scaling_efficiency"] = o.row["speedup"] / o.run.gpus
+            # one process scales nothing: its efficiency is 100 % by definition, whatever its speed
+            gpus = o.run.gpus
+            o.row["scaling_efficiency"] = o.row["speedup"] / gpus if gpus > 1 else 1.0
+
+
+def split_row(summary: dict) -> dict:
+    """A run's step split for its CSV row (SPLIT_COLUMNS), from results.json's
+    `summary.breakdown` ({rank: {step_ms, compute_ms, ...}}): each part averaged over the ranks,
+    the communication hidden behind compute (comm_ms less comm_exposed_ms), each rank's work (its
+    step less its exposed communication: the time it was not waiting for the others) and the
+    slowest rank, the one with the most work. All None where the run recorded no breakdown
+    (profiling off, or a results.json written before it), or one that lacks a part."""
+    breakdown = summary.get("breakdown")
+    ranks = sorted(breakdown, key=int) if isinstance(breakdown, dict) else []
+    whole = lambda split: isinstance(split, dict) and all(  # noqa: E731
+        isinstance(split.get(key), (int, float)) for key in SPLIT_KEYS)
+    if not ranks or not all(whole(breakdown[r]) for r in ranks):
+        return dict.fromkeys(SPLIT_COLUMNS)
+    mean = {key: statistics.fmean(breakdown[r][key] for r in ranks) for key in SPLIT_KEYS}
+    work = {r: breakdown[r]["step_ms"] - breakdown[r]["comm_exposed_ms"] for r in ranks}
+    return {"ranks": len(ranks), **{f"split_{key}": mean[key] for key in SPLIT_KEYS},
+            "split_comm_hidden_ms": mean["comm_ms"] - mean["comm_exposed_ms"],
+            "split_work_ms_per_rank": " ".join(f"{work[r]:.3f}" for r in ranks),
+            "split_slowest_rank": int(max(ranks, key=lambda r: work[r]))}
 
 
 def run_config(config: dict) -> types.SimpleNamespace:
@@ -137,7 +182,9 @@ def write_file(path: Path, data: bytes) -> None:
 
 
 # The pictures compare.py may draw (comparison/plots.py draws those it has figures for)
-PICTURES = ("images_per_sec.png", "scaling_efficiency.png", "step_time.png", "memory_per_gpu.png")
+PICTURES = ("images_per_sec.png", "scaling_efficiency.png", "step_breakdown.png",
+            "memory_per_gpu.png")
+EARLIER_PICTURES = ("step_time.png",)  # what earlier versions drew: --overwrite removes them too
 
 
 # --- report.md ---------------------------------------------------------------------------------------------------
@@ -161,10 +208,15 @@ def groups(outcomes: list[Outcome]) -> list[list[Outcome]]:
     return list(by_setting.values())
 
 
-TABLE_HEADER = ("| mode | GPUs | backend | amp | global batch | per-GPU batch | batch time (ms) | epoch of 50k (s) | "
-                "images/s | speedup | scaling efficiency | data wait | GPU util | peak mem GB per GPU, allocated "
-                "(reserved) | MFU | "
-                "test acc | runs |")
+# each column one statistic, named: a step is the mean of the timed steps, and so are the figures
+# made from it
+TABLE_HEADER = ("| mode | GPUs | backend | amp | global batch | per-GPU batch | step, ms (mean "
+                "of timed steps) | epoch of 50k, s (at that step) | images/s (global batch ÷ "
+                "step) | speedup (÷ single_gpu's images/s) | scaling efficiency (speedup ÷ GPUs; "
+                "1 GPU: 100 %) | data wait (share of timed steps) | GPU util (mean) | peak mem GB "
+                "per GPU, allocated (reserved) | MFU (timed steps) | test acc | runs |")
+TABLE_NOTE = ("Each cell is the mean ± std, over the configuration's runs (`--repeat`), of each "
+              "run's own figure; a run's figures are from its timed steps, after `--warmup_steps`.")
 
 
 # what each --amp runs as: every mode casts under torch.autocast (fsdp too, not FSDP's MixedPrecisionPolicy)
@@ -198,12 +250,21 @@ def table_row(group: list[Outcome]) -> str:
         count = sum(o.status == status for o in group)
         runs += f", **{count} {status}**" if count else ""
     cells = [run.mode, str(run.gpus), backend or "—", amp, str(group[0].row["global_batch"] or "—"),
-             str(group[0].row["per_gpu_batch"] or "—"), spread(col("batch_time_p50_s"), 1, 1000),
-             spread(col("epoch_time_50k_s"), 1), spread(col("images_per_sec"), 0), spread(col("speedup"), 2, unit="×"),
-             spread(col("scaling_efficiency"), 0, 100, " %"), spread(col("data_wait_frac"), 1, 100, " %"),
+             str(group[0].row["per_gpu_batch"] or "—"), spread(col("step_time_mean_s"), 1, 1000),
+             spread(col("epoch_time_50k_s"), 1), spread(col("images_per_sec"), 0),
+             spread(col("speedup"), 2, unit="×"), efficiency_cell(run, col("scaling_efficiency")),
+             spread(col("data_wait_frac"), 1, 100, " %"),
              spread(col("gpu_util_mean"), 0, 1, " %"), memory, spread(col("mfu"), 1, 100, " %"),
              spread(col("test_acc"), 2, 100, " %"), runs]
     return "| " + " | ".join(cells) + " |"
+
+
+def efficiency_cell(run: PlannedRun, efficiencies: list) -> str:
+    """The scaling efficiency cell: mean ± std over the runs; one process's is 100 % by definition
+    (fill_rows), with no spread to show."""
+    if run.gpus == 1 and any(e is not None for e in efficiencies):
+        return "100 %"
+    return spread(efficiencies, 0, 100, " %")
 
 
 # --- report.md: what the table says -------------------------------------------------------------------------------
@@ -228,7 +289,14 @@ class Measured:
 
     @property
     def step_s(self) -> float | None:
-        return self.mean("batch_time_p50_s")
+        """The mean of the timed steps (the table's step column), averaged over the runs."""
+        return self.mean("step_time_mean_s")
+
+    @property
+    def images_per_sec_std(self) -> float:
+        """The sample standard deviation of images/s over the runs (0 with one run)."""
+        values = [row["images_per_sec"] for row in self.rows]
+        return statistics.stdev(values) if len(values) > 1 else 0.0
 
     @property
     def amp(self) -> str | None:
@@ -240,11 +308,17 @@ class Measured:
 
     @property
     def low(self) -> float:
-        return min(row["images_per_sec"] for row in self.rows)
+        """The bottom of the configuration's range of images/s: mean − std over its runs, as the
+        table shows it."""
+        return self.images_per_sec - self.images_per_sec_std
 
     @property
     def high(self) -> float:
-        return max(row["images_per_sec"] for row in self.rows)
+        return self.images_per_sec + self.images_per_sec_std
+
+    def speed(self) -> str:
+        """Its images/s as the table's cell has it: '1,200 ± 50'."""
+        return spread([row["images_per_sec"] for row in self.rows], 0)
 
     def name(self, count: bool = True) -> str:
         """The configuration in a sentence, as PlannedRun.describe() has it: 'dist_parallel on 2 GPUs (nccl)';
@@ -272,118 +346,347 @@ def fmt_percent(fraction: float, signed: bool = False) -> str:
     return f"{fraction * 100:{'+' if signed else ''}.{digits}f} %"
 
 
-def findings(outcomes: list[Outcome]) -> list[str]:
-    """What the table says, as a list of sentences computed from its figures: the fastest configuration and by how
-    much, the scaling efficiency at the most GPUs run, what the parallelism costs per step, whether the run-to-run
-    spread makes the differences meaningless, and the runs that failed and why (each with its log)."""
+def findings(outcomes: list[Outcome], cores: Cores | None = None) -> list[str]:
+    """What the table says, as a list of sentences computed from its figures: runs with more
+    processes than cores (their figures measure contention), whether the fastest configuration can
+    be told apart from the rest (and by how much), DataParallel on the CPU (which wraps nothing),
+    the scaling efficiency at the most GPUs run, which configurations the run-to-run spread cannot
+    tell apart, and the runs that failed and why (each with its log). `cores`: the CPU cores the
+    runs shared (None: not known, nothing said of them)."""
     timed = measured(outcomes)
+    crowded = oversubscription_line(outcomes, cores)
     if not timed:
-        return ["- **No run timed a step**, so there is nothing to compare.", *failures(outcomes)]
-    lines = [fastest_line(timed), scaling_line(timed), cost_line(timed), spread_line(timed)]
+        nothing = "- **No run timed a step**, so there is nothing to compare."
+        return [line for line in (crowded, nothing) if line] + failures(outcomes)
+    lines = [crowded, verdict_line(timed), wraps_nothing_line(timed), scaling_line(timed, cores),
+             spread_line(timed)]
     return [line for line in lines if line] + failures(outcomes)
 
 
-def fastest_line(timed: list[Measured]) -> str:
-    """The fastest configuration, and its images/s over the next fastest's and single_gpu's (the same --amp)."""
-    ranked = sorted(timed, key=lambda m: m.images_per_sec, reverse=True)
+def wraps_nothing(m: Measured) -> bool:
+    """data_parallel on the CPU: nn.DataParallel without GPUs calls the model itself (nothing to
+    scatter, replicate or gather), so it is single_gpu's computation, and is not ranked among the
+    modes."""
+    return m.run.mode == "data_parallel" and m.run.unit == "cpu"
+
+
+def contenders(timed: list[Measured]) -> list[Measured]:
+    """The configurations ranked by speed, fastest first: every one that timed a step but
+    data_parallel on the CPU (wraps_nothing). The verdict, the spread line and the recommendation
+    rank these alike."""
+    return sorted((m for m in timed if not wraps_nothing(m)), key=lambda m: m.images_per_sec,
+                  reverse=True)
+
+
+def oversubscription_line(outcomes: list[Outcome], cores: Cores | None) -> str | None:
+    """Whether some CPU runs had more processes (times their threads) than the cores they shared:
+    such processes take turns on the cores, so the runs' speed measures that contention, not the
+    parallelism."""
+    crowded = cores.crowded([o.run for o in outcomes]) if cores else []
+    if not crowded:
+        return None
+    counts = sorted({run.gpus for run in crowded})
+    threads = ("one thread each" if cores.threads == 1 else
+               f"{cores.threads} threads each (OMP_NUM_THREADS)")
+    return (f"- **Oversubscribed: up to {counts[-1]} CPU processes on {cores.available} cores.** "
+            f"The runs on {listed([str(n) for n in counts])} CPU processes ({threads}) had more "
+            "threads than this machine has cores, so their processes took turns on the cores: "
+            "their images/s, speedup and scaling efficiency measure that contention, not the "
+            f"parallelism. `--gpu_counts` up to {cores.fit} keeps a core for every thread here.")
+
+
+def oversubscription_title(outcomes: list[Outcome], cores: Cores | None) -> str:
+    """The report's title's end where some CPU runs were oversubscribed: ' — oversubscribed: 8
+    processes on 2 cores'; '' otherwise."""
+    crowded = cores.crowded([o.run for o in outcomes]) if cores else []
+    if not crowded:
+        return ""
+    most = max(run.gpus for run in crowded)
+    return f" — oversubscribed: {most} processes on {cores.available} cores"
+
+
+def verdict_line(timed: list[Measured]) -> str:
+    """The first thing the table says: the fastest configuration, named only where its range of
+    images/s (mean ± std over its runs, as the table shows it) lies above every other's; otherwise
+    which configurations cannot be told apart, and why (one run each measures no spread; or their
+    ranges overlap)."""
+    ranked = contenders(timed)
+    if not ranked:
+        return ("- **Nothing to rank:** only data_parallel on the CPU timed a step, and without "
+                "GPUs it is single_gpu's computation.")
     first = ranked[0]
-    text = f"- **Fastest: {first.name()}**, {first.images_per_sec:,.0f} images/s"
     if len(ranked) == 1:
-        return text + ", the only configuration that timed a step: nothing to compare it with."
+        return (f"- **Only {first.name()} timed a step** ({first.speed()} images/s): nothing to "
+                "compare it with.")
+    once = [m for m in ranked if len(m.rows) < 2]
+    if once:
+        figures = "; ".join(f"{m.name()} {m.speed()}" for m in ranked)
+        apart = "**The configurations cannot be told apart"
+        which = (f"{apart}: one run each**" if len(once) == len(ranked) else
+                 f"{apart}:** {listed([m.name() for m in once])} timed one run only, which")
+        return (f"- {which} measures no run-to-run spread, so no difference between them is shown "
+                "to be more than noise (`--repeat 3` measures it). Images/s in their runs, fastest "
+                f"first: {figures}.")
+    runs = run_counts(ranked)
+    tied = [first, *[m for m in ranked[1:] if overlap(first, m)]]
+    if len(tied) > 1:
+        figures = "; ".join(f"{m.name()} {m.speed()}" for m in tied)
+        return (f"- **{listed([m.name() for m in tied])} cannot be told apart:** their images/s "
+                f"(mean ± std over {runs} runs) overlap: {figures}.")
     second = ranked[1]
-    text += (f": {first.images_per_sec / second.images_per_sec:.2f}× the next fastest, {second.name()} at "
-             f"{second.images_per_sec:,.0f}")
-    single = next((m for m in timed if m.run.mode == "single_gpu" and m.amp == first.amp), None)
-    if first.run.mode == "single_gpu":
-        return text + f"; no parallel mode beat one {UNITS[first.run.unit][0]} here."
-    if single is not None and single is not second:
+    text = (f"- **Fastest: {first.name()}**, {first.speed()} images/s: "
+            f"{first.images_per_sec / second.images_per_sec:.2f}× the next fastest, "
+            f"{second.name()} at {second.speed()}")
+    single = next((m for m in ranked if m.run.mode == "single_gpu" and m.amp == first.amp), None)
+    if first.run.mode != "single_gpu" and single is not None and single is not second:
         text += (f", and {first.images_per_sec / single.images_per_sec:.2f}× {single.name()} at "
-                 f"{single.images_per_sec:,.0f} (the speedup column)")
+                 f"{single.speed()} (the speedup column)")
+    text += f"; its range (mean ± std over {runs} runs) lies above every other's"
+    if first.run.mode == "single_gpu":
+        return text + f": no parallel mode beat one {UNITS[first.run.unit][0]} here."
     return text + "."
 
 
-def scaling_line(timed: list[Measured]) -> str | None:
-    """The scaling efficiency of each configuration at the most GPUs run; None when one GPU count ran."""
+def run_counts(timed: list[Measured]) -> str:
+    """How many runs each configuration has: '3', or '2–3'."""
+    counts = sorted({len(m.rows) for m in timed})
+    return f"{counts[0]}–{counts[-1]}" if len(counts) > 1 else f"{counts[0]}"
+
+
+def wraps_nothing_line(timed: list[Measured]) -> str | None:
+    """What data_parallel on the CPU is (wraps_nothing), in place of a rank among the modes."""
+    wrapped = next((m for m in timed if wraps_nothing(m)), None)
+    if wrapped is None:
+        return None
+    single = next((m for m in timed if m.run.mode == "single_gpu" and m.amp == wrapped.amp), None)
+    against = (f"; its {wrapped.speed()} images/s against single_gpu's {single.speed()} is no "
+               "measure of DataParallel" if single else "")
+    return (f"- **{wrapped.name()} is single_gpu's computation:** without GPUs nn.DataParallel "
+            f"calls the model itself, with nothing to scatter, replicate or gather{against}, so it "
+            "is left out of the ranking.")
+
+
+def scaling_line(timed: list[Measured], cores: Cores | None = None) -> str | None:
+    """The scaling efficiency of each configuration at the most GPUs run, and whether that many
+    CPU processes oversubscribed the cores; None when one GPU count ran."""
     if len({m.run.gpus for m in timed}) < 2:
         return None
     most = max(m.run.gpus for m in timed)
     at_most = [m for m in timed if m.run.gpus == most]
     unit, units = UNITS[at_most[0].run.unit]
     text = f"- **Scaling at {most} {units}**, the most run: "
-    known = [(m, m.mean("scaling_efficiency")) for m in at_most if m.mean("scaling_efficiency") is not None]
+    known = [(m, m.mean("scaling_efficiency")) for m in at_most
+             if m.mean("scaling_efficiency") is not None]
     if not known:
-        return text + "no single_gpu run with the same `--amp` timed a step, so there is no scaling efficiency."
+        return (text + "no single_gpu run with the same `--amp` timed a step, so there is no "
+                "scaling efficiency.")
     parts = [f"{fmt_percent(efficiency)} for {m.name(count=False)}" for m, efficiency in known]
-    single = next((m for m in timed if m.run.mode == "single_gpu" and m.amp == known[0][0].amp), None)
+    single = next((m for m in timed if m.run.mode == "single_gpu" and m.amp == known[0][0].amp),
+                  None)
     batch = known[0][0].per_gpu_batch
     if single is None or single.per_gpu_batch == batch:
         share = f"each {unit} with {batch} images, as many as single_gpu"
     else:
         share = f"each {unit} with {batch} of the {batch * most} images single_gpu takes alone"
-    return text + f"scaling efficiency (speedup ÷ {units}) " + listed(parts) + f"; {share}."
+    crowded = (f"; {most} processes on {cores.available} cores are oversubscribed, so this "
+               "efficiency measures their contention"
+               if cores and cores.crowded([m.run for m in at_most]) else "")
+    return (text + f"scaling efficiency (speedup ÷ {units}) " + listed(parts)
+            + f"; {share}{crowded}.")
 
 
-def cost_line(timed: list[Measured]) -> str | None:
-    """What each parallel mode's step costs above single_gpu's (the same --amp), in ms and per cent: the
-    configuration of the mode at its most GPUs (the fastest of them), against single_gpu's step scaled to its
-    per-GPU batch. None without single_gpu or a parallel mode."""
-    items, references = [], []
-    for mode in PARALLEL_MODES:
-        of_mode = [m for m in timed if m.run.mode == mode and m.step_s is not None]
-        if not of_mode:
-            continue
-        most = max(m.run.gpus for m in of_mode)
-        chosen = max((m for m in of_mode if m.run.gpus == most), key=lambda m: m.images_per_sec)
-        single = next((m for m in timed if m.run.mode == "single_gpu" and m.amp == chosen.amp
-                       and m.step_s is not None), None)
-        if single is None:
-            continue
-        scaled = single.step_s * chosen.per_gpu_batch / single.per_gpu_batch
-        extra = chosen.step_s - scaled
-        cost = f"{extra * 1000:+,.1f} ms ({fmt_percent(extra / scaled, signed=True)})"
-        if chosen.per_gpu_batch == single.per_gpu_batch:
-            items.append(f"{chosen.name()} {chosen.step_s * 1000:,.1f} ms, {cost}")
-        else:
-            unit = UNITS[chosen.run.unit][0]
-            items.append(f"{chosen.name()} {chosen.step_s * 1000:,.1f} ms for {chosen.per_gpu_batch} images per "
-                         f"{unit} against {scaled * 1000:,.1f} ms (single_gpu's step scaled to "
-                         f"{chosen.per_gpu_batch} images), {cost}")
-        references.append(single)
-    if not items:
+def spread_line(timed: list[Measured]) -> str | None:
+    """With repeats, which configurations' images/s ranges (mean ± std over their runs) overlap,
+    the fastest first: their differences cannot be told from run-to-run noise. None with one run
+    each (the verdict says so)."""
+    ranked = contenders(timed)
+    if len(ranked) < 2 or any(len(m.rows) < 2 for m in ranked):
         return None
-    if len({id(single) for single in references}) == 1:
-        single = references[0]
-        against = (f"against {single.name()}'s {single.step_s * 1000:,.1f} ms for {single.per_gpu_batch} images "
-                   "(the batch time column)")
-    else:
-        against = "against single_gpu's step with the same `--amp` (the batch time column)"
-    return f"- **What the parallelism costs per step**, {against}: " + "; ".join(items) + "."
-
-
-def spread_line(timed: list[Measured]) -> str:
-    """Whether the run-to-run spread makes a difference meaningless: the configurations whose images/s over their
-    repeats overlap, the fastest first."""
-    repeats = sorted({len(m.rows) for m in timed})
-    if repeats == [1]:
-        return ("- **Spread:** each configuration ran once, so nothing here tells a difference from run-to-run "
-                "noise; `--repeat 3` measures the spread.")
-    ranked = sorted(timed, key=lambda m: m.images_per_sec, reverse=True)
+    runs = run_counts(ranked)
     overlapping = [(a, b) for i, a in enumerate(ranked) for b in ranked[i + 1:] if overlap(a, b)]
-    runs = f"{repeats[0]}–{repeats[-1]}" if len(repeats) > 1 else f"{repeats[0]}"
     if not overlapping:
-        return ("- **Spread:** no two configurations' images/s overlap over their runs: every difference above is "
-                f"larger than the run-to-run spread, as far as {runs} runs each can tell.")
-    shown = [f"{a.name()} at {a.low:,.0f}–{a.high:,.0f} images/s and {b.name()} at {b.low:,.0f}–{b.high:,.0f}"
+        return ("- **Spread:** no two configurations' images/s overlap (mean ± std over their "
+                "runs): every difference above is larger than the run-to-run spread, as far as "
+                f"{runs} runs each can tell.")
+    shown = [f"{a.name()} at {a.speed()} images/s and {b.name()} at {b.speed()}"
              for a, b in overlapping[:3]]
     more = f", and {len(overlapping) - 3} more pairs" if len(overlapping) > 3 else ""
-    return (f"- **Within the run-to-run spread** ({runs} runs each): " + "; ".join(shown) + more + ". Their "
-            "images/s over the repeats overlap: the difference between them cannot be told from run-to-run noise.")
+    return (f"- **Within the run-to-run spread** ({runs} runs each): " + "; ".join(shown) + more
+            + ". Their images/s (mean ± std) overlap: the difference between them cannot be told "
+            "from run-to-run noise.")
 
 
 def overlap(a: Measured, b: Measured) -> bool:
-    """Whether two configurations' images/s over their runs (lowest to highest) overlap: their difference cannot be
-    told from run-to-run noise. The spread line and the recommendation both judge by it."""
+    """Whether two configurations' ranges of images/s (mean ± std over their runs, as the table
+    shows them) overlap: their difference cannot be told from run-to-run noise. The verdict, the
+    spread line and the recommendation all judge by it."""
     return a.low <= b.high and b.low <= a.high
+
+
+# --- report.md: where a step goes --------------------------------------------------------------
+
+PART_NAMES = {"compute_ms": "compute", "comm_exposed_ms": "exposed communication",
+              "data_ms": "data", "optimizer_ms": "optimizer", "other_ms": "other"}
+# what each parallel mode communicates
+COLLECTIVES = {"dist_parallel": "gradient all-reduce", "fsdp": "all-gathers and reduce-scatters",
+               "data_parallel": "scatter, replication and gather"}
+STRAGGLER_SHARE = 0.10  # ranks whose work differs by more than this share of the step: named
+
+
+@dataclass
+class Split:
+    """A configuration's step as the split's table, its sentences and step_breakdown.png all show
+    it (step_split computes it once): ms per step, each the mean over the configuration's runs of
+    the mean over its ranks of the profiled steps."""
+    parts: dict[str, float]  # SPLIT_PARTS: they add up to step_ms
+    comm_ms: float           # all communication, hidden behind compute or not
+    hidden_ms: float         # comm_ms less the exposed part: overlapped with compute, not added
+    step_ms: float
+    step_std_ms: float       # over the runs (0 with one)
+    runs: int                # the runs that recorded a split
+    work: dict[int, float]   # rank -> its step less its exposed communication (time not waiting)
+    profiled_steps: int | None
+
+    @property
+    def slowest(self) -> int:
+        return max(self.work, key=self.work.get)
+
+    @property
+    def least(self) -> int:
+        return min(self.work, key=self.work.get)
+
+    @property
+    def straggler(self) -> bool:
+        """Whether the ranks' work differs notably (more than STRAGGLER_SHARE of the step)."""
+        spread_ms = self.work[self.slowest] - self.work[self.least]
+        return spread_ms > STRAGGLER_SHARE * self.step_ms
+
+
+def step_split(m: Measured) -> Split | None:
+    """The configuration's split (Split), from the CSV rows of its runs that recorded one; None
+    where none did."""
+    rows = [row for row in m.rows if row.get("split_step_ms") is not None]
+    if not rows:
+        return None
+    mean = lambda key: statistics.fmean(row[key] for row in rows)  # noqa: E731
+    per_rank = [[float(w) for w in row["split_work_ms_per_rank"].split()] for row in rows]
+    ranks = min(len(work) for work in per_rank)
+    steps = [row["split_step_ms"] for row in rows]
+    return Split(parts={part: mean(f"split_{part}") for part in SPLIT_PARTS},
+                 comm_ms=mean("split_comm_ms"), hidden_ms=mean("split_comm_hidden_ms"),
+                 step_ms=mean("split_step_ms"),
+                 step_std_ms=statistics.stdev(steps) if len(steps) > 1 else 0.0, runs=len(rows),
+                 work={r: statistics.fmean(work[r] for work in per_rank) for r in range(ranks)},
+                 profiled_steps=rows[0].get("profiled_steps"))
+
+
+SPLIT_HEADER = ("| configuration | step, ms (mean of timed steps, as above) | profiled step, ms | "
+                "compute | communication exposed | data | optimizer | other | communication "
+                "hidden behind compute (not added) | slowest rank: work, ms (least) |")
+
+
+def breakdown_section(outcomes: list[Outcome], profiling: int | None) -> list[str]:
+    """report.md's "Where a step goes": each configuration's split (step_split) as a table, then a
+    sentence per parallel configuration at its mode's most GPUs. `profiling`: the --profile_steps
+    the runs were given (None: the train scripts here take no such flag), which says why a split
+    is missing."""
+    timed = measured(outcomes)
+    splits = [(m, step_split(m)) for m in timed]
+    if not any(split for _, split in splits):
+        return [not_recorded(profiling, bool(timed))]
+    steps = sorted({split.profiled_steps for _, split in splits if split and split.profiled_steps})
+    counted = f"{listed([str(n) for n in steps])} steps" if steps else "a few steps"
+    lines = [
+        f"Each rank's step over {counted} recorded by torch.profiler after the warm-up "
+        "(`--profile_steps`), split into compute, exposed communication (the step waiting for "
+        "it), waiting for data, the optimizer and the rest: these add up to the profiled step. "
+        "The communication hidden behind compute ran while other work did, so it is shown beside "
+        "the parts, not added to them. **ms per step, the mean over ranks** (and over a "
+        "configuration's runs). The profiled steps are a few, with the profiler's own overhead: "
+        "the timed step of the results table stands beside them. The slowest rank is the one with "
+        "the most work (its step less its exposed communication: the time it did not wait for "
+        "the others). Each rank's trace is in its run folder, `runs/<run>/trace_rank<r>.json` "
+        "(Perfetto, chrome://tracing, TensorBoard's profile plugin).",
+        "",
+        SPLIT_HEADER,
+        "|" + "---|" * SPLIT_HEADER.count(" | ") + "---|",
+    ]
+    for m, split in splits:
+        timed_step = spread([row["step_time_mean_s"] for row in m.rows], 1, 1000)
+        if split is None:
+            lines.append(f"| {m.name()} | {timed_step} | not recorded | | | | | | | |")
+            continue
+        parts = [f"{split.parts[part]:.1f}" for part in SPLIT_PARTS]
+        slowest = (f"rank {split.slowest}: {split.work[split.slowest]:.1f} (rank {split.least}: "
+                   f"{split.work[split.least]:.1f})" if len(split.work) > 1 else "—")
+        lines.append(f"| {m.name()} | {timed_step} | {split.step_ms:.1f} | " + " | ".join(parts)
+                     + f" | {split.hidden_ms:.1f} | {slowest} |")
+    sentences = [split_line(m, split, timed) for m, split in splits
+                 if split and m in compared(timed)]
+    missing = [m for m, split in splits if split is None]
+    if missing:
+        why = not_recorded(profiling, True).removeprefix("Not recorded: ")
+        sentences.append(f"- Not recorded for {listed([m.name() for m in missing])}: {why}")
+    return lines + ([""] + sentences if sentences else [])
+
+
+def not_recorded(profiling: int | None, timed: bool) -> str:
+    """Why no split of the step is there."""
+    if not timed:
+        return "Not recorded: no run timed a step, so none was profiled."
+    if profiling is None:
+        return ("Not recorded: the train scripts here take no `--profile_steps`, so no run "
+                "profiled its steps.")
+    if profiling == 0:
+        return ("Not recorded: `--profile_steps 0` left the profiler off; by default compare.py "
+                "profiles 3 steps of every run and splits them here.")
+    return ("Not recorded: no run's results.json has a split of its step (`summary.breakdown`): "
+            "they were written without the profiler.")
+
+
+def compared(timed: list[Measured]) -> list[Measured]:
+    """The parallel configurations given a sentence: every one at its mode's most GPUs (each
+    backend, --amp and setting there), data_parallel on the CPU aside (it wraps nothing)."""
+    chosen = []
+    for mode in PARALLEL_MODES:
+        of_mode = [m for m in timed if m.run.mode == mode and not wraps_nothing(m)]
+        if of_mode:
+            most = max(m.run.gpus for m in of_mode)
+            chosen += [m for m in of_mode if m.run.gpus == most]
+    return chosen
+
+
+def split_line(m: Measured, split: Split, timed: list[Measured]) -> str:
+    """What separates a parallel configuration's step from single_gpu's (the same --amp): its
+    communication, hidden and exposed; its compute against single_gpu's (the per-GPU batch
+    shrinks it); the part that grew most; and the slowest rank where the ranks' work differs
+    notably (a straggler the others wait for)."""
+    collective = COLLECTIVES[m.run.mode]
+    exposed = split.parts["comm_exposed_ms"]
+    clauses = [f"{split.hidden_ms:.1f} ms of its {split.comm_ms:.1f} ms of {collective} hidden "
+               f"behind compute, {exposed:.1f} ms exposed" if split.comm_ms > 0 else
+               "no communication recorded"]
+    single = next((s for s in timed if s.run.mode == "single_gpu" and s.amp == m.amp), None)
+    reference = step_split(single) if single else None
+    if reference is not None:
+        unit = UNITS[m.run.unit][0]
+        batch = (f" for {m.per_gpu_batch} images per {unit}, against {single.per_gpu_batch}"
+                 if m.per_gpu_batch != single.per_gpu_batch else "")
+        change = lambda part: (f"{PART_NAMES[part]} {reference.parts[part]:.1f} → "  # noqa: E731
+                               f"{split.parts[part]:.1f} ms")
+        grown = {part: split.parts[part] - reference.parts[part] for part in SPLIT_PARTS}
+        most = max(grown, key=grown.get)
+        compute_grew_most = most == "compute_ms" and grown[most] > 0  # said once, below
+        text = (f"against single_gpu, its profiled step {reference.step_ms:.1f} → "
+                f"{split.step_ms:.1f} ms{batch}: "
+                + ("" if compute_grew_most else change("compute_ms") + "; "))
+        clauses.append(text + (f"the part that grew most, {change(most)}" if grown[most] > 0 else
+                               "no part grew"))
+    if split.straggler:
+        clauses.append(f"rank {split.slowest} is the slowest, {split.work[split.slowest]:.1f} ms "
+                       f"of work per step against {split.work[split.least]:.1f} ms on rank "
+                       f"{split.least}, which waits for it in exposed communication")
+    return f"- **{m.name()}:** " + "; ".join(clauses) + "."
 
 
 def listed(parts: list[str]) -> str:
@@ -437,18 +740,21 @@ WHY_DDP = ("DDP is the default where modes tie: PyTorch recommends it over DataP
 def recommendation(outcomes: list[Outcome], memory: dict) -> str:
     """The report's `Recommendation:` line: the mode to use on this machine for this model, and why, from the
     table's figures (images/s and speedup, mean ± std over the repeats; two configurations told apart only where
-    their runs' images/s do not overlap, as the spread line judges) and the model state each mode needs per GPU
-    (memory_projection's arithmetic). The rules, in order:
+    their images/s ranges, mean ± std, do not overlap, as the verdict judges: `overlap`;
+    data_parallel on the CPU, which wraps nothing, not among them: `contenders`) and the model
+    state each mode needs per GPU (memory_projection's arithmetic). The rules, in order:
 
     1. Memory: where DDP's model state outgrows one GPU (the projection), or a dist_parallel run ran out of memory,
        fsdp, on the fewest GPUs that hold the state; none of these modes where FSDP does not hold it on 64 GPUs.
     2. No configuration timed a step: nothing to choose by.
     3. A configuration with one run: no spread was measured, so no mode is shown faster: dist_parallel, the default
        (WHY_DDP).
-    4. The fastest configuration's runs above every other's: its mode. data_parallel is recommended over
-       dist_parallel only so, on measured cause; dist_parallel that was not run is still the default.
-    5. Otherwise the modes whose runs overlap the fastest's tie: the first of them in PREFERENCE (dist_parallel
-       where it is among them, data_parallel only where it ties with nothing else), the rest named.
+    4. The fastest configuration's range above every other's: its mode. data_parallel is
+       recommended over dist_parallel only so, on measured cause; dist_parallel that was not run
+       is still the default.
+    5. Otherwise the modes whose ranges overlap the fastest's tie: the first of them in
+       PREFERENCE (dist_parallel where it is among them, data_parallel only where it ties with
+       nothing else), the rest named.
     On the CPU, a sentence on what CPU processes standing in for GPUs can and cannot tell."""
     timed, unit = measured(outcomes), UNITS[outcomes[0].run.unit]
     text = memory_choice(outcomes, memory, unit) or speed_choice(timed, memory, unit)
@@ -516,7 +822,11 @@ def speed_choice(timed: list[Measured], memory: dict, unit: tuple[str, str]) -> 
     if not timed:
         return "none: no run timed a step, so nothing was measured to choose by (the failed runs are listed below)."
     fits = fits_text(memory)
-    ranked = sorted(timed, key=lambda m: m.images_per_sec, reverse=True)
+    ranked = contenders(timed)  # data_parallel on the CPU is single_gpu's computation
+    if not ranked:
+        return (f"dist_parallel (DDP), not run here (add it to --modes): {fits}; only "
+                "data_parallel on the CPU timed a step, which is single_gpu's computation there, "
+                f"and {WHY_DDP}.")
     best, others = ranked[0], ranked[1:]
     ddp = next((m for m in ranked if m.run.mode == "dist_parallel"), None)
     not_run = "" if ddp else ", not run here (add it to --modes)"
@@ -529,7 +839,8 @@ def speed_choice(timed: list[Measured], memory: dict, unit: tuple[str, str]) -> 
                                   f"`--repeat 3` measures the spread)")
     tied = [best, *[m for m in others if overlap(best, m)]]
     if len(tied) == 1:
-        beyond = f"its {len(best.rows)} runs all above every other configuration's"
+        beyond = (f"its range (mean ± std over {len(best.rows)} runs) above every other "
+                  "configuration's")
         if best.run.mode == "dist_parallel":
             return (f"dist_parallel (DDP): {fits}, and DDP was fastest: {best.name()} at {speed_text(best, unit)}, "
                     f"{beyond}.")
@@ -550,9 +861,9 @@ def speed_choice(timed: list[Measured], memory: dict, unit: tuple[str, str]) -> 
     chosen = next(mode for mode in PREFERENCE if mode in modes)
     if ddp is None:
         chosen = "dist_parallel"
-    ranges = "; ".join(f"{m.name()} {m.low:,.0f}–{m.high:,.0f}" for m in tied)
-    tie = (f"no difference measurable between {listed([m.name() for m in tied])}: their images/s over the repeats "
-           f"overlap ({ranges}), so any of them")
+    ranges = "; ".join(f"{m.name()} {m.speed()}" for m in tied)
+    tie = (f"no difference measurable between {listed([m.name() for m in tied])}: their images/s "
+           f"(mean ± std over the repeats) overlap ({ranges}), so any of them")
     if chosen == "dist_parallel":
         return default(tie)
     return (f"{MODE_NAMES[chosen]}: {tie}; dist_parallel was slower beyond the spread ({ddp.name()} at "
@@ -570,18 +881,19 @@ def projection_inputs(outcomes: list[Outcome], grads: list[int], bucket_cap_mb: 
     of the modelled backend (None when not measured), the gradients' bytes and the bucket size; FSDP's units
     (projection.fsdp_units; None: no FSDP projection) and the mean one-process fsdp step of the modelled backend by
     --reshard_after_forward (those measured). None without a successful single_gpu run."""
-    timed = [o for o in outcomes if o.status == "ok" and o.row["batch_time_p50_s"] is not None]
+    timed = [o for o in outcomes if o.status == "ok" and o.row["step_time_mean_s"] is not None]
     single = [o.row for o in timed if o.run.mode == "single_gpu"]
     if not single:
         return None
     amp = single[0]["amp"]
     one = lambda mode: [o for o in timed if o.run.mode == mode  # noqa: E731
                         and o.run.gpus == 1 and o.row["amp"] == amp and not o.run.sync_bn and modelled_backend(o.run)]
-    ddp1 = [o.row["batch_time_p50_s"] for o in one("dist_parallel")]
+    ddp1 = [o.row["step_time_mean_s"] for o in one("dist_parallel")]
     fsdp1 = {reshard: statistics.fmean(steps) for reshard in (True, False)
-             if (steps := [o.row["batch_time_p50_s"] for o in one("fsdp") if o.run.reshard_after_forward == reshard])}
+             if (steps := [o.row["step_time_mean_s"] for o in one("fsdp")
+                           if o.run.reshard_after_forward == reshard])}
     return {"amp": amp, "batch": single[0]["per_gpu_batch"], "grads": grads, "bucket_cap_mb": bucket_cap_mb,
-            "step_s": statistics.fmean(r["batch_time_p50_s"] for r in single if r["amp"] == amp),
+            "step_s": statistics.fmean(r["step_time_mean_s"] for r in single if r["amp"] == amp),
             "ddp1_step_s": statistics.fmean(ddp1) if ddp1 else None, "units": units, "fsdp1_step_s": fsdp1}
 
 

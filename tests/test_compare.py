@@ -27,11 +27,12 @@ from models import pyramidnet
 from common.config import UsageError, missing_domains
 from comparison import environment as machine
 from comparison import runner
-from comparison.matrix import PlannedRun, check_runs, plan
+from comparison.matrix import Cores, PlannedRun, check_runs, plan
 from comparison.projection import (FABRICS, SYNC_ALLOWANCE, Fabric, ddp_buckets, exposed_communication,
                                    gradient_bytes, projected_efficiency, ring_allreduce_seconds)
-from comparison.report import (Outcome, fabric_of_runs, fill_rows, findings, fmt_bytes, fmt_count, fmt_flops,
-                               memory_cell, projection_inputs, projection_section)
+from comparison.report import (Outcome, fabric_of_runs, fill_rows, findings, fmt_bytes,
+                               fmt_count, fmt_flops, memory_cell, oversubscription_title,
+                               projection_inputs, projection_section)
 
 # One configuration (data_parallel) is made to fail mid-run from outside, by a sitecustomize module that every Python
 # process on PYTHONPATH imports: it raises in its second loss computation.
@@ -83,6 +84,9 @@ def test_every_mode_runs_and_one_failure_is_reported_not_dropped(comparison):
 
 
 def test_the_report_numbers_are_the_runs_own(comparison):
+    """One statistic per figure of speed, the mean of the timed steps: the table's step, its epoch
+    of 50k and its images/s are one figure seen three ways (a row cannot show the shorter step and
+    the fewer images/s), as in the CSV; the median (p50) stays in the CSV under its own name."""
     _, out = comparison
     ok = [row for row in csv_rows(out) if row["status"] == "ok"]
     single = json.loads((out / "runs" / ok[0]["run"] / "results.json").read_text())["summary"]
@@ -90,27 +94,40 @@ def test_the_report_numbers_are_the_runs_own(comparison):
     for row in ok:
         results = json.loads((out / "runs" / row["run"] / "results.json").read_text())
         summary = results["summary"]
-        assert float(row["images_per_sec"]) == summary["images_per_sec"]
+        speed = summary["images_per_sec"]
+        assert float(row["images_per_sec"]) == speed
+        assert float(row["step_time_mean_s"]) == pytest.approx(32 / speed)
         assert float(row["batch_time_p50_s"]) == summary["batch_time_p50"]
         assert float(row["data_wait_frac"]) == summary["data_wait_frac"]
-        assert float(row["epoch_time_50k_s"]) == pytest.approx(50_000 / summary["images_per_sec"])
-        speedup = summary["images_per_sec"] / single["images_per_sec"]
+        assert float(row["epoch_time_50k_s"]) == pytest.approx(50_000 / speed)
+        speedup = speed / single["images_per_sec"]
         assert float(row["speedup"]) == pytest.approx(speedup)
-        assert float(row["scaling_efficiency"]) == pytest.approx(speedup / int(row["gpus"]))
+        gpus = int(row["gpus"])
+        efficiency = speedup / gpus if gpus > 1 else 1.0  # one process: 100 % by definition
+        assert float(row["scaling_efficiency"]) == pytest.approx(efficiency)
         assert int(row["global_batch"]) == results["config"]["batch_size"] == 32
-        assert row["model"] == "PyramidNet-8 α=12 (basic)"  # what the runs trained, its size as they counted it
+        # what the runs trained, its size as they counted it
+        assert row["model"] == "PyramidNet-8 α=12 (basic)"
         assert int(row["parameters"]) == summary["parameters"]
         assert int(row["flops_per_image"]) == summary["flops_per_image"]
-        assert int(row["per_gpu_batch"]) == 32 // int(row["gpus"])
+        assert int(row["per_gpu_batch"]) == 32 // gpus
         # the same figures, rounded, in the report's row for this configuration
-        line = next(l for l in report.splitlines() if l.startswith(f"| {row['mode']} | {row['gpus']} |"))
-        assert f"| {summary['images_per_sec']:,.0f} |" in line
-        assert f"| {summary['batch_time_p50'] * 1000:,.1f} |" in line
-        assert f"| {speedup:,.2f}× |" in line
-    for plot in ("images_per_sec.png", "scaling_efficiency.png", "step_time.png"):  # drawn without the failed run
+        line = next(text for text in report.splitlines()
+                    if text.startswith(f"| {row['mode']} | {row['gpus']} |"))
+        cells = line.strip("| ").split(" | ")
+        assert cells[6:10] == [f"{32_000 / speed:,.1f}", f"{50_000 / speed:,.1f}",
+                               f"{speed:,.0f}", f"{speedup:,.2f}×"]
+    header = compare.TABLE_HEADER.strip("| ").split(" | ")
+    assert header[6:9] == ["step, ms (mean of timed steps)", "epoch of 50k, s (at that step)",
+                           "images/s (global batch ÷ step)"]
+    pictures = ["images_per_sec.png", "scaling_efficiency.png"]
+    pictures += ["step_breakdown.png"] if compare.profiling_flag() else []
+    for plot in pictures:  # drawn without the failed run
         assert (out / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"]({plot})" in report  # and shown in the report
-    assert not (out / "memory_per_gpu.png").exists() and "peak memory is measured on GPUs only" in report
+    assert not (out / "memory_per_gpu.png").exists()
+    assert "peak memory is measured on GPUs only" in report
+    assert not (out / "step_time.png").exists()
     assert "one run each (failed runs left out)" in report  # what each picture averages
 
 
@@ -130,9 +147,18 @@ def test_the_report_names_what_ran_where_and_links_the_guide_and_the_projection(
     assert [report.index(part) for part in order] == sorted(report.index(part) for part in order)
 
 
+def results_table(report: str) -> list[str]:
+    """The results table of report.md: its header, then a line per configuration (the lines from
+    the header to the first that is not a row; the split of the step has a table of its own)."""
+    lines = report.splitlines()
+    start = lines.index(compare.TABLE_HEADER)
+    end = next(i for i in range(start, len(lines)) if not lines[i].startswith("|"))
+    return [lines[start], *lines[start + 2:end]]
+
+
 def table_figures(report: str) -> dict[str, list[str]]:
     """The results table's rows of report.md, by mode: each row's cells."""
-    rows = [line for line in report.splitlines() if line.startswith("| ") and not line.startswith("| mode |")]
+    rows = results_table(report)[1:]
     return {cells[0]: cells[1:] for cells in (row.strip("| ").split(" | ") for row in rows)}
 
 
@@ -141,11 +167,14 @@ def test_the_first_screen_holds_the_title_the_table_and_the_sentences(comparison
     first_screen = (out / "report.md").read_text().splitlines()[:40]
     assert first_screen[0].startswith("# single_gpu, data_parallel and dist_parallel: PyramidNet-8")
     assert compare.TABLE_HEADER in first_screen
-    assert sum(line.startswith("| ") for line in first_screen) == 4  # the header and the three configurations
-    for lead in ("- **Fastest: ", "- **Scaling at 2 CPU processes**, the most run", "- **What the parallelism costs",
-                 "- **Spread:** each configuration ran once", "- **1 of 3 runs did not succeed:**",
-                 "Model: PyramidNet-8 α=12 (basic): ", "Recommendation: "):
+    # the header and the three configurations
+    assert len(results_table("\n".join(first_screen))) == 4
+    for lead in ("- **The configurations cannot be told apart: one run each**",
+                 "- **Scaling at 2 CPU processes**, the most run",
+                 "- **1 of 3 runs did not succeed:**", "Model: PyramidNet-8 α=12 (basic): ",
+                 "Recommendation: ", "## Where a step goes"):
         assert any(line.startswith(lead) for line in first_screen), lead
+    assert not any("Fastest" in line or "parallelism costs" in line for line in first_screen)
 
 
 def test_the_first_screen_names_the_model_and_recommends_a_mode_from_the_tables_figures(comparison):
@@ -170,31 +199,60 @@ def test_the_first_screen_names_the_model_and_recommends_a_mode_from_the_tables_
 
 
 def test_the_sentences_are_computed_from_the_tables_figures(comparison):
-    """The fastest configuration and its ratio to the next, the scaling efficiency, what the parallelism costs:
-    each checked against the table's own (rounded) figures, not against a string."""
+    """One run each measures no spread: the first sentence names no fastest but quotes each
+    configuration's images/s as the table has it, fastest first; the scaling efficiency as the
+    table has it; the failed run with its error."""
     _, out = comparison
     report = (out / "report.md").read_text()
     table = table_figures(report)
-    sentence = lambda lead: next(line for line in report.splitlines() if line.startswith(lead))  # noqa: E731
-    speeds = {mode: float(cells[7].replace(",", "")) for mode, cells in table.items() if cells[7] != "—"}
+    sentence = lambda lead: next(line for line in report.splitlines()  # noqa: E731
+                                 if line.startswith(lead))
+    speeds = {mode: float(cells[7].replace(",", "")) for mode, cells in table.items()
+              if cells[7] != "—"}
     assert set(speeds) == {"single_gpu", "dist_parallel"}  # data_parallel failed
-    fastest, after = sorted(speeds, key=speeds.get, reverse=True)
-    fastest_line = sentence("- **Fastest: ")
-    assert fastest_line.startswith(f"- **Fastest: {fastest}") and f"{speeds[fastest]:,.0f} images/s" in fastest_line
-    ratio, named = re.search(r"([\d.]+)× the next fastest, (\w+)", fastest_line).groups()
-    assert named == after and float(ratio) == pytest.approx(speeds[fastest] / speeds[after], abs=0.01)
+    verdict = sentence("- **The configurations cannot be told apart: one run each**")
+    quoted = re.findall(r"(single_gpu|dist_parallel on 2 CPU processes \(gloo\)) ([\d,]+)", verdict)
+    assert [(name.split()[0], float(speed.replace(",", ""))) for name, speed in quoted] == sorted(
+        speeds.items(), key=lambda item: -item[1])
     efficiency = table["dist_parallel"][9]  # the scaling efficiency column
-    assert f"{efficiency} for dist_parallel (gloo)" in sentence("- **Scaling at 2 CPU processes**")
-    assert "each CPU process with 16 of the 32 images single_gpu takes alone" in sentence("- **Scaling at")
-    single_ms, dist_ms = (float(table[mode][5]) for mode in ("single_gpu", "dist_parallel"))  # batch time (ms)
-    cost = sentence("- **What the parallelism costs per step**")
-    assert f"against single_gpu's {single_ms:.1f} ms for 32 images" in cost
-    extra_ms, extra_percent = re.search(r"\(gloo\) [\d.]+ ms for 16 images .*?, ([+-][\d.]+) ms \(([+-][\d.]+) %\)",
-                                        cost).groups()
-    assert float(extra_ms) == pytest.approx(dist_ms - single_ms / 2, abs=0.15)
-    assert float(extra_percent) == pytest.approx(100 * (dist_ms / (single_ms / 2) - 1), abs=1)
-    failed = next(row for row in csv_rows(out) if row["status"] == "failed")  # and why it failed, from its outcome
+    scaling = sentence("- **Scaling at 2 CPU processes**")
+    assert f"{efficiency} for dist_parallel (gloo)" in scaling
+    assert "each CPU process with 16 of the 32 images single_gpu takes alone" in scaling
+    assert table["single_gpu"][9] == "100 %"  # one process: by definition
+    # and why the failed run failed, from its outcome
+    failed = next(row for row in csv_rows(out) if row["status"] == "failed")
     assert f"  - `{failed['run']}`: failed after" in report and failed["error"] in report
+
+
+def test_every_run_profiles_its_steps_and_the_report_splits_them(comparison):
+    """compare.py passes --profile_steps (3 by default) to every run where the train scripts take
+    it: each rank leaves its trace, results.json its split, and "Where a step goes" shows each
+    configuration's split as step_split computes it from the CSV. Where the scripts take no such
+    flag, the report says so."""
+    _, out = comparison
+    report = (out / "report.md").read_text()
+    section = report.split("## Where a step goes")[1].split("## Pictures")[0]
+    rows = [row for row in csv_rows(out) if row["status"] == "ok"]
+    commands = [(out / row["log"]).read_text().splitlines()[0] for row in rows]
+    if not compare.profiling_flag():
+        assert section.strip() == ("Not recorded: the train scripts here take no "
+                                   "`--profile_steps`, so no run profiled its steps.")
+        assert not any("--profile_steps" in command for command in commands)
+        return
+    assert all(" --profile_steps 3 " in f"{command} " for command in commands)
+    for row in rows:
+        run = out / "runs" / row["run"]
+        summary = json.loads((run / "results.json").read_text())["summary"]
+        ranks = [str(r) for r in range(int(row["gpus"]))]
+        assert sorted(summary["breakdown"], key=int) == ranks
+        traces = [path.name for path in sorted(run.glob("trace_rank*.json"))]
+        assert traces == [f"trace_rank{r}.json" for r in ranks]
+        line = next(text for text in section.splitlines() if text.startswith(f"| {row['mode']}"))
+        cells = line.strip("| ").split(" | ")
+        assert float(cells[2]) == pytest.approx(float(row["split_step_ms"]), abs=0.05)
+        assert float(cells[3]) == pytest.approx(float(row["split_compute_ms"]), abs=0.05)
+    assert "- **dist_parallel on 2 CPU processes (gloo):**" in section
+    assert "of gradient all-reduce" in section
 
 
 def test_projection_md_is_a_projection_and_on_the_cpu_says_it_needs_a_gpu_step(comparison):
@@ -549,13 +607,14 @@ def test_the_projection_on_gpus_starts_from_nccl_runs_only():
     assert "%" not in text and "|" not in text
 
 
-def repeated_outcomes(images_per_sec: dict) -> list:
-    """A GPU comparison of single_gpu and DDP on 2 GPUs, each configuration a run per figure of images/s given,
-    64 images per GPU (weak scaling), every step at global batch / images/s."""
+def repeated_outcomes(images_per_sec: dict, unit: str = "gpu") -> list:
+    """A GPU (or CPU) comparison of single_gpu and DDP, each configuration a run per figure of
+    images/s given, 64 images per GPU (weak scaling), every step at global batch / images/s."""
     outcomes = []
     for (mode, gpus, backend), speeds in images_per_sec.items():
         for repeat, speed in enumerate(speeds, 1):
-            run = PlannedRun(mode, gpus, backend, None, False, 64 * gpus, repeat, len(outcomes) + 1, "gpu")
+            run = PlannedRun(mode, gpus, backend, None, False, 64 * gpus, repeat,
+                             len(outcomes) + 1, unit)
             results = {"summary": {"images_per_sec": speed, "batch_time_p50": 64 * gpus / speed},
                        "config": {"batch_size": 64 * gpus, "amp": "bf16"}}
             outcomes.append(Outcome(run, "ok", results=results))
@@ -564,26 +623,65 @@ def repeated_outcomes(images_per_sec: dict) -> list:
 
 
 def test_the_sentences_tell_a_difference_within_the_spread_from_one_beyond_it():
-    single, nccl, gloo = ("single_gpu", 1, None), ("dist_parallel", 2, "nccl"), ("dist_parallel", 2, "gloo")
+    """A fastest is named only where its range of images/s (mean ± std over its runs, as the table
+    shows it) lies above every other's; where the fastest's overlaps another's, the first sentence
+    says they cannot be told apart, and names no fastest."""
+    single, nccl = ("single_gpu", 1, None), ("dist_parallel", 2, "nccl")
+    gloo = ("dist_parallel", 2, "gloo")
     apart = findings(repeated_outcomes({single: [600, 640, 620], nccl: [1150, 1250, 1200]}))
-    assert apart[0] == ("- **Fastest: dist_parallel on 2 GPUs (nccl)**, 1,200 images/s: 1.94× the next fastest, "
-                        "single_gpu at 620.")
-    assert "97 % for dist_parallel (nccl); each GPU with 64 images, as many as single_gpu." in apart[1]
-    step = sum(128 / speed for speed in (1150, 1250, 1200)) / 3 * 1000
-    single_step = sum(64 / speed for speed in (600, 640, 620)) / 3 * 1000
-    assert (f"dist_parallel on 2 GPUs (nccl) {step:.1f} ms, {step - single_step:+.1f} ms "
-            f"({100 * (step / single_step - 1):+.1f} %)") in apart[2]
-    assert apart[3] == ("- **Spread:** no two configurations' images/s overlap over their runs: every difference "
-                        "above is larger than the run-to-run spread, as far as 3 runs each can tell.")
+    assert apart[0] == ("- **Fastest: dist_parallel on 2 GPUs (nccl)**, 1,200 ± 50 images/s: "
+                        "1.94× the next fastest, single_gpu at 620 ± 20; its range (mean ± std "
+                        "over 3 runs) lies above every other's.")
+    assert ("97 % for dist_parallel (nccl); each GPU with 64 images, as many as single_gpu."
+            in apart[1])
+    assert apart[2] == ("- **Spread:** no two configurations' images/s overlap (mean ± std over "
+                        "their runs): every difference above is larger than the run-to-run "
+                        "spread, as far as 3 runs each can tell.")
     speeds = {single: [600, 640, 620], nccl: [1150, 1250, 1200], gloo: [1180, 1300, 1240]}
     close = findings(repeated_outcomes(speeds))
-    assert close[0].startswith("- **Fastest: dist_parallel on 2 GPUs (gloo)**, 1,240 images/s: 1.03× the next "
-                               "fastest, dist_parallel on 2 GPUs (nccl) at 1,200, and 2.00× single_gpu at 620")
-    assert close[3] == ("- **Within the run-to-run spread** (3 runs each): dist_parallel on 2 GPUs (gloo) at "
-                        "1,180–1,300 images/s and dist_parallel on 2 GPUs (nccl) at 1,150–1,250. Their images/s "
-                        "over the repeats overlap: the difference between them cannot be told from run-to-run "
-                        "noise.")
+    assert close[0] == ("- **dist_parallel on 2 GPUs (gloo) and dist_parallel on 2 GPUs (nccl) "
+                        "cannot be told apart:** their images/s (mean ± std over 3 runs) overlap: "
+                        "dist_parallel on 2 GPUs (gloo) 1,240 ± 60; dist_parallel on 2 GPUs "
+                        "(nccl) 1,200 ± 50.")
+    assert close[2] == ("- **Within the run-to-run spread** (3 runs each): dist_parallel on 2 GPUs "
+                        "(gloo) at 1,240 ± 60 images/s and dist_parallel on 2 GPUs (nccl) at "
+                        "1,200 ± 50. Their images/s (mean ± std) overlap: the difference between "
+                        "them cannot be told from run-to-run noise.")
     assert close[-1] == "- Every run succeeded."
+    assert not any("Fastest" in line for line in close)
+
+
+def test_more_processes_than_cores_say_so_first():
+    """8 CPU processes on 2 cores take turns on them: the report's title says so, its first
+    sentence says what it means for the figures, the scaling sentence says its efficiency
+    measures contention, and compare.py warns before the runs. On enough cores, or on GPUs,
+    nothing is said."""
+    speeds = {("single_gpu", 1, None): [400], ("dist_parallel", 2, "gloo"): [700],
+              ("dist_parallel", 8, "gloo"): [150]}
+    outcomes = repeated_outcomes(speeds, unit="cpu")
+    two = Cores(2, 1)
+    said = findings(outcomes, two)
+    assert said[0] == ("- **Oversubscribed: up to 8 CPU processes on 2 cores.** The runs on 8 "
+                       "CPU processes (one thread each) had more threads than this machine has "
+                       "cores, so their processes took turns on the cores: their images/s, "
+                       "speedup and scaling efficiency measure that contention, not the "
+                       "parallelism. `--gpu_counts` up to 2 keeps a core for every thread here.")
+    assert oversubscription_title(outcomes, two) == " — oversubscribed: 8 processes on 2 cores"
+    scaling = next(line for line in said if line.startswith("- **Scaling at 8"))
+    assert scaling.endswith("; 8 processes on 2 cores are oversubscribed, so this efficiency "
+                            "measures their contention.")
+    # 16 threads on 8 cores
+    assert "threads each (OMP_NUM_THREADS)" in findings(outcomes, Cores(8, 2))[0]
+    assert not oversubscription_title(outcomes, Cores(8, 1))
+    assert "Oversubscribed" not in findings(outcomes)[0]
+    gpu_runs = findings(repeated_outcomes(speeds), two)
+    assert not gpu_runs[0].startswith("- **Oversubscribed")
+    runs = [o.run for o in outcomes]
+    assert compare.oversubscription_warning(runs, two) == (
+        "compare: warning: 8 CPU processes on 2 cores oversubscribe this machine (runs of 8 "
+        "processes): their speed will measure the contention, not the parallelism; --gpu_counts "
+        "up to 2 keeps a core for every thread")
+    assert compare.oversubscription_warning(runs, Cores(8, 1)) is None
 
 
 # GPUs 0 and 1 joined by NVLink, 2 and 3 only by PCIe; the header as nvidia-smi prints it, underlined

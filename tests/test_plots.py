@@ -1,32 +1,48 @@
 """compare.py's pictures, held to what was measured: each figure is built in-process from hand-made outcomes (what
 fill_rows makes of the runs' results.json) and its axes are read before anything is saved. The real compare.py run,
-with a failed configuration, is in tests/test_compare.py."""
+with a failed configuration, is in tests/test_compare.py. step_breakdown.png is held to the
+report's own sentences about the split of the step: one function (report.step_split) computes
+both."""
 from __future__ import annotations
+
+import re
 
 import pytest
 from matplotlib import pyplot as plt
 
-from comparison.matrix import PlannedRun
-from comparison.plots import (efficiency_figure, figures, memory_figure, step_figure, step_parts,
-                              throughput_figure, configurations)
-from comparison.report import Outcome, fill_rows
+from comparison.matrix import Cores, PlannedRun
+from comparison.plots import (HIDDEN, PART_COLOURS, breakdown_figure, efficiency_figure, figures,
+                              memory_figure, throughput_figure)
+from comparison.report import (SPLIT_PARTS, Outcome, breakdown_section, fill_rows, measured,
+                               step_split)
 from conftest import REPO
 
 CPU_DEVICE = "CPU (test), no GPU"
 GRADS = [4_000_000] * 10  # what projection_inputs gives for a model: its gradients' bytes per tensor
 
 
-def outcome(mode, gpus, step_ms, *, backend=None, batch=32, repeat=1, data_frac=0.1, memory=None, failed=False,
-            unit="cpu", index=1):
-    """One run's outcome as compare.py has it once fill_rows has read its results.json: `batch` is the global
-    batch, `step_ms` the mean step, so images/s = batch / step."""
-    run = PlannedRun(mode, gpus, backend, None, False, batch, repeat, index, unit)
+def outcome(mode, gpus, step_ms, *, backend=None, batch=32, repeat=1, data_frac=0.1, memory=None,
+            failed=False, unit="cpu", index=1, breakdown=None, reshard=None):
+    """One run's outcome as compare.py has it once fill_rows has read its results.json: `batch` is
+    the global batch, `step_ms` the mean step, so images/s = batch / step; `breakdown`: its
+    summary.breakdown ({rank: split}, see split())."""
+    run = PlannedRun(mode, gpus, backend, None, False, batch, repeat, index, unit,
+                     reshard_after_forward=reshard)
     if failed:
         return Outcome(run, "failed", error="exit status 1")
     results = {"summary": {"images_per_sec": batch / (step_ms / 1000), "batch_time_p50": step_ms / 1000,
-                           "data_wait_frac": data_frac},
-               "config": {"batch_size": batch, "amp": "off"}, "peak_mem_gb_per_gpu": memory}
+                           "data_wait_frac": data_frac, "breakdown": breakdown},
+               "config": {"batch_size": batch, "amp": "off", "profile_steps": 3},
+               "peak_mem_gb_per_gpu": memory}
     return Outcome(run, "ok", results=results)
+
+
+def split(compute, comm, exposed, data=1.0, optimizer=2.0, other=0.5) -> dict:
+    """One rank's summary.breakdown entry, as the train scripts write it: the parts add up to the
+    step; `comm` is all communication, `exposed` the part of it not overlapped with compute."""
+    return {"step_ms": compute + exposed + data + optimizer + other, "compute_ms": compute,
+            "comm_ms": comm, "comm_exposed_ms": exposed, "data_ms": data, "optimizer_ms": optimizer,
+            "other_ms": other}
 
 
 def filled(outcomes):
@@ -65,7 +81,8 @@ def test_throughput_axis_holds_exactly_the_measured_counts():
     assert ax.get_xscale() == "linear" and ax.get_xlim() == pytest.approx((0.5, 2.5))
     assert ax.get_ylim()[0] == 0  # bars and points compare as ratios from zero
     assert legend(ax) == ["single_gpu amp off", "data_parallel amp off", "dist_parallel gloo amp off"]
-    assert ax.get_xlabel() == "CPU processes (one thread each)" and ax.get_ylabel() == "images/s (global)"
+    assert ax.get_xlabel() == "CPU processes (one thread each)"
+    assert ax.get_ylabel() == "images/s (global batch ÷ mean step)"
     assert "one run each" in ax.get_title()
     plt.close(fig)
 
@@ -107,47 +124,146 @@ def test_repeats_show_their_spread_and_the_title_says_how_many():
 def test_a_failed_configuration_is_left_out_and_the_pictures_still_drawn():
     outcomes = cpu_matrix(failed_ddp=True)
     drawn = figures(outcomes, CPU_DEVICE, cuda=False, projection=PROJECTION)
-    assert sorted(drawn) == ["images_per_sec.png", "scaling_efficiency.png", "step_time.png"]  # no memory on CPUs
+    # no memory on CPUs, no breakdown without a profile
+    assert sorted(drawn) == ["images_per_sec.png", "scaling_efficiency.png"]
     assert ticks(drawn["images_per_sec.png"].axes[0]) == [1, 2]  # the failed 3-process run is not a point
-    assert len(drawn["step_time.png"].axes[0].get_xticks()) == 3  # nor a bar
+    failed = outcome("dist_parallel", 3, 0, backend="gloo", failed=True)
+    profiled = figures(split_matrix() + [failed], CPU_DEVICE, cuda=False, projection=None)
+    assert len(profiled["step_breakdown.png"].axes[0].get_yticks()) == 3  # nor a bar
+    for fig in profiled.values():
+        plt.close(fig)
     for fig in drawn.values():
         plt.close(fig)
 
 
 # ---------------------------------------------------------------------------------------------------- where a step goes
-def test_a_step_splits_into_data_compute_and_what_the_parallelism_costs():
-    """Weak scaling (32 images per GPU everywhere): DDP's 130 ms step against single_gpu's 100 ms, each 10 %
-    data wait; the part above single_gpu's compute is the parallelism's."""
-    outcomes = filled([outcome("single_gpu", 1, 100, batch=32, unit="gpu"),
-                       outcome("dist_parallel", 2, 130, backend="nccl", batch=64, unit="gpu", index=2)])
-    groups = configurations(outcomes)
-    single, ddp = (step_parts(group, groups) for group in groups)
-    assert list(single) == ["data wait", "compute"] and single["compute"][0] == pytest.approx(90)
-    assert ddp["data wait"][0] == pytest.approx(13) and ddp["compute"][0] == pytest.approx(90)
-    assert ddp["parallelism"][0] == pytest.approx(130 - 13 - 90)
-    fig = step_figure(outcomes, "1× GPU (test)", cuda=True)
+def split_matrix():
+    """single_gpu at 32 images, DDP on 2 GPUs at 16 images each (rank 1 a straggler: 8 ms more
+    compute; rank 0 waits for it in exposed communication), fsdp on 2 GPUs; DDP twice (its split's
+    step differs between its runs)."""
+    single = {"0": split(60.0, 0.0, 0.0)}
+    ddp = [{"0": split(30.0, 12.0, 10.5), "1": split(38.0, 12.0, 2.5)},
+           {"0": split(31.0, 12.4, 10.9), "1": split(39.0, 12.4, 2.9)}]
+    fsdp = {"0": split(31.0, 20.0, 7.0), "1": split(31.5, 20.0, 6.5)}
+    return filled([outcome("single_gpu", 1, 64, unit="gpu", breakdown=single),
+                   outcome("dist_parallel", 2, 45, backend="nccl", unit="gpu", index=2,
+                           breakdown=ddp[0]),
+                   outcome("dist_parallel", 2, 46, backend="nccl", unit="gpu", index=3, repeat=2,
+                           breakdown=ddp[1]),
+                   outcome("fsdp", 2, 50, backend="nccl", unit="gpu", index=4, breakdown=fsdp,
+                           reshard=True)])
+
+
+def bars(ax) -> dict[tuple[float, str], float]:
+    """{(row, colour or 'hatched'): width} of a horizontal stacked bar chart."""
+    drawn = {}
+    for patch in ax.patches:
+        kind = "hatched" if patch.get_hatch() else "#%02x%02x%02x" % tuple(
+            round(255 * c) for c in patch.get_facecolor()[:3])
+        drawn[(round(patch.get_y() + patch.get_height() / 2), kind)] = patch.get_width()
+    return drawn
+
+
+def test_the_step_breakdown_draws_the_numbers_the_sentences_say():
+    """Each configuration a bar of the five parts, in ms per step, their widths the split the
+    report's table and sentences quote (one function computes them); the hidden communication
+    hatched over the compute, not added; the profiled step at the bar's end."""
+    outcomes = split_matrix()
+    fig = breakdown_figure(outcomes, "2× GPU (test)")
     ax = fig.axes[0]
-    heights = sorted(round(patch.get_height(), 3) for patch in ax.patches)
-    assert heights == sorted(round(h, 3) for h in [10, 90, 13, 90, 27])
+    drawn = bars(ax)
+    splits = [step_split(m) for m in measured(outcomes)]
+    assert len(ax.get_yticks()) == 3 and ax.get_ylim()[0] > ax.get_ylim()[1]  # first on top
+    for row, each in enumerate(splits):
+        for part in SPLIT_PARTS:
+            assert drawn[(row, PART_COLOURS[part])] == pytest.approx(each.parts[part])
+        if each.hidden_ms:
+            assert drawn[(row, "hatched")] == pytest.approx(each.hidden_ms)
+    assert (0, "hatched") not in drawn  # single_gpu communicates nothing
     texts = [text.get_text() for text in ax.texts]
-    assert "100.0 ms\n" in texts and "130.0 ms\n" in texts and "27.0" in texts  # the numbers on the bars
-    assert legend(ax) == ["parallelism", "compute", "data wait"]
-    assert ax.get_ylim()[0] == 0 and ax.get_ylabel() == "ms per step (mean)"
+    section = "\n".join(breakdown_section(outcomes, 3))
+    ddp = next(line for line in section.splitlines() if line.startswith("- **dist_parallel"))
+    hidden, comm, exposed = re.search(r"([\d.]+) ms of its ([\d.]+) ms of gradient all-reduce "
+                                      r"hidden behind compute, ([\d.]+) ms exposed", ddp).groups()
+    assert float(hidden) == pytest.approx(drawn[(1, "hatched")], abs=0.05)
+    assert float(exposed) == pytest.approx(drawn[(1, PART_COLOURS["comm_exposed_ms"])], abs=0.05)
+    assert float(comm) == pytest.approx(float(hidden) + float(exposed), abs=0.11)
+    before, after = re.search(r"its profiled step ([\d.]+) → ([\d.]+) ms", ddp).groups()
+    assert f"{before} ms" in texts and f"{after} ms" in texts  # the bars' ends say the same steps
+    ddp_bar = sum(drawn[(1, PART_COLOURS[part])] for part in SPLIT_PARTS)
+    assert ddp_bar == pytest.approx(float(after), abs=0.05)
+    compute, exposed_bar = PART_COLOURS["compute_ms"], PART_COLOURS["comm_exposed_ms"]
+    assert (f"compute {drawn[(0, compute)]:.1f} → {drawn[(1, compute)]:.1f} ms; the part that grew "
+            f"most, exposed communication 0.0 → {drawn[(1, exposed_bar)]:.1f} ms") in ddp
+    assert "for 16 images per GPU, against 32" in ddp
+    assert "rank 1 is the slowest" in ddp and "rank 0, which waits for it" in ddp
+    assert ax.get_xlabel() == "ms per step (mean over ranks of the profiled steps)"
+    assert ax.get_xlim()[0] == 0
+    labels = [label.get_text() for label in ax.get_yticklabels()]
+    assert labels == ["single_gpu\n32 images", "dist_parallel on 2 GPUs (nccl)\n16 images each",
+                      "fsdp on 2 GPUs (nccl, reshard after forward (ZeRO-3))\n16 images each"]
+    legend = [text.get_text() for text in fig.legends[0].get_texts()]
+    assert legend == ["compute", "exposed communication", "data", "optimizer", "other", HIDDEN]
+    assert "1–2 runs each" in ax.get_title()
     plt.close(fig)
 
 
-def test_without_single_gpu_at_the_same_per_gpu_batch_the_parallelism_is_not_guessed():
-    outcomes = cpu_matrix()  # DDP on 2 processes has 16 images each; single_gpu and data_parallel 32
-    groups = configurations(outcomes)
-    assert list(step_parts(groups[2], groups)) == ["data wait", "compute"]
-    assert list(step_parts(groups[1], groups)) == ["data wait", "compute", "parallelism"]  # data_parallel: 32
-    fig = step_figure(outcomes, CPU_DEVICE, cuda=False)
-    ax = fig.axes[0]
-    note = " ".join(text.get_text() for text in fig.texts)
-    assert "No single_gpu run at 16 images per GPU" in note and "--batch_per_gpu" in note
-    assert [label.get_text().splitlines()[-1] for label in ax.get_xticklabels()] == [
-        "1 × 32 images", "1 × 32 images", "2 × 16 images"]
-    plt.close(fig)
+def test_a_configuration_without_a_split_keeps_its_place_and_says_so():
+    """A run that recorded no breakdown (profiling off, an older results.json): its row of the
+    picture says "not recorded"; no run with one: no picture, and the report says why."""
+    outcomes = split_matrix()
+    outcomes[3].results["summary"]["breakdown"] = None
+    fill_rows(outcomes, REPO)
+    ax = breakdown_figure(outcomes, "2× GPU (test)").axes[0]
+    assert len(ax.get_yticks()) == 3 and "  not recorded" in [t.get_text() for t in ax.texts]
+    assert not [key for key in bars(ax) if key[0] == 2]
+    section = breakdown_section(outcomes, 3)
+    assert any(line.startswith("| fsdp on 2 GPUs") and "not recorded" in line for line in section)
+    plt.close(ax.figure)
+    bare = cpu_matrix()
+    assert breakdown_figure(bare, CPU_DEVICE) is None
+    assert breakdown_section(bare, 0) == [
+        "Not recorded: `--profile_steps 0` left the profiler off; by default compare.py profiles 3 "
+        "steps of every run and splits them here."]
+    assert "take no `--profile_steps`" in breakdown_section(bare, None)[0]
+
+
+def test_the_step_breakdown_stays_legible_from_two_to_twelve_configurations():
+    """Horizontal bars, one row per configuration: the figure grows with them and no two names
+    overlap, nor does a name reach into the bars."""
+    for count in (2, 12):
+        made = [outcome("single_gpu", 1, 64, unit="gpu", breakdown={"0": split(60.0, 0.0, 0.0)})]
+        made += [outcome("dist_parallel", 2 ** (1 + k % 3), 45, backend=("nccl", "gloo")[k // 6],
+                         unit="gpu", index=k + 2, batch=32 * 2 ** (1 + k % 3) * (1 + k // 3),
+                         breakdown={"0": split(30.0, 12.0, 3.0), "1": split(31.0, 12.0, 2.0)})
+                 for k in range(count - 1)]
+        fig = breakdown_figure(filled(made), "8× GPU (test)")
+        ax = fig.axes[0]
+        fig.canvas.draw()
+        boxes = [label.get_window_extent() for label in ax.get_yticklabels()]
+        assert len(boxes) == count
+        assert all(not a.overlaps(b) for a, b in zip(boxes, boxes[1:]))
+        assert max(box.x1 for box in boxes) <= ax.get_window_extent().x0
+        assert fig.get_figheight() >= 0.5 * count
+        plt.close(fig)
+
+
+def test_oversubscribed_counts_are_shaded_and_named():
+    """8 CPU processes on 2 cores: the counts beyond the cores are shaded from halfway between 2
+    and 8, and the legend says why; on enough cores, nothing is."""
+    outcomes = filled(cpu_matrix() + [outcome("dist_parallel", 8, 200, backend="gloo", index=9)])
+    crowded = throughput_figure(outcomes, CPU_DEVICE, cuda=False, cores=Cores(2, 1)).axes[0]
+    spans = [patch for patch in crowded.patches if patch.get_label().startswith("oversubscribed")]
+    assert len(spans) == 1 and spans[0].get_x() == pytest.approx(5.0)
+    assert "oversubscribed: more processes than the 2 cores" in legend(crowded)
+    assert ticks(crowded) == [1, 2, 8]
+    efficiency = efficiency_figure(outcomes, CPU_DEVICE, cuda=False, projection=None,
+                                   cores=Cores(2, 1)).axes[0]
+    assert any(name.startswith("oversubscribed") for name in legend(efficiency))
+    assert efficiency.get_ylabel() == "scaling efficiency (%): speedup ÷ CPU processes"
+    roomy = throughput_figure(outcomes, CPU_DEVICE, cuda=False, cores=Cores(8, 1)).axes[0]
+    assert not any(name.startswith("oversubscribed") for name in legend(roomy))
+    plt.close("all")
 
 
 # ---------------------------------------------------------------------------------------------------- memory

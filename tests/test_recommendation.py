@@ -8,11 +8,11 @@ from torch import nn
 
 from comparison.matrix import PlannedRun
 from comparison.projection import memory_projection
-from comparison.report import Outcome, fill_rows, groups, recommendation, table_row
+from comparison.report import Outcome, fill_rows, findings, groups, recommendation, table_row
 from conftest import REPO
 
 SINGLE, DDP, GLOO = ("single_gpu", 1, None), ("dist_parallel", 2, "nccl"), ("dist_parallel", 2, "gloo")
-DP, FSDP = ("data_parallel", 2, None), ("fsdp", 2, "nccl")
+DP, FSDP, DP1 = ("data_parallel", 2, None), ("fsdp", 2, "nccl"), ("data_parallel", 1, None)
 
 
 def made(speeds: dict, unit: str = "gpu", failed: dict | None = None) -> list[Outcome]:
@@ -61,7 +61,8 @@ def test_ddp_fastest_beyond_the_spread_is_recommended_with_the_tables_speedup():
     text = line(outcomes)
     assert text.startswith("Recommendation: dist_parallel (DDP): the model's state fits one GPU under DDP "
                            "(11.6 MiB of its 80.0 GiB), and DDP was fastest: dist_parallel on 2 GPUs (nccl) at ")
-    assert f"at {speedup_cell(outcomes, 'dist_parallel')} one GPU, its 3 runs all above every other" in text
+    assert (f"at {speedup_cell(outcomes, 'dist_parallel')} one GPU, its range (mean ± std over 3 "
+            "runs) above every other") in text
     assert "1.94 ± 0.08×" in text and "CPU process" not in text
 
 
@@ -69,9 +70,9 @@ def test_modes_whose_runs_overlap_tie_and_ddp_is_the_default_with_the_guides_rea
     outcomes = made({SINGLE: [600, 640, 620], DP: [1180, 1300, 1240], DDP: [1150, 1250, 1200]})
     text = line(outcomes)
     assert text.startswith("Recommendation: dist_parallel (DDP): the model's state fits one GPU under DDP")
-    assert ("no difference measurable between data_parallel on 2 GPUs and dist_parallel on 2 GPUs (nccl): their "
-            "images/s over the repeats overlap (data_parallel on 2 GPUs 1,180–1,300; dist_parallel on 2 GPUs (nccl) "
-            "1,150–1,250), so any of them") in text
+    assert ("no difference measurable between data_parallel on 2 GPUs and dist_parallel on 2 GPUs "
+            "(nccl): their images/s (mean ± std over the repeats) overlap (data_parallel on 2 GPUs "
+            "1,240 ± 60; dist_parallel on 2 GPUs (nccl) 1,200 ± 50), so any of them") in text
     assert ("DDP is the default where modes tie: PyTorch recommends it over DataParallel even on one machine, it "
             "scales past one node") in text and "(docs/guide.md)" in text
 
@@ -103,12 +104,12 @@ def test_data_parallel_only_on_measured_cause():
 
 def test_fsdp_or_one_gpu_when_it_is_faster_beyond_the_spread():
     fsdp = line(made({SINGLE: [600, 640, 620], DDP: [1150, 1250, 1200], FSDP: [1300, 1320, 1310]}))
-    assert fsdp.startswith("Recommendation: fsdp (FSDP2): fastest, fsdp on 2 GPUs (nccl) at 2.11 ± 0.02× one GPU, "
-                           "its 3 runs all above every other configuration's, DDP's included, though the model's "
-                           "state fits")
+    assert fsdp.startswith("Recommendation: fsdp (FSDP2): fastest, fsdp on 2 GPUs (nccl) at 2.11 ± "
+                           "0.02× one GPU, its range (mean ± std over 3 runs) above every other "
+                           "configuration's, DDP's included, though the model's state fits")
     single = line(made({SINGLE: [1300, 1320, 1310], DDP: [1150, 1250, 1200]}))
-    assert single.startswith("Recommendation: single_gpu: faster than every parallel configuration here (1,310 ± 10 "
-                             "images/s, its 3 runs all above")
+    assert single.startswith("Recommendation: single_gpu: faster than every parallel configuration "
+                             "here (1,310 ± 10 images/s, its range (mean ± std over 3 runs) above")
 
 
 def test_fsdp_where_ddps_model_state_outgrows_the_gpu_whatever_the_speed():
@@ -145,3 +146,55 @@ def test_on_the_cpu_it_says_what_processes_standing_in_for_gpus_can_and_cannot_t
                          "the modes' mechanics (processes over gloo, the split batch, each wrapper's own cost), not "
                          "what GPUs would gain, nor NCCL, nor GPU memory (projected, not measured); run compare.py "
                          "on GPUs to choose for them.")
+
+
+# The first sentence under the table and the Recommendation: line judge speed alike (the same
+# ranges, mean ± std, the same contenders); a scenario per kind of verdict.
+VERDICTS = [
+    ({SINGLE: [600, 640, 620], DDP: [1150, 1250, 1200]}, "gpu", "dist_parallel"),  # apart
+    ({SINGLE: [1300, 1320, 1310], DDP: [1150, 1250, 1200]}, "gpu", "single_gpu"),  # apart
+    ({SINGLE: [600, 640, 620], DDP: [1150, 1250, 1200], FSDP: [1300, 1320, 1310]}, "gpu", "fsdp"),
+    ({SINGLE: [600, 640, 620], DP: [1180, 1300, 1240], DDP: [1150, 1250, 1200]}, "gpu", None),
+    ({SINGLE: [600], DP: [1300], DDP: [1200]}, "gpu", None),  # one run each
+    ({SINGLE: [600, 640, 620], DDP: [1200]}, "gpu", None),  # one run of one: no spread there
+    ({SINGLE: [400, 440, 420], DP1: [900, 300, 600], GLOO: [700, 720, 710]}, "cpu",
+     "dist_parallel"),  # data_parallel on the CPU is no contender
+]
+
+
+def test_the_first_sentence_and_the_recommendation_never_disagree_on_speed():
+    for speeds, unit, fastest in VERDICTS:
+        outcomes = made(speeds, unit)
+        first = findings(outcomes)[0]
+        text = line(outcomes, state(None if unit == "cpu" else 80 * 2**30))
+        if fastest is None:
+            assert "cannot be told apart" in first and "**Fastest" not in first, first
+            assert "no mode is shown faster" in text or "no difference measurable" in text, text
+            assert ": fastest" not in text and "was fastest:" not in text
+            assert "faster than every" not in text
+        else:
+            assert first.startswith(f"- **Fastest: {fastest}"), first
+            assert "lies above every other's" in first
+            assert text.startswith(f"Recommendation: {fastest}"), text
+            assert "above every other" in text, text
+
+
+def test_data_parallel_on_the_cpu_is_named_for_what_it_is_not_crowned():
+    """Without GPUs nn.DataParallel calls the model itself: a run of it is single_gpu's
+    computation. Faster than the rest by chance, it is neither the fastest nor recommended, and the
+    sentences say why; one process's scaling efficiency is 100 % by definition, whatever its
+    speedup."""
+    outcomes = made({SINGLE: [400, 440, 420], DP1: [900, 300, 600], GLOO: [700, 720, 710]},
+                    unit="cpu")
+    said = findings(outcomes)
+    assert said[0].startswith("- **Fastest: dist_parallel on 2 CPU processes (gloo)**, 710 ± 10 "
+                              "images/s")
+    assert said[1] == ("- **data_parallel on 1 CPU process is single_gpu's computation:** without "
+                       "GPUs nn.DataParallel calls the model itself, with nothing to scatter, "
+                       "replicate or gather; its 600 ± 300 images/s against single_gpu's 420 ± 20 "
+                       "is no measure of DataParallel, so it is left out of the ranking.")
+    assert "data_parallel" not in line(outcomes, state(None)).split(" On this CPU-only")[0]
+    row = next(table_row(group) for group in groups(outcomes)
+               if group[0].run.mode == "data_parallel")
+    # the speedup varies; the efficiency cannot
+    assert row.split(" | ")[9:11] == ["1.43 ± 0.71×", "100 %"]
