@@ -151,7 +151,8 @@ def throughput_figure(outcomes, device: str, cuda: bool,
     counts = draw_lines(ax, lines)
     gpu_axis(ax, counts, cuda)
     shade_oversubscribed(ax, counts, cores)
-    ax.set_ylim(bottom=0)  # from zero: the heights compare as ratios
+    # from zero: the heights compare as ratios; room above the highest point for the legend
+    ax.set_ylim(0, 1.2 * ax.get_ylim()[1])
     ax.set(ylabel="images/s (global batch ÷ mean step)",
            title=f"Throughput — {device}\n{averaged(configurations(outcomes))}")
     return finish(fig, ax)

@@ -280,3 +280,17 @@ def test_memory_per_gpu_shows_data_parallels_heavier_first_gpu():
     assert [text.get_text() for text in ax.texts][:2] == ["6.0", "3.5"]
     plt.close(fig)
     assert memory_figure(cpu_matrix(), CPU_DEVICE) is None  # CPU runs measure no memory
+
+
+def test_throughput_legend_covers_no_point():
+    """The highest point is drawn below the top edge and the legend over no point: a matrix whose
+    fastest configuration is at its largest count put it under the legend, at the frame's edge."""
+    fig = throughput_figure(cpu_matrix(), CPU_DEVICE, cuda=False)
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    box = ax.get_legend().get_window_extent()
+    for line in ax.get_lines():
+        for x, y in line.get_xydata():
+            px, py = ax.transData.transform((x, y))
+            assert not box.contains(px, py), (x, y)
+            assert y < ax.get_ylim()[1] * 0.9
