@@ -9,7 +9,8 @@ process only, atomically (temporary file, fsync, rename), as <run folder>/checkp
 best test accuracy so far), with the SHA-256 of its contents, checked on loading. Everything in it is a tensor or a
 plain Python value, so it loads with `torch.load(weights_only=True)`: a checkpoint file cannot run code. A
 checkpoint that does not fit the run resuming it is refused in one line naming the entry, before anything is
-written (load_checkpoint, check_fits).
+written (load_checkpoint, check_fits). What writes a run's checkpoint and restores one into it (save_checkpoint,
+restore) takes the training loop's state, and lives beside it in common/loop.py.
 
 Resuming restores all of it, and the loaders skip the batches the epoch had already consumed. Their crops and flips
 are a function of (seed, epoch, image index) alone (common/data.py), so the remaining images are augmented as
@@ -31,7 +32,6 @@ import shutil
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -40,12 +40,8 @@ import torch.distributed as dist
 from common.config import LATER_FLAGS, MODEL_FLAGS, Config, RunError, UsageError, file_system_error
 from common.logger import fresh_restart, logged_curves, write_atomically
 from common.metrics import Sums
-from common.state import (all_finite, load_file, load_model_state, load_optimizer_state, model_state,
-                          optimizer_state)
+from common.state import load_file, load_optimizer_state
 from models.aligned import paper_shapes
-
-if TYPE_CHECKING:  # the loop's state, which imports this module
-    from common.loop import Run
 
 FORMAT = "pytorch-multigpu checkpoint v2"  # v2: with the checksum of its contents
 EARLIER_FORMAT = "pytorch-multigpu checkpoint v1"  # the same contents without a checksum: resumed, unverified
@@ -92,39 +88,6 @@ def set_rng_state(state: dict) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- writing
-def checkpoint_state(run: Run, rng_states: list[dict]) -> dict:
-    """The checkpoint of `run` (the training loop's state) at its current position; `rng_states` is one entry per
-    rank. A finished epoch is stored as the start of the next one. The weights and the optimizer's state are whole
-    tensors in every mode (under FSDP gathered onto rank 0, every rank taking part: common/state.py)."""
-    epoch, batch = run.epoch, run.batch
-    epoch_done = batch == len(run.train_loader)
-    if epoch_done:
-        epoch, batch = epoch + 1, 0
-    # what the run's results need of the attempts so far: the seconds, and the epoch's log windows
-    epoch_sums = Sums() if epoch_done else run.epoch_sums
-    history = {**run.clock.state(epoch_done), "epoch_sums": epoch_sums.values}
-    return {
-        "format": FORMAT, "config": dataclasses.asdict(run.cfg), "epoch": epoch, "batch": batch, "step": run.step,
-        "best_acc": run.best_acc, "model": model_state(run.raw_model),
-        "optimizer": optimizer_state(run.raw_model, run.optimizer),
-        "scheduler": run.scheduler.state_dict(), "scaler": run.scaler.state_dict(), "rng": rng_states,
-        "history": history, "extended": run.extended,
-    }
-
-
-def save_checkpoint(run: Run, test_acc: float | None = None) -> Path | None:
-    """Check that the weights are finite, then write the run's checkpoint (main process only), and best.pt too when
-    the epoch's `test_acc` is the best so far. Weights that turned NaN/inf stop the run instead: the last good
-    checkpoint is never replaced by a diverged one. In a process group every rank must call it (RNG states are
-    gathered from all of them)."""
-    if not all_finite(run.raw_model):  # every rank's verdict, combined: under FSDP each holds a slice
-        raise RunError(f"the weights are NaN/inf at step {run.step}: the training diverged; stopped without "
-                       f"writing a checkpoint ({last_checkpoint_note(run.checkpoint_dir)}); try a lower --lr")
-    best = test_acc is not None and test_acc > run.best_acc
-    run.best_acc = max(run.best_acc, test_acc if test_acc is not None else run.best_acc)
-    return write_checkpoint(run.checkpoint_dir, checkpoint_state(run, all_rng_states()), best)
-
-
 def last_checkpoint_note(run_dir: Path | None) -> str:
     """Where the last good checkpoint is, for a message."""
     if run_dir is not None and (run_dir / LAST).exists():
@@ -441,29 +404,6 @@ def stopped_line(signal_name: str, step: int, path: Path | None, run_dir: Path |
 
 def _as_saved(value):
     return list(value) if isinstance(value, tuple) else value
-
-
-def restore(state: dict, run: Run, rank: int) -> None:
-    """Everything of `state` into `run`: weights, optimizer, schedule, scaler, position, history,
-    this rank's RNG."""
-    load_model_state(run.raw_model, state["model"])
-    restore_optimizer(run.raw_model, run.optimizer, state["optimizer"])
-    run.scheduler.load_state_dict(state["scheduler"])
-    run.scaler.load_state_dict(state["scaler"])
-    run.epoch, run.batch, run.step, run.best_acc = state["epoch"], state["batch"], state["step"], state["best_acc"]
-    run.extended = list(state.get("extended", []))
-    if extends(state["config"], run.cfg):  # the schedule of the new --epochs, from this step on
-        run.extended.append({"at_step": run.step, "epochs_from": state["config"]["epochs"],
-                             "epochs_to": run.cfg.epochs})
-        scheduler = run.scheduler  # the optimizer holds the rate the old schedule gave this step
-        for group, base, factor in zip(run.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
-            group["lr"] = base * factor(scheduler.last_epoch)  # as LambdaLR computes it
-        scheduler._last_lr = [group["lr"] for group in run.optimizer.param_groups]
-    history = state.get("history")  # None in a checkpoint written before checkpoints kept one
-    run.clock.load(history, run.epoch, run.batch)  # so that the results cover the whole run, not this attempt
-    run.epoch_sums = Sums(history["epoch_sums"] if run.clock.attempts else None)  # epoch so far
-    rng = state["rng"]
-    set_rng_state(rng[rank] if rank < len(rng) else rng[0])
 
 
 # How an optimizer computes, as opposed to what it has learnt: these stay as this run built them. A checkpoint

@@ -29,6 +29,8 @@ import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.errors import RunError, UsageError  # every module may import them from here too
+from common.folders import image_folder_refusal
 from models.factory import PYRAMIDNET, unknown_model
 from models.pyramidnet import BLOCKS as MODEL_BLOCKS, check_arguments, parameters_at_least
 
@@ -62,20 +64,6 @@ def _path_limit(name: str, default: int) -> int:
 
 
 NAME_MAX, PATH_MAX = _path_limit("PC_NAME_MAX", 255), _path_limit("PC_PATH_MAX", 4096)  # bytes
-
-
-class UsageError(Exception):
-    """A mistake the user can fix: reported as one line, exit status 2, no traceback. In a process group every rank
-    meets the same mistake, and one line per node says it (see user_errors); a mistake only some ranks can meet
-    (a rank without a GPU, a rank that cannot reach the master) is `rank_specific` and said by each of them."""
-
-    def __init__(self, message: str, rank_specific: bool = False):
-        super().__init__(message)
-        self.rank_specific = rank_specific
-
-
-class RunError(Exception):
-    """A run that cannot go on (a loss that turned NaN, a process group that broke): one line, exit status 1."""
 
 
 def flag(default, help: str, *, at_least=None, above=None, at_most=None, below=None, check=None,
@@ -484,8 +472,6 @@ class Config:
         if refusal:
             raise UsageError(refusal)
         if self.dataset == "imagefolder":  # its layout and classes, listed once per process (no image is read)
-            from common.data import image_folder_refusal
-
             refusal = image_folder_refusal(self.data_dir)
             if refusal:
                 raise UsageError(refusal)

@@ -4,6 +4,7 @@ of a log window and an evaluation, the results summary, and the teardown. The lo
 every parallel call stay in each mode's train.py, where they are compared."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,13 +12,15 @@ from pathlib import Path
 import torch
 
 from common.breakdown import StepProfiler, breakdown_line, slowest_rank, trace_text
-from common.checkpoint import StopSignals, extends, last_checkpoint_note, restore
-from common.config import Config
+from common.checkpoint import (FORMAT, StopSignals, all_rng_states, extends, last_checkpoint_note,
+                               restore_optimizer, set_rng_state, write_checkpoint)
+from common.config import Config, RunError
 from common.logger import (Console, RunLogger, device_scalars, percent, speed_line, window_line,
                            window_scalars)
 from common.metrics import RunClock, StepTimer, Sums, TrainMeter, check_loss
 from common.optim import lr_factor
 from common.performance import flops_per_image, peak_tflops, speed_summary, window_mfu
+from common.state import all_finite, load_model_state, model_state, optimizer_state
 from common.telemetry import GpuTelemetry
 
 Test = tuple  # an evaluation: (loss, accuracy, images); (None, None, 0) before the first
@@ -232,3 +235,60 @@ class Run:
         self.timer.close()  # torch's compile callbacks removed
         self.telemetry.close()
         self.logger.close()
+
+
+# ------------------------------------------------------------------------------------------- checkpoints
+def checkpoint_state(run: Run, rng_states: list[dict]) -> dict:
+    """The checkpoint of `run` (the training loop's state) at its current position; `rng_states` is one entry per
+    rank. A finished epoch is stored as the start of the next one. The weights and the optimizer's state are whole
+    tensors in every mode (under FSDP gathered onto rank 0, every rank taking part: common/state.py)."""
+    epoch, batch = run.epoch, run.batch
+    epoch_done = batch == len(run.train_loader)
+    if epoch_done:
+        epoch, batch = epoch + 1, 0
+    # what the run's results need of the attempts so far: the seconds, and the epoch's log windows
+    epoch_sums = Sums() if epoch_done else run.epoch_sums
+    history = {**run.clock.state(epoch_done), "epoch_sums": epoch_sums.values}
+    return {
+        "format": FORMAT, "config": dataclasses.asdict(run.cfg), "epoch": epoch, "batch": batch, "step": run.step,
+        "best_acc": run.best_acc, "model": model_state(run.raw_model),
+        "optimizer": optimizer_state(run.raw_model, run.optimizer),
+        "scheduler": run.scheduler.state_dict(), "scaler": run.scaler.state_dict(), "rng": rng_states,
+        "history": history, "extended": run.extended,
+    }
+
+
+def save_checkpoint(run: Run, test_acc: float | None = None) -> Path | None:
+    """Check that the weights are finite, then write the run's checkpoint (main process only), and best.pt too when
+    the epoch's `test_acc` is the best so far. Weights that turned NaN/inf stop the run instead: the last good
+    checkpoint is never replaced by a diverged one. In a process group every rank must call it (RNG states are
+    gathered from all of them)."""
+    if not all_finite(run.raw_model):  # every rank's verdict, combined: under FSDP each holds a slice
+        raise RunError(f"the weights are NaN/inf at step {run.step}: the training diverged; stopped without "
+                       f"writing a checkpoint ({last_checkpoint_note(run.checkpoint_dir)}); try a lower --lr")
+    best = test_acc is not None and test_acc > run.best_acc
+    run.best_acc = max(run.best_acc, test_acc if test_acc is not None else run.best_acc)
+    return write_checkpoint(run.checkpoint_dir, checkpoint_state(run, all_rng_states()), best)
+
+
+def restore(state: dict, run: Run, rank: int) -> None:
+    """Everything of `state` into `run`: weights, optimizer, schedule, scaler, position, history,
+    this rank's RNG."""
+    load_model_state(run.raw_model, state["model"])
+    restore_optimizer(run.raw_model, run.optimizer, state["optimizer"])
+    run.scheduler.load_state_dict(state["scheduler"])
+    run.scaler.load_state_dict(state["scaler"])
+    run.epoch, run.batch, run.step, run.best_acc = state["epoch"], state["batch"], state["step"], state["best_acc"]
+    run.extended = list(state.get("extended", []))
+    if extends(state["config"], run.cfg):  # the schedule of the new --epochs, from this step on
+        run.extended.append({"at_step": run.step, "epochs_from": state["config"]["epochs"],
+                             "epochs_to": run.cfg.epochs})
+        scheduler = run.scheduler  # the optimizer holds the rate the old schedule gave this step
+        for group, base, factor in zip(run.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+            group["lr"] = base * factor(scheduler.last_epoch)  # as LambdaLR computes it
+        scheduler._last_lr = [group["lr"] for group in run.optimizer.param_groups]
+    history = state.get("history")  # None in a checkpoint written before checkpoints kept one
+    run.clock.load(history, run.epoch, run.batch)  # so that the results cover the whole run, not this attempt
+    run.epoch_sums = Sums(history["epoch_sums"] if run.clock.attempts else None)  # epoch so far
+    rng = state["rng"]
+    set_rng_state(rng[rank] if rank < len(rng) else rng[0])

@@ -24,14 +24,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.checkpoint import (StopSignals, check_fits, ended_line, has_ended, last_checkpoint_note,
-                               resume_checkpoint, save_checkpoint, stopped_line, until_stopped)
+                               resume_checkpoint, stopped_line, until_stopped)
 from common.checkpoint import continue_flags  # the flags that continue a stopped run, quoted
 from common.config import Config, RunError, parse_config, user_errors
 from common.data import (EvalShard, LoaderWorkerDied, ShuffleSampler, dataset_info,
                          image_size, load_datasets, make_loader)
 from common.devices import cuda_devices, one_process, seed_everything
 from common.logger import Console, RunLogger, load_model_weights, resolve_run_dir, start_line
-from common.loop import Run
+from common.loop import Run, save_checkpoint
 from common.metrics import Sums, evaluation_sums, window_sums
 from common.optim import build_optimizer, lr_schedule
 from common.performance import autocast, grad_scaler, memory_format, resolve_fast_path

@@ -38,7 +38,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.utils.data import DistributedSampler
 
 from common.checkpoint import (StopSignals, check_fits, ended_line, has_ended, last_checkpoint_note,
-                               resume_checkpoint, save_checkpoint, stopped_line, until_voted_stop)
+                               resume_checkpoint, stopped_line, until_voted_stop)
 from common.config import Config, GroupConfig, RunError, flag, parse_config, user_errors
 from common.data import (EvalShard, LoaderWorkerDied, dataset_info, image_size,
                          load_datasets, make_loader)
@@ -47,7 +47,7 @@ from common.guards import (check_launch, compile_leader, from_rank0, group_failu
                            launch_variables, node_leader_first, on_every_rank, restart_store)
 from common.launcher import own_gpu, report_stop, self_launch, tie_to_launcher
 from common.logger import Console, RunLogger, load_model_weights, resolve_run_dir, start_line
-from common.loop import Run
+from common.loop import Run, save_checkpoint
 from common.metrics import Sums, evaluation_sums, window_sums
 from common.optim import build_optimizer, lr_schedule
 from common.performance import autocast, grad_scaler, memory_format, resolve_fast_path
