@@ -31,16 +31,25 @@ def launch_refusal(mode: str, processes: int, *, cuda: bool, batch_size: int, ba
     if refusal is not None:
         return refusal
     if mode == "data_parallel" and compile and processes > 1:
-        return (f"--compile with data_parallel on {processes} GPUs would compile nothing (TorchDynamo does "
-                f"not trace DataParallel's replica threads): leave out --compile, or use dist_parallel")
+        return compiled_replicas_refusal(processes)
     refusal = compile_refusal(mode, compile, compile_mode, bucket_cap_mb)
     if refusal is not None:
         return refusal
     if mode != "single_gpu" and batch_size % processes and not evaluate:
-        unit = "GPUs" if mode == "data_parallel" else "processes"
-        return (f"--batch_size {batch_size} does not divide over {processes} {unit}: the global batch is split "
-                f"evenly, so give a multiple of {processes}")
+        return uneven_batch_refusal(batch_size, processes, "GPUs" if mode == "data_parallel" else "processes")
     return None
+
+
+def compiled_replicas_refusal(gpus: int) -> str:
+    """Why --compile cannot run data_parallel on several GPUs: what it would compile is not what runs."""
+    return (f"--compile with data_parallel on {gpus} GPUs would compile nothing (TorchDynamo does "
+            f"not trace DataParallel's replica threads): leave out --compile, or use dist_parallel")
+
+
+def uneven_batch_refusal(batch_size: int, parts: int, unit: str) -> str:
+    """Why a global --batch_size cannot train over `parts` GPUs or processes (`unit`)."""
+    return (f"--batch_size {batch_size} does not divide over {parts} {unit}: the global batch is split "
+            f"evenly, so give a multiple of {parts}")
 
 
 def compile_refusal(mode: str, compile: bool, compile_mode: str | None,

@@ -26,7 +26,7 @@ from torch import nn
 from common.checkpoint import (StopSignals, check_fits, ended_line, has_ended, last_checkpoint_note,
                                resume_checkpoint, stopped_line, until_stopped)
 from common.checkpoint import continue_flags  # the flags that continue a stopped run, quoted
-from common.config import Config, RunError, parse_config, user_errors
+from common.config import Config, RunError, UsageError, parse_config, user_errors
 from common.data import (EvalShard, LoaderWorkerDied, ShuffleSampler, dataset_info,
                          image_size, load_datasets, make_loader)
 from common.devices import cuda_devices, one_process, seed_everything
@@ -36,7 +36,7 @@ from common.metrics import Sums, evaluation_sums, window_sums
 from common.optim import build_optimizer, lr_schedule
 from common.performance import autocast, grad_scaler, memory_format, resolve_fast_path
 from common.performance import AutocastForward  # the replica threads need autocast in the forward
-from common.rules import per_process_batch, refuse_launch
+from common.rules import compiled_replicas_refusal, per_process_batch, uneven_batch_refusal
 from common.telemetry import peak_memory_gb
 from models import build_model
 
@@ -53,9 +53,10 @@ def setup(cfg: Config):
     """The device to train on, and the CUDA ids it uses ([] on the CPU)."""
     one_process(MODE)  # torchrun starting several of it: refused
     gpus = cuda_devices(cfg.gpu_devices, default_all=True)  # every visible GPU unless told
-    # the batch must split evenly over the GPUs; --compile on several would compile nothing
-    refuse_launch(MODE, max(len(gpus), 1), cuda=bool(gpus), batch_size=cfg.batch_size,
-                  compile=cfg.compile, evaluate=bool(cfg.evaluate))
+    if cfg.compile and len(gpus) > 1:  # TorchDynamo does not trace DataParallel's replica threads
+        raise UsageError(compiled_replicas_refusal(len(gpus)))
+    if gpus and cfg.batch_size % len(gpus) and not cfg.evaluate:  # each GPU an equal share
+        raise UsageError(uneven_batch_refusal(cfg.batch_size, len(gpus), "GPUs"))
     if gpus:  # the batches and the master weights live on the first listed GPU
         torch.cuda.set_device(gpus[0])
     device = torch.device("cuda", gpus[0]) if gpus else torch.device("cpu")
@@ -84,7 +85,7 @@ def get_model(cfg: Config, device: torch.device, gpus: list[int]):
     raw_model = raw_model.to(device, memory_format=memory_format(cfg))
     # splits each global batch over the GPUs; each replica's thread enters the run's autocast itself
     model = nn.DataParallel(AutocastForward(raw_model, cfg), device_ids=gpus or None)
-    if cfg.compile:  # compiled in the first step; raw_model (evaluation, saving) stays eager
+    if cfg.compile:  # one GPU or the CPU (several: refused): DataParallel calls the model itself
         model = torch.compile(model, mode=cfg.compile_mode)  # reduce-overhead: CUDA graphs
     return model, raw_model
 
