@@ -9,8 +9,8 @@ process only, atomically (temporary file, fsync, rename), as <run folder>/checkp
 best test accuracy so far), with the SHA-256 of its contents, checked on loading. Everything in it is a tensor or a
 plain Python value, so it loads with `torch.load(weights_only=True)`: a checkpoint file cannot run code. A
 checkpoint that does not fit the run resuming it is refused in one line naming the entry, before anything is
-written (load_checkpoint, check_fits). What writes a run's checkpoint and restores one into it (save_checkpoint,
-restore) takes the training loop's state, and lives beside it in common/loop.py.
+written (load_checkpoint, check_fits). What writes a run's checkpoint and restores one into it
+(save_checkpoint, restore) takes the training loop's state, and lives beside it in common/loop.py.
 
 Resuming restores all of it, and the loaders skip the batches the epoch had already consumed. Their crops and flips
 are a function of (seed, epoch, image index) alone (common/data.py), so the remaining images are augmented as
@@ -464,13 +464,16 @@ class StopSignals:
         self.received = self.received or self.NAMES[number]
 
     def vote(self) -> list[float]:
-        """This process's vote in a process group: one entry per signal, 1 for the one received."""
+        """This process's vote in a process group: one entry per signal, 1 for the one received.
+        The ranks' votes are reduced by their maximum (1 for each signal some rank received), then
+        `agreed` on."""
         return [float(self.received == name) for name in self.NAMES.values()]
 
     @classmethod
     def agreed(cls, votes) -> str | None:
-        """The signal that stops every rank, from the votes summed over ranks (the one most ranks received;
-        the first in NAMES' order on a tie), or None when no rank received one."""
+        """The signal that stops every rank, from the votes reduced over ranks: the one with the
+        most votes, the first in NAMES' order on a tie (a maximum over ranks ties every signal
+        received), or None when no rank received one."""
         names = list(cls.NAMES.values())
         counts = [int(count) for count in votes[:len(names)]]
         return names[counts.index(max(counts))] if max(counts) else None
@@ -532,7 +535,7 @@ class VotedStop:
         batches = iter(self.loader)
         for done in range(most):
             votes = torch.tensor(self.signals.vote(), device=self.device)
-            dist.all_reduce(votes)  # a signal to any rank stops every rank here
+            dist.all_reduce(votes, op=dist.ReduceOp.MAX)  # a signal to any rank stops every rank
             stopped = StopSignals.agreed(votes.tolist())
             if stopped:
                 stop = stop_evaluation(stopped, done, most, says=dist.get_rank() == 0)

@@ -1,9 +1,11 @@
 """Datasets, samplers and the two loaders: the one data path every mode shares.
 
 Both loaders draw indices from a torch Sampler, so the epoch order depends only on the seed and the epoch:
-`ShuffleSampler` (one process) gives exactly the order of `DistributedSampler` with one replica, and each mode
-calls the sampler's `set_epoch` every epoch, then the loader's `start_epoch` (the epoch's augmentation, and where a
-resumed epoch goes on). Batches come out on the device, normalised, as (float images NCHW, int64 labels).
+`ShuffleSampler` (one process) gives exactly the order of `DistributedSampler` with one replica.
+Every mode calls the loader's `start_epoch` each epoch (the epoch's augmentation, a ShuffleSampler's
+order, and where a resumed epoch goes on); the process-group modes call their DistributedSampler's
+`set_epoch` before it, as DDP needs. Batches come out on the device, normalised, as (float images
+NCHW, int64 labels).
 
 The augmentation (pad-4 random crop, horizontal flip) is a function of (seed, epoch, image index), drawn for the
 whole dataset at once by `augmentation_draws`: an image is cropped and flipped alike in an epoch whatever the
@@ -39,7 +41,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from common.config import DATASETS, UsageError, physical_memory
-from common.folders import SPLITS, image_folder  # an image folder's layout (verify.py reads it here)
+from common.folders import SPLITS, image_folder  # its layout (comparison/verify.py reads it here)
 
 PAD = 4  # pixels of zero padding around an image before its random crop
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
@@ -361,7 +363,8 @@ def _image_folder_splits(data_dir: str, size: int) -> tuple[FolderSplit, FolderS
 
 class ShuffleSampler(Sampler[int]):
     """One process's epoch order: a permutation seeded by seed + epoch, exactly DistributedSampler's with one
-    replica, so a one-process run of every mode sees the same batches."""
+    replica, so a one-process run of every mode sees the same batches. The loader's start_epoch sets
+    its epoch (follow_epoch)."""
 
     def __init__(self, size: int, shuffle: bool, seed: int):
         self.size, self.shuffle, self.seed, self.epoch = size, shuffle, seed, 0
@@ -377,6 +380,14 @@ class ShuffleSampler(Sampler[int]):
 
     def __len__(self):
         return self.size
+
+
+def follow_epoch(sampler, epoch: int) -> None:
+    """A loader's start_epoch: a ShuffleSampler's order is that of the loader's epoch. Any other
+    sampler's is its own (a DistributedSampler's: its set_epoch, which the process-group modes call
+    themselves)."""
+    if isinstance(sampler, ShuffleSampler):
+        sampler.set_epoch(epoch)
 
 
 class EvalShard(Sampler[int]):
@@ -569,7 +580,8 @@ class DeviceLoader:
 
     def start_epoch(self, epoch: int, skip: int = 0) -> None:
         """Iterate epoch `epoch`'s augmentation from its batch `skip` on (a resumed run: those were consumed
-        before). The sampler's order of the epoch is the sampler's own: the loop calls its set_epoch."""
+        before), in a ShuffleSampler's order of the epoch (follow_epoch) or another sampler's."""
+        follow_epoch(self.sampler, epoch)
         self.epoch, self.skip = epoch, skip
 
     def __len__(self):
@@ -671,7 +683,8 @@ class TorchvisionLoader:
             generator=torch.Generator().manual_seed(seed))  # draws the workers' base seed: the global RNG is left alone
 
     def start_epoch(self, epoch: int, skip: int = 0) -> None:
-        """As DeviceLoader.start_epoch: the epoch's augmentation from its batch `skip` on."""
+        """As DeviceLoader.start_epoch: the epoch's augmentation from batch `skip` on."""
+        follow_epoch(self.sampler, epoch)
         self.indices.start_epoch(epoch, skip)
 
     def __len__(self):  # batches in a whole epoch, skipped ones included, as DeviceLoader counts them

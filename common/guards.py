@@ -83,19 +83,6 @@ def check_rendezvous_file(path: Path, timeout_s: float) -> None:
                          f"file:// path) and launch again")
 
 
-@contextlib.contextmanager
-def joining_group(init_method: str, rank: int, timeout_s: float):
-    """Around `dist.init_process_group`: before it, NCCL errors set to reach the main thread; after it, a failed
-    rendezvous as one line with the fix for the failures users meet (a port in use, a master that cannot be
-    reached, a file:// rendezvous left over from a crashed run). The wait is bounded by the group's timeout, given
-    to the call."""
-    nccl_error_handling(os.environ)
-    try:
-        yield
-    except (RuntimeError, ValueError) as error:  # DistNetworkError and DistStoreError are RuntimeErrors
-        raise rendezvous_error(error, init_method, rank, timeout_s) from None
-
-
 def nccl_error_handling(environ) -> None:
     """How NCCL's watchdog thread handles a collective that failed or outlived --dist_timeout. torchrun gives every
     worker TORCH_NCCL_ASYNC_ERROR_HANDLING=1 unless told otherwise, and torch's own default is 3; both make the
@@ -108,8 +95,8 @@ def nccl_error_handling(environ) -> None:
         environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "2"
 
 
-def restart_store(init_method: str, rank: int, world_size: int,
-                  timeout: datetime.timedelta) -> dist.Store | None:
+def store_of_this_attempt(init_method: str, rank: int, world_size: int,
+                          timeout: datetime.timedelta) -> dist.Store | None:
     """Under torchrun, the store at MASTER_ADDR:MASTER_PORT outlives a restart of the workers, and with it the
     keys the previous attempt's process group wrote (gloo's peer addresses): a restarted worker could read a dead
     peer's address. Each attempt gets keys of its own, under TORCHELASTIC_RESTART_COUNT. None outside torchrun
@@ -162,10 +149,18 @@ def group_failure(error: BaseException, rank: int, step: int) -> RunError | None
                     f"has died or stalled, and its own output says why")
 
 
+def raise_group_failure(error: BaseException, rank: int, step: int) -> None:
+    """`error` raised as group_failure's one line when it came from the process group; otherwise
+    nothing, and the caller raises `error` as it is."""
+    failure = group_failure(error, rank, step)
+    if failure is not None:
+        raise failure from None
+
+
 @contextlib.contextmanager
-def node_leader_first():
+def local_rank0_first():
     """The body runs first on each node's local rank 0 (a download, say), then on the others, which find its
-    files."""
+    files: the others wait at a barrier that local rank 0 reaches after the body."""
     local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank()))
     if local_rank != 0:
         dist.barrier()
@@ -202,7 +197,7 @@ def compile_leader(device: torch.device, timeout_s: float) -> tuple | None:
     return store, first == dist.get_rank(), timeout_s
 
 
-def from_rank0(load):
+def broadcast_from_rank0(load):
     """`load()` on rank 0 only (it reads the file, which other nodes may not see), its result sent to every rank.
     A UsageError on rank 0 is raised on every rank, so all of them exit."""
     result = [None, None]
@@ -216,19 +211,20 @@ def from_rank0(load):
     return result[0]
 
 
-def on_every_rank(make):
-    """`make()` on every rank, where only rank 0 can be refused (it alone claims the run folder): a UsageError
-    there is raised on every rank, so all of them exit instead of waiting for rank 0 at the next collective."""
-    value, error = None, [None]
+@contextlib.contextmanager
+def rank0_refusal_stops_all():
+    """Around what every rank does but only rank 0 can be refused at (it alone claims the run
+    folder): a UsageError there is raised on every rank, so all of them exit instead of waiting for
+    rank 0 at the next collective. Every rank: a collective (a broadcast) at the end."""
+    error = [None]
     try:
-        value = make()
+        yield
     except UsageError as refused:
         if dist.get_rank() != 0:
             raise
         error = [str(refused)]
     dist.broadcast_object_list(error, src=0)
     _refused_on_rank0(error[0])
-    return value
 
 
 def _refused_on_rank0(message: str | None) -> None:

@@ -1,8 +1,10 @@
 """The workers of a process-group mode (dist_parallel, fsdp) and what starts them: the self-launch
 (`python train.py` without torchrun) through torch's own elastic launcher, which GPU each worker takes, workers
-that die with their launcher, and the report of a clean stop, which the launcher cannot see for itself."""
+that die with their launcher, the report of a clean stop, which the launcher cannot see for itself,
+and the safety net around the lines that join the process group (SafetyNet)."""
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import signal
@@ -10,16 +12,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch.distributed as dist
 
 from common.checkpoint import (LAST, STOP_REPORT, STOPPED, TRAINING, StopSignals, last_checkpoint_note,
                                refuse_fresh_start, silence_lost_outputs, tell_self_launch)
 from common.config import UsageError
 from common.devices import cuda_devices
-from common.guards import check_launch
+from common.guards import (check_launch, launch_variables, nccl_error_handling, rendezvous_error,
+                           store_of_this_attempt)
 from common.logger import resolve_run_dir
 
-def tie_to_launcher() -> None:
+def die_with_launcher() -> None:
     """A worker started by torch's elastic agent (torchrun or the self-launch) is tied to it. It dies with the
     agent: the agent puts each worker in a session of its own, so when the agent itself is killed (`kill -9`, an
     out-of-memory kill) nothing reaches the workers, which would train on as orphans, writing checkpoints beside
@@ -176,24 +178,74 @@ def killed_by(signals: dict[int, int]) -> list[str]:
     return said
 
 
-def report_stop(step: int, checkpoint: Path | None) -> None:
+def tell_self_launch_stopped(step: int, checkpoint: Path | None) -> None:
     """Stopped by a signal with the checkpoint written, rank 0 tells the self-launch what it left."""
-    if dist.get_rank() == 0:
-        then = "continue with --resume auto" if checkpoint else "a --benchmark run keeps no checkpoint"
-        tell_self_launch(STOPPED, f"step {step}, checkpoint {checkpoint}\n{then}")
+    then = "continue with --resume auto" if checkpoint else "a --benchmark run keeps no checkpoint"
+    tell_self_launch(STOPPED, f"step {step}, checkpoint {checkpoint}\n{then}")
 
 
 SHARING_HINT = " (ranks may share a GPU under --backend gloo; NCCL refuses two ranks on one GPU)"
 
 
-def own_gpu(gpu_devices, local_rank: int, backend: str | None) -> list[int]:
-    """This process's GPU: the local_rank-th of --gpu_devices (default: of every visible GPU); [] without CUDA.
-    Under gloo a GPU may be listed more than once (`--gpu_devices 0 0`: two ranks on one GPU); NCCL refuses that."""
-    gpus = cuda_devices(gpu_devices, default_all=True, shared=backend == "gloo", sharing_hint=SHARING_HINT)
+def node_gpus(gpu_devices, local_rank: int, backend: str | None) -> list[int]:
+    """The GPUs of this node, of which the local_rank-th is this process's: --gpu_devices (default:
+    every visible GPU); [] without CUDA. Under gloo a GPU may be listed more than once
+    (`--gpu_devices 0 0`: two ranks on one GPU); NCCL refuses that. A local rank without a GPU of
+    its own is refused."""
+    gpus = cuda_devices(gpu_devices, default_all=True, shared=backend == "gloo",
+                        sharing_hint=SHARING_HINT)
     if gpus and local_rank >= len(gpus):
-        raise UsageError(f"local rank {local_rank} has no GPU of its own ({len(gpus)} available): start at most "
-                         f"one process per GPU", rank_specific=True)
-    return gpus[local_rank:local_rank + 1]
+        raise UsageError(f"local rank {local_rank} has no GPU of its own ({len(gpus)} available): "
+                         f"start at most one process per GPU", rank_specific=True)
+    return gpus
+
+
+class SafetyNet:
+    """What a process-group mode's setup() does only for when something goes wrong, beside the lines
+    that join the group, which read as PyTorch's tutorial writes them: safe to skip on a first read.
+
+    Made first, before setup() reads the environment: this worker dies with its torchrun agent
+    (die_with_launcher); RANK, LOCAL_RANK and WORLD_SIZE that are not whole numbers, and what no
+    worker can run with (check_launch), are refused in one line; `node_gpus` is this node's GPUs,
+    checked to hold one for this local rank; `timeout` is --dist_timeout, how long a collective may
+    wait. Then `with net:` around init_process_group: NCCL's errors set to reach the main thread, a
+    store of this attempt's own after a torchrun restart (`store`; `init_method` is None then), and
+    a failed rendezvous said in one line, with the fix for the failures users meet (a port in use, a
+    master that cannot be reached, a file:// rendezvous left over from a crashed run)."""
+
+    def __init__(self, cfg, mode: str):
+        die_with_launcher()  # a killed torchrun agent takes this worker with it: no orphan
+        with launch_variables():  # set by torchrun (or by hand); not whole numbers: one line
+            self.rank = int(os.environ["RANK"])
+            local_rank = int(os.environ.get("LOCAL_RANK", self.rank))
+            self.world_size = int(os.environ["WORLD_SIZE"])
+        check_launch(cfg, mode, self.world_size, self.rank)  # no worker can run it: one line
+        self.node_gpus = node_gpus(cfg.gpu_devices, local_rank, cfg.backend)  # one per process
+        self.cfg = cfg
+        self.timeout = datetime.timedelta(seconds=cfg.dist_timeout)  # a longer wait fails
+        self.store = None
+
+    @property
+    def init_method(self) -> str | None:
+        """--init_method (env://, tcp://HOST:PORT or file://PATH); None where `store` is."""
+        return None if self.store else self.cfg.init_method
+
+    def __enter__(self) -> "SafetyNet":
+        nccl_error_handling(os.environ)  # before the group: a failed collective reaches this thread
+        try:  # a store of this attempt's own: after a torchrun restart only
+            self.store = store_of_this_attempt(self.cfg.init_method, self.rank, self.world_size,
+                                               self.timeout)
+        except (RuntimeError, ValueError) as error:  # the rendezvous's first step
+            raise self.failed(error) from None
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        if isinstance(error, (RuntimeError, ValueError)):  # DistNetworkError, DistStoreError too
+            raise self.failed(error) from None
+
+    def failed(self, error: Exception) -> UsageError:
+        """Joining the group failed on this rank: the line that says why (others may not fail)."""
+        return rendezvous_error(error, self.cfg.init_method, self.rank, self.cfg.dist_timeout)
 
 
 def self_launch(cfg, script: str, argv, mode: str) -> int:

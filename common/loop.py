@@ -237,11 +237,12 @@ class Run:
         self.logger.close()
 
 
-# ------------------------------------------------------------------------------------------- checkpoints
+# -------------------------------------------------------------------------------------- checkpoints
 def checkpoint_state(run: Run, rng_states: list[dict]) -> dict:
-    """The checkpoint of `run` (the training loop's state) at its current position; `rng_states` is one entry per
-    rank. A finished epoch is stored as the start of the next one. The weights and the optimizer's state are whole
-    tensors in every mode (under FSDP gathered onto rank 0, every rank taking part: common/state.py)."""
+    """The checkpoint of `run` (the training loop's state) at its current position; `rng_states` is
+    one entry per rank. A finished epoch is stored as the start of the next one. The weights and the
+    optimizer's state are whole tensors in every mode (under FSDP gathered onto rank 0, every rank
+    taking part: common/state.py)."""
     epoch, batch = run.epoch, run.batch
     epoch_done = batch == len(run.train_loader)
     if epoch_done:
@@ -250,22 +251,23 @@ def checkpoint_state(run: Run, rng_states: list[dict]) -> dict:
     epoch_sums = Sums() if epoch_done else run.epoch_sums
     history = {**run.clock.state(epoch_done), "epoch_sums": epoch_sums.values}
     return {
-        "format": FORMAT, "config": dataclasses.asdict(run.cfg), "epoch": epoch, "batch": batch, "step": run.step,
-        "best_acc": run.best_acc, "model": model_state(run.raw_model),
+        "format": FORMAT, "config": dataclasses.asdict(run.cfg), "epoch": epoch, "batch": batch,
+        "step": run.step, "best_acc": run.best_acc, "model": model_state(run.raw_model),
         "optimizer": optimizer_state(run.raw_model, run.optimizer),
-        "scheduler": run.scheduler.state_dict(), "scaler": run.scaler.state_dict(), "rng": rng_states,
-        "history": history, "extended": run.extended,
+        "scheduler": run.scheduler.state_dict(), "scaler": run.scaler.state_dict(),
+        "rng": rng_states, "history": history, "extended": run.extended,
     }
 
 
 def save_checkpoint(run: Run, test_acc: float | None = None) -> Path | None:
-    """Check that the weights are finite, then write the run's checkpoint (main process only), and best.pt too when
-    the epoch's `test_acc` is the best so far. Weights that turned NaN/inf stop the run instead: the last good
-    checkpoint is never replaced by a diverged one. In a process group every rank must call it (RNG states are
-    gathered from all of them)."""
-    if not all_finite(run.raw_model):  # every rank's verdict, combined: under FSDP each holds a slice
-        raise RunError(f"the weights are NaN/inf at step {run.step}: the training diverged; stopped without "
-                       f"writing a checkpoint ({last_checkpoint_note(run.checkpoint_dir)}); try a lower --lr")
+    """Check that the weights are finite, then write the run's checkpoint (main process only), and
+    best.pt too when the epoch's `test_acc` is the best so far. Weights that turned NaN/inf stop the
+    run instead: the last good checkpoint is never replaced by a diverged one. In a process group
+    every rank must call it (RNG states are gathered from all of them)."""
+    if not all_finite(run.raw_model):  # every rank's verdict, combined (FSDP: each holds a slice)
+        note = last_checkpoint_note(run.checkpoint_dir)
+        raise RunError(f"the weights are NaN/inf at step {run.step}: the training diverged; "
+                       f"stopped without writing a checkpoint ({note}); try a lower --lr")
     best = test_acc is not None and test_acc > run.best_acc
     run.best_acc = max(run.best_acc, test_acc if test_acc is not None else run.best_acc)
     return write_checkpoint(run.checkpoint_dir, checkpoint_state(run, all_rng_states()), best)
@@ -278,17 +280,21 @@ def restore(state: dict, run: Run, rank: int) -> None:
     restore_optimizer(run.raw_model, run.optimizer, state["optimizer"])
     run.scheduler.load_state_dict(state["scheduler"])
     run.scaler.load_state_dict(state["scaler"])
-    run.epoch, run.batch, run.step, run.best_acc = state["epoch"], state["batch"], state["step"], state["best_acc"]
+    run.epoch = state["epoch"]
+    run.batch = state["batch"]
+    run.step = state["step"]
+    run.best_acc = state["best_acc"]
     run.extended = list(state.get("extended", []))
     if extends(state["config"], run.cfg):  # the schedule of the new --epochs, from this step on
         run.extended.append({"at_step": run.step, "epochs_from": state["config"]["epochs"],
                              "epochs_to": run.cfg.epochs})
         scheduler = run.scheduler  # the optimizer holds the rate the old schedule gave this step
-        for group, base, factor in zip(run.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        rates = zip(run.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas)
+        for group, base, factor in rates:
             group["lr"] = base * factor(scheduler.last_epoch)  # as LambdaLR computes it
         scheduler._last_lr = [group["lr"] for group in run.optimizer.param_groups]
     history = state.get("history")  # None in a checkpoint written before checkpoints kept one
-    run.clock.load(history, run.epoch, run.batch)  # so that the results cover the whole run, not this attempt
+    run.clock.load(history, run.epoch, run.batch)  # the results cover the whole run, every attempt
     run.epoch_sums = Sums(history["epoch_sums"] if run.clock.attempts else None)  # epoch so far
     rng = state["rng"]
     set_rng_state(rng[rank] if rank < len(rng) else rng[0])

@@ -160,7 +160,7 @@ class TrainMeter:
 
 def check_loss(sums: "Sums", meter: TrainMeter, step: int, checkpoint: str) -> None:
     """A window whose loss is NaN/inf ends the run, naming the step; the last good checkpoint stays as it is."""
-    if not math.isfinite(sums.values[0]):
+    if not math.isfinite(sums.loss_sum):
         raise RunError(f"the training loss became NaN/inf at step {meter.first_nonfinite_step(step)}: stopped "
                        f"({checkpoint}); try a lower --lr")
 
@@ -179,28 +179,52 @@ def evaluation_sums(model, loader, device: torch.device) -> torch.Tensor:
 
 
 class Sums:
-    """A window's totals as one flat vector, so a parallel mode reduces it with a single all-reduce:
-    [loss sum, correct, images, timed steps, step seconds, data seconds]. Windows add up to epochs and runs."""
+    """A window's totals, by name; windows add up to epochs and runs. In a process group every
+    rank's are added up in one all-reduce of `window_sums`' tensor (its entries in FIELDS' order),
+    and `mean_time` then makes the timings the mean over ranks (each rank timed the same steps),
+    where the counts stay added up."""
 
-    SIZE = 6
+    FIELDS = ("loss_sum", "correct", "image_count", "steps_timed", "step_seconds", "data_seconds")
+    SIZE = len(FIELDS)
 
     def __init__(self, values=None):
-        self.values = list(values) if values is not None else [0.0] * self.SIZE
+        values = [0.0] * self.SIZE if values is None else list(values)
+        self.loss_sum = values[0]  # the loss of every image of the window, added up
+        self.correct = values[1]  # its correct predictions
+        self.image_count = values[2]  # its images
+        self.steps_timed = values[3]  # its steps past the warm-up, whose time is measured
+        self.step_seconds = values[4]  # their time
+        self.data_seconds = values[5]  # of it, the time spent waiting for data
+
+    @property
+    def values(self) -> list:
+        """The totals in FIELDS' order: what a checkpoint keeps of an epoch's windows."""
+        return [getattr(self, name) for name in self.FIELDS]
 
     def __add__(self, other: "Sums") -> "Sums":
         return Sums(a + b for a, b in zip(self.values, other.values))
 
-    loss = property(lambda self: self.values[0] / self.values[2] if self.values[2] else None)
-    acc = property(lambda self: self.values[1] / self.values[2] if self.values[2] else None)
-    images = property(lambda self: int(self.values[2]))
-    timed_steps = property(lambda self: int(self.values[3]))
-    batch_time = property(lambda self: self.values[4] / self.values[3] if self.values[3] else None)
-    data_frac = property(lambda self: self.values[5] / self.values[4] if self.values[3] else None)
+    def mean_time(self, ranks: int) -> "Sums":
+        """These totals, added up over `ranks` ranks that each timed the same steps, with the
+        timings made the mean over the ranks; the loss, the correct predictions and the images stay
+        added up."""
+        return Sums([self.loss_sum, self.correct, self.image_count, self.steps_timed / ranks,
+                     self.step_seconds / ranks, self.data_seconds / ranks])
+
+    loss = property(lambda self: self.loss_sum / self.image_count if self.image_count else None)
+    acc = property(lambda self: self.correct / self.image_count if self.image_count else None)
+    images = property(lambda self: int(self.image_count))
+    timed_steps = property(lambda self: int(self.steps_timed))
+    batch_time = property(lambda self: self.step_seconds / self.steps_timed
+                          if self.steps_timed else None)
+    data_frac = property(lambda self: self.data_seconds / self.step_seconds
+                         if self.steps_timed else None)
     # the mean data wait of a step, in seconds
-    data_time = property(lambda self: self.values[5] / self.values[3] if self.values[3] else None)
+    data_time = property(lambda self: self.data_seconds / self.steps_timed
+                         if self.steps_timed else None)
 
     def images_per_sec(self, global_batch: int) -> float | None:
-        return global_batch / self.batch_time if self.values[3] else None
+        return global_batch / self.batch_time if self.steps_timed else None
 
 
 def window_sums(meter: TrainMeter, timer: StepTimer) -> torch.Tensor:

@@ -36,20 +36,21 @@ def launch_refusal(mode: str, processes: int, *, cuda: bool, batch_size: int, ba
     if refusal is not None:
         return refusal
     if mode != "single_gpu" and batch_size % processes and not evaluate:
-        return uneven_batch_refusal(batch_size, processes, "GPUs" if mode == "data_parallel" else "processes")
+        unit = "GPUs" if mode == "data_parallel" else "processes"
+        return uneven_batch_refusal(batch_size, processes, unit)
     return None
 
 
 def compiled_replicas_refusal(gpus: int) -> str:
-    """Why --compile cannot run data_parallel on several GPUs: what it would compile is not what runs."""
+    """Why --compile cannot run data_parallel on several GPUs: it compiles what does not run."""
     return (f"--compile with data_parallel on {gpus} GPUs would compile nothing (TorchDynamo does "
             f"not trace DataParallel's replica threads): leave out --compile, or use dist_parallel")
 
 
 def uneven_batch_refusal(batch_size: int, parts: int, unit: str) -> str:
     """Why a global --batch_size cannot train over `parts` GPUs or processes (`unit`)."""
-    return (f"--batch_size {batch_size} does not divide over {parts} {unit}: the global batch is split "
-            f"evenly, so give a multiple of {parts}")
+    return (f"--batch_size {batch_size} does not divide over {parts} {unit}: the global batch is "
+            f"split evenly, so give a multiple of {parts}")
 
 
 def compile_refusal(mode: str, compile: bool, compile_mode: str | None,

@@ -2,9 +2,8 @@ r"""Train PyramidNet on CIFAR-10 with fully sharded data parallelism (FSDP2): on
 each holding a slice of every parameter, gradient and momentum buffer, on one node or many.
 
     torchrun --standalone --nproc_per_node 4 train.py --batch_size 512   # 4 GPUs, 128 images each
-    python train.py --gpu_devices 0 1 2 3 --batch_size 512   # the same, started by torch's launcher
-    python train.py --nproc_per_node 2 --dataset synthetic --synthetic_size 5000 --depth 20 \
-                    --alpha 24 --epochs 1   # 2 CPU workers, offline, a minute or two
+    python train.py --dataset synthetic --synthetic_size 5000 --depth 20 --alpha 24 \
+                    --epochs 1 --nproc_per_node 2   # 2 CPU workers, offline, a minute or two
     python train.py --no_reshard_after_forward ...   # keep the gathered parameters for backward
     python train.py --resume ../runs/<dist_parallel run>/checkpoint.pt   # one checkpoint format
     python train.py --evaluate ../runs/<run>/model.pt  # exact test loss and accuracy, any processes
@@ -21,7 +20,6 @@ Everything else (the process group, launches, global batch, exact evaluation, ch
 restarts) is dist_parallel's, repeated here so that this file reads alone.
 """
 # ------------------------------------------------------------------------------------------ imports
-import datetime
 import os
 import sys
 import time
@@ -40,12 +38,12 @@ from torch.utils.data import DistributedSampler
 from common.checkpoint import (StopSignals, check_fits, ended_line, has_ended, last_checkpoint_note,
                                resume_checkpoint, stopped_line, until_voted_stop)
 from common.config import Config, GroupConfig, RunError, flag, parse_config, user_errors
-from common.data import (EvalShard, LoaderWorkerDied, dataset_info, image_size,
-                         load_datasets, make_loader)
+from common.data import (EvalShard, LoaderWorkerDied, dataset_info,
+                         image_size, load_datasets, make_loader)
 from common.devices import seed_everything
-from common.guards import (check_launch, compile_leader, from_rank0, group_failure, joining_group,
-                           launch_variables, node_leader_first, on_every_rank, restart_store)
-from common.launcher import own_gpu, report_stop, self_launch, tie_to_launcher
+from common.guards import (broadcast_from_rank0, compile_leader, local_rank0_first,
+                           raise_group_failure, rank0_refusal_stops_all)
+from common.launcher import SafetyNet, self_launch, tell_self_launch_stopped
 from common.logger import Console, RunLogger, load_model_weights, resolve_run_dir, start_line
 from common.loop import Run, save_checkpoint
 from common.metrics import Sums, evaluation_sums, window_sums
@@ -76,45 +74,36 @@ def get_config(argv=None) -> FsdpConfig:
 
 # -------------------------------------------------------------------------------------------- setup
 def setup(cfg: FsdpConfig):
-    """Join the process group. The device is this process's GPU (the local_rank-th of --gpu_devices)
-    or the CPU; the CUDA ids it uses ([] on the CPU)."""
-    tie_to_launcher()  # a killed torchrun agent takes this worker with it: no orphan trains on
-    with launch_variables():  # set by torchrun (or by hand); not whole numbers: one line
-        rank = int(os.environ["RANK"])  # this process's place among all the job's processes
-        local_rank = int(os.environ.get("LOCAL_RANK", rank))  # its place on this node: its GPU
-        world_size = int(os.environ["WORLD_SIZE"])  # how many processes the job has
-    check_launch(cfg, MODE, world_size, rank)  # what no worker can run with: one line, every rank
-    gpus = own_gpu(cfg.gpu_devices, local_rank, cfg.backend)  # one GPU per process (gloo may share)
+    """The device to train on, and the CUDA ids it uses ([] on the CPU)."""
+    net = SafetyNet(cfg, MODE)  # bad launches in one line, restarts: safe to skip on a first read
+    rank = int(os.environ["RANK"])  # this process's place among all the job's processes
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))  # its place on this node: its GPU
+    world_size = int(os.environ["WORLD_SIZE"])  # how many processes the job has
+    gpus = net.node_gpus[local_rank:local_rank + 1]  # the local_rank-th of --gpu_devices, or none
     if gpus:  # before the process group: NCCL binds this process to its GPU
         torch.cuda.set_device(gpus[0])
     backend = cfg.backend or ("nccl" if gpus else "gloo")
     bound_to = torch.device("cuda", gpus[0]) if backend == "nccl" else None  # NCCL: this GPU
-    timeout = datetime.timedelta(seconds=cfg.dist_timeout)  # a collective waiting longer fails
-    with joining_group(cfg.init_method, rank, cfg.dist_timeout):  # a failed rendezvous: one line
-        store = restart_store(cfg.init_method, rank, world_size, timeout)  # torchrun restarts only
-        init_method = None if store else cfg.init_method  # env://, tcp://HOST:PORT or file://PATH
-        dist.init_process_group(backend, init_method=init_method, store=store, rank=rank,
-                                world_size=world_size, timeout=timeout, device_id=bound_to)
+    with net:  # a failed rendezvous in one line; net.store: torchrun restarts only
+        dist.init_process_group(backend, init_method=net.init_method, store=net.store, rank=rank,
+                                world_size=world_size, timeout=net.timeout, device_id=bound_to)
     device = torch.device("cuda", gpus[0]) if gpus else torch.device("cpu")
     return device, gpus
 
 
 # --------------------------------------------------------------------------------------------- data
 def get_loaders(cfg: Config, device: torch.device):
-    rank = dist.get_rank()  # this process's place in the group
-    world_size = dist.get_world_size()
-    with node_leader_first():  # one download per node
+    with local_rank0_first():  # one download per node: the node's other ranks wait at a barrier
         train_set, test_set = load_datasets(cfg.dataset, cfg.data_dir, cfg.synthetic_size,
                                         cfg.seed, image_size(cfg))
-    batch = per_process_batch(cfg.batch_size, world_size, len(train_set))  # the global batch, split
+    batch = per_process_batch(cfg.batch_size, dist.get_world_size(), len(train_set))  # split
     kind = cfg.loader  # gpu, or torchvision: resolve_fast_path chose it for this device
     options = dict(augment=cfg.augment, num_workers=cfg.num_workers, seed=cfg.seed,
                    memory_format=memory_format(cfg))
-    # each rank's share of every epoch, the shares drawn from one shuffle of the whole training set
-    train_sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank,
-                                       shuffle=cfg.shuffle, seed=cfg.seed)
+    # each rank's share of every epoch (rank, world size: the group's), all from one shuffle
+    train_sampler = DistributedSampler(train_set, shuffle=cfg.shuffle, seed=cfg.seed)
     train_loader = make_loader(kind, train_set, train_sampler, batch, device, train=True, **options)
-    test_shard = EvalShard(len(test_set), rank, world_size)  # each test image on one rank, once
+    test_shard = EvalShard(len(test_set), dist.get_rank(), dist.get_world_size())  # each image once
     test_loader = make_loader(kind, test_set, test_shard, batch, device, train=False, **options)
     return train_loader, test_loader
 
@@ -179,7 +168,6 @@ def train_one_epoch(run: Run, epoch: int) -> None:
     skip = run.batch if epoch == run.epoch else 0  # batches a resumed epoch had already trained on
     run.epoch = epoch
     run.batch = skip
-    loader.sampler.set_epoch(epoch)  # this epoch's shuffle, the same on every rank
     loader.start_epoch(epoch, skip)  # this epoch's augmentation, from where a resumed epoch was
     if not skip:  # a resumed epoch goes on from the log windows its checkpoint had counted
         run.epoch_sums = Sums()
@@ -205,23 +193,21 @@ def train_one_epoch(run: Run, epoch: int) -> None:
         if last or run.stop:
             break
         if checkpoint_due:
-            save_checkpoint(run)
+            save_checkpoint(run)  # every rank: collectives inside, in a group; rank 0 writes it
     run.console.close()
 
 
 def log_window(run: Run, epoch: int, index: int) -> Sums:
     """Read the window's totals (one host sync), report them, and take note of a stop signal."""
-    totals = window_sums(run.meter, run.timer)
+    totals = window_sums(run.meter, run.timer)  # this window's figures, on the device
     ranks = by_rank({0: Sums(totals.tolist())})  # each rank's own window (rank/<r>/ in TensorBoard)
-    voted = totals.new_tensor(run.signals.vote())  # a signal to any rank stops all, with its name
-    totals = torch.cat([totals, voted])
-    dist.all_reduce(totals)  # images and correct predictions add up over ranks; so do the votes
-    totals[3:6] /= dist.get_world_size()  # timings: the mean over ranks
-    values = totals.tolist()
-    sums = Sums(values[:Sums.SIZE])
+    dist.all_reduce(totals)  # every rank's loss, correct predictions, images and seconds, added up
+    sums = Sums(totals.tolist()).mean_time(dist.get_world_size())  # each rank timed the same steps
+    stop = totals.new_tensor(run.signals.vote())  # 1 for the stop signal this rank received
+    dist.all_reduce(stop, op=dist.ReduceOp.MAX)  # a signal to any rank stops every rank
     gpu = by_rank(run.telemetry.window())  # every rank's GPU, keyed by rank
     run.record_window(epoch, index, sums, gpu, ranks)  # the totals, a NaN check, TensorBoard, log
-    run.stop = StopSignals.agreed(values[Sums.SIZE:])  # the same signal on every rank
+    run.stop = StopSignals.agreed(stop.tolist())  # the same signal on every rank
     return sums
 
 
@@ -272,9 +258,9 @@ def prepare(cfg: FsdpConfig, started: float) -> tuple[Run | None, object]:
     had ended already."""
     device, gpus = setup(cfg)
     cfg = resolve_fast_path(cfg, device)  # --amp, --channels_last, --loader made explicit here
-    is_main = dist.get_rank() == 0  # only rank 0 prints and writes: the others' console is silent
+    is_main = dist.get_rank() == 0  # rank 0 prints and writes the files: the others have no folder
     run_dir = resolve_run_dir(cfg, MODE, dist.get_world_size()) if is_main else None
-    checkpoint = from_rank0(lambda: resume_checkpoint(cfg, run_dir))  # rank 0 reads it, all get it
+    checkpoint = broadcast_from_rank0(lambda: resume_checkpoint(cfg, run_dir))  # rank 0 reads it
     if has_ended(checkpoint, cfg):  # an elastic command run again after the end, say: nothing to do
         Console(is_main, bar=False).line(ended_line(checkpoint, cfg))
         return None, None
@@ -286,20 +272,20 @@ def prepare(cfg: FsdpConfig, started: float) -> tuple[Run | None, object]:
     optimizer, scheduler, scaler = get_optimizer(cfg, raw_model, device, len(train_loader))
     check_fits(checkpoint, raw_model, len(train_loader))  # refused before the run folder is claimed
     resumed_at = checkpoint["step"] if checkpoint else None  # where TensorBoard's curves go on
-    logger = on_every_rank(lambda: RunLogger(run_dir, cfg, MODE, dist.get_world_size(), resumed_at))
+    with rank0_refusal_stops_all():  # every rank: a broadcast inside; rank 0's logger writes
+        logger = RunLogger(run_dir, cfg, MODE, dist.get_world_size(), resumed_at)
     console = Console(is_main, bar=cfg.progress)
     if not gpus:  # said after every refusal: it never stands between a mistake and its error
         console.warn("no CUDA GPU found: running on the CPU")
-    split = f"= {dist.get_world_size()} x {train_loader.batch_size} over {dist.get_backend()}"
-    console.line(start_line(MODE, cfg, split, len(train_loader), run_dir))
+    placement = f"= {dist.get_world_size()} x {train_loader.batch_size} over {dist.get_backend()}"
+    console.line(start_line(MODE, cfg, placement, len(train_loader), run_dir))
     run = Run.start(cfg, device, gpus, started, model=model, raw_model=raw_model,
                     train_loader=train_loader, optimizer=optimizer, scheduler=scheduler,
                     scaler=scaler, logger=logger, console=console, run_dir=run_dir)
     if checkpoint:
         run.resume(checkpoint, rank=dist.get_rank())  # the same weights and position on every rank
-    if cfg.compile:  # one cold compile per node: the node's ranks that compile the same graphs wait
-        leader = compile_leader(device, cfg.dist_timeout)  # for its first rank, then read its cache
-        run.timer.compiling.follow(leader)
+    if cfg.compile:  # every rank: collectives inside; one cold compile per node, the others wait
+        run.timer.compiling.follow(compile_leader(device, cfg.dist_timeout))
     return run, test_loader
 
 
@@ -311,38 +297,42 @@ def train(run: Run, test_loader) -> None:
         return
     for epoch in range(run.epoch, cfg.epochs):
         run.clock.start_epoch()
+        run.train_loader.sampler.set_epoch(epoch)  # this epoch's shuffle, the same on every rank
         train_one_epoch(run, epoch)
         if run.stop:  # the stop checkpoint keeps the epoch's time so far, ended or not
             return
         epoch_seconds = run.end_epoch()  # over every attempt; paused if --max_steps cut it short
         if cfg.verify_sync or epoch + 1 == cfg.epochs or cfg.reached_max_steps(run.step):
-            # before evaluate(), which aligns the buffers: the ranks must hold the same weights
+            # every rank: collectives inside; before evaluate(), which aligns the BatchNorm buffers
             # False: no SyncBatchNorm under FSDP
             run.sync = verify_sync(run.raw_model, False, is_main=dist.get_rank() == 0)
         if not cfg.benchmark:  # --benchmark measures speed only: no evaluation, no checkpoint
             test = evaluate(cfg, run.raw_model, test_loader, run.device)
             run.record_test(epoch, test, epoch_seconds)
-            save_checkpoint(run, test_acc=run.test[1])
+            save_checkpoint(run, test_acc=run.test[1])  # every rank: collectives inside, in a group
         if cfg.reached_max_steps(run.step):
             return
 
 
 def finish(run: Run) -> int:
     """After the last step: a stop checkpoint, or the weights and the results; the exit status."""
-    if run.stop:  # a stop signal: a checkpoint where every rank stopped, then a clean exit
-        path = save_checkpoint(run)
-        report_stop(run.step, path)  # to the self-launch, if that started this worker
+    if run.stop:  # SIGTERM, SIGINT, SIGHUP or SIGUSR1: a checkpoint, then a clean exit
+        path = save_checkpoint(run)  # every rank: collectives inside, in a group; rank 0 writes it
+        if dist.get_rank() == 0:  # to the self-launch, if that started this worker: what it left
+            tell_self_launch_stopped(run.step, path)
         dist.barrier()  # no rank exits before rank 0 wrote it: a launcher may end the job then
         run.console.line(stopped_line(run.stop, run.step, path, run.run_dir))
         return StopSignals.EXIT_CODES[run.stop]
     if run.cfg.save_model and not run.cfg.evaluate:
-        weights = model_state(run.raw_model)  # gathered from the slices onto rank 0, every rank in
-        run.console.line(f"weights saved to {run.logger.save_model(weights)}")
+        weights = model_state(run.raw_model)  # every rank: collectives inside, onto rank 0
+        if dist.get_rank() == 0:  # rank 0 writes them
+            run.console.line(f"weights saved to {run.logger.save_model(weights)}")
     peaks = by_rank(peak_memory_gb(run.gpus))  # each rank's GPU, keyed by rank
     waits = by_rank({0: getattr(run.timer.compiling, "waited", None)})  # for another's compile
     profiles = by_rank({0: run.profiler.result()})  # each rank's profiled steps and trace, by rank
-    run.write_results(devices=dist.get_world_size(), peaks=peaks, group=True, compile_waits=waits,
-                      profiles=profiles)
+    if dist.get_rank() == 0:  # rank 0 writes results.json and the traces, over all the ranks
+        run.write_results(dist.get_world_size(), peaks=peaks, group=True, compile_waits=waits,
+                          profiles=profiles)
     return 0
 
 
@@ -361,10 +351,8 @@ def main(argv=None) -> int:
         note = last_checkpoint_note(run.checkpoint_dir)
         raise RunError(f"rank {dist.get_rank()}: {died} at step {run.step}; {note}") from None
     except RuntimeError as error:  # a collective whose peer died or stalled: one line, this rank's
-        failure = group_failure(error, dist.get_rank(), run.step + 1)
-        if failure is None:
-            raise
-        raise failure from None
+        raise_group_failure(error, dist.get_rank(), run.step + 1)
+        raise
     # ------------------------------------------------------------------------------------- teardown
     finally:
         run.close()

@@ -25,9 +25,11 @@ from common.checkpoint import (StopSignals, check_fits, ended_line, has_ended, l
                                resume_checkpoint, stopped_line, until_stopped)
 from common.checkpoint import continue_flags  # the flags that continue a stopped run, quoted
 from common.config import Config, RunError, UsageError, parse_config, user_errors
-from common.data import (EvalShard, LoaderWorkerDied, ShuffleSampler, dataset_info,
+from common.data import (EvalShard, LoaderWorkerDied, dataset_info,
                          image_size, load_datasets, make_loader)
-from common.devices import cuda_devices, one_process, seed_everything
+from common.data import ShuffleSampler  # one process's order of every epoch
+from common.devices import seed_everything
+from common.devices import cuda_devices, one_process  # one process, and the GPUs it drives
 from common.logger import Console, RunLogger, load_model_weights, resolve_run_dir, start_line
 from common.loop import Run, save_checkpoint
 from common.metrics import Sums, evaluation_sums, window_sums
@@ -67,7 +69,7 @@ def get_loaders(cfg: Config, device: torch.device):
     kind = cfg.loader  # gpu, or torchvision: resolve_fast_path chose it for this device
     options = dict(augment=cfg.augment, num_workers=cfg.num_workers, seed=cfg.seed,
                    memory_format=memory_format(cfg))
-    train_sampler = ShuffleSampler(len(train_set), cfg.shuffle, cfg.seed)
+    train_sampler = ShuffleSampler(len(train_set), cfg.shuffle, cfg.seed)  # epoch: start_epoch's
     train_loader = make_loader(kind, train_set, train_sampler, batch, device, train=True, **options)
     test_shard = EvalShard(len(test_set))
     test_loader = make_loader(kind, test_set, test_shard, batch, device, train=False, **options)
@@ -104,7 +106,6 @@ def train_one_epoch(run: Run, epoch: int) -> None:
     skip = run.batch if epoch == run.epoch else 0  # batches a resumed epoch had already trained on
     run.epoch = epoch
     run.batch = skip
-    loader.sampler.set_epoch(epoch)  # this epoch's shuffle
     loader.start_epoch(epoch, skip)  # this epoch's augmentation, from where a resumed epoch was
     if not skip:  # a resumed epoch goes on from the log windows its checkpoint had counted
         run.epoch_sums = Sums()
@@ -130,13 +131,14 @@ def train_one_epoch(run: Run, epoch: int) -> None:
         if last or run.stop:
             break
         if checkpoint_due:
-            save_checkpoint(run)
+            save_checkpoint(run)  # every rank: collectives inside, in a group; rank 0 writes it
     run.console.close()
 
 
 def log_window(run: Run, epoch: int, index: int) -> Sums:
     """Read the window's totals (one host sync), report them, and take note of a stop signal."""
-    sums = Sums(window_sums(run.meter, run.timer).tolist())
+    totals = window_sums(run.meter, run.timer)  # this window's figures, on the device
+    sums = Sums(totals.tolist())
     gpu = run.telemetry.window()
     run.record_window(epoch, index, sums, gpu)  # the totals, a NaN check, TensorBoard, the log
     run.stop = run.signals.received
@@ -161,10 +163,11 @@ def prepare(cfg: Config, started: float) -> tuple[Run | None, object]:
     had ended already."""
     device, gpus = setup(cfg)
     cfg = resolve_fast_path(cfg, device)  # --amp, --channels_last, --loader made explicit here
+    is_main = True  # one process: it prints and writes the files
     run_dir = resolve_run_dir(cfg, MODE, len(gpus))
     checkpoint = resume_checkpoint(cfg, run_dir)  # read and checked before anything is written
     if has_ended(checkpoint, cfg):  # an elastic command run again after the end, say: nothing to do
-        Console(enabled=True, bar=False).line(ended_line(checkpoint, cfg))
+        Console(is_main, bar=False).line(ended_line(checkpoint, cfg))
         return None, None
     seed_everything(cfg.seed)
     train_loader, test_loader = get_loaders(cfg, device)
@@ -175,10 +178,11 @@ def prepare(cfg: Config, started: float) -> tuple[Run | None, object]:
     check_fits(checkpoint, raw_model, len(train_loader))  # refused before the run folder is claimed
     resumed_at = checkpoint["step"] if checkpoint else None  # where TensorBoard's curves go on
     logger = RunLogger(run_dir, cfg, MODE, world_size=1, resumed_step=resumed_at)
-    console = Console(enabled=True, bar=cfg.progress)
+    console = Console(is_main, bar=cfg.progress)
     if not gpus:  # said after every refusal: it never stands between a mistake and its error
         console.warn("no CUDA GPU found: running on the CPU")
-    console.line(start_line(MODE, cfg, f"on {device}", len(train_loader), run_dir))
+    placement = f"on {device}"
+    console.line(start_line(MODE, cfg, placement, len(train_loader), run_dir))
     run = Run.start(cfg, device, gpus, started, model=model, raw_model=raw_model,
                     train_loader=train_loader, optimizer=optimizer, scheduler=scheduler,
                     scaler=scaler, logger=logger, console=console, run_dir=run_dir)
@@ -202,7 +206,7 @@ def train(run: Run, test_loader) -> None:
         if not cfg.benchmark:  # --benchmark measures speed only: no evaluation, no checkpoint
             test = evaluate(cfg, run.raw_model, test_loader, run.device)
             run.record_test(epoch, test, epoch_seconds)
-            save_checkpoint(run, test_acc=run.test[1])
+            save_checkpoint(run, test_acc=run.test[1])  # every rank: collectives inside, in a group
         if cfg.reached_max_steps(run.step):
             return
 
@@ -210,7 +214,7 @@ def train(run: Run, test_loader) -> None:
 def finish(run: Run) -> int:
     """After the last step: a stop checkpoint, or the weights and the results; the exit status."""
     if run.stop:  # SIGTERM, SIGINT, SIGHUP or SIGUSR1: a checkpoint, then a clean exit
-        path = save_checkpoint(run)
+        path = save_checkpoint(run)  # every rank: collectives inside, in a group; rank 0 writes it
         run.console.line(stopped_line(run.stop, run.step, path, run.run_dir))
         return StopSignals.EXIT_CODES[run.stop]
     if run.cfg.save_model and not run.cfg.evaluate:

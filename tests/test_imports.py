@@ -1,7 +1,8 @@
-"""No import circle in the house: the modules of common/, comparison/ and models/ (and the scripts that import
-them) form a graph without a cycle, so each module can be read after the ones it imports. Every import counts,
-wherever it stands: at the top, inside a function (an import deferred to dodge a circle is still one) or under
-`if TYPE_CHECKING:` (a type that needs its module is a dependency on it)."""
+"""No import circle in the house: the modules of common/, comparison/ and models/ (and the scripts
+that import them) form a graph without a cycle, so each module can be read after the ones it
+imports. Every import counts, wherever it stands: at the top, inside a function (an import deferred
+to dodge a circle is still one) or under `if TYPE_CHECKING:` (a type that needs its module is a
+dependency on it)."""
 from __future__ import annotations
 
 import ast
@@ -18,8 +19,10 @@ def module_name(path: Path, root: Path) -> str:
 
 
 def house_modules(root: Path) -> dict[str, Path]:
-    """Every module of the house's packages, and every other Python file outside tests/ (the scripts)."""
-    files = [path for path in root.rglob("*.py") if not {"tests", ".git"} & set(path.relative_to(root).parts)]
+    """Every module of the house's packages, and every other Python file outside tests/ (the
+    scripts)."""
+    files = [path for path in root.rglob("*.py")
+             if not {"tests", ".git"} & set(path.relative_to(root).parts)]
     return {module_name(path, root): path for path in files}
 
 
@@ -33,7 +36,8 @@ def imports_of(path: Path, name: str, modules: dict[str, Path]) -> set[str]:
             package = name.split(".")[:-1] if path.name != "__init__.py" else name.split(".")
             base = package[:len(package) - node.level + 1] if node.level else []
             module = ".".join(base + ([node.module] if node.module else []))
-            targets = [module, *(f"{module}.{alias.name}" for alias in node.names)]  # a name may be a module
+            names = [f"{module}.{alias.name}" for alias in node.names]  # a name may be a module
+            targets = [module, *names]
         else:
             continue
         for target in targets:
@@ -50,8 +54,8 @@ def import_graph(root: Path) -> dict[str, set[str]]:
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """One cycle through each group of modules that import each other (a strongly connected component of more
-    than one module), as the path a -> b -> ... -> a."""
+    """One cycle through each group of modules that import each other (a strongly connected
+    component of more than one module), as the path a -> b -> ... -> a."""
     index, low, stack, on_stack, found = {}, {}, [], set(), []
 
     def visit(module):  # Tarjan's algorithm
@@ -96,7 +100,8 @@ def cycle_in(group: set[str], graph: dict[str, set[str]]) -> list[str]:
 
 def test_the_house_has_no_import_circle():
     graph = import_graph(REPO)
-    assert set(HOUSE) | {"compare", "dist_parallel.train"} <= {name.split(".")[0] for name in graph} | set(graph)
+    packages = {name.split(".")[0] for name in graph}
+    assert set(HOUSE) <= packages and {"compare", "dist_parallel.train"} <= set(graph)
     assert "common.checkpoint" in graph["common.loop"]  # the graph holds the house's imports
     assert "common.config" in graph["common.data"]
     found = circles(graph)
@@ -108,7 +113,7 @@ def test_a_circle_is_found_wherever_its_imports_stand(tmp_path):
     (tmp_path / "common").mkdir()
     (tmp_path / "common" / "a.py").write_text("from common.b import B\n")
     (tmp_path / "common" / "b.py").write_text("def f():\n    from common import c\n")
-    (tmp_path / "common" / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                                               "    import common.a\n")
+    (tmp_path / "common" / "c.py").write_text("from typing import TYPE_CHECKING\n"
+                                               "if TYPE_CHECKING:\n    import common.a\n")
     (tmp_path / "common" / "d.py").write_text("import common.a\n")  # outside the circle
     assert circles(import_graph(tmp_path)) == [["common.a", "common.b", "common.c", "common.a"]]

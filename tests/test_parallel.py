@@ -32,7 +32,8 @@ What only multi-GPU hardware can prove, and these tests therefore do not:
 - NCCL: the default backend with CUDA, which needs one GPU per rank; here `--backend nccl` is only shown to be
   refused. Gloo's all-reduce is proven exact above; NCCL's (ring/tree order, fp32 sums) is not.
 - nn.DataParallel's scatter, replicas and gather over several GPUs: on the CPU it wraps nothing.
-- One GPU per rank: `own_gpu` mapping LOCAL_RANK to a device, `torch.cuda.set_device`, and per-rank telemetry.
+- One GPU per rank: setup taking the LOCAL_RANK-th of `SafetyNet.node_gpus`,
+  `torch.cuda.set_device`, and per-rank telemetry.
 - A dead NCCL peer: that NCCL's watchdog, set to abort the communicators without killing the process, lets
   the main thread print its one line. Here only the setting is checked (and reasoned from PyTorch's source).
 """
