@@ -68,7 +68,7 @@ class FsdpConfig(GroupConfig):  # the process group's flags (common/config.py), 
                                              "to backward (ZeRO-2-like, less traffic, more memory)")
 
 
-def get_config(argv=None) -> FsdpConfig:
+def get_config(argv=None) -> Config:
     return parse_config(FsdpConfig, argv, description=__doc__)
 
 
@@ -79,8 +79,8 @@ def setup(cfg: FsdpConfig):
     rank = int(os.environ["RANK"])  # this process's place among all the job's processes
     local_rank = int(os.environ.get("LOCAL_RANK", rank))  # its place on this node: its GPU
     world_size = int(os.environ["WORLD_SIZE"])  # how many processes the job has
-    gpus = net.node_gpus[local_rank:local_rank + 1]  # the local_rank-th of --gpu_devices, or none
-    if gpus:  # before the process group: NCCL binds this process to its GPU
+    gpus = net.node_gpus[local_rank:local_rank + 1]  # the local_rank-th GPU, set before the group
+    if gpus:
         torch.cuda.set_device(gpus[0])
     backend = cfg.backend or ("nccl" if gpus else "gloo")
     bound_to = torch.device("cuda", gpus[0]) if backend == "nccl" else None  # NCCL: this GPU

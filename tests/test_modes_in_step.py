@@ -28,6 +28,7 @@ GROUP_CALLS = [
     "DistributedSampler(",  # each rank's share of every epoch...
     "loader.sampler.set_epoch(epoch)",  # ...reshuffled every epoch
     "dist.all_reduce(totals)",  # the log window's sums over ranks
+    "dist.all_reduce(stop, op=dist.ReduceOp.MAX)",  # the stop vote: a signal to any rank stops all
     "dist.all_reduce(sums)",  # the evaluation's sums over ranks
     "dist.broadcast(buffer, src=0)",  # rank 0's BatchNorm statistics for the evaluation
     "dist.all_gather_object(",  # every rank's GPU readings
@@ -166,6 +167,15 @@ def test_data_parallel_adds_the_wrapper_and_nothing_else():
     assert "nn.DataParallel(AutocastForward(raw_model, cfg)" in added
     for unrelated in ("dist.", "DistributedSampler", "optimizer", "evaluate(", "loss"):
         assert unrelated not in added, unrelated
+
+
+def test_the_ddp_diff_shows_the_sampler_and_its_set_epoch():
+    """What DDP adds to the data path is in single_gpu -> dist_parallel's added lines, where a
+    reader of the diff sees it; and no window's sums are read by position there."""
+    added = [line for line in changed_lines("dist_parallel/train.py") if line.startswith("+")]
+    for call in ("DistributedSampler(", ".sampler.set_epoch(epoch)"):
+        assert any(call in line and not line.lstrip("+ ").startswith("#") for line in added), call
+    assert not re.search(r"(totals|values)\[\d*:", code_only("dist_parallel/train.py"))
 
 
 def test_fsdp_is_dist_parallel_with_fully_shard_in_place_of_ddp():
