@@ -11,9 +11,10 @@ from pathlib import Path
 
 import torch
 
+import common.checkpoint
 from common.breakdown import StepProfiler, breakdown_line, slowest_rank, trace_text
 from common.checkpoint import (FORMAT, StopSignals, all_rng_states, extends, last_checkpoint_note,
-                               restore_optimizer, set_rng_state, write_checkpoint)
+                               restore_optimizer, set_rng_state)
 from common.config import Config, RunError
 from common.logger import (Console, RunLogger, device_scalars, percent, speed_line, window_line,
                            window_scalars)
@@ -270,7 +271,8 @@ def save_checkpoint(run: Run, test_acc: float | None = None) -> Path | None:
                        f"stopped without writing a checkpoint ({note}); try a lower --lr")
     best = test_acc is not None and test_acc > run.best_acc
     run.best_acc = max(run.best_acc, test_acc if test_acc is not None else run.best_acc)
-    return write_checkpoint(run.checkpoint_dir, checkpoint_state(run, all_rng_states()), best)
+    state = checkpoint_state(run, all_rng_states())
+    return common.checkpoint.write_checkpoint(run.checkpoint_dir, state, best)  # the file
 
 
 def restore(state: dict, run: Run, rank: int) -> None:
