@@ -8,8 +8,10 @@ r"""Train PyramidNet on CIFAR-10 with DistributedDataParallel: a process per GPU
     python train.py --evaluate ../runs/<run>/model.pt   # test loss and accuracy of saved weights
 
 single_gpu/train.py plus DDP's lines, each with its comment: the rank from the environment, the
-process group, a DistributedSampler and its set_epoch, the DDP wrapper, the metrics' all-reduce, the
-files on rank 0. `--batch_size` is the GLOBAL batch: each of the N ranks takes batch_size / N.
+process group, DistributedSampler, set_epoch, DDP, all-reduced sums, rank 0's files; without a GPU
+it trains on the CPU. `--batch_size` is the global batch, as in every mode. `python train.py --help`
+lists every flag. Read it in order: setup, data, model, optimizer, the loop (`train_one_epoch`),
+then `main`: prepare, train, finish.
 """
 # ------------------------------------------------------------------------------------------ imports
 import gc
@@ -192,10 +194,9 @@ def evaluate(cfg: Config, raw_model: torch.nn.Module, loader, device: torch.devi
     return loss_sum / images, correct / images, int(images)
 
 
-def by_rank(per_gpu: dict) -> dict:
-    """Each rank's {gpu: value} (one GPU per rank) gathered into {rank: value}, on every rank."""
+def by_rank(per_gpu: dict) -> dict:  # each rank's {gpu: value}, as {rank: value} on every rank
     gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, per_gpu)
+    dist.all_gather_object(gathered, per_gpu)  # one GPU per rank: one value each
     return {rank: value for rank, values in enumerate(gathered) for value in values.values()}
 
 

@@ -244,10 +244,9 @@ def as_many_batches(cfg: FsdpConfig, loader, device: torch.device):
         yield images, labels
 
 
-def by_rank(per_gpu: dict) -> dict:
-    """Each rank's {gpu: value} (one GPU per rank) gathered into {rank: value}, on every rank."""
+def by_rank(per_gpu: dict) -> dict:  # each rank's {gpu: value}, as {rank: value} on every rank
     gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, per_gpu)
+    dist.all_gather_object(gathered, per_gpu)  # one GPU per rank: one value each
     return {rank: value for rank, values in enumerate(gathered) for value in values.values()}
 
 
