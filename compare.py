@@ -25,7 +25,7 @@ process standing in for a GPU.
 
 `--out` is compare.py's: before any run it writes its marker there (MARKER), so that a folder it
 cannot write is refused at once. `--overwrite` replaces only a folder that holds the marker, and
-only the files compare.py writes. Ctrl-C, SIGTERM and SIGHUP stop every run and still write the
+only the files compare.py writes. Ctrl-C, SIGTERM, SIGHUP and SIGUSR1 stop every run and still write the
 report, the interrupted run marked as such; a kill -9 of compare.py kills its runs too
 (comparison/runner.py).
 
@@ -407,7 +407,7 @@ def configure(argv: list[str]) -> tuple[CompareConfig, dict, dict[str, list[str]
 
 
 def main(argv=None) -> int:
-    """The comparison, or with --verify the checks. Ctrl-C, SIGTERM and SIGHUP stop it
+    """The comparison, or with --verify the checks. Ctrl-C, SIGTERM, SIGHUP and SIGUSR1 stop it
     (runner.stop_signals): the runs are stopped, and the report written. The exit status is then 128
     + the signal (130 for Ctrl-C, 143 for SIGTERM), as the train scripts give and as a shell shows a
     process that the signal ended: `timeout`, a scheduler or a script can tell which it was."""

@@ -4,8 +4,8 @@ one run at a time; compare.py --verify runs independent runs two at a time on th
 through `run_all`.
 
 A run ends with compare.py, whatever ends compare.py:
-- Ctrl-C, SIGTERM (a `timeout`, a scheduler, `kill`) and SIGHUP (a closed terminal) raise `Stopped`
-  in compare.py (`stop_signals`). `run_all` then tells every run under way to stop (SIGINT for
+- Ctrl-C, SIGTERM (a `timeout`, a scheduler, `kill`), SIGHUP (a closed terminal) and SIGUSR1
+  (SLURM's warning before a time limit) raise `Stopped` in compare.py (`stop_signals`). `run_all` then tells every run under way to stop (SIGINT for
   Ctrl-C, SIGTERM otherwise: the run checkpoints and exits), and returns their outcomes as
   interrupted and the runs not yet started as not run.
 - A kill -9 cannot be handled. Each run is armed before it starts with Linux's parent-death signal,
@@ -32,14 +32,14 @@ from common.launcher import killed_with
 from comparison.matrix import PlannedRun, run_environment
 from comparison.report import Outcome
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
 STOP_GRACE_S = 60.0  # how long stopped runs get to checkpoint and exit before they are killed
 POLL_S = 0.1  # how often run_all looks at its runs: nothing beside a run's seconds
 
 
 # ------------------------------------------------------------------------------------------ signals
 class Stopped(KeyboardInterrupt):
-    """A stop signal (SIGINT, SIGTERM, SIGHUP) received by compare.py. A KeyboardInterrupt, which
+    """A stop signal (SIGINT, SIGTERM, SIGHUP, SIGUSR1) received by compare.py. A KeyboardInterrupt, which
     Python raises for Ctrl-C, so that whatever stops on Ctrl-C stops on the others the same way."""
 
     def __init__(self, signum: int):
@@ -72,7 +72,7 @@ def _handlers(handler):
 
 
 def stop_signals():
-    """While the block runs, SIGINT, SIGTERM and SIGHUP raise Stopped in the main thread."""
+    """While the block runs, SIGINT, SIGTERM, SIGHUP and SIGUSR1 raise Stopped in the main thread."""
     def raise_stopped(signum, frame):
         raise Stopped(signum)
 
@@ -213,7 +213,7 @@ def run_all(tasks: list, begin, needs, at_once: int, not_run, timeout: int,
         ended = {task: started.ended() for task, started in running.items()
                  if started.child.poll() is not None}  # those that ended by themselves
         stopped = {task: started for task, started in running.items() if task not in ended}
-        # SIGHUP as SIGTERM: the train scripts checkpoint and exit on SIGINT and SIGTERM
+        # SIGHUP and SIGUSR1 as SIGTERM: a run checkpoints and exits on each, and says SIGTERM
         stop([started.child for started in stopped.values()],
              signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
         ended |= {task: started.interrupted(signum) for task, started in stopped.items()}

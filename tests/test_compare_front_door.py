@@ -100,13 +100,15 @@ def test_sigterm_stops_the_run_and_the_report_marks_it_interrupted(tmp_path):
     assert [row.split(",")[8] for row in rows] == ["interrupted", "not run"]
 
 
-def test_sighup_stops_compare_as_sigterm_does():
-    """A closed terminal: SIGHUP raises what SIGTERM and Ctrl-C raise (the path tested above)."""
-    before = signal.getsignal(signal.SIGHUP)
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGUSR1])
+def test_sighup_and_sigusr1_stop_compare_as_sigterm_does(signum):
+    """A closed terminal (SIGHUP) or SLURM's warning before a time limit (SIGUSR1, which a train
+    script takes as a stop): each raises what SIGTERM and Ctrl-C raise (the path tested above)."""
+    before = signal.getsignal(signum)
     with pytest.raises(Stopped) as stopped, stop_signals():
-        signal.raise_signal(signal.SIGHUP)  # handled before it returns
-    assert stopped.value.signum == signal.SIGHUP
-    assert signal.getsignal(signal.SIGHUP) == before  # given back as compare.main ends
+        signal.raise_signal(signum)  # handled before it returns
+    assert stopped.value.signum == signum
+    assert signal.getsignal(signum) == before  # given back as compare.main ends
 
 
 def test_kill_9_of_compare_takes_torchrun_and_its_workers_with_it(tmp_path):
