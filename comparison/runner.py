@@ -5,9 +5,10 @@ through `run_all`.
 
 A run ends with compare.py, whatever ends compare.py:
 - Ctrl-C, SIGTERM (a `timeout`, a scheduler, `kill`), SIGHUP (a closed terminal) and SIGUSR1
-  (SLURM's warning before a time limit) raise `Stopped` in compare.py (`stop_signals`). `run_all` then tells every run under way to stop (SIGINT for
-  Ctrl-C, SIGTERM otherwise: the run checkpoints and exits), and returns their outcomes as
-  interrupted and the runs not yet started as not run.
+  (SLURM's warning before a time limit) raise `Stopped` in compare.py (`stop_signals`). `run_all`
+  then tells every run under way to stop (SIGINT for Ctrl-C, SIGTERM otherwise: the run
+  checkpoints and exits), and returns their outcomes as interrupted and the runs not yet started
+  as not run.
 - A kill -9 cannot be handled. Each run is armed before it starts with Linux's parent-death signal,
   as the train scripts arm their workers (common.launcher.killed_with). The kernel sends it
   when the THREAD that started the run ends, so every run is started by the main thread, which ends
