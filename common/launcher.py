@@ -13,8 +13,8 @@ import tempfile
 from pathlib import Path
 
 
-from common.checkpoint import (LAST, STOP_REPORT, STOPPED, TRAINING, StopSignals, last_checkpoint_note,
-                               refuse_fresh_start, silence_lost_outputs, tell_self_launch)
+from common.checkpoint import (LAST, STOP_REPORT, STOPPED, TRAINING, StopSignals, continue_flags,
+                               last_checkpoint_note, refuse_fresh_start, silence_lost_outputs, tell_self_launch)
 from common.config import UsageError
 from common.devices import cuda_devices
 from common.guards import (check_launch, launch_variables, nccl_error_handling, rendezvous_error,
@@ -180,7 +180,9 @@ def killed_by(signals: dict[int, int]) -> list[str]:
 
 def tell_self_launch_stopped(step: int, checkpoint: Path | None) -> None:
     """Stopped by a signal with the checkpoint written, rank 0 tells the self-launch what it left."""
-    then = "continue with --resume auto" if checkpoint else "a --benchmark run keeps no checkpoint"
+    # the run's name too: without it a default-named run's next launch would start a new run
+    then = (f"continue with {continue_flags(checkpoint.parent)}" if checkpoint
+            else "a --benchmark run keeps no checkpoint")
     tell_self_launch(STOPPED, f"step {step}, checkpoint {checkpoint}\n{then}")
 
 

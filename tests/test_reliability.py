@@ -257,6 +257,7 @@ def test_sigterm_to_a_two_process_job_checkpoints_and_leaves_no_process(tmp_path
     code, output = finish(launch, timeout=90, before=before)
     assert code == 128 + signal.SIGTERM, output
     assert "stopped by SIGTERM: the workers stopped cleanly" in output  # the self-launch heard from rank 0
+    assert "continue with --resume auto --run_name job" in output  # the run's name, to paste
     assert "Traceback" not in output
     wait_for(lambda: not session_alive(launch.pid), 10, "every process of the job to exit")
     state = torch.load(tmp_path / "job" / LAST, weights_only=True)

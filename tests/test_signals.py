@@ -30,7 +30,7 @@ import pytest
 import torch
 
 from common.checkpoint import LAST, STOPPED, TRAINING, StopSignals, tell_self_launch, until_stopped
-from common.launcher import failure_line, stop_line
+from common.launcher import failure_line, stop_line, tell_self_launch_stopped
 from conftest import REPO, TINY, refuse_in_process
 from test_reliability import _free_port, read_until, session_alive, start, wait_for
 
@@ -270,3 +270,16 @@ def test_the_self_launch_gives_its_workers_time_to_stop_and_passes_sigusr1_on(mo
     monkeypatch.setenv("PET_SIGNALS_TO_HANDLE", "SIGTERM")
     launch_workers("train.py", [], 2)
     assert seen[1].shutdown_timeout is None and seen[1].signals_to_handle == "SIGTERM"
+
+
+def test_the_stop_report_names_the_run_to_resume(tmp_path, monkeypatch):
+    """A self-launched run stopped by a signal: the line the self-launch prints quotes the run's name,
+    which the next launch needs (a default name, a timestamp, is not chosen again: `--resume auto`
+    alone would start a new run); it used to say only "continue with --resume auto"."""
+    monkeypatch.setenv("PYTORCH_MULTIGPU_STOP_REPORT", str(tmp_path))
+    tell_self_launch_stopped(4, tmp_path / "dist_parallel_2p 0101" / LAST)
+    line, code = stop_line(signal.SIGTERM, tmp_path, None)
+    assert code == 143
+    assert line.endswith("continue with --resume auto --run_name 'dist_parallel_2p 0101'"), line
+    tell_self_launch_stopped(4, None)  # --benchmark: no checkpoint
+    assert stop_line(signal.SIGTERM, tmp_path, None)[0].endswith("a --benchmark run keeps no checkpoint")
