@@ -1,13 +1,15 @@
-"""The suite's own overhead: `single_gpu/train.py --benchmark` against the plainest loop over the same model,
-batches and optimizer (no timer, no meter, no logging; one host sync at the end), alternately, best of N each.
+"""The suite's own overhead: `single_gpu/train.py --benchmark` against the plainest loop over
+the same model, batches and optimizer (no timer, no meter, no logging; one host sync at the
+end), alternately, best of N each.
 
-    python benchmarks/overhead.py                      # PyramidNet-8 alpha=12, batch 32, on this machine's CPU
+    python benchmarks/overhead.py   # PyramidNet-8 alpha=12, batch 32, on this machine's CPU
     python benchmarks/overhead.py --depth 110 --alpha 270 --batch_size 256 --repeat 3   # on a GPU
 
-It takes every train.py flag. The ratio of images/s (train.py's over the bare loop's) is printed: 1.0 means the
-suite's measurement costs nothing. A benchmark, not a test: it is timed, and the figure goes to BENCHMARKS.md.
-train.py's runs are kept as run folders in --log_dir, named --run_name (default overhead-<time>)
-plus -suite<N>, so that the folders their lines name are there to read afterwards.
+It takes every train.py flag. The ratio of images/s (train.py's over the bare loop's) is
+printed: 1.0 means the suite's measurement costs nothing. A benchmark, not a test: it is
+timed, and the figure goes to BENCHMARKS.md. train.py's runs are kept as run folders in
+--log_dir, named --run_name (default overhead-<time>) plus -suite<N>, so that the folders
+their lines name are there to read afterwards.
 """
 from __future__ import annotations
 
@@ -30,13 +32,15 @@ from common.optim import build_optimizer
 from common.performance import autocast, memory_format, resolve_fast_path
 from models import build_model
 
-DEFAULTS = ["--dataset", "synthetic", "--synthetic_size", "512", "--depth", "8", "--alpha", "12", "--batch_size",
-            "32", "--warmup_steps", "3", "--benchmark_steps", "24", "--log_interval", "9", "--no_progress"]
+DEFAULTS = ["--dataset", "synthetic", "--synthetic_size", "512", "--depth", "8", "--alpha", "12",
+            "--batch_size", "32", "--warmup_steps", "3", "--benchmark_steps", "24",
+            "--log_interval", "9", "--no_progress"]
 
 
 @dataclass(frozen=True)
 class OverheadConfig(Config):
-    repeat: int = flag(2, "runs of each loop, alternately; the best of each is compared", at_least=1)
+    repeat: int = flag(2, "runs of each loop, alternately; the best of each is compared",
+                       at_least=1)
 
     def __post_init__(self):
         super().__post_init__()
@@ -56,10 +60,11 @@ def bare_images_per_sec(cfg: Config, device: torch.device) -> float:
     """--benchmark's model, batches and optimizer in the plainest loop."""
     seed_everything(cfg.seed)
     train_set, _ = load_datasets("synthetic", "", cfg.synthetic_size, cfg.seed)
-    loader = make_loader(cfg.loader or ("gpu" if device.type == "cuda" else "torchvision"), train_set,
-                         ShuffleSampler(len(train_set), True, cfg.seed), cfg.batch_size, device, train=True,
-                         augment=True, num_workers=cfg.num_workers, seed=cfg.seed,
-                         memory_format=memory_format(cfg))  # the loader --benchmark builds, workers included
+    loader = make_loader(cfg.loader or ("gpu" if device.type == "cuda" else "torchvision"),
+                         train_set, ShuffleSampler(len(train_set), True, cfg.seed), cfg.batch_size,
+                         device, train=True, augment=True, num_workers=cfg.num_workers,
+                         # the loader --benchmark builds, workers included
+                         seed=cfg.seed, memory_format=memory_format(cfg))
     model = build_model(cfg, dataset_info(cfg)).to(device, memory_format=memory_format(cfg)).train()
     optimizer = build_optimizer(model, cfg, device)
     steps = cfg.warmup_steps + cfg.benchmark_steps

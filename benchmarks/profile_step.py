@@ -38,34 +38,42 @@ from torch.profiler import ProfilerActivity, profile
 from common.config import CHECKS, Config, UsageError, flag, parse_config, user_errors
 from common.data import dataset_info
 from common.devices import seed_everything
-from common.performance import autocast, memory_format, model_on_meta, peak_tflops, resolve_fast_path
+from common.performance import (autocast, memory_format, model_on_meta, peak_tflops,
+                                resolve_fast_path)
 from benchmarks.roofline import BOUNDS, bandwidth_tbs, bound_lines, roofline, step_ops
 from single_gpu.train import get_model, get_optimizer, setup
 
-# What operators and kernels compute, not which library ran them: cuDNN runs BatchNorm as well as convolutions
-# (aten::cudnn_batch_norm, bn_fw_tr_1C11_kernel_NCHW), so "cudnn" alone names no category. Checked in this order:
-# BatchNorm's names are the most specific, convolution names can hold element-wise words ("nhwcAddPaddingKernel",
-# "addmm"), and element-wise words are the loosest. Names are lowercased first; backward names carry the same words.
+# What operators and kernels compute, not which library ran them: cuDNN runs BatchNorm as well as
+# convolutions (aten::cudnn_batch_norm, bn_fw_tr_1C11_kernel_NCHW), so "cudnn" alone names no
+# category. Checked in this order: BatchNorm's names are the most specific, convolution names can
+# hold element-wise words ("nhwcAddPaddingKernel", "addmm"), and element-wise words are the loosest.
+# Names are lowercased first; backward names carry the same words.
 CONV_LAYOUT = r"addpadding|removepadding|nchwtonhwc|nhwctonchw|tensortransform|converttensor"
 CATEGORIES = {
-    "batchnorm": re.compile(r"batch_?norm|bn_fw|bn_bw"),  # aten::*batch_norm*, cuDNN's bn_*, MIOpenBatchNorm*
-    "convolution": re.compile(  # convolutions and matrix products: operators, GEMM and implicit-GEMM kernels
+    # aten::*batch_norm*, cuDNN's bn_*, MIOpenBatchNorm*
+    "batchnorm": re.compile(r"batch_?norm|bn_fw|bn_bw"),
+    # convolutions and matrix products: operators, GEMM and implicit-GEMM kernels
+    "convolution": re.compile(
         r"conv(?!ert)|gemm|gemv|fprop|dgrad|wgrad|winograd|fft\dd|splitkreduce|[sh]\d*cudnn|"
         r"(?<![a-z])(add|b|baddb)?mm(?![a-z])|matmul|(?<![a-z])linear|" + CONV_LAYOUT),
-    "elementwise": re.compile(  # memory-bound work: arithmetic, copies, fills, pooling, the loss, the optimizer
-        r"add|mul|div|sub|neg|sqrt|where|relu|threshold|clamp|copy|fill|zero|memset|memcpy|pad|cat|elementwise|"
-        r"reduce|mean|sum|pool|softmax|nll|cross_entropy|foreach|multi_tensor|sgd|(?<![a-z])amp_"),
+    # memory-bound work: arithmetic, copies, fills, pooling, the loss, the optimizer
+    "elementwise": re.compile(
+        r"add|mul|div|sub|neg|sqrt|where|relu|threshold|clamp|copy|fill|zero|memset|memcpy|pad|"
+        r"cat|elementwise|reduce|mean|sum|pool|softmax|nll|cross_entropy|foreach|multi_tensor|sgd|"
+        r"(?<![a-z])amp_"),
 }
 KINDS = ("convolution", "batchnorm", "elementwise", "other")  # as reported
-# cuDNN's layout kernels reshape a convolution's tensors for the tensor cores (NCHW to NHWC and back, channels padded
-# to a multiple of 8, tensorTransformGeneric, convertTensor), launched inside the convolution operators.
-# They are counted in convolution, where the operators' self time puts them anyway, so operator and kernel shares
-# agree; but their share gets a line of its own, because it is what --channels_last and --width_multiple 8 remove
-# (17.7 ms of a 75.7 ms bf16 step of PyramidNet-110 alpha 270 on an H100, gone with --width_multiple 8): a cost of
-# the shapes, not of the arithmetic. "Memset (Device)" stays element-wise although cuDNN launches most memsets inside
-# the convolutions (zeroed workspaces, about 4% of an H100 step): a kernel's name does not say who launched it, and
-# that is the gap left between the operator and kernel splits.
-LAYOUT_HINT = "cuDNN reshaping inputs for tensor cores; --channels_last and --width_multiple 8 avoid it"
+# cuDNN's layout kernels reshape a convolution's tensors for the tensor cores (NCHW to NHWC and
+# back, channels padded to a multiple of 8, tensorTransformGeneric, convertTensor), launched inside
+# the convolution operators. They are counted in convolution, where the operators' self time puts
+# them anyway, so operator and kernel shares agree; but their share gets a line of its own, because
+# it is what --channels_last and --width_multiple 8 remove (17.7 ms of a 75.7 ms bf16 step of
+# PyramidNet-110 alpha 270 on an H100, gone with --width_multiple 8): a cost of the shapes, not of
+# the arithmetic. "Memset (Device)" stays element-wise although cuDNN launches most memsets inside
+# the convolutions (zeroed workspaces, about 4% of an H100 step): a kernel's name does not say who
+# launched it, and that is the gap left between the operator and kernel splits.
+LAYOUT_HINT = ("cuDNN reshaping inputs for tensor cores; --channels_last and "
+               "--width_multiple 8 avoid it")
 
 
 GRAPHED = ("reduce-overhead", "max-autotune")  # torch.compile's modes that replay CUDA graphs
@@ -298,11 +306,14 @@ def achieved(report: dict, ops) -> dict:
     return rates
 
 
-def device_times(events, cuda: bool, steps: int) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
-    """Operators' and kernels' (name, seconds per step) from key_averages(). Operators count their self time, so
-    nested ones are not counted twice. GPU user annotations (record_function ranges such as the optimizer's, drawn on
-    the GPU timeline) are no kernels: they span kernels already counted, and torch's own table leaves them out too."""
-    self_time = "self_device_time_total" if cuda else "self_cpu_time_total"  # microseconds over every step
+def device_times(events, cuda: bool, steps: int) -> tuple[list[tuple[str, float]],
+                                                          list[tuple[str, float]]]:
+    """Operators' and kernels' (name, seconds per step) from key_averages(). Operators count their
+    self time, so nested ones are not counted twice. GPU user annotations (record_function ranges
+    such as the optimizer's, drawn on the GPU timeline) are no kernels: they span kernels already
+    counted, and torch's own table leaves them out too."""
+    # microseconds over every step
+    self_time = "self_device_time_total" if cuda else "self_cpu_time_total"
     operators = [(e.key, getattr(e, self_time)) for e in events if e.device_type == DeviceType.CPU]
     kernels = [(e.key, e.self_device_time_total) for e in events
                if e.device_type == DeviceType.CUDA and not e.is_user_annotation]
@@ -311,13 +322,16 @@ def device_times(events, cuda: bool, steps: int) -> tuple[list[tuple[str, float]
 
 def per_step(times: list[tuple[str, float]], steps: int) -> list[tuple[str, float]]:
     """(name, total microseconds) -> (name, seconds per step), largest first, zeros dropped."""
-    return sorted(((name, us / 1e6 / steps) for name, us in times if us > 0), key=lambda item: -item[1])
+    return sorted(((name, us / 1e6 / steps) for name, us in times if us > 0),
+                  key=lambda item: -item[1])
 
 
-def breakdown(operators: list[tuple[str, float]], kernels: list[tuple[str, float]], top: int) -> dict:
-    """The report's figures from (name, seconds per step), largest first. Operators and kernels are split alike, so
-    the two views check each other; kernels alone show the layout/padding that cuDNN adds inside a convolution.
-    Without kernels (on the CPU) the kernel figures are None and the list is empty."""
+def breakdown(operators: list[tuple[str, float]], kernels: list[tuple[str, float]],
+              top: int) -> dict:
+    """The report's figures from (name, seconds per step), largest first. Operators and
+    kernels are split alike, so the two views check each other; kernels alone show the
+    layout/padding that cuDNN adds inside a convolution. Without kernels (on the CPU) the
+    kernel figures are None and the list is empty."""
     step_seconds = sum(seconds for _, seconds in operators)
     kernel_seconds = sum(seconds for _, seconds in kernels)
     layout_seconds = sum(seconds for name, seconds in kernels if is_conv_layout(name))
@@ -325,7 +339,8 @@ def breakdown(operators: list[tuple[str, float]], kernels: list[tuple[str, float
             "kernel_seconds": kernel_seconds if kernels else None,
             "kernel_shares": shares(kernels) if kernels else None,
             "conv_layout_share": layout_seconds / kernel_seconds if kernels else None,
-            "top": [{"op": name, "ms_per_step": 1e3 * s, "share": s / step_seconds, "category": category(name)}
+            "top": [{"op": name, "ms_per_step": 1e3 * s, "share": s / step_seconds,
+                     "category": category(name)}
                     for name, s in operators[:top]],
             "top_kernels": [{"kernel": name, "ms_per_step": 1e3 * s, "share": s / kernel_seconds,
                              "category": category(name), "conv_layout": is_conv_layout(name)}
@@ -342,17 +357,19 @@ def shares(times: list[tuple[str, float]]) -> dict[str, float]:
 
 
 def summary(report: dict) -> list[str]:
-    """The printed report: the split by operators, then by kernels with the layout/padding line, then the tops."""
+    """The printed report: the split by operators, then by kernels with the
+    layout/padding line, then the tops."""
     def split(parts):
         return ", ".join(f"{kind} {100 * share:.1f}%" for kind, share in parts.items())
 
-    lines = [f"{report['device']}, batch {report['config']['batch_size']}: {1e3 * report['step_seconds']:.2f} ms of "
-             f"operator self time per step",
+    lines = [f"{report['device']}, batch {report['config']['batch_size']}: "
+             f"{1e3 * report['step_seconds']:.2f} ms of operator self time per step",
              f"  operators: {split(report['shares'])}"]
     if report["kernel_shares"] is not None:
-        lines += [f"  kernels:   {split(report['kernel_shares'])} of {1e3 * report['kernel_seconds']:.2f} ms",
-                  f"  conv layout/padding kernels: {100 * report['conv_layout_share']:.1f}% of kernel time, in "
-                  f"convolution ({LAYOUT_HINT})"]
+        lines += [f"  kernels:   {split(report['kernel_shares'])} of "
+                  f"{1e3 * report['kernel_seconds']:.2f} ms",
+                  f"  conv layout/padding kernels: {100 * report['conv_layout_share']:.1f}% of "
+                  f"kernel time, in convolution ({LAYOUT_HINT})"]
     lines += pass_lines(report.get("conv_passes") or {})
     rates = report.get("achieved")
     if rates:
@@ -382,12 +399,14 @@ def summary(report: dict) -> list[str]:
     elif report["kernel_shares"] is not None:
         lines.append("  roofline: needs a GPU of known peak FLOP/s and bandwidth")
     for row in report["top"]:
-        lines.append(f"  {row['ms_per_step']:9.3f} ms {100 * row['share']:5.1f}%  {row['category']:<11} {row['op']}")
+        lines.append(f"  {row['ms_per_step']:9.3f} ms {100 * row['share']:5.1f}%  "
+                     f"{row['category']:<11} {row['op']}")
     if report["top_kernels"]:
         lines.append("top kernels:")
     for row in report["top_kernels"]:
         label = "conv layout" if row["conv_layout"] else row["category"]
-        lines.append(f"  {row['ms_per_step']:9.3f} ms {100 * row['share']:5.1f}%  {label:<11} {row['kernel'][:110]}")
+        lines.append(f"  {row['ms_per_step']:9.3f} ms {100 * row['share']:5.1f}%  {label:<11} "
+                     f"{row['kernel'][:110]}")
     return lines
 
 
@@ -395,8 +414,8 @@ def pass_lines(passes: dict) -> list[str]:
     """The convolutions' ms per step as a table: a row per pass, a column per input resolution."""
     if not passes:
         return []
-    stages = sorted({stage for row in passes.values() for stage in row}, key=lambda s: (s == "?", -int(
-        s.split("x")[0]) if s != "?" else 0))
+    stages = sorted({stage for row in passes.values() for stage in row},
+                    key=lambda s: (s == "?", -int(s.split("x")[0]) if s != "?" else 0))
     lines = ["  convolution ms per step by pass and input resolution: " + ", ".join(stages)]
     for kind, row in passes.items():
         cells = "  ".join(f"{row.get(stage, 0.0):8.3f}" for stage in stages)

@@ -1,16 +1,18 @@
-"""torch.compile's side of a run, the same in every mode: where inductor's caches go and whether they hold compiled
-graphs, and the time a run spends compiling (and recording CUDA graphs), measured by torch's own compile callbacks.
-In a process group, the ranks of a node that compile the same graphs (CPU processes, or ranks sharing a GPU) can
-wait for its first rank to compile each graph, then read it from the cache: one cold compile per node
-(common/guards.py, compile_leader, finds the ranks; each process-group train.py makes the call).
+"""torch.compile's side of a run, the same in every mode: where inductor's caches go and whether
+they hold compiled graphs, and the time a run spends compiling (and recording CUDA graphs), measured
+by torch's own compile callbacks. In a process group, the ranks of a node that compile the same
+graphs (CPU processes, or ranks sharing a GPU) can wait for its first rank to compile each graph,
+then read it from the cache: one cold compile per node (common/guards.py, compile_leader, finds the
+ranks; each process-group train.py makes the call).
 
-What the clock measures (`compile_time_s` in results.json): the host's time inside torch._dynamo's compile
-callbacks (torch/_dynamo/callback.py), which torch runs around each frame TorchDynamo compiles (tracing, AOTAutograd
-and inductor: CallbackTrigger.DYNAMO), around each backward graph compiled at its first backward (LAZY_BACKWARD)
-and around each CUDA graph recorded under reduce-overhead and max-autotune (CUDAGRAPH_RECORDING, on a later call
-than the first: cudagraph trees warm up first). Not in it: cuDNN's autotuning and the first runs of the compiled
-kernels, which happen outside those callbacks, nor the time a rank waited for its node's first rank
-(`compile_wait_s`, apart).
+What the clock measures (`compile_time_s` in results.json): the host's time inside
+torch._dynamo's compile callbacks (torch/_dynamo/callback.py), which torch runs around each
+frame TorchDynamo compiles (tracing, AOTAutograd and inductor: CallbackTrigger.DYNAMO), around
+each backward graph compiled at its first backward (LAZY_BACKWARD) and around each CUDA graph
+recorded under reduce-overhead and max-autotune (CUDAGRAPH_RECORDING, on a later call than the
+first: cudagraph trees warm up first). Not in it: cuDNN's autotuning and the first runs of the
+compiled kernels, which happen outside those callbacks, nor the time a rank waited for its
+node's first rank (`compile_wait_s`, apart).
 """
 from __future__ import annotations
 
@@ -22,26 +24,29 @@ from pathlib import Path
 
 from common.config import compile_cache_alias, splits_apart
 
-# Where a compile looks for what an earlier one left (torch/_inductor/codecache.py, FxGraphCache._get_tmp_dir_for_key:
-# fxgraph/<key[1:3]>/<key>/<entry>; torch/_functorch/_aot_autograd/autograd_cache.py, AOTAutogradCache:
-# aotautograd/<key>/<entry>). An entry is a file whose name does not start with "." (write_atomic's temporary
-# files do). Kernels alone (the code cache's .py/.cpp/.so, Triton's) spare a compile at most their own build,
-# after it has traced and lowered every graph again: a cache that holds only them is not called warm.
+# Where a compile looks for what an earlier one left (torch/_inductor/codecache.py,
+# FxGraphCache._get_tmp_dir_for_key: fxgraph/<key[1:3]>/<key>/<entry>;
+# torch/_functorch/_aot_autograd/autograd_cache.py, AOTAutogradCache: aotautograd/<key>/<entry>). An
+# entry is a file whose name does not start with "." (write_atomic's temporary files do). Kernels
+# alone (the code cache's .py/.cpp/.so, Triton's) spare a compile at most their own build, after it
+# has traced and lowered every graph again: a cache that holds only them is not called warm.
 GRAPH_ENTRIES = ("fxgraph/*/*/*", "aotautograd/*/*")
 
 
 def inductor_cache_path(folder: str) -> str:
-    """The path inductor is given for the compile cache `folder`: the folder itself, or where its path would
-    not reach the C++ compiler whole (config.splits_apart), a link to it without spaces (compile_cache_alias)."""
+    """The path inductor is given for the compile cache `folder`: the folder itself, or where its
+    path would not reach the C++ compiler whole (config.splits_apart), a link to it without
+    spaces (compile_cache_alias)."""
     path = os.path.abspath(folder)
     return str(compile_cache_alias(folder)) if splits_apart(path) else path
 
 
 def open_compile_cache(folder: str) -> str:
-    """Make `folder` ready for inductor, after every refusal: where its path splits apart, the folder itself and
-    the link that stands in for it (in this user's folder of the temporary folder, made private, replaced
-    atomically so that the ranks of a node can all make it). TORCHINDUCTOR_CACHE_DIR, which inductor reads at
-    each compile, points at the path inductor is given. Returns that path."""
+    """Make `folder` ready for inductor, after every refusal: where its path splits apart,
+    the folder itself and the link that stands in for it (in this user's folder of the
+    temporary folder, made private, replaced atomically so that the ranks of a node can all
+    make it). TORCHINDUCTOR_CACHE_DIR, which inductor reads at each compile, points at the
+    path inductor is given. Returns that path."""
     path = inductor_cache_path(folder)
     if path != os.path.abspath(folder):
         Path(folder).mkdir(parents=True, exist_ok=True)
@@ -49,7 +54,8 @@ def open_compile_cache(folder: str) -> str:
         alias = Path(path)
         alias.parent.mkdir(mode=0o700, exist_ok=True)
         if not (alias.is_symlink() and os.readlink(alias) == real):
-            if alias.is_dir() and not alias.is_symlink():  # made by inductor itself, given the path unmade
+            # made by inductor itself, given the path unmade
+            if alias.is_dir() and not alias.is_symlink():
                 shutil.rmtree(alias)
             temporary = alias.with_name(f".{alias.name}.{os.getpid()}")
             temporary.unlink(missing_ok=True)
@@ -60,7 +66,8 @@ def open_compile_cache(folder: str) -> str:
 
 
 def graph_entries(folder: str | None) -> int:
-    """How many compiled graphs the cache `folder` holds, of the kinds a compile reads (GRAPH_ENTRIES)."""
+    """How many compiled graphs the cache `folder` holds, of the kinds a
+    compile reads (GRAPH_ENTRIES)."""
     if not folder or not Path(folder).is_dir():
         return 0
     return sum(1 for pattern in GRAPH_ENTRIES for entry in Path(folder).glob(pattern)
@@ -68,10 +75,12 @@ def graph_entries(folder: str | None) -> int:
 
 
 class CompileClock:
-    """The host's time inside torch's compile callbacks, less the time spent waiting for the node's first rank;
-    `events` counts the compilations and recordings. Registered when made, removed by close()."""
+    """The host's time inside torch's compile callbacks, less the time spent waiting for
+    the node's first rank; `events` counts the compilations and recordings. Registered
+    when made, removed by close()."""
 
-    WAITED_FOR = ("DYNAMO", "LAZY_BACKWARD")  # what a rank can read from the cache; a CUDA graph it records itself
+    # what a rank can read from the cache; a CUDA graph it records itself
+    WAITED_FOR = ("DYNAMO", "LAZY_BACKWARD")
 
     def __init__(self, folder: str):
         from torch._dynamo.callback import callback_handler
@@ -81,8 +90,10 @@ class CompileClock:
         self.seconds = 0.0  # compiling and recording, this process's own work
         self.waited = 0.0  # waiting for the node's first rank to compile a graph first
         self.events = 0
-        self.leader = None  # (store, this rank compiles first, seconds to wait at most), from follow()
-        self.seen = {}  # (trigger, compile id) -> how many such compilations so far: one store key each
+        # (store, this rank compiles first, seconds to wait at most), from follow()
+        self.leader = None
+        # (trigger, compile id) -> how many such compilations so far: one store key each
+        self.seen = {}
         self._began = self._waited_before = 0.0
         self._compiling = None  # the store key of the compilation under way
         self._handler = callback_handler
@@ -90,15 +101,17 @@ class CompileClock:
         callback_handler.register_end_callback(self._end)
 
     def follow(self, leader) -> None:
-        """In a process group: `leader` is (a store shared with the node's first rank, whether this rank is it,
-        the longest wait), or None where this rank compiles alone (common/guards.py, compile_leader)."""
+        """In a process group: `leader` is (a store shared with the node's first rank, whether
+        this rank is it, the longest wait), or None where this rank compiles alone
+        (common/guards.py, compile_leader)."""
         self.leader = leader
 
     def _key(self, args) -> str | None:
         trigger = args.callback_trigger.name
         if self.leader is None or trigger not in self.WAITED_FOR:
             return None
-        count = self.seen[trigger, args.compile_id] = self.seen.get((trigger, args.compile_id), 0) + 1
+        count = self.seen[trigger,
+                          args.compile_id] = self.seen.get((trigger, args.compile_id), 0) + 1
         return f"compiled/{trigger}/{args.compile_id}/{count}"
 
     def _start(self, args) -> None:
@@ -109,14 +122,16 @@ class CompileClock:
         store, _, timeout_s = self.leader
         try:  # the first rank compiles this graph first; then it is in the cache
             store.wait([self._compiling], datetime.timedelta(seconds=timeout_s))
-        except RuntimeError:  # it never did (DistStoreError): this rank compiles on its own from now on
+        # it never did (DistStoreError): this rank compiles on its own from now on
+        except RuntimeError:
             self.leader = None
         self.waited += time.perf_counter() - self._began
 
     def _end(self, args) -> None:
         self.events += 1
         if self._compiling is not None and self.leader is not None and self.leader[1]:
-            self.leader[0].set(self._compiling, "1")  # the node's other ranks may read this graph now
+            # the node's other ranks may read this graph now
+            self.leader[0].set(self._compiling, "1")
         self.seconds += time.perf_counter() - self._began - (self.waited - self._waited_before)
 
     def close(self) -> None:

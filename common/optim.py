@@ -1,8 +1,9 @@
 """SGD and the learning-rate schedule, identical in every mode.
 
---lr is per 128 images of GLOBAL batch and scales linearly with --batch_size (Goyal et al., 2017), so every mode
-trains with the same rate for the same global batch. Above 128 images the rate ramps up linearly over a short
-warm-up; then the paper's step schedule divides it by 10 at 50 % and at 75 % of the epochs.
+--lr is per 128 images of GLOBAL batch and scales linearly with --batch_size (Goyal et al.,
+2017), so every mode trains with the same rate for the same global batch. Above 128 images the
+rate ramps up linearly over a short warm-up; then the paper's step schedule divides it by 10
+at 50 % and at 75 % of the epochs.
 """
 from __future__ import annotations
 
@@ -13,27 +14,33 @@ from common.state import is_sharded
 from models.aligned import mask_padded_gradients
 
 
-def build_optimizer(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.optim.Optimizer:
-    """SGD; on a GPU its fused form, one kernel for every parameter's update, which also takes fp16 loss scaling
-    without a host sync. On the CPU the default (for-each) form.
+def build_optimizer(model: torch.nn.Module, cfg: Config,
+                    device: torch.device) -> torch.optim.Optimizer:
+    """SGD; on a GPU its fused form, one kernel for every parameter's update, which also takes fp16
+    loss scaling without a host sync. On the CPU the default (for-each) form.
 
-    The momentum buffers start at zero, which is what SGD's first step makes of them anyway (0.9 x 0 + grad is
-    grad, exactly). Left to the first step, fused SGD creates them with torch.empty_like and lets its kernel fill
-    them; when the GradScaler skips that step (an fp16 overflow, common at the first step's 65536 loss scale) the
-    kernel does nothing, and every later step would build on uninitialised memory.
+    The momentum buffers start at zero, which is what SGD's first step makes of them anyway (0.9 x
+    0 + grad is grad, exactly). Left to the first step, fused SGD creates them with
+    torch.empty_like and lets its kernel fill them; when the GradScaler skips that step (an fp16
+    overflow, common at the first step's 65536 loss scale) the kernel does nothing, and every later
+    step would build on uninitialised memory.
 
-    A model sharded by FSDP2 takes the for-each form on GPUs too: its parameters are DTensors, and torch has no
-    sharding rule for fused SGD's kernel (it has for fused Adam's). The GradScaler works with either: over DTensor
-    gradients its overflow check is reduced across the ranks, so every rank skips the same steps.
+    A model sharded by FSDP2 takes the for-each form on GPUs too: its parameters are DTensors, and
+    torch has no sharding rule for fused SGD's kernel (it has for fused Adam's). The GradScaler
+    works with either: over DTensor gradients its overflow check is reduced across the ranks, so
+    every rank skips the same steps.
 
-    With channels stored aligned (models/aligned.py), a hook before every step zeroes the gradients of BatchNorm
-    beta's padded parts, the only padded parts that receive any: one multi-tensor op per step."""
+    With channels stored aligned (models/aligned.py), a hook before every step zeroes the
+    gradients of BatchNorm beta's padded parts, the only padded parts that receive any:
+    one multi-tensor op per step."""
     fused = device.type == "cuda" and not is_sharded(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.effective_lr(), momentum=cfg.momentum,
-                                weight_decay=cfg.weight_decay, nesterov=cfg.nesterov, fused=fused or None)
+                                weight_decay=cfg.weight_decay, nesterov=cfg.nesterov,
+                                fused=fused or None)
     if cfg.momentum:
         for param in model.parameters():
-            optimizer.state[param]["momentum_buffer"] = torch.zeros_like(param)  # in the parameter's layout
+            # in the parameter's layout
+            optimizer.state[param]["momentum_buffer"] = torch.zeros_like(param)
     mask_padded_gradients(model, optimizer)  # channels stored aligned: their padding never moves
     return optimizer
 
@@ -53,12 +60,15 @@ def lr_factor(step: int, cfg: Config, steps_per_epoch: int) -> float:
 
 
 def lr_schedule(optimizer: torch.optim.Optimizer, cfg: Config, steps_per_epoch: int):
-    """Stepped once per optimizer step. A LambdaLR keeps its position in its state_dict, so it can be resumed."""
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg, steps_per_epoch))
+    """Stepped once per optimizer step. A LambdaLR keeps its position in its
+    state_dict, so it can be resumed."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer,
+                                             lambda step: lr_factor(step, cfg, steps_per_epoch))
 
 
 def describe_lr(cfg: Config, steps_per_epoch: int) -> str:
     ramp = warmup_steps(cfg, steps_per_epoch)
     warm = f", linear warm-up over {ramp} steps" if ramp else ""
-    return (f"lr {cfg.effective_lr():g} (= {cfg.lr:g} per {BASE_BATCH} images x global batch {cfg.batch_size}"
-            f"{warm}; x0.1 after epochs {-(-cfg.epochs // 2)} and {-(-3 * cfg.epochs // 4)})")
+    return (f"lr {cfg.effective_lr():g} (= {cfg.lr:g} per {BASE_BATCH} images x global batch "
+            f"{cfg.batch_size}{warm}; x0.1 after epochs {-(-cfg.epochs // 2)} and "
+            f"{-(-3 * cfg.epochs // 4)})")

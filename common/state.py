@@ -1,17 +1,19 @@
-"""A model's and its optimizer's whole state as plain tensors, the one form checkpoints and model.pt files take,
-whether the model is whole (single_gpu, data_parallel, dist_parallel) or sharded by FSDP2 (fsdp).
+"""A model's and its optimizer's whole state as plain tensors, the one form checkpoints
+and model.pt files take, whether the model is whole (single_gpu, data_parallel,
+dist_parallel) or sharded by FSDP2 (fsdp).
 
-Under FSDP2 every parameter is a DTensor of which each rank holds one slice, and so are the gradients and the
-momentum buffers. `torch.distributed.checkpoint.state_dict` names the slices, `DTensor.full_tensor` gathers each
-into a whole tensor kept on rank 0's CPU (one tensor at a time, so no GPU ever holds the whole model for it) and,
-on loading, torch.distributed.checkpoint cuts whole tensors into each rank's slice. The checkpoint is then the same
-file every mode writes: a dist_parallel checkpoint resumes in fsdp, and back. The optimizer's state comes from
-torch.distributed.checkpoint keyed by parameter name; it is stored as `optimizer.state_dict()` stores it, keyed by
-the parameter's position in the optimizer, and turned back on loading.
+Under FSDP2 every parameter is a DTensor of which each rank holds one slice, and so are the
+gradients and the momentum buffers. `torch.distributed.checkpoint.state_dict` names the slices,
+`DTensor.full_tensor` gathers each into a whole tensor kept on rank 0's CPU (one tensor at a time,
+so no GPU ever holds the whole model for it) and, on loading, torch.distributed.checkpoint cuts
+whole tensors into each rank's slice. The checkpoint is then the same file every mode writes: a
+dist_parallel checkpoint resumes in fsdp, and back. The optimizer's state comes from
+torch.distributed.checkpoint keyed by parameter name; it is stored as `optimizer.state_dict()`
+stores it, keyed by the parameter's position in the optimizer, and turned back on loading.
 
-A model whose channels are stored aligned (models/aligned.py) holds some tensors padded: every tensor leaves here
-in the paper's shape and comes back padded, so that checkpoints are those of the paper's model whatever the
-alignment (`to_paper`, `to_stored`).
+A model whose channels are stored aligned (models/aligned.py) holds some tensors padded: every
+tensor leaves here in the paper's shape and comes back padded, so that checkpoints are those of the
+paper's model whatever the alignment (`to_paper`, `to_stored`).
 """
 from __future__ import annotations
 
@@ -25,14 +27,16 @@ from models.aligned import to_paper, to_stored
 
 
 def _is_dtensor(tensor: torch.Tensor) -> bool:
-    """Whether `tensor` is a DTensor. Nothing can be one before torch.distributed.tensor is imported (fully_shard
-    imports it), and importing it only to ask would add most of a second to every single-GPU start."""
+    """Whether `tensor` is a DTensor. Nothing can be one before torch.distributed.tensor is
+    imported (fully_shard imports it), and importing it only to ask would add most of a
+    second to every single-GPU start."""
     module = sys.modules.get("torch.distributed.tensor")
     return module is not None and isinstance(tensor, module.DTensor)
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
-    """Whether the model's parameters are DTensor slices (FSDP2's fully_shard), not whole tensors."""
+    """Whether the model's parameters are DTensor slices (FSDP2's
+    fully_shard), not whole tensors."""
     return any(_is_dtensor(param) for param in model.parameters())
 
 
@@ -42,7 +46,8 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def whole(tensor: torch.Tensor) -> torch.Tensor:
-    """The whole tensor: a DTensor's slices gathered from every rank (a collective: every rank calls it)."""
+    """The whole tensor: a DTensor's slices gathered from every rank (a
+    collective: every rank calls it)."""
     if not _is_dtensor(tensor):
         return tensor
     group = tensor.device_mesh.get_group()
@@ -52,21 +57,23 @@ def whole(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _whole_through_the_cpu(tensor: torch.Tensor, group) -> torch.Tensor:
-    """`tensor.full_tensor()` for GPU slices over gloo (two ranks sharing one GPU): gloo's all-gather of CUDA
-    tensors crashes the process (pytorch/pytorch#152645), so the slices cross on the CPU, as the same DTensor on a
-    CPU mesh of the same group, and the whole tensor goes back to the GPU."""
+    """`tensor.full_tensor()` for GPU slices over gloo (two ranks sharing one GPU):
+    gloo's all-gather of CUDA tensors crashes the process (pytorch/pytorch#152645), so
+    the slices cross on the CPU, as the same DTensor on a CPU mesh of the same group, and
+    the whole tensor goes back to the GPU."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import DTensor
 
     mesh = DeviceMesh.from_group(group, "cpu")
-    on_cpu = DTensor.from_local(tensor.to_local().cpu(), mesh, tensor.placements, shape=tensor.shape,
-                                stride=tensor.stride())
+    on_cpu = DTensor.from_local(tensor.to_local().cpu(), mesh, tensor.placements,
+                                shape=tensor.shape, stride=tensor.stride())
     return on_cpu.full_tensor().to(tensor.device)
 
 
 def _whole_on_rank_0(values: dict) -> dict:
-    """Each DTensor of `values` (a state_dict or one parameter's optimizer state) gathered by `whole`, one at a
-    time, and kept on rank 0's CPU; the other ranks get an empty dict (every rank calls it, in the same order)."""
+    """Each DTensor of `values` (a state_dict or one parameter's optimizer state) gathered by
+    `whole`, one at a time, and kept on rank 0's CPU; the other ranks get an empty dict (every rank
+    calls it, in the same order)."""
     rank_0 = dist.get_rank() == 0
     gathered = {}
     for key, value in values.items():
@@ -84,19 +91,20 @@ def _options(full: bool):
 
 
 def load_file(path) -> object:
-    """What a checkpoint or model.pt file holds: `torch.load(weights_only=True)` onto the CPU, so that a file
-    cannot run code. A file that torch.save did not write but `pickle` did makes torch warn of its pickle protocol
-    (not torch's 2) before it refuses the file; the caller refuses it in one line that says what to give, so that
-    warning is silenced, for this load only."""
+    """What a checkpoint or model.pt file holds: `torch.load(weights_only=True)` onto the CPU, so
+    that a file cannot run code. A file that torch.save did not write but `pickle` did makes torch
+    warn of its pickle protocol (not torch's 2) before it refuses the file; the caller refuses it in
+    one line that says what to give, so that warning is silenced, for this load only."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
         return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def model_state(model: torch.nn.Module) -> dict:
-    """The model's state_dict with whole tensors of the paper's shapes. Sharded, torch.distributed.checkpoint names
-    the slices and each is gathered onto rank 0's CPU, one tensor at a time, so no GPU ever holds the whole model
-    for it; the other ranks get an empty dict (they write nothing), and every rank must call it."""
+    """The model's state_dict with whole tensors of the paper's shapes. Sharded,
+    torch.distributed.checkpoint names the slices and each is gathered onto rank 0's CPU, one tensor
+    at a time, so no GPU ever holds the whole model for it; the other ranks get an empty dict (they
+    write nothing), and every rank must call it."""
     if not is_sharded(model):
         return model.state_dict()  # the aligned layers' state_dict hooks cut their padding
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
@@ -106,8 +114,9 @@ def model_state(model: torch.nn.Module) -> dict:
 
 
 def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """`optimizer.state_dict()` with whole tensors of the paper's shapes, keyed by position as torch keys it.
-    Sharded: gathered onto rank 0's CPU (the other ranks get an empty dict), every rank calling it."""
+    """`optimizer.state_dict()` with whole tensors of the paper's shapes, keyed by position
+    as torch keys it. Sharded: gathered onto rank 0's CPU (the other ranks get an empty
+    dict), every rank calling it."""
     names = parameter_names(model, optimizer)
     if not is_sharded(model):
         saved = optimizer.state_dict()
@@ -120,27 +129,32 @@ def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) ->
     if dist.get_rank() != 0:
         return {}
     position = {name: index for index, name in enumerate(names)}
-    return {"state": {position[name]: _in_paper_shapes(model, name, values) for name, values in state.items()},
+    return {"state": {position[name]: _in_paper_shapes(model, name, values)
+                      for name, values in state.items()},
             "param_groups": [{**group, "params": [position[name] for name in group["params"]]}
                              for group in by_name["param_groups"]]}
 
 
 def load_model_state(model: torch.nn.Module, state: dict) -> None:
-    """`model.load_state_dict(state)`; sharded, each rank keeps its slice of the whole tensors (every rank holds
-    `state`, and every rank calls it)."""
+    """`model.load_state_dict(state)`; sharded, each rank keeps its slice of the whole tensors
+    (every rank holds `state`, and every rank calls it)."""
     if not is_sharded(model):
         model.load_state_dict(state)  # the aligned layers' load hooks pad the paper's shapes
         return
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
     kept = {**dict(model.named_parameters()), **dict(model.named_buffers())}
-    stored = {key: to_stored(model, key, value, _zeros_or_itself(kept[key])) if key in kept else value
-              for key, value in state.items()}  # padded first: torch cuts the stored shapes into slices
+    # padded first: torch cuts the stored shapes into slices
+    stored = {key: (to_stored(model, key, value, _zeros_or_itself(kept[key])) if key in kept
+                    else value)
+              for key, value in state.items()}
     set_model_state_dict(model, stored, options=_options(full=True))
 
 
-def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict) -> None:
-    """`optimizer.load_state_dict(saved)` of a state keyed by position; sharded, each rank keeps its slices."""
+def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                         saved: dict) -> None:
+    """`optimizer.load_state_dict(saved)` of a state keyed by position;
+    sharded, each rank keeps its slices."""
     names = parameter_names(model, optimizer)
     params = dict(model.named_parameters())
     state = {index: _in_stored_shapes(model, names[index], values, params[names[index]])
@@ -163,7 +177,8 @@ def _in_paper_shapes(model: torch.nn.Module, name: str, values: dict) -> dict:
 
 
 def _in_stored_shapes(model: torch.nn.Module, name: str, values: dict, param: torch.Tensor) -> dict:
-    """One parameter's optimizer state of the paper's shape, padded with zeros as the parameter is stored."""
+    """One parameter's optimizer state of the paper's shape, padded with
+    zeros as the parameter is stored."""
     if not isinstance(values, dict):
         return values
     return {key: to_stored(model, name, value, _zeros_or_itself(param, zeros=True))
@@ -171,23 +186,27 @@ def _in_stored_shapes(model: torch.nn.Module, name: str, values: dict, param: to
 
 
 def _zeros_or_itself(tensor: torch.Tensor, zeros: bool = False) -> torch.Tensor:
-    """What a padded copy of `tensor` takes its padding from: zeros of its whole shape on the CPU for a DTensor
-    (or when `zeros`), else the tensor itself (a running variance pads with its ones)."""
+    """What a padded copy of `tensor` takes its padding from: zeros of its whole shape
+    on the CPU for a DTensor (or when `zeros`), else the tensor itself (a running
+    variance pads with its ones)."""
     if _is_dtensor(tensor):
         return torch.zeros(tensor.shape, dtype=tensor.dtype)
     return torch.zeros_like(tensor) if zeros else tensor.detach()
 
 
 def parameter_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
-    """The name of each of the optimizer's parameters, in the optimizer's order (its state_dict's positions)."""
+    """The name of each of the optimizer's parameters, in the optimizer's order
+    (its state_dict's positions)."""
     names = {id(param): name for name, param in model.named_parameters()}
     return [names[id(param)] for group in optimizer.param_groups for param in group["params"]]
 
 
 def all_finite(model: torch.nn.Module) -> bool:
-    """Whether every weight and buffer is finite, the same verdict on every rank (a sharded model's slices differ
-    between ranks, so each rank's verdict is combined: every rank calls it in a process group)."""
-    finite = all(bool(torch.isfinite(local(tensor)).all()) for tensor in model.state_dict().values())
+    """Whether every weight and buffer is finite, the same verdict on every rank (a sharded
+    model's slices differ between ranks, so each rank's verdict is combined: every rank
+    calls it in a process group)."""
+    finite = all(bool(torch.isfinite(local(tensor)).all())
+                 for tensor in model.state_dict().values())
     if not (dist.is_available() and dist.is_initialized()):
         return finite
     verdict = torch.tensor([float(finite)], device=_group_device())
@@ -196,7 +215,8 @@ def all_finite(model: torch.nn.Module) -> bool:
 
 
 def _group_device() -> torch.device:
-    """Where the default group's collectives take their tensors: this process's GPU under NCCL, else the CPU."""
+    """Where the default group's collectives take their tensors: this process's
+    GPU under NCCL, else the CPU."""
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")

@@ -1,9 +1,10 @@
 """GPU telemetry from NVML and a description of the machine, for TensorBoard and results.json.
 
-A background thread samples, every `interval` seconds, the utilisation ("a kernel was running during the last
-sample period", not efficiency) and the memory in use of each GPU the run uses. Torch's device index is mapped to
-NVML's physical GPU through its UUID, so the figures are right under CUDA_VISIBLE_DEVICES. Without an NVIDIA
-driver there is one notice and the fields are null; training is never affected.
+A background thread samples, every `interval` seconds, the utilisation ("a kernel was running
+during the last sample period", not efficiency) and the memory in use of each GPU the run uses.
+Torch's device index is mapped to NVML's physical GPU through its UUID, so the figures are right
+under CUDA_VISIBLE_DEVICES. Without an NVIDIA driver there is one notice and the fields are
+null; training is never affected.
 """
 from __future__ import annotations
 
@@ -18,13 +19,16 @@ GIB = 1024 ** 3
 
 
 def nvml_handle(pynvml, device_index: int):
-    """NVML's handle of torch's `cuda:<device_index>`, found by UUID (CUDA_VISIBLE_DEVICES may renumber GPUs)."""
+    """NVML's handle of torch's `cuda:<device_index>`, found by UUID
+    (CUDA_VISIBLE_DEVICES may renumber GPUs)."""
     uuid = str(torch.cuda.get_device_properties(device_index).uuid)
-    return pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}")
+    return pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith(("GPU-", "MIG-"))
+                                            else f"GPU-{uuid}")
 
 
 class GpuTelemetry:
-    """`window()` -> {device index: (mean utilisation %, mean memory used GiB)} since the last call."""
+    """`window()` -> {device index: (mean utilisation %, mean memory
+    used GiB)} since the last call."""
 
     def __init__(self, device_indices, interval: float = 0.1, notice=print):
         self.device_indices = list(device_indices)
@@ -43,11 +47,13 @@ class GpuTelemetry:
             self.pynvml = pynvml
             self.handles = {i: nvml_handle(pynvml, i) for i in self.device_indices}
         except Exception as error:  # no driver, no library, or a GPU NVML cannot see
-            notice(f"GPU telemetry off (NVML unavailable: {error}); utilisation and memory will be null")
+            notice(f"GPU telemetry off (NVML unavailable: {error}); utilisation "
+                   "and memory will be null")
             self.handles = {}
             return
         self._reset()
-        self.thread = threading.Thread(target=self._sample_forever, name="gpu-telemetry", daemon=True)
+        self.thread = threading.Thread(target=self._sample_forever, name="gpu-telemetry",
+                                       daemon=True)
         self.thread.start()
 
     def _reset(self):
@@ -84,28 +90,32 @@ class GpuTelemetry:
 
 class PeakMemory(NamedTuple):
     """A GPU's peak memory in GiB since the warm-up: `allocated`, the tensors' high-water mark
-    (torch.cuda.max_memory_allocated), and `reserved`, the caching allocator's (max_memory_reserved), which also
-    holds what CUDA graphs keep in their private pools: a graph's replays allocate nothing, so its memory shows
-    in `reserved` only."""
+    (torch.cuda.max_memory_allocated), and `reserved`, the caching allocator's
+    (max_memory_reserved), which also holds what CUDA graphs keep in their private pools: a graph's
+    replays allocate nothing, so its memory shows in `reserved` only."""
     allocated: float
     reserved: float
 
 
 def peak_memory_gb(device_indices) -> dict[int, PeakMemory]:
     """Each device's PeakMemory."""
-    return {i: PeakMemory(torch.cuda.max_memory_allocated(i) / GIB, torch.cuda.max_memory_reserved(i) / GIB)
+    return {i: PeakMemory(torch.cuda.max_memory_allocated(i) / GIB,
+                          torch.cuda.max_memory_reserved(i) / GIB)
             for i in device_indices}
 
 
 def environment() -> dict:
-    """Versions and hardware, recorded with every run so a figure can be traced to where it was measured."""
+    """Versions and hardware, recorded with every run so a figure can be
+    traced to where it was measured."""
     cuda = torch.cuda.is_available()
     env = {
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if cuda else None,
-        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda and hasattr(torch.cuda, "nccl") else None,
-        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
+        "nccl": (".".join(map(str, torch.cuda.nccl.version()))
+                 if cuda and hasattr(torch.cuda, "nccl") else None),
+        "gpus": ([torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+                 if cuda else []),
         "driver": None,
         "cpu": _cpu_name(),
         "cpu_count": os.cpu_count(),

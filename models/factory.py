@@ -1,13 +1,15 @@
-"""The one factory of the models every mode trains: PyramidNet (models/pyramidnet.py, with its own flags) or any
-classification model torchvision lists, built by name with no pretrained weights (nothing is downloaded).
+"""The one factory of the models every mode trains: PyramidNet (models/pyramidnet.py, with
+its own flags) or any classification model torchvision lists, built by name with no
+pretrained weights (nothing is downloaded).
 
-    build_model(cfg, data)     # cfg.model and its flags, for data's channels, classes and image size
+    build_model(cfg, data)     # cfg.model and its flags, for data's channels, classes, image size
     model_refusal(name, data)  # why that model cannot take those images, in one line (None: it can)
-    on_meta(build)             # build() without memory, on the meta device: to count or shard a model
+    on_meta(build)             # build() without memory (the meta device): to count or shard a model
 
-A torchvision model is built with `torchvision.models.get_model(name, num_classes=..., weights=None)`; those that
-are built for one image size take it from the data (the ViTs' `image_size`, MaxViT's `input_size`), and GoogLeNet
-and Inception v3 leave out their auxiliary classifiers, whose extra outputs the loss does not take.
+A torchvision model is built with `torchvision.models.get_model(name, num_classes=...,
+weights=None)`; those that are built for one image size take it from the data (the ViTs'
+`image_size`, MaxViT's `input_size`), and GoogLeNet and Inception v3 leave out their auxiliary
+classifiers, whose extra outputs the loss does not take.
 """
 from __future__ import annotations
 
@@ -32,20 +34,24 @@ def model_names() -> tuple[str, ...]:
 
 
 def unknown_model(name: str) -> str | None:
-    """What to give instead of a --model that is no model's name (None: it is one), with the closest names."""
+    """What to give instead of a --model that is no model's name (None: it is
+    one), with the closest names."""
     if name == PYRAMIDNET or name in model_names():
         return None
     close = difflib.get_close_matches(name.lower(), model_names(), n=3, cutoff=0.5)
-    closest = f"the closest: {', '.join(close)}" if close else f"e.g. resnet50, vit_b_16, {PYRAMIDNET}"
+    closest = (f"the closest: {', '.join(close)}" if close
+               else f"e.g. resnet50, vit_b_16, {PYRAMIDNET}")
     return f"pyramidnet or a classification model torchvision lists ({closest})"
 
 
 def build_model(cfg, data) -> nn.Module:
-    """The model `cfg.model` names, for images of data.channels x data.size x data.size and data.classes classes,
-    initialised from the global RNG (seed it first: every mode draws the same weights)."""
+    """The model `cfg.model` names, for images of data.channels x data.size x data.size
+    and data.classes classes, initialised from the global RNG (seed it first: every
+    mode draws the same weights)."""
     if cfg.model == PYRAMIDNET:
-        return pyramidnet(cfg.depth, cfg.alpha, cfg.block, num_classes=data.classes, in_channels=data.channels,
-                          width_multiple=cfg.width_multiple, align_channels=cfg.align_channels)
+        return pyramidnet(cfg.depth, cfg.alpha, cfg.block, num_classes=data.classes,
+                          in_channels=data.channels, width_multiple=cfg.width_multiple,
+                          align_channels=cfg.align_channels)
     import torchvision
 
     return torchvision.models.get_model(cfg.model, weights=None, num_classes=data.classes,
@@ -53,8 +59,8 @@ def build_model(cfg, data) -> nn.Module:
 
 
 def size_arguments(name: str, size: int) -> dict:
-    """The constructor arguments of torchvision's `name` that fix the image size, or drop what the loss cannot
-    take."""
+    """The constructor arguments of torchvision's `name` that fix the image size, or drop what the
+    loss cannot take."""
     if name.startswith("vit_"):
         return {"image_size": size}
     if name == "maxvit_t":
@@ -65,21 +71,21 @@ def size_arguments(name: str, size: int) -> dict:
 
 
 def model_refusal(cfg, data) -> str | None:
-    """Why `cfg.model` cannot train on `data`'s images, in one line that says what to give (None: it can): a
-    torchvision model takes 3-channel images of a size its layers can reduce. Found by a forward pass of the
-    model built on the meta device (shapes only, no memory)."""
+    """Why `cfg.model` cannot train on `data`'s images, in one line that says what to give (None: it
+    can): a torchvision model takes 3-channel images of a size its layers can reduce. Found by a
+    forward pass of the model built on the meta device (shapes only, no memory)."""
     if cfg.model == PYRAMIDNET:
         return None
     if data.channels != 3:
-        return (f"--model {cfg.model} takes 3-channel images and --dataset {cfg.dataset} has {data.channels}: use "
-                f"--model {PYRAMIDNET}, or a dataset of colour images")
+        return (f"--model {cfg.model} takes 3-channel images and --dataset {cfg.dataset} has "
+                f"{data.channels}: use --model {PYRAMIDNET}, or a dataset of colour images")
     try:
         model = on_meta(lambda: build_model(cfg, data))
         model.train()(torch.empty(2, 3, data.size, data.size, device="meta"))
     except (RuntimeError, ValueError, AssertionError) as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        return (f"--model {cfg.model} cannot take {data.size}x{data.size} images ({reason}): give another "
-                f"--image_size{hint(cfg.model)}")
+        return (f"--model {cfg.model} cannot take {data.size}x{data.size} images ({reason}): give "
+                f"another --image_size{hint(cfg.model)}")
     return None
 
 
@@ -92,9 +98,10 @@ def hint(name: str) -> str:
 
 
 def on_meta(build):
-    """`build()` without memory: every parameter and buffer of the model it returns on the meta device (shapes
-    only). Inside `torch.device("meta")` first; a constructor that computes on tensors there fails (RegNet's widths
-    call .tolist()), and is then run on the CPU with each tensor moved to the meta device as it is registered."""
+    """`build()` without memory: every parameter and buffer of the model it returns on the meta
+    device (shapes only). Inside `torch.device("meta")` first; a constructor that computes on
+    tensors there fails (RegNet's widths call .tolist()), and is then run on the CPU with each
+    tensor moved to the meta device as it is registered."""
     try:
         with torch.device("meta"):
             return build()
@@ -119,4 +126,5 @@ def _registered_on_meta():
     try:
         yield
     finally:
-        nn.Module.register_parameter, nn.Module.register_buffer = register_parameter, register_buffer
+        nn.Module.register_parameter, nn.Module.register_buffer = (register_parameter,
+                                                                   register_buffer)

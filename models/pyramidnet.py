@@ -1,9 +1,10 @@
 """PyramidNet for CIFAR, as in Han, Kim & Kim, "Deep Pyramidal Residual Networks" (CVPR 2017).
 
-The width grows by alpha / N after every one of the N residual blocks (additive widening), from 16 channels to
-16 + alpha; PyramidNet-110 alpha=270 has 18 basic blocks per stage and ends at 286 channels. Blocks have no ReLU
-after the addition, a BatchNorm first and last, and an identity shortcut zero-padded to the new width (with 2x2
-average pooling where a stage halves the resolution), so every parameter sits on the residual branch.
+The width grows by alpha / N after every one of the N residual blocks (additive widening), from 16
+channels to 16 + alpha; PyramidNet-110 alpha=270 has 18 basic blocks per stage and ends at 286
+channels. Blocks have no ReLU after the addition, a BatchNorm first and last, and an identity
+shortcut zero-padded to the new width (with 2x2 average pooling where a stage halves the
+resolution), so every parameter sits on the residual branch.
 """
 from __future__ import annotations
 
@@ -17,22 +18,23 @@ from models.aligned import AlignedBatchNorm2d, AlignedConv2d, PaddedStorage
 
 
 def stored(channels: int, align: int | None) -> int:
-    """How many channels an activation of `channels` is stored at: rounded up to a multiple of `align` (0, 1 or
-    None: as it is)."""
+    """How many channels an activation of `channels` is stored at: rounded up to a multiple of
+    `align` (0, 1 or None: as it is)."""
     return -(-channels // align) * align if align and align > 1 else channels
 
 
 def conv(in_channels: int, out_channels: int, kernel_size: int, align: int | None, stride: int = 1,
          padding: int = 0, aligned_input: bool = True) -> nn.Conv2d:
-    """A bias-free convolution between activations stored aligned (its input too, unless `aligned_input` is
-    False: the images): nn.Conv2d itself without alignment, else an AlignedConv2d of the same weight (padded
-    where either side is)."""
+    """A bias-free convolution between activations stored aligned (its input too, unless
+    `aligned_input` is False: the images): nn.Conv2d itself without alignment, else an AlignedConv2d
+    of the same weight (padded where either side is)."""
     if not (align and align > 1):
-        return nn.Conv2d(in_channels, out_channels, kernel_size, stride=stride, padding=padding, bias=False)
+        return nn.Conv2d(in_channels, out_channels, kernel_size, stride=stride, padding=padding,
+                         bias=False)
     in_stored = stored(in_channels, align) if aligned_input else in_channels
     out_stored = stored(out_channels, align)
-    return AlignedConv2d(in_channels, out_channels, kernel_size, in_stored=in_stored, out_stored=out_stored,
-                         stride=stride, padding=padding)
+    return AlignedConv2d(in_channels, out_channels, kernel_size, in_stored=in_stored,
+                         out_stored=out_stored, stride=stride, padding=padding)
 
 
 def batch_norm(channels: int, align: int | None) -> nn.BatchNorm2d:
@@ -66,7 +68,8 @@ class BasicBlock(nn.Module):
 
 
 class Bottleneck(nn.Module):
-    """BN - conv1x1 - BN - ReLU - conv3x3 - BN - ReLU - conv1x1 (4x width) - BN, plus the padded identity."""
+    """BN - conv1x1 - BN - ReLU - conv3x3 - BN - ReLU - conv1x1 (4x width) -
+    BN, plus the padded identity."""
 
     expansion = 4
 
@@ -94,23 +97,28 @@ class Bottleneck(nn.Module):
 
 
 def padded_shortcut(x: torch.Tensor, out_channels: int, stride: int) -> torch.Tensor:
-    """Identity shortcut: 2x2 average pooling where the block downsamples, zero channels appended to match width."""
+    """Identity shortcut: 2x2 average pooling where the block downsamples, zero
+    channels appended to match width."""
     if stride != 1:
         x = F.avg_pool2d(x, kernel_size=2, stride=2, ceil_mode=True)
     extra = out_channels - x.shape[1]
     return F.pad(x, (0, 0, 0, 0, 0, extra)) if extra else x
 
 
-BLOCKS = {"basic": (BasicBlock, 6), "bottleneck": (Bottleneck, 9)}  # block -> (class, layers per block per stage x 3)
+# block -> (class, layers per block per stage x 3)
+BLOCKS = {"basic": (BasicBlock, 6), "bottleneck": (Bottleneck, 9)}
 
 
 class PyramidNet(nn.Module):
-    def __init__(self, depth: int = 110, alpha: float = 270, block: str = "basic", num_classes: int = 10,
-                 in_channels: int = 3, width_multiple: int = 1, align_channels: int | None = 0):
+    def __init__(self, depth: int = 110, alpha: float = 270, block: str = "basic",
+                 num_classes: int = 10, in_channels: int = 3, width_multiple: int = 1,
+                 align_channels: int | None = 0):
         super().__init__()
-        block_class, blocks_per_stage = check_arguments(depth, alpha, block, num_classes, in_channels)
+        block_class, blocks_per_stage = check_arguments(depth, alpha, block, num_classes,
+                                                        in_channels)
         if width_multiple < 1:
-            raise ValueError(f"width_multiple must be 1 (the paper's widths) or more, not {width_multiple}")
+            raise ValueError("width_multiple must be 1 (the paper's widths) or "
+                             f"more, not {width_multiple}")
         if align_channels is not None and align_channels < 0:
             raise ValueError(f"align_channels must be 0 (off) or more, not {align_channels}")
         step = alpha / (3 * blocks_per_stage)  # the width added by every block
@@ -125,7 +133,8 @@ class PyramidNet(nn.Module):
             for index in range(blocks_per_stage):
                 width += step
                 stride = 2 if stage > 0 and index == 0 else 1
-                planes = -(-int(round(width)) // width_multiple) * width_multiple  # rounded up to the multiple
+                # rounded up to the multiple
+                planes = -(-int(round(width)) // width_multiple) * width_multiple
                 blocks.append(block_class(channels, planes, stride, align_channels))
                 channels = planes * block_class.expansion
             stages.append(nn.Sequential(*blocks))
@@ -133,8 +142,10 @@ class PyramidNet(nn.Module):
         self.bn_final = batch_norm(channels, align_channels)
         self.fc = nn.Linear(channels, num_classes)
         self.out_channels = channels
-        self._init_weights()  # at the paper's shapes: the unaligned model's random draws, in its order
-        for module in self.modules():  # then every aligned layer's tensors padded with zeros
+        # at the paper's shapes: the unaligned model's random draws, in its order; then every
+        # aligned layer's tensors padded with zeros
+        self._init_weights()
+        for module in self.modules():
             if isinstance(module, PaddedStorage):
                 module.store_padded()
 
@@ -154,8 +165,10 @@ class PyramidNet(nn.Module):
         x = self.bn1(self.conv1(x))
         x = self.layer3(self.layer2(self.layer1(x)))
         x = F.relu(self.bn_final(x), inplace=True)
-        x = x.mean((2, 3))  # global average pooling; CUDA's adaptive_avg_pool2d backward is not deterministic
-        # the real channels (the rest are zeros): a classifier over the padded ones would sum in another order
+        # global average pooling; CUDA's adaptive_avg_pool2d backward is not deterministic
+        x = x.mean((2, 3))
+        # the real channels (the rest are zeros): a classifier over the padded
+        # ones would sum in another order
         return self.fc(x[:, :self.out_channels])
 
 
@@ -166,47 +179,55 @@ def check_arguments(depth, alpha, block, num_classes, in_channels):
     block_class, layers_per_block = BLOCKS[block]
     blocks_per_stage, remainder = divmod(depth - 2, layers_per_block)
     if remainder or blocks_per_stage < 1:
-        forms = "6n+2 (8, 14, 20, ..., 110, 272)" if block == "basic" else "9n+2 (11, 20, ..., 164, 200, 272)"
+        forms = ("6n+2 (8, 14, 20, ..., 110, 272)" if block == "basic"
+                 else "9n+2 (11, 20, ..., 164, 200, 272)")
         raise ValueError(f"depth {depth} is not valid for {block} blocks: use {forms}")
     if not (alpha > 0 and math.isfinite(alpha)):
-        raise ValueError(f"alpha must be a positive widening factor (e.g. 48, 84, 270), not {alpha}")
+        raise ValueError("alpha must be a positive widening factor (e.g. 48, "
+                         f"84, 270), not {alpha}")
     if num_classes < 1 or in_channels < 1:
         raise ValueError("num_classes and in_channels must be at least 1")
     return block_class, blocks_per_stage
 
 
-# Convolution weights of residual block j, per (width of block j-1) x (width of j) and per (width of j) squared:
-# basic: conv1 3x3 from the previous width, conv2 3x3; bottleneck: conv1 1x1 from 4x the previous width, conv2 3x3
-# and conv3 1x1 to 4x the width.
+# Convolution weights of residual block j, per (width of block j-1) x (width of j) and per (width of
+# j) squared: basic: conv1 3x3 from the previous width, conv2 3x3; bottleneck: conv1 1x1 from 4x the
+# previous width, conv2 3x3 and conv3 1x1 to 4x the width.
 BLOCK_WEIGHTS = {"basic": (9, 9), "bottleneck": (4, 9 + 4)}
 
 
-def parameters_at_least(depth: int, alpha: float, block: str = "basic", width_multiple: int = 1) -> float:
-    """A lower bound of pyramidnet(depth, alpha, block, width_multiple=...)'s parameter count, in constant time
-    whatever the depth, without building it: to refuse a model that cannot fit in memory before anything is
-    allocated. Only the residual blocks' convolutions count, block j of N at a width of at least 15 + alpha * j / N
-    (its unrounded 16 + alpha * j / N less rounding's 0.5, with room for the running sum's float error) and at
-    least `width_multiple`. From 77 % (depth 8) to 99 % (PyramidNet-110 alpha 270) of the real count. A float:
-    it may exceed any count a machine could hold."""
+def parameters_at_least(depth: int, alpha: float, block: str = "basic",
+                        width_multiple: int = 1) -> float:
+    """A lower bound of pyramidnet(depth, alpha, block, width_multiple=...)'s parameter count,
+    in constant time whatever the depth, without building it: to refuse a model that cannot fit
+    in memory before anything is allocated. Only the residual blocks' convolutions count, block
+    j of N at a width of at least 15 + alpha * j / N (its unrounded 16 + alpha * j / N less
+    rounding's 0.5, with room for the running sum's float error) and at least `width_multiple`.
+    From 77 % (depth 8) to 99 % (PyramidNet-110 alpha 270) of the real count. A float: it may
+    exceed any count a machine could hold."""
     _, blocks_per_stage = check_arguments(depth, alpha, block, 10, 3)
     cross, square = BLOCK_WEIGHTS[block]
     n, step, low = 3 * blocks_per_stage, alpha / (3 * blocks_per_stage), 15.0
     widths = n * low + step * n * (n + 1) / 2  # sum over j of low + step * j
     squares = n * low * low + low * step * n * (n + 1) + step * step * n * (n + 1) * (2 * n + 1) / 6
     first = low + step
-    neighbours = (squares - first * first) - step * (widths - first)  # sum over j >= 2 of width(j-1) * width(j)
+    # sum over j >= 2 of width(j-1) * width(j)
+    neighbours = (squares - first * first) - step * (widths - first)
     by_width = square * squares + cross * neighbours
     by_multiple = width_multiple ** 2 * (square * n + cross * (n - 1))
     return max(by_width, by_multiple)
 
 
 def pyramidnet(depth: int = 110, alpha: float = 270, block: str = "basic", num_classes: int = 10,
-               in_channels: int = 3, width_multiple: int = 1, align_channels: int | None = 0) -> PyramidNet:
-    """PyramidNet-`depth` with widening factor `alpha`; depth is 6n+2 for basic blocks, 9n+2 for bottlenecks.
-    `width_multiple` > 1 rounds every block's width up to a multiple of it (8 suits tensor cores): a wider model.
-    `align_channels` > 1 keeps the paper's model (its parameters, state_dict and FLOPs) but stores every
-    activation, and the weights that touch it (models/aligned.py), at a channel count rounded up to a multiple of
-    it, the extra channels exactly zero, so that the convolutions run on the shapes tensor cores take without
-    cuDNN padding them on every call. Train it with common/optim.py's build_optimizer (or call
-    models.aligned.mask_padded_gradients on the optimizer): BatchNorm beta's padding must not move."""
+               in_channels: int = 3, width_multiple: int = 1,
+               align_channels: int | None = 0) -> PyramidNet:
+    """PyramidNet-`depth` with widening factor `alpha`; depth is 6n+2 for basic blocks, 9n+2
+    for bottlenecks. `width_multiple` > 1 rounds every block's width up to a multiple of it
+    (8 suits tensor cores): a wider model. `align_channels` > 1 keeps the paper's model (its
+    parameters, state_dict and FLOPs) but stores every activation, and the weights that
+    touch it (models/aligned.py), at a channel count rounded up to a multiple of it, the
+    extra channels exactly zero, so that the convolutions run on the shapes tensor cores
+    take without cuDNN padding them on every call. Train it with common/optim.py's
+    build_optimizer (or call models.aligned.mask_padded_gradients on the optimizer):
+    BatchNorm beta's padding must not move."""
     return PyramidNet(depth, alpha, block, num_classes, in_channels, width_multiple, align_channels)

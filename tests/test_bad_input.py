@@ -1,26 +1,30 @@
 """Bad input, run the way a user runs it (a subprocess per launch), against the product's contract:
 
-- exactly one line on stderr that starts with "error: " and says what to do (torch's own C++ log output does not
-  count), with no warning before it: the CPU-fallback and DataLoader warnings come only once training starts;
+- exactly one line on stderr that starts with "error: " and says what to do (torch's own C++
+  log output does not count), with no warning before it: the CPU-fallback and DataLoader
+  warnings come only once training starts;
 - a non-zero exit status: 2 for a usage error, 1 for a run that could not go on (a NaN loss);
 - no Python traceback;
-- nothing overwritten: every file that existed (run folders, checkpoints, the dataset, a rendezvous file) keeps
-  its bytes and its mtime, and a refused launch creates no run folder.
+- nothing overwritten: every file that existed (run folders, checkpoints, the dataset, a rendezvous
+  file) keeps its bytes and its mtime, and a refused launch creates no run folder.
 
-The cases: --resume of a missing, truncated, foreign, incomplete or differently configured checkpoint and the flags
-it excludes; reusing a run name; a corrupt or missing CIFAR-10; repeated and nonexistent --gpu_devices in every
-mode; a --log_dir that is a file; values outside their flag's domain (tests/test_config.py holds every flag's, at
-its edges; here a few, in each mode, as a user meets them); the rendezvous failures of a process started by hand
-(port in use, master unreachable, stale file:// rendezvous); a loss that turns NaN; --overwrite and --resume of
-a folder no run made or of a symbolic link, a --log_dir through a dangling or looping link; a checkpoint with a
-flipped byte (its checksum) or with entries of another model or version (before any run folder is made); a
-usage error with RANK/LOCAL_RANK in the shell; torchrun starting single_gpu twice. Also what must NOT be refused:
---resume auto for a run folder without a checkpoint (a fresh start), and with one (it continues).
+The cases: --resume of a missing, truncated, foreign, incomplete or differently configured
+checkpoint and the flags it excludes; reusing a run name; a corrupt or missing CIFAR-10; repeated
+and nonexistent --gpu_devices in every mode; a --log_dir that is a file; values outside their
+flag's domain (tests/test_config.py holds every flag's, at its edges; here a few, in each mode, as
+a user meets them); the rendezvous failures of a process started by hand (port in use, master
+unreachable, stale file:// rendezvous); a loss that turns NaN; --overwrite and --resume of a folder
+no run made or of a symbolic link, a --log_dir through a dangling or looping link; a checkpoint
+with a flipped byte (its checksum) or with entries of another model or version (before any run
+folder is made); a usage error with RANK/LOCAL_RANK in the shell; torchrun starting single_gpu
+twice. Also what must NOT be refused: --resume auto for a run folder without a checkpoint (a fresh
+start), and with one (it continues).
 
-Speed: a launch costs ~2.5 s of CPU, nearly all of it importing torch. The refused launches share one real run
-folder (module-scoped). Those that need an environment of their own (the rendezvous cases, no network) and a few of
-every other kind run as subprocesses, two at a time; the rest run in this process through the scripts' own main()
-meanwhile (conftest.refuse_in_process), the same code without the start-up.
+Speed: a launch costs ~2.5 s of CPU, nearly all of it importing torch. The refused launches
+share one real run folder (module-scoped). Those that need an environment of their own (the
+rendezvous cases, no network) and a few of every other kind run as subprocesses, two at a time;
+the rest run in this process through the scripts' own main() meanwhile
+(conftest.refuse_in_process), the same code without the start-up.
 """
 from __future__ import annotations
 
@@ -50,27 +54,32 @@ from conftest import REPO, TINY, read_results, refuse_in_process, run_script
 from models import pyramidnet
 from test_data import write_cifar10
 
-SINGLE, DATA, DIST, FSDP = "single_gpu/train.py", "data_parallel/train.py", "dist_parallel/train.py", "fsdp/train.py"
+SINGLE, DATA, DIST, FSDP = ("single_gpu/train.py", "data_parallel/train.py",
+                            "dist_parallel/train.py", "fsdp/train.py")
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # several launches share two cores
 # A run with a checkpoint and weights to misuse: 3 of the 8 steps of TINY's epoch.
 TRAINED_FLAGS = ["--max_steps", "3", "--save_model"]
-FIRST_ATTEMPT_NOTES = "left in the run folder by a first attempt that died before its first checkpoint"
-# CIFAR-10 cases: the tiny model of TINY, on --dataset cifar10 (TINY itself names --dataset synthetic).
-CIFAR = ("--dataset", "cifar10", "--depth", "8", "--alpha", "12", "--batch_size", "4", "--epochs", "1",
-         "--max_steps", "1", "--loader", "gpu", "--num_workers", "0", "--warmup_steps", "0")
+FIRST_ATTEMPT_NOTES = ("left in the run folder by a first attempt that died "
+                       "before its first checkpoint")
+# CIFAR-10 cases: the tiny model of TINY, on --dataset cifar10 (TINY
+# itself names --dataset synthetic).
+CIFAR = ("--dataset", "cifar10", "--depth", "8", "--alpha", "12", "--batch_size", "4", "--epochs",
+         "1", "--max_steps", "1", "--loader", "gpu", "--num_workers", "0", "--warmup_steps", "0")
 # torch's C++ logging (glog format) and the C++ stack it may print: not the product's lines.
-TORCH_LOG = re.compile(r"\[[EWIF]\d{4} \d\d:\d\d:\d\d\.\d+ \S+:\d+\] |Exception raised from |frame #\d+: |"
-                       r"<omitting python frames>$|$")
+TORCH_LOG = re.compile(r"\[[EWIF]\d{4} \d\d:\d\d:\d\d\.\d+ \S+:\d+\] |Exception raised from |frame "
+                       r"#\d+: |<omitting python frames>$|$")
 
 
-# ---------------------------------------------------------------------------------------------------- helpers
+# ------------------------------------------------------------------------------------------ helpers
 def message_lines(stderr: str) -> list[str]:
-    """stderr without torch's own log output: what the contract allows is one error line (a warning included)."""
+    """stderr without torch's own log output: what the contract allows is one
+    error line (a warning included)."""
     return [line for line in stderr.splitlines() if not TORCH_LOG.match(line)]
 
 
 def assert_refused(done: subprocess.CompletedProcess, *named: str, code: int = 2) -> str:
-    """The contract for bad input; returns the error line, which must contain every string in `named`."""
+    """The contract for bad input; returns the error line, which must
+    contain every string in `named`."""
     lines = message_lines(done.stderr)
     assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
     assert "Traceback" not in done.stderr, done.stderr
@@ -87,16 +96,17 @@ def free_port() -> int:
 
 
 def no_network() -> dict[str, str]:
-    """Environment under which every HTTP(S) download fails at once, as on a machine without a network: urllib
-    (torchvision's downloader) goes through a proxy on a port where nobody listens."""
+    """Environment under which every HTTP(S) download fails at once, as on a
+    machine without a network: urllib (torchvision's downloader) goes through a
+    proxy on a port where nobody listens."""
     proxy = f"http://127.0.0.1:{free_port()}"
     return {"http_proxy": proxy, "https_proxy": proxy, "HTTP_PROXY": proxy, "HTTPS_PROXY": proxy,
             "no_proxy": "", "NO_PROXY": ""}
 
 
 def snapshot(root: Path) -> dict[str, object]:
-    """Every path under `root`: a file as (sha256 of its bytes, mtime in ns), a folder as "folder", a symbolic
-    link as where it points."""
+    """Every path under `root`: a file as (sha256 of its bytes, mtime in ns), a folder as "folder",
+    a symbolic link as where it points."""
     def state(path: Path):
         if path.is_symlink():
             return "link", os.readlink(path)
@@ -107,7 +117,8 @@ def snapshot(root: Path) -> dict[str, object]:
 
 
 def differences(before: dict, after: dict) -> list[str]:
-    return sorted(path for path in before.keys() | after.keys() if before.get(path) != after.get(path))
+    return sorted(path for path in before.keys() | after.keys()
+                  if before.get(path) != after.get(path))
 
 
 def tensors(value):
@@ -122,24 +133,26 @@ def tensors(value):
             yield from tensors(item)
 
 
-# ---------------------------------------------------------------------------------------------------- a real run
+# --------------------------------------------------------------------------------------- a real run
 @pytest.fixture(scope="module")
 def work(tmp_path_factory) -> Path:
-    """The module's folder: runs/ (the --log_dir of every case), inputs/ (files to misuse), data/ (a dataset)."""
+    """The module's folder: runs/ (the --log_dir of every case), inputs/ (files
+    to misuse), data/ (a dataset)."""
     return tmp_path_factory.mktemp("bad_input")
 
 
 @pytest.fixture(scope="module")
 def first_start(work) -> tuple[Path, subprocess.CompletedProcess]:
-    """runs/a: a real TINY run of 3 steps with --save_model, so it holds checkpoint.pt and model.pt. It is started
-    as an elastic job's restart would be, with --resume auto in a run folder that exists without a checkpoint
-    (a first attempt died before writing one): (run folder, completed process)."""
+    """runs/a: a real TINY run of 3 steps with --save_model, so it holds checkpoint.pt and
+    model.pt. It is started as an elastic job's restart would be, with --resume auto in a
+    run folder that exists without a checkpoint (a first attempt died before writing one):
+    (run folder, completed process)."""
     run_dir = work / "runs" / "a"
     run_dir.mkdir(parents=True)
     (run_dir / MARKER).write_text("")  # the first attempt claimed the folder
     (run_dir / "notes.txt").write_text(FIRST_ATTEMPT_NOTES)
-    done = run_script(SINGLE, *TINY, *TRAINED_FLAGS, "--resume", "auto", "--log_dir", run_dir.parent,
-                      "--run_name", run_dir.name, env=ONE_THREAD)
+    done = run_script(SINGLE, *TINY, *TRAINED_FLAGS, "--resume", "auto", "--log_dir",
+                      run_dir.parent, "--run_name", run_dir.name, env=ONE_THREAD)
     return run_dir, done
 
 
@@ -152,14 +165,14 @@ def trained(first_start) -> Path:
     return run_dir
 
 
-# ---------------------------------------------------------------------------------------------------- refusals
+# ----------------------------------------------------------------------------------------- refusals
 @dataclasses.dataclass(frozen=True)
 class Refusal:
-    """One refused launch: `script` with the `base` flags (TINY unless told), --log_dir, --run_name `run_name`
-    (default: the case's id, a folder that must not appear; "": no --run_name) and `flags`. In flags and env
-    values, {work} is the module's folder, {busy_port} a port this test listens on, {closed_port} one where
-    nobody listens. `network=False`: downloads fail at once. The error line must contain every string in
-    `named`."""
+    """One refused launch: `script` with the `base` flags (TINY unless told), --log_dir, --run_name
+    `run_name` (default: the case's id, a folder that must not appear; "": no --run_name) and
+    `flags`. In flags and env values, {work} is the module's folder, {busy_port} a port this test
+    listens on, {closed_port} one where nobody listens. `network=False`: downloads fail at once. The
+    error line must contain every string in `named`."""
     id: str
     script: str
     flags: tuple
@@ -169,8 +182,10 @@ class Refusal:
     log_dir: str | None = "{work}/runs"  # None: no --log_dir (compare.py has none)
     env: tuple = ()
     network: bool = True
-    as_a_user: bool = False  # a subprocess, as a user runs it (forced by env and network); else in-process
-    shell: tuple = ()  # variables the user's shell holds: set in this process for an in-process case
+    # a subprocess, as a user runs it (forced by env and network); else in-process
+    as_a_user: bool = False
+    # variables the user's shell holds: set in this process for an in-process case
+    shell: tuple = ()
 
     def argv(self, where: dict) -> list[str]:
         flags = [str(flag).format(**where) for flag in self.flags]
@@ -188,60 +203,80 @@ class Refusal:
 
 
 def by_hand(rank: int, port: str) -> tuple:
-    """The environment of one dist_parallel process of a 2-process job started by hand, without torchrun."""
-    return ("RANK", str(rank)), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", port)
+    """The environment of one dist_parallel process of a 2-process job
+    started by hand, without torchrun."""
+    return (("RANK", str(rank)), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", port))
 
 
 CHECKPOINT = "{work}/runs/a/checkpoint.pt"
 REFUSALS = [
     # 1-3: --resume of something that is not a usable checkpoint
-    Refusal("resume-missing", SINGLE, ("--resume", "{work}/inputs/missing.pt"), ("no checkpoint at", "missing.pt")),
-    Refusal("resume-truncated", SINGLE, ("--resume", "{work}/inputs/truncated.pt"), ("truncated.pt", "truncated")),
-    Refusal("resume-text-file", SINGLE, ("--resume", "{work}/inputs/notes.txt"), ("notes.txt", "not a checkpoint")),
+    Refusal("resume-missing", SINGLE, ("--resume", "{work}/inputs/missing.pt"),
+            ("no checkpoint at", "missing.pt")),
+    Refusal("resume-truncated", SINGLE, ("--resume", "{work}/inputs/truncated.pt"),
+            ("truncated.pt", "truncated")),
+    Refusal("resume-text-file", SINGLE, ("--resume", "{work}/inputs/notes.txt"),
+            ("notes.txt", "not a checkpoint")),
     Refusal("resume-text-file-hello", SINGLE, ("--resume", "{work}/inputs/hello.txt"),
             ("hello.txt", "not a checkpoint")),
-    Refusal("resume-model-pt", SINGLE, ("--resume", "{work}/runs/a/model.pt"), ("model.pt", "--evaluate")),
-    # 4: a checkpoint of a different config, resumed into its own run folder: that folder must stay unchanged
-    Refusal("resume-other-depth", SINGLE, ("--resume", CHECKPOINT, "--depth", "14"), ("--depth 8 (now 14)",),
-            run_name="a"),
+    Refusal("resume-model-pt", SINGLE, ("--resume", "{work}/runs/a/model.pt"),
+            ("model.pt", "--evaluate")),
+    # 4: a checkpoint of a different config, resumed into its own run folder:
+    # that folder must stay unchanged
+    Refusal("resume-other-depth", SINGLE, ("--resume", CHECKPOINT, "--depth", "14"),
+            ("--depth 8 (now 14)",), run_name="a"),
     Refusal("resume-other-batch", SINGLE, ("--resume", CHECKPOINT, "--batch_size", "16"),
             ("--batch_size 32 (now 16)",), run_name="a"),
     # 5: flags --resume excludes or needs
-    Refusal("resume-auto-without-run-name", SINGLE, ("--resume", "auto"), ("--run_name",), run_name=""),
-    Refusal("resume-auto-with-overwrite", SINGLE, ("--resume", "auto", "--overwrite"), ("--overwrite",),
-            run_name="a"),
-    Refusal("resume-with-benchmark", SINGLE, ("--resume", CHECKPOINT, "--benchmark"), ("--benchmark",)),
+    Refusal("resume-auto-without-run-name", SINGLE, ("--resume", "auto"), ("--run_name",),
+            run_name=""),
+    Refusal("resume-auto-with-overwrite", SINGLE, ("--resume", "auto", "--overwrite"),
+            ("--overwrite",), run_name="a"),
+    Refusal("resume-with-benchmark", SINGLE, ("--resume", CHECKPOINT, "--benchmark"),
+            ("--benchmark",)),
     # 7: an existing run name without --resume
     Refusal("existing-run-name", SINGLE, (), ("--overwrite", "--resume auto"), run_name="a"),
     # 8: CIFAR-10 that cannot be read, and no network to download it
-    Refusal("cifar10-corrupt", SINGLE, ("--data_dir", "{work}/data"), ("corrupt", "delete"), base=CIFAR,
-            network=False),
-    Refusal("cifar10-missing", SINGLE, ("--data_dir", "{work}/inputs/no-data/here"), ("--dataset synthetic",),
+    Refusal("cifar10-corrupt", SINGLE, ("--data_dir", "{work}/data"), ("corrupt", "delete"),
             base=CIFAR, network=False),
+    Refusal("cifar10-missing", SINGLE, ("--data_dir", "{work}/inputs/no-data/here"),
+            ("--dataset synthetic",), base=CIFAR, network=False),
     # 9: --gpu_devices on a machine without CUDA, in every mode
-    Refusal("gpus-repeated-single", SINGLE, ("--gpu_devices", "0", "0"), ("--gpu_devices", "more than once")),
-    Refusal("gpus-repeated-data-parallel", DATA, ("--gpu_devices", "0", "0"), ("--gpu_devices", "more than once")),
-    Refusal("gpus-repeated-dist-parallel", DIST, ("--nproc_per_node", "2", "--gpu_devices", "0", "0"),
+    Refusal("gpus-repeated-single", SINGLE, ("--gpu_devices", "0", "0"),
+            ("--gpu_devices", "more than once")),
+    Refusal("gpus-repeated-data-parallel", DATA, ("--gpu_devices", "0", "0"),
+            ("--gpu_devices", "more than once")),
+    Refusal("gpus-repeated-dist-parallel", DIST,
+            ("--nproc_per_node", "2", "--gpu_devices", "0", "0"),
             ("--gpu_devices", "more than once"), as_a_user=True),
     Refusal("gpu-missing-single", SINGLE, ("--gpu_devices", "7"), ("--gpu_devices", "no GPU 7")),
-    Refusal("gpu-missing-data-parallel", DATA, ("--gpu_devices", "7"), ("--gpu_devices", "no GPU 7")),
+    Refusal("gpu-missing-data-parallel", DATA, ("--gpu_devices", "7"),
+            ("--gpu_devices", "no GPU 7")),
     Refusal("gpu-missing-dist-parallel", DIST, ("--nproc_per_node", "2", "--gpu_devices", "7"),
             ("--gpu_devices", "no GPU 7")),
-    Refusal("gpu-missing-fsdp", FSDP, ("--nproc_per_node", "2", "--gpu_devices", "7"), ("--gpu_devices", "no GPU 7")),
+    Refusal("gpu-missing-fsdp", FSDP, ("--nproc_per_node", "2", "--gpu_devices", "7"),
+            ("--gpu_devices", "no GPU 7")),
     # 9b: what fsdp cannot run here or with these flags, refused before its workers start
-    Refusal("batch-not-dividing-fsdp", FSDP, ("--nproc_per_node", "3"), ("--batch_size 32", "multiple of 3")),
+    Refusal("batch-not-dividing-fsdp", FSDP, ("--nproc_per_node", "3"),
+            ("--batch_size 32", "multiple of 3")),
     Refusal("nccl-without-gpus-fsdp", FSDP, ("--backend", "nccl", "--nproc_per_node", "2"),
             ("--backend nccl", "--backend gloo")),
     Refusal("sync-bn-fsdp", FSDP, ("--sync_bn",), ("unrecognized arguments: --sync_bn", "--help")),
     # 10: a --log_dir that is a file
-    Refusal("log-dir-is-a-file", SINGLE, (), ("--log_dir", "is a file"), log_dir="{work}/inputs/notes.txt"),
+    Refusal("log-dir-is-a-file", SINGLE, (), ("--log_dir", "is a file"),
+            log_dir="{work}/inputs/notes.txt"),
     # 10b: values outside their flag's domain, refused where they are parsed, before anything starts
-    Refusal("momentum-0-with-nesterov", SINGLE, ("--momentum", "0"), ("--momentum 0", "--no_nesterov")),
+    Refusal("momentum-0-with-nesterov", SINGLE, ("--momentum", "0"),
+            ("--momentum 0", "--no_nesterov")),
     Refusal("dist-timeout-nan", DIST, ("--dist_timeout", "nan"), ("--dist_timeout", "not nan")),
     Refusal("seed-above-numpy", DATA, ("--seed", str(2**32)), ("--seed", "at most 4294967295")),
-    Refusal("lr-overflows", SINGLE, ("--lr", "1e308", "--batch_size", "256"), ("--lr 1e+308", "smaller --lr")),
-    Refusal("nproc-per-node-0", DIST, ("--nproc_per_node", "0"), ("--nproc_per_node", "at least 1")),
-    Refusal("max-restarts-negative", DIST, ("--max_restarts=-1",), ("--max_restarts", "at least 0")),
+    Refusal("lr-overflows", SINGLE, ("--lr", "1e308", "--batch_size", "256"),
+            ("--lr 1e+308", "smaller --lr")),
+    Refusal("nproc-per-node-0", DIST, ("--nproc_per_node", "0"),
+            ("--nproc_per_node", "at least 1")),
+    Refusal("max-restarts-negative", DIST, ("--max_restarts=-1",),
+            ("--max_restarts", "at least 0")),
     Refusal("bucket-cap-nan", DIST, ("--bucket_cap_mb", "nan"), ("--bucket_cap_mb", "not nan")),
     Refusal("synthetic-size-beyond-memory", DATA, ("--synthetic_size", str(10**13)),
             ("--synthetic_size", "images on this machine")),
@@ -253,9 +288,10 @@ REFUSALS = [
             run_name="x" * (NAME_MAX + 1)),
     Refusal("resume-missing-entry", SINGLE, ("--resume", "{work}/inputs/no-optimizer.pt"),
             ("no-optimizer.pt", "no 'optimizer' entry")),
-    # 10c: what --overwrite and --resume must not touch: a folder no run made, another run through a link
-    Refusal("overwrite-a-folder-no-run-made", SINGLE, ("--overwrite",), ("runs/data", "not a run folder"),
-            run_name="data"),
+    # 10c: what --overwrite and --resume must not touch: a folder no run
+    # made, another run through a link
+    Refusal("overwrite-a-folder-no-run-made", SINGLE, ("--overwrite",),
+            ("runs/data", "not a run folder"), run_name="data"),
     Refusal("overwrite-through-a-symlink", SINGLE, ("--overwrite",), ("runs/link", "symbolic link"),
             run_name="link"),
     Refusal("resume-through-a-symlink", DATA, ("--resume", "auto"), ("runs/link", "symbolic link"),
@@ -264,27 +300,37 @@ REFUSALS = [
             run_name="data"),
     Refusal("log-dir-dangling-symlink", SINGLE, (), ("inputs/dangling", "leads nowhere"),
             log_dir="{work}/inputs/dangling/runs"),
-    Refusal("log-dir-symlink-loop", DATA, (), ("inputs/loop", "leads nowhere"), log_dir="{work}/inputs/loop"),
-    # 10d: checkpoints damaged on disk, or of another model or version: refused before a run folder is made
-    Refusal("resume-flipped-byte", SINGLE, ("--resume", "{work}/inputs/flipped.pt"), ("flipped.pt", "checksum")),
+    Refusal("log-dir-symlink-loop", DATA, (), ("inputs/loop", "leads nowhere"),
+            log_dir="{work}/inputs/loop"),
+    # 10d: checkpoints damaged on disk, or of another model or version:
+    # refused before a run folder is made
+    Refusal("resume-flipped-byte", SINGLE, ("--resume", "{work}/inputs/flipped.pt"),
+            ("flipped.pt", "checksum")),
     Refusal("resume-other-depth-weights", SINGLE, ("--resume", "{work}/inputs/depth-14-weights.pt"),
             ("depth-14-weights.pt", "'model' entry does not fit")),
-    Refusal("resume-negative-epoch", DATA, ("--resume", "{work}/inputs/negative-epoch.pt"), ("'epoch' entry",)),
+    Refusal("resume-negative-epoch", DATA, ("--resume", "{work}/inputs/negative-epoch.pt"),
+            ("'epoch' entry",)),
     Refusal("resume-batch-past-the-epoch", SINGLE, ("--resume", "{work}/inputs/batch-past.pt"),
             ("'batch' entry", "past the end")),
     Refusal("resume-empty-scheduler", SINGLE, ("--resume", "{work}/inputs/empty-scheduler.pt"),
             ("'scheduler' entry",)),
-    Refusal("resume-empty-rng-entry", SINGLE, ("--resume", "{work}/inputs/empty-rng.pt"), ("'rng[0]' entry",)),
-    Refusal("lr-overflows-float32", SINGLE, ("--lr", "1e300"), ("--lr 1e+300", "float32", "smaller --lr")),
-    # 10e: RANK / LOCAL_RANK in the shell (inside a job, say) of a process no launcher started: still said
+    Refusal("resume-empty-rng-entry", SINGLE, ("--resume", "{work}/inputs/empty-rng.pt"),
+            ("'rng[0]' entry",)),
+    Refusal("lr-overflows-float32", SINGLE, ("--lr", "1e300"),
+            ("--lr 1e+300", "float32", "smaller --lr")),
+    # 10e: RANK / LOCAL_RANK in the shell (inside a job, say) of a process
+    # no launcher started: still said
     Refusal("usage-error-with-local-rank-set-single", SINGLE, ("--bogus",), ("--bogus",),
             shell=(("LOCAL_RANK", "1"), ("RANK", "1"))),
-    Refusal("usage-error-with-rank-set-data-parallel", DATA, ("--bogus",), ("--bogus",), shell=(("RANK", "3"),)),
-    Refusal("usage-error-with-local-rank-set-compare", "compare.py", ("--repeat", "0"), ("--repeat",),
-            base=(), log_dir=None, run_name="", shell=(("LOCAL_RANK", "1"), ("RANK", "1"))),
-    # 10f: torch.compile's flags (tests/test_compile.py has why), in the scripts and in compare.py's matrix
-    Refusal("compile-cuda-graphs-fsdp", FSDP, ("--nproc_per_node", "2", "--compile", "--compile_mode",
-                                               "reduce-overhead"),
+    Refusal("usage-error-with-rank-set-data-parallel", DATA, ("--bogus",), ("--bogus",),
+            shell=(("RANK", "3"),)),
+    Refusal("usage-error-with-local-rank-set-compare", "compare.py", ("--repeat", "0"),
+            ("--repeat",), base=(), log_dir=None, run_name="",
+            shell=(("LOCAL_RANK", "1"), ("RANK", "1"))),
+    # 10f: torch.compile's flags (tests/test_compile.py has why), in the
+    # scripts and in compare.py's matrix
+    Refusal("compile-cuda-graphs-fsdp", FSDP, ("--nproc_per_node", "2", "--compile",
+                                               "--compile_mode", "reduce-overhead"),
             ("--compile_mode reduce-overhead", "FSDP2", "default or max-autotune-no-cudagraphs")),
     Refusal("compile-small-buckets-dist-parallel", DIST, ("--nproc_per_node", "2", "--compile",
                                                           "--bucket_cap_mb", "0.5"),
@@ -293,40 +339,50 @@ REFUSALS = [
             ("--compile_mode max-autotune", "without --compile")),
     Refusal("compile-cache-without-compile", DATA, ("--compile_cache", "{work}/cache"),
             ("--compile_cache", "without --compile")),
-    Refusal("compile-cache-is-a-file", SINGLE, ("--compile", "--compile_cache", "{work}/inputs/notes.txt"),
+    Refusal("compile-cache-is-a-file", SINGLE,
+            ("--compile", "--compile_cache", "{work}/inputs/notes.txt"),
             ("--compile_cache", "notes.txt is a file, not a folder")),
-    Refusal("compile-cache-dangling-symlink", DIST, ("--nproc_per_node", "2", "--compile", "--compile_cache",
-                                                     "{work}/inputs/dangling"),
+    Refusal("compile-cache-dangling-symlink", DIST, ("--nproc_per_node", "2", "--compile",
+                                                     "--compile_cache", "{work}/inputs/dangling"),
             ("inputs/dangling is a symbolic link", "does not exist")),
     Refusal("compile-default-cache-is-a-file", DATA, ("--compile",), ("--log_dir", "is a file"),
             log_dir="{work}/inputs/notes.txt"),
-    Refusal("compare-compile-cuda-graphs-fsdp", "compare.py", ("--modes", "fsdp", "--compile", "--compile_mode",
-                                                              "max-autotune", "--out", "{work}/compared"),
-            ("--compile_mode max-autotune", "(fsdp on 2 CPU processes"), base=(), log_dir=None, run_name=""),
+    Refusal("compare-compile-cuda-graphs-fsdp", "compare.py", ("--modes", "fsdp", "--compile",
+                                                              "--compile_mode", "max-autotune",
+                                                              "--out", "{work}/compared"),
+            ("--compile_mode max-autotune", "(fsdp on 2 CPU processes"), base=(), log_dir=None,
+            run_name=""),
     Refusal("compare-compile-small-buckets", "compare.py", ("--modes", "dist_parallel", "--compile",
-                                                           "--bucket_cap_mb", "0.5", "--out", "{work}/compared"),
-            ("--bucket_cap_mb 0.5", "(dist_parallel on 2 CPU processes"), base=(), log_dir=None, run_name=""),
-    Refusal("compare-compile-mode-without-compile", "compare.py", ("--modes", "single_gpu", "--compile_mode",
-                                                                  "reduce-overhead", "--out", "{work}/compared"),
-            ("--compile_mode reduce-overhead", "without --compile"), base=(), log_dir=None, run_name=""),
+                                                           "--bucket_cap_mb", "0.5", "--out",
+                                                           "{work}/compared"),
+            ("--bucket_cap_mb 0.5", "(dist_parallel on 2 CPU processes"), base=(), log_dir=None,
+            run_name=""),
+    Refusal("compare-compile-mode-without-compile", "compare.py", ("--modes", "single_gpu",
+                                                                  "--compile_mode",
+                                                                  "reduce-overhead", "--out",
+                                                                  "{work}/compared"),
+            ("--compile_mode reduce-overhead", "without --compile"), base=(), log_dir=None,
+            run_name=""),
     Refusal("compare-compile-cache-is-a-file", "compare.py", ("--modes", "single_gpu", "--compile",
-                                                             "--compile_cache", "{work}/inputs/notes.txt",
-                                                             "--out", "{work}/compared"),
+                                                             "--compile_cache",
+                                                             "{work}/inputs/notes.txt", "--out",
+                                                             "{work}/compared"),
             ("--compile_cache", "notes.txt is a file, not a folder"), base=(), log_dir=None,
             run_name=""),
     # 11: one process of a 2-process job started by hand, whose rendezvous fails
-    Refusal("rendezvous-port-in-use", DIST, ("--dist_timeout", "10"), ("already in use", "MASTER_PORT"),
-            env=by_hand(0, "{busy_port}")),
-    Refusal("rendezvous-master-unreachable", DIST, ("--dist_timeout", "5"), ("could not reach the master",),
-            env=by_hand(1, "{closed_port}")),
-    Refusal("rendezvous-stale-file", DIST, ("--init_method", "file://{work}/inputs/rdzv", "--dist_timeout", "30"),
+    Refusal("rendezvous-port-in-use", DIST, ("--dist_timeout", "10"),
+            ("already in use", "MASTER_PORT"), env=by_hand(0, "{busy_port}")),
+    Refusal("rendezvous-master-unreachable", DIST, ("--dist_timeout", "5"),
+            ("could not reach the master",), env=by_hand(1, "{closed_port}")),
+    Refusal("rendezvous-stale-file", DIST,
+            ("--init_method", "file://{work}/inputs/rdzv", "--dist_timeout", "30"),
             ("left over", "delete"), env=by_hand(0, "{closed_port}")),
 ]
 
 
 def make_inputs(work: Path, checkpoint: Path) -> None:
-    """inputs/: a checkpoint cut to half its bytes, one without its optimizer, text files, a stale rendezvous
-    file; data/: a CIFAR-10 whose data_batch_1 is cut to half."""
+    """inputs/: a checkpoint cut to half its bytes, one without its optimizer, text files, a stale
+    rendezvous file; data/: a CIFAR-10 whose data_batch_1 is cut to half."""
     inputs = work / "inputs"
     inputs.mkdir()
     raw = checkpoint.read_bytes()
@@ -336,8 +392,10 @@ def make_inputs(work: Path, checkpoint: Path) -> None:
     with torch.device("meta"):
         depth_14 = pyramidnet(14, 12, "basic").state_dict()
     misfits = {"no-optimizer": {"optimizer": None}, "negative-epoch": {"epoch": -1},
-               "batch-past": {"batch": 8}, "empty-scheduler": {"scheduler": {}}, "empty-rng": {"rng": [{}]},
-               "depth-14-weights": {"model": {k: torch.zeros(v.shape) for k, v in depth_14.items()}}}
+               "batch-past": {"batch": 8}, "empty-scheduler": {"scheduler": {}},
+               "empty-rng": {"rng": [{}]},
+               "depth-14-weights": {"model": {k: torch.zeros(v.shape)
+                                              for k, v in depth_14.items()}}}
     for name, changes in misfits.items():  # each as a run of another version would write it: sealed
         misfit = {**state, **changes}
         misfit = {key: value for key, value in misfit.items() if value is not None}
@@ -360,13 +418,14 @@ def make_inputs(work: Path, checkpoint: Path) -> None:
 
 
 def flip_a_weight_byte(checkpoint: Path) -> bytes:
-    """The checkpoint's bytes with one bit flipped inside its largest tensor's data (a disk or copy error): the
-    zip archive and the pickle stay readable, so only a checksum can tell."""
+    """The checkpoint's bytes with one bit flipped inside its largest tensor's data (a disk or copy
+    error): the zip archive and the pickle stay readable, so only a checksum can tell."""
     raw = bytearray(checkpoint.read_bytes())
     with zipfile.ZipFile(checkpoint) as archive:
         largest = max((entry for entry in archive.infolist() if "/data/" in entry.filename),
                       key=lambda entry: entry.file_size)
-    name_length, extra_length = struct.unpack_from("<HH", raw, largest.header_offset + 26)  # local header
+    # local header
+    name_length, extra_length = struct.unpack_from("<HH", raw, largest.header_offset + 26)
     raw[largest.header_offset + 30 + name_length + extra_length + largest.file_size // 2] ^= 0x40
     return bytes(raw)
 
@@ -386,9 +445,9 @@ def timed_run(script: str, argv: list[str], env: dict | None,
 
 @pytest.fixture(scope="module")
 def refusals(work, trained) -> tuple[dict, dict, dict]:
-    """Every REFUSALS launch while this test listens on {busy_port}, the subprocesses two at a time and the others
-    in this process meanwhile: ({id: (completed process, seconds)}, snapshot of the module's folder before,
-    snapshot after)."""
+    """Every REFUSALS launch while this test listens on {busy_port}, the subprocesses two at a time
+    and the others in this process meanwhile: ({id: (completed process, seconds)}, snapshot of the
+    module's folder before, snapshot after)."""
     make_inputs(work, trained / "checkpoint.pt")
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -398,7 +457,8 @@ def refusals(work, trained) -> tuple[dict, dict, dict]:
         slowest_first = sorted((case for case in REFUSALS if case.subprocess),
                                key=lambda case: case.id != "rendezvous-master-unreachable")
         with ThreadPoolExecutor(max_workers=2) as pool:
-            futures = {case.id: pool.submit(timed_run, case.script, case.argv(where), case.environment(where))
+            futures = {case.id: pool.submit(timed_run, case.script, case.argv(where),
+                                            case.environment(where))
                        for case in slowest_first}
             outcomes = {case.id: timed_run(case.script, case.argv(where), None)
                         for case in REFUSALS if not case.subprocess and not case.shell}
@@ -411,40 +471,45 @@ def refusals(work, trained) -> tuple[dict, dict, dict]:
 
 @pytest.mark.parametrize("case", REFUSALS, ids=lambda case: case.id)
 def test_bad_input_is_refused_with_one_line(refusals, case):
-    """One "error: " line naming the problem and its fix, exit status 2, no traceback, within a minute (the
-    unreachable master: its --dist_timeout of 5 s, twice at most, not a hang)."""
+    """One "error: " line naming the problem and its fix, exit status 2, no traceback, within a
+    minute (the unreachable master: its --dist_timeout of 5 s, twice at most, not a hang)."""
     done, seconds = refusals[0][case.id]
     assert_refused(done, *case.named)
     assert seconds < 60, seconds
 
 
 def test_refused_launches_change_no_file_and_create_no_run_folder(refusals, work):
-    """After every refusal: run folder a/ (whose checkpoint was resumed with other flags, whose name was reused),
-    its checkpoint.pt and model.pt, the truncated copy, the text files, the corrupt CIFAR-10 and the stale
-    rendezvous file keep their bytes and mtimes, and no run folder or file appeared (a missing data folder that
-    torchvision creates for its download attempt lies outside the runs and is not counted)."""
+    """After every refusal: run folder a/ (whose checkpoint was resumed with other flags, whose name
+    was reused), its checkpoint.pt and model.pt, the truncated copy, the text files, the corrupt
+    CIFAR-10 and the stale rendezvous file keep their bytes and mtimes, and no run folder or file
+    appeared (a missing data folder that torchvision creates for its download attempt lies outside
+    the runs and is not counted)."""
     _, before, after = refusals
     changed = [path for path in differences(before, after) if not path.startswith("inputs/no-data")]
     assert not changed, changed
-    assert "runs/a/checkpoint.pt" in before and "inputs/rdzv" in before and "data/cifar-10-batches-py" in before
-    assert "runs/data/images.bin" in before and before["runs/link"] == ("link", str(work / "runs" / "a"))
+    assert ("runs/a/checkpoint.pt" in before and "inputs/rdzv" in before
+            and "data/cifar-10-batches-py" in before)
+    assert "runs/data/images.bin" in before and before["runs/link"] == ("link",
+                                                                        str(work / "runs" / "a"))
     runs_after = sorted(path for path in after if path.count("/") == 1 and path.startswith("runs/"))
     assert runs_after == ["runs/a", "runs/data", "runs/link"]
 
 
-# ---------------------------------------------------------------------------------------------------- checkpoints
+# -------------------------------------------------------------------------------------- checkpoints
 def test_load_checkpoint_requires_every_entry_a_run_writes(trained):
     """CONTENTS is what a real checkpoint holds (besides its format), each of its type."""
     state = torch.load(trained / "checkpoint.pt", map_location="cpu", weights_only=True)
-    assert set(state) == {"format", "checksum", "extended", *CONTENTS}  # extended: optional (older checkpoints)
+    # extended: optional (older checkpoints)
+    assert set(state) == {"format", "checksum", "extended", *CONTENTS}
     assert state["checksum"] == checksum(state)
     assert all(isinstance(state[key], kind) for key, kind in CONTENTS.items())
 
 
 @pytest.mark.parametrize("entry", [*CONTENTS, "config.depth", "epoch=text", "rng=[]"])
 def test_a_checkpoint_without_an_entry_is_refused_naming_it(trained, tmp_path, entry):
-    """A checkpoint of the right format without one of its entries (or with one of the wrong type, or without a
-    config value resuming checks): one line that names it, not a KeyError at restore()."""
+    """A checkpoint of the right format without one of its entries (or with one of
+    the wrong type, or without a config value resuming checks): one line that names
+    it, not a KeyError at restore()."""
     state = torch.load(trained / "checkpoint.pt", map_location="cpu", weights_only=True)
     if entry == "config.depth":
         del state["config"]["depth"]
@@ -459,40 +524,50 @@ def test_a_checkpoint_without_an_entry_is_refused_naming_it(trained, tmp_path, e
         del state[entry]
         named = f"no {entry!r} entry"
     path = tmp_path / "checkpoint.pt"
-    torch.save({**state, "checksum": checksum(state)}, path)  # as another version would write it: sealed
+    # as another version would write it: sealed
+    torch.save({**state, "checksum": checksum(state)}, path)
     with pytest.raises(UsageError) as error:
         load_checkpoint(path, Config())
     message = str(error.value)
     assert "\n" not in message and str(path) in message and named in message, message
 
 
-def test_a_checkpoint_of_the_format_before_checksums_resumes_with_a_warning(trained, tmp_path, capsys):
-    """A run started before checkpoints carried a checksum continues after an update: its file is read
-    unverified, and the warning says so."""
+def test_a_checkpoint_of_the_format_before_checksums_resumes_with_a_warning(trained, tmp_path,
+                                                                             capsys):
+    """A run started before checkpoints carried a checksum continues after an update: its file is
+    read unverified, and the warning says so."""
     state = torch.load(trained / "checkpoint.pt", map_location="cpu", weights_only=True)
-    earlier = {**{key: value for key, value in state.items() if key != "checksum"}, "format": EARLIER_FORMAT}
+    earlier = {**{key: value for key, value in state.items() if key != "checksum"},
+               "format": EARLIER_FORMAT}
     torch.save(earlier, tmp_path / "v1.pt")
-    cfg = dataclasses.replace(parse_config(Config, TINY), amp="off")  # as the run resolved it on the CPU
+    # as the run resolved it on the CPU
+    cfg = dataclasses.replace(parse_config(Config, TINY), amp="off")
     loaded = load_checkpoint(tmp_path / "v1.pt", cfg)
     assert loaded["step"] == state["step"] and "resumed unverified" in capsys.readouterr().err
 
 
 def test_torchrun_starting_single_gpu_twice_is_refused_once(tmp_path):
-    """`torchrun --nproc_per_node 2 single_gpu/train.py`: each process would train the whole model alone (and one
-    was refused in silence, its name taken by the other). Both are refused, and the line is said once."""
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(REPO / SINGLE), *TINY, "--log_dir", str(tmp_path), "--run_name", "twice"],
-                          cwd=REPO, env={**os.environ, **ONE_THREAD}, capture_output=True, text=True, timeout=120)
-    errors = [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("error: ")]
+    """`torchrun --nproc_per_node 2 single_gpu/train.py`: each process would train the whole
+    model alone (and one was refused in silence, its name taken by the other). Both are
+    refused, and the line is said once."""
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc_per_node", "2", str(REPO / SINGLE), *TINY, "--log_dir",
+                           str(tmp_path), "--run_name", "twice"],
+                          cwd=REPO, env={**os.environ, **ONE_THREAD}, capture_output=True,
+                          text=True, timeout=120)
+    errors = [line for line in (done.stdout + done.stderr).splitlines()
+              if line.startswith("error: ")]
     assert done.returncode != 0 and len(errors) == 1, done.stdout + done.stderr
-    assert "trains in one process and torchrun started 2" in errors[0] and "dist_parallel" in errors[0]
+    assert ("trains in one process and torchrun started 2" in errors[0]
+            and "dist_parallel" in errors[0])
     assert list(tmp_path.iterdir()) == []
 
 
-# ---------------------------------------------------------------------------------------------------- resume auto
+# -------------------------------------------------------------------------------------- resume auto
 def test_resume_auto_without_a_checkpoint_is_a_fresh_start(first_start):
-    """--resume auto --run_name a, where a/ exists without a checkpoint, is not an error: it starts afresh (exit
-    0, no "resumed"), trains to --max_steps and keeps the files already in the folder."""
+    """--resume auto --run_name a, where a/ exists without a checkpoint, is not an
+    error: it starts afresh (exit 0, no "resumed"), trains to --max_steps and keeps
+    the files already in the folder."""
     run_dir, done = first_start
     assert done.returncode == 0, done.stdout + done.stderr
     assert "resumed" not in done.stdout and "Traceback" not in done.stderr
@@ -501,36 +576,36 @@ def test_resume_auto_without_a_checkpoint_is_a_fresh_start(first_start):
 
 
 def test_resume_auto_continues_from_the_checkpoint(trained, tmp_path):
-    """A copy of run folder a/ (checkpoint at step 3), run again with --resume auto and a longer --max_steps:
-    it says where it resumed and ends at step 5."""
+    """A copy of run folder a/ (checkpoint at step 3), run again with --resume auto and a longer
+    --max_steps: it says where it resumed and ends at step 5."""
     run_dir = tmp_path / "runs" / "a"
     shutil.copytree(trained, run_dir)
-    done = run_script(SINGLE, *TINY, "--max_steps", "5", "--resume", "auto", "--log_dir", run_dir.parent,
-                      "--run_name", run_dir.name, env=ONE_THREAD)
+    done = run_script(SINGLE, *TINY, "--max_steps", "5", "--resume", "auto", "--log_dir",
+                      run_dir.parent, "--run_name", run_dir.name, env=ONE_THREAD)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "resumed at step 3 " in done.stdout
     assert read_results(run_dir)["summary"]["steps"] == 5
 
 
-# ---------------------------------------------------------------------------------------------------- a NaN loss
+# --------------------------------------------------------------------------------------- a NaN loss
 NAN_STEP = re.compile(r"error: the training loss became NaN/inf at step (\d+)\b")
 DIVERGING = ["--lr", "1e30", "--max_steps", "8", "--log_interval", "2"]
 
 
 @pytest.fixture(scope="module")
 def diverged(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
-    """TINY with --lr 1e30 (its first update sends the loss to NaN), and a checkpoint after every step so that one
-    is written before the NaN: (completed process, run folder)."""
+    """TINY with --lr 1e30 (its first update sends the loss to NaN), and a checkpoint after every
+    step so that one is written before the NaN: (completed process, run folder)."""
     run_dir = tmp_path_factory.mktemp("diverged") / "runs" / "nan"
-    done = run_script(SINGLE, *TINY, *DIVERGING, "--checkpoint_interval", "1", "--log_dir", run_dir.parent,
-                      "--run_name", run_dir.name, env=ONE_THREAD)
+    done = run_script(SINGLE, *TINY, *DIVERGING, "--checkpoint_interval", "1", "--log_dir",
+                      run_dir.parent, "--run_name", run_dir.name, env=ONE_THREAD)
     return done, run_dir
 
 
 def test_a_nan_loss_stops_the_run_naming_the_step(diverged):
-    """Exit status 1, one error line naming the first step whose loss was NaN/inf (at most 8), no traceback; the
-    checkpoint the run wrote before holds only finite tensors (the diverged weights never replace it), and the
-    line points to it."""
+    """Exit status 1, one error line naming the first step whose loss was NaN/inf (at most 8), no
+    traceback; the checkpoint the run wrote before holds only finite tensors (the diverged weights
+    never replace it), and the line points to it."""
     done, run_dir = diverged
     assert done.returncode == 1, done.stdout + done.stderr
     assert "Traceback" not in done.stderr
@@ -548,8 +623,8 @@ def test_a_nan_loss_stops_the_run_naming_the_step(diverged):
 
 
 def test_a_nan_loss_prints_only_the_error_line(diverged):
-    """The NaN stop meets the whole contract: besides the warning that training started on the CPU, its error line
-    is all stderr holds."""
+    """The NaN stop meets the whole contract: besides the warning that training started on the CPU,
+    its error line is all stderr holds."""
     done, _ = diverged
     assert done.stderr.startswith("warning: no CUDA GPU found: running on the CPU\n")
     assert_refused(subprocess.CompletedProcess(done.args, done.returncode, done.stdout,
@@ -557,8 +632,9 @@ def test_a_nan_loss_prints_only_the_error_line(diverged):
 
 
 def test_first_nonfinite_step_names_the_first_bad_update_of_the_window():
-    """TrainMeter records, on the device, the first update of a window whose loss is not finite: a window of 4
-    after 4 good steps, with a NaN at its 3rd update and an inf at its 4th, reports step 4 + 3 = 7."""
+    """TrainMeter records, on the device, the first update of a window whose loss is not
+    finite: a window of 4 after 4 good steps, with a NaN at its 3rd update and an inf at
+    its 4th, reports step 4 + 3 = 7."""
     meter = TrainMeter(torch.device("cpu"))
     logits, labels = torch.zeros(2, 10), torch.tensor([0, 1])
     for _ in range(4):
@@ -571,10 +647,11 @@ def test_first_nonfinite_step_names_the_first_bad_update_of_the_window():
     assert meter.first_nonfinite_step(step=8) == 7
 
 
-# ---------------------------------------------------------------------------------------------------- rendezvous file
+# ---------------------------------------------------------------------------------- rendezvous file
 def test_only_an_old_rendezvous_file_is_refused(tmp_path):
-    """A file:// rendezvous path that does not exist yet, or a file as new as this launch (another rank of it may
-    have created it), is accepted; one older than --dist_timeout is refused as a leftover."""
+    """A file:// rendezvous path that does not exist yet, or a file as new as this
+    launch (another rank of it may have created it), is accepted; one older than
+    --dist_timeout is refused as a leftover."""
     path = tmp_path / "rdzv"
     check_rendezvous_file(path, timeout_s=30)
     path.write_bytes(b"written by rank 1 of this launch")

@@ -1,6 +1,6 @@
-"""models.repeated_blocks: the blocks FSDP shards one at a time (fsdp/train.py) and the projection's FSDP units
-(comparison/projection.py), found by one rule for any model. Every model here is built on the meta device: the rule
-reads the structure only."""
+"""models.repeated_blocks: the blocks FSDP shards one at a time (fsdp/train.py) and the projection's
+FSDP units (comparison/projection.py), found by one rule for any model. Every model here is built on
+the meta device: the rule reads the structure only."""
 from __future__ import annotations
 
 import torch
@@ -18,9 +18,11 @@ def block_names(model: nn.Module) -> list[str]:
 def test_pyramidnets_blocks_are_its_residual_blocks_one_per_stage_or_many():
     with torch.device("meta"):
         tiny, full = pyramidnet(8, 12, "basic"), pyramidnet(110, 270, "basic", align_channels=8)
-    assert block_names(tiny) == ["layer1.0", "layer2.0", "layer3.0"]  # one per stage: repeated across the stages
+    # one per stage: repeated across the stages
+    assert block_names(tiny) == ["layer1.0", "layer2.0", "layer3.0"]
     assert block_names(full) == [f"layer{stage}.{i}" for stage in (1, 2, 3) for i in range(18)]
-    assert repeated_blocks(full) == [*full.layer1, *full.layer2, *full.layer3]  # fsdp/train.py's units, in order
+    # fsdp/train.py's units, in order
+    assert repeated_blocks(full) == [*full.layer1, *full.layer2, *full.layer3]
 
 
 def test_resnets_blocks_are_its_basic_blocks_with_their_downsample_inside():
@@ -31,16 +33,18 @@ def test_resnets_blocks_are_its_basic_blocks_with_their_downsample_inside():
 
 
 def test_vits_blocks_are_its_encoder_blocks_and_its_classifier_is_the_roots():
-    """Linear layers repeat inside every EncoderBlock's MLP, and once in the heads: inside blocks they do not count,
-    so the head, alone outside them, stays with the root (with the patch embedding and the class token)."""
+    """Linear layers repeat inside every EncoderBlock's MLP, and once in the heads: inside blocks
+    they do not count, so the head, alone outside them, stays with the root (with the patch
+    embedding and the class token)."""
     with torch.device("meta"):
         model = torchvision.models.vit_b_16()
     assert block_names(model) == [f"encoder.layers.encoder_layer_{i}" for i in range(12)]
 
 
 def test_a_model_with_nothing_repeated_has_no_blocks():
-    """FSDP then shards it as one unit, the root; a repeated class without parameters (ReLU) is no block."""
+    """FSDP then shards it as one unit, the root; a repeated class without
+    parameters (ReLU) is no block."""
     with torch.device("meta"):
-        model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.ReLU(),
-                              nn.Flatten(), nn.Linear(8, 10))
+        model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(),
+                              nn.AdaptiveAvgPool2d(1), nn.ReLU(), nn.Flatten(), nn.Linear(8, 10))
     assert repeated_blocks(model) == []

@@ -1,4 +1,5 @@
-"""common/data.py: the synthetic set, CIFAR-10 reading (on a fixture in the real format), samplers and loaders."""
+"""common/data.py: the synthetic set, CIFAR-10 reading (on a fixture in the real
+format), samplers and loaders."""
 from __future__ import annotations
 
 import dataclasses
@@ -25,9 +26,9 @@ from torch.utils.data import DistributedSampler
 
 from common.config import UsageError
 from common import data
-from common.data import (CIFAR10_MEAN, CIFAR10_STD, DATASET_INFO, DeviceLoader, EvalShard, LoaderWorkerDied,
-                         ShuffleSampler, SyntheticCIFAR, TorchvisionLoader, augmentation_draws, default_num_workers,
-                         load_datasets, make_loader)
+from common.data import (CIFAR10_MEAN, CIFAR10_STD, DATASET_INFO, DeviceLoader, EvalShard,
+                         LoaderWorkerDied, ShuffleSampler, SyntheticCIFAR, TorchvisionLoader,
+                         augmentation_draws, default_num_workers, load_datasets, make_loader)
 
 from conftest import at_epoch
 
@@ -44,14 +45,15 @@ def random_dataset(n: int, seed: int = 0) -> SimpleNamespace:
 
 
 def coordinate_dataset(n: int) -> SimpleNamespace:
-    """Pixel (r, c) of image i is (r + 1, c + 1, i + 1): never 0, so zero padding is told apart, and every crop
-    and flip of every image is unique."""
+    """Pixel (r, c) of image i is (r + 1, c + 1, i + 1): never 0, so zero padding is told apart, and
+    every crop and flip of every image is unique."""
     assert n < 255
     data = np.zeros((n, 32, 32, 3), dtype=np.uint8)
     data[..., 0] = np.arange(1, 33)[None, :, None]
     data[..., 1] = np.arange(1, 33)[None, None, :]
     data[..., 2] = np.arange(1, n + 1)[:, None, None]
-    return SimpleNamespace(data=data, targets=[(3 * i) % 10 for i in range(n)], info=DATASET_INFO["cifar10"])
+    return SimpleNamespace(data=data, targets=[(3 * i) % 10 for i in range(n)],
+                           info=DATASET_INFO["cifar10"])
 
 
 def unnormalise(images: torch.Tensor) -> np.ndarray:
@@ -67,10 +69,11 @@ def normalised(data: np.ndarray) -> torch.Tensor:
 
 def collect(loader):
     batches = list(loader)
-    return batches, torch.cat([images for images, _ in batches]), torch.cat([labels for _, labels in batches])
+    return (batches, torch.cat([images for images, _ in batches]),
+            torch.cat([labels for _, labels in batches]))
 
 
-# ---------------------------------------------------------------------------------------------- synthetic data
+# ----------------------------------------------------------------------------------- synthetic data
 
 def test_synthetic_shapes_dtype_and_classes():
     dataset = SyntheticCIFAR(500, seed=0, train=True)
@@ -79,7 +82,8 @@ def test_synthetic_shapes_dtype_and_classes():
     assert len(dataset) == 500 and len(dataset.targets) == 500
     assert all(type(t) is int for t in dataset.targets)
     assert set(dataset.targets) == set(range(10))
-    assert dataset.data.min() == 0 and dataset.data.max() == 255  # the full range is used (noise is clamped)
+    # the full range is used (noise is clamped)
+    assert dataset.data.min() == 0 and dataset.data.max() == 255
     image, label = dataset[3]
     assert image.size == (32, 32) and image.mode == "RGB" and label == dataset.targets[3]
     assert np.array_equal(np.asarray(image), dataset.data[3])
@@ -117,7 +121,8 @@ def test_synthetic_is_learnable_and_test_matches_train():
     means = np.stack([x[y == c].mean(axis=0) for c in range(10)])
     xt = test.data.reshape(100, -1).astype(np.float64)
     predicted = ((xt[:, None] - means[None]) ** 2).sum(-1).argmin(1)
-    assert (predicted == np.array(test.targets)).mean() > 0.9  # same class patterns in train and test
+    # same class patterns in train and test
+    assert (predicted == np.array(test.targets)).mean() > 0.9
 
 
 def test_unknown_dataset():
@@ -125,7 +130,7 @@ def test_unknown_dataset():
         load_datasets("imagenet", "", 10, 0)
 
 
-# ---------------------------------------------------------------------------------------------- samplers
+# ----------------------------------------------------------------------------------------- samplers
 
 @pytest.mark.parametrize("size", [1, 10, 37])
 @pytest.mark.parametrize("seed", [0, 7])
@@ -166,14 +171,16 @@ def test_no_shuffle_is_range_order_every_epoch():
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_eval_shards_cover_every_index_once(size, world_size):
     shards = [list(EvalShard(size, rank, world_size)) for rank in range(world_size)]
-    assert sorted(i for shard in shards for i in shard) == list(range(size))  # no padding, no duplicates
+    # no padding, no duplicates
+    assert sorted(i for shard in shards for i in shard) == list(range(size))
     assert sum(len(EvalShard(size, rank, world_size)) for rank in range(world_size)) == size
-    assert [len(EvalShard(size, rank, world_size)) for rank in range(world_size)] == [len(s) for s in shards]
+    assert [len(EvalShard(size, rank, world_size)) for rank in range(world_size)] == \
+        [len(s) for s in shards]
     assert max(map(len, shards)) - min(map(len, shards)) <= 1
     assert list(EvalShard(size)) == list(range(size))
 
 
-# ---------------------------------------------------------------------------------------------- loaders
+# ------------------------------------------------------------------------------------------ loaders
 
 @pytest.mark.parametrize("train", [True, False])
 def test_device_loader_matches_torchvision_loader_without_augmentation(train):
@@ -181,7 +188,8 @@ def test_device_loader_matches_torchvision_loader_without_augmentation(train):
     batches = {}
     for kind in ("gpu", "torchvision"):
         sampler = ShuffleSampler(50, shuffle=True, seed=3) if train else EvalShard(50)
-        loader = make_loader(kind, dataset, sampler, 16, CPU, train=train, augment=False, num_workers=0, seed=3)
+        loader = make_loader(kind, dataset, sampler, 16, CPU, train=train, augment=False,
+                             num_workers=0, seed=3)
         assert isinstance(loader, DeviceLoader if kind == "gpu" else TorchvisionLoader)
         batches[kind] = []
         for epoch in (0, 1):
@@ -201,27 +209,31 @@ def test_device_loader_matches_torchvision_loader_without_augmentation(train):
 
 def test_device_loader_drops_the_last_partial_batch_only_in_training():
     dataset = random_dataset(50)
-    train = make_loader("gpu", dataset, ShuffleSampler(50, True, 0), 16, CPU, train=True, augment=True,
-                        num_workers=0, seed=0)
-    test = make_loader("gpu", dataset, EvalShard(50), 16, CPU, train=False, augment=True, num_workers=0, seed=0)
+    train = make_loader("gpu", dataset, ShuffleSampler(50, True, 0), 16, CPU, train=True,
+                        augment=True, num_workers=0, seed=0)
+    test = make_loader("gpu", dataset, EvalShard(50), 16, CPU, train=False, augment=True,
+                       num_workers=0, seed=0)
     assert len(train) == 50 // 16 == 3
     train_batches = list(train)
     assert len(train_batches) == 3 and all(images.shape[0] == 16 for images, _ in train_batches)
     assert len(test) == 4
     test_batches, images, labels = collect(test)
     assert [b[0].shape[0] for b in test_batches] == [16, 16, 16, 2]
-    # evaluation is never augmented (even with augment=True) and covers every image once, in shard order
+    # evaluation is never augmented (even with augment=True) and covers
+    # every image once, in shard order
     assert np.array_equal(unnormalise(images), dataset.data.astype(np.int64))
     torch.testing.assert_close(images, normalised(dataset.data))
     assert labels.tolist() == dataset.targets
-    exact = make_loader("gpu", dataset, EvalShard(48), 16, CPU, train=True, augment=False, num_workers=0, seed=0)
+    exact = make_loader("gpu", dataset, EvalShard(48), 16, CPU, train=True, augment=False,
+                        num_workers=0, seed=0)
     assert len(exact) == 3 and len(list(exact)) == 3
 
 
 def test_device_loader_labels_follow_the_sampler():
     dataset = random_dataset(40, seed=1)
     sampler = ShuffleSampler(40, shuffle=True, seed=9)
-    loader = make_loader("gpu", dataset, sampler, 8, CPU, train=True, augment=False, num_workers=0, seed=9)
+    loader = make_loader("gpu", dataset, sampler, 8, CPU, train=True, augment=False, num_workers=0,
+                         seed=9)
     for epoch in (0, 4):
         at_epoch(loader, epoch)
         order = list(sampler)
@@ -232,7 +244,8 @@ def test_device_loader_labels_follow_the_sampler():
 
 def augmented_epoch(dataset, seed=0, epoch=0, batch=32, sampler_seed=0, shuffle=True):
     sampler = ShuffleSampler(len(dataset.targets), shuffle=shuffle, seed=sampler_seed)
-    loader = make_loader("gpu", dataset, sampler, batch, CPU, train=True, augment=True, num_workers=0, seed=seed)
+    loader = make_loader("gpu", dataset, sampler, batch, CPU, train=True, augment=True,
+                         num_workers=0, seed=seed)
     at_epoch(loader, epoch)
     return collect(loader)[1:]
 
@@ -244,10 +257,12 @@ def test_augmentation_is_reproducible():
     assert torch.equal(images, again) and torch.equal(labels, again_labels)
     # iterating the same loader twice in one epoch also repeats it
     sampler = ShuffleSampler(64, True, 0)
-    loader = make_loader("gpu", dataset, sampler, 32, CPU, train=True, augment=True, num_workers=0, seed=1)
+    loader = make_loader("gpu", dataset, sampler, 32, CPU, train=True, augment=True, num_workers=0,
+                         seed=1)
     at_epoch(loader, 2)
     assert torch.equal(collect(loader)[1], collect(loader)[1])
-    # another epoch or seed: other crops, even in the same order (no shuffling: only the augmentation differs)
+    # another epoch or seed: other crops, even in the same order (no
+    # shuffling: only the augmentation differs)
     reference = augmented_epoch(dataset, seed=1, epoch=2, shuffle=False)
     assert torch.equal(reference[1], torch.tensor(dataset.targets))
     for other in (dict(seed=1, epoch=3), dict(seed=2, epoch=2)):
@@ -280,7 +295,8 @@ def test_augmentation_is_a_pad4_crop_and_an_optional_flip():
         sampler.set_epoch(epoch)
         order = list(sampler)
         for position, image in enumerate(pixels):
-            index = int(image[16, 16, 2]) - 1  # the centre pixel is never padding (offsets are at most 4)
+            # the centre pixel is never padding (offsets are at most 4)
+            index = int(image[16, 16, 2]) - 1
             assert index == order[position]
             assert labels[position].item() == dataset.targets[index]
             matches = find_crop(image, padded[index])
@@ -291,27 +307,29 @@ def test_augmentation_is_a_pad4_crop_and_an_optional_flip():
             seen.append(flipped)
     assert flips == {False, True}
     assert 0.3 < np.mean(seen) < 0.7  # flips are about half
-    assert {top for top, _ in offsets} == set(range(9)) and {left for _, left in offsets} == set(range(9))
+    assert ({top for top, _ in offsets} == set(range(9))
+            and {left for _, left in offsets} == set(range(9)))
     assert len(offsets) > 60  # top and left drawn independently: ~80 of the 81 pairs in 400 draws
 
 
 def test_device_loader_without_augmentation_keeps_images_unpadded():
     dataset = coordinate_dataset(20)
-    loader = DeviceLoader(dataset, EvalShard(20), batch_size=20, device=CPU, augment=False, drop_last=False,
-                          seed=0)
+    loader = DeviceLoader(dataset, EvalShard(20), batch_size=20, device=CPU, augment=False,
+                          drop_last=False, seed=0)
     assert loader.images.shape == (20, 32, 32, 3)
     images, labels = next(iter(loader))
     assert np.array_equal(unnormalise(images), dataset.data.astype(np.int64))
-    augmented = DeviceLoader(dataset, EvalShard(20), batch_size=20, device=CPU, augment=True, drop_last=False,
-                             seed=0)
+    augmented = DeviceLoader(dataset, EvalShard(20), batch_size=20, device=CPU, augment=True,
+                             drop_last=False, seed=0)
     assert augmented.images.shape == (20, 40, 40, 3)
 
 
 def test_torchvision_loader_augments_and_leaves_the_dataset_alone():
     dataset = SyntheticCIFAR(40, seed=0, train=True)
-    loader = make_loader("torchvision", dataset, ShuffleSampler(40, True, 0), 16, CPU, train=True, augment=True,
-                         num_workers=0, seed=0)
-    assert dataset.transform is None and len(loader) == 2  # the loader transforms the PIL images dataset[i] gives
+    loader = make_loader("torchvision", dataset, ShuffleSampler(40, True, 0), 16, CPU, train=True,
+                         augment=True, num_workers=0, seed=0)
+    # the loader transforms the PIL images dataset[i] gives
+    assert dataset.transform is None and len(loader) == 2
     batches = list(loader)
     assert [b[0].shape for b in batches] == [(16, 3, 32, 32)] * 2
     plain = normalised(dataset.data[list(ShuffleSampler(40, True, 0))[:32]])
@@ -322,21 +340,25 @@ def test_augmentation_draws_depend_on_the_seed_and_the_epoch_only():
     top, left, flip = augmentation_draws(3, 1, 1000, flip=True)
     assert top.shape == left.shape == flip.shape == (1000,) and flip.dtype == bool
     assert set(top) == set(left) == set(range(9)) and 0.4 < flip.mean() < 0.6
-    assert all(np.array_equal(a, b) for a, b in zip((top, left, flip), augmentation_draws(3, 1, 1000, flip=True)))
-    never = augmentation_draws(3, 1, 1000, flip=False)  # a dataset never mirrored: the same crops, no flip
+    assert all(np.array_equal(a, b)
+               for a, b in zip((top, left, flip), augmentation_draws(3, 1, 1000, flip=True)))
+    # a dataset never mirrored: the same crops, no flip
+    never = augmentation_draws(3, 1, 1000, flip=False)
     assert np.array_equal(never[0], top) and np.array_equal(never[1], left) and not never[2].any()
     for seed, epoch in ((3, 2), (4, 1)):
         assert (augmentation_draws(seed, epoch, 1000, flip=True)[0] != top).mean() > 0.8
 
 
 class PixelRamp:
-    """One 16x16 image holding every pixel value 0..255 once, in every channel, with the real dataset interface
-    (its info's size 16: the loaders resize an image stored at another size than the run's)."""
+    """One 16x16 image holding every pixel value 0..255 once, in every channel, with the
+    real dataset interface (its info's size 16: the loaders resize an image stored at
+    another size than the run's)."""
 
     def __init__(self, name: str):
         self.info = dataclasses.replace(DATASET_INFO[name], size=16)
         ramp = np.arange(256, dtype=np.uint8).reshape(1, 16, 16)
-        self.data = ramp if self.info.channels == 1 else np.repeat(ramp[..., None], self.info.channels, axis=3)
+        self.data = ramp if self.info.channels == 1 else np.repeat(ramp[..., None],
+                                                                   self.info.channels, axis=3)
         self.targets = [0]
 
     def __len__(self):
@@ -353,32 +375,36 @@ ROUNDING = 2 ** -22  # the most the two loaders' normalised pixels differ by, me
 
 @pytest.mark.parametrize("name", ["cifar10", "mnist"])
 def test_the_loaders_normalisations_differ_by_a_float32_rounding(name):
-    """Every pixel value of every channel, normalised by each loader: the gpu loader computes (x - 255 mean) /
-    (255 std), torchvision's ToTensor + Normalize (x / 255 - mean) / std. Measured: they differ by at most 2**-22,
-    one float32 ulp of the largest normalised values (|x| in [2, 4))."""
+    """Every pixel value of every channel, normalised by each loader: the gpu loader computes (x -
+    255 mean) / (255 std), torchvision's ToTensor + Normalize (x / 255 - mean) / std. Measured: they
+    differ by at most 2**-22, one float32 ulp of the largest normalised values (|x| in [2, 4))."""
     dataset = PixelRamp(name)
-    ours, theirs = (next(iter(make_loader(kind, dataset, EvalShard(1), 1, CPU, train=False, augment=False,
-                                          num_workers=0, seed=0)))[0] for kind in ("gpu", "torchvision"))
+    ours, theirs = (next(iter(make_loader(kind, dataset, EvalShard(1), 1, CPU, train=False,
+                                          augment=False, num_workers=0, seed=0)))[0]
+                    for kind in ("gpu", "torchvision"))
     assert ours.shape == theirs.shape == (1, dataset.info.channels, 16, 16)
     assert 2 <= ours.abs().max() < 4 and 0 < (ours - theirs).abs().max() <= ROUNDING
 
 
 def by_index(loader, sampler, epoch: int) -> dict[int, torch.Tensor]:
-    """Epoch `epoch` of `loader` as {dataset index: augmented image} (the loader follows `sampler`'s order)."""
+    """Epoch `epoch` of `loader` as {dataset index: augmented image} (the
+    loader follows `sampler`'s order)."""
     at_epoch(loader, epoch)
     return dict(zip(list(sampler), torch.cat([images for images, _ in loader])))
 
 
-@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")  # more than 2 cores: fine
+# more than 2 cores: fine
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
 def test_an_image_is_augmented_alike_whatever_the_loader_workers_or_processes():
-    """Image i in epoch e gets one crop and flip: from either loader (up to ROUNDING), with 0 or 3 DataLoader
-    workers (persistent: their copies of the dataset never see set_epoch), from one process or from two
-    DistributedSampler shards with half the batch each. Another epoch, other crops."""
+    """Image i in epoch e gets one crop and flip: from either loader (up to ROUNDING), with
+    0 or 3 DataLoader workers (persistent: their copies of the dataset never see
+    set_epoch), from one process or from two DistributedSampler shards with half the batch
+    each. Another epoch, other crops."""
     dataset = SyntheticCIFAR(48, seed=0, train=True)
 
     def loader(kind, sampler, batch, workers=0):
-        return make_loader(kind, dataset, sampler, batch, CPU, train=True, augment=True, num_workers=workers,
-                           seed=5)
+        return make_loader(kind, dataset, sampler, batch, CPU, train=True, augment=True,
+                           num_workers=workers, seed=5)
 
     one = ShuffleSampler(48, True, 5)
     shards = [DistributedSampler(dataset, 2, rank, shuffle=True, seed=5) for rank in (0, 1)]
@@ -389,20 +415,23 @@ def test_an_image_is_augmented_alike_whatever_the_loader_workers_or_processes():
         reference = by_index(gpu, one, epoch)
         assert sorted(reference) == list(range(48))
         images = by_index(classic, one, epoch)
-        assert all(torch.equal(a, b) for a, b in zip(images.values(), by_index(classic_workers, one, epoch).values()))
+        assert all(torch.equal(a, b)
+                   for a, b in zip(images.values(), by_index(classic_workers, one, epoch).values()))
         assert images.keys() == reference.keys()
         assert max((images[i] - reference[i]).abs().max() for i in reference) <= ROUNDING
         for kind, whole in (("gpu", reference), ("torchvision", images)):
             sharded = {}
             for shard in shards:
                 sharded.update(by_index(loader(kind, shard, 4), shard, epoch))
-            assert sharded.keys() == whole.keys() and all(torch.equal(sharded[i], whole[i]) for i in whole)
+            assert sharded.keys() == whole.keys() and all(torch.equal(sharded[i],
+                                                                      whole[i]) for i in whole)
         epochs.append(reference)
     assert sum(not torch.equal(epochs[0][i], epochs[1][i]) for i in range(48)) > 40
 
 
 @pytest.mark.parametrize("cores, processes, workers", [
-    (1, 1, 0), (2, 1, 1), (2, 2, 0), (3, 2, 0), (4, 2, 1), (16, 1, 4), (16, 8, 1), (64, 8, 4), (64, 64, 0)])
+    (1, 1, 0), (2, 1, 1), (2, 2, 0), (3, 2, 0), (4, 2, 1), (16, 1, 4), (16, 8, 1), (64, 8, 4),
+    (64, 64, 0)])
 def test_default_worker_count_shares_the_cores(monkeypatch, cores, processes, workers):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(processes))
@@ -415,32 +444,36 @@ def test_default_worker_count_shares_the_cores(monkeypatch, cores, processes, wo
 def test_default_worker_count_draws_no_dataloader_warning(monkeypatch):
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    loader = make_loader("torchvision", random_dataset(4), EvalShard(4), 2, CPU, train=False, augment=False,
-                         num_workers=None, seed=0)
-    assert loader.loader.num_workers == default_num_workers() == min(len(os.sched_getaffinity(0)) - 1, 4)
+    loader = make_loader("torchvision", random_dataset(4), EvalShard(4), 2, CPU, train=False,
+                         augment=False, num_workers=None, seed=0)
+    assert loader.loader.num_workers == \
+        default_num_workers() == min(len(os.sched_getaffinity(0)) - 1, 4)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        loader.loader.check_worker_number_rationality()  # what the DataLoader runs when it starts its workers
+        # what the DataLoader runs when it starts its workers
+        loader.loader.check_worker_number_rationality()
         for cores in range(1, 9):  # nor on any other machine
-            monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+            monkeypatch.setattr(os, "sched_getaffinity", lambda pid, cores=cores: set(range(cores)))
             loader.loader.num_workers = default_num_workers()
             loader.loader.check_worker_number_rationality()
 
 
 def test_too_many_workers_are_warned_of_once_per_run_when_training_starts(monkeypatch, capsys):
-    """More workers than cores, asked for: one line from the first process when the first batch is asked for
-    (after every refusal), instead of torch's warning per loader and per rank."""
+    """More workers than cores, asked for: one line from the first process when the first batch is
+    asked for (after every refusal), instead of torch's warning per loader and per rank."""
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
     monkeypatch.setattr(data, "_warned", set())
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     monkeypatch.setenv("WORLD_SIZE", "1")
-    loaders = [make_loader("torchvision", SyntheticCIFAR(8, seed=0, train=False), EvalShard(8), 4, CPU, train=False,
-                           augment=False, num_workers=2, seed=0) for _ in range(2)]
+    loaders = [make_loader("torchvision", SyntheticCIFAR(8, seed=0, train=False), EvalShard(8), 4,
+                           CPU, train=False, augment=False, num_workers=2, seed=0)
+               for _ in range(2)]
     assert capsys.readouterr().err == ""  # nothing yet: a refusal may still come
     for loader in loaders:
         collect(loader)
     lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("warning: --num_workers 2") and "1 usable cores" in lines[0]
+    assert (len(lines) == 1 and lines[0].startswith("warning: --num_workers 2")
+            and "1 usable cores" in lines[0])
     monkeypatch.setattr(data, "_warned", set())
     monkeypatch.setenv("RANK", "1")  # every other rank is silent
     collect(loaders[0])
@@ -448,26 +481,30 @@ def test_too_many_workers_are_warned_of_once_per_run_when_training_starts(monkey
 
 
 def new_workers(before: set) -> list:
-    """The DataLoader worker processes started since `before` (multiprocessing.active_children())."""
+    """The DataLoader worker processes started since `before`
+    (multiprocessing.active_children())."""
     return [process for process in multiprocessing.active_children() if process not in before]
 
 
 def test_workers_ignore_sigint_and_sigterm_but_their_main_process_sigterm():
-    """Ctrl-C reaches every process of the terminal's foreground group and SLURM signals every process: the
-    workers leave the stop to the main process and go on, and the epoch comes out whole. The main process's own
-    SIGTERM (multiprocessing's, as the interpreter exits) still ends them."""
+    """Ctrl-C reaches every process of the terminal's foreground group and SLURM signals
+    every process: the workers leave the stop to the main process and go on, and the
+    epoch comes out whole. The main process's own SIGTERM (multiprocessing's, as the
+    interpreter exits) still ends them."""
     dataset = SyntheticCIFAR(64, seed=0, train=True)
-    expected = [images for images, _ in make_loader("torchvision", dataset, ShuffleSampler(64, True, 0), 8, CPU,
-                                                    train=True, augment=True, num_workers=0, seed=0)]
-    loader = make_loader("torchvision", dataset, ShuffleSampler(64, True, 0), 8, CPU, train=True, augment=True,
-                         num_workers=2, seed=0)
+    expected = [images for images, _ in make_loader("torchvision", dataset,
+                                                    ShuffleSampler(64, True, 0), 8, CPU, train=True,
+                                                    augment=True, num_workers=0, seed=0)]
+    loader = make_loader("torchvision", dataset, ShuffleSampler(64, True, 0), 8, CPU, train=True,
+                         augment=True, num_workers=2, seed=0)
     before = set(multiprocessing.active_children())
     batches = iter(loader)
     received = [next(batches)[0], next(batches)[0]]  # a batch from each worker: both have started
     workers = new_workers(before)
     assert len(workers) == 2
     pids = [str(worker.pid) for worker in workers]
-    subprocess.run(["kill", "-INT", *pids], check=True)  # from another process, as a terminal or SLURM sends them
+    # from another process, as a terminal or SLURM sends them
+    subprocess.run(["kill", "-INT", *pids], check=True)
     subprocess.run(["kill", "-TERM", *pids], check=True)
     time.sleep(0.2)
     received += [images for images, _ in batches]
@@ -480,47 +517,54 @@ def test_workers_ignore_sigint_and_sigterm_but_their_main_process_sigterm():
 
 
 def test_a_killed_worker_is_reported_between_steps_as_loader_worker_died():
-    """A worker killed (SIGKILL, as the OOM killer does) while the main process computes a step: nothing is
-    raised in the step; asking for the next batch raises LoaderWorkerDied, with one line."""
+    """A worker killed (SIGKILL, as the OOM killer does) while the main process computes a
+    step: nothing is raised in the step; asking for the next batch raises
+    LoaderWorkerDied, with one line."""
     dataset = SyntheticCIFAR(64, seed=0, train=True)
-    loader = make_loader("torchvision", dataset, ShuffleSampler(64, True, 0), 8, CPU, train=True, augment=True,
-                         num_workers=2, seed=0)
+    loader = make_loader("torchvision", dataset, ShuffleSampler(64, True, 0), 8, CPU, train=True,
+                         augment=True, num_workers=2, seed=0)
     before = set(multiprocessing.active_children())
     batches = iter(loader)
     next(batches)
     worker = new_workers(before)[0]
     os.kill(worker.pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while Path(f"/proc/{worker.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":  # dead, not reaped
+    # dead, not reaped
+    while Path(f"/proc/{worker.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
         assert time.monotonic() < deadline
         time.sleep(0.01)
     time.sleep(0.1)  # "the step": torch's own SIGCHLD handler would raise here
     started = time.monotonic()
-    try:  # not pytest.raises: its reference cycle would keep the loader, whose late shutdown then waits 5 s
+    # not pytest.raises: its reference cycle would keep the loader,
+    # whose late shutdown then waits 5 s
+    try:
         next(batches)
         pytest.fail("no LoaderWorkerDied")
     except LoaderWorkerDied as error:
-        assert time.monotonic() - started < 1  # found at once, not after the DataLoader's 5 s status check
+        # found at once, not after the DataLoader's 5 s status check
+        assert time.monotonic() - started < 1
         assert str(error) == f"DataLoader worker (pid {worker.pid}) is killed by signal: Killed"
         assert isinstance(error, RuntimeError)
 
 
 def test_unknown_loader():
     with pytest.raises(UsageError, match="gpu or torchvision"):
-        make_loader("dali", random_dataset(4), EvalShard(4), 2, CPU, train=True, augment=False, num_workers=0,
-                    seed=0)
+        make_loader("dali", random_dataset(4), EvalShard(4), 2, CPU, train=True, augment=False,
+                    num_workers=0, seed=0)
 
 
-# ---------------------------------------------------------------------------------------------- CIFAR-10 files
+# ----------------------------------------------------------------------------------- CIFAR-10 files
 
-LABEL_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+LABEL_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship",
+               "truck"]
 
 
 def write_cifar10(root, per_batch: int = 4, test_size: int = 6, seed: int = 0) -> dict:
-    """cifar-10-batches-py/ as in cifar-10-python.tar.gz: pickled dicts with data uint8 (n, 3072) (the 1024 red,
-    then green, then blue values of a row-major 32x32 image), labels, batch_label, filenames; batches.meta with
-    label_names. The originals were pickled by Python 2, whose str keys torchvision's reader (pickle.load with
-    encoding="latin1") sees as str: "data", "labels". Returns the arrays written and every file's md5."""
+    """cifar-10-batches-py/ as in cifar-10-python.tar.gz: pickled dicts with data uint8 (n, 3072)
+    (the 1024 red, then green, then blue values of a row-major 32x32 image), labels, batch_label,
+    filenames; batches.meta with label_names. The originals were pickled by Python 2, whose str keys
+    torchvision's reader (pickle.load with encoding="latin1") sees as str: "data", "labels". Returns
+    the arrays written and every file's md5."""
     rng = np.random.default_rng(seed)
     folder = root / "cifar-10-batches-py"
     folder.mkdir(parents=True)
@@ -548,10 +592,11 @@ def md5(path) -> str:
 
 
 def use_checksums(monkeypatch, checksums: dict) -> None:
-    """torchvision checks every file against the real CIFAR-10's md5s: give it the fixture's instead, so the
-    integrity check still runs."""
+    """torchvision checks every file against the real CIFAR-10's md5s: give it the fixture's
+    instead, so the integrity check still runs."""
     cifar = torchvision.datasets.CIFAR10
-    monkeypatch.setattr(cifar, "train_list", [[f"data_batch_{k}", checksums[f"data_batch_{k}"]] for k in range(1, 6)])
+    monkeypatch.setattr(cifar, "train_list",
+                        [[f"data_batch_{k}", checksums[f"data_batch_{k}"]] for k in range(1, 6)])
     monkeypatch.setattr(cifar, "test_list", [["test_batch", checksums["test_batch"]]])
     monkeypatch.setattr(cifar, "meta", {"filename": "batches.meta", "key": "label_names",
                                         "md5": checksums["batches.meta"]})
@@ -576,22 +621,26 @@ def test_cifar10_is_read_from_its_python_batches(tmp_path, monkeypatch, offline)
         for i in (0, 5, len(rows) - 1):
             chw = rows[i].reshape(3, 32, 32)
             assert np.array_equal(dataset.data[i], chw.transpose(1, 2, 0))
-            assert dataset.data[i][2, 7, 1] == rows[i][1024 + 2 * 32 + 7]  # green of row 2, column 7
+            # green of row 2, column 7
+            assert dataset.data[i][2, 7, 1] == rows[i][1024 + 2 * 32 + 7]
     # the loaders read it like the synthetic set
-    loader = make_loader("gpu", test, EvalShard(6), 6, CPU, train=False, augment=False, num_workers=0, seed=0)
+    loader = make_loader("gpu", test, EvalShard(6), 6, CPU, train=False, augment=False,
+                         num_workers=0, seed=0)
     images, labels = next(iter(loader))
     assert np.array_equal(unnormalise(images), test.data.astype(np.int64))
     assert labels.tolist() == written["test_batch"][1]
-    classic = make_loader("torchvision", test, EvalShard(6), 6, CPU, train=False, augment=False, num_workers=0,
-                          seed=0)
+    classic = make_loader("torchvision", test, EvalShard(6), 6, CPU, train=False, augment=False,
+                          num_workers=0, seed=0)
     classic_images, classic_labels = next(iter(classic))
     torch.testing.assert_close(classic_images, images, atol=1e-5, rtol=0)
     assert torch.equal(classic_labels, labels)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["cifar-10-batches-py"]  # nothing downloaded
+    # nothing downloaded
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cifar-10-batches-py"]
 
 
 def test_cifar10_archive_put_in_the_folder_is_extracted_offline(tmp_path, monkeypatch, offline):
-    """The error message says: put cifar-10-python.tar.gz into the data folder. That works without a network."""
+    """The error message says: put cifar-10-python.tar.gz into the data folder.
+    That works without a network."""
     source = tmp_path / "source"
     written = write_cifar10(source)
     use_checksums(monkeypatch, written["md5"])
@@ -646,7 +695,8 @@ def test_truncated_cifar10_file_is_a_usage_error(tmp_path, monkeypatch, keep):
     path = tmp_path / "cifar-10-batches-py" / "data_batch_1"
     raw = path.read_bytes()
     path.write_bytes(raw[:int(keep * len(raw)) if isinstance(keep, float) else keep])
-    use_checksums(monkeypatch, {**written["md5"], "data_batch_1": md5(path)})  # the md5 passes; the pickle is cut
+    # the md5 passes; the pickle is cut
+    use_checksums(monkeypatch, {**written["md5"], "data_batch_1": md5(path)})
     with pytest.raises(UsageError) as error:
         load_datasets("cifar10", str(tmp_path), 0, 0)
     assert_one_line_usage_error(error.value, tmp_path)
@@ -667,5 +717,6 @@ def test_corrupt_file_with_a_wrong_checksum_is_downloaded_again(tmp_path, monkey
     monkeypatch.setattr(torchvision.datasets.cifar, "download_and_extract_archive", counting)
     with pytest.raises(UsageError) as error:
         load_datasets("cifar10", str(tmp_path), 0, 0)
-    assert attempts  # the md5 check failed, so torchvision tried to fetch the archive, which failed offline
+    # the md5 check failed, so torchvision tried to fetch the archive, which failed offline
+    assert attempts
     assert_one_line_usage_error(error.value, tmp_path)

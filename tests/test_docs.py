@@ -1,10 +1,11 @@
-"""The documentation against the code: docs/flags.md is what docs/flags.py writes now, every relative link in
-README.md and docs/*.md reaches a file (and a heading, for an anchor into a page), every --flag they name is a
-flag of the script they name it for, --help prints the docstrings' commands as written and its defaults as they
-read, and every command the pages and the docstrings show runs as shown: parsed by the program's own parser from
-the folder it runs in, naming files that exist (a command shown for a CPU sized to end in minutes). The figures
-guide.md quotes are those of the report in comparing.md, and no page kills processes by a name every user shares.
-All in this process, from the parsers the scripts use: no script is started."""
+"""The documentation against the code: docs/flags.md is what docs/flags.py writes now, every
+relative link in README.md and docs/*.md reaches a file (and a heading, for an anchor into a page),
+every --flag they name is a flag of the script they name it for, --help prints the docstrings'
+commands as written and its defaults as they read, and every command the pages and the docstrings
+show runs as shown: parsed by the program's own parser from the folder it runs in, naming files that
+exist (a command shown for a CPU sized to end in minutes). The figures guide.md quotes are those of
+the report in comparing.md, and no page kills processes by a name every user shares. All in this
+process, from the parsers the scripts use: no script is started."""
 from __future__ import annotations
 
 import argparse
@@ -42,16 +43,18 @@ def where(page: Path, line: int) -> str:
     return f"{page.relative_to(REPO) if page.is_relative_to(REPO) else page}:{line}"
 
 
-# ---------------------------------------------------------------------------------------------- markdown
+# ----------------------------------------------------------------------------------------- markdown
 FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 CODE_SPAN = re.compile(r"(`+)((?:(?!\n[ \t]*\n)[\s\S])*?[^`])\1(?!`)")  # never across a blank line
-LINK = re.compile(r"!?\[((?:[^\[\]]|\[[^\[\]]*\])*)\]\(\s*(<[^>\n]*>|[^()\s]*(?:\([^()\s]*\)[^()\s]*)*)"
+LINK = re.compile(r"!?\[((?:[^\[\]]|\[[^\[\]]*\])*)\]\(\s*"
+                  r"(<[^>\n]*>|[^()\s]*(?:\([^()\s]*\)[^()\s]*)*)"
                   r"(?:\s+(?:\"[^\"]*\"|'[^']*'|\([^)]*\)))?\s*\)")
 DEFINITION = re.compile(r"^ {0,3}\[[^\]\n]+\]:[ \t]*(<[^>\n]*>|\S+)", re.MULTILINE)
 ATX = re.compile(r"^ {0,3}#{1,6}(?:[ \t]+(.*?))?(?:[ \t]+#+)?[ \t]*$")
 SETEXT = re.compile(r"^ {0,3}(?:=+|-+)[ \t]*$")
 HTML_ANCHOR = re.compile(r"<a\s[^>]*\b(?:name|id)=[\"']([^\"']+)[\"']", re.IGNORECASE)
-EXTERNAL = re.compile(r"^(?:[A-Za-z][A-Za-z0-9+.-]*:|//)")  # http:, https:, mailto:, any scheme; //host
+# http:, https:, mailto:, any scheme; //host
+EXTERNAL = re.compile(r"^(?:[A-Za-z][A-Za-z0-9+.-]*:|//)")
 
 
 def fenced(lines: list[str]) -> list[bool]:
@@ -73,24 +76,24 @@ def fenced(lines: list[str]) -> list[bool]:
 
 
 def prose(text: str) -> str:
-    """`text` with fenced code blocks and inline code spans blanked out, every character at its place (a newline
-    stays a newline), so that offsets still give line numbers."""
+    """`text` with fenced code blocks and inline code spans blanked out, every character at its
+    place (a newline stays a newline), so that offsets still give line numbers."""
     lines = text.split("\n")
     kept = "\n".join(" " * len(line) if code else line for line, code in zip(lines, fenced(lines)))
     return CODE_SPAN.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), kept)
 
 
 def slug(heading: str) -> str:
-    """GitHub's anchor of a heading's text: lowercased, every character but letters, digits, _, - and spaces
-    dropped, each space a hyphen."""
+    """GitHub's anchor of a heading's text: lowercased, every character but letters, digits, _, -
+    and spaces dropped, each space a hyphen."""
     text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link or an image: its text
     text = re.sub(r"<[^>]+>", "", text)  # inline HTML
     return re.sub(r"[^\w\- ]", "", text.strip().lower()).replace(" ", "-")
 
 
 def anchors(text: str) -> set[str]:
-    """The anchors a page's headings (ATX and setext, outside code) and HTML anchors give, as GitHub numbers
-    repeated ones (x, x-1, x-2, ...)."""
+    """The anchors a page's headings (ATX and setext, outside code) and HTML anchors give, as GitHub
+    numbers repeated ones (x, x-1, x-2, ...)."""
     lines = text.split("\n")
     code, seen, found = fenced(lines), {}, set()
     for i, line in enumerate(lines):
@@ -117,31 +120,36 @@ def links(text: str) -> list[tuple[int, str]]:
     blank = prose(text)
     found = [(m.start(), m.group(2)) for m in LINK.finditer(blank)]
     found += [(m.start(1), m.group(1)) for m in DEFINITION.finditer(blank)]
-    return [(blank.count("\n", 0, offset) + 1, target.strip("<>")) for offset, target in sorted(found)]
+    return [(blank.count("\n", 0, offset) + 1, target.strip("<>"))
+            for offset, target in sorted(found)]
 
 
 def broken_links(page: Path, root: Path = REPO) -> list[str]:
-    """'file:line: target (why)' for each relative link of `page` that reaches nothing under `root`."""
+    """'file:line: target (why)' for each relative link of `page` that
+    reaches nothing under `root`."""
     problems = []
     for line, target in links(page.read_text()):
         if not target or EXTERNAL.match(target):
             continue
         path, _, anchor = target.partition("#")
         path = unquote(path)
-        file = page if not path else (root / path.lstrip("/")) if path.startswith("/") else page.parent / path
+        file = (page if not path else (root / path.lstrip("/")) if path.startswith("/")
+                else page.parent / path)
         file = Path(file).resolve()
         if not file.is_relative_to(root.resolve()):
             problems.append(f"{where(page, line)}: {target} (outside the repository)")
         elif not file.exists():
             problems.append(f"{where(page, line)}: {target} (no such file)")
-        elif anchor and file.suffix == ".md" and file.is_file() and unquote(anchor) not in anchors(file.read_text()):
-            problems.append(f"{where(page, line)}: {target} (no heading of {file.name} has the anchor #{anchor})")
+        elif (anchor and file.suffix == ".md" and file.is_file()
+              and unquote(anchor) not in anchors(file.read_text())):
+            problems.append(f"{where(page, line)}: {target} (no heading of {file.name} has "
+                            f"the anchor #{anchor})")
     return problems
 
 
-# ------------------------------------------------------------------------------------------------- flags
-SCRIPTS = ("single_gpu/train.py", "data_parallel/train.py", "dist_parallel/train.py", "fsdp/train.py", "compare.py",
-           "benchmarks/profile_step.py", "benchmarks/roofline.py")
+# -------------------------------------------------------------------------------------------- flags
+SCRIPTS = ("single_gpu/train.py", "data_parallel/train.py", "dist_parallel/train.py",
+           "fsdp/train.py", "compare.py", "benchmarks/profile_step.py", "benchmarks/roofline.py")
 # A line that names a script checks its flags against that script's (several named: any of theirs).
 MENTIONS = {
     "single_gpu/train.py": re.compile(r"(?<![\w-])single_gpu/"),
@@ -155,15 +163,17 @@ MENTIONS = {
 # Other tools' flags that the documentation names, wherever it names them.
 OTHER_TOOLS = {
     # torchrun (torch.distributed.run)
-    "--standalone", "--nproc_per_node", "--nnodes", "--node_rank", "--rdzv_backend", "--rdzv_endpoint", "--rdzv_id",
-    "--max-restarts", "--local_addr", "--master_addr", "--master_port", "--signals-to-handle",
-    # torch.distributed.launch, the launcher before torchrun: named as what these scripts do not take
+    "--standalone", "--nproc_per_node", "--nnodes", "--node_rank", "--rdzv_backend",
+    "--rdzv_endpoint", "--rdzv_id", "--max-restarts", "--local_addr", "--master_addr",
+    "--master_port", "--signals-to-handle",
+    # torch.distributed.launch, the launcher before torchrun: named
+    # as what these scripts do not take
     "--local_rank",
     # pytest and pytest-xdist
     "--durations", "--dist",
     # sbatch, srun, scontrol and scancel (SLURM)
-    "--nodes", "--gres", "--gpus-per-node", "--ntasks", "--ntasks-per-node", "--time", "--signal", "--requeue",
-    "--kill-on-bad-exit", "--wait",
+    "--nodes", "--gres", "--gpus-per-node", "--ntasks", "--ntasks-per-node", "--time", "--signal",
+    "--requeue", "--kill-on-bad-exit", "--wait",
     # tensorboard
     "--logdir",
     # py-spy
@@ -189,8 +199,8 @@ def named_flags(line: str) -> list[str]:
 
 
 def logical_lines(text: str) -> list[tuple[int, str, str]]:
-    """(line number, line, context) of every line: the context is the line itself, or in a code block the whole
-    command it continues (lines joined by a trailing backslash)."""
+    """(line number, line, context) of every line: the context is the line itself, or in a code
+    block the whole command it continues (lines joined by a trailing backslash)."""
     lines = text.split("\n")
     code, result, i = fenced(lines), [], 0
     while i < len(lines):
@@ -204,15 +214,15 @@ def logical_lines(text: str) -> list[tuple[int, str, str]]:
 
 
 def is_flag_of(flag: str, flags: frozenset[str] | set[str]) -> bool:
-    """Whether `flag` is one of `flags`: as it is, as the --no_ form of one, or as the setting a --no_ flag turns
-    off (--reshard_after_forward for --no_reshard_after_forward)."""
+    """Whether `flag` is one of `flags`: as it is, as the --no_ form of one, or as the setting a
+    --no_ flag turns off (--reshard_after_forward for --no_reshard_after_forward)."""
     return (flag in flags or (flag.startswith("--no_") and "--" + flag[len("--no_"):] in flags)
             or "--no_" + flag[2:] in flags)
 
 
 def unknown_flags(page: Path) -> list[str]:
-    """'file:line: --flag (why)' for each --flag of `page` that neither the script its line names nor, where it
-    names none, any script or OTHER_TOOLS has."""
+    """'file:line: --flag (why)' for each --flag of `page` that neither the script its line names
+    nor, where it names none, any script or OTHER_TOOLS has."""
     per_script = script_flags()
     every = frozenset().union(*per_script.values())
     problems = []
@@ -221,20 +231,23 @@ def unknown_flags(page: Path) -> list[str]:
         allowed = frozenset().union(*(per_script[s] for s in named)) if named else every
         for flag in named_flags(line):
             if not is_flag_of(flag, allowed | OTHER_TOOLS):
-                whose = f"not a flag of {' or '.join(named)}" if named else "no script has it, nor another tool listed"
+                whose = (f"not a flag of {' or '.join(named)}" if named
+                         else "no script has it, nor another tool listed")
                 problems.append(f"{where(page, number)}: {flag} ({whose})")
     return problems
 
 
-# ------------------------------------------------------------------------------------------------- tests
+# -------------------------------------------------------------------------------------------- tests
 def test_flags_page_is_what_the_generator_writes():
     expected = generator().render()
     page = REPO / GENERATED
     actual = page.read_text() if page.exists() else ""
     if actual != expected:
         old, new = actual.split("\n"), expected.split("\n")
-        first = next((i for i, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
-        pytest.fail(f"{GENERATED} is stale (first difference at line {first + 1}): run `python docs/flags.py`",
+        first = next((i for i, (a, b) in enumerate(zip(old, new)) if a != b),
+                     min(len(old), len(new)))
+        pytest.fail(f"{GENERATED} is stale (first difference at line {first + 1}): run "
+                    "`python docs/flags.py`",
                     pytrace=False)
 
 
@@ -244,27 +257,31 @@ def test_relative_links_resolve():
 
 
 def test_named_flags_exist():
-    problems = [problem for page in pages() if page != REPO / GENERATED for problem in unknown_flags(page)]
+    problems = [problem for page in pages() if page != REPO / GENERATED
+                for problem in unknown_flags(page)]
     assert not problems, "flags that no script named takes:\n" + "\n".join(problems)
 
 
-# ------------------------------------------------------------------------------- the checkers themselves
+# -------------------------------------------------------------------------- the checkers themselves
 def test_flag_finder_skips_dashes_that_are_no_flags():
-    for text in ("a -- b", "|---|---|", "<!-- a comment -->", "a --- b", "word--word", "a — b – c", "``--``",
-                 "torchrun ... -- python", "https://example.com/--path", "-n auto", "x---y"):
+    for text in ("a -- b", "|---|---|", "<!-- a comment -->", "a --- b", "word--word", "a — b – c",
+                 "``--``", "torchrun ... -- python", "https://example.com/--path", "-n auto",
+                 "x---y"):
         assert named_flags(text) == [], text
-    assert named_flags("python train.py --batch_size 4 --no_shuffle") == ["--batch_size", "--no_shuffle"]
-    assert named_flags("`--gres=gpu:8`, (--max-restarts), --lr.") == ["--gres", "--max-restarts", "--lr"]
+    assert named_flags("python train.py --batch_size 4 --no_shuffle") == \
+        ["--batch_size", "--no_shuffle"]
+    assert named_flags("`--gres=gpu:8`, (--max-restarts), --lr.") == \
+        ["--gres", "--max-restarts", "--lr"]
 
 
 def test_flag_checker_reads_the_script_a_line_names(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("\n".join([
         "python compare.py --repeat 3 --sync_bn on",           # 1: compare.py's
-        "python compare.py --verify_sync",                     # 2: a train.py flag compare.py does not pass on
-        "torchrun --standalone dist_parallel/train.py --sync_bn",  # 3: torchrun's, then the script's
+        "python compare.py --verify_sync",  # 2: a train.py flag compare.py does not pass on
+        "torchrun --standalone dist_parallel/train.py --sync_bn",  # 3: torchrun's, then script's
         "python fsdp/train.py --sync_bn",                      # 4: DDP's only
-        "python fsdp/train.py --reshard_after_forward --no_compile",  # 5: the setting; the --no_ form
+        "python fsdp/train.py --reshard_after_forward --no_compile",  # 5: the setting, --no_ form
         "python train.py --bucket_cap_mb 50 --no_such_flag",   # 6: no script named: any script's
         "```bash",
         "torchrun --nnodes 2 \\",
@@ -273,19 +290,25 @@ def test_flag_checker_reads_the_script_a_line_names(tmp_path):
     ]))
     assert unknown_flags(page) == [f"{page}:2: --verify_sync (not a flag of compare.py)",
                                    f"{page}:4: --sync_bn (not a flag of fsdp/train.py)",
-                                   f"{page}:6: --no_such_flag (no script has it, nor another tool listed)",
+                                   f"{page}:6: --no_such_flag (no script has it, "
+                                   "nor another tool listed)",
                                    f"{page}:9: --bucket_cap_mb (not a flag of fsdp/train.py)"]
 
 
 def test_link_checker_finds_missing_files_and_anchors(tmp_path):
     (tmp_path / "docs").mkdir()
-    (tmp_path / "docs" / "other.md").write_text("# Title\n\n## DDP or FSDP: `set_epoch` — when?\n\n## Title\n"
-                                                "\nSetext heading\n--------------\n\n```\n# not a heading\n```\n")
+    (tmp_path / "docs" / "other.md").write_text("# Title\n\n## DDP or FSDP: `set_epoch` — "
+                                                "when?\n\n## Title\n\nSetext "
+                                                "heading\n--------------\n\n```\n# not a "
+                                                "heading\n```\n")
     page = tmp_path / "README.md"
     page.write_text("\n".join([
-        "[ok](docs/other.md) [ok](docs/other.md#ddp-or-fsdp-set_epoch--when) ![img](docs/other.md)",  # 1
-        "[ok](docs/other.md#title-1) [ok](docs/other.md#setext-heading) [ok](#own) [ok](https://x.org/a.md)",
-        "[missing](docs/none.md) [bad anchor](docs/other.md#not-a-heading) [out](../../elsewhere.md)",  # 3
+        # 1
+        "[ok](docs/other.md) [ok](docs/other.md#ddp-or-fsdp-set_epoch--when) ![img](docs/other.md)",
+        "[ok](docs/other.md#title-1) [ok](docs/other.md#setext-heading) [ok](#own) "
+        "[ok](https://x.org/a.md)",
+        "[missing](docs/none.md) [bad anchor](docs/other.md#not-a-heading) "
+        "[out](../../elsewhere.md)",  # 3
         "`[in code](nowhere.md)` and [self](#nothing-here)",  # 4
         "```",
         "[in a block](nowhere.md)",
@@ -296,51 +319,62 @@ def test_link_checker_finds_missing_files_and_anchors(tmp_path):
     ]))
     assert broken_links(page, root=tmp_path) == [
         f"{page}:3: docs/none.md (no such file)",
-        f"{page}:3: docs/other.md#not-a-heading (no heading of other.md has the anchor #not-a-heading)",
+        f"{page}:3: docs/other.md#not-a-heading (no heading of other.md has the "
+        "anchor #not-a-heading)",
         f"{page}:3: ../../elsewhere.md (outside the repository)",
         f"{page}:4: #nothing-here (no heading of README.md has the anchor #nothing-here)",
         f"{page}:9: docs/gone.md (no such file)",
     ]
 
 
-# ------------------------------------------------------------------------------------------------- --help
+# -------------------------------------------------------------------------------------------------
+# --help
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_help_prints_the_docstrings_command_lines_as_written(script):
-    """argparse's default formatter ran the docstring's example commands together into one paragraph."""
+    """argparse's default formatter ran the docstring's example
+    commands together into one paragraph."""
     text = generator().help_text(script)
     examples = [line.rstrip() for line in generator()._docstring(script).splitlines()
-                if line.startswith("    ") and line.split()[0] in ("python", "torchrun", "RANK=R", "bash")]
+                if line.startswith("    ") and line.split()[0] in ("python", "torchrun", "RANK=R",
+                                                                   "bash")]
     if script == "compare.py":  # its --help gives the docstring's first paragraph alone
         examples = []
-    assert all(line in text.splitlines() for line in examples), [l for l in examples if l not in text]
+    assert all(line in text.splitlines() for line in examples), \
+        [line for line in examples if line not in text]
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_every_default_shown_reads_right(script):
-    """`--no_nesterov ... (default: True)` read backwards, and `(default: None)` said nothing the help did not."""
+    """`--no_nesterov ... (default: True)` read backwards, and `(default: None)`
+    said nothing the help did not."""
     parser = generator().parser_of(script)
     text = " ".join(generator().help_text(script).split())
-    for wrong in ("(default: True)", "(default: False)", "(default: None)", "(default: ('", "turn off:"):
+    for wrong in ("(default: True)", "(default: False)", "(default: None)", "(default: ('",
+                  "turn off:"):
         assert wrong not in text, wrong
     for action in parser._actions:
-        if isinstance(action, argparse._StoreFalseAction) and action.default is not argparse.SUPPRESS:
+        if (isinstance(action, argparse._StoreFalseAction)
+            and action.default is not argparse.SUPPRESS):
             help_text = " ".join(parser._get_formatter()._expand_help(action).split())
-            assert help_text.startswith("turn off ") and help_text.endswith(" (on by default)"), help_text
+            assert help_text.startswith("turn off ") \
+                and help_text.endswith(" (on by default)"), help_text
             assert f"{action.option_strings[0]} {help_text}" in text
 
 
-# ------------------------------------------------------------------------------------------------- commands
-# What the docs show is run as shown: every command of README.md's and docs/*.md's code blocks, every inline code
-# span that runs a script by its path, and the example commands of the scripts' docstrings (what --help prints) are
-# parsed here as the program would parse them, from the folder they run in, and the files they name must exist.
-# Nothing is started: a command's flags go through the script's own parser (train.py's through parse_config,
-# which checks every value and the rules between them), torchrun's through torch.distributed.run's.
+# ----------------------------------------------------------------------------------------- commands
+# What the docs show is run as shown: every command of README.md's and docs/*.md's code blocks,
+# every inline code span that runs a script by its path, and the example commands of the scripts'
+# docstrings (what --help prints) are parsed here as the program would parse them, from the folder
+# they run in, and the files they name must exist. Nothing is started: a command's flags go through
+# the script's own parser (train.py's through parse_config, which checks every value and the rules
+# between them), torchrun's through torch.distributed.run's.
 PROGRAMS = ("python", "torchrun", "bash", "sbatch", "cd", "pip")
 DOCSTRINGS = {"single_gpu/train.py": "single_gpu", "data_parallel/train.py": "data_parallel",
               "dist_parallel/train.py": "dist_parallel", "fsdp/train.py": "fsdp", "compare.py": ".",
               "benchmarks/profile_step.py": ".", "benchmarks/roofline.py": "."}
 PLACEHOLDER = re.compile(r"<[^<>\n]*>")  # <run>, <a dist_parallel run>: one word for the shell
-CPU_IMAGES = 10_000  # a command shown for a CPU trains at most this many images (30-100 images/s here)
+# a command shown for a CPU trains at most this many images (30-100 images/s here)
+CPU_IMAGES = 10_000
 
 
 @dataclasses.dataclass
@@ -351,8 +385,8 @@ class Shown:
 
 
 def commands_of_block(lines: list[str], first: int, page: str, folder: Path) -> list[Shown]:
-    """The commands of a code block's `lines` (the block's first line is line `first` of `page`), each with the
-    folder it runs in: a `cd` moves the commands after it."""
+    """The commands of a code block's `lines` (the block's first line is line `first` of `page`),
+    each with the folder it runs in: a `cd` moves the commands after it."""
     shown, i = [], 0
     while i < len(lines):
         start, text = i, lines[i]
@@ -363,7 +397,8 @@ def commands_of_block(lines: list[str], first: int, page: str, folder: Path) -> 
         words = words_of(text)
         if words and words[0] in PROGRAMS or words and "=" in words[0]:
             shown.append(Shown(f"{page}:{first + start}", folder, text.strip()))
-        if words[:1] == ["cd"] and len(words) == 2:  # `cd X && ...` is a line of its own: it moves nothing after it
+        # `cd X && ...` is a line of its own: it moves nothing after it
+        if words[:1] == ["cd"] and len(words) == 2:
             folder = (folder / words[1]).resolve()
     return shown
 
@@ -410,22 +445,26 @@ def shown_commands() -> list[Shown]:
             script = next((w for w in words[1:] if re.search(r"\.(py|sh|sbatch)$", w)), "")
             if words and words[0] in PROGRAMS[:4] and "/" in script or script == "compare.py" or \
                     words[:2] == ["pip", "install"]:
-                shown.append(Shown(f"{name}:{kept.count(chr(10), 0, match.start()) + 1}", REPO, text))
+                shown.append(Shown(f"{name}:{kept.count(chr(10), 0, match.start()) + 1}", REPO,
+                                   text))
     for script, folder in DOCSTRINGS.items():  # what --help prints
         lines = generator()._docstring(script).split("\n")
-        examples = [i for i, line in enumerate(lines) if line.startswith("    ") and line.split()[0] in PROGRAMS
+        examples = [i for i, line in enumerate(lines)
+                    if line.startswith("    ") and line.split()[0] in PROGRAMS
                     or line.startswith("    RANK=")]
         for i in examples:
             end = i
             while lines[end].rstrip().endswith("\\"):
                 end += 1
-            shown += commands_of_block(lines[i:end + 1], i + 1, f"{script} (docstring)", REPO / folder)
+            shown += commands_of_block(lines[i:end + 1], i + 1, f"{script} (docstring)",
+                                       REPO / folder)
     return shown
 
 
 @functools.cache
 def image_folder_standing_in() -> Path:
-    """An image folder of one class, one image in train/ and val/, for commands that show a placeholder folder."""
+    """An image folder of one class, one image in train/ and val/, for commands
+    that show a placeholder folder."""
     from PIL import Image
 
     root = Path(tempfile.mkdtemp(prefix="docs-imagefolder-"))
@@ -445,7 +484,8 @@ def parse_script(script: str, args: list[str], folder: Path) -> str | None:
         return f"{script}: no such file in {folder.relative_to(REPO.parent)}"
     relative = path.relative_to(REPO).as_posix()
     args = [arg for arg in args if arg != "..."]
-    if "imagefolder" in args and "--data_dir" in args:  # a placeholder folder: an image folder stands in for it
+    # a placeholder folder: an image folder stands in for it
+    if "imagefolder" in args and "--data_dir" in args:
         args[args.index("--data_dir") + 1] = str(image_folder_standing_in())
     try:
         with contextlib.redirect_stderr(io.StringIO()):
@@ -457,11 +497,13 @@ def parse_script(script: str, args: list[str], folder: Path) -> str | None:
                 parse_with(args)
                 return None
             else:
-                return None  # a script without flags to check (docs/flags.py, benchmarks/*.sh): it exists
+                # a script without flags to check (docs/flags.py, benchmarks/*.sh): it exists
+                return None
     except (UsageError, SystemExit) as error:
         return f"{relative} refuses it: {error}"
     log_dir = (folder / cfg.log_dir).resolve()
-    for name in ("resume", "evaluate"):  # a file of a run: in the runs' folder, seen from where it runs
+    # a file of a run: in the runs' folder, seen from where it runs
+    for name in ("resume", "evaluate"):
         value = getattr(cfg, name)
         if value not in (None, "auto") and not (folder / value).resolve().is_relative_to(log_dir):
             return f"--{name} {value} is not under --log_dir {log_dir} when run from {folder}"
@@ -493,9 +535,11 @@ def problems_of(command: Shown) -> list[str]:
                 continue
             several_nodes = not launch.standalone and launch.nnodes != "1"
             if several_nodes and launch.rdzv_id == "none":
-                problems.append("several nodes without --rdzv_id: the agents of one job must share one")
+                problems.append("several nodes without --rdzv_id: the agents of "
+                                "one job must share one")
             if several_nodes and launch.rdzv_backend == "c10d" and "--node_rank" in args:
-                problems.append("--node_rank with the c10d rendezvous, which gives the ranks itself")
+                problems.append("--node_rank with the c10d rendezvous, which "
+                                "gives the ranks itself")
             program, args = "python", [launch.training_script, *launch.training_script_args]
         if program == "python" and args:
             why = parse_script(args[0], args[1:], folder)
@@ -505,14 +549,15 @@ def problems_of(command: Shown) -> list[str]:
             if script is None or not (folder / script).is_file():
                 problems.append(f"{program}: no script {script} in {folder}")
             elif program == "sbatch" and "TRAIN_ARGS" in env:
-                why = parse_script(f"{env.get('MODE', 'dist_parallel')}/train.py", shlex.split(env["TRAIN_ARGS"]),
-                                   REPO)
+                why = parse_script(f"{env.get('MODE', 'dist_parallel')}/train.py",
+                                   shlex.split(env["TRAIN_ARGS"]), REPO)
                 problems += [f"TRAIN_ARGS: {why}"] if why else []
         elif program == "pip" and args[:1] == ["install"]:
             if args[1:2] == ["-r"]:
                 problems += [] if (folder / args[2]).is_file() else [f"pip: no {args[2]}"]
-            required = {re.split(r"[<>=\s#]", line)[0].lower() for line in (REPO / "requirements.txt").read_text()
-                        .splitlines() if line.strip() and not line.startswith("#")}
+            required = {re.split(r"[<>=\s#]", line)[0].lower()
+                        for line in (REPO / "requirements.txt").read_text() .splitlines()
+                        if line.strip() and not line.startswith("#")}
             problems += [f"pip install {name}: requirements.txt installs it already"
                          for name in args[1:] if name.lower() in required]
     return problems
@@ -526,8 +571,9 @@ def test_every_command_the_docs_show_runs_as_shown():
 
 
 def test_a_command_shown_for_a_cpu_ends_in_minutes():
-    """The README's offline command trained 50,000 images, 5-20 minutes on a CPU, for a comment that said
-    minutes: a command whose comment says CPU or offline gives --synthetic_size and --epochs to fit."""
+    """The README's offline command trained 50,000 images, 5-20 minutes on a CPU, for a
+    comment that said minutes: a command whose comment says CPU or offline gives
+    --synthetic_size and --epochs to fit."""
     from common.config import parse_config
     from comparison.matrix import config_class
 
@@ -538,44 +584,52 @@ def test_a_command_shown_for_a_cpu_ends_in_minutes():
             continue
         script = next(arg for arg in argv if arg.endswith("train.py"))
         mode = (command.folder / script).resolve().parent.name
-        cfg = parse_config(config_class(mode), [a for a in argv[argv.index(script) + 1:] if a != "..."])
+        cfg = parse_config(config_class(mode),
+                           [a for a in argv[argv.index(script) + 1:] if a != "..."])
         if cfg.dataset == "synthetic":
-            assert "--epochs" in argv and cfg.epochs * cfg.synthetic_size <= CPU_IMAGES, command.where
+            assert "--epochs" in argv and cfg.epochs * cfg.synthetic_size <= CPU_IMAGES, \
+                command.where
 
 
 def test_the_docs_quote_each_measured_figure_as_its_source_does():
-    """guide.md quoted the CPU comparison from one run (1.68 ± 0.07×, 84 ± 4 %) and comparing.md's report from
-    another (1.68 ± 0.10×, 84 ± 5 %): every spread guide.md quotes is one the report in comparing.md shows."""
+    """guide.md quoted the CPU comparison from one run (1.68 ± 0.07×, 84 ± 4 %) and
+    comparing.md's report from another (1.68 ± 0.10×, 84 ± 5 %): every spread guide.md quotes is
+    one the report in comparing.md shows."""
     report = (REPO / "docs" / "comparing.md").read_text()
-    quoted = re.findall(r"\d+(?:\.\d+)? ± \d+(?:\.\d+)?\s?[×%]", prose((REPO / "docs" / "guide.md").read_text()))
+    quoted = re.findall(r"\d+(?:\.\d+)? ± \d+(?:\.\d+)?\s?[×%]",
+                        prose((REPO / "docs" / "guide.md").read_text()))
     assert quoted and [figure for figure in quoted if figure not in report] == []
 
 
 def test_no_page_kills_processes_by_a_name_every_user_shares():
-    """`pkill -f dist_parallel/train.py` on a shared node ends other users' runs: no page shows a command that
-    kills by a process's name (pkill, killall)."""
+    """`pkill -f dist_parallel/train.py` on a shared node ends other users' runs: no page shows a
+    command that kills by a process's name (pkill, killall)."""
     for page in pages():
         text = page.read_text()
         for match in re.finditer(r"(?:`|^)\s*(?:pkill|killall)\b([^`\n]*)", text, re.MULTILINE):
             named = [word for word in match.group(1).split() if not word.startswith("-")]
-            assert not named, f"{where(page, text.count(chr(10), 0, match.start()) + 1)}: {match.group(0)}"
+            assert not named, (f"{where(page, text.count(chr(10), 0, match.start()) + 1)}: "
+                               f"{match.group(0)}")
 
 
 def test_the_command_checker_finds_what_the_docs_got_wrong(tmp_path):
     """Each mistake the docs made, caught."""
     wrong = {
-        "cd single_gpu && python train.py ... --resume runs/exp1/checkpoint.pt": "not under --log_dir",
-        "torchrun --nnodes 2 --node_rank 1 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint H:1 "
-        "dist_parallel/train.py": "--rdzv_id",
+        "cd single_gpu && python train.py ... --resume "
+        "runs/exp1/checkpoint.pt": "not under --log_dir",
+        "torchrun --nnodes 2 --node_rank 1 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint "
+        "H:1 dist_parallel/train.py": "--rdzv_id",
         "python train.py --epochs 1": "no such file",
         "cd fsdp && sbatch slurm/multi_node.sbatch": "no script",
-        "pip install tensorboard": "installs it already",  # docs/interruptions.md had it, in a code span
+        # docs/interruptions.md had it, in a code span
+        "pip install tensorboard": "installs it already",
         "python compare.py --repeat 0": "refuses it",
         "cd single_gpu && python train.py --resume auto": "refuses it",
     }
     for text, why in wrong.items():
         problems = problems_of(Shown("page:1", REPO, text))
         assert any(why in problem for problem in problems), (text, problems)
-    assert problems_of(Shown("page:1", REPO, "cd fsdp && torchrun --nnodes 2 --nproc_per_node 8 --rdzv_id J "
-                                             "--rdzv_backend c10d --rdzv_endpoint H:1 train.py --batch_size 16 "
-                                             "--evaluate ../runs/<run>/model.pt")) == []
+    assert problems_of(Shown("page:1", REPO, "cd fsdp && torchrun --nnodes 2 --nproc_per_node 8 "
+                                             "--rdzv_id J --rdzv_backend c10d --rdzv_endpoint H:1 "
+                                             "train.py --batch_size 16 --evaluate "
+                                             "../runs/<run>/model.pt")) == []

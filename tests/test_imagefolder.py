@@ -1,8 +1,9 @@
-"""--dataset imagefolder (DIR/train/<class>/*, DIR/val/<class>/*, read by torchvision's ImageFolder) and
---image_size, on a fixture of a few dozen generated PNGs of several sizes: the folder's facts, the one line that
-refuses each bad folder before anything is written, both loaders (the same evaluation images; the same random
-resized crops, drawn from (seed, epoch, index)), the synthetic set at 64 pixels, the loader each device gets, and a
-run of every mode with the exact evaluation of every validation image by one and two processes."""
+"""--dataset imagefolder (DIR/train/<class>/*, DIR/val/<class>/*, read by torchvision's ImageFolder)
+and --image_size, on a fixture of a few dozen generated PNGs of several sizes: the folder's facts,
+the one line that refuses each bad folder before anything is written, both loaders (the same
+evaluation images; the same random resized crops, drawn from (seed, epoch, index)), the synthetic
+set at 64 pixels, the loader each device gets, and a run of every mode with the exact evaluation of
+every validation image by one and two processes."""
 from __future__ import annotations
 
 import dataclasses
@@ -16,35 +17,43 @@ import torch
 from PIL import Image
 
 from common.config import Config, UsageError, parse_config
-from common.data import (DATASET_INFO, IMAGENET_MEAN, IMAGENET_STD, EvalShard, ShuffleSampler, SyntheticCIFAR,
-                         augmentation_draws, crop_boxes, dataset_info, evaluation_crop, image_folder, load_datasets,
-                         make_loader, resized, resized_crop_draws, resolve_loader, stored_side)
+from common.data import (DATASET_INFO, IMAGENET_MEAN, IMAGENET_STD, EvalShard, ShuffleSampler,
+                         SyntheticCIFAR, augmentation_draws, crop_boxes, dataset_info,
+                         evaluation_crop, image_folder, load_datasets, make_loader, resized,
+                         resized_crop_draws, resolve_loader, stored_side)
 from common.performance import describe_fast_path, flops_per_image, resolve_fast_path
 from comparison.verify import images_in_test_set, images_in_training_set
-from conftest import at_epoch, read_results, refuse_in_process, run_script, train_in_process, two_at_a_time
+from conftest import (at_epoch, read_results, refuse_in_process, run_script, train_in_process,
+                      two_at_a_time)
 
 CPU = torch.device("cpu")
 CLASSES = ("ant", "bee", "cat")
-SIZES = [(40, 30), (36, 36), (30, 44), (48, 40)]  # (width, height): landscape, square (the stored side), portrait
-TRAIN, VAL = 8, 5  # images per class: 24 training images (3 batches of 8), 15 validation ones (8 + 7 on 2 ranks)
-PIXELS = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) * 255, torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1) * 255
+# (width, height): landscape, square (the stored side), portrait
+SIZES = [(40, 30), (36, 36), (30, 44), (48, 40)]
+# images per class: 24 training images (3 batches of 8), 15 validation ones (8 + 7 on 2 ranks)
+TRAIN, VAL = 8, 5
+PIXELS = (torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) * 255,
+          torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1) * 255)
 
 
 def write_folder(root: Path, train: int = TRAIN, val: int = VAL) -> Path:
-    """root/{train,val}/{ant,bee,cat}/<i>.png: ramps that brighten left to right in red and top to bottom in green
-    (each crop's place and mirroring can be read back from its pixels), blue 80 x class + i."""
+    """root/{train,val}/{ant,bee,cat}/<i>.png: ramps that brighten left to right in red and
+    top to bottom in green (each crop's place and mirroring can be read back from its
+    pixels), blue 80 x class + i."""
     for split, count in (("train", train), ("val", val)):
         for label, name in enumerate(CLASSES):
             folder = root / split / name
             folder.mkdir(parents=True)
             for i in range(count):
-                Image.fromarray(ramp(*SIZES[i % len(SIZES)], blue=80 * label + i)).save(folder / f"{i}.png")
+                image = ramp(*SIZES[i % len(SIZES)], blue=80 * label + i)
+                Image.fromarray(image).save(folder / f"{i}.png")
     return root
 
 
 def ramp(width: int, height: int, blue: int) -> np.ndarray:
     red = np.broadcast_to(np.round(np.arange(width) * 255 / (width - 1)), (height, width))
-    green = np.broadcast_to(np.round(np.arange(height) * 255 / (height - 1))[:, None], (height, width))
+    green = np.broadcast_to(np.round(np.arange(height) * 255 / (height - 1))[:, None],
+                            (height, width))
     return np.stack([red, green, np.full((height, width), blue)], axis=-1).astype(np.uint8)
 
 
@@ -54,10 +63,12 @@ def folder(tmp_path_factory) -> Path:
 
 
 def flags(folder, log_dir, *more) -> list[str]:
-    """A tiny run on the folder: PyramidNet-8 alpha=12 at 32 pixels, one epoch of 3 steps of 8 images."""
-    return ["--dataset", "imagefolder", "--data_dir", folder, "--image_size", "32", "--depth", "8", "--alpha", "12",
-            "--batch_size", "8", "--epochs", "1", "--log_interval", "3", "--warmup_steps", "1", "--num_workers", "0",
-            "--no_progress", "--log_dir", log_dir, *more]
+    """A tiny run on the folder: PyramidNet-8 alpha=12 at 32 pixels, one
+    epoch of 3 steps of 8 images."""
+    return ["--dataset", "imagefolder", "--data_dir", folder, "--image_size", "32", "--depth", "8",
+            "--alpha", "12", "--batch_size", "8", "--epochs", "1", "--log_interval", "3",
+            "--warmup_steps", "1", "--num_workers", "0", "--no_progress", "--log_dir", log_dir,
+            *more]
 
 
 def pixels(images: torch.Tensor) -> torch.Tensor:
@@ -66,30 +77,35 @@ def pixels(images: torch.Tensor) -> torch.Tensor:
     return images * std + mean
 
 
-# ---------------------------------------------------------------------------------------------------- the facts
+# ---------------------------------------------------------------------------------------- the facts
 def test_the_folder_gives_its_classes_and_counts(folder):
     facts = image_folder(str(folder))
     assert facts.classes == CLASSES and facts.images == {"train": 24, "val": 15}
     cfg = parse_config(Config, ["--dataset", "imagefolder", "--data_dir", str(folder)])
     info = dataset_info(cfg)
+    # 224 by default, ImageNet's statistics
     assert (info.channels, info.size, info.classes, info.mean, info.std, info.flip, info.crop) == \
-        (3, 224, 3, IMAGENET_MEAN, IMAGENET_STD, True, "resized")  # 224 by default, ImageNet's statistics
+        (3, 224, 3, IMAGENET_MEAN, IMAGENET_STD, True, "resized")
     assert dataset_info(dataclasses.replace(cfg, image_size=32)).size == 32
-    assert dataset_info(dataclasses.asdict(cfg)) == info  # a results.json's config, as compare.py reads it
+    # a results.json's config, as compare.py reads it
+    assert dataset_info(dataclasses.asdict(cfg)) == info
     small = dataclasses.replace(cfg, image_size=32, depth=8, alpha=12)
     assert flops_per_image(small) > 0  # the model of 3 classes on 32-pixel images
     assert images_in_training_set({"dataset": "imagefolder", "data_dir": str(folder)}) == 24
     assert images_in_test_set({"dataset": "imagefolder", "data_dir": str(folder)}) == 15
     train, val = load_datasets("imagefolder", str(folder), 0, 0, 32)
-    assert (len(train), len(val), train.classes, train.info.classes, train.info.size) == (24, 15, list(CLASSES), 3, 32)
-    assert train.targets == [0] * 8 + [1] * 8 + [2] * 8  # ImageFolder's order: by class, then by name
+    assert (len(train), len(val), train.classes, train.info.classes, train.info.size) == \
+        (24, 15, list(CLASSES), 3, 32)
+    # ImageFolder's order: by class, then by name
+    assert train.targets == [0] * 8 + [1] * 8 + [2] * 8
     image, label = val[5]
     assert image.mode == "RGB" and image.size == SIZES[0] and label == 1
 
 
-# ---------------------------------------------------------------------------------------------------- bad folders
+# -------------------------------------------------------------------------------------- bad folders
 def break_folder(root: Path, case: str) -> tuple[Path, str]:
-    """A small good folder broken as `case` says; returns the --data_dir and the path the refusal must name."""
+    """A small good folder broken as `case` says; returns the --data_dir and
+    the path the refusal must name."""
     write_folder(root, train=2, val=1)
     if case == "no folder":
         return root / "nothing", str(root / "nothing")
@@ -120,26 +136,28 @@ def break_folder(root: Path, case: str) -> tuple[Path, str]:
     return root, f"{path} cannot be read as an image"
 
 
-BAD = ["no folder", "no train", "no val", "no class folders", "empty class", "other classes", "truncated png",
-       "empty file", "not an image"]
+BAD = ["no folder", "no train", "no val", "no class folders", "empty class", "other classes",
+       "truncated png", "empty file", "not an image"]
 
 
 @pytest.mark.parametrize("case", BAD)
 def test_each_bad_folder_is_one_line_that_names_it_and_nothing_is_written(tmp_path, case):
-    """Refused the way a user meets it (the script's main() under user_errors, in this process): one line, exit
-    status 2, before any run folder. The layout is refused where the flags are parsed, an image where the
-    datasets are read."""
+    """Refused the way a user meets it (the script's main() under user_errors, in this process): one
+    line, exit status 2, before any run folder. The layout is refused where the flags are parsed, an
+    image where the datasets are read."""
     data_dir, named = break_folder(tmp_path / "data", case)
     done = refuse_in_process("single_gpu/train.py", *flags(data_dir, tmp_path / "runs"))
     lines = done.stderr.splitlines()
-    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: --dataset imagefolder: ")
+    assert (done.returncode == 2 and len(lines) == 1
+            and lines[0].startswith("error: --dataset imagefolder: "))
     assert named in lines[0], lines[0]
     assert any(advice in lines[0] for advice in ("give", "put", "remove", "replace")), lines[0]
     assert not (tmp_path / "runs").exists()
 
 
 def test_a_png_without_its_end_that_pil_still_reads_is_read(tmp_path):
-    """The end-marker check only sends a file to a full decode: one PIL can decode is never refused."""
+    """The end-marker check only sends a file to a full decode: one
+    PIL can decode is never refused."""
     root = write_folder(tmp_path / "data", train=2, val=1)
     path = root / "train" / "ant" / "1.png"
     path.write_bytes(path.read_bytes()[:-12])  # its IEND chunk cut off: the image data is whole
@@ -148,48 +166,60 @@ def test_a_png_without_its_end_that_pil_still_reads_is_read(tmp_path):
 
 
 def corrupt_inside(path: Path) -> None:
-    """A byte of the PNG's image data flipped: its header and its end are whole, so only decoding it fails."""
+    """A byte of the PNG's image data flipped: its header and its end are
+    whole, so only decoding it fails."""
     data = bytearray(path.read_bytes())
     data[data.index(b"IDAT") + 12] ^= 0xFF
     path.write_bytes(bytes(data))
 
 
 def test_an_image_that_fails_only_when_decoded_stops_the_run_naming_it(tmp_path):
-    """The gpu loader decodes every image before anything is written: refused, exit status 2. The torchvision
-    loader meets it in a worker while training: the run stops as for a dead worker, with its checkpoint and the
-    path in one line, exit status 1."""
+    """The gpu loader decodes every image before anything is written: refused, exit status 2. The
+    torchvision loader meets it in a worker while training: the run stops as for a dead worker, with
+    its checkpoint and the path in one line, exit status 1."""
     root = write_folder(tmp_path / "data", train=2, val=1)
     path = root / "train" / "bee" / "1.png"
     corrupt_inside(path)
     small = ["--batch_size", "2", "--run_name", "run"]
-    refused = refuse_in_process("single_gpu/train.py", *flags(root, tmp_path / "gpu", "--loader", "gpu", *small))
-    assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and not (tmp_path / "gpu").exists()
+    refused = refuse_in_process("single_gpu/train.py",
+                                *flags(root, tmp_path / "gpu", "--loader", "gpu", *small))
+    assert (refused.returncode == 2 and refused.stderr.count("\n") == 1
+            and not (tmp_path / "gpu").exists())
     assert f"error: --dataset imagefolder: {path} cannot be read as an image (" in refused.stderr
-    stopped = train_in_process("single_gpu/train.py", *flags(root, tmp_path / "runs", *small, "--num_workers", "1"))
+    stopped = train_in_process("single_gpu/train.py",
+                               *flags(root, tmp_path / "runs", *small, "--num_workers", "1"))
     lines = stopped.stderr.splitlines()
-    assert stopped.returncode == 1 and lines[-1].startswith(f"error: {path} cannot be read as an image ("), lines
-    assert "replace it with a readable image; stopped at step" in lines[-1] and "--resume auto" in lines[-1]
-    assert "Traceback" not in stopped.stderr and (tmp_path / "runs" / "run" / "checkpoint.pt").is_file()
+    assert stopped.returncode == 1 and lines[-1].startswith(f"error: {path} cannot be read as an "
+                                                            "image ("), lines
+    assert ("replace it with a readable image; stopped at step" in lines[-1]
+            and "--resume auto" in lines[-1])
+    assert ("Traceback" not in stopped.stderr
+            and (tmp_path / "runs" / "run" / "checkpoint.pt").is_file())
 
 
-# ---------------------------------------------------------------------------------------------------- the loaders
+# -------------------------------------------------------------------------------------- the loaders
 def test_both_loaders_give_the_same_evaluation_images(folder):
-    """Evaluation: resize to image_size * 256 // 224, centre crop, by PIL in both loaders (the gpu loader decodes
-    them once): the same pixels, normalised each loader's way (up to a float32 rounding)."""
+    """Evaluation: resize to image_size * 256 // 224, centre crop, by PIL in both
+    loaders (the gpu loader decodes them once): the same pixels, normalised each
+    loader's way (up to a float32 rounding)."""
     _, val = load_datasets("imagefolder", str(folder), 0, 0, 32)
-    batches = {kind: next(iter(make_loader(kind, val, EvalShard(15), 15, CPU, train=False, augment=True,
-                                           num_workers=0, seed=0))) for kind in ("gpu", "torchvision")}
+    batches = {kind: next(iter(make_loader(kind, val, EvalShard(15), 15, CPU, train=False,
+                                           augment=True, num_workers=0, seed=0)))
+               for kind in ("gpu", "torchvision")}
     (gpu, labels), (classic, classic_labels) = batches["gpu"], batches["torchvision"]
     assert gpu.shape == (15, 3, 32, 32) and torch.equal(labels, classic_labels)
     assert (gpu - classic).abs().max() <= 2 ** -21
     expected = np.stack([np.asarray(evaluation_crop(val[i][0], 32)) for i in range(15)])
-    assert torch.equal(pixels(gpu).round().permute(0, 2, 3, 1).to(torch.uint8), torch.from_numpy(expected))
+    assert torch.equal(pixels(gpu).round().permute(0, 2, 3, 1).to(torch.uint8),
+                       torch.from_numpy(expected))
     assert stored_side(32) == 36 and stored_side(224) == 256
 
 
-def crop_expected(width: int, height: int, box, mirrored: bool, size: int) -> tuple[np.ndarray, np.ndarray]:
-    """The red and green of a size x size crop of a ramp image at `box` (top, left, height, width), read off the
-    ramps at each output pixel's centre: what any resampling of a linear image gives inside the crop."""
+def crop_expected(width: int, height: int, box, mirrored: bool,
+                  size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The red and green of a size x size crop of a ramp image at `box` (top, left, height,
+    width), read off the ramps at each output pixel's centre: what any resampling of a
+    linear image gives inside the crop."""
     top, left, box_height, box_width = box
     centres = np.arange(size) + 0.5
     red = (left + centres * box_width / size - 0.5) * 255 / (width - 1)
@@ -199,14 +229,15 @@ def crop_expected(width: int, height: int, box, mirrored: bool, size: int) -> tu
 
 @pytest.mark.parametrize("kind", ["gpu", "torchvision"])
 def test_a_training_crop_is_the_box_drawn_for_its_image_in_either_loader(folder, kind):
-    """Every training image in two epochs: inside a one-pixel border (where resamplers treat a box's edge each
-    their own way), its red and green are the ramps at the box crop_boxes draws for (seed, epoch, index) on the
-    original's pixels, mirrored where the draw says, within 1.5 of 255: a box one pixel off moves them by 5 or
-    more. The torchvision loader crops the original with PIL; the gpu loader the image stored squashed to
-    stored_side(32) = 36 pixels, with roi_align."""
+    """Every training image in two epochs: inside a one-pixel border (where resamplers treat a box's
+    edge each their own way), its red and green are the ramps at the box crop_boxes draws for (seed,
+    epoch, index) on the original's pixels, mirrored where the draw says, within 1.5 of 255: a box
+    one pixel off moves them by 5 or more. The torchvision loader crops the original with PIL; the
+    gpu loader the image stored squashed to stored_side(32) = 36 pixels, with roi_align."""
     train, _ = load_datasets("imagefolder", str(folder), 0, 0, 32)
     sampler = ShuffleSampler(24, shuffle=True, seed=5)
-    loader = make_loader(kind, train, sampler, 8, CPU, train=True, augment=True, num_workers=0, seed=5)
+    loader = make_loader(kind, train, sampler, 8, CPU, train=True, augment=True, num_workers=0,
+                         seed=5)
     boxes = []
     for epoch in (0, 1):
         at_epoch(loader, epoch)
@@ -214,7 +245,8 @@ def test_a_training_crop_is_the_box_drawn_for_its_image_in_either_loader(folder,
         draws = resized_crop_draws(5, epoch, 24, flip=True)
         for image, index in zip(images, list(sampler)):
             width, height = Image.open(train.samples[index][0]).size
-            box = tuple(int(v) for v in crop_boxes([draw[index] for draw in draws[:4]], width, height))
+            box = tuple(int(v)
+                        for v in crop_boxes([draw[index] for draw in draws[:4]], width, height))
             red, green = crop_expected(width, height, box, bool(draws[4][index]), 32)
             assert np.abs(image[0] - red[None, :])[1:-1, 1:-1].max() < 1.5, (epoch, index, box)
             assert np.abs(image[1] - green[:, None])[1:-1, 1:-1].max() < 1.5, (epoch, index, box)
@@ -223,18 +255,18 @@ def test_a_training_crop_is_the_box_drawn_for_its_image_in_either_loader(folder,
 
 
 def test_crop_boxes_are_randomresizedcrops_and_the_same_one_at_a_time():
-    """crop_boxes of a whole dataset at once equals its image-by-image calls (the torchvision loader's), bit for
-    bit; each box lies in its image, covers 8 % to 100 % of it, at an aspect ratio of 3/4 to 4/3 where not clamped
-    (on photographs' shapes, 3:4 to 4:3, about one box in five is clamped to its image where torchvision would
-    draw again)."""
+    """crop_boxes of a whole dataset at once equals its image-by-image calls (the torchvision
+    loader's), bit for bit; each box lies in its image, covers 8 % to 100 % of it, at an aspect
+    ratio of 3/4 to 4/3 where not clamped (on photographs' shapes, 3:4 to 4:3, about one box in five
+    is clamped to its image where torchvision would draw again)."""
     draws = resized_crop_draws(0, 3, 2000, flip=True)
     rng = np.random.default_rng(1)
     widths = rng.integers(200, 600, 2000)
     heights = np.rint(widths * rng.uniform(0.75, 1.34, 2000)).astype(np.int64)
     top, left, height, width = crop_boxes(draws[:4], widths, heights)
     for i in range(0, 2000, 97):
-        assert tuple(crop_boxes([draw[i] for draw in draws[:4]], int(widths[i]), int(heights[i]))) == \
-            (top[i], left[i], height[i], width[i])
+        box = crop_boxes([draw[i] for draw in draws[:4]], int(widths[i]), int(heights[i]))
+        assert tuple(box) == (top[i], left[i], height[i], width[i])
     assert (top >= 0).all() and (left >= 0).all() and (top + height <= heights).all() and \
         (left + width <= widths).all()
     inside = (width < widths) & (height < heights)
@@ -242,43 +274,48 @@ def test_crop_boxes_are_randomresizedcrops_and_the_same_one_at_a_time():
     assert inside.mean() > 0.75 and 0.07 < area[inside].min() and area.max() <= 1
     assert (0.74 < (width / height)[inside]).all() and ((width / height)[inside] < 1.35).all()
     assert 0.4 < draws[4].mean() < 0.6 and not resized_crop_draws(0, 3, 100, flip=False)[4].any()
-    assert not np.array_equal(resized_crop_draws(0, 4, 2000, True)[0], draws[0])  # another epoch, other crops
+    # another epoch, other crops
+    assert not np.array_equal(resized_crop_draws(0, 4, 2000, True)[0], draws[0])
 
 
 def test_the_torchvision_loader_crops_alike_with_workers_and_from_a_resumed_batch(folder):
     train, _ = load_datasets("imagefolder", str(folder), 0, 0, 32)
 
     def epoch_one(workers: int, skip: int = 0) -> torch.Tensor:
-        loader = make_loader("torchvision", train, ShuffleSampler(24, True, 0), 8, CPU, train=True, augment=True,
-                             num_workers=workers, seed=0)
+        loader = make_loader("torchvision", train, ShuffleSampler(24, True, 0), 8, CPU, train=True,
+                             augment=True, num_workers=workers, seed=0)
         return torch.cat([images for images, _ in at_epoch(loader, 1, skip)])
 
     alone = epoch_one(0)
     assert torch.equal(epoch_one(1), alone) and torch.equal(epoch_one(0, skip=2), alone[16:])
 
 
-# ---------------------------------------------------------------------------------------------------- other sizes
-SYNTHETIC_32 = {True: "e9eae3289a4f719f", False: "3b47a58719ecf020"}  # sha256 of SyntheticCIFAR(100, 3, train).data
+# -------------------------------------------------------------------------------------- other sizes
+# sha256 of SyntheticCIFAR(100, 3, train).data
+SYNTHETIC_32 = {True: "e9eae3289a4f719f", False: "3b47a58719ecf020"}
 
 
 def test_the_synthetic_set_stays_the_same_bits_at_32_pixels_and_is_generated_there_above():
     for train, digest in SYNTHETIC_32.items():
-        assert hashlib.sha256(SyntheticCIFAR(100, 3, train=train).data.tobytes()).hexdigest()[:16] == digest
+        data = SyntheticCIFAR(100, 3, train=train).data
+        assert hashlib.sha256(data.tobytes()).hexdigest()[:16] == digest
         large = SyntheticCIFAR(100, 3, train=train, image_size=64)
-        assert hashlib.sha256(large.data.tobytes()).hexdigest()[:16] == digest and large.info.size == 64
+        assert (hashlib.sha256(large.data.tobytes()).hexdigest()[:16] == digest
+                and large.info.size == 64)
     small = SyntheticCIFAR(10, 3, train=True, image_size=16)
     assert small.data.shape == (10, 16, 16, 3) and small.info.size == 16
 
 
 def test_synthetic_at_64_pixels_is_deterministic_and_the_same_in_both_loaders():
-    """Each image padded and cropped at its 32 stored pixels, then resized to 64 by `resized` (bilinear), in both
-    loaders: the same batches, again on a second loader, differing between epochs."""
+    """Each image padded and cropped at its 32 stored pixels, then resized to 64 by
+    `resized` (bilinear), in both loaders: the same batches, again on a second
+    loader, differing between epochs."""
     train, test = load_datasets("synthetic", "", 48, 7, 64)
     assert train.info.size == test.info.size == 64 and train.data.shape == (48, 32, 32, 3)
 
     def epoch(kind: str, number: int) -> torch.Tensor:
-        loader = make_loader(kind, train, ShuffleSampler(48, True, 7), 16, CPU, train=True, augment=True,
-                             num_workers=0, seed=7)
+        loader = make_loader(kind, train, ShuffleSampler(48, True, 7), 16, CPU, train=True,
+                             augment=True, num_workers=0, seed=7)
         return torch.cat([images for images, _ in at_epoch(loader, number)])
 
     gpu = epoch("gpu", 0)
@@ -287,73 +324,85 @@ def test_synthetic_at_64_pixels_is_deterministic_and_the_same_in_both_loaders():
     assert not torch.equal(epoch("gpu", 1), gpu)
     order = list(ShuffleSampler(48, True, 7))  # epoch 0's order
     top, left, flip = augmentation_draws(7, 0, 48, flip=True)
-    first = np.pad(train.data[order[0]], ((4, 4), (4, 4), (0, 0)))[top[order[0]]:top[order[0]] + 32,
-                                                                   left[order[0]]:left[order[0]] + 32]
-    first = torch.from_numpy(first[:, ::-1].copy() if flip[order[0]] else first).permute(2, 0, 1).float()
+    padded = np.pad(train.data[order[0]], ((4, 4), (4, 4), (0, 0)))
+    first = padded[top[order[0]]:top[order[0]] + 32, left[order[0]]:left[order[0]] + 32]
+    first = torch.from_numpy(first[:, ::-1].copy() if flip[order[0]] else first)
+    first = first.permute(2, 0, 1).float()
     std, mean = (torch.tensor(v).view(1, 3, 1, 1) * 255 for v in (train.info.std, train.info.mean))
     torch.testing.assert_close(gpu[:1], (resized(first[None], 64) - mean) / std)
-    evaluated = next(iter(make_loader("gpu", test, EvalShard(9), 9, CPU, train=False, augment=True, num_workers=0,
-                                      seed=7)))[0]
+    evaluated = next(iter(make_loader("gpu", test, EvalShard(9), 9, CPU, train=False, augment=True,
+                                      num_workers=0, seed=7)))[0]
     assert evaluated.shape == (9, 3, 64, 64)
 
 
 def test_cifar10_and_mnist_shaped_data_is_resized_alike_by_both_loaders():
-    """--image_size with cifar10 or mnist: their images are resized, not refused, by the synthetic set's path."""
+    """--image_size with cifar10 or mnist: their images are resized, not
+    refused, by the synthetic set's path."""
     rng = np.random.default_rng(0)
     for name, shape in (("cifar10", (6, 32, 32, 3)), ("mnist", (6, 28, 28))):
         data = rng.integers(0, 256, shape, dtype=np.uint8)
         dataset = SyntheticCIFAR(6, 0, train=True)
         dataset.data, dataset.targets = data, [0] * 6
         dataset.info = dataclasses.replace(DATASET_INFO[name], size=48)
-        batches = [next(iter(make_loader(kind, dataset, ShuffleSampler(6, True, 0), 6, CPU, train=True,
-                                         augment=True, num_workers=0, seed=0)))[0] for kind in ("gpu", "torchvision")]
+        batches = [next(iter(make_loader(kind, dataset, ShuffleSampler(6, True, 0), 6, CPU,
+                                         train=True, augment=True, num_workers=0, seed=0)))[0]
+                   for kind in ("gpu", "torchvision")]
         assert batches[0].shape == (6, DATASET_INFO[name].channels, 48, 48)
         assert (batches[0] - batches[1]).abs().max() < 1e-5
 
 
-# ---------------------------------------------------------------------------------------------------- the loader
+# --------------------------------------------------------------------------------------- the loader
 def fake_gpu(monkeypatch, free: int) -> torch.device:
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 80 * 2**30))
     return torch.device("cuda", 0)
 
 
 def test_the_gpu_loader_takes_a_folder_that_fits_in_half_the_free_memory(folder, monkeypatch):
-    cfg = parse_config(Config, ["--dataset", "imagefolder", "--data_dir", str(folder), "--image_size", "32"])
-    need = 3 * (24 * 36 * 36 + 15 * 32 * 32)  # the training images at 36 pixels, the validation ones at 32
+    cfg = parse_config(Config, ["--dataset", "imagefolder", "--data_dir", str(folder),
+                                "--image_size", "32"])
+    # the training images at 36 pixels, the validation ones at 32
+    need = 3 * (24 * 36 * 36 + 15 * 32 * 32)
     assert resolve_loader(cfg, CPU) == "torchvision"  # on the CPU, as before
     assert resolve_loader(dataclasses.replace(cfg, loader="gpu"), CPU) == "gpu"
     assert resolve_loader(cfg, fake_gpu(monkeypatch, 2 * need)) == "gpu"
     assert resolve_loader(cfg, fake_gpu(monkeypatch, 2 * need - 1)) == "torchvision"
-    assert resolve_loader(dataclasses.replace(cfg, dataset="synthetic"), fake_gpu(monkeypatch, 0)) == "gpu"
-    chosen = dataclasses.replace(cfg, loader="torchvision", amp="off", channels_last=False, align_channels=0)
-    assert describe_fast_path(chosen) == ("fp32, NCHW, torchvision loader (the decoded images would take 0.133 MiB, "
-                                          "more than half of the 0.266 MiB free on cuda:0)")
+    synthetic = dataclasses.replace(cfg, dataset="synthetic")
+    assert resolve_loader(synthetic, fake_gpu(monkeypatch, 0)) == "gpu"
+    chosen = dataclasses.replace(cfg, loader="torchvision", amp="off", channels_last=False,
+                                 align_channels=0)
+    assert describe_fast_path(chosen) == ("fp32, NCHW, torchvision loader (the decoded "
+                                          "images would take 0.133 MiB, more than half of "
+                                          "the 0.266 MiB free on cuda:0)")
     with pytest.raises(UsageError) as refused:
         resolve_loader(dataclasses.replace(cfg, loader="gpu"), fake_gpu(monkeypatch, need - 1))
-    assert str(refused.value).startswith("--loader gpu: the image folder's decoded images take 0.133 MiB, more "
-                                         "than the 0.133 MiB free on cuda:0: leave out --loader")
+    assert str(refused.value).startswith("--loader gpu: the image folder's decoded images "
+                                         "take 0.133 MiB, more than the 0.133 MiB free on "
+                                         "cuda:0: leave out --loader")
     assert resolve_fast_path(cfg, CPU).loader == "torchvision"
 
 
-# ---------------------------------------------------------------------------------------------------- runs
+# --------------------------------------------------------------------------------------------- runs
 @pytest.fixture(scope="module")
 def runs(folder, tmp_path_factory):
-    """Every mode trains once on the folder: dist_parallel (torchvision loader, weights saved) and fsdp (gpu
-    loader) on two processes each, each evaluating every validation image at its end, then single_gpu
-    (torchvision loader) and data_parallel (gpu loader) in this process; then single_gpu evaluates
-    dist_parallel's weights in one process."""
+    """Every mode trains once on the folder: dist_parallel (torchvision loader, weights saved) and
+    fsdp (gpu loader) on two processes each, each evaluating every validation image at its end, then
+    single_gpu (torchvision loader) and data_parallel (gpu loader) in this process; then single_gpu
+    evaluates dist_parallel's weights in one process."""
     log_dir = tmp_path_factory.mktemp("folder_runs")
     two = ["--nproc_per_node", "2"]
     done = dict(zip(("dist_parallel", "fsdp"), two_at_a_time(
-        lambda: run_script("dist_parallel/train.py", *flags(folder, log_dir, "--run_name", "dist_parallel",
-                                                            "--save_model", *two)),
-        lambda: run_script("fsdp/train.py", *flags(folder, log_dir, "--run_name", "fsdp", "--loader", "gpu",
-                                                   *two)))))
-    done["single_gpu"] = train_in_process("single_gpu/train.py", *flags(folder, log_dir, "--run_name", "single_gpu"))
+        lambda: run_script("dist_parallel/train.py", *flags(folder, log_dir, "--run_name",
+                                                            "dist_parallel", "--save_model", *two)),
+        lambda: run_script("fsdp/train.py", *flags(folder, log_dir, "--run_name", "fsdp",
+                                                   "--loader", "gpu", *two)))))
+    done["single_gpu"] = train_in_process("single_gpu/train.py",
+                                          *flags(folder, log_dir, "--run_name", "single_gpu"))
     done["data_parallel"] = train_in_process("data_parallel/train.py",
-                                             *flags(folder, log_dir, "--run_name", "data_parallel", "--loader", "gpu"))
+                                             *flags(folder, log_dir, "--run_name", "data_parallel",
+                                                    "--loader", "gpu"))
     done["evaluated"] = train_in_process("single_gpu/train.py", *flags(
-        folder, log_dir, "--run_name", "evaluated", "--evaluate", log_dir / "dist_parallel" / "model.pt"))
+        folder, log_dir, "--run_name", "evaluated", "--evaluate",
+        log_dir / "dist_parallel" / "model.pt"))
     return log_dir, done
 
 
@@ -367,16 +416,18 @@ def test_every_mode_trains_on_the_folder(runs, mode, loader):
     results = read_results(log_dir / mode)
     assert results["config"]["loader"] == loader and results["config"]["image_size"] == 32
     assert results["summary"]["steps"] == 3 and results["summary"]["test_images"] == 15
-    assert results["summary"]["test_acc"] * 15 == pytest.approx(round(results["summary"]["test_acc"] * 15))
+    assert results["summary"]["test_acc"] * 15 == \
+        pytest.approx(round(results["summary"]["test_acc"] * 15))
     assert "(15 images)" in done[mode].stdout  # on two ranks: 8 and 7, summed
 
 
 def test_one_and_two_processes_evaluate_every_validation_image_once_alike(runs):
-    """dist_parallel's end of training evaluated its weights on two ranks (8 and 7 images); single_gpu --evaluate
-    reads those weights and evaluates all 15 in one process: the same accuracy, the same loss but for the order
-    of its sums."""
+    """dist_parallel's end of training evaluated its weights on two ranks (8 and 7 images);
+    single_gpu --evaluate reads those weights and evaluates all 15 in one process: the same
+    accuracy, the same loss but for the order of its sums."""
     log_dir, done = runs
     assert done["evaluated"].returncode == 0, done["evaluated"].stderr
     one, two = (read_results(log_dir / name)["summary"] for name in ("evaluated", "dist_parallel"))
     assert one["test_images"] == two["test_images"] == 15
-    assert one["test_acc"] == two["test_acc"] and one["test_loss"] == pytest.approx(two["test_loss"], rel=1e-5)
+    assert (one["test_acc"] == two["test_acc"]
+            and one["test_loss"] == pytest.approx(two["test_loss"], rel=1e-5))

@@ -1,4 +1,5 @@
-"""models/pyramidnet.py: shapes, the paper's parameter counts, the block structure, the shortcut and the init."""
+"""models/pyramidnet.py: shapes, the paper's parameter counts, the block
+structure, the shortcut and the init."""
 from __future__ import annotations
 
 import functools
@@ -29,11 +30,13 @@ def default_model() -> PyramidNet:
     return pyramidnet()
 
 
-# ---------------------------------------------------------------------------------------------- forward shapes
+# ----------------------------------------------------------------------------------- forward shapes
 
-@pytest.mark.parametrize("arch", [TINY_BASIC, TINY_BOTTLENECK, dict(depth=14, alpha=24, block="basic"),
+@pytest.mark.parametrize("arch", [TINY_BASIC, TINY_BOTTLENECK,
+                                  dict(depth=14, alpha=24, block="basic"),
                                   dict(depth=20, alpha=18, block="bottleneck")])
-@pytest.mark.parametrize("in_channels, size", [(3, 32), (1, 28), (3, 30)])  # 30: odd 15x15 at the last stride
+# 30: odd 15x15 at the last stride
+@pytest.mark.parametrize("in_channels, size", [(3, 32), (1, 28), (3, 30)])
 @pytest.mark.parametrize("num_classes", [10, 7])
 def test_forward_shape(arch, in_channels, size, num_classes):
     torch.manual_seed(0)
@@ -60,9 +63,10 @@ def test_pyramidnet_function_is_the_class():
     assert isinstance(pyramidnet(**TINY_BOTTLENECK).layer1[0], Bottleneck)
 
 
-# ---------------------------------------------------------------------------------------------- parameter counts
+# --------------------------------------------------------------------------------- parameter counts
 
-# (depth, alpha, block, the paper's CIFAR-10 table in millions, the exact count of this implementation)
+# (depth, alpha, block, the paper's CIFAR-10 table in millions, the
+# exact count of this implementation)
 PAPER = [
     (110, 48, "basic", 1.7, 1_772_706),
     (110, 84, "basic", 3.8, 3_904_446),
@@ -73,9 +77,11 @@ PAPER = [
 ]
 
 
-def analytic_count(blocks_per_stage: int, step: float, bottleneck: bool, num_classes: int = 10) -> int:
-    """Trainable parameters of a PyramidNet counted by hand (convs without bias, BN weight+bias, fc), independent
-    of the model code: stem conv3x3 3->16 + BN, then 3 stages of blocks, widths round(16 + k*step), final BN, fc."""
+def analytic_count(blocks_per_stage: int, step: float, bottleneck: bool,
+                   num_classes: int = 10) -> int:
+    """Trainable parameters of a PyramidNet counted by hand (convs without bias, BN weight+bias,
+    fc), independent of the model code: stem conv3x3 3->16 + BN, then 3 stages of blocks, widths
+    round(16 + k*step), final BN, fc."""
     total = 3 * 16 * 9 + 2 * 16
     width, channels = 16.0, 16
     for _ in range(3):
@@ -83,7 +89,8 @@ def analytic_count(blocks_per_stage: int, step: float, bottleneck: bool, num_cla
             width += step
             w = int(round(width))
             if bottleneck:
-                total += 2 * channels + channels * w + 2 * w + w * w * 9 + 2 * w + w * 4 * w + 2 * 4 * w
+                total += (2 * channels + channels * w + 2 * w + w * w * 9 + 2 * w + w * 4 * w
+                          + 2 * 4 * w)
                 channels = 4 * w
             else:
                 total += 2 * channels + channels * w * 9 + 2 * w + w * w * 9 + 2 * w
@@ -94,22 +101,24 @@ def analytic_count(blocks_per_stage: int, step: float, bottleneck: bool, num_cla
 @pytest.mark.parametrize("depth, alpha, block, paper_millions, exact", PAPER,
                          ids=[f"{d}-{a}-{b}" for d, a, b, _, _ in PAPER])
 def test_parameter_count_matches_the_paper(depth, alpha, block, paper_millions, exact):
-    model = default_model() if (depth, alpha, block) == (110, 270, "basic") else pyramidnet(depth, alpha, block)
+    model = (default_model() if (depth, alpha, block) == (110, 270, "basic")
+             else pyramidnet(depth, alpha, block))
     count = trainable(model)
     assert count == sum(p.numel() for p in model.parameters())  # nothing frozen
-    # Regression: the faithful structure (official PyramidNet-PyTorch: widths rounded, BN affine parameters
-    # counted) gives exactly this number.
+    # Regression: the faithful structure (official PyramidNet-PyTorch: widths rounded, BN affine
+    # parameters counted) gives exactly this number.
     assert count == exact
     per_stage = (depth - 2) // (6 if block == "basic" else 9)
     assert count == analytic_count(per_stage, alpha / (3 * per_stage), block == "bottleneck")
-    # The paper's table (Han, Kim & Kim, CVPR 2017, Table 4) is rounded to 0.1M and runs slightly low (by up to
-    # ~0.2M, presumably BN parameters or rounding of the widths left out), so it is only a tolerance check.
+    # The paper's table (Han, Kim & Kim, CVPR 2017, Table 4) is rounded to 0.1M and runs
+    # slightly low (by up to ~0.2M, presumably BN parameters or rounding of the widths left
+    # out), so it is only a tolerance check.
     assert abs(count - paper_millions * 1e6) <= 0.25e6
 
 
 def test_seventeen_blocks_per_stage_would_be_caught():
-    """A classic off-by-one, 17 blocks per stage for depth 110 (the width step still alpha/54), gives ~24.3M:
-    both the pinned count and the paper's 28.3M +- 0.25M reject it."""
+    """A classic off-by-one, 17 blocks per stage for depth 110 (the width step still alpha/54),
+    gives ~24.3M: both the pinned count and the paper's 28.3M +- 0.25M reject it."""
     buggy = analytic_count(17, 270 / 54, bottleneck=False)
     assert abs(buggy - 24.3e6) < 0.1e6
     assert abs(buggy - 28.3e6) > 0.25e6
@@ -124,13 +133,14 @@ def test_num_classes_changes_only_the_classifier():
     assert trainable(pyramidnet(**TINY_BASIC, in_channels=1)) == base - 2 * 16 * 9
 
 
-# ---------------------------------------------------------------------------------------------- structure
+# ---------------------------------------------------------------------------------------- structure
 
 def test_default_model_structure():
     model = default_model()
     stages = [model.layer1, model.layer2, model.layer3]
     assert [len(stage) for stage in stages] == [18, 18, 18]
-    assert model.out_channels == 286 and model.fc.in_features == 286 and model.bn_final.num_features == 286
+    assert (model.out_channels == 286 and model.fc.in_features == 286
+            and model.bn_final.num_features == 286)
     blocks = [block for stage in stages for block in stage]
     assert all(isinstance(block, BasicBlock) for block in blocks)
     widths = [block.bn3.num_features for block in blocks]
@@ -141,7 +151,8 @@ def test_default_model_structure():
     assert [block.conv1.in_channels for block in blocks] == inputs
     strides = [[block.stride for block in stage] for stage in stages]
     assert strides == [[1] * 18, [2] + [1] * 17, [2] + [1] * 17]
-    conv_strides = [[(block.conv1.stride, block.conv2.stride) for block in stage] for stage in stages]
+    conv_strides = [[(block.conv1.stride, block.conv2.stride) for block in stage]
+                    for stage in stages]
     assert conv_strides[0] == [((1, 1), (1, 1))] * 18
     for stage in conv_strides[1:]:
         assert stage == [((2, 2), (1, 1))] + [((1, 1), (1, 1))] * 17
@@ -149,16 +160,19 @@ def test_default_model_structure():
 
 def test_nondecreasing_widths_for_fractional_steps():
     model = pyramidnet(110, 48, "basic")  # step 48/54, not an integer: some blocks keep their width
-    widths = [block.bn3.num_features for stage in (model.layer1, model.layer2, model.layer3) for block in stage]
+    widths = [block.bn3.num_features for stage in (model.layer1, model.layer2, model.layer3)
+              for block in stage]
     assert widths == sorted(widths) and widths[-1] == 64 == model.out_channels
     assert all(b - a in (0, 1) for a, b in zip(widths, widths[1:]))
     bottleneck = pyramidnet(164, 270, "bottleneck")
     assert bottleneck.out_channels == 4 * 286 == bottleneck.fc.in_features
-    assert [len(s) for s in (bottleneck.layer1, bottleneck.layer2, bottleneck.layer3)] == [18, 18, 18]
+    assert [len(s) for s in (bottleneck.layer1, bottleneck.layer2, bottleneck.layer3)] == \
+        [18, 18, 18]
 
 
 def call_order(module: nn.Module, forward, x):
-    """The ops of `forward(x)`, traced with torch.fx: call_module targets and call_function names in order."""
+    """The ops of `forward(x)`, traced with torch.fx: call_module targets and
+    call_function names in order."""
     class Wrapper(nn.Module):
         def __init__(self):
             super().__init__()
@@ -179,15 +193,18 @@ def test_basic_block_is_bn_conv_bn_relu_conv_bn():
         ["bn1", "conv1", "bn2", "relu", "conv2", "bn3"]
     assert block.conv1.kernel_size == block.conv2.kernel_size == (3, 3)
     assert block.conv1.bias is None and block.conv2.bias is None
-    assert not any(isinstance(m, nn.ReLU) for m in block.modules())  # the only ReLU is the functional one
+    # the only ReLU is the functional one
+    assert not any(isinstance(m, nn.ReLU) for m in block.modules())
 
 
 def test_bottleneck_block_order():
     block = Bottleneck(16, 8, 2)
-    assert [name for name, _ in block.named_children()] == ["bn1", "conv1", "bn2", "conv2", "bn3", "conv3", "bn4"]
+    assert [name for name, _ in block.named_children()] == \
+        ["bn1", "conv1", "bn2", "conv2", "bn3", "conv3", "bn4"]
     assert call_order(block, lambda m, x: m.residual(x), torch.randn(2, 16, 8, 8)) == \
         ["bn1", "conv1", "bn2", "relu", "conv2", "bn3", "relu", "conv3", "bn4"]
-    assert [c.kernel_size for c in (block.conv1, block.conv2, block.conv3)] == [(1, 1), (3, 3), (1, 1)]
+    assert [c.kernel_size for c in (block.conv1, block.conv2, block.conv3)] == \
+        [(1, 1), (3, 3), (1, 1)]
     assert block.conv2.stride == (2, 2) and block.conv1.stride == block.conv3.stride == (1, 1)
     assert block.bn4.num_features == 32
 
@@ -211,7 +228,8 @@ def test_block_is_residual_plus_zero_padded_identity(block_class, in_channels, w
     block = block_class(in_channels, width, stride)
     randomise_batchnorm(block)
     block.eval()
-    x = torch.randn(3, in_channels, 9, 9)  # odd size: the shortcut's pooling must round up like the conv
+    # odd size: the shortcut's pooling must round up like the conv
+    x = torch.randn(3, in_channels, 9, 9)
     with torch.no_grad():
         out = block(x)
         residual = block.residual(x)
@@ -219,7 +237,8 @@ def test_block_is_residual_plus_zero_padded_identity(block_class, in_channels, w
     size = 9 if stride == 1 else 5
     assert out.shape == residual.shape == (3, out_channels, size, size)
     identity = x if stride == 1 else F.avg_pool2d(x, 2, 2, ceil_mode=True)
-    # the identity goes into the first channels; the new channels are the residual alone; no ReLU after the sum
+    # the identity goes into the first channels; the new channels are the
+    # residual alone; no ReLU after the sum
     torch.testing.assert_close(out[:, :in_channels], residual[:, :in_channels] + identity)
     torch.testing.assert_close(out[:, in_channels:], residual[:, in_channels:])
     assert (out < 0).any()
@@ -237,7 +256,8 @@ def test_padded_shortcut():
     expected = x.view(2, 3, 2, 2, 2, 2).mean(dim=(3, 5))  # 2x2 average pooling
     assert torch.equal(down[:, :3], expected) and torch.equal(down[:, 3:], torch.zeros(2, 3, 2, 2))
     assert down[0, 0, 0, 0] == (0 + 1 + 4 + 5) / 4
-    odd = padded_shortcut(torch.ones(1, 2, 5, 5), 2, 2)  # ceil_mode: a 5x5 map pools to 3x3, border averaged
+    # ceil_mode: a 5x5 map pools to 3x3, border averaged
+    odd = padded_shortcut(torch.ones(1, 2, 5, 5), 2, 2)
     assert odd.shape == (1, 2, 3, 3) and torch.equal(odd, torch.ones(1, 2, 3, 3))
 
 
@@ -253,7 +273,8 @@ def test_stem_has_no_relu_and_head_has_one():
     randomise_batchnorm(model)
     model.eval()
     seen = {}
-    model.layer1.register_forward_pre_hook(lambda m, args: seen.__setitem__("layer1", args[0].clone()))
+    model.layer1.register_forward_pre_hook(
+        lambda m, args: seen.__setitem__("layer1", args[0].clone()))
     model.fc.register_forward_pre_hook(lambda m, args: seen.__setitem__("fc", args[0].clone()))
     x = torch.randn(4, 3, 32, 32)
     with torch.no_grad():
@@ -261,12 +282,13 @@ def test_stem_has_no_relu_and_head_has_one():
         stem = model.bn1(model.conv1(x))
     torch.testing.assert_close(seen["layer1"], stem)
     assert (seen["layer1"] < 0).any()  # the stem is conv + BN only
-    assert (seen["fc"] >= 0).all() and (seen["fc"] > 0).any()  # BN + ReLU + global average pooling before fc
-    assert [name for name, _ in model.named_children()] == ["conv1", "bn1", "layer1", "layer2", "layer3",
-                                                            "bn_final", "fc"]
+    # BN + ReLU + global average pooling before fc
+    assert (seen["fc"] >= 0).all() and (seen["fc"] > 0).any()
+    assert [name for name, _ in model.named_children()] == ["conv1", "bn1", "layer1", "layer2",
+                                                            "layer3", "bn_final", "fc"]
 
 
-# ---------------------------------------------------------------------------------------------- initialisation
+# ----------------------------------------------------------------------------------- initialisation
 
 def test_he_fan_out_init_of_big_convs():
     model = default_model()
@@ -281,7 +303,8 @@ def test_he_fan_out_init_of_big_convs():
 
 def test_init_uses_fan_out_not_fan_in():
     torch.manual_seed(0)
-    model = pyramidnet(20, 48, "bottleneck")  # conv3 of a bottleneck: 1x1, out = 4x in, so the two differ by 2x
+    # conv3 of a bottleneck: 1x1, out = 4x in, so the two differ by 2x
+    model = pyramidnet(20, 48, "bottleneck")
     conv = model.layer3[-1].conv3
     assert conv.out_channels == 4 * conv.in_channels
     std = conv.weight.detach().std().item()
@@ -311,12 +334,12 @@ def test_same_seed_same_weights():
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-# ---------------------------------------------------------------------------------------------- invalid arguments
+# -------------------------------------------------------------------------------- invalid arguments
 
 @pytest.mark.parametrize("depth, block, form", [
-    (109, "basic", "6n+2"), (2, "basic", "6n+2"), (0, "basic", "6n+2"), (-4, "basic", "6n+2"), (111, "basic", "6n+2"),
-    (165, "basic", "6n+2"), (111, "bottleneck", "9n+2"), (2, "bottleneck", "9n+2"), (12, "bottleneck", "9n+2"),
-    (165, "bottleneck", "9n+2")])
+    (109, "basic", "6n+2"), (2, "basic", "6n+2"), (0, "basic", "6n+2"), (-4, "basic", "6n+2"),
+    (111, "basic", "6n+2"), (165, "basic", "6n+2"), (111, "bottleneck", "9n+2"),
+    (2, "bottleneck", "9n+2"), (12, "bottleneck", "9n+2"), (165, "bottleneck", "9n+2")])
 def test_invalid_depth(depth, block, form):
     with pytest.raises(ValueError, match=r"depth .*" + form.replace("+", r"\+")) as error:
         pyramidnet(depth, 48, block)
@@ -324,7 +347,8 @@ def test_invalid_depth(depth, block, form):
 
 
 def test_depth_110_is_also_a_valid_bottleneck_depth():
-    # 110 = 9 * 12 + 2: twelve bottleneck blocks per stage (so it is not an example of an invalid depth)
+    # 110 = 9 * 12 + 2: twelve bottleneck blocks per stage (so it is not
+    # an example of an invalid depth)
     model = pyramidnet(110, 12, "bottleneck")
     assert [len(s) for s in (model.layer1, model.layer2, model.layer3)] == [12, 12, 12]
 
@@ -349,8 +373,8 @@ def test_invalid_classes_or_channels():
 
 
 def test_width_multiple_rounds_every_width_up():
-    """--width_multiple 8 (for tensor cores): every convolution's output is a multiple of 8, no narrower than the
-    paper's; 1 is the paper's model exactly."""
+    """--width_multiple 8 (for tensor cores): every convolution's output is a multiple of 8, no
+    narrower than the paper's; 1 is the paper's model exactly."""
     paper, padded = pyramidnet(20, 48), pyramidnet(20, 48, width_multiple=8)
     paper_widths = [m.out_channels for m in paper.modules() if isinstance(m, torch.nn.Conv2d)][1:]
     padded_widths = [m.out_channels for m in padded.modules() if isinstance(m, torch.nn.Conv2d)][1:]

@@ -1,7 +1,8 @@
-"""benchmarks/profile_step.py's split of a step: real operator and kernel names from an H100 profile (torch 2.11,
-PyramidNet-110 in bf16, channels_last, and in fp32/fp16 NCHW for cuDNN's BatchNorm and layout kernels) must land
-in the category of what they compute, whichever library ran them. The script's CPU run is tested in
-tests/test_fast_path.py (test_profile_tool_splits_a_step_into_categories), its GPU run in tests/dry_gpu_test.py."""
+"""benchmarks/profile_step.py's split of a step: real operator and kernel names from an H100 profile
+(torch 2.11, PyramidNet-110 in bf16, channels_last, and in fp32/fp16 NCHW for cuDNN's BatchNorm and
+layout kernels) must land in the category of what they compute, whichever library ran them. The
+script's CPU run is tested in tests/test_fast_path.py
+(test_profile_tool_splits_a_step_into_categories), its GPU run in tests/dry_gpu_test.py."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -40,29 +41,31 @@ CONVOLUTION = [
     "sm90_xmma_wgrad_indexed_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize256x128x64_warpgroupsize2x1x1_g1_execut",
     "sm90_xmma_wgrad_indexed_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize256x64x64_warpgroupsize1x1x1_g1_execute",
     "sm90_xmma_wgrad_indexed_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize64x64x64_warpgroupsize1x1x1_g1_execute_",
-    "void cask_plugin__5x_cudnn::xmma__5x_cudnn::init_device_workspace_kernel<xmma__5x_cudnn::implicit_gemm::wgrad_indexed::W",
-    "void cutlass__5x_cudnn::Kernel<cutlass_tensorop_bf16_s16816dgrad_optimized_bf16_128x128_32x4_nhwc_unity_stride_align8>(c",
-    "void cutlass__5x_cudnn::Kernel<cutlass_tensorop_bf16_s16816dgrad_optimized_bf16_256x64_32x4_nhwc_unity_stride_align8>(cu",
-    "void cutlass__5x_cudnn::Kernel<cutlass_tensorop_bf16_s16816fprop_optimized_bf16_128x128_32x5_nhwc_align8>(cutlass_tensor",
-    "void wgrad_alg0_engine_NHWC<float, 128, 5, 5, 3, 3, 3, false, 512>(int, int, int, float const*, int, float*, float const",
+    "void cask_plugin__5x_cudnn::xmma__5x_cudnn::init_device_workspace_kernel<xmma__5x_cudnn::implicit_gemm::wgrad_indexed::W",  # noqa: E501
+    "void cutlass__5x_cudnn::Kernel<cutlass_tensorop_bf16_s16816dgrad_optimized_bf16_128x128_32x4_nhwc_unity_stride_align8>(c",  # noqa: E501
+    "void cutlass__5x_cudnn::Kernel<cutlass_tensorop_bf16_s16816dgrad_optimized_bf16_256x64_32x4_nhwc_unity_stride_align8>(cu",  # noqa: E501
+    "void cutlass__5x_cudnn::Kernel<cutlass_tensorop_bf16_s16816fprop_optimized_bf16_128x128_32x5_nhwc_align8>(cutlass_tensor",  # noqa: E501
+    "void wgrad_alg0_engine_NHWC<float, 128, 5, 5, 3, 3, 3, false, 512>(int, int, int, float const*, int, float*, float const",  # noqa: E501
 ]
-# cuDNN preparing a convolution's tensors for the tensor cores, inside aten::cudnn_convolution/convolution_backward.
+# cuDNN preparing a convolution's tensors for the tensor cores, inside
+# aten::cudnn_convolution/convolution_backward.
 CONV_LAYOUT = [
-    "void nhwcAddPaddingKernel<__nv_bfloat16, __nv_bfloat16, float, true, (cudnnKernelDataType_t)0>(int, int, int, int, int, ",
-    "void nhwcAddPaddingKernel<float, float, float, true, (cudnnKernelDataType_t)0>(int, int, int, int, int, int, int, int, fl",
-    "void cudnn::engines_precompiled::nchwToNhwcKernel<float, float, float, false, true, (cudnnKernelDataType_t)0>(cudnn::engi",
-    "void cudnn::engines_precompiled::nhwcToNchwKernel<__half, __half, float, true, false, (cudnnKernelDataType_t)0>(cudnn::en",
-    "void tensorTransformGeneric<__half, __half, float, true, false, false, (cudnnKernelDataType_t)0>(cudnnTensorTransformStru",
-    "void cudnn::engines_precompiled::convertTensor_kernel<float, float, float, (cudnnKernelDataType_t)2>(float, float const*,",
+    "void nhwcAddPaddingKernel<__nv_bfloat16, __nv_bfloat16, float, true, (cudnnKernelDataType_t)0>(int, int, int, int, int, ",  # noqa: E501
+    "void nhwcAddPaddingKernel<float, float, float, true, (cudnnKernelDataType_t)0>(int, int, int, int, int, int, int, int, fl",  # noqa: E501
+    "void cudnn::engines_precompiled::nchwToNhwcKernel<float, float, float, false, true, (cudnnKernelDataType_t)0>(cudnn::engi",  # noqa: E501
+    "void cudnn::engines_precompiled::nhwcToNchwKernel<__half, __half, float, true, false, (cudnnKernelDataType_t)0>(cudnn::en",  # noqa: E501
+    "void tensorTransformGeneric<__half, __half, float, true, false, false, (cudnnKernelDataType_t)0>(cudnnTensorTransformStru",  # noqa: E501
+    "void cudnn::engines_precompiled::convertTensor_kernel<float, float, float, (cudnnKernelDataType_t)2>(float, float const*,",  # noqa: E501
 ]
 BATCHNORM = [
     "aten::native_batch_norm",
     "aten::native_batch_norm_backward",
-    "void at::native::batch_norm_backward_elemt_channels_last_kernel<4, c10::BFloat16, float, float>(c10::BFloat16 const*, c1",
-    "void at::native::batch_norm_backward_reduce_channels_last_kernel<4, c10::BFloat16, float, float>(c10::BFloat16 const*, c",
-    "void at::native::batch_norm_collect_statistics_channels_last_kernel<at::native::Var, c10::BFloat16, float, 4>(c10::BFloa",
-    "void at::native::batch_norm_transform_input_channels_last_kernel<c10::BFloat16, float, float, 4>(c10::BFloat16 const*, c",
-    # fp32 and fp16 go through cuDNN's BatchNorm, which the old check ("cudnn" first) counted as convolution
+    "void at::native::batch_norm_backward_elemt_channels_last_kernel<4, c10::BFloat16, float, float>(c10::BFloat16 const*, c1",  # noqa: E501
+    "void at::native::batch_norm_backward_reduce_channels_last_kernel<4, c10::BFloat16, float, float>(c10::BFloat16 const*, c",  # noqa: E501
+    "void at::native::batch_norm_collect_statistics_channels_last_kernel<at::native::Var, c10::BFloat16, float, 4>(c10::BFloa",  # noqa: E501
+    "void at::native::batch_norm_transform_input_channels_last_kernel<c10::BFloat16, float, float, 4>(c10::BFloat16 const*, c",  # noqa: E501
+    # fp32 and fp16 go through cuDNN's BatchNorm, which the old check
+    # ("cudnn" first) counted as convolution
     "aten::batch_norm",
     "aten::_batch_norm_impl_index",
     "aten::cudnn_batch_norm",
@@ -72,10 +75,10 @@ BATCHNORM = [
     "bn_bw_1C11_kernel_new",
     "bn_fw_tr_1C11_singleread",
     "batch_norm_collect_statistics_channels_last_kernel",
-    "void cudnn::bn_fw_tr_1C11_kernel_NCHW<float, float, int, 128, true, 1, true>(cudnnTensorStruct, float const*, cudnnTenso",
-    "void cudnn::bn_bw_1C11_kernel_new<float, float, float2, 128, true, 1>(float, float, float, float, cudnnTensorStruct, flo",
-    "void cudnn::bn_fw_tr_1C11_singleread_spec<__half2, 512, 1, 2, 20>(cudnn::bn_fw_tr_1C11_args<__half2>)",
-    "void cudnn::batchnorm_bwtr_nhwc_semiPersist<float, float, float, 512, 16, 3, 1, 1, 0, true, 2>(cudnn::NhwcBatchNormBwdPar",
+    "void cudnn::bn_fw_tr_1C11_kernel_NCHW<float, float, int, 128, true, 1, true>(cudnnTensorStruct, float const*, cudnnTenso",  # noqa: E501
+    "void cudnn::bn_bw_1C11_kernel_new<float, float, float2, 128, true, 1>(float, float, float, float, cudnnTensorStruct, flo",  # noqa: E501
+    "void cudnn::bn_fw_tr_1C11_singleread_spec<__half2, 512, 1, 2, 20>(cudnn::bn_fw_tr_1C11_args<__half2>)",  # noqa: E501
+    "void cudnn::batchnorm_bwtr_nhwc_semiPersist<float, float, float, 512, 16, 3, 1, 1, 0, true, 2>(cudnn::NhwcBatchNormBwdPar",  # noqa: E501
 ]
 ELEMENTWISE = [
     "Optimizer.zero_grad#SGD.zero_grad",  # the optimizer's own range: zeroing gradients
@@ -96,17 +99,18 @@ ELEMENTWISE = [
     "aten::sum",
     "aten::threshold_backward",
     "Memset (Device)",
-    "void at::native::(anonymous namespace)::avg_pool2d_backward_out_cuda_frame_nhwc<c10::BFloat16, float, int>(int, c10::BFl",
-    "void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::direct_copy_kernel_cuda(at::T",
-    "void at::native::vectorized_elementwise_kernel<8, at::native::(anonymous namespace)::launch_clamp_scalar(at::TensorItera",
-    "void at::native::vectorized_elementwise_kernel<8, at::native::BinaryFunctor<c10::BFloat16, c10::BFloat16, c10::BFloat16,",
-    "void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add<c10::BFloat16>, std::array<char*, 3ul> >(i",
+    "void at::native::(anonymous namespace)::avg_pool2d_backward_out_cuda_frame_nhwc<c10::BFloat16, float, int>(int, c10::BFl",  # noqa: E501
+    "void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::direct_copy_kernel_cuda(at::T",  # noqa: E501
+    "void at::native::vectorized_elementwise_kernel<8, at::native::(anonymous namespace)::launch_clamp_scalar(at::TensorItera",  # noqa: E501
+    "void at::native::vectorized_elementwise_kernel<8, at::native::BinaryFunctor<c10::BFloat16, c10::BFloat16, c10::BFloat16,",  # noqa: E501
+    "void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add<c10::BFloat16>, std::array<char*, 3ul> >(i",  # noqa: E501
     "at::native::amp_update_scale_cuda_kernel(float*, int*, float const*, double, double, int)",
 ]
 OTHER = ["Activity Buffer Request"]  # the profiler's own work
 
 
-@pytest.mark.parametrize("name, kind", [*((name, "convolution") for name in CONVOLUTION + CONV_LAYOUT),
+@pytest.mark.parametrize("name, kind", [*((name, "convolution")
+                                          for name in CONVOLUTION + CONV_LAYOUT),
                                         *((name, "batchnorm") for name in BATCHNORM),
                                         *((name, "elementwise") for name in ELEMENTWISE),
                                         *((name, "other") for name in OTHER)])
@@ -120,51 +124,67 @@ def test_only_cudnns_layout_kernels_count_as_conv_layout():
 
 
 def test_kernels_split_like_operators_and_show_the_layout_share():
-    """An H100 bf16 step in miniature: the padding kernel runs inside the convolution operators, so both splits
-    give convolution the same share, and the kernels' split names the padding on a line of its own."""
+    """An H100 bf16 step in miniature: the padding kernel runs inside the convolution
+    operators, so both splits give convolution the same share, and the kernels' split names the
+    padding on a line of its own."""
     padding, fprop, bn_kernel = CONV_LAYOUT[0], CONVOLUTION[11], BATCHNORM[4]
-    operators = [("aten::convolution_backward", 0.006), ("aten::native_batch_norm", 0.003), ("aten::add_", 0.001)]
+    operators = [("aten::convolution_backward", 0.006), ("aten::native_batch_norm", 0.003),
+                 ("aten::add_", 0.001)]
     kernels = [(fprop, 0.004), (bn_kernel, 0.003), (padding, 0.002), ("Memset (Device)", 0.001)]
-    report = {"device": "NVIDIA H100 80GB HBM3", "config": {"batch_size": 256}, **breakdown(operators, kernels, 3)}
+    report = {"device": "NVIDIA H100 80GB HBM3", "config": {"batch_size": 256},
+              **breakdown(operators, kernels, 3)}
 
-    assert report["shares"] == pytest.approx({"convolution": 0.6, "batchnorm": 0.3, "elementwise": 0.1, "other": 0})
+    assert report["shares"] == \
+        pytest.approx({"convolution": 0.6, "batchnorm": 0.3, "elementwise": 0.1, "other": 0})
     assert report["kernel_shares"] == report["shares"]
-    assert report["kernel_seconds"] == pytest.approx(0.010) and report["conv_layout_share"] == pytest.approx(0.2)
-    assert [row["category"] for row in report["top_kernels"]] == ["convolution", "batchnorm", "convolution"]
+    assert (report["kernel_seconds"] == pytest.approx(0.010)
+            and report["conv_layout_share"] == pytest.approx(0.2))
+    assert [row["category"] for row in report["top_kernels"]] == \
+        ["convolution", "batchnorm", "convolution"]
     assert [row["conv_layout"] for row in report["top_kernels"]] == [False, False, True]
     assert report["top_kernels"][2]["share"] == pytest.approx(0.2)  # of the kernels' time
     lines = summary(report)
     assert lines[0] == "NVIDIA H100 80GB HBM3, batch 256: 10.00 ms of operator self time per step"
-    assert lines[1] == "  operators: convolution 60.0%, batchnorm 30.0%, elementwise 10.0%, other 0.0%"
-    assert lines[2] == "  kernels:   convolution 60.0%, batchnorm 30.0%, elementwise 10.0%, other 0.0% of 10.00 ms"
-    assert lines[3].startswith("  conv layout/padding kernels: 20.0% of kernel time, in convolution")
+    assert lines[1] == \
+        "  operators: convolution 60.0%, batchnorm 30.0%, elementwise 10.0%, other 0.0%"
+    assert lines[2] == \
+        "  kernels:   convolution 60.0%, batchnorm 30.0%, elementwise 10.0%, other 0.0% of 10.00 ms"
+    assert lines[3].startswith("  conv layout/padding kernels: 20.0% of "
+                               "kernel time, in convolution")
     assert "conv layout void nhwcAddPaddingKernel" in " ".join(lines[-1].split())
 
 
 def test_without_kernels_the_report_has_no_kernel_split():
-    report = {"device": "cpu", "config": {"batch_size": 32}, **breakdown([("aten::convolution", 0.002)], [], 5)}
-    assert report["kernel_shares"] is None and report["conv_layout_share"] is None and report["top_kernels"] == []
+    report = {"device": "cpu", "config": {"batch_size": 32},
+              **breakdown([("aten::convolution", 0.002)], [], 5)}
+    assert (report["kernel_shares"] is None and report["conv_layout_share"] is None
+            and report["top_kernels"] == [])
     assert not any("kernel" in line for line in summary(report))
 
 
 def test_gpu_annotations_are_not_counted_as_kernels():
-    """record_function ranges (the optimizer's) appear on the GPU timeline spanning kernels already counted."""
+    """record_function ranges (the optimizer's) appear on the GPU timeline
+    spanning kernels already counted."""
     def event(key, device_type, microseconds, annotation=False):
-        return SimpleNamespace(key=key, device_type=device_type, self_device_time_total=microseconds,
-                               self_cpu_time_total=0, is_user_annotation=annotation)
+        return SimpleNamespace(key=key, device_type=device_type,
+                               self_device_time_total=microseconds, self_cpu_time_total=0,
+                               is_user_annotation=annotation)
 
-    events = [event("aten::cudnn_convolution", DeviceType.CPU, 3000), event(CONVOLUTION[11], DeviceType.CUDA, 3000),
+    events = [event("aten::cudnn_convolution", DeviceType.CPU, 3000),
+              event(CONVOLUTION[11], DeviceType.CUDA, 3000),
               event("Optimizer.step#SGD.step", DeviceType.CUDA, 5000, annotation=True)]
     operators, kernels = device_times(events, cuda=True, steps=2)
-    assert operators == [("aten::cudnn_convolution", 0.0015)] and kernels == [(CONVOLUTION[11], 0.0015)]
+    assert (operators == [("aten::cudnn_convolution", 0.0015)]
+            and kernels == [(CONVOLUTION[11], 0.0015)])
 
 
 def test_every_flag_of_profile_step_has_a_domain():
     assert missing_domains(ProfileConfig) == []
 
 
-# ---------------------------------------------------------------------------------------------- passes, roofline
-SPLIT_K = "void cutlass__5x_cudnn::Kernel<cutlass_tensorop_splitKreduce_kernel<float, __nv_bfloat16>"
+# --------------------------------------------------------------------------------- passes, roofline
+SPLIT_K = ("void cutlass__5x_cudnn::Kernel<cutlass_tensorop_splitKreduce_kernel<float, "
+           "__nv_bfloat16>")
 WGRAD_ALG0 = "void wgrad_alg0_engine_NHWC<float, 128, 5, 5, 3, 3, 3, false, 512>(int, int"
 CUTLASS_DGRAD = "void cutlass__5x_cudnn::Kernel<cutlass_tensorop_bf16_s16816dgrad_optimized_bf16"
 PADDING = "void nhwcAddPaddingKernel<__nv_bfloat16, __nv_bfloat16, float, true>(int, int"
@@ -283,7 +303,8 @@ def test_a_step_replayed_as_cuda_graphs_is_refused(mode, monkeypatch):
     assert f"--compile_mode {mode} replays the step as CUDA graphs" in done.stderr
     assert done.stdout == ""
     parse_config(ProfileConfig, ["--compile", "--compile_mode", "max-autotune-no-cudagraphs"])
-    with pytest.raises(UsageError, match="does nothing without --compile"):  # nothing would be compiled
+    # nothing would be compiled
+    with pytest.raises(UsageError, match="does nothing without --compile"):
         parse_config(ProfileConfig, ["--compile_mode", mode])
 
 
@@ -300,30 +321,36 @@ def test_out_is_checked_before_the_profile(tmp_path, monkeypatch, where):
 
 
 def test_the_roofline_takes_the_slower_of_compute_and_memory():
-    """Per operator the larger of FLOPs at peak and bytes at bandwidth; op by op they add up; fused, only the
-    convolutions, the classifier and the update count."""
-    ops = [Op("convolution", "convolution", 2_000_000_000_000, 1_000_000_000),  # 2 ms of compute, 0.5 ms of bytes
+    """Per operator the larger of FLOPs at peak and bytes at bandwidth; op by op they add up; fused,
+    only the convolutions, the classifier and the update count."""
+    # 2 ms of compute, 0.5 ms of bytes
+    ops = [Op("convolution", "convolution", 2_000_000_000_000, 1_000_000_000),
            Op("native_batch_norm", "batchnorm", 0, 4_000_000_000),  # 2 ms of bytes
            Op("sgd", "update", 0, 1_000_000_000)]  # 0.5 ms
     bound = roofline(ops, batch=100, peak_tflops=1000.0, bandwidth_tbs=2.0)
-    assert bound["op_by_op_s"] == pytest.approx(0.0045) and bound["fused_s"] == pytest.approx(0.0025)
+    assert (bound["op_by_op_s"] == pytest.approx(0.0045)
+            and bound["fused_s"] == pytest.approx(0.0025))
     assert bound["op_by_op_images_per_sec"] == pytest.approx(100 / 0.0045)
     assert bound["categories"]["batchnorm"]["seconds"] == pytest.approx(0.002)
     assert share_of_roofline(100 / 0.009, bound)["op_by_op"] == pytest.approx(0.5)
 
 
 def test_a_step_of_the_model_has_its_flops_and_the_bytes_of_its_tensors():
-    """The recorded step's convolution and classifier FLOPs are the model's FLOPs per image (flops_per_image, as
-    MFU counts them) times the batch; the first operator, the stem's convolution, moves its input, weight and
-    output once each; every category of a CNN's step is there."""
+    """The recorded step's convolution and classifier FLOPs are the model's FLOPs per
+    image (flops_per_image, as MFU counts them) times the batch; the first operator,
+    the stem's convolution, moves its input, weight and output once each; every
+    category of a CNN's step is there."""
     cfg = parse_config(Config, ["--depth", "8", "--alpha", "12", "--dataset", "synthetic"])
     with torch.device("meta"):
         model = pyramidnet(8, 12)
     ops = step_ops(model, 4, (3, 32, 32), 10, torch.bfloat16)
-    assert sum(op.flops for op in ops if op.category in ("convolution", "classifier")) == 4 * flops_per_image(cfg)
+    assert sum(op.flops for op in ops if op.category in ("convolution", "classifier")) == \
+        4 * flops_per_image(cfg)
     stem = ops[0]
-    assert stem.name == "convolution" and stem.bytes == 2 * (4 * 3 * 32 * 32 + 16 * 3 * 9 + 4 * 16 * 32 * 32)
-    assert {"convolution", "batchnorm", "elementwise", "classifier", "update"} <= {op.category for op in ops}
+    assert (stem.name == "convolution"
+            and stem.bytes == 2 * (4 * 3 * 32 * 32 + 16 * 3 * 9 + 4 * 16 * 32 * 32))
+    assert {"convolution", "batchnorm", "elementwise", "classifier", "update"} <= \
+        {op.category for op in ops}
 
 
 # torch.cuda.get_device_name() as each GPU reports it (NVIDIA's driver list), its bandwidth in TB/s

@@ -1,26 +1,31 @@
-"""slurm/*.sbatch run as SLURM runs them, on the CPU, with stand-in `srun`, `scontrol` and `scancel`.
+"""slurm/*.sbatch run as SLURM runs them, on the CPU, with stand-in
+`srun`, `scontrol` and `scancel`.
 
-What these tests prove, each script run by bash from a copy in a spool folder (as sbatch does), with the SLURM
-variables a job has and stand-ins first on PATH (srun starts its command once per "node", in parallel, all on this
-host; scontrol names 127.0.0.1 as every node; scancel --signal passes the signal to what srun started):
+What these tests prove, each script run by bash from a copy in a spool folder (as sbatch does),
+with the SLURM variables a job has and stand-ins first on PATH (srun starts its command once per
+"node", in parallel, all on this host; scontrol names 127.0.0.1 as every node; scancel --signal
+passes the signal to what srun started):
 
-- both scripts are valid bash (shellcheck: tests/test_shell.py), and avoid the known mistakes of the
-  public scripts: no job array, no world size from SLURM_NTASKS (torchrun computes it), no file:// rendezvous,
-  no --local_rank; one task per node, c10d rendezvous on the first host of SLURM_JOB_NODELIST, --requeue,
-  --open-mode=append, the run named after SLURM_JOB_ID and started with --resume auto;
+- both scripts are valid bash (shellcheck: tests/test_shell.py), and avoid the known mistakes
+  of the public scripts: no job array, no world size from SLURM_NTASKS (torchrun computes
+  it), no file:// rendezvous, no --local_rank; one task per node, c10d rendezvous on the
+  first host of SLURM_JOB_NODELIST, --requeue, --open-mode=append, the run named after
+  SLURM_JOB_ID and started with --resume auto;
 - what the log says, with a stand-in for the interpreter (no training): the job's name names
   no mode and git ignores its log; the first line names the mode and counts in words ("1 node
   x 1 GPU"); a rendezvous host that does not resolve is refused in one line before any srun;
   after SIGTERM to every process of the job (scancel, preemption, scontrol requeue) the last
   line says what follows, requeued by SLURM or not, and never claims "not requeued"; after a
   step that fails by itself it does;
-- the single-node script trains one job of 2 gloo workers (GPUS_PER_NODE=2) into $LOG_DIR/slurm-<job id>, as
-  fsdp (MODE=fsdp; the multi-node test runs dist_parallel, the default); a MODE that is neither is refused;
-- the multi-node script's launch line makes two torchrun agents ("nodes") one job of world size 2, with the
-  rendezvous port it derives from the job id; USR1 to the batch shell (what --signal=B:USR1@120 sends before the
-  time limit) makes every rank stop at a log window with a checkpoint, no process left, and the job requeue itself
-  (scontrol requeue); the requeued job (same id) resumes that checkpoint and finishes; a finished run is not
-  started again; a job submitted from outside the repository is refused with one line.
+- the single-node script trains one job of 2 gloo workers (GPUS_PER_NODE=2) into
+  $LOG_DIR/slurm-<job id>, as fsdp (MODE=fsdp; the multi-node test runs dist_parallel, the
+  default); a MODE that is neither is refused;
+- the multi-node script's launch line makes two torchrun agents ("nodes") one job of world size 2,
+  with the rendezvous port it derives from the job id; USR1 to the batch shell (what
+  --signal=B:USR1@120 sends before the time limit) makes every rank stop at a log window with a
+  checkpoint, no process left, and the job requeue itself (scontrol requeue); the requeued job (same
+  id) resumes that checkpoint and finishes; a finished run is not started again; a job submitted
+  from outside the repository is refused with one line.
 
 .ci/slurm_cluster.sh runs both scripts under a real SLURM cluster (two slurmd on one host, CPUs
 only): sbatch accepts the #SBATCH lines, both jobs train and finish, and `scontrol requeue` brings
@@ -31,14 +36,16 @@ What only a real SLURM cluster with GPUs can show, and neither these tests nor t
 
 - sbatch on the site's version: --gpus-per-node needs SLURM >= 19.05 (--gres=gpu:N before), that
   SLURM_GPUS_ON_NODE and SRUN_CPUS_PER_TASK behave as assumed there, and GPU binding per task.
-- Signal delivery: that USR1 reaches the batch shell 120-180 s before the limit, that scancel --signal=TERM reaches
-  the agents on every node (and, with proctrack/cgroup, the workers directly: harmless, they stop the same way),
-  that a real window plus checkpoint fits in TORCH_ELASTIC_SHUTDOWN_TIMEOUT, and what preemption does: SLURM signals
-  srun too, which kills its tasks, so the checkpoint written then is not proven here.
-- Several hosts: host names that resolve between nodes (RDZV_HOST, the workers' MASTER_ADDR being the first agent's
-  host name), a file system shared by all nodes, firewalls between them.
-- NCCL: over NVLink within a node and InfiniBand/RoCE between nodes (NCCL_SOCKET_IFNAME, NCCL_IB_HCA), its
-  all-reduce across nodes, and its timeouts; here the workers use gloo over loopback.
+- Signal delivery: that USR1 reaches the batch shell 120-180 s before the limit, that scancel
+  --signal=TERM reaches the agents on every node (and, with proctrack/cgroup, the workers directly:
+  harmless, they stop the same way), that a real window plus checkpoint fits in
+  TORCH_ELASTIC_SHUTDOWN_TIMEOUT, and what preemption does: SLURM signals srun too, which kills its
+  tasks, so the checkpoint written then is not proven here.
+- Several hosts: host names that resolve between nodes (RDZV_HOST, the workers' MASTER_ADDR being
+  the first agent's host name), a file system shared by all nodes, firewalls between them.
+- NCCL: over NVLink within a node and InfiniBand/RoCE between nodes
+  (NCCL_SOCKET_IFNAME, NCCL_IB_HCA), its all-reduce across nodes, and its timeouts;
+  here the workers use gloo over loopback.
 """
 from __future__ import annotations
 
@@ -59,13 +66,15 @@ from conftest import REPO, TINY, read_results
 
 pytestmark = pytest.mark.second_tier  # the longest scenarios: `python -m pytest -q -m second_tier`
 
-SCRIPTS = {"single": REPO / "slurm" / "single_node.sbatch", "multi": REPO / "slurm" / "multi_node.sbatch"}
+SCRIPTS = {"single": REPO / "slurm" / "single_node.sbatch",
+           "multi": REPO / "slurm" / "multi_node.sbatch"}
 TRAIN_ARGS = " ".join([*TINY, "--backend", "gloo"])
 
-# ---------------------------------------------------------------------------------------------------- stand-ins
+# ---------------------------------------------------------------------------------------- stand-ins
 # Each records its arguments in $STANDIN_LOG/<name>.calls, one call a line.
 SRUN = r"""#!/bin/bash
-# stand-in srun: the command once per task (--ntasks, default one per node of the job), in parallel, on this host
+# stand-in srun: the command once per task (--ntasks, default one per node of the job), in
+# parallel, on this host
 echo "$*" >> "$STANDIN_LOG/srun.calls"
 ntasks="$SLURM_JOB_NUM_NODES"
 while [[ "$1" == -* ]]; do
@@ -90,7 +99,8 @@ if [[ "$1 $2" == "show hostnames" ]]; then
 fi
 """
 SCANCEL = r"""#!/bin/bash
-# stand-in scancel --signal=SIG JOB: the signal to the tasks srun started (the job steps), not to the batch shell
+# stand-in scancel --signal=SIG JOB: the signal to the tasks srun started (the job steps), not to
+# the batch shell
 echo "$*" >> "$STANDIN_LOG/scancel.calls"
 [[ "$1" == --signal=* ]] && xargs kill -s "${1#--signal=}" < "$STANDIN_LOG/srun.pids"
 """
@@ -108,9 +118,11 @@ def free_rdzv_port() -> int:
     pytest.skip("no free port in 29500-30499")
 
 
-def make_job(tmp_path: Path, script: str, nodes: int, gpus_per_node: int, job_id: str, extra_args: str = ""):
-    """A job's world: stand-ins on PATH, the script copied to a spool folder, the SLURM variables. Returns
-    (command, env, log_dir): `command` runs the copy with bash from the spool folder, as slurmd does."""
+def make_job(tmp_path: Path, script: str, nodes: int, gpus_per_node: int, job_id: str,
+             extra_args: str = ""):
+    """A job's world: stand-ins on PATH, the script copied to a spool folder, the SLURM
+    variables. Returns (command, env, log_dir): `command` runs the copy with bash from the
+    spool folder, as slurmd does."""
     bin_dir, spool, call_logs = tmp_path / "bin", tmp_path / "spool", tmp_path / "calls"
     for folder in (bin_dir, spool, call_logs):
         folder.mkdir(exist_ok=True)
@@ -119,13 +131,15 @@ def make_job(tmp_path: Path, script: str, nodes: int, gpus_per_node: int, job_id
         (bin_dir / name).chmod(0o755)
     shutil.copy(SCRIPTS[script], spool / "slurm_script")
     log_dir = tmp_path / "runs"
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("SLURM_", "SRUN_"))}
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(("SLURM_", "SRUN_"))}
     env.update({
         "PATH": f"{bin_dir}{os.pathsep}{env['PATH']}", "STANDIN_LOG": str(call_logs),
         "SLURM_JOB_ID": job_id, "SLURM_JOB_NUM_NODES": str(nodes), "SLURM_NNODES": str(nodes),
-        "SLURM_JOB_NODELIST": f"node[0-{nodes - 1}]", "SLURM_SUBMIT_DIR": str(REPO), "SLURM_CPUS_PER_TASK": "1",
-        "GPUS_PER_NODE": str(gpus_per_node), "TRAIN_ARGS": f"{TRAIN_ARGS} {extra_args}".strip(),
-        "LOG_DIR": str(log_dir), "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+        "SLURM_JOB_NODELIST": f"node[0-{nodes - 1}]", "SLURM_SUBMIT_DIR": str(REPO),
+        "SLURM_CPUS_PER_TASK": "1", "GPUS_PER_NODE": str(gpus_per_node),
+        "TRAIN_ARGS": f"{TRAIN_ARGS} {extra_args}".strip(), "LOG_DIR": str(log_dir),
+        "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
     return ["bash", str(spool / "slurm_script")], env, log_dir
 
 
@@ -135,11 +149,13 @@ def calls(tmp_path: Path, name: str) -> list[str]:
 
 
 def run_job(command, env, cwd, timeout=180) -> subprocess.CompletedProcess:
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def processes_naming(text: str) -> list[int]:
-    """Live processes whose command line contains `text` (torchrun starts each worker in a session of its own)."""
+    """Live processes whose command line contains `text` (torchrun starts each
+    worker in a session of its own)."""
     found = []
     for entry in Path("/proc").iterdir():
         try:
@@ -172,7 +188,7 @@ def code_lines(script: Path) -> list[str]:
     return lines
 
 
-# ---------------------------------------------------------------------------------------------------- 1. static
+# ---------------------------------------------------------------------------------------- 1. static
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_the_scripts_are_valid_bash(script):
     done = subprocess.run(["bash", "-n", str(SCRIPTS[script])], capture_output=True, text=True)
@@ -182,18 +198,21 @@ def test_the_scripts_are_valid_bash(script):
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_the_scripts_avoid_the_known_mistakes(script):
     code = "\n".join(code_lines(SCRIPTS[script]))
-    for wrong in ("--array", "SLURM_NTASKS", "SLURM_NPROCS", "WORLD_SIZE", "file://", "--local_rank", "/tmp"):
+    for wrong in ("--array", "SLURM_NTASKS", "SLURM_NPROCS", "WORLD_SIZE", "file://",
+                  "--local_rank", "/tmp"):
         assert wrong not in code, wrong
-    for needed in ("#SBATCH --ntasks-per-node=1", "#SBATCH --signal=B:USR1@120", "#SBATCH --requeue",
-                   "#SBATCH --open-mode=append", "#SBATCH --output=%x-%j.out", "--resume auto",
-                   'RUN_NAME="${RUN_NAME:-slurm-$SLURM_JOB_ID}"', "-m torch.distributed.run",
-                   'scontrol requeue "$SLURM_JOB_ID"',
-                   # torchrun passes USR1 on (train.py's stop with a checkpoint) instead of dying of it
+    for needed in ("#SBATCH --ntasks-per-node=1", "#SBATCH --signal=B:USR1@120",
+                   "#SBATCH --requeue", "#SBATCH --open-mode=append", "#SBATCH --output=%x-%j.out",
+                   "--resume auto", 'RUN_NAME="${RUN_NAME:-slurm-$SLURM_JOB_ID}"',
+                   "-m torch.distributed.run", 'scontrol requeue "$SLURM_JOB_ID"',
+                   # torchrun passes USR1 on (train.py's stop with a
+                   # checkpoint) instead of dying of it
                    'PET_SIGNALS_TO_HANDLE="${PET_SIGNALS_TO_HANDLE:-SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1}"'):
         assert needed in code, needed
     if script == "multi":
         for needed in ('scontrol show hostnames "$SLURM_JOB_NODELIST"', '--nnodes "$NODES"',
-                       '--rdzv_id "$SLURM_JOB_ID" --rdzv_backend c10d --rdzv_endpoint "$RDZV_HOST:$RDZV_PORT"'):
+                       '--rdzv_id "$SLURM_JOB_ID" --rdzv_backend c10d --rdzv_endpoint '
+                       '"$RDZV_HOST:$RDZV_PORT"'):
             assert needed in code, needed
         assert "--node_rank" not in code  # c10d gives each node its rank
 
@@ -209,7 +228,8 @@ def test_a_mode_without_a_process_group_is_refused(tmp_path):
     command, env, _ = make_job(tmp_path, "single", nodes=1, gpus_per_node=2, job_id="8")
     done = run_job(command, {**env, "MODE": "data_parallel"}, cwd=tmp_path / "spool", timeout=30)
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
-    assert "MODE=dist_parallel" in done.stderr and "MODE=fsdp" in done.stderr and not calls(tmp_path, "srun")
+    assert ("MODE=dist_parallel" in done.stderr and "MODE=fsdp" in done.stderr
+            and not calls(tmp_path, "srun"))
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -298,38 +318,42 @@ def test_the_job_logs_are_ignored_by_git():
     assert done.returncode == 0, f"{name}-1234.out is not ignored: {done.stdout}{done.stderr}"
 
 
-# ---------------------------------------------------------------------------------------------------- 2. one node
+# -------------------------------------------------------------------------------------- 2. one node
 def test_the_single_node_script_trains_one_job_of_two_workers(tmp_path):
-    """GPUS_PER_NODE=2 on one "node", MODE=fsdp with channels_last batches: torchrun --standalone starts 2 fsdp
-    workers, one job of world size 2."""
+    """GPUS_PER_NODE=2 on one "node", MODE=fsdp with channels_last batches: torchrun --standalone
+    starts 2 fsdp workers, one job of world size 2."""
     command, env, log_dir = make_job(tmp_path, "single", nodes=1, gpus_per_node=2, job_id="31")
-    # --channels_last, the GPU default: FSDP2 shards contiguous parameters only, so the weights stay NCHW
+    # --channels_last, the GPU default: FSDP2 shards contiguous
+    # parameters only, so the weights stay NCHW
     done = run_job(command, {**env, "MODE": "fsdp", "TRAIN_ARGS": f"{TRAIN_ARGS} --channels_last"},
                    cwd=tmp_path / "spool")
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"run {log_dir}/slurm-31" in done.stdout  # where the script says the run goes
     results = read_results(log_dir / "slurm-31")
-    assert results["world_size"] == 2 and results["mode"] == "fsdp" and results["config"]["channels_last"]
+    assert (results["world_size"] == 2 and results["mode"] == "fsdp"
+            and results["config"]["channels_last"])
     srun, = calls(tmp_path, "srun")
     assert "--ntasks=1" in srun and "--standalone" in srun and "--nproc_per_node 2" in srun
     assert "/fsdp/train.py" in srun
     assert not calls(tmp_path, "scontrol")
 
 
-# ---------------------------------------------------------------------------------------------------- 3. two nodes
+# ------------------------------------------------------------------------------------- 3. two nodes
 def test_the_multi_node_script_checkpoints_before_the_time_limit_requeues_and_resumes(tmp_path):
-    """Two "nodes" of one GPU (a CPU process) each. Attempt 1 gets USR1 once training has started (what SLURM sends
-    the batch shell 120 s before the time limit): every rank stops with a checkpoint and the job requeues itself.
-    Attempt 2, the requeued job (same id), resumes from that checkpoint and finishes. Attempt 3 does nothing."""
+    """Two "nodes" of one GPU (a CPU process) each. Attempt 1 gets USR1 once training has started
+    (what SLURM sends the batch shell 120 s before the time limit): every rank stops with a
+    checkpoint and the job requeues itself. Attempt 2, the requeued job (same id), resumes from that
+    checkpoint and finishes. Attempt 3 does nothing."""
     port = free_rdzv_port()
-    job_id = str(100000 + port - 29500)  # so the script's default port, 29500 + job id % 1000, is a free one
+    # so the script's default port, 29500 + job id % 1000, is a free one
+    job_id = str(100000 + port - 29500)
     # 32 steps of 32 images; the signal comes after the first log window (step 4)
     command, env, log_dir = make_job(tmp_path, "multi", nodes=2, gpus_per_node=1, job_id=job_id,
                                      extra_args="--synthetic_size 1024")
     run_dir, out = log_dir / f"slurm-{job_id}", tmp_path / "attempt1.out"
     with out.open("w") as stdout:
-        batch = subprocess.Popen(command, cwd=tmp_path / "spool", env=env, stdout=stdout, stderr=subprocess.STDOUT,
-                                 text=True, start_new_session=True)
+        batch = subprocess.Popen(command, cwd=tmp_path / "spool", env=env, stdout=stdout,
+                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         while "Epoch 1/1 [4/32]" not in out.read_text():
@@ -351,7 +375,8 @@ def test_the_multi_node_script_checkpoints_before_the_time_limit_requeues_and_re
     assert calls(tmp_path, "scancel") == [f"--signal=TERM {job_id}"]
     assert calls(tmp_path, "scontrol")[-1] == f"requeue {job_id}"
     deadline = time.monotonic() + 10
-    while processes_naming(str(log_dir)):  # the agents and the workers: every process of the job has ended
+    # the agents and the workers: every process of the job has ended
+    while processes_naming(str(log_dir)):
         assert time.monotonic() < deadline, f"processes left: {processes_naming(str(log_dir))}"
         time.sleep(0.05)
     step = torch.load(run_dir / "checkpoint.pt", weights_only=True)["step"]
@@ -363,7 +388,8 @@ def test_the_multi_node_script_checkpoints_before_the_time_limit_requeues_and_re
     results = read_results(run_dir)
     assert results["world_size"] == 2 and results["summary"]["steps"] == 32
     assert second.stdout.count("results in") == 1  # only global rank 0 writes
-    assert calls(tmp_path, "scontrol").count(f"requeue {job_id}") == 1  # a finished job is not requeued
+    # a finished job is not requeued
+    assert calls(tmp_path, "scontrol").count(f"requeue {job_id}") == 1
     srun = calls(tmp_path, "srun")
     assert len(srun) == 2 and all("--ntasks=2 --ntasks-per-node=1" in line for line in srun)
 

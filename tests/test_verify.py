@@ -1,7 +1,7 @@
-"""compare.py --verify on a GPU machine, as far as it can be shown without one: the runs it plans (their command
-lines, what each is for) and the tolerance each check takes, from the flags alone, in-process. The verification
-itself runs, passes and fails on purpose on the CPU in tests/test_parallel.py; whether the GPU tolerances hold
-needs GPUs."""
+"""compare.py --verify on a GPU machine, as far as it can be shown without one: the runs it plans
+(their command lines, what each is for) and the tolerance each check takes, from the flags alone,
+in-process. The verification itself runs, passes and fails on purpose on the CPU in
+tests/test_parallel.py; whether the GPU tolerances hold needs GPUs."""
 from __future__ import annotations
 
 import sys
@@ -15,7 +15,8 @@ from conftest import REPO
 
 @pytest.fixture
 def gpus(monkeypatch):
-    """have(count): this process believes it has `count` CUDA GPUs, so compare.configure resolves for them."""
+    """have(count): this process believes it has `count` CUDA GPUs, so
+    compare.configure resolves for them."""
     def have(count: int):
         monkeypatch.setattr(compare.torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(compare.torch.cuda, "device_count", lambda: count)
@@ -27,30 +28,34 @@ def planned(out, *argv) -> compare.Verification:
 
 
 def command_lines(verification) -> dict[str, str]:
-    return {launch.name: " ".join(verification.argv(launch)) for launch in verification.launches.values()}
+    return {launch.name: " ".join(verification.argv(launch))
+            for launch in verification.launches.values()}
 
 
 def test_on_four_gpus_the_modes_run_on_gpu_0_and_dist_parallel_and_fsdp_on_all_four(gpus, tmp_path):
-    """The default on 4 GPUs, SyncBatchNorm asked for too: the runs of each backend (NCCL, then Gloo), the one-device
-    runs of single_gpu and data_parallel shared by both; for dist_parallel and then fsdp, each mode's model.pt
-    evaluated by 1 and 2 processes (4 is the run's own evaluation); each mode's second half continuing the other's
-    first half (fsdp without resharding); SyncBatchNorm on 4. Synthetic data, 24 steps of the full model's global
-    batch 128, one epoch."""
+    """The default on 4 GPUs, SyncBatchNorm asked for too: the runs of each backend (NCCL, then
+    Gloo), the one-device runs of single_gpu and data_parallel shared by both; for dist_parallel and
+    then fsdp, each mode's model.pt evaluated by 1 and 2 processes (4 is the run's own evaluation);
+    each mode's second half continuing the other's first half (fsdp without resharding);
+    SyncBatchNorm on 4. Synthetic data, 24 steps of the full model's global batch 128, one epoch."""
     gpus(4)
     verification = planned(tmp_path, "--sync_bn", "off", "on")
     lines = command_lines(verification)
     per_backend = ["{}-dist_parallel-1gpu-{}-train", "{}-dist_parallel-4gpu-{}-train",
                    "{}-dist_parallel-4gpu-{}-first_half", "{}-single_gpu-1gpu-evaluate",
-                   "{}-dist_parallel-2gpu-{}-evaluate", "{}-fsdp-1gpu-{}-train", "{}-fsdp-4gpu-{}-train",
-                   "{}-fsdp-4gpu-{}-first_half", "{}-single_gpu-1gpu-evaluate", "{}-fsdp-2gpu-{}-evaluate",
-                   "{}-dist_parallel-4gpu-{}-syncbn-train", "{}-dist_parallel-4gpu-{}-resumed_from_fsdp",
+                   "{}-dist_parallel-2gpu-{}-evaluate", "{}-fsdp-1gpu-{}-train",
+                   "{}-fsdp-4gpu-{}-train", "{}-fsdp-4gpu-{}-first_half",
+                   "{}-single_gpu-1gpu-evaluate", "{}-fsdp-2gpu-{}-evaluate",
+                   "{}-dist_parallel-4gpu-{}-syncbn-train",
+                   "{}-dist_parallel-4gpu-{}-resumed_from_fsdp",
                    "{}-fsdp-4gpu-{}-zero2-resumed_from_dist_parallel"]
     expected = ["01-single_gpu-1gpu-train", "02-data_parallel-1gpu-train"]
     for backend in ("nccl", "gloo"):
         for name in per_backend:
             expected.append(name.format(f"{len(expected) + 1:02d}", backend))
     assert list(lines) == expected
-    assert verification.steps == 24 and verification.train["epochs"] == 1 and verification.processes == 4
+    assert (verification.steps == 24 and verification.train["epochs"] == 1
+            and verification.processes == 4)
     for name in ("01-single_gpu-1gpu-train", "02-data_parallel-1gpu-train"):
         assert " --dataset synthetic " in lines[name] and " --max_steps 24 " in lines[name]
         assert " --gpu_devices 0" in lines[name] and lines[name].endswith("--save_model")
@@ -59,13 +64,14 @@ def test_on_four_gpus_the_modes_run_on_gpu_0_and_dist_parallel_and_fsdp_on_all_f
     assert " --backend nccl" in lines["04-dist_parallel-4gpu-nccl-train"]
     self_launch = f"{sys.executable} {REPO / 'dist_parallel' / 'train.py'} "
     assert lines["05-dist_parallel-4gpu-nccl-first_half"].startswith(self_launch)
-    assert lines["05-dist_parallel-4gpu-nccl-first_half"].endswith("--nproc_per_node 4 --max_steps 12")
+    assert lines["05-dist_parallel-4gpu-nccl-first_half"].endswith(
+        "--nproc_per_node 4 --max_steps 12")
     assert lines["14-dist_parallel-4gpu-nccl-resumed_from_fsdp"].startswith(self_launch)
     assert lines["14-dist_parallel-4gpu-nccl-resumed_from_fsdp"].endswith(
         "--nproc_per_node 4 --run_name 10-fsdp-4gpu-nccl-first_half --resume auto --save_model")
     assert lines["15-fsdp-4gpu-nccl-zero2-resumed_from_dist_parallel"].endswith(
-        "--backend nccl --no_reshard_after_forward --nproc_per_node 4 --run_name 05-dist_parallel-4gpu-nccl-first_half "
-        "--resume auto --save_model")
+        "--backend nccl --no_reshard_after_forward --nproc_per_node 4 --run_name "
+        "05-dist_parallel-4gpu-nccl-first_half --resume auto --save_model")
     model = tmp_path / "runs" / "04-dist_parallel-4gpu-nccl-train" / "model.pt"
     assert lines["06-single_gpu-1gpu-evaluate"].endswith(f"--gpu_devices 0 --evaluate {model}")
     assert lines["07-dist_parallel-2gpu-nccl-evaluate"].endswith(f"--evaluate {model}")
@@ -73,9 +79,10 @@ def test_on_four_gpus_the_modes_run_on_gpu_0_and_dist_parallel_and_fsdp_on_all_f
 
 
 def test_the_tolerances_follow_determinism_precision_and_the_ranks(gpus, tmp_path):
-    """On GPUs the runs may take other kernels: check 1 is bitwise only with --deterministic, and rounding's
-    tolerance follows the compute dtype (bf16 autocast by default, TF32 with --amp off). Checks 2 and 5, whose runs
-    differ in the order the all-reduce adds the ranks' gradients, are bitwise with two ranks only."""
+    """On GPUs the runs may take other kernels: check 1 is bitwise only with --deterministic, and
+    rounding's tolerance follows the compute dtype (bf16 autocast by default, TF32 with --amp
+    off). Checks 2 and 5, whose runs differ in the order the all-reduce adds the ranks' gradients,
+    are bitwise with two ranks only."""
     gpus(4)
     default = planned(tmp_path, "--gpu_counts", "2")
     setting = default.settings[0]
@@ -92,8 +99,8 @@ def test_the_tolerances_follow_determinism_precision_and_the_ranks(gpus, tmp_pat
 
 
 def test_on_one_gpu_the_one_process_run_is_the_run_checks_2_to_5_start_from(gpus, tmp_path):
-    """N = 1: the one-process dist_parallel and fsdp runs are planned once each; nothing to evaluate with 2
-    processes, no ranks to differ, and SyncBatchNorm says it needs two GPUs."""
+    """N = 1: the one-process dist_parallel and fsdp runs are planned once each; nothing to evaluate
+    with 2 processes, no ranks to differ, and SyncBatchNorm says it needs two GPUs."""
     gpus(1)
     verification = planned(tmp_path, "--backends", "nccl", "--sync_bn", "on")
     setting = verification.settings[0]
@@ -107,14 +114,16 @@ def test_on_one_gpu_the_one_process_run_is_the_run_checks_2_to_5_start_from(gpus
 
 
 def test_any_model_is_verified_with_the_same_runs_and_verify_md_names_it(tmp_path):
-    """--model resnet18 --image_size 32 on this CPU: the runs PyramidNet's verification plans, each given the model's
-    flags, and verify.md titled with the model. The runs themselves are PyramidNet's in tests/test_parallel.py: with a
-    torchvision model they take minutes on 2 cores (run by hand: `python compare.py --verify --model resnet18
-    --image_size 32 --max_steps 4`, every check passes)."""
+    """--model resnet18 --image_size 32 on this CPU: the runs PyramidNet's verification plans,
+    each given the model's flags, and verify.md titled with the model. The runs themselves are
+    PyramidNet's in tests/test_parallel.py: with a torchvision model they take minutes on 2
+    cores (run by hand: `python compare.py --verify --model resnet18 --image_size 32
+    --max_steps 4`, every check passes)."""
     default = planned(tmp_path / "pyramidnet")
     verification = planned(tmp_path, "--model", "resnet18", "--image_size", "32")
     lines = command_lines(verification)
     assert list(lines) == list(command_lines(default))
-    assert all(" --model resnet18 " in line and " --image_size 32 " in line for line in lines.values())
+    assert all(" --model resnet18 " in line and " --image_size 32 " in line
+               for line in lines.values())
     verification.write([], {}, ["--verify", "--model", "resnet18"], "CPU", 1.0)
     assert (tmp_path / "verify.md").read_text().startswith("# Verification: resnet18 — CPU")

@@ -1,6 +1,7 @@
-""".vscode/launch.json: every debug configuration names a script or module that exists, and its flags parse with
-that script's own config parser (so a renamed flag fails here, not in someone's debugger); the dist_parallel one,
-torchrun with one worker, is run once as VS Code would start it (less the debugger)."""
+""".vscode/launch.json: every debug configuration names a script or module that exists, and its
+flags parse with that script's own config parser (so a renamed flag fails here, not in
+someone's debugger); the dist_parallel one, torchrun with one worker, is run once as VS Code
+would start it (less the debugger)."""
 from __future__ import annotations
 
 import importlib.util
@@ -14,7 +15,8 @@ from torch.distributed.run import get_args_parser
 
 from conftest import REPO, read_results
 
-CONFIGURATIONS = json.loads((REPO / ".vscode" / "launch.json").read_text())["configurations"]  # plain JSON
+# plain JSON
+CONFIGURATIONS = json.loads((REPO / ".vscode" / "launch.json").read_text())["configurations"]
 
 
 def resolved(value: str) -> str:
@@ -24,8 +26,8 @@ def resolved(value: str) -> str:
 
 
 def command(configuration: dict) -> tuple[list[str], str, list[str]]:
-    """(the launcher's own arguments, the train.py it runs, that script's flags). A `module` configuration is
-    torchrun (torch.distributed.run), whose arguments end at the script's path."""
+    """(the launcher's own arguments, the train.py it runs, that script's flags). A `module`
+    configuration is torchrun (torch.distributed.run), whose arguments end at the script's path."""
     args = [resolved(arg) for arg in configuration.get("args", [])]
     if "program" in configuration:
         return [], resolved(configuration["program"]), args
@@ -35,7 +37,8 @@ def command(configuration: dict) -> tuple[list[str], str, list[str]]:
 
 def script_module(path: str):
     """A train.py imported (nothing runs at import time) under a name of its own."""
-    spec = importlib.util.spec_from_file_location(f"launch_json_{os.path.basename(os.path.dirname(path))}", path)
+    name = f"launch_json_{os.path.basename(os.path.dirname(path))}"
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -54,14 +57,18 @@ def test_configurations_are_debugpy_launches_with_unique_names():
 def test_configuration_runs_an_existing_script_with_flags_it_accepts(configuration):
     launcher_args, script, flags = command(configuration)
     assert os.path.isfile(script), script
-    cfg = script_module(script).get_config(flags)  # the script's own parser: DistConfig for dist_parallel
-    assert cfg.dataset == "synthetic" and cfg.depth == 8 and cfg.overwrite and cfg.run_name  # tiny, re-runnable
+    # the script's own parser: DistConfig for dist_parallel
+    cfg = script_module(script).get_config(flags)
+    # tiny, re-runnable
+    assert cfg.dataset == "synthetic" and cfg.depth == 8 and cfg.overwrite and cfg.run_name
     if "module" in configuration:
         assert configuration["module"] == "torch.distributed.run"
         assert importlib.util.find_spec(configuration["module"]) is not None
         torchrun = get_args_parser().parse_args([*launcher_args, script, *flags])
-        assert (torchrun.standalone, torchrun.nproc_per_node, torchrun.training_script) == (True, "1", script)
-        assert configuration["subProcess"] is True  # debugpy follows torchrun to the worker it starts
+        assert (torchrun.standalone, torchrun.nproc_per_node, torchrun.training_script) == \
+            (True, "1", script)
+        # debugpy follows torchrun to the worker it starts
+        assert configuration["subProcess"] is True
 
 
 def test_the_dist_parallel_configuration_starts_and_finishes(tmp_path):
@@ -69,9 +76,11 @@ def test_the_dist_parallel_configuration_starts_and_finishes(tmp_path):
     launcher_args, script, flags = command(configuration)
     env = {**os.environ, **configuration.get("env", {}), "PYTHONUNBUFFERED": "1",
            "OMP_NUM_THREADS": "1"}  # a core of its own: the suite runs a file per core
-    done = subprocess.run([sys.executable, "-m", configuration["module"], *launcher_args, script, *flags,
-                           "--log_dir", str(tmp_path), "--max_steps", "4"],  # into tmp_path, not runs/; short
-                          cwd=resolved(configuration["cwd"]), env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", configuration["module"], *launcher_args, script,
+                           # into tmp_path, not runs/; short
+                           *flags, "--log_dir", str(tmp_path), "--max_steps", "4"],
+                          cwd=resolved(configuration["cwd"]), env=env, capture_output=True,
+                          text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     results = read_results(tmp_path / script_module(script).get_config(flags).run_name)
     assert results["mode"] == "dist_parallel" and results["world_size"] == 1
