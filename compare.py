@@ -1,4 +1,5 @@
-"""Run every mode the same way and write the comparison: report.md, projection.md, results.csv and plots.
+"""Run every mode the same way and write the comparison: report.md,
+projection.md, results.csv and plots.
 
     python compare.py                              # every mode on every GPU here: DDP and FSDP on NCCL and Gloo
     python compare.py --gpu_counts 1 2 4 8         # a scaling sweep (the same global batch in every run)
@@ -11,29 +12,31 @@
     python compare.py --model resnet50 --image_size 224   # any classification model torchvision lists
     python compare.py --verify --deterministic        # prove the modes agree here: a verdict per check, verify.md
 
-Each configuration runs as its own subprocess, started as a user would start it (`python single_gpu/train.py`,
-`python data_parallel/train.py`, `torchrun dist_parallel/train.py`, `torchrun fsdp/train.py`), with the same model,
-data, global batch, learning rate and seed; by default in `--benchmark` mode (synthetic data, speed only). fsdp is
-in the default --modes where there are two GPUs or more (one GPU has nothing to shard over); `--modes fsdp` runs it
-anywhere. Each run's results.json is read back and everything goes to `--out` (default results/<timestamp>):
-report.md (the model, the mode to use here and why, the table and what it says, first), results.csv, the plots,
-each run's log and run folder, and projection.md: projections past this machine (DDP's and FSDP's scaling, and the
-memory per GPU of this model, and of wider ones for PyramidNet). A model that cannot take the images is refused
-before any run. A run that fails is kept in the report with
-its error. Without GPUs the same matrix runs as CPU processes over Gloo with a tiny PyramidNet, one thread per
-process standing in for a GPU.
+Each configuration runs as its own subprocess, started as a user would start it (`python
+single_gpu/train.py`, `python data_parallel/train.py`, `torchrun dist_parallel/train.py`, `torchrun
+fsdp/train.py`), with the same model, data, global batch, learning rate and seed; by default in
+`--benchmark` mode (synthetic data, speed only). fsdp is in the default --modes where there are two
+GPUs or more (one GPU has nothing to shard over); `--modes fsdp` runs it anywhere. Each run's
+results.json is read back and everything goes to `--out` (default results/<timestamp>): report.md
+(the model, the mode to use here and why, the table and what it says, first), results.csv, the
+plots, each run's log and run folder, and projection.md: projections past this machine (DDP's and
+FSDP's scaling, and the memory per GPU of this model, and of wider ones for PyramidNet). A model
+that cannot take the images is refused before any run. A run that fails is kept in the report with
+its error. Without GPUs the same matrix runs as CPU processes over Gloo with a tiny PyramidNet, one
+thread per process standing in for a GPU.
 
 `--out` is compare.py's: before any run it writes its marker there (MARKER), so that a folder it
 cannot write is refused at once. `--overwrite` replaces only a folder that holds the marker, and
-only the files compare.py writes. Ctrl-C, SIGTERM, SIGHUP and SIGUSR1 stop every run and still write the
-report, the interrupted run marked as such; a kill -9 of compare.py kills its runs too
+only the files compare.py writes. Ctrl-C, SIGTERM, SIGHUP and SIGUSR1 stop every run and still write
+the report, the interrupted run marked as such; a kill -9 of compare.py kills its runs too
 (comparison/runner.py).
 
-`--verify` runs, instead of the comparison, the checks the tests run on the CPU (comparison/verify.py): the modes
-end with the same weights on one device, N processes with what one process computes from the same shares, the
-evaluation is exact for any number of processes, the ranks stay in sync, and a resumed run ends where an
-uninterrupted one ends. Each check's figure, tolerance and verdict go to verify.md (and verify.json); a failed
-check makes the exit status non-zero and is named in the last line.
+`--verify` runs, instead of the comparison, the checks the tests run on the CPU
+(comparison/verify.py): the modes end with the same weights on one device, N processes with what one
+process computes from the same shares, the evaluation is exact for any number of processes, the
+ranks stay in sync, and a resumed run ends where an uninterrupted one ends. Each check's figure,
+tolerance and verdict go to verify.md (and verify.json); a failed check makes the exit status
+non-zero and is named in the last line.
 """
 from __future__ import annotations
 
@@ -51,61 +54,72 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # `python compare.py` from anywhere
 
-import torch  # noqa: E402
+import torch
 
-from common.config import (REPO_ROOT, AMPS, Config, HelpFormatter, UsageError, _OneLineParser,  # noqa: E402
-                           add_flags, check_domains, config_argv, file_system_problem, flag, user_errors)
-from common import performance  # noqa: E402
-from common.data import dataset_info, load_datasets  # noqa: E402
-from common.rules import machine_refusal  # noqa: E402
-from comparison import environment as machine  # noqa: E402
-from comparison.matrix import (BACKENDS, GROUP_MODES, MODES, Cores,  # noqa: E402
+from common.config import (REPO_ROOT, AMPS, Config, HelpFormatter, UsageError, _OneLineParser,
+                           add_flags, check_domains, config_argv, file_system_problem, flag,
+                           user_errors)
+from common import performance
+from common.data import dataset_info, load_datasets
+from common.rules import machine_refusal
+from comparison import environment as machine
+from comparison.matrix import (BACKENDS, GROUP_MODES, MODES, Cores,
                                check_runs, command, config_class, cores_here, plan)
-from comparison.projection import fsdp_units, gradient_bytes, memory_projection  # noqa: E402
-from comparison.report import (  # noqa: E402
+from comparison.projection import fsdp_units, gradient_bytes, memory_projection
+from comparison.report import (
     EARLIER_PICTURES, PICTURES, TABLE_HEADER, TABLE_NOTE, Outcome, breakdown_section,
     environment_section, fabric_of_runs, findings, fill_rows, fmt_seconds, groups, listed,
     memory_section, model_line, model_title, oversubscription_title, projection_inputs,
     projection_section, recommendation, run_config, table_row, untimed_note, write_csv, write_file)
-from comparison.runner import (  # noqa: E402
+from comparison.runner import (
     run_all, signal_name, signal_of, signals_deferred, start, stop_signals)
-from comparison.verify import Verification, defaults as verify_defaults  # noqa: E402
-from models import PYRAMIDNET  # noqa: E402
+from comparison.verify import Verification, defaults as verify_defaults
+from models import PYRAMIDNET
 
-# ------------------------------------------------------------------------------------------------------ config
+# ------------------------------------------------------------------------------------------- config
 
 @dataclass(frozen=True)
 class CompareConfig:
-    out: str | None = flag(None, "folder for everything compare.py writes (default: results/<timestamp>)",
+    out: str | None = flag(None, "folder for everything compare.py writes "
+                                 "(default: results/<timestamp>)",
                            check="folder")
-    verify: bool = flag(False, "instead of the comparison: check that the modes agree (weights, evaluation, ranks "
-                               "in sync, resume), each check a verdict in verify.md; --max_steps default 24")
-    modes: tuple[str, ...] | None = flag(None, "which modes to run (default: all four with two GPUs or more, and "
-                                               "with --verify; without fsdp on one GPU or none)", nargs="+",
+    verify: bool = flag(False, "instead of the comparison: check that the modes agree (weights, "
+                               "evaluation, ranks in sync, resume), each check a verdict in "
+                               "verify.md; --max_steps default 24")
+    modes: tuple[str, ...] | None = flag(None, "which modes to run (default: all four with "
+                                               "two GPUs or more, and with --verify; without "
+                                               "fsdp on one GPU or none)", nargs="+",
                                          choices=MODES)
-    gpu_counts: tuple[int, ...] | None = flag(None, "GPU counts for data_parallel, dist_parallel and fsdp (default: "
-                                                    "every GPU here; without GPUs, 2 CPU processes)", nargs="+",
+    gpu_counts: tuple[int, ...] | None = flag(None, "GPU counts for data_parallel, dist_parallel "
+                                                    "and fsdp (default: every GPU here; without "
+                                                    "GPUs, 2 CPU processes)", nargs="+",
                                               at_least=1)
-    backends: tuple[str, ...] | None = flag(None, "dist_parallel's and fsdp's backends (default: nccl and gloo with "
-                                                  "GPUs, gloo without)", nargs="+", choices=BACKENDS)
-    amp: tuple[str, ...] | None = flag(None, "--amp settings to compare (default: each run's default for the "
-                                             "device)", nargs="+", choices=AMPS)
-    sync_bn: tuple[str, ...] = flag(("off",), "dist_parallel with BatchNorm (off), SyncBatchNorm (on), or both",
+    backends: tuple[str, ...] | None = flag(None, "dist_parallel's and fsdp's backends (default: "
+                                                  "nccl and gloo with GPUs, gloo "
+                                                  "without)", nargs="+", choices=BACKENDS)
+    amp: tuple[str, ...] | None = flag(None, "--amp settings to compare (default: each run's "
+                                             "default for the device)", nargs="+", choices=AMPS)
+    sync_bn: tuple[str, ...] = flag(("off",), "dist_parallel with BatchNorm (off), "
+                                              "SyncBatchNorm (on), or both",
                                     nargs="+", choices=("off", "on"))
-    reshard_after_forward: tuple[str, ...] = flag(("on",), "fsdp freeing each block's gathered parameters after "
-                                                           "forward, gathered again in backward (on, ZeRO-3-like), "
-                                                           "keeping them to backward (off, ZeRO-2-like), or both",
+    reshard_after_forward: tuple[str, ...] = flag(("on",), "fsdp freeing each block's gathered "
+                                                           "parameters after forward, gathered "
+                                                           "again in backward (on, ZeRO-3-like), "
+                                                           "keeping them to backward (off, "
+                                                           "ZeRO-2-like), or both",
                                                   nargs="+", choices=("on", "off"))
     repeat: int = flag(1, "runs of each configuration; the report gives mean ± std", at_least=1)
     profile_steps: int = flag(3, "steps of every run recorded by torch.profiler after the "
                                  "warm-up: the report splits each rank's step into compute, "
                                  "communication hidden and exposed, data and optimizer; 0: off",
                               at_least=0)
-    epochs: int = flag(0, "0: --benchmark runs (synthetic data, speed only); N: train N epochs on --dataset and "
-                          "compare test accuracy too", at_least=0)
-    batch_per_gpu: int | None = flag(None, "images per GPU in every run, so the global batch grows with the GPUs "
-                                           "(weak scaling); instead of --batch_size", at_least=1)
-    run_timeout: int = flag(3600, "seconds a run may take before it is stopped and reported as failed", at_least=1)
+    epochs: int = flag(0, "0: --benchmark runs (synthetic data, speed only); N: train N epochs on "
+                          "--dataset and compare test accuracy too", at_least=0)
+    batch_per_gpu: int | None = flag(None, "images per GPU in every run, so the global "
+                                           "batch grows with the GPUs (weak scaling); "
+                                           "instead of --batch_size", at_least=1)
+    run_timeout: int = flag(3600, "seconds a run may take before it is stopped "
+                                  "and reported as failed", at_least=1)
     overwrite: bool = flag(False, "replace the comparison an --out folder holds: what compare.py "
                                   "wrote there, nothing else")
 
@@ -114,32 +128,37 @@ class CompareConfig:
 
 
 # train.py flags that compare.py sets itself for every run, rather than passing the user's value on
-CONTROLLED = {"amp", "epochs", "overwrite", "gpu_devices", "log_dir", "run_name", "resume", "evaluate", "save_model",
-              "checkpoint_interval", "benchmark", "progress", "profile_steps"}
+CONTROLLED = {"amp", "epochs", "overwrite", "gpu_devices", "log_dir", "run_name", "resume",
+              "evaluate", "save_model", "checkpoint_interval", "benchmark", "progress",
+              "profile_steps"}
 # the process-group modes' own flags that are passed on to their runs, and which modes take each
 GROUP_PASSED = {"bucket_cap_mb": ("dist_parallel",), "dist_timeout": GROUP_MODES}
-# without GPUs, unless given: a model and run small enough for a few seconds per run on a laptop's CPU
-CPU_DEFAULTS = {"depth": 8, "alpha": 12.0, "batch_size": 32, "synthetic_size": 512, "benchmark_steps": 20,
-                "warmup_steps": 3, "log_interval": 5, "loader": "gpu", "num_workers": 0}
+# without GPUs, unless given: a model and run small enough for a few
+# seconds per run on a laptop's CPU
+CPU_DEFAULTS = {"depth": 8, "alpha": 12.0, "batch_size": 32, "synthetic_size": 512,
+                "benchmark_steps": 20, "warmup_steps": 3, "log_interval": 5, "loader": "gpu",
+                "num_workers": 0}
 
 
 def build_compare_parser() -> _OneLineParser:
-    """compare.py's flags, then the train.py flags it passes on: the parser parse() reads (docs/flags.py prints
-    its --help)."""
+    """compare.py's flags, then the train.py flags it passes on: the parser parse() reads
+    (docs/flags.py prints its --help)."""
     parser = _OneLineParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     add_flags(parser, CompareConfig)
     group = parser.add_argument_group("passed to every train.py (their defaults unless given)")
     add_flags(group, Config, skip=CONTROLLED, defaults=False)
-    dist_class = config_class("dist_parallel")  # it has every flag of GROUP_PASSED; fsdp's are the same fields
-    dist_group = parser.add_argument_group("passed to dist_parallel/train.py (--dist_timeout to fsdp/train.py too)")
+    # it has every flag of GROUP_PASSED; fsdp's are the same fields
+    dist_class = config_class("dist_parallel")
+    dist_group = parser.add_argument_group("passed to dist_parallel/train.py "
+                                           "(--dist_timeout to fsdp/train.py too)")
     add_flags(dist_group, dist_class, skip=[f.name for f in dataclasses.fields(dist_class)
                                             if f.name not in GROUP_PASSED], defaults=False)
     return parser
 
 
 def parse(argv=None) -> tuple[CompareConfig, dict, dict]:
-    """compare.py's own flags, the train.py flags given (passed to every run) and the process-group modes' own
-    flags given (passed to their runs: GROUP_PASSED)."""
+    """compare.py's own flags, the train.py flags given (passed to every run) and the process-group
+    modes' own flags given (passed to their runs: GROUP_PASSED)."""
     args = vars(build_compare_parser().parse_args(argv))
     own = {f.name: args.pop(f.name) for f in dataclasses.fields(CompareConfig)}
     for name in ("modes", "gpu_counts", "backends", "amp", "sync_bn", "reshard_after_forward"):
@@ -148,14 +167,17 @@ def parse(argv=None) -> tuple[CompareConfig, dict, dict]:
     return CompareConfig(**own), args, group_only
 
 
-def resolve(cc: CompareConfig, train: dict, cuda: bool, gpus_here: int, group_only=()) -> CompareConfig:
-    """Defaults that depend on the machine, and the mistakes between flags to refuse before any run starts (each
-    flag's own domain was checked when the config was built); `group_only`: the process-group flags given. fsdp is
-    a default mode of the comparison from two GPUs on: with one there is nothing to shard over, and on the CPU its
-    gloo processes would only repeat dist_parallel's point. --verify checks every mode wherever it runs."""
+def resolve(cc: CompareConfig, train: dict, cuda: bool, gpus_here: int,
+            group_only=()) -> CompareConfig:
+    """Defaults that depend on the machine, and the mistakes between flags to refuse before any run
+    starts (each flag's own domain was checked when the config was built); `group_only`: the
+    process-group flags given. fsdp is a default mode of the comparison from two GPUs on: with one
+    there is nothing to shard over, and on the CPU its gloo processes would only repeat
+    dist_parallel's point. --verify checks every mode wherever it runs."""
     counts = cc.gpu_counts or ((gpus_here,) if cuda else (2,))
     backends = cc.backends or (BACKENDS if cuda else ("gloo",))
-    modes = cc.modes or tuple(m for m in MODES if m != "fsdp" or cc.verify or (cuda and gpus_here >= 2))
+    modes = cc.modes or tuple(m for m in MODES
+                              if m != "fsdp" or cc.verify or (cuda and gpus_here >= 2))
     checks = [
         (not cuda or max(counts) <= gpus_here,
          f"--gpu_counts {max(counts)} is more GPUs than the {gpus_here} visible here"),
@@ -168,17 +190,20 @@ def resolve(cc: CompareConfig, train: dict, cuda: bool, gpus_here: int, group_on
          "--batch_size fixes the global batch and --batch_per_gpu each GPU's: give one of them"),
         (cc.epochs or cc.verify or "max_steps" not in train,
          "--max_steps applies to training: give it with --epochs N"),
-        (not cc.verify or cc.repeat == 1, "--repeat is for the comparison: --verify runs each check once"),
+        (not cc.verify or cc.repeat == 1,
+         "--repeat is for the comparison: --verify runs each check once"),
         (not cc.verify or cc.batch_per_gpu is None,
          "--verify compares runs of one global batch: give --batch_size instead of --batch_per_gpu"),
     ]
     for ok, message in checks:
         if not ok:
             raise UsageError(message)
-    refusal = machine_refusal(cuda, backends, "on" in cc.sync_bn, flag="--backends")  # as train.py's
+    # as train.py's
+    refusal = machine_refusal(cuda, backends, "on" in cc.sync_bn, flag="--backends")
     if refusal is not None:
         raise UsageError(refusal)
-    return dataclasses.replace(cc, modes=modes, gpu_counts=counts, backends=backends, amp=cc.amp or (None,))
+    return dataclasses.replace(cc, modes=modes, gpu_counts=counts, backends=backends,
+                               amp=cc.amp or (None,))
 
 
 MARKER = ".pytorch-multigpu-comparison"  # written first into every --out; --overwrite looks for it
@@ -254,11 +279,12 @@ def remove_earlier(out: Path) -> None:
 def out_error(out: Path, error: OSError) -> str:
     """The one line for an --out that the file system refuses: where, why, and what to do."""
     where = f" ({error.filename})" if error.filename and Path(error.filename) != out else ""
-    problem = file_system_problem(error) or f"{error.strerror}: give another --out, a folder this user can write"
+    problem = (file_system_problem(error) or f"{error.strerror}: give another --out, a "
+                                             "folder this user can write")
     return f"cannot write --out {out}{where}: {problem}"
 
 
-# ----------------------------------------------------------------------------------------------------- report
+# ------------------------------------------------------------------------------------------- report
 
 def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bool, argv: list[str],
                  train: dict, env: dict, topology: str | None, elapsed: float) -> list[Path]:
@@ -266,29 +292,36 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
     (report.write_file): a report.md that exists is complete."""
     fill_rows(outcomes, out)
     ok = [o for o in outcomes if o.status == "ok"]
-    config = ok[0].results["config"] if ok else {**{f.name: f.default for f in dataclasses.fields(Config)}, **train}
+    config = (ok[0].results["config"] if ok
+              else {**{f.name: f.default for f in dataclasses.fields(Config)}, **train})
     device = device_name(env, cuda)
     model = model_on_meta(config)
     grads = gradient_bytes(model)
-    bucket_cap_mb = next((o.results["config"].get("bucket_cap_mb") for o in ok if o.run.mode == "dist_parallel"),
+    bucket_cap_mb = next((o.results["config"].get("bucket_cap_mb") for o in ok
+                          if o.run.mode == "dist_parallel"),
                          25.0)
     data = dataset_info(run_config(config))
-    projection = projection_inputs(outcomes, grads, bucket_cap_mb, fsdp_units(model, data.channels, data.size))
+    projection = projection_inputs(outcomes, grads, bucket_cap_mb,
+                                   fsdp_units(model, data.channels, data.size))
     amp = projection["amp"] if projection else (config.get("amp") or ("bf16" if cuda else "off"))
     model_name = model_title(config)
-    sweep = config.get("model", PYRAMIDNET) == PYRAMIDNET  # only PyramidNet has a width (alpha) to sweep
+    # only PyramidNet has a width (alpha) to sweep
+    sweep = config.get("model", PYRAMIDNET) == PYRAMIDNET
     memory = memory_projection(lambda alpha: model_on_meta({**config, "alpha": alpha}) if sweep else model,
                                config["alpha"] if sweep else None, amp, config["momentum"] != 0,
                                gpu_memory_bytes(cuda))
     memory["name"] = model_name
-    from comparison.plots import pictures_section, write_plots  # matplotlib: a second's import, for pictures only
+    # matplotlib: a second's import, for pictures only
+    from comparison.plots import pictures_section, write_plots
 
-    # the projected curves from a GPU's step only: from a CPU process's, they say nothing (projection.md says why)
+    # the projected curves from a GPU's step only: from a CPU process's, they say
+    # nothing (projection.md says why)
     cores = None if cuda else cores_here()  # what CPU runs share; GPU runs wait on their GPUs
     pictures = write_plots(outcomes, out, device, cuda, projection if cuda else None, cores)
     write_csv(outcomes, out / "results.csv")
-    what = (f"`--benchmark`: synthetic data, {config['warmup_steps']} untimed then {config['benchmark_steps']} timed "
-            f"steps per run" if not cc.epochs else f"training for {cc.epochs} epochs on {config['dataset']}")
+    what = (f"`--benchmark`: synthetic data, {config['warmup_steps']} untimed then "
+            f"{config['benchmark_steps']} timed steps per "
+            "run" if not cc.epochs else f"training for {cc.epochs} epochs on {config['dataset']}")
     modes = listed(list(dict.fromkeys(o.run.mode for o in outcomes)))
     projection_page = [
         f"# Projection past this machine: {model_name}, from the runs on {device}",
@@ -354,11 +387,12 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
 
 
 def model_on_meta(config: dict) -> torch.nn.Module:
-    """The model the runs trained (results.json's config; a field it lacks, written before the field existed,
-    takes its default), built without memory, to count its gradients."""
+    """The model the runs trained (results.json's config; a field it lacks, written before the field
+    existed, takes its default), built without memory, to count its gradients."""
     fields = {field.name: field.default for field in dataclasses.fields(Config)}
     with uninitialised():
-        return performance.model_on_meta(types.SimpleNamespace(**{**fields, **config, "align_channels": 0}))
+        return performance.model_on_meta(types.SimpleNamespace(**{**fields, **config,
+                                                                  "align_channels": 0}))
 
 
 @contextlib.contextmanager
@@ -378,7 +412,8 @@ def uninitialised():
 
 
 def gpu_memory_bytes(cuda: bool) -> int | None:
-    """The first GPU's memory, which the memory projection weighs the model against; None without GPUs."""
+    """The first GPU's memory, which the memory projection weighs the
+    model against; None without GPUs."""
     return torch.cuda.get_device_properties(0).total_memory if cuda else None
 
 
@@ -388,11 +423,11 @@ def device_name(env: dict, cuda: bool) -> str:
     return f"CPU ({env.get('cpu')}, {env.get('cpu_count')} cores), no GPU"
 
 
-# ------------------------------------------------------------------------------------------------------- main
+# --------------------------------------------------------------------------------------------- main
 
 def configure(argv: list[str]) -> tuple[CompareConfig, dict, dict[str, list[str]], bool]:
-    """The flags resolved for this machine: compare.py's own, the train.py flags of every run, the flags passed on
-    to each process-group mode (mode -> arguments), and whether there are GPUs."""
+    """The flags resolved for this machine: compare.py's own, the train.py flags of every run, the
+    flags passed on to each process-group mode (mode -> arguments), and whether there are GPUs."""
     cc, train, group_only = parse(argv)
     cuda = torch.cuda.is_available()
     cc = resolve(cc, train, cuda, torch.cuda.device_count(), group_only)
@@ -400,8 +435,10 @@ def configure(argv: list[str]) -> tuple[CompareConfig, dict, dict[str, list[str]
         train = {**verify_defaults(cuda), **train}
     if not cuda:
         train = {**CPU_DEFAULTS, **train}
-    group_flags = {mode: config_argv(config_class("dist_parallel"),  # GROUP_PASSED's fields, as parse() read them
-                                     {k: v for k, v in group_only.items() if mode in GROUP_PASSED[k]})
+    # GROUP_PASSED's fields, as parse() read them
+    group_flags = {mode: config_argv(config_class("dist_parallel"),
+                                     {k: v for k, v in group_only.items()
+                                      if mode in GROUP_PASSED[k]})
                    for mode in GROUP_MODES}
     return cc, train, group_flags, cuda
 
@@ -453,10 +490,11 @@ def compare(argv: list[str]) -> int:
 
 
 def check_dataset(cc: CompareConfig, train: dict) -> None:
-    """The dataset the runs train on, read here once before any run when they would read or download it (cifar10,
-    mnist: with --epochs, or --verify given one): downloaded into --data_dir if it is missing and the network
-    allows, or refused in one line (common/data.py's), rather than every configuration starting only to fail
-    alike. --benchmark runs (the default) and synthetic data need nothing."""
+    """The dataset the runs train on, read here once before any run when they would read or
+    download it (cifar10, mnist: with --epochs, or --verify given one): downloaded into
+    --data_dir if it is missing and the network allows, or refused in one line
+    (common/data.py's), rather than every configuration starting only to fail alike. --benchmark
+    runs (the default) and synthetic data need nothing."""
     dataset = train.get("dataset", Config.dataset)
     if (cc.epochs or cc.verify) and dataset != "synthetic":
         load_datasets(dataset, train.get("data_dir", Config.data_dir), 0, 0)
@@ -464,8 +502,8 @@ def check_dataset(cc: CompareConfig, train: dict) -> None:
 
 def plan_matrix(cc: CompareConfig, train: dict, group_flags: dict[str, list[str]],
                 cuda: bool, out: Path | None = None) -> tuple[list[str], list]:
-    """The flags every run shares and the runs, or the one line that refuses them (each run checked as it
-    will run, its folder under `out`)."""
+    """The flags every run shares and the runs, or the one line that refuses them (each run checked
+    as it will run, its folder under `out`)."""
     train["epochs"] = cc.epochs if cc.epochs else None
     shared = config_argv(Config, {k: v for k, v in train.items() if k != "batch_size"})
     shared += [] if cc.epochs else ["--benchmark"]

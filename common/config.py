@@ -1,13 +1,16 @@
-"""One frozen dataclass of hyper-parameters; its fields generate the command-line flags of every train.py.
+"""One frozen dataclass of hyper-parameters; its fields generate the
+command-line flags of every train.py.
 
-A field's default is the flag's default and its metadata the help text and the domain. A bool that defaults to
-False becomes `--name`; one that defaults to True becomes `--no_name`, its help naming what it turns off ("turn off
-the paper's Nesterov momentum (on by default)"); an optional bool (None: the run decides) gets both. A mode with
-flags of its own subclasses `Config` inline. --help prints the script's docstring as written (HelpFormatter).
+A field's default is the flag's default and its metadata the help text and the domain. A bool that
+defaults to False becomes `--name`; one that defaults to True becomes `--no_name`, its help naming
+what it turns off ("turn off the paper's Nesterov momentum (on by default)"); an optional bool
+(None: the run decides) gets both. A mode with flags of its own subclasses `Config` inline. --help
+prints the script's docstring as written (HelpFormatter).
 
-Every value is checked where it is parsed, before anything starts: each field against its own domain (check_domains,
-which any frozen config dataclass can call from __post_init__), then the rules between fields (Config.__post_init__).
-A value outside is refused in one line that names the flag, the value and what to give instead.
+Every value is checked where it is parsed, before anything starts: each field against its own domain
+(check_domains, which any frozen config dataclass can call from __post_init__), then the rules
+between fields (Config.__post_init__). A value outside is refused in one line that names the flag,
+the value and what to give instead.
 """
 from __future__ import annotations
 
@@ -35,25 +38,31 @@ from models.factory import PYRAMIDNET, unknown_model
 from models.pyramidnet import BLOCKS as MODEL_BLOCKS, check_arguments, parameters_at_least
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DATASETS = ("cifar10", "mnist", "synthetic", "imagefolder")  # their shapes and statistics: common/data.py
+# their shapes and statistics: common/data.py
+DATASETS = ("cifar10", "mnist", "synthetic", "imagefolder")
 LOADERS = ("gpu", "torchvision")
 AMPS = ("bf16", "fp16", "off")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")  # torch.compile's
 BASE_BATCH = 128  # --lr is given per this many images of global batch
-# The flags that decide the model's parameters: its names and shapes (--dataset: its input channels and classes).
-# Weights load only into a model built with the same ones; --align_channels stores them padded, the same model.
+# The flags that decide the model's parameters: its names and shapes (--dataset: its input
+# channels and classes). Weights load only into a model built with the same ones; --align_channels
+# stores them padded, the same model.
 MODEL_FLAGS = ("model", "depth", "alpha", "block", "width_multiple", "dataset", "image_size")
-# The model flags added after runs had been written: a config without one was written with its default.
+# The model flags added after runs had been written: a config without
+# one was written with its default.
 LATER_FLAGS = {"model": "pyramidnet", "image_size": None}
 INT_MAX = 2**63 - 1  # torch's largest integer: a count above it reaches no tensor and no C++ call
-# The weights are float32 in every mode (autocast computes in bf16/fp16 but keeps them so): SGD hands the learning
-# rate and the weight decay to its kernels as scalars of the weights' dtype, and a larger one cannot be converted.
+# The weights are float32 in every mode (autocast computes in bf16/fp16 but keeps them so): SGD
+# hands the learning rate and the weight decay to its kernels as scalars of the weights' dtype, and
+# a larger one cannot be converted.
 FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max
 FLOAT32_TINY = 1.1754943508222875e-38  # torch.finfo(torch.float32).tiny: below it a rate loses its precision
-# While SyntheticCIFAR generates its images it holds two float32 copies of them at once (the pixel noise and the
-# class patterns, common/data.py): a lower bound of the memory --synthetic_size asks for.
+# While SyntheticCIFAR generates its images it holds two float32 copies of them at
+# once (the pixel noise and the class patterns, common/data.py): a lower bound of the
+# memory --synthetic_size asks for.
 SYNTHETIC_BYTES_PER_IMAGE = 2 * 3 * 32 * 32 * 4
-PSEUDO_FILESYSTEMS = ("/proc", "/sys")  # the kernel's own views: nothing can be created there, not even by root
+# the kernel's own views: nothing can be created there, not even by root
+PSEUDO_FILESYSTEMS = ("/proc", "/sys")
 
 
 def _path_limit(name: str, default: int) -> int:
@@ -68,23 +77,25 @@ NAME_MAX, PATH_MAX = _path_limit("PC_NAME_MAX", 255), _path_limit("PC_PATH_MAX",
 
 def flag(default, help: str, *, at_least=None, above=None, at_most=None, below=None, check=None,
          **argparse_kwargs):
-    """A field of a config dataclass: its default, its --help text, its domain and argparse's extras (nargs,
-    choices). The domain is what check_domains enforces. A bool's is its type, a choice's its `choices`; a number's
-    is its bounds (at_least, above, at_most, below; always finite, and an int at most INT_MAX); a string's is
-    `check`: a name from CHECKS or a function of the value that returns None, or what to give instead. An
-    optional field (`X | None`) also takes None, and a tuple's bounds or check hold for each item."""
+    """A field of a config dataclass: its default, its --help text, its domain and argparse's extras
+    (nargs, choices). The domain is what check_domains enforces. A bool's is its type, a choice's
+    its `choices`; a number's is its bounds (at_least, above, at_most, below; always finite, and an
+    int at most INT_MAX); a string's is `check`: a name from CHECKS or a function of the value that
+    returns None, or what to give instead. An optional field (`X | None`) also takes None, and a
+    tuple's bounds or check hold for each item."""
     given = dict(at_least=at_least, above=above, at_most=at_most, below=below, check=check)
     domain = {name: value for name, value in given.items() if value is not None}
     return field(default=default, metadata={"help": help, "domain": domain, **argparse_kwargs})
 
 
-# ---------------------------------------------------------------------------------------------------- domains
+# ------------------------------------------------------------------------------------------ domains
 BOUNDS = {"at_least": ("at least", operator.ge), "above": ("above", operator.gt),
           "at_most": ("at most", operator.le), "below": ("below", operator.lt)}
 
 
 def physical_memory() -> int | None:
-    """This machine's memory in bytes (None where the system does not say): what no allocation can exceed."""
+    """This machine's memory in bytes (None where the system does not say):
+    what no allocation can exceed."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, OSError, ValueError):
@@ -92,8 +103,10 @@ def physical_memory() -> int | None:
 
 
 def _shown(value) -> str:
-    """A value as the error line shows it: numbers as typed, text quoted (an empty one visible), long ones cut."""
-    text = repr(value) if isinstance(value, str) else f"{value:g}" if isinstance(value, float) else str(value)
+    """A value as the error line shows it: numbers as typed, text quoted (an
+    empty one visible), long ones cut."""
+    text = (repr(value) if isinstance(value, str) else f"{value:g}" if isinstance(value, float)
+            else str(value))
     return text if len(text) <= 80 else f"{text[:60]}... ({len(str(value))} characters)"
 
 
@@ -102,7 +115,8 @@ def _gib(size: float) -> str:
 
 
 def _path(value: str, room: int = 0) -> str | None:
-    """What is wrong with `value` as a path, leaving `room` bytes under PATH_MAX for what goes below it."""
+    """What is wrong with `value` as a path, leaving `room` bytes under
+    PATH_MAX for what goes below it."""
     if not value:
         return "a path, not empty (. is the current folder)"
     if "\0" in value:
@@ -120,13 +134,15 @@ def _path(value: str, room: int = 0) -> str | None:
 
 
 def _folder(value: str) -> str | None:
-    """A folder a run writes into: room below it for a run folder and a file in it, and no kernel file system."""
+    """A folder a run writes into: room below it for a run folder and a file in
+    it, and no kernel file system."""
     wrong = _path(value, room=2 * (NAME_MAX + 1))
     if wrong:
         return wrong
     real = os.path.realpath(value)
     if any(real == root or real.startswith(root + "/") for root in PSEUDO_FILESYSTEMS):
-        return f"a folder outside {' and '.join(PSEUDO_FILESYSTEMS)} (the kernel's, where nothing can be written)"
+        return (f"a folder outside {' and '.join(PSEUDO_FILESYSTEMS)} (the kernel's, where "
+                "nothing can be written)")
     return None
 
 
@@ -135,28 +151,34 @@ def _file_or_auto(value: str) -> str | None:
     return wrong and f"auto, or {wrong}"
 
 
-CONTROL = ("Cc", "Zl", "Zp")  # Unicode's control characters (newline, tab, NUL, escape...) and line separators
+# Unicode's control characters (newline, tab, NUL, escape...) and line separators
+CONTROL = ("Cc", "Zl", "Zp")
 
 
 def _folder_name(value: str) -> str | None:
-    """One name in a folder, as --run_name is: the run folder's own. Neither a path separator (/, nor Windows' \\,
-    which a copy of the runs to Windows would split on) nor a control character (a newline, a tab, an escape):
-    the name is printed in messages and in the commands they give to paste, each of which must stay one line."""
-    plain = value not in ("", ".", "..") and not any(separator in value for separator in ("/", "\\"))
+    """One name in a folder, as --run_name is: the run folder's own. Neither a path separator (/,
+    nor Windows' \\, which a copy of the runs to Windows would split on) nor a control character (a
+    newline, a tab, an escape): the name is printed in messages and in the commands they give to
+    paste, each of which must stay one line."""
+    plain = (value not in ("", ".", "..")
+             and not any(separator in value for separator in ("/", "\\")))
     if not plain:
         return "a plain folder name (not empty, . or .., without / or \\)"
-    control = next((character for character in value if unicodedata.category(character) in CONTROL), None)
+    control = next((character for character in value if unicodedata.category(character) in CONTROL),
+                   None)
     if control is not None:
         return f"a folder name without control characters (this one has {control!r})"
     try:
         size = len(os.fsencode(value))
     except UnicodeEncodeError:
         return "a folder name the file system can store"
-    return None if size <= NAME_MAX else f"a folder name of at most {NAME_MAX} bytes (this one has {size})"
+    return (None if size <= NAME_MAX else f"a folder name of at most {NAME_MAX} bytes "
+                                          f"(this one has {size})")
 
 
 def _rendezvous(value: str) -> str | None:
-    """torch's three rendezvous: env:// (MASTER_ADDR/PORT from the environment), tcp://HOST:PORT, file:///PATH."""
+    """torch's three rendezvous: env:// (MASTER_ADDR/PORT from the environment),
+    tcp://HOST:PORT, file:///PATH."""
     scheme, separator, rest = value.partition("://")
     host, _, port = rest.partition("?")[0].rpartition(":")
     valid = {"env": bool(separator) and (not rest or rest.startswith("?")),
@@ -169,15 +191,18 @@ def _synthetic_images(size: int) -> str | None:
     memory = physical_memory()
     if memory is None or size * SYNTHETIC_BYTES_PER_IMAGE <= memory:
         return None
-    return (f"at most {memory // SYNTHETIC_BYTES_PER_IMAGE} images on this machine (generating them takes "
-            f"{SYNTHETIC_BYTES_PER_IMAGE // 1024} KiB each; it has {_gib(memory)} of memory)")
+    return (f"at most {memory // SYNTHETIC_BYTES_PER_IMAGE} images on this machine "
+            f"(generating them takes {SYNTHETIC_BYTES_PER_IMAGE // 1024} KiB each; it has "
+            f"{_gib(memory)} of memory)")
 
 
-WORKER_BYTES = 10 * 2**20  # a DataLoader worker's own memory at the least (measured: 10 MiB, forked, idle)
+# a DataLoader worker's own memory at the least (measured: 10 MiB, forked, idle)
+WORKER_BYTES = 10 * 2**20
 
 
 def _worker_processes(count: int) -> str | None:
-    """DataLoader workers are processes: no more than the machine's memory and process limit can hold."""
+    """DataLoader workers are processes: no more than the machine's
+    memory and process limit can hold."""
     import resource
 
     memory = physical_memory()
@@ -190,9 +215,10 @@ def _worker_processes(count: int) -> str | None:
 
 
 def compile_cache_folder(cfg) -> str:
-    """Where torch.compile's caches go: --compile_cache, else the TORCHINDUCTOR_CACHE_DIR the user set, else
-    <log_dir>/.compile_cache."""
-    return cfg.compile_cache or os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(Path(cfg.log_dir) / ".compile_cache")
+    """Where torch.compile's caches go: --compile_cache, else the TORCHINDUCTOR_CACHE_DIR the user
+    set, else <log_dir>/.compile_cache."""
+    return (cfg.compile_cache or os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+            or str(Path(cfg.log_dir) / ".compile_cache"))
 
 
 def splits_apart(path: str) -> bool:
@@ -208,8 +234,9 @@ def splits_apart(path: str) -> bool:
 
 
 def compile_cache_alias(folder: str) -> Path:
-    """A path without spaces that leads to the compile cache `folder` (whose own path splits apart): a symbolic
-    link in this user's own folder of the temporary folder, named after the cache's real path."""
+    """A path without spaces that leads to the compile cache `folder` (whose own path
+    splits apart): a symbolic link in this user's own folder of the temporary folder,
+    named after the cache's real path."""
     real = os.path.realpath(folder)
     name = hashlib.sha256(os.fsencode(real)).hexdigest()[:16]
     return Path(tempfile.gettempdir()) / f"pytorch-multigpu-{os.getuid()}" / name
@@ -222,9 +249,10 @@ def _first_existing(path: Path) -> Path:
 
 
 def compile_cache_refusal(cfg) -> str | None:
-    """Why the compile cache cannot be used, in one line (None when it can), checked before anything is written:
-    a file, a symbolic link that leads nowhere, a folder that cannot be written (read-only, not this user's), or
-    a path the C++ compiler cannot be given that no alias can stand in for. Said with where the path came from."""
+    """Why the compile cache cannot be used, in one line (None when it can), checked before anything
+    is written: a file, a symbolic link that leads nowhere, a folder that cannot be written
+    (read-only, not this user's), or a path the C++ compiler cannot be given that no alias can stand
+    in for. Said with where the path came from."""
     folder = Path(compile_cache_folder(cfg))
     give = "give a --compile_cache folder"
     if cfg.compile_cache:
@@ -237,12 +265,13 @@ def compile_cache_refusal(cfg) -> str | None:
     existing = _first_existing(folder)
     if existing.is_symlink() and not existing.exists():
         where = "" if existing == folder else f": {existing}"
-        return (f"{name}{where} is a symbolic link to {os.readlink(existing)}, which does not exist: create "
-                f"that folder, or give another --compile_cache")
+        return (f"{name}{where} is a symbolic link to {os.readlink(existing)}, which does not "
+                "exist: create that folder, or give another --compile_cache")
     if not existing.is_dir():
         where = "" if existing == folder else f": {existing}"
         return f"{name}{where} is a file, not a folder: {give}"
-    if not os.access(existing, os.W_OK | os.X_OK):  # the kernel's answer: a read-only mount, permissions
+    # the kernel's answer: a read-only mount, permissions
+    if not os.access(existing, os.W_OK | os.X_OK):
         read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
         why = "is on a read-only file system" if read_only else "cannot be written by this user"
         return f"{name}: {existing} {why}: {give} that can be written"
@@ -250,16 +279,19 @@ def compile_cache_refusal(cfg) -> str | None:
         return None
     alias = compile_cache_alias(str(folder))  # where a link will stand in for it
     if splits_apart(str(alias)):
-        return (f"{name} has a space (or a quote or backslash) in its path, which inductor's C++ builder cuts "
-                f"apart, and so does the temporary folder {alias.parent.parent} that would hold a link to it: "
-                f"give a --compile_cache path without them")
+        return (f"{name} has a space (or a quote or backslash) in its path, which inductor's C++ "
+                f"builder cuts apart, and so does the temporary folder {alias.parent.parent} that "
+                "would hold a link to it: give a --compile_cache path without them")
     links = alias.parent
-    if links.is_symlink() or links.exists() and (not links.is_dir() or links.stat().st_uid != os.getuid()):
-        return (f"{name} has a space in its path, and {links}, where a link without one would stand in for it, "
-                f"is not a folder of this user's: remove it, or give a --compile_cache path without spaces")
+    if links.is_symlink() or links.exists() and (not links.is_dir()
+                                                 or links.stat().st_uid != os.getuid()):
+        return (f"{name} has a space in its path, and {links}, where a link without one would "
+                "stand in for it, is not a folder of this user's: remove it, or give a "
+                "--compile_cache path without spaces")
     if not os.access(_first_existing(links), os.W_OK | os.X_OK):
-        return (f"{name} has a space in its path, and {links.parent}, where a link without one would stand in "
-                f"for it, cannot be written: give a --compile_cache path without spaces")
+        return (f"{name} has a space in its path, and {links.parent}, where a link "
+                "without one would stand in for it, cannot be written: give a "
+                "--compile_cache path without spaces")
     return None
 
 
@@ -268,21 +300,25 @@ CHECKS = {"folder": _folder, "file": _path, "file_or_auto": _file_or_auto, "name
 
 
 def _number(value, kind: type, domain: dict) -> str | None:
-    """What to give instead of `value`, a number of type `kind` (int or float) with the bounds in `domain`."""
+    """What to give instead of `value`, a number of type `kind` (int or
+    float) with the bounds in `domain`."""
     noun = "a whole number" if kind is int else "a finite number"
     if isinstance(value, bool) or not isinstance(value, int if kind is int else (int, float)):
         return noun
-    bounds = [(word, holds, domain[name]) for name, (word, holds) in BOUNDS.items() if name in domain]
-    if isinstance(value, float) and not math.isfinite(value) or not all(holds(value, b) for _, holds, b in bounds):
-        return f"{noun} {' and '.join(f'{word} {_shown(bound)}' for word, _, bound in bounds)}".rstrip()
+    bounds = [(word, holds, domain[name]) for name, (word, holds) in BOUNDS.items()
+              if name in domain]
+    if (isinstance(value, float) and not math.isfinite(value)
+        or not all(holds(value, b) for _, holds, b in bounds)):
+        return (f"{noun} "
+                f"{' and '.join(f'{word} {_shown(bound)}' for word, _, bound in bounds)}".rstrip())
     if kind is int and value > INT_MAX:
         return f"a whole number at most {INT_MAX} (2**63 - 1, torch's largest)"
     return None
 
 
 def _outside(value, kind: type, domain: dict, choices) -> str | None:
-    """None when `value` (of a field, or an item of a tuple field, of type `kind`) lies in its domain, else what
-    to give instead."""
+    """None when `value` (of a field, or an item of a tuple field, of type `kind`) lies in its
+    domain, else what to give instead."""
     if kind is bool:
         return None if isinstance(value, bool) else "true or false"
     if choices is not None:
@@ -290,7 +326,8 @@ def _outside(value, kind: type, domain: dict, choices) -> str | None:
     if kind in (int, float):
         wanted = _number(value, kind, domain)
     else:
-        wanted = None if isinstance(value, kind) else "text" if kind is str else f"a {kind.__name__}"
+        wanted = (None if isinstance(value, kind) else "text" if kind is str
+                  else f"a {kind.__name__}")
     check = domain.get("check")
     if wanted is None and check is not None:
         wanted = (CHECKS[check] if isinstance(check, str) else check)(value)
@@ -299,12 +336,15 @@ def _outside(value, kind: type, domain: dict, choices) -> str | None:
 
 @functools.cache
 def _typed_fields(config_class: type) -> tuple:
-    """(field, X, whether None is allowed, whether a tuple of X) for every field of `config_class`."""
+    """(field, X, whether None is allowed, whether a tuple of X) for
+    every field of `config_class`."""
     hints, typed = typing.get_type_hints(config_class), []
     for f in dataclasses.fields(config_class):
         hint = hints[f.name]
-        optional = typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint)
-        kind = next(k for k in typing.get_args(hint) if k is not type(None)) if optional else hint  # X | None -> X
+        optional = (typing.get_origin(hint) in (typing.Union, types.UnionType)
+                    and type(None) in typing.get_args(hint))
+        # X | None -> X
+        kind = next(k for k in typing.get_args(hint) if k is not type(None)) if optional else hint
         many = typing.get_origin(kind) is tuple
         typed.append((f, typing.get_args(kind)[0] if many else kind, optional, many))
     return tuple(typed)
@@ -322,9 +362,9 @@ def missing_domains(config_class: type) -> list[str]:
 
 
 def check_domains(config) -> None:
-    """Refuse the first field of the frozen config dataclass `config` whose value lies outside its domain (see
-    flag), in one line that names its flag, the value and what to give instead. Any config dataclass calls it
-    first thing in __post_init__."""
+    """Refuse the first field of the frozen config dataclass `config` whose value lies outside its
+    domain (see flag), in one line that names its flag, the value and what to give instead. Any
+    config dataclass calls it first thing in __post_init__."""
     for f, kind, optional, many in _typed_fields(type(config)):
         value = getattr(config, f.name)
         if value is None and optional:
@@ -343,87 +383,112 @@ def check_domains(config) -> None:
 @dataclass(frozen=True)
 class Config:
     # optimisation
-    batch_size: int = flag(128, "GLOBAL batch: images per optimizer step summed over every GPU", at_least=1)
+    batch_size: int = flag(128, "GLOBAL batch: images per optimizer step summed over every GPU",
+                           at_least=1)
     epochs: int = flag(300, "passes over the training set (the paper's 300)", at_least=0)
-    max_steps: int = flag(0, "stop after this many optimizer steps in total; 0 = no limit", at_least=0)
-    lr: float = flag(0.1, "learning rate per 128 images of global batch, scaled linearly with --batch_size", above=0)
+    max_steps: int = flag(0, "stop after this many optimizer steps in total; 0 = no limit",
+                          at_least=0)
+    lr: float = flag(0.1, "learning rate per 128 images of global batch, scaled "
+                          "linearly with --batch_size", above=0)
     lr_warmup_epochs: float = flag(5.0, "linear warm-up length when the global batch is above 128 "
                                         "(at most a tenth of the run)", at_least=0, at_most=1e9)  # x steps: a float
     momentum: float = flag(0.9, "SGD momentum", at_least=0, below=1)  # 1 and more: steps that never shrink
     weight_decay: float = flag(1e-4, "L2 weight decay", at_least=0, at_most=FLOAT32_MAX)
     nesterov: bool = flag(True, "the paper's Nesterov momentum")
     # model
-    model: str = flag(PYRAMIDNET, "pyramidnet (the paper's CIFAR model, shaped by the four flags below) or any "
-                                  "classification model torchvision lists (resnet50, vit_b_16, ...), built "
+    model: str = flag(PYRAMIDNET, "pyramidnet (the paper's CIFAR model, shaped by the "
+                                  "four flags below) or any classification model "
+                                  "torchvision lists (resnet50, vit_b_16, ...), built "
                                   "without pretrained weights", check=unknown_model)
-    depth: int = flag(110, "PyramidNet depth: 6n+2 (basic) or 9n+2 (bottleneck)", at_least=1)  # its form: __post_init__
-    alpha: float = flag(270.0, "PyramidNet widening factor: channels added over the whole network", above=0)
+    # its form: __post_init__
+    depth: int = flag(110, "PyramidNet depth: 6n+2 (basic) or 9n+2 (bottleneck)", at_least=1)
+    alpha: float = flag(270.0, "PyramidNet widening factor: channels added over the whole network",
+                        above=0)
     block: str = flag("basic", "residual block", choices=tuple(MODEL_BLOCKS))
-    width_multiple: int = flag(1, "round every block's width up to a multiple of this (8 suits tensor cores); "
-                                  "1 = the paper's widths", at_least=1)
+    width_multiple: int = flag(1, "round every block's width up to a multiple of this (8 suits "
+                                  "tensor cores); 1 = the paper's widths", at_least=1)
     # data
-    dataset: str = flag("cifar10", "cifar10 or mnist (downloaded into --data_dir), synthetic (CIFAR-10-shaped, "
-                                   "generated, offline), or imagefolder (your images: --data_dir/train/<class>/* "
-                                   "and --data_dir/val/<class>/*)", choices=DATASETS)
-    data_dir: str = flag(str(REPO_ROOT / "data"), "where datasets are downloaded and read; for imagefolder, the "
-                                                  "folder that holds train/ and val/", check="folder")
-    image_size: int | None = flag(None, "side of the square images the model takes (default: 224 for --dataset "
-                                        "imagefolder and for torchvision models on synthetic data; else the "
-                                        "dataset's own, 32, or 28 for mnist); cifar10, mnist and synthetic are "
-                                        "resized to it after their augmentation", at_least=8, at_most=4096)
-    synthetic_size: int = flag(50_000, "training images of --dataset synthetic; the test set is a fifth of it",
+    dataset: str = flag("cifar10", "cifar10 or mnist (downloaded into --data_dir), synthetic "
+                                   "(CIFAR-10-shaped, generated, offline), or imagefolder (your "
+                                   "images: --data_dir/train/<class>/* and "
+                                   "--data_dir/val/<class>/*)", choices=DATASETS)
+    data_dir: str = flag(str(REPO_ROOT / "data"), "where datasets are downloaded and read; for "
+                                                  "imagefolder, the folder that holds train/ and "
+                                                  "val/", check="folder")
+    image_size: int | None = flag(None, "side of the square images the model takes (default: 224 "
+                                        "for --dataset imagefolder and for torchvision models on "
+                                        "synthetic data; else the dataset's own, 32, or 28 for "
+                                        "mnist); cifar10, mnist and synthetic are resized to it "
+                                        "after their augmentation", at_least=8, at_most=4096)
+    synthetic_size: int = flag(50_000, "training images of --dataset synthetic; the "
+                                       "test set is a fifth of it",
                                at_least=5, check=_synthetic_images)
-    loader: str | None = flag(None, "gpu: dataset held on the device, augmented there (default with CUDA; for "
-                                    "imagefolder where its decoded images take at most half the GPU's free "
-                                    "memory); torchvision: DataLoader workers with PIL transforms (default "
-                                    "without)",
+    loader: str | None = flag(None, "gpu: dataset held on the device, augmented there (default "
+                                    "with CUDA; for imagefolder where its decoded images take at "
+                                    "most half the GPU's free memory); torchvision: DataLoader "
+                                    "workers with PIL transforms (default without)",
                               choices=LOADERS)
-    num_workers: int | None = flag(None, "DataLoader worker processes per training process (torchvision loader); "
-                                         "default: what fits this machine: the usable cores shared among the node's "
-                                         "training processes, one of each share left to the process, at most 4",
+    num_workers: int | None = flag(None, "DataLoader worker processes per training process "
+                                         "(torchvision loader); default: what fits this "
+                                         "machine: the usable cores shared among the "
+                                         "node's training processes, one of each share "
+                                         "left to the process, at most 4",
                                    at_least=0, check=_worker_processes)
     shuffle: bool = flag(True, "reshuffling the training set every epoch")
-    augment: bool = flag(True, "augmentation: a pad-4 random crop and a horizontal flip of each training image "
-                               "(no flip for mnist; imagefolder: a random resized crop and a flip)")
+    augment: bool = flag(True, "augmentation: a pad-4 random crop and a horizontal flip of each "
+                               "training image (no flip for mnist; imagefolder: a random "
+                               "resized crop and a flip)")
     # speed
-    amp: str | None = flag(None, "autocast precision: bf16 (default on GPUs that have it), fp16 (with loss "
-                                 "scaling; the default on older GPUs) or off (fp32; the default on the CPU)",
+    amp: str | None = flag(None, "autocast precision: bf16 (default on GPUs that have it), fp16 "
+                                 "(with loss scaling; the default on older GPUs) or off (fp32; "
+                                 "the default on the CPU)",
                            choices=AMPS)
-    channels_last: bool | None = flag(None, "NHWC memory format for the model and the batches, which tensor cores "
-                                            "prefer (default: on with CUDA, off on the CPU)")
-    align_channels: int | None = flag(None, "store every activation, and the weights that touch it, at a channel "
-                                            "count rounded up to a multiple of N, the extra channels exactly "
-                                            "zero, so that convolutions get tensor-core shapes: the same model, "
-                                            "parameters and checkpoints (default: 8 with CUDA, 0 = off on the "
-                                            "CPU)", at_least=0, at_most=256)
-    compile: bool = flag(False, "torch.compile the model; the compile time is reported apart and not timed")
-    compile_mode: str | None = flag(None, "with --compile, torch.compile's mode: default (the default); "
-                                          "reduce-overhead (CUDA graphs of the step's forward and backward); "
-                                          "max-autotune-no-cudagraphs; max-autotune (CUDA graphs too)",
+    channels_last: bool | None = flag(None, "NHWC memory format for the model and the "
+                                            "batches, which tensor cores prefer (default: on "
+                                            "with CUDA, off on the CPU)")
+    align_channels: int | None = flag(None, "store every activation, and the weights that touch "
+                                            "it, at a channel count rounded up to a multiple of "
+                                            "N, the extra channels exactly zero, so that "
+                                            "convolutions get tensor-core shapes: the same "
+                                            "model, parameters and checkpoints (default: 8 with "
+                                            "CUDA, 0 = off on the CPU)", at_least=0, at_most=256)
+    compile: bool = flag(False, "torch.compile the model; the compile time is "
+                                "reported apart and not timed")
+    compile_mode: str | None = flag(None, "with --compile, torch.compile's mode: default (the "
+                                          "default); reduce-overhead (CUDA graphs of the step's "
+                                          "forward and backward); max-autotune-no-cudagraphs; "
+                                          "max-autotune (CUDA graphs too)",
                                     choices=COMPILE_MODES)
-    compile_cache: str | None = flag(None, "folder of torch.compile's caches (inductor's FX graphs, AOTAutograd's, "
-                                           "Triton's kernels), kept between runs so that the next run on this "
-                                           "machine compiles in seconds (default: TORCHINDUCTOR_CACHE_DIR if set, "
-                                           "else <log_dir>/.compile_cache)",
+    compile_cache: str | None = flag(None, "folder of torch.compile's caches (inductor's FX "
+                                           "graphs, AOTAutograd's, Triton's kernels), kept between "
+                                           "runs so that the next run on this machine compiles in "
+                                           "seconds (default: TORCHINDUCTOR_CACHE_DIR if set, else "
+                                           "<log_dir>/.compile_cache)",
                                      check="folder")
-    cudnn_benchmark_limit: int | None = flag(None, "cuDNN algorithms that autotuning tries per convolution "
-                                                   "(torch's default: 10; 0: every one)", at_least=0, at_most=10**6)
-    benchmark: bool = flag(False, "measure speed only: synthetic data, --warmup_steps untimed, then "
-                                  "--benchmark_steps timed steps, no evaluation")
+    cudnn_benchmark_limit: int | None = flag(None, "cuDNN algorithms that autotuning tries per "
+                                                   "convolution (torch's default: 10; 0: every "
+                                                   "one)", at_least=0, at_most=10**6)
+    benchmark: bool = flag(False, "measure speed only: synthetic data, --warmup_steps untimed, "
+                                  "then --benchmark_steps timed steps, no evaluation")
     benchmark_steps: int = flag(100, "timed optimizer steps of --benchmark", at_least=1)
     # hardware and reproducibility
-    gpu_devices: tuple[int, ...] | None = flag(None, "CUDA device ids to use (default: GPU 0 for single_gpu, every "
-                                                     "visible GPU for the other modes)", nargs="+", at_least=0)
+    gpu_devices: tuple[int, ...] | None = flag(None, "CUDA device ids to use (default: GPU 0 for "
+                                                     "single_gpu, every visible GPU for the other "
+                                                     "modes)", nargs="+", at_least=0)
     seed: int = flag(0, "seed of the weights, the epoch order and the augmentation",
                      at_least=0, at_most=2**32 - 1)  # numpy's seeds
-    deterministic: bool = flag(False, "torch.use_deterministic_algorithms and cuDNN's deterministic mode "
-                                      "(cudnn.benchmark off): bitwise-reproducible runs, slower")
+    deterministic: bool = flag(False, "torch.use_deterministic_algorithms and cuDNN's "
+                                      "deterministic mode (cudnn.benchmark off): "
+                                      "bitwise-reproducible runs, slower")
     # logging and outputs
-    log_dir: str = flag(str(REPO_ROOT / "runs"), "TensorBoard runs go to <log_dir>/<run_name>/", check="folder")
+    log_dir: str = flag(str(REPO_ROOT / "runs"), "TensorBoard runs go to <log_dir>/<run_name>/",
+                        check="folder")
     run_name: str | None = flag(None, "default: <mode>-<n>gpu-<timestamp>", check="name")
     overwrite: bool = flag(False, "replace an existing run folder of the same name")
-    log_interval: int = flag(50, "optimizer steps per log window (a log line, TensorBoard points)", at_least=1)
-    warmup_steps: int = flag(10, "first optimizer steps left out of the timing (cuDNN autotune, allocator)",
+    log_interval: int = flag(50, "optimizer steps per log window (a log line, TensorBoard points)",
+                             at_least=1)
+    warmup_steps: int = flag(10, "first optimizer steps left out of the timing "
+                                 "(cuDNN autotune, allocator)",
                              at_least=0)
     profile_steps: int = flag(0, "record the N optimizer steps after --warmup_steps with "
                                  "torch.profiler: each rank's trace goes to <run "
@@ -431,11 +496,14 @@ class Config:
                                  "rank's step into compute, communication (hidden and "
                                  "exposed), data, optimizer and the rest; 0 = off", at_least=0)
     save_model: bool = flag(False, "write the trained weights to <run folder>/model.pt")
-    checkpoint_interval: int = flag(0, "write <run folder>/checkpoint.pt every N optimizer steps as well; 0 = at "
-                                       "the end of every epoch only (and when stopped)", at_least=0)
-    resume: str | None = flag(None, "continue from a checkpoint.pt (PATH), or from this --run_name's latest one "
-                                    "(auto; a fresh start when it has none yet)", check="file_or_auto")
-    evaluate: str | None = flag(None, "load weights from PATH, evaluate on the test set, write results, exit",
+    checkpoint_interval: int = flag(0, "write <run folder>/checkpoint.pt every N "
+                                       "optimizer steps as well; 0 = at the end of every "
+                                       "epoch only (and when stopped)", at_least=0)
+    resume: str | None = flag(None, "continue from a checkpoint.pt (PATH), or from this "
+                                    "--run_name's latest one (auto; a fresh start when it has none "
+                                    "yet)", check="file_or_auto")
+    evaluate: str | None = flag(None, "load weights from PATH, evaluate on the test "
+                                      "set, write results, exit",
                                 check="file")
     progress: bool = flag(True, "the tqdm bar of each epoch (shown when stdout is a terminal)")
 
@@ -444,23 +512,25 @@ class Config:
         check_domains(self)
         lr = self.effective_lr()
         checks = [
-            (self.momentum > 0 or not self.nesterov, f"--momentum {self.momentum:g} with Nesterov momentum (the "
-                                                     f"default): give --momentum above 0, or add --no_nesterov"),
+            (self.momentum > 0 or not self.nesterov,
+                                                     f"--momentum {self.momentum:g} with Nesterov momentum (the " f"default): give --momentum above 0, or add --no_nesterov"),
             (FLOAT32_TINY <= lr <= FLOAT32_MAX,
              f"--lr {self.lr:g} at --batch_size {self.batch_size} is a learning rate of {lr:g} (x batch / "
              f"{BASE_BATCH}), {'more' if lr > 1 else 'less'} than the float32 weights' updates can hold: give a "
              f"{'smaller' if lr > 1 else 'larger'} --lr"),
-            (not (self.resume and self.overwrite), "--resume continues a run folder and --overwrite deletes it: "
-                                                   "give one of them"),
+            (not (self.resume and self.overwrite),
+                                                   "--resume continues a run folder and --overwrite deletes it: " "give one of them"),
             (not (self.resume and (self.evaluate or self.benchmark)),
              "--resume continues training: leave out --evaluate and --benchmark"),
-            (self.resume != "auto" or self.run_name, "--resume auto finds the run by its name: add --run_name "
-                                                     "NAME (the same name on every restart)"),
-            (not (self.benchmark and self.evaluate), "--benchmark trains and --evaluate does not: give one of them"),
+            (self.resume != "auto" or self.run_name,
+                                                     "--resume auto finds the run by its name: add --run_name " "NAME (the same name on every restart)"),
+            (not (self.benchmark and self.evaluate),
+             "--benchmark trains and --evaluate does not: give one of them"),
             (not (self.profile_steps and self.evaluate),
              "--profile_steps records training steps and --evaluate trains none: give one of "
              "them"),
-            *[(self.compile or getattr(self, name) is None,  # a flag that would be ignored is refused
+            # a flag that would be ignored is refused
+            *[(self.compile or getattr(self, name) is None,
                f"--{name} {getattr(self, name)} does nothing without --compile: give --compile too, or leave "
                f"out --{name}")
               for name in ("compile_mode", "compile_cache")],
@@ -471,11 +541,13 @@ class Config:
         refusal = compile_cache_refusal(self) if self.compile else None
         if refusal:
             raise UsageError(refusal)
-        if self.dataset == "imagefolder":  # its layout and classes, listed once per process (no image is read)
+        # its layout and classes, listed once per process (no image is read)
+        if self.dataset == "imagefolder":
             refusal = image_folder_refusal(self.data_dir)
             if refusal:
                 raise UsageError(refusal)
-        if self.model != PYRAMIDNET:  # a torchvision model: its own shape, checked on its images at the start
+        # a torchvision model: its own shape, checked on its images at the start
+        if self.model != PYRAMIDNET:
             return
         try:
             check_arguments(self.depth, self.alpha, self.block, 10, 3)
@@ -484,30 +556,37 @@ class Config:
         weights = 4 * parameters_at_least(self.depth, self.alpha, self.block, self.width_multiple)  # float32
         memory = physical_memory()  # the model is built in the host's memory before any device sees it
         if memory is not None and weights > memory:
-            raise UsageError(f"--depth {self.depth} --alpha {self.alpha:g} --block {self.block} --width_multiple "
-                             f"{self.width_multiple}: the weights alone take at least {_gib(weights)}, more than "
-                             f"this machine's {_gib(memory)} of memory; give a smaller --depth, --alpha or "
-                             f"--width_multiple")
+            raise UsageError(f"--depth {self.depth} --alpha {self.alpha:g} --block {self.block} "
+                             f"--width_multiple {self.width_multiple}: the weights alone take at "
+                             f"least {_gib(weights)}, more than this machine's {_gib(memory)} of "
+                             "memory; give a smaller --depth, --alpha or --width_multiple")
 
     def effective_lr(self) -> float:
         return self.lr * self.batch_size / BASE_BATCH
 
     def reached_max_steps(self, step: int) -> bool:
-        """--max_steps is a ceiling: a run at or past it trains no further (resumed with a lower one, too)."""
+        """--max_steps is a ceiling: a run at or past it trains no further
+        (resumed with a lower one, too)."""
         return 0 < self.max_steps <= step
 
 
 @dataclass(frozen=True)
-class GroupConfig(Config):  # the flags of every mode with a process group: dist_parallel's and fsdp's
+# the flags of every mode with a process group: dist_parallel's and fsdp's
+class GroupConfig(Config):
     backend: str | None = flag(None, "nccl (default with CUDA) or gloo", choices=("nccl", "gloo"))
-    init_method: str = flag("env://", "rendezvous: env:// (MASTER_ADDR/PORT), tcp://HOST:PORT or file:///PATH",
+    init_method: str = flag("env://", "rendezvous: env:// (MASTER_ADDR/PORT), "
+                                      "tcp://HOST:PORT or file:///PATH",
                             check="rendezvous")
-    verify_sync: bool = flag(False, "check every epoch, not only at the end, that all ranks hold the same weights")
-    nproc_per_node: int | None = flag(None, "without torchrun: workers to start (default: one per GPU)", at_least=1)
-    dist_timeout: float = flag(600.0, "seconds a collective (or joining the group) may wait for the other ranks "
-                                      "before the run ends with an error instead of hanging", above=0, at_most=1e9)
-    max_restarts: int = flag(0, "started without torchrun: restart the workers up to N times after a failure "
-                                "(with --resume auto they continue from the last checkpoint)", at_least=0)
+    verify_sync: bool = flag(False, "check every epoch, not only at the end, that all "
+                                    "ranks hold the same weights")
+    nproc_per_node: int | None = flag(None, "without torchrun: workers to start "
+                                            "(default: one per GPU)", at_least=1)
+    dist_timeout: float = flag(600.0, "seconds a collective (or joining the group) may wait "
+                                      "for the other ranks before the run ends with an "
+                                      "error instead of hanging", above=0, at_most=1e9)
+    max_restarts: int = flag(0, "started without torchrun: restart the workers up to N "
+                                "times after a failure (with --resume auto they continue "
+                                "from the last checkpoint)", at_least=0)
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -520,10 +599,10 @@ class _OneLineParser(argparse.ArgumentParser):
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """--help as a reader takes it: the script's docstring as it is written (its command lines one a line, not run
-    together into a paragraph), and after each flag its default where that says something: `(default: 128)`, an
-    on/off flag's as words (`(on by default)`), none for a default of None (the run decides, and the flag's help
-    says how)."""
+    """--help as a reader takes it: the script's docstring as it is written (its command lines one a
+    line, not run together into a paragraph), and after each flag its default where that says
+    something: `(default: 128)`, an on/off flag's as words (`(on by default)`), none for a default
+    of None (the run decides, and the flag's help says how)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
@@ -535,7 +614,8 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
             return f"{text} (on by default)"
         if action.default is None or isinstance(action, argparse._StoreConstAction):
             return text
-        if isinstance(action.default, (tuple, list)):  # as it is typed: `on off`, not `('on', 'off')`
+        # as it is typed: `on off`, not `('on', 'off')`
+        if isinstance(action.default, (tuple, list)):
             return f"{text} (default: {' '.join(map(str, action.default))})"
         return super()._get_help_string(action)
 
@@ -546,9 +626,11 @@ def build_parser(config_class: type[Config], description: str) -> argparse.Argum
     return parser
 
 
-def add_flags(parser: argparse.ArgumentParser, config_class: type[Config], skip=(), defaults: bool = True) -> None:
-    """One flag per field of `config_class` (except `skip`). With defaults=False a flag that is not given is left
-    out of the parsed namespace, so a caller can tell what the user chose (compare.py passes only those on)."""
+def add_flags(parser: argparse.ArgumentParser, config_class: type[Config], skip=(),
+              defaults: bool = True) -> None:
+    """One flag per field of `config_class` (except `skip`). With defaults=False a flag that is
+    not given is left out of the parsed namespace, so a caller can tell what the user chose
+    (compare.py passes only those on)."""
     hints = typing.get_type_hints(config_class)
     for f in dataclasses.fields(config_class):
         if f.name in skip:
@@ -560,23 +642,27 @@ def add_flags(parser: argparse.ArgumentParser, config_class: type[Config], skip=
         default = f.default if defaults else argparse.SUPPRESS
         if kind is bool:
             name = f"--no_{f.name}" if f.default else f"--{f.name}"
-            parser.add_argument(name, dest=f.name, action="store_false" if f.default else "store_true",
-                                default=default, help=f"turn off {help_text}" if f.default else help_text)
+            parser.add_argument(name, dest=f.name,
+                                action="store_false" if f.default else "store_true",
+                                default=default,
+                                help=f"turn off {help_text}" if f.default else help_text)
             continue
         if kind == bool | None:  # on, off, or None: the run decides (from the device)
-            parser.add_argument(f"--{f.name}", dest=f.name, action="store_const", const=True, default=default,
-                                help=help_text)
+            parser.add_argument(f"--{f.name}", dest=f.name, action="store_const", const=True,
+                                default=default, help=help_text)
             parser.add_argument(f"--no_{f.name}", dest=f.name, action="store_const", const=False,
                                 default=default, help=f"turn --{f.name} off")
             continue
-        base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)  # X | None -> X
+        # X | None -> X
+        base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)
         if typing.get_origin(base) is tuple:
             base = typing.get_args(base)[0]
         parser.add_argument(f"--{f.name}", type=base, default=default, help=help_text, **meta)
 
 
 def config_argv(config_class: type[Config], values: dict) -> list[str]:
-    """The flags that set `values` (field name -> value) on the command line: the inverse of the parser."""
+    """The flags that set `values` (field name -> value) on the command
+    line: the inverse of the parser."""
     hints, argv = typing.get_type_hints(config_class), []
     defaults = {f.name: f.default for f in dataclasses.fields(config_class)}
     for name, value in values.items():
@@ -598,51 +684,60 @@ def parse_config(config_class: type[Config], argv=None, description: str = "") -
 
 
 def benchmark_config(cfg: Config) -> Config:
-    """--benchmark: synthetic data, exactly --warmup_steps + --benchmark_steps optimizer steps, no files but the
-    run folder's results.json and TensorBoard events. Enough epochs are allowed to reach the step count."""
+    """--benchmark: synthetic data, exactly --warmup_steps + --benchmark_steps optimizer steps,
+    no files but the run folder's results.json and TensorBoard events. Enough epochs are
+    allowed to reach the step count."""
     steps = cfg.warmup_steps + cfg.benchmark_steps
     if steps > INT_MAX:
-        raise UsageError(f"--warmup_steps {cfg.warmup_steps} plus --benchmark_steps {cfg.benchmark_steps} is more "
-                         f"steps than torch counts ({INT_MAX}): give fewer")
+        raise UsageError(f"--warmup_steps {cfg.warmup_steps} plus --benchmark_steps "
+                         f"{cfg.benchmark_steps} is more steps than torch counts "
+                         f"({INT_MAX}): give fewer")
     steps_per_epoch = max(cfg.synthetic_size // cfg.batch_size, 1)
-    return dataclasses.replace(cfg, dataset="synthetic", max_steps=steps, epochs=-(-steps // steps_per_epoch),
-                               save_model=False)
+    return dataclasses.replace(cfg, dataset="synthetic", max_steps=steps,
+                               epochs=-(-steps // steps_per_epoch), save_model=False)
 
 
 def says_group_errors() -> bool:
-    """Whether this process prints a mistake that every process of its launch meets. A worker started by torch's
-    launcher (torchrun, or a train.py starting its own workers) prints it if it is its node's first process
-    (LOCAL_RANK 0): once per node, where each node may meet a mistake of its own (a file missing there). Every
-    other process prints it: it was started by hand, in a shell of its own, whatever RANK or LOCAL_RANK its
-    environment happens to hold (inside a job, say)."""
-    started_by_launcher = "TORCHELASTIC_RUN_ID" in os.environ  # torch's agent sets it in every worker
+    """Whether this process prints a mistake that every process of its launch meets. A worker
+    started by torch's launcher (torchrun, or a train.py starting its own workers) prints it
+    if it is its node's first process (LOCAL_RANK 0): once per node, where each node may meet
+    a mistake of its own (a file missing there). Every other process prints it: it was
+    started by hand, in a shell of its own, whatever RANK or LOCAL_RANK its environment
+    happens to hold (inside a job, say)."""
+    # torch's agent sets it in every worker
+    started_by_launcher = "TORCHELASTIC_RUN_ID" in os.environ
     return not started_by_launcher or os.environ.get("LOCAL_RANK", "0") == "0"
 
 
-# What a file system refuses for reasons a user can fix, each with what is wrong where the system's own words do not
-# say it, and what to give instead: it is full, read-only, not theirs, failing, or the path is wrong.
+# What a file system refuses for reasons a user can fix, each with what is wrong where the
+# system's own words do not say it, and what to give instead: it is full, read-only, not
+# theirs, failing, or the path is wrong.
 FILE_SYSTEM_ERRORS = {
     errno.ENOSPC: ("", "free some space there, or give a folder on another disk"),
     errno.EDQUOT: ("", "free some of your quota there, or give a folder on another disk"),
-    errno.EFBIG: ("the file system there takes no file this large", "give a folder on another file system"),
+    errno.EFBIG: ("the file system there takes no file this large",
+                  "give a folder on another file system"),
     errno.EROFS: ("", "give a folder on a file system that can be written"),
-    errno.EACCES: ("this user may not read or write there", "give a path this user can use, or change its "
-                                                               "permissions"),
-    errno.EPERM: ("this user may not read or write there", "give a path this user can use, or change its "
-                                                              "permissions"),
-    errno.EIO: ("the disk or the network file system failed", "check it, or give a folder on another disk"),
-    errno.ELOOP: ("a symbolic link on the path leads round in a loop", "mend the link, or give a path without it"),
+    errno.EACCES: ("this user may not read or write there",
+                                                               "give a path this user can use, or change its " "permissions"),
+    errno.EPERM: ("this user may not read or write there",
+                                                              "give a path this user can use, or change its " "permissions"),
+    errno.EIO: ("the disk or the network file system failed",
+                "check it, or give a folder on another disk"),
+    errno.ELOOP: ("a symbolic link on the path leads round in a loop",
+                  "mend the link, or give a path without it"),
     errno.ENOTDIR: ("a part of the path that must be a folder is a file", "give a path whose every part but the "
                                                                           "last is a folder"),
     errno.EISDIR: ("a folder stands where a file is to be read or written", "move that folder away, or give the "
                                                                             "path of a file"),
-    errno.ENAMETOOLONG: ("", f"give a shorter path (at most {NAME_MAX} bytes a name, {PATH_MAX} in all)"),
+    errno.ENAMETOOLONG: ("",
+                         f"give a shorter path (at most {NAME_MAX} bytes a name, {PATH_MAX} in all)"),
 }
 
 
 def file_system_problem(error: OSError) -> str | None:
-    """What is wrong and what to give, for a file-system failure a user can fix (without the path), or None for
-    other OS errors, which are bugs or the network's and keep their traceback."""
+    """What is wrong and what to give, for a file-system failure a user can fix (without the path),
+    or None for other OS errors, which are bugs or the network's and keep their traceback."""
     if error.errno not in FILE_SYSTEM_ERRORS:
         return None
     why, advice = FILE_SYSTEM_ERRORS[error.errno]
@@ -651,7 +746,8 @@ def file_system_problem(error: OSError) -> str | None:
 
 
 def file_system_error(error: OSError) -> str | None:
-    """The one line for a file-system failure, naming the path where the error does (file_system_problem)."""
+    """The one line for a file-system failure, naming the path where the
+    error does (file_system_problem)."""
     problem = file_system_problem(error)
     if problem is None:
         return None
@@ -660,9 +756,10 @@ def file_system_error(error: OSError) -> str | None:
 
 @contextlib.contextmanager
 def user_errors():
-    """Turn the user's mistakes, a file system that refuses a write, and Ctrl-C into one line and a non-zero exit
-    instead of a traceback. A usage error every process meets is said once per node (says_group_errors); one
-    that only this process meets (`rank_specific`) is said by it; every process still exits 2."""
+    """Turn the user's mistakes, a file system that refuses a write, and Ctrl-C into one line
+    and a non-zero exit instead of a traceback. A usage error every process meets is said once
+    per node (says_group_errors); one that only this process meets (`rank_specific`) is said by
+    it; every process still exits 2."""
     try:
         yield
     except UsageError as error:

@@ -1,25 +1,27 @@
 """Datasets, samplers and the two loaders: the one data path every mode shares.
 
-Both loaders draw indices from a torch Sampler, so the epoch order depends only on the seed and the epoch:
-`ShuffleSampler` (one process) gives exactly the order of `DistributedSampler` with one replica.
-Every mode calls the loader's `start_epoch` each epoch (the epoch's augmentation, a ShuffleSampler's
-order, and where a resumed epoch goes on); the process-group modes call their DistributedSampler's
-`set_epoch` before it, as DDP needs. Batches come out on the device, normalised, as (float images
-NCHW, int64 labels).
+Both loaders draw indices from a torch Sampler, so the epoch order depends only on the seed and the
+epoch: `ShuffleSampler` (one process) gives exactly the order of `DistributedSampler` with one
+replica. Every mode calls the loader's `start_epoch` each epoch (the epoch's augmentation, a
+ShuffleSampler's order, and where a resumed epoch goes on); the process-group modes call their
+DistributedSampler's `set_epoch` before it, as DDP needs. Batches come out on the device,
+normalised, as (float images NCHW, int64 labels).
 
-The augmentation (pad-4 random crop, horizontal flip) is a function of (seed, epoch, image index), drawn for the
-whole dataset at once by `augmentation_draws`: an image is cropped and flipped alike in an epoch whatever the
-loader, the number of DataLoader workers or processes, or a resume in between. The two loaders' batches then
-differ only in the rounding of the normalisation, by at most one float32 ulp (2**-22 for values in [2, 4)).
-Images are stored at their own size (the synthetic set at 32 pixels at most); at another --image_size both
-loaders resize each augmented image with the same bilinear interpolation (`resized`), so that holds there too.
+The augmentation (pad-4 random crop, horizontal flip) is a function of (seed, epoch, image index),
+drawn for the whole dataset at once by `augmentation_draws`: an image is cropped and flipped alike
+in an epoch whatever the loader, the number of DataLoader workers or processes, or a resume in
+between. The two loaders' batches then differ only in the rounding of the normalisation, by at most
+one float32 ulp (2**-22 for values in [2, 4)). Images are stored at their own size (the synthetic
+set at 32 pixels at most); at another --image_size both loaders resize each augmented image with the
+same bilinear interpolation (`resized`), so that holds there too.
 
-An image folder (--dataset imagefolder) is ImageNet's recipe instead: a random resized crop and a flip drawn from
-(seed, epoch, index) by `resized_crop_draws`, whose box in the original image's pixels (`crop_boxes`) is the same
-in both loaders; evaluation images are resized to image_size * 256 // 224 and centre-cropped. The torchvision
-loader crops the decoded original with PIL; the gpu loader holds every image decoded once, squashed to a fixed
-stored side (`stored_side`), and crops the same box there (torchvision.ops.roi_align), so its crops are the same
-region of the same image at the stored resolution. Its evaluation images are PIL's, the same as the other's.
+An image folder (--dataset imagefolder) is ImageNet's recipe instead: a random resized crop and a
+flip drawn from (seed, epoch, index) by `resized_crop_draws`, whose box in the original image's
+pixels (`crop_boxes`) is the same in both loaders; evaluation images are resized to image_size * 256
+// 224 and centre-cropped. The torchvision loader crops the decoded original with PIL; the gpu
+loader holds every image decoded once, squashed to a fixed stored side (`stored_side`), and crops
+the same box there (torchvision.ops.roi_align), so its crops are the same region of the same image
+at the stored resolution. Its evaluation images are PIL's, the same as the other's.
 """
 from __future__ import annotations
 
@@ -49,54 +51,62 @@ CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 IMAGENET_MEAN = (0.485, 0.456, 0.406)  # an image folder is normalised as ImageNet is
 IMAGENET_STD = (0.229, 0.224, 0.225)
-SYNTHETIC_SIDE = 32  # the synthetic set is generated at this side at most, and resized per batch above it
+# the synthetic set is generated at this side at most, and resized per batch above it
+SYNTHETIC_SIDE = 32
 
 
 @dataclass(frozen=True)
 class DatasetInfo:
-    """What the model and the loaders need to know of a dataset: its images' shape, its classes, the per-channel
-    mean and std (of pixels scaled to [0, 1]) that normalise it, and whether a mirror image is still an image of
-    the same class (a flipped digit is not)."""
+    """What the model and the loaders need to know of a dataset: its images' shape, its classes, the
+    per-channel mean and std (of pixels scaled to [0, 1]) that normalise it, and whether a mirror
+    image is still an image of the same class (a flipped digit is not)."""
     channels: int
     size: int  # square images of size x size pixels
     classes: int | None  # None: counted from the folder (imagefolder; dataset_info counts them)
     mean: tuple[float, ...]
     std: tuple[float, ...]
     flip: bool
-    crop: str = "pad"  # training crop: pad (pad-4 random crop, CIFAR's) or resized (random resized, ImageNet's)
+    # training crop: pad (pad-4 random crop, CIFAR's) or resized (random resized, ImageNet's)
+    crop: str = "pad"
 
 
 DATASET_INFO = {
     "cifar10": DatasetInfo(3, 32, 10, CIFAR10_MEAN, CIFAR10_STD, flip=True),
     "mnist": DatasetInfo(1, 28, 10, (0.1307,), (0.3081,), flip=False),
-    "synthetic": DatasetInfo(3, 32, 10, CIFAR10_MEAN, CIFAR10_STD, flip=True),  # CIFAR-10's shapes and statistics
-    "imagefolder": DatasetInfo(3, 224, None, IMAGENET_MEAN, IMAGENET_STD, flip=True, crop="resized"),
+    # CIFAR-10's shapes and statistics
+    "synthetic": DatasetInfo(3, 32, 10, CIFAR10_MEAN, CIFAR10_STD, flip=True),
+    "imagefolder": DatasetInfo(3, 224, None, IMAGENET_MEAN, IMAGENET_STD, flip=True,
+                               crop="resized"),
 }  # one entry per common.config.DATASETS
 
 
 def _fields(cfg):
-    """A config's fields as attributes, from a Config, any object with its fields, or a dict of them (the config
-    a results.json holds); a field left out has Config's default."""
+    """A config's fields as attributes, from a Config, any object with its fields, or a dict of them
+    (the config a results.json holds); a field left out has Config's default."""
     if not isinstance(cfg, dict):
         return cfg
     from common.config import Config
 
-    return types.SimpleNamespace(**{**{f.name: f.default for f in dataclasses.fields(Config)}, **cfg})
+    return types.SimpleNamespace(**{**{f.name: f.default for f in dataclasses.fields(Config)},
+                                    **cfg})
 
 
 def dataset_info(cfg) -> DatasetInfo:
-    """The DatasetInfo of the data a run's config (a Config, any object with its fields, or a dict of them) trains
-    on: what the model is built for (channels, classes, image size) and how the loaders normalise and augment it.
-    An image folder's classes are its class folders (`image_folder`, listed once per process)."""
+    """The DatasetInfo of the data a run's config (a Config, any object with its fields, or a dict
+    of them) trains on: what the model is built for (channels, classes, image size) and how the
+    loaders normalise and augment it. An image folder's classes are its class folders
+    (`image_folder`, listed once per process)."""
     cfg = _fields(cfg)
     info = DATASET_INFO[cfg.dataset]
-    classes = len(image_folder(cfg.data_dir).classes) if cfg.dataset == "imagefolder" else info.classes
+    classes = (len(image_folder(cfg.data_dir).classes) if cfg.dataset == "imagefolder"
+               else info.classes)
     return dataclasses.replace(info, size=image_size(cfg), classes=classes)
 
 
 def image_size(cfg) -> int:
-    """The side of the images a run trains on: --image_size, else 224 for torchvision's models on synthetic data
-    (the size they are made for), else the dataset's own (224 for an image folder)."""
+    """The side of the images a run trains on: --image_size, else 224 for
+    torchvision's models on synthetic data (the size they are made for), else the
+    dataset's own (224 for an image folder)."""
     cfg = _fields(cfg)
     if cfg.image_size:
         return cfg.image_size
@@ -108,23 +118,28 @@ def image_size(cfg) -> int:
 # ---- datasets: .data uint8 (N, H, W, C) or (N, H, W), .targets (ints), .info; [i] is (PIL image, label) ----
 
 class SyntheticCIFAR(Dataset):
-    """CIFAR-10's shapes and dtype, generated in memory from the seed, never downloaded, and learnable.
+    """CIFAR-10's shapes and dtype, generated in memory from the seed,
+    never downloaded, and learnable.
 
-    Each class is a smooth random colour pattern (a 4x4x3 grid upsampled to 32x32); an image is its class pattern
-    with random contrast, brightness and pixel noise. The patterns depend only on the seed; train and test draw
-    their samples from separate streams.
+    Each class is a smooth random colour pattern (a 4x4x3 grid upsampled to 32x32); an image is its
+    class pattern with random contrast, brightness and pixel noise. The patterns depend only on the
+    seed; train and test draw their samples from separate streams.
 
-    At an `image_size` above SYNTHETIC_SIDE (32) the images are still generated at 32 pixels, and the loaders
-    resize each batch (after its augmentation) to image_size: memory stays that of the 32-pixel set (150 MB for
-    50,000 images, where 224-pixel ones would take 7.5 GB) and the 32-pixel set stays the same bits. Below 32 they
-    are generated at image_size.
+    At an `image_size` above SYNTHETIC_SIDE (32) the images are still generated at 32 pixels, and
+    the loaders resize each batch (after its augmentation) to image_size: memory stays that of the
+    32-pixel set (150 MB for 50,000 images, where 224-pixel ones would take 7.5 GB) and the 32-pixel
+    set stays the same bits. Below 32 they are generated at image_size.
     """
 
-    def __init__(self, size: int, seed: int, train: bool, transform=None, image_size: int = SYNTHETIC_SIDE):
+    def __init__(self, size: int, seed: int, train: bool, transform=None,
+                 image_size: int = SYNTHETIC_SIDE):
         self.info = dataclasses.replace(DATASET_INFO["synthetic"], size=image_size)
-        classes, channels, side = self.info.classes, self.info.channels, min(image_size, SYNTHETIC_SIDE)
-        patterns = torch.rand(classes, channels, 4, 4, generator=torch.Generator().manual_seed(seed))
-        patterns = torch.nn.functional.interpolate(patterns, size=side, mode="bilinear", align_corners=False)
+        classes, channels, side = (self.info.classes, self.info.channels,
+                                   min(image_size, SYNTHETIC_SIDE))
+        patterns = torch.rand(classes, channels, 4, 4,
+                              generator=torch.Generator().manual_seed(seed))
+        patterns = torch.nn.functional.interpolate(patterns, size=side, mode="bilinear",
+                                                   align_corners=False)
         stream = torch.Generator().manual_seed(seed * 2 + (1 if train else 2))
         labels = torch.randint(classes, (size,), generator=stream)
         contrast = 0.6 + 0.4 * torch.rand(size, 1, 1, 1, generator=stream)
@@ -145,14 +160,16 @@ class SyntheticCIFAR(Dataset):
         return (self.transform(image) if self.transform else image), self.targets[index]
 
 
-def load_datasets(dataset: str, data_dir: str, synthetic_size: int, seed: int, image_size: int | None = None,
-                  download: bool = True):
-    """(train, test) datasets in torchvision's form, each with its DatasetInfo as `.info` (`.info.size`:
-    image_size, default the dataset's own); CIFAR-10 and MNIST are downloaded into data_dir when missing, an image
-    folder is read from data_dir/train and data_dir/val (every image checked first: `check_images`). CIFAR-10,
-    MNIST and the synthetic set keep their own size: the loaders resize their batches to image_size."""
+def load_datasets(dataset: str, data_dir: str, synthetic_size: int, seed: int,
+                  image_size: int | None = None, download: bool = True):
+    """(train, test) datasets in torchvision's form, each with its DatasetInfo as `.info`
+    (`.info.size`: image_size, default the dataset's own); CIFAR-10 and MNIST are downloaded into
+    data_dir when missing, an image folder is read from data_dir/train and data_dir/val (every image
+    checked first: `check_images`). CIFAR-10, MNIST and the synthetic set keep their own size: the
+    loaders resize their batches to image_size."""
     if dataset not in DATASETS:
-        raise UsageError(f"unknown dataset {dataset!r}: use {', '.join(DATASETS[:-1])} or {DATASETS[-1]}")
+        raise UsageError(f"unknown dataset {dataset!r}: use "
+                         f"{', '.join(DATASETS[:-1])} or {DATASETS[-1]}")
     size = image_size or DATASET_INFO[dataset].size
     if dataset == "synthetic":
         return (SyntheticCIFAR(synthetic_size, seed, train=True, image_size=size),
@@ -160,7 +177,8 @@ def load_datasets(dataset: str, data_dir: str, synthetic_size: int, seed: int, i
     if dataset == "imagefolder":
         return _image_folder_splits(data_dir, size)
     read = {"cifar10": _cifar10, "mnist": _mnist}[dataset]
-    splits = read(data_dir, train=True, download=download), read(data_dir, train=False, download=download)
+    splits = (read(data_dir, train=True, download=download),
+              read(data_dir, train=False, download=download))
     for split in splits:
         split.info = dataclasses.replace(DATASET_INFO[dataset], size=size)
     return splits
@@ -178,43 +196,52 @@ def _cifar10(data_dir: str, train: bool, download: bool):
         reason = " ".join(str(error).split())[:160]
         archive = root / datasets.CIFAR10.filename
         if archive.is_file() and not check_integrity(str(archive), datasets.CIFAR10.tgz_md5):
-            raise UsageError(f"CIFAR-10's archive {archive} is damaged (its MD5 is not CIFAR-10's: cut short, or "
-                             f"another file) and could not be downloaded again ({reason}): delete it, then run "
-                             f"again to download it or put an intact copy from {CIFAR10_URL} there, or run "
-                             f"offline with --dataset synthetic") from None
-        if folder.is_dir() and any(folder.iterdir()):  # files there, but unreadable or failing their md5
-            raise UsageError(f"CIFAR-10 in {folder} is corrupt or incomplete ({reason}): delete that folder and "
-                             f"run again to download it afresh (or put {CIFAR10_URL.rsplit('/', 1)[1]} into "
-                             f"{root}/), or run offline with --dataset synthetic") from None
+            raise UsageError(f"CIFAR-10's archive {archive} is damaged (its MD5 is not "
+                             "CIFAR-10's: cut short, or another file) and could not be "
+                             f"downloaded again ({reason}): delete it, then run again to "
+                             f"download it or put an intact copy from {CIFAR10_URL} there, or "
+                             "run offline with --dataset synthetic") from None
+        # files there, but unreadable or failing their md5
+        if folder.is_dir() and any(folder.iterdir()):
+            raise UsageError(f"CIFAR-10 in {folder} is corrupt or incomplete ({reason}): delete "
+                             "that folder and run again to download it afresh (or put "
+                             f"{CIFAR10_URL.rsplit('/', 1)[1]} into {root}/), or run offline "
+                             "with --dataset synthetic") from None
         raise UsageError(
-            f"CIFAR-10 could not be read from {root} or downloaded ({reason}): put {CIFAR10_URL.rsplit('/', 1)[1]} "
-            f"from {CIFAR10_URL} into {root}/ (or its extracted cifar-10-batches-py/ folder), "
-            f"or run offline with --dataset synthetic") from None
+            f"CIFAR-10 could not be read from {root} or downloaded ({reason}): put "
+            f"{CIFAR10_URL.rsplit('/', 1)[1]} from {CIFAR10_URL} into {root}/ (or its extracted "
+            "cifar-10-batches-py/ folder), or run offline with --dataset synthetic") from None
 
 
 def _mnist(data_dir: str, train: bool, download: bool):
-    """torchvision reads <data_dir>/MNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte; the .gz files put there
-    are checked against their md5 and unpacked instead of downloaded."""
+    """torchvision reads <data_dir>/MNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte; the .gz
+    files put there are checked against their md5 and unpacked instead of downloaded."""
     from torchvision import datasets
 
     root = Path(data_dir)
     folder = root / "MNIST" / "raw"  # where datasets.MNIST looks (its raw_folder)
     try:
-        dataset, side = datasets.MNIST(str(root), train=train, download=download), DATASET_INFO["mnist"].size
-        if tuple(dataset.data.shape[1:]) != (side, side) or len(dataset.data) != len(dataset.targets):  # unchecked
-            raise ValueError(f"{len(dataset.targets)} labels for {tuple(dataset.data.shape)} images")
+        dataset, side = (datasets.MNIST(str(root), train=train, download=download),
+                         DATASET_INFO["mnist"].size)
+        if (tuple(dataset.data.shape[1:]) != (side, side)
+            or len(dataset.data) != len(dataset.targets)):  # unchecked
+            raise ValueError(f"{len(dataset.targets)} labels for "
+                             f"{tuple(dataset.data.shape)} images")
         return dataset
     # the IDX reader meets a cut or foreign file with any of these (its asserts included)
-    except (OSError, RuntimeError, ValueError, EOFError, AssertionError, KeyError, TypeError, IndexError) as error:
+    except (OSError, RuntimeError, ValueError, EOFError, AssertionError, KeyError, TypeError,
+            IndexError) as error:
         lines = [line for line in str(error).splitlines() if line.strip()]  # a failed download: a line a mirror
         reason = " ".join(lines[-1].split())[:160] if lines else type(error).__name__  # the last mirror's error
         files = ", ".join(name for name, _ in datasets.MNIST.resources)
-        if folder.is_dir() and any(folder.iterdir()):  # files there, but unreadable or failing their md5
-            raise UsageError(f"MNIST in {folder} is corrupt or incomplete ({reason}): delete that folder and run "
-                             f"again to download it afresh (or put {files} into {folder}/), or run offline with "
-                             f"--dataset synthetic") from None
-        raise UsageError(f"MNIST could not be read from {root} or downloaded ({reason}): put {files} from "
-                         f"{datasets.MNIST.mirrors[0]} into {folder}/, or run offline with --dataset synthetic") \
+        # files there, but unreadable or failing their md5
+        if folder.is_dir() and any(folder.iterdir()):
+            raise UsageError(f"MNIST in {folder} is corrupt or incomplete ({reason}): delete that "
+                             f"folder and run again to download it afresh (or put {files} into "
+                             f"{folder}/), or run offline with --dataset synthetic") from None
+        raise UsageError(f"MNIST could not be read from {root} or downloaded ({reason}): put "
+                         f"{files} from {datasets.MNIST.mirrors[0]} into {folder}/, or run offline "
+                         "with --dataset synthetic") \
             from None
 
 
@@ -225,10 +252,10 @@ TAIL = 4096  # bytes at the end of a PNG or JPEG where its end marker must be
 
 
 def unreadable(path: str) -> str | None:
-    """Why the image file `path` cannot be read (None: it can), found cheaply: PIL identifies it from its first
-    bytes, and a PNG or JPEG must end with its end marker (IEND, FFD9), which a file cut short lacks. One that
-    does not is decoded in full, and refused only if PIL cannot decode it (a JPEG with data after its end, as
-    some phones write, is read)."""
+    """Why the image file `path` cannot be read (None: it can), found cheaply: PIL identifies it
+    from its first bytes, and a PNG or JPEG must end with its end marker (IEND, FFD9), which a file
+    cut short lacks. One that does not is decoded in full, and refused only if PIL cannot decode it
+    (a JPEG with data after its end, as some phones write, is read)."""
     from PIL import Image
 
     try:
@@ -256,41 +283,45 @@ def _reason(error: Exception, path: str) -> str:
 
 
 def check_images(paths: list[str]) -> None:
-    """Refuse the first of `paths` (in order) that cannot be read as an image, in one line, before anything is
-    written: a file cut short, empty, or not an image. `unreadable` reads two small pieces of each file, a few
-    files at a time (they wait on the disk, not on a core)."""
-    parts = [paths[i:i + 1024] for i in range(0, len(paths), 1024)]  # a task per 1024 files, not one per file
+    """Refuse the first of `paths` (in order) that cannot be read as an image, in one line, before
+    anything is written: a file cut short, empty, or not an image. `unreadable` reads two small
+    pieces of each file, a few files at a time (they wait on the disk, not on a core)."""
+    # a task per 1024 files, not one per file
+    parts = [paths[i:i + 1024] for i in range(0, len(paths), 1024)]
     with ThreadPoolExecutor(CHECK_THREADS) as pool:
-        for part, reasons in zip(parts, pool.map(lambda part: [unreadable(path) for path in part], parts)):
+        for part, reasons in zip(parts,
+                                 pool.map(lambda part: [unreadable(path) for path in part], parts)):
             bad = next(((path, why) for path, why in zip(part, reasons) if why), None)
             if bad:
-                raise UsageError(f"--dataset imagefolder: {bad[0]} cannot be read as an image ({bad[1]}): replace "
-                                 f"it with a readable image, or delete it")
+                raise UsageError(f"--dataset imagefolder: {bad[0]} cannot be read as an image "
+                                 f"({bad[1]}): replace it with a readable image, or delete it")
 
 
 def stored_side(size: int) -> int:
-    """The side at which the gpu loader stores an image folder's training images: the evaluation's resize
-    (image_size * 256 // 224, 256 for 224), where the random resized crops are drawn."""
+    """The side at which the gpu loader stores an image folder's training images: the evaluation's
+    resize (image_size * 256 // 224, 256 for 224), where the random resized crops are drawn."""
     return size * 256 // 224
 
 
 def evaluation_crop(image, size: int):
-    """An image folder's evaluation image: the PIL image resized (its shorter side to image_size * 256 // 224,
-    bilinear with antialiasing) and centre-cropped to size x size."""
+    """An image folder's evaluation image: the PIL image resized (its shorter side to image_size *
+    256 // 224, bilinear with antialiasing) and centre-cropped to size x size."""
     from torchvision.transforms import functional
 
     return functional.center_crop(functional.resize(image, stored_side(size)), [size, size])
 
 
 class FolderSplit(Dataset):
-    """One split of an image folder (train/ or val/), read by torchvision's datasets.ImageFolder: [i] is (PIL RGB
-    image, class index); .targets, .classes and .samples are ImageFolder's, .info the run's DatasetInfo."""
+    """One split of an image folder (train/ or val/), read by torchvision's
+    datasets.ImageFolder: [i] is (PIL RGB image, class index); .targets, .classes and .samples
+    are ImageFolder's, .info the run's DatasetInfo."""
 
     def __init__(self, folder: Path, info: DatasetInfo):
         from torchvision import datasets
 
         self.folder, self.info = datasets.ImageFolder(str(folder)), info
-        self.samples, self.targets, self.classes = self.folder.samples, self.folder.targets, self.folder.classes
+        self.samples, self.targets, self.classes = (self.folder.samples, self.folder.targets,
+                                                    self.folder.classes)
 
     def __len__(self):
         return len(self.samples)
@@ -302,14 +333,15 @@ class FolderSplit(Dataset):
             return self.folder[index]
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
             path = self.samples[index][0]
-            raise UnreadableImage(f"{path} cannot be read as an image ({_reason(error, path)}): replace it with a "
-                                  f"readable image") from None
+            raise UnreadableImage(f"{path} cannot be read as an image ({_reason(error, path)}): "
+                                  "replace it with a readable image") from None
 
     def decoded(self, device: torch.device, augment: bool, num_workers: int | None):
-        """Every image decoded once into uint8 (N, side, side, 3) on `device`, with the originals' (width,
-        height) (N, 2) on the host: for augmented training each image squashed to side = stored_side(image_size)
-        (the crops are drawn there, crop_boxes), else its evaluation crop (side = image_size). Decoded by
-        DataLoader workers, a slice at a time, so the host never holds the whole set."""
+        """Every image decoded once into uint8 (N, side, side, 3) on `device`, with the
+        originals' (width, height) (N, 2) on the host: for augmented training each image squashed
+        to side = stored_side(image_size) (the crops are drawn there, crop_boxes), else its
+        evaluation crop (side = image_size). Decoded by DataLoader workers, a slice at a time, so
+        the host never holds the whole set."""
         side = stored_side(self.info.size) if augment else self.info.size
         images = torch.empty((len(self), side, side, 3), dtype=torch.uint8, device=device)
         sizes = torch.empty((len(self), 2), dtype=torch.int64)
@@ -327,8 +359,9 @@ class FolderSplit(Dataset):
 
 
 class _Decoded(Dataset):
-    """The gpu loader's decoding of a FolderSplit: (uint8 (side, side, 3), (width, height), "" or the error's line);
-    an image that cannot be decoded comes back as zeros with its error, which the main process raises."""
+    """The gpu loader's decoding of a FolderSplit: (uint8 (side, side, 3), (width, height), ""
+    or the error's line); an image that cannot be decoded comes back as zeros with its error,
+    which the main process raises."""
 
     def __init__(self, split: FolderSplit, side: int, augment: bool):
         self.split, self.side, self.augment = split, side, augment
@@ -362,9 +395,9 @@ def _image_folder_splits(data_dir: str, size: int) -> tuple[FolderSplit, FolderS
 # ---- samplers ----
 
 class ShuffleSampler(Sampler[int]):
-    """One process's epoch order: a permutation seeded by seed + epoch, exactly DistributedSampler's with one
-    replica, so a one-process run of every mode sees the same batches. The loader's start_epoch sets
-    its epoch (follow_epoch)."""
+    """One process's epoch order: a permutation seeded by seed + epoch, exactly DistributedSampler's
+    with one replica, so a one-process run of every mode sees the same batches. The loader's
+    start_epoch sets its epoch (follow_epoch)."""
 
     def __init__(self, size: int, shuffle: bool, seed: int):
         self.size, self.shuffle, self.seed, self.epoch = size, shuffle, seed, 0
@@ -391,8 +424,8 @@ def follow_epoch(sampler, epoch: int) -> None:
 
 
 class EvalShard(Sampler[int]):
-    """Every `world_size`-th test index from `rank`: the shards cover the test set exactly once, with no padding,
-    so summed over ranks the evaluation is the single-process one."""
+    """Every `world_size`-th test index from `rank`: the shards cover the test set exactly once,
+    with no padding, so summed over ranks the evaluation is the single-process one."""
 
     def __init__(self, size: int, rank: int = 0, world_size: int = 1):
         self.indices = range(rank, size, world_size)
@@ -406,10 +439,12 @@ class EvalShard(Sampler[int]):
 
 # ---- augmentation: a function of (seed, epoch, image index), the same in both loaders ----
 
-def augmentation_draws(seed: int, epoch: int, size: int, flip: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(top, left, flip) of every image of a `size`-image dataset in epoch `epoch`: the offsets of its crop (of the
-    image's own size) from the image padded by PAD on every side, and whether the crop is mirrored (never where
-    `flip` is False). Indexed by the dataset index: neither the loader, the worker, the rank nor a resume enters."""
+def augmentation_draws(seed: int, epoch: int, size: int,
+                       flip: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(top, left, flip) of every image of a `size`-image dataset in epoch `epoch`: the offsets of
+    its crop (of the image's own size) from the image padded by PAD on every side, and whether the
+    crop is mirrored (never where `flip` is False). Indexed by the dataset index: neither the
+    loader, the worker, the rank nor a resume enters."""
     rng = np.random.default_rng([seed, epoch])
     top, left = rng.integers(0, 2 * PAD + 1, (2, size))
     mirrored = rng.random(size) < 0.5 if flip else np.zeros(size, dtype=bool)
@@ -417,11 +452,12 @@ def augmentation_draws(seed: int, epoch: int, size: int, flip: bool) -> tuple[np
 
 
 def resized_crop_draws(seed: int, epoch: int, size: int, flip: bool) -> tuple[np.ndarray, ...]:
-    """(area, aspect, down, across, flip) of every image of a `size`-image folder in epoch `epoch`: the random
-    resized crop of RandomResizedCrop's defaults, drawn once per image from (seed, epoch): the fraction of the
-    image's area the crop covers (0.08 to 1), its aspect ratio (3/4 to 4/3, log-uniform), where it lies (fractions
-    of the room left, down and across), and whether it is mirrored. `crop_boxes` turns them into pixels of each
-    image. Indexed by the dataset index, as augmentation_draws."""
+    """(area, aspect, down, across, flip) of every image of a `size`-image folder in epoch
+    `epoch`: the random resized crop of RandomResizedCrop's defaults, drawn once per image from
+    (seed, epoch): the fraction of the image's area the crop covers (0.08 to 1), its aspect ratio
+    (3/4 to 4/3, log-uniform), where it lies (fractions of the room left, down and across), and
+    whether it is mirrored. `crop_boxes` turns them into pixels of each image. Indexed by the
+    dataset index, as augmentation_draws."""
     rng = np.random.default_rng([seed, epoch])
     area = rng.uniform(0.08, 1.0, size)
     aspect = np.exp(rng.uniform(np.log(3 / 4), np.log(4 / 3), size))
@@ -431,10 +467,11 @@ def resized_crop_draws(seed: int, epoch: int, size: int, flip: bool) -> tuple[np
 
 
 def crop_boxes(draws, widths, heights) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(top, left, height, width) in pixels of the crops `draws` (resized_crop_draws at some indices) of images of
-    `widths` x `heights` pixels, as torchvision's RandomResizedCrop.get_params computes them, except that a box
-    larger than the image is clamped to it where torchvision draws again. Only +, *, /, sqrt, rint and floor,
-    which IEEE 754 rounds exactly: the same boxes for one image or a whole dataset at once, in any process."""
+    """(top, left, height, width) in pixels of the crops `draws` (resized_crop_draws at some
+    indices) of images of `widths` x `heights` pixels, as torchvision's RandomResizedCrop.get_params
+    computes them, except that a box larger than the image is clamped to it where torchvision draws
+    again. Only +, *, /, sqrt, rint and floor, which IEEE 754 rounds exactly: the same boxes for one
+    image or a whole dataset at once, in any process."""
     area, aspect, down, across = (np.asarray(draw, dtype=np.float64) for draw in draws[:4])
     widths, heights = np.asarray(widths, dtype=np.float64), np.asarray(heights, dtype=np.float64)
     target = area * widths * heights
@@ -446,19 +483,22 @@ def crop_boxes(draws, widths, heights) -> tuple[np.ndarray, np.ndarray, np.ndarr
 
 
 def resized(images: torch.Tensor, size: int) -> torch.Tensor:
-    """Float images (N, C, h, w) resized to size x size: bilinear, antialiased when shrinking. Both loaders resize
-    CIFAR-10, MNIST and the synthetic set to another --image_size with it, each image after its augmentation."""
-    return torch.nn.functional.interpolate(images, size=(size, size), mode="bilinear", align_corners=False,
-                                           antialias=True)
+    """Float images (N, C, h, w) resized to size x size: bilinear, antialiased when shrinking. Both
+    loaders resize CIFAR-10, MNIST and the synthetic set to another --image_size with it, each
+    image after its augmentation."""
+    return torch.nn.functional.interpolate(images, size=(size, size), mode="bilinear",
+                                           align_corners=False, antialias=True)
 
 
 # ---- loaders: iterate (images, labels) on the device; start_epoch; len = batches per epoch ----
 
-def make_loader(kind: str, dataset, sampler, batch_size: int, device: torch.device, *, train: bool, augment: bool,
-                num_workers: int | None, seed: int, memory_format=torch.contiguous_format):
-    """The training loader drops its last partial batch, so every step has the full global batch (and the same
-    shapes, which cuDNN autotuning and torch.compile rely on). Batches come in `memory_format`. `num_workers` None:
-    `default_num_workers()`. No loader depends on the rank: the sampler gives each rank its share."""
+def make_loader(kind: str, dataset, sampler, batch_size: int, device: torch.device, *, train: bool,
+                augment: bool, num_workers: int | None, seed: int,
+                memory_format=torch.contiguous_format):
+    """The training loader drops its last partial batch, so every step has the full global batch
+    (and the same shapes, which cuDNN autotuning and torch.compile rely on). Batches come in
+    `memory_format`. `num_workers` None: `default_num_workers()`. No loader depends on the rank: the
+    sampler gives each rank its share."""
     options = dict(batch_size=batch_size, device=device, augment=train and augment, drop_last=train,
                    seed=seed, memory_format=memory_format)
     if kind == "gpu":
@@ -473,29 +513,32 @@ _loader_notes: dict[tuple, str] = {}  # why resolve_loader chose what it did, fo
 
 
 def folder_bytes(cfg) -> int:
-    """The bytes the gpu loader holds for an image folder (uint8): its training images at stored_side(image_size)
-    (image_size with --no_augment) and its validation images at image_size."""
+    """The bytes the gpu loader holds for an image folder (uint8): its training
+    images at stored_side(image_size) (image_size with --no_augment) and its
+    validation images at image_size."""
     images, size = image_folder(cfg.data_dir).images, image_size(cfg)
     train_side = stored_side(size) if cfg.augment else size
     return 3 * (images["train"] * train_side ** 2 + images["val"] * size ** 2)
 
 
 def resolve_loader(cfg, device: torch.device) -> str:
-    """--loader, else the default for this device: torchvision on the CPU; on a GPU the gpu loader, except for an
-    image folder whose decoded images would take more than DEVICE_SHARE (half) of the memory free on the device
-    now, before the model: the rest is the model's, its activations' and the optimizer's. An image folder asked to
-    go on the device (--loader gpu) where it cannot fit (all the free memory; the host's, on the CPU) is refused."""
+    """--loader, else the default for this device: torchvision on the CPU; on a GPU the gpu loader,
+    except for an image folder whose decoded images would take more than DEVICE_SHARE (half) of the
+    memory free on the device now, before the model: the rest is the model's, its activations' and
+    the optimizer's. An image folder asked to go on the device (--loader gpu) where it cannot fit
+    (all the free memory; the host's, on the CPU) is refused."""
     if cfg.dataset != "imagefolder":
         return cfg.loader or ("gpu" if device.type == "cuda" else "torchvision")
     if cfg.loader == "torchvision" or cfg.loader is None and device.type != "cuda":
         return "torchvision"
     need = folder_bytes(cfg)
-    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else physical_memory() or need
+    free = (torch.cuda.mem_get_info(device)[0] if device.type == "cuda"
+            else physical_memory() or need)
     where = f"{_memory(free)} {'free on ' + str(device) if device.type == 'cuda' else 'of memory on this machine'}"
     if cfg.loader == "gpu" and need > free:
-        raise UsageError(f"--loader gpu: the image folder's decoded images take {_memory(need)}, more than the "
-                         f"{where}: leave out --loader (the torchvision loader reads them from disk), or give a "
-                         f"smaller --image_size")
+        raise UsageError(f"--loader gpu: the image folder's decoded images take {_memory(need)}, "
+                         f"more than the {where}: leave out --loader (the torchvision loader reads "
+                         "them from disk), or give a smaller --image_size")
     if cfg.loader == "gpu":
         kind, note = "gpu", f"{_memory(need)} of decoded images on {device}"
     elif need <= DEVICE_SHARE * free:
@@ -507,8 +550,8 @@ def resolve_loader(cfg, device: torch.device) -> str:
 
 
 def loader_description(cfg) -> str:
-    """The loader a run uses, for its first line: `gpu loader`, with resolve_loader's reason for an image
-    folder's."""
+    """The loader a run uses, for its first line: `gpu loader`, with resolve_loader's reason for an
+    image folder's."""
     note = _loader_notes.get((cfg.data_dir, image_size(cfg), cfg.augment, cfg.loader))
     return f"{cfg.loader} loader" + (f" ({note})" if note and cfg.dataset == "imagefolder" else "")
 
@@ -517,14 +560,16 @@ def _memory(size: float) -> str:
     return f"{size / 2**30:,.3g} GiB" if size >= 2**30 else f"{size / 2**20:,.3g} MiB"
 
 
-MAX_WORKERS = 4  # DataLoader workers per training process by default: enough to keep up with CIFAR-sized images
+# DataLoader workers per training process by default: enough to keep up with CIFAR-sized images
+MAX_WORKERS = 4
 
 
 def default_num_workers() -> int:
-    """Workers per training process when --num_workers is not given: the cores this process may use, shared among
-    the node's training processes (LOCAL_WORLD_SIZE; WORLD_SIZE on a launch without it, which is one node), less
-    one core of each share for the process itself, at most MAX_WORKERS. Never above the usable cores, where the
-    DataLoader warns of too many workers. 2 cores: 1 worker for one process, none for two."""
+    """Workers per training process when --num_workers is not given: the cores this process may use,
+    shared among the node's training processes (LOCAL_WORLD_SIZE; WORLD_SIZE on a launch without it,
+    which is one node), less one core of each share for the process itself, at most MAX_WORKERS.
+    Never above the usable cores, where the DataLoader warns of too many workers. 2 cores: 1 worker
+    for one process, none for two."""
     cores, processes = _usable_cores(), _processes_on_this_node()
     return max(0, min(MAX_WORKERS, cores // processes - 1))
 
@@ -537,50 +582,59 @@ def _processes_on_this_node() -> int:
     return max(int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1"))), 1)
 
 
-# torch's DataLoader warns of more workers than cores in every process, for every loader (twice a run, per rank):
-# the run says it once instead, from its first process, when training starts (after every refusal).
-warnings.filterwarnings("ignore", message=r"This DataLoader will create \d+ worker processes", category=UserWarning)
+# torch's DataLoader warns of more workers than cores in every process, for every loader
+# (twice a run, per rank): the run says it once instead, from its first process, when
+# training starts (after every refusal).
+warnings.filterwarnings("ignore", message=r"This DataLoader will create \d+ worker processes",
+                        category=UserWarning)
 _warned: set[str] = set()  # what this process has warned of
 
 
 def _say_once_if_too_many(num_workers: int) -> None:
     cores, processes = _usable_cores(), _processes_on_this_node()
-    if num_workers * processes <= cores or "workers" in _warned or os.environ.get("RANK", "0") != "0":
+    if (num_workers * processes <= cores or "workers" in _warned
+        or os.environ.get("RANK", "0") != "0"):
         return
     _warned.add("workers")
-    print(f"warning: --num_workers {num_workers} in each of {processes} process(es) is more than the {cores} usable "
-          f"cores: the workers will compete with training for them; leave --num_workers out to fit the machine",
+    print(f"warning: --num_workers {num_workers} in each of {processes} process(es) is more than "
+          f"the {cores} usable cores: the workers will compete with training for them; leave "
+          "--num_workers out to fit the machine",
           file=sys.stderr, flush=True)
 
 
 class DeviceLoader:
-    """The `gpu` loader: the uint8 dataset is copied to the device once; each batch is one gather with the random
-    crop and flip (where the dataset allows one) folded into its indices, then a normalisation. No worker
-    processes, no host round trip. Images stored at another size than the run's are resized after their crop
-    (`resized`). An image folder is decoded once into the device's memory (FolderSplit.decoded, DataLoader
-    workers, `num_workers` of them); its training crops are random resized crops of the stored images, all of a
-    batch in one torchvision.ops.roi_align."""
+    """The `gpu` loader: the uint8 dataset is copied to the device once; each batch is one
+    gather with the random crop and flip (where the dataset allows one) folded into its
+    indices, then a normalisation. No worker processes, no host round trip. Images stored at
+    another size than the run's are resized after their crop (`resized`). An image folder is
+    decoded once into the device's memory (FolderSplit.decoded, DataLoader workers,
+    `num_workers` of them); its training crops are random resized crops of the stored images,
+    all of a batch in one torchvision.ops.roi_align."""
 
-    def __init__(self, dataset, sampler, *, batch_size, device, augment, drop_last, seed, num_workers=None,
-                 memory_format=torch.contiguous_format):
+    def __init__(self, dataset, sampler, *, batch_size, device, augment, drop_last, seed,
+                 num_workers=None, memory_format=torch.contiguous_format):
         self.sampler, self.batch_size, self.device, self.memory_format = sampler, batch_size, device, memory_format
         self.augment, self.drop_last, self.seed, self.epoch, self.skip = augment, drop_last, seed, 0, 0
         self.size, self.flip, self.crop = dataset.info.size, dataset.info.flip, dataset.info.crop
-        if self.crop == "resized":  # an image folder: decoded once, (width, height) of the originals kept
+        # an image folder: decoded once, (width, height) of the originals kept
+        if self.crop == "resized":
             images, self.originals = dataset.decoded(device, augment, num_workers)
         else:
             images = torch.as_tensor(np.asarray(dataset.data)).to(device)
-            images = images.reshape(*images.shape[:3], -1)  # (N, H, W, C) uint8; greyscale (N, H, W) gets C = 1
+            # (N, H, W, C) uint8; greyscale (N, H, W) gets C = 1
+            images = images.reshape(*images.shape[:3], -1)
         self.height, self.width = images.shape[1], images.shape[2]
         padded = augment and self.crop == "pad"
-        self.images = torch.nn.functional.pad(images, (0, 0, PAD, PAD, PAD, PAD)) if padded else images
+        self.images = (torch.nn.functional.pad(images, (0, 0, PAD, PAD, PAD, PAD)) if padded
+                       else images)
         self.labels = torch.as_tensor(dataset.targets, dtype=torch.int64).to(device)
         self.mean = torch.tensor(dataset.info.mean, device=device).view(1, -1, 1, 1) * 255
         self.std = torch.tensor(dataset.info.std, device=device).view(1, -1, 1, 1) * 255
 
     def start_epoch(self, epoch: int, skip: int = 0) -> None:
-        """Iterate epoch `epoch`'s augmentation from its batch `skip` on (a resumed run: those were consumed
-        before), in a ShuffleSampler's order of the epoch (follow_epoch) or another sampler's."""
+        """Iterate epoch `epoch`'s augmentation from its batch `skip` on (a resumed run:
+        those were consumed before), in a ShuffleSampler's order of the epoch
+        (follow_epoch) or another sampler's."""
         follow_epoch(self.sampler, epoch)
         self.epoch, self.skip = epoch, skip
 
@@ -589,12 +643,15 @@ class DeviceLoader:
         return size // self.batch_size if self.drop_last else -(-size // self.batch_size)
 
     def __iter__(self):
-        order = torch.tensor(list(self.sampler), dtype=torch.int64).to(self.device)  # one copy per epoch
+        # one copy per epoch
+        order = torch.tensor(list(self.sampler), dtype=torch.int64).to(self.device)
         pad = self.crop == "pad"
         crop = self._pad_crops if pad else self._resized_crops
-        if self.augment:  # the epoch's crops and flips of every image, one copy per epoch, gathered by index
+        # the epoch's crops and flips of every image, one copy per epoch, gathered by index
+        if self.augment:
             draws = self._pad_draws() if pad else self._resized_draws()
-        for start in range(self.skip * self.batch_size, len(self) * self.batch_size, self.batch_size):
+        for start in range(self.skip * self.batch_size, len(self) * self.batch_size,
+                           self.batch_size):
             index = order[start:start + self.batch_size]
             if self.augment:
                 images = crop(index, draws)
@@ -609,31 +666,36 @@ class DeviceLoader:
                      augmentation_draws(self.seed, self.epoch, len(self.labels), self.flip))
 
     def _pad_crops(self, index, draws):
-        """pad-4 random crops + horizontal flips of the images `index`, as row/column indices into the padded
-        images (uint8 NCHW)."""
+        """pad-4 random crops + horizontal flips of the images `index`, as row/column indices into
+        the padded images (uint8 NCHW)."""
         top, left, flip = draws
         row_range = torch.arange(self.height, device=self.device)
         col_range = torch.arange(self.width, device=self.device)
         rows = top[index, None] + row_range
-        cols = left[index, None] + torch.where(flip[index, None], self.width - 1 - col_range, col_range)
+        cols = left[index, None] + torch.where(flip[index, None], self.width - 1 - col_range,
+                                               col_range)
         images = self.images[index[:, None, None], rows[:, :, None], cols[:, None, :]]
-        return images.permute(0, 3, 1, 2).contiguous(memory_format=self.memory_format)  # NHWC is channels_last
+        # NHWC is channels_last
+        return images.permute(0, 3, 1, 2).contiguous(memory_format=self.memory_format)
 
     def _resized_draws(self):
-        """The epoch's boxes (x1, y1, x2, y2 in stored pixels) and flips of every image: each box crop_boxes's in
-        its original's pixels (the torchvision loader's), scaled to the stored side."""
-        area, aspect, down, across, mirrored = resized_crop_draws(self.seed, self.epoch, len(self.labels), self.flip)
+        """The epoch's boxes (x1, y1, x2, y2 in stored pixels) and flips of every
+        image: each box crop_boxes's in its original's pixels (the torchvision
+        loader's), scaled to the stored side."""
+        area, aspect, down, across, mirrored = resized_crop_draws(self.seed, self.epoch,
+                                                                  len(self.labels), self.flip)
         widths, heights = self.originals.numpy().T
         top, left, height, width = crop_boxes((area, aspect, down, across), widths, heights)
         across_scale, down_scale = self.width / widths, self.height / heights
         boxes = np.stack([left * across_scale, top * down_scale, (left + width) * across_scale,
                           (top + height) * down_scale], axis=1)
-        return torch.from_numpy(boxes).to(self.device, torch.float32), torch.from_numpy(mirrored).to(self.device)
+        return (torch.from_numpy(boxes).to(self.device, torch.float32),
+                torch.from_numpy(mirrored).to(self.device))
 
     def _resized_crops(self, index, draws):
-        """Random resized crops + horizontal flips of the stored images `index` (float NCHW, image_size pixels),
-        cut and resized by roi_align, which averages ceil(box / image_size) bilinear samples per pixel each way
-        (antialiased where it shrinks)."""
+        """Random resized crops + horizontal flips of the stored images `index` (float NCHW,
+        image_size pixels), cut and resized by roi_align, which averages ceil(box / image_size)
+        bilinear samples per pixel each way (antialiased where it shrinks)."""
         from torchvision.ops import roi_align
 
         boxes, mirrored = draws
@@ -646,32 +708,37 @@ class DeviceLoader:
 
 
 class LoaderWorkerDied(RuntimeError):
-    """A DataLoader worker process ended (killed by the OOM killer, say): the run can stop as if asked to."""
+    """A DataLoader worker process ended (killed by the OOM killer, say):
+    the run can stop as if asked to."""
 
 
 class UnreadableImage(LoaderWorkerDied):
-    """An image of an image folder that PIL could not decode while training (one that passed check_images): the
-    run stops as for a dead worker. Raised in a DataLoader worker, re-raised by the DataLoader in the main process
-    with the worker's traceback, of which it keeps its own line."""
+    """An image of an image folder that PIL could not decode while training (one that
+    passed check_images): the run stops as for a dead worker. Raised in a DataLoader
+    worker, re-raised by the DataLoader in the main process with the worker's traceback,
+    of which it keeps its own line."""
 
     def __init__(self, message: str):
-        if "Original Traceback" in message:  # re-raised by the DataLoader: the last line is this error's own
+        # re-raised by the DataLoader: the last line is this error's own
+        if "Original Traceback" in message:
             message = message.rstrip().splitlines()[-1].split(f"{type(self).__name__}: ", 1)[-1]
         super().__init__(message)
 
 
 class TorchvisionLoader:
-    """The classic path: a DataLoader whose workers decode PIL images and run torchvision transforms, pinned
-    memory, persistent workers; batches are copied to the device without blocking the host.
+    """The classic path: a DataLoader whose workers decode PIL images and run
+    torchvision transforms, pinned memory, persistent workers; batches are copied to the
+    device without blocking the host.
 
-    Resuming mid-epoch needs no worker state (torchdata's StatefulDataLoader saves it; not used here): the
-    augmentation is a function of (seed, epoch, image index), which the sampler hands to the workers with each
-    index, so skipping the consumed batches in the sampler is the whole resume, with no extra dependency and the
-    same crops and flips as the gpu loader."""
+    Resuming mid-epoch needs no worker state (torchdata's StatefulDataLoader saves it; not used
+    here): the augmentation is a function of (seed, epoch, image index), which the sampler hands to
+    the workers with each index, so skipping the consumed batches in the sampler is the whole
+    resume, with no extra dependency and the same crops and flips as the gpu loader."""
 
-    def __init__(self, dataset, sampler, *, batch_size, device, augment, drop_last, seed, num_workers,
-                 memory_format=torch.contiguous_format):
-        self.num_workers = num_workers = default_num_workers() if num_workers is None else num_workers
+    def __init__(self, dataset, sampler, *, batch_size, device, augment, drop_last, seed,
+                 num_workers, memory_format=torch.contiguous_format):
+        self.num_workers = num_workers = (default_num_workers() if num_workers is None
+                                          else num_workers)
         self.sampler, self.batch_size, self.device, self.memory_format = sampler, batch_size, device, memory_format
         self.indices = _EpochIndices(sampler, batch_size)
         self.batches = len(sampler) // batch_size if drop_last else -(-len(sampler) // batch_size)
@@ -680,14 +747,16 @@ class TorchvisionLoader:
             num_workers=num_workers, drop_last=drop_last, pin_memory=device.type == "cuda",
             persistent_workers=num_workers > 0,
             worker_init_fn=functools.partial(_leave_stopping_to_the_main_process, os.getpid()),
-            generator=torch.Generator().manual_seed(seed))  # draws the workers' base seed: the global RNG is left alone
+            # draws the workers' base seed: the global RNG is left alone
+            generator=torch.Generator().manual_seed(seed))
 
     def start_epoch(self, epoch: int, skip: int = 0) -> None:
         """As DeviceLoader.start_epoch: the epoch's augmentation from batch `skip` on."""
         follow_epoch(self.sampler, epoch)
         self.indices.start_epoch(epoch, skip)
 
-    def __len__(self):  # batches in a whole epoch, skipped ones included, as DeviceLoader counts them
+    # batches in a whole epoch, skipped ones included, as DeviceLoader counts them
+    def __len__(self):
         return self.batches
 
     def __iter__(self):
@@ -708,13 +777,15 @@ class TorchvisionLoader:
 
 
 def _leave_stopping_to_the_main_process(main_process: int, worker_id: int) -> None:
-    """Ctrl-C and a closed terminal signal the whole foreground process group and SLURM every process: a worker
-    that ended on SIGINT, SIGHUP, SIGUSR1 or SIGTERM would make the main process fail ("DataLoader worker exited
-    unexpectedly") before it wrote its stop checkpoint. So a worker ignores them all, except a SIGTERM from its own
-    main process: that is how multiprocessing ends the workers when the main process exits (and then waits for
-    them). The main process is named by its pid, not as the worker's parent, which under the forkserver and spawn
-    start methods is another process. An orphaned worker exits by itself (torch's watchdog, within 5 s)."""
-    for number in (signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):  # the other stop signals (StopSignals)
+    """Ctrl-C and a closed terminal signal the whole foreground process group and SLURM every
+    process: a worker that ended on SIGINT, SIGHUP, SIGUSR1 or SIGTERM would make the main process
+    fail ("DataLoader worker exited unexpectedly") before it wrote its stop checkpoint. So a worker
+    ignores them all, except a SIGTERM from its own main process: that is how multiprocessing ends
+    the workers when the main process exits (and then waits for them). The main process is named by
+    its pid, not as the worker's parent, which under the forkserver and spawn start methods is
+    another process. An orphaned worker exits by itself (torch's watchdog, within 5 s)."""
+    # the other stop signals (StopSignals)
+    for number in (signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
         signal.signal(number, signal.SIG_IGN)
     if hasattr(signal, "sigwaitinfo"):  # Linux; elsewhere (macOS) SIGTERM ends a worker as torch lets it
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # threads started from here on inherit it
@@ -722,17 +793,18 @@ def _leave_stopping_to_the_main_process(main_process: int, worker_id: int) -> No
 
 
 def _exit_on_the_main_process_sigterm(main_process: int) -> None:
-    while signal.sigwaitinfo({signal.SIGTERM}).si_pid != main_process:  # the sender, which a handler is not told
+    # the sender, which a handler is not told
+    while signal.sigwaitinfo({signal.SIGTERM}).si_pid != main_process:
         pass
     os._exit(0)  # as torch's own handler does on its main process's SIGTERM
 
 
 def _defer_worker_failures() -> None:
-    """torch's SIGCHLD handler raises a dead worker's error wherever the main thread is, mid-step too (with some
-    BatchNorm statistics or parameters updated and others not). Without it TorchvisionLoader.__iter__ finds the
-    death when the next batch is asked for (and the DataLoader within 5 s while it waits for one), between steps.
-    torch sets the handler once per process, from the main thread (and chains to a previous Python handler, which
-    these scripts lack)."""
+    """torch's SIGCHLD handler raises a dead worker's error wherever the main thread is, mid-step
+    too (with some BatchNorm statistics or parameters updated and others not). Without it
+    TorchvisionLoader.__iter__ finds the death when the next batch is asked for (and the DataLoader
+    within 5 s while it waits for one), between steps. torch sets the handler once per process, from
+    the main thread (and chains to a previous Python handler, which these scripts lack)."""
     from torch.utils.data._utils import signal_handling
 
     handler = signal.getsignal(signal.SIGCHLD)
@@ -742,11 +814,12 @@ def _defer_worker_failures() -> None:
 
 
 class _Transformed(Dataset):
-    """The torchvision loader's dataset: item (epoch, index) is image `index` as a PIL image, padded, cropped and
-    flipped as `augmentation_draws` says for that epoch, then ToTensor and Normalize; stored at another size than
-    the run's, resized after the crop as the gpu loader resizes (`resized`, then its normalisation). An image
-    folder's: a random resized crop and flip as `resized_crop_draws` and `crop_boxes` say, by PIL (torchvision's
-    resized_crop, bilinear, antialiased), or its evaluation crop. Each worker keeps the draws of the epoch it is in
+    """The torchvision loader's dataset: item (epoch, index) is image `index` as a PIL image,
+    padded, cropped and flipped as `augmentation_draws` says for that epoch, then ToTensor and
+    Normalize; stored at another size than the run's, resized after the crop as the gpu loader
+    resizes (`resized`, then its normalisation). An image folder's: a random resized crop and flip
+    as `resized_crop_draws` and `crop_boxes` say, by PIL (torchvision's resized_crop, bilinear,
+    antialiased), or its evaluation crop. Each worker keeps the draws of the epoch it is in
     (persistent workers hold their own copy of this object)."""
 
     def __init__(self, dataset, seed: int, augment: bool):
@@ -755,7 +828,8 @@ class _Transformed(Dataset):
         self.dataset, self.seed, self.augment, self.info = dataset, seed, augment, dataset.info
         self.normalise = transforms.Compose([transforms.ToTensor(), transforms.Normalize(dataset.info.mean,
                                                                                          dataset.info.std)])
-        self.mean = torch.tensor(dataset.info.mean).view(-1, 1, 1) * 255  # the gpu loader's normalisation
+        # the gpu loader's normalisation
+        self.mean = torch.tensor(dataset.info.mean).view(-1, 1, 1) * 255
         self.std = torch.tensor(dataset.info.std).view(-1, 1, 1) * 255
         self.epoch, self.draws = None, None
 
@@ -769,9 +843,11 @@ class _Transformed(Dataset):
         image, label = self.dataset[index]
         if self.augment and epoch != self.epoch:
             draw = resized_crop_draws if self.info.crop == "resized" else augmentation_draws
-            self.epoch, self.draws = epoch, draw(self.seed, epoch, len(self.dataset), self.info.flip)
+            self.epoch, self.draws = (epoch,
+                                      draw(self.seed, epoch, len(self.dataset), self.info.flip))
         if self.info.crop == "resized":
-            image = self._resized_crop(image, index) if self.augment else evaluation_crop(image, self.info.size)
+            image = (self._resized_crop(image, index) if self.augment
+                     else evaluation_crop(image, self.info.size))
             return self.normalise(image), label
         if self.augment:
             top, left, flip = (int(draws[index]) for draws in self.draws)
@@ -780,22 +856,25 @@ class _Transformed(Dataset):
             image = functional.hflip(image) if flip else image
         if image.size[0] == self.info.size:
             return self.normalise(image), label
-        pixels = functional.pil_to_tensor(image).float()  # (C, h, w) in 0..255, as the gpu loader holds them
+        # (C, h, w) in 0..255, as the gpu loader holds them
+        pixels = functional.pil_to_tensor(image).float()
         return (resized(pixels[None], self.info.size)[0] - self.mean) / self.std, label
 
     def _resized_crop(self, image, index: int):
         from torchvision.transforms import functional
 
         area, aspect, down, across, mirrored = (draws[index] for draws in self.draws)
-        top, left, height, width = (int(value) for value in crop_boxes((area, aspect, down, across), *image.size))
+        top, left, height, width = (int(value) for value in crop_boxes((area, aspect, down, across),
+                                                                       *image.size))
         size = [self.info.size, self.info.size]
         image = functional.resized_crop(image, top, left, height, width, size, antialias=True)
         return functional.hflip(image) if mirrored else image
 
 
 class _EpochIndices(Sampler[tuple[int, int]]):
-    """A sampler's epoch as (epoch, index) pairs, without its first `skip` batches (a resumed run's first epoch):
-    the epoch travels with each index to the workers, whose copies of the dataset never see the epoch."""
+    """A sampler's epoch as (epoch, index) pairs, without its first `skip` batches (a
+    resumed run's first epoch): the epoch travels with each index to the workers, whose
+    copies of the dataset never see the epoch."""
 
     def __init__(self, sampler, batch_size: int):
         self.sampler, self.batch_size, self.epoch, self.skip = sampler, batch_size, 0, 0

@@ -1,7 +1,7 @@
 """The workers of a process-group mode (dist_parallel, fsdp) and what starts them: the self-launch
-(`python train.py` without torchrun) through torch's own elastic launcher, which GPU each worker takes, workers
-that die with their launcher, the report of a clean stop, which the launcher cannot see for itself,
-and the safety net around the lines that join the process group (SafetyNet)."""
+(`python train.py` without torchrun) through torch's own elastic launcher, which GPU each worker
+takes, workers that die with their launcher, the report of a clean stop, which the launcher cannot
+see for itself, and the safety net around the lines that join the process group (SafetyNet)."""
 from __future__ import annotations
 
 import datetime
@@ -14,7 +14,8 @@ from pathlib import Path
 
 
 from common.checkpoint import (LAST, STOP_REPORT, STOPPED, TRAINING, StopSignals, continue_flags,
-                               last_checkpoint_note, refuse_fresh_start, silence_lost_outputs, tell_self_launch)
+                               last_checkpoint_note, refuse_fresh_start, silence_lost_outputs,
+                               tell_self_launch)
 from common.config import UsageError
 from common.devices import cuda_devices
 from common.guards import (check_launch, launch_variables, nccl_error_handling, rendezvous_error,
@@ -22,11 +23,12 @@ from common.guards import (check_launch, launch_variables, nccl_error_handling, 
 from common.logger import resolve_run_dir
 
 def die_with_launcher() -> None:
-    """A worker started by torch's elastic agent (torchrun or the self-launch) is tied to it. It dies with the
-    agent: the agent puts each worker in a session of its own, so when the agent itself is killed (`kill -9`, an
-    out-of-memory kill) nothing reaches the workers, which would train on as orphans, writing checkpoints beside
-    whatever run is started next in their folder; Linux's parent-death signal kills them instead (the last
-    checkpoint, written atomically, is intact). And a new attempt of the workers (--max_restarts) voids an earlier
+    """A worker started by torch's elastic agent (torchrun or the self-launch) is tied to it. It
+    dies with the agent: the agent puts each worker in a session of its own, so when the agent
+    itself is killed (`kill -9`, an out-of-memory kill) nothing reaches the workers, which would
+    train on as orphans, writing checkpoints beside whatever run is started next in their
+    folder; Linux's parent-death signal kills them instead (the last checkpoint, written
+    atomically, is intact). And a new attempt of the workers (--max_restarts) voids an earlier
     attempt's report of a clean stop."""
     if "TORCHELASTIC_RESTART_COUNT" not in os.environ:
         return
@@ -39,10 +41,10 @@ def die_with_launcher() -> None:
 
 
 def killed_with(parent: int):
-    """A function that, called in a child of process `parent` (between fork and exec, or first thing), has Linux
-    send the child SIGKILL when `parent` ends (precisely: the thread of it that started the child); a child whose
-    parent ended already exits at once. None where there is no such signal (not Linux). ctypes' lookup is done
-    here, so that the child only makes the call."""
+    """A function that, called in a child of process `parent` (between fork and exec, or first
+    thing), has Linux send the child SIGKILL when `parent` ends (precisely: the thread of it that
+    started the child); a child whose parent ended already exits at once. None where there is no
+    such signal (not Linux). ctypes' lookup is done here, so that the child only makes the call."""
     if not sys.platform.startswith("linux"):
         return None
     import ctypes
@@ -61,12 +63,13 @@ def killed_with(parent: int):
 
 def launch_workers(script: str, argv: list[str], nproc: int, max_restarts: int = 0,
                    run_dir: Path | None = None) -> int:
-    """Start `nproc` workers of `script` on this machine through torch's elastic launcher, exactly as
-    `torchrun --standalone --nproc_per_node nproc --max-restarts max_restarts script argv` would (a free port,
-    c10d rendezvous; after a worker fails, the whole group is restarted up to max_restarts times), and say in one
-    line how they ended when they did not all succeed (stop_line, failure_line). SIGUSR1 is passed on to the
-    workers with SIGTERM, SIGINT, SIGHUP and SIGQUIT (torch's agent would die of it, its workers with it), and
-    the workers have SHUTDOWN_TIMEOUT_S to stop cleanly after one."""
+    """Start `nproc` workers of `script` on this machine through torch's elastic launcher, exactly
+    as `torchrun --standalone --nproc_per_node nproc --max-restarts max_restarts script argv` would
+    (a free port, c10d rendezvous; after a worker fails, the whole group is restarted up to
+    max_restarts times), and say in one line how they ended when they did not all succeed
+    (stop_line, failure_line). SIGUSR1 is passed on to the workers with SIGTERM, SIGINT, SIGHUP and
+    SIGQUIT (torch's agent would die of it, its workers with it), and the workers have
+    SHUTDOWN_TIMEOUT_S to stop cleanly after one."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
@@ -75,8 +78,10 @@ def launch_workers(script: str, argv: list[str], nproc: int, max_restarts: int =
                                          f"--max-restarts={max_restarts}", script, *argv])
     if hasattr(args, "signals_to_handle") and "PET_SIGNALS_TO_HANDLE" not in os.environ:  # not in old torch
         args.signals_to_handle = AGENT_SIGNALS  # unless the user chose (torchrun --signals-to-handle's variable)
-    if getattr(args, "shutdown_timeout", 0) is None and "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in os.environ:
-        args.shutdown_timeout = SHUTDOWN_TIMEOUT_S  # unless the user chose (its variable, or PET_SHUTDOWN_TIMEOUT)
+    if (getattr(args, "shutdown_timeout", 0) is None
+        and "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in os.environ):
+        # unless the user chose (its variable, or PET_SHUTDOWN_TIMEOUT)
+        args.shutdown_timeout = SHUTDOWN_TIMEOUT_S
     agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
     with tempfile.TemporaryDirectory(prefix="stop-report-") as folder:
         os.environ[STOP_REPORT] = folder  # the workers inherit this process's environment
@@ -100,26 +105,30 @@ def launch_workers(script: str, argv: list[str], nproc: int, max_restarts: int =
     return 0
 
 
-# The signals torch's agent passes on to its workers: its default (SIGTERM, SIGINT, SIGHUP, SIGQUIT) and SIGUSR1,
-# which would otherwise kill the agent, and its workers with it, before they can write a stop checkpoint.
+# The signals torch's agent passes on to its workers: its default (SIGTERM, SIGINT, SIGHUP,
+# SIGQUIT) and SIGUSR1, which would otherwise kill the agent, and its workers with it, before
+# they can write a stop checkpoint.
 AGENT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
-# How long torch's agent waits, once it has passed a signal on, for the workers to reach their next log window
-# and write the stop checkpoint before it kills them: its own 30 s is little on a loaded node (a window of the
-# default 50 steps, the RNG states gathered, the checkpoint written and fsynced); slurm/*.sbatch give 90 s too.
+# How long torch's agent waits, once it has passed a signal on, for the workers to reach their next
+# log window and write the stop checkpoint before it kills them: its own 30 s is little on a loaded
+# node (a window of the default 50 steps, the RNG states gathered, the checkpoint written and
+# fsynced); slurm/*.sbatch give 90 s too.
 SHUTDOWN_TIMEOUT_S = 90
 
 
 def said_here(record: logging.LogRecord) -> bool:
-    """torch's agent logs "failed (exitcode: N)" for each worker that did not exit 0, a stop by a signal
-    included; the self-launch says what happened to its workers itself, once (stop_line, failure_line)."""
+    """torch's agent logs "failed (exitcode: N)" for each worker that did not exit 0, a
+    stop by a signal included; the self-launch says what happened to its workers itself,
+    once (stop_line, failure_line)."""
     return not str(record.msg).startswith("failed (exitcode")
 
 
 def stop_line(signum: int, report: Path, run_dir: Path | None) -> tuple[str, int]:
-    """What the self-launch says, and its exit status, when a signal stopped it: the workers stopped cleanly when
-    rank 0 told what it left (StopSignals: its stop checkpoint, or an evaluation cut short); before rank 0 was
-    listening for signals (the workers were starting), nothing was trained; else torch's agent, which waits
-    SHUTDOWN_TIMEOUT_S after passing the signal on, killed workers that had not stopped."""
+    """What the self-launch says, and its exit status, when a signal stopped it: the workers stopped
+    cleanly when rank 0 told what it left (StopSignals: its stop checkpoint, or an evaluation cut
+    short); before rank 0 was listening for signals (the workers were starting), nothing was
+    trained; else torch's agent, which waits SHUTDOWN_TIMEOUT_S after passing the signal on, killed
+    workers that had not stopped."""
     name = signal.Signals(signum).name
     stopped = report / STOPPED
     if stopped.exists():
@@ -129,13 +138,13 @@ def stop_line(signum: int, report: Path, run_dir: Path | None) -> tuple[str, int
         return f"stopped by {name} before training began (the workers were starting); {unchanged(run_dir)}", \
             128 + signum
     note = last_checkpoint_note(run_dir)
-    return (f"error: stopped by {name}, but the workers did not stop cleanly (rank 0 reported no stop "
-            f"checkpoint; their output above may say why); {note}", 1)
+    return (f"error: stopped by {name}, but the workers did not stop cleanly (rank 0 reported no "
+            f"stop checkpoint; their output above may say why); {note}", 1)
 
 
 def unchanged(run_dir: Path | None) -> str:
-    """What there is to resume after a stop before training began, in the run's folder `run_dir` (None: a
-    default name, which the next launch does not share)."""
+    """What there is to resume after a stop before training began, in the run's folder `run_dir`
+    (None: a default name, which the next launch does not share)."""
     if run_dir is not None and (run_dir / LAST).exists():
         return f"its last checkpoint {run_dir / LAST} is as it was: continue with --resume auto"
     if run_dir is not None and run_dir.is_dir():  # claimed as training was about to begin: empty
@@ -144,15 +153,17 @@ def unchanged(run_dir: Path | None) -> str:
 
 
 def failure_line(exit_codes: dict[int, int], report: Path) -> tuple[str, int]:
-    """What the self-launch says, and its exit status, when workers failed ({worker: exit code}; -N: killed by
-    signal N): a stop by a signal that reached one worker (its vote stopped all: rank 0 told what it left) is a
-    stop like any other; a worker that ended with a status of its own has said why (a usage error exits 2, as
-    everywhere); a worker killed by a signal said nothing, so the line names the signal. Workers that torch's
-    agent ended with SIGTERM once another had failed are left out, as effects, not causes."""
+    """What the self-launch says, and its exit status, when workers failed ({worker: exit code}; -N:
+    killed by signal N): a stop by a signal that reached one worker (its vote stopped all: rank 0
+    told what it left) is a stop like any other; a worker that ended with a status of its own has
+    said why (a usage error exits 2, as everywhere); a worker killed by a signal said nothing, so
+    the line names the signal. Workers that torch's agent ended with SIGTERM once another had failed
+    are left out, as effects, not causes."""
     exited = {worker: code for worker, code in exit_codes.items() if code > 0}
     killed = {worker: -code for worker, code in exit_codes.items() if code < 0}
     stops = {code - 128 for code in exited.values()} & set(StopSignals.NAMES)
-    if (report / STOPPED).exists() and len(stops) == 1 and set(exited.values()) == {128 + min(stops)}:
+    if ((report / STOPPED).exists() and len(stops) == 1
+        and set(exited.values()) == {128 + min(stops)}):
         return stop_line(min(stops), report, None)
     causes = {worker: number for worker, number in killed.items() if number != signal.SIGTERM}
     if exited:
@@ -161,11 +172,12 @@ def failure_line(exit_codes: dict[int, int], report: Path) -> tuple[str, int]:
         line = f"error: worker {workers} failed (exit status {codes}); its message is above"
         return "; ".join([line, *killed_by(causes)]), max(exited.values())
     causes = causes or killed
-    hint = ("; TORCH_DISTRIBUTED_DEBUG=DETAIL is set, which crashes DDP's constructor on torch 2.14.1: unset it "
-            "(docs/guide.md#debugging-a-hang)" if signal.SIGSEGV in causes.values()
+    hint = ("; TORCH_DISTRIBUTED_DEBUG=DETAIL is set, which crashes DDP's constructor on torch "
+            "2.14.1: unset it (docs/guide.md#debugging-a-hang)" if signal.SIGSEGV in causes.values()
             and os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL" else "")
     own = "their" if len(causes) > 1 else "its"
-    return f"error: {'; '.join(killed_by(causes))}, with no message of {own} own{hint}", 128 + min(causes.values())
+    return (f"error: {'; '.join(killed_by(causes))}, with no message of {own} own{hint}",
+            128 + min(causes.values()))
 
 
 def killed_by(signals: dict[int, int]) -> list[str]:
@@ -173,13 +185,15 @@ def killed_by(signals: dict[int, int]) -> list[str]:
     said = []
     for number in sorted(set(signals.values())):
         workers = [str(worker) for worker, other in sorted(signals.items()) if other == number]
-        were = "workers " + ", ".join(workers) + " were" if len(workers) > 1 else f"worker {workers[0]} was"
+        were = ("workers " + ", ".join(workers) + " were" if len(workers) > 1
+                else f"worker {workers[0]} was")
         said.append(f"{were} killed by {signal.Signals(number).name} (signal {number})")
     return said
 
 
 def tell_self_launch_stopped(step: int, checkpoint: Path | None) -> None:
-    """Stopped by a signal with the checkpoint written, rank 0 tells the self-launch what it left."""
+    """Stopped by a signal with the checkpoint written, rank 0 tells
+    the self-launch what it left."""
     # the run's name too: without it a default-named run's next launch would start a new run
     then = (f"continue with {continue_flags(checkpoint.parent)}" if checkpoint
             else "a --benchmark run keeps no checkpoint")
@@ -232,7 +246,7 @@ class SafetyNet:
         """--init_method (env://, tcp://HOST:PORT or file://PATH); None where `store` is."""
         return None if self.store else self.cfg.init_method
 
-    def __enter__(self) -> "SafetyNet":
+    def __enter__(self) -> SafetyNet:
         nccl_error_handling(os.environ)  # before the group: a failed collective reaches this thread
         try:  # a store of this attempt's own: after a torchrun restart only
             self.store = store_of_this_attempt(self.cfg.init_method, self.rank, self.world_size,
@@ -251,15 +265,19 @@ class SafetyNet:
 
 
 def self_launch(cfg, script: str, argv, mode: str) -> int:
-    """`python train.py` without torchrun: refuse what can be refused, then start one worker per GPU (or
-    --nproc_per_node CPU workers) as `torchrun --standalone` would; each worker runs `script` again."""
-    gpus = cuda_devices(cfg.gpu_devices, default_all=True, shared=cfg.backend == "gloo", sharing_hint=SHARING_HINT)
+    """`python train.py` without torchrun: refuse what can be refused, then start one
+    worker per GPU (or --nproc_per_node CPU workers) as `torchrun --standalone` would;
+    each worker runs `script` again."""
+    gpus = cuda_devices(cfg.gpu_devices, default_all=True, shared=cfg.backend == "gloo",
+                        sharing_hint=SHARING_HINT)
     nproc = cfg.nproc_per_node or len(gpus) or 1
     if gpus and nproc > len(gpus):
-        raise UsageError(f"--nproc_per_node {nproc} is more than the {len(gpus)} GPUs available: one process per GPU")
+        raise UsageError(f"--nproc_per_node {nproc} is more than the {len(gpus)} GPUs "
+                         "available: one process per GPU")
     check_launch(cfg, mode, nproc)
     run_dir = resolve_run_dir(cfg, mode, nproc)
     refuse_fresh_start(cfg, run_dir)  # in one line before any worker starts (and is restarted)
     os.environ.setdefault("OMP_NUM_THREADS", str(max((os.cpu_count() or 1) // nproc, 1)))  # share the cores
-    return launch_workers(script, sys.argv[1:] if argv is None else [str(arg) for arg in argv], nproc,
-                          cfg.max_restarts, run_dir if cfg.run_name else None)  # a default name is the worker's
+    return launch_workers(script, sys.argv[1:] if argv is None else [str(arg) for arg in argv],
+                          # a default name is the worker's
+                          nproc, cfg.max_restarts, run_dir if cfg.run_name else None)

@@ -1,7 +1,8 @@
-"""The training loop's state, `Run`: what every mode's loop carries from step to step, the one thing that
-save_checkpoint, restore and the log window take. Beside it, what every mode does alike with it: the bookkeeping
-of a log window and an evaluation, the results summary, and the teardown. The loop itself (`train_one_epoch`) and
-every parallel call stay in each mode's train.py, where they are compared."""
+"""The training loop's state, `Run`: what every mode's loop carries from step to step, the one
+thing that save_checkpoint, restore and the log window take. Beside it, what every mode does
+alike with it: the bookkeeping of a log window and an evaluation, the results summary, and the
+teardown. The loop itself (`train_one_epoch`) and every parallel call stay in each mode's
+train.py, where they are compared."""
 from __future__ import annotations
 
 import dataclasses
@@ -61,9 +62,11 @@ class Run:
     extended: list = field(default_factory=list)  # each time --epochs was raised: where, from and to
 
     @classmethod
-    def start(cls, cfg: Config, device: torch.device, gpus: list[int], started: float, **parts) -> "Run":
-        """The run's state at its first step: `parts` are the model, the loaders' training one, the optimizer
-        and its schedule and scaler, the logger, the console and the run folder; the timers start here."""
+    def start(cls, cfg: Config, device: torch.device, gpus: list[int], started: float,
+              **parts) -> Run:
+        """The run's state at its first step: `parts` are the model, the loaders' training
+        one, the optimizer and its schedule and scaler, the logger, the console and the run
+        folder; the timers start here."""
         profiler = StepProfiler(cfg.profile_steps, cfg.warmup_steps, device)
         cache = cfg.compile_cache if cfg.compile else None
         timer = StepTimer(device, cfg.warmup_steps, gpus, cache, recorder=profiler)
@@ -86,24 +89,28 @@ class Run:
 
     @property
     def checkpoint_dir(self) -> Path | None:
-        """Where checkpoints go: the run folder, except under --benchmark (it measures speed only)."""
+        """Where checkpoints go: the run folder, except under
+        --benchmark (it measures speed only)."""
         return None if self.cfg.benchmark else self.run_dir
 
     def resume(self, checkpoint: dict, rank: int) -> None:
         """Everything of `checkpoint` into the run (this rank's RNG), said once."""
         restore(checkpoint, self, rank)
-        self.console.line(f"resumed at step {self.step} (epoch {self.epoch + 1}, batch {self.batch}) "
-                          f"from {checkpoint['file']}{self.extension_note(checkpoint)}")
+        self.console.line(f"resumed at step {self.step} (epoch {self.epoch + 1}, batch "
+                          f"{self.batch}) from "
+                          f"{checkpoint['file']}{self.extension_note(checkpoint)}")
 
     def extension_note(self, checkpoint: dict) -> str:
-        """What a resume that raised --epochs says of the schedule (restore): nothing for a plain resume."""
+        """What a resume that raised --epochs says of the schedule (restore):
+        nothing for a plain resume."""
         if not extends(checkpoint["config"], self.cfg):
             return ""
         before, now = checkpoint["config"]["epochs"], self.cfg.epochs
         rate = self.optimizer.param_groups[0]["lr"]
-        return (f"; the run is extended from {before} to {now} epochs: from here the learning rate follows the "
-                f"schedule of {now} epochs (above), at {rate:g} now, where its {self.step} steps so far followed "
-                f"that of {before}, so it is not the run --epochs {now} trains from the start")
+        return (f"; the run is extended from {before} to {now} epochs: from here the learning rate "
+                f"follows the schedule of {now} epochs (above), at {rate:g} now, where its "
+                f"{self.step} steps so far followed that of {before}, so it is not the run "
+                f"--epochs {now} trains from the start")
 
     def record_window(self, epoch: int, index: int, sums: Sums, gpu: dict,
                       ranks: dict | None = None) -> None:
@@ -115,23 +122,25 @@ class Run:
         self.gpu_util += [util for util, _ in gpu.values() if util is not None]
         check_loss(sums, self.meter, self.step, last_checkpoint_note(self.checkpoint_dir))
         rate = sums.images_per_sec(self.cfg.batch_size)
-        # the rate the window's last step trained with: a function of the step (the optimizer holds the next
-        # step's rate by now)
+        # the rate the window's last step trained with: a function of the step (the optimizer holds
+        # the next step's rate by now)
         lr = self.cfg.effective_lr() * lr_factor(self.step - 1, self.cfg, len(self.train_loader))
         gpus = max(len(self.gpus), 1) * len(ranks or [0])  # what the global batch is split over
         utilisation = None if self.peak is None else window_mfu(rate, gpus, self.flops, self.peak)
         # first, and flushed: a window on the terminal is one in the event file
         scalars = window_scalars(sums, self.cfg.batch_size, lr, utilisation)
         self.logger.scalars(self.step, {**scalars, **device_scalars(gpu, ranks)})
-        self.console.line(window_line(epoch, self.cfg.epochs, index, len(self.train_loader), sums.loss,
-                                      sums.acc, sums.batch_time, sums.data_frac, rate))
-        self.console.update(0, loss=f"{sums.loss:.3f}", acc=f"{100 * sums.acc:.1f}%", img_s=f"{rate or 0:.0f}")
+        self.console.line(window_line(epoch, self.cfg.epochs, index, len(self.train_loader),
+                                      sums.loss, sums.acc, sums.batch_time, sums.data_frac, rate))
+        self.console.update(0, loss=f"{sums.loss:.3f}", acc=f"{100 * sums.acc:.1f}%",
+                            img_s=f"{rate or 0:.0f}")
 
     def end_epoch(self) -> float | None:
-        """Stop the epoch's clock after its training: its seconds over every attempt that trained part
-        of it (None: not known). An epoch that --max_steps cut short is paused, not counted as one of
-        the run's epochs: the attempt that resumes it goes on with its seconds. The last epoch's end
-        ends --profile_steps' recording, if the run had fewer steps: no evaluation is recorded."""
+        """Stop the epoch's clock after its training: its seconds over every attempt that
+        trained part of it (None: not known). An epoch that --max_steps cut short is paused, not
+        counted as one of the run's epochs: the attempt that resumes it goes on with its
+        seconds. The last epoch's end ends --profile_steps' recording, if the run had fewer
+        steps: no evaluation is recorded."""
         if self.epoch + 1 >= self.cfg.epochs or self.cfg.reached_max_steps(self.step):
             self.profiler.stop()
         return self.clock.end_epoch(whole=self.batch == len(self.train_loader))
@@ -142,7 +151,8 @@ class Run:
         self.logger.scalars(self.step, {"test/loss": test[0], "test/acc_pct": percent(test[1])})
         timed = "time not known" if epoch_seconds is None else f"{epoch_seconds:.1f}s"
         batches = len(self.train_loader)
-        cut = "" if self.batch == batches else f" ({self.batch} of {batches} batches)"  # --max_steps
+        # --max_steps
+        cut = "" if self.batch == batches else f" ({self.batch} of {batches} batches)"
         self.console.line(f"Epoch {epoch + 1}/{self.cfg.epochs} test loss {test[0]:.3f} acc "
                           f"{100 * test[1]:.2f}% ({test[2]} images) epoch {timed}{cut}")
 
@@ -154,12 +164,13 @@ class Run:
 
     def write_results(self, devices: int, peaks: dict, group: bool = False,
                       compile_waits: dict | None = None, profiles: dict | None = None):
-        """results.json: the run's speed over `devices` (GPUs or CPU processes), utilisation, peak memory of each
-        GPU (`peaks`: allocated and reserved), its last epoch's training and test figures, its times, and in a
-        process `group` the sync check (None where none was made) and each rank's wait for its node's first
-        compile (`compile_waits`, by rank); then its speed line and where the results are. With
-        --profile_steps, each rank's split of its profiled steps (`profiles`: by rank, what
-        StepProfiler.result() gives; this process's own by default), their traces beside it."""
+        """results.json: the run's speed over `devices` (GPUs or CPU processes), utilisation, peak
+        memory of each GPU (`peaks`: allocated and reserved), its last epoch's training and test
+        figures, its times, and in a process `group` the sync check (None where none was made) and
+        each rank's wait for its node's first compile (`compile_waits`, by rank); then its speed
+        line and where the results are. With --profile_steps, each rank's split of its profiled
+        steps (`profiles`: by rank, what StepProfiler.result() gives; this process's own by
+        default), their traces beside it."""
         profiles = profiles if profiles is not None else {0: self.profiler.result()}
         summary = {
             **speed_summary(self.cfg, self.totals, self.timer, self.device, devices, compile_waits,
@@ -211,8 +222,9 @@ class Run:
                 "breakdown_steps": steps or None, "breakdown_note": notes[0] if notes else None}
 
     def epoch_time_note(self) -> str | None:
-        """What epoch_time_s is when it is not the mean of every epoch the run trained (None then): the
-        mean of whole epochs only, so a run that --max_steps ended before any epoch's end has none."""
+        """What epoch_time_s is when it is not the mean of every epoch the run trained
+        (None then): the mean of whole epochs only, so a run that --max_steps ended
+        before any epoch's end has none."""
         times = self.clock.epoch_times
         known = [seconds for seconds in times if seconds is not None]
         if known and len(known) == len(times):
@@ -220,17 +232,19 @@ class Run:
         if not times:
             if not self.batch:  # nothing trained: --evaluate
                 return None
-            limit = "--benchmark's steps" if self.cfg.benchmark else f"--max_steps {self.cfg.max_steps}"
+            limit = ("--benchmark's steps" if self.cfg.benchmark
+                     else f"--max_steps {self.cfg.max_steps}")
             seconds = self.clock.epoch_earlier
             timed = "in a time not known" if seconds is None else f"in {seconds:.3g} s"
-            return (f"no epoch was trained to its end: {limit} stopped the run at batch {self.batch} of "
-                    f"{len(self.train_loader)} of epoch {self.epoch + 1}, trained {timed}")
-        return (f"the mean of {len(known)} of the {len(times)} epochs trained: the others' seconds were not "
-                f"kept (a checkpoint this run resumed from did not hold them)")
+            return (f"no epoch was trained to its end: {limit} stopped the run at batch "
+                    f"{self.batch} of {len(self.train_loader)} of epoch "
+                    f"{self.epoch + 1}, trained {timed}")
+        return (f"the mean of {len(known)} of the {len(times)} epochs trained: the others' seconds "
+                "were not kept (a checkpoint this run resumed from did not hold them)")
 
     def close(self) -> None:
-        """The teardown, whatever ended the run: the signal handlers back, the NVML sampler stopped, the event
-        file and the logs closed."""
+        """The teardown, whatever ended the run: the signal handlers back, the NVML sampler stopped,
+        the event file and the logs closed."""
         self.signals.restore()
         self.profiler.close()  # a recording the run did not finish: stopped
         self.timer.close()  # torch's compile callbacks removed

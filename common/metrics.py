@@ -1,12 +1,13 @@
 """Honest step timing and on-device accumulation of loss and accuracy.
 
-GPU work is asynchronous, so host clocks around a step measure only the launch. On CUDA the timer records an event
-when the step starts waiting for its batch, one when the batch is ready and one when the step's work is queued;
-their elapsed times are read once per log window, after the window's last event has completed. The wait for data
-(DataLoader stalls, the device loader's kernels) is measured apart from compute; warm-up steps are left out.
-On the CPU the work is synchronous, and perf_counter gives the same three marks. The run's first step, which
-carries torch.compile's compilation and cuDNN's autotuning, is synchronised once and timed on the host; the
-compilation itself is timed apart, by torch's compile callbacks (common/compiling.py).
+GPU work is asynchronous, so host clocks around a step measure only the launch. On CUDA the timer
+records an event when the step starts waiting for its batch, one when the batch is ready and one
+when the step's work is queued; their elapsed times are read once per log window, after the window's
+last event has completed. The wait for data (DataLoader stalls, the device loader's kernels) is
+measured apart from compute; warm-up steps are left out. On the CPU the work is synchronous, and
+perf_counter gives the same three marks. The run's first step, which carries torch.compile's
+compilation and cuDNN's autotuning, is synchronised once and timed on the host; the compilation
+itself is timed apart, by torch's compile callbacks (common/compiling.py).
 """
 from __future__ import annotations
 
@@ -48,18 +49,19 @@ class _CudaClock:
 
 
 class StepTimer:
-    """`timed(loader)` yields batches and marks the data wait; `step_done()` closes a step; `window()` syncs once
-    and returns the window's (timed steps, step seconds, data seconds). Per-step times are kept for percentiles.
-    When the warm-up ends, the peak memory of `gpus` is reset too, so that peak memory, like time, describes the
-    training step and not cuDNN's autotuning workspaces or torch.compile's first step. A `recorder`
-    (--profile_steps' StepProfiler) is told at the marks where each step starts, gets its batch and
-    ends."""
+    """`timed(loader)` yields batches and marks the data wait; `step_done()` closes a step;
+    `window()` syncs once and returns the window's (timed steps, step seconds, data seconds).
+    Per-step times are kept for percentiles. When the warm-up ends, the peak memory of `gpus` is
+    reset too, so that peak memory, like time, describes the training step and not cuDNN's
+    autotuning workspaces or torch.compile's first step. A `recorder` (--profile_steps'
+    StepProfiler) is told at the marks where each step starts, gets its batch and ends."""
 
     def __init__(self, device: torch.device, warmup_steps: int, gpus=(),
                  compile_cache: str | None = None, recorder: StepProfiler | None = None):
         self.clock = _CudaClock() if device.type == "cuda" else _HostClock()
         self.recorder = recorder or StepProfiler(0, warmup_steps, device)  # by default, none
-        # a compiled run: its compile cache made ready, and the time torch spends compiling (common/compiling.py)
+        # a compiled run: its compile cache made ready, and the time torch spends
+        # compiling (common/compiling.py)
         self.compiling = CompileClock(compile_cache) if compile_cache else None
         self.warmup_steps = warmup_steps
         self.gpus = list(gpus)
@@ -100,11 +102,13 @@ class StepTimer:
             self.pending.append((*self._marks, done))
 
     def _warmup_done(self) -> None:
-        for gpu in self.gpus:  # the caching allocator keeps its statistics on the host: no sync needed
+        # the caching allocator keeps its statistics on the host: no sync needed
+        for gpu in self.gpus:
             torch.cuda.reset_peak_memory_stats(gpu)
 
     def window(self) -> tuple[int, float, float]:
-        """Wait for the window's last step, then read its marks: a host sync, once per log window."""
+        """Wait for the window's last step, then read its marks: a
+        host sync, once per log window."""
         if not self.pending:
             return 0, 0.0, 0.0
         self.clock.wait(self.pending[-1][2])
@@ -127,13 +131,14 @@ class StepTimer:
 
 
 class TrainMeter:
-    """Loss sum and correct predictions accumulated on the device (no `.item()`, no host-to-device copy inside the
-    loop); the image count, known on the host, joins them once per window."""
+    """Loss sum and correct predictions accumulated on the device (no `.item()`, no host-to-device
+    copy inside the loop); the image count, known on the host, joins them once per window."""
 
     def __init__(self, device: torch.device):
         self.totals = torch.zeros(2, dtype=torch.float64, device=device)
         self.images = 0
-        self.losses = []  # this window's per-step loss tensors: references only, no work in the step
+        # this window's per-step loss tensors: references only, no work in the step
+        self.losses = []
         self.last_losses = []
 
     @torch.no_grad()
@@ -152,16 +157,19 @@ class TrainMeter:
         return totals
 
     def first_nonfinite_step(self, step: int) -> int:
-        """The optimizer step (1-based, of the run) whose loss was first NaN/inf in the last window taken, read
-        only when the window's loss sum is not finite; `step` is the run's step count at the window's end."""
+        """The optimizer step (1-based, of the run) whose loss was first NaN/inf in the last
+        window taken, read only when the window's loss sum is not finite; `step` is the run's
+        step count at the window's end."""
         bad = (~torch.isfinite(torch.stack(self.last_losses))).nonzero()
         return step - len(self.last_losses) + int(bad[0].item()) + 1
 
 
-def check_loss(sums: "Sums", meter: TrainMeter, step: int, checkpoint: str) -> None:
-    """A window whose loss is NaN/inf ends the run, naming the step; the last good checkpoint stays as it is."""
+def check_loss(sums: Sums, meter: TrainMeter, step: int, checkpoint: str) -> None:
+    """A window whose loss is NaN/inf ends the run, naming the step; the last
+    good checkpoint stays as it is."""
     if not math.isfinite(sums.loss_sum):
-        raise RunError(f"the training loss became NaN/inf at step {meter.first_nonfinite_step(step)}: stopped "
+        raise RunError("the training loss became NaN/inf at step "
+                       f"{meter.first_nonfinite_step(step)}: stopped "
                        f"({checkpoint}); try a lower --lr")
 
 
@@ -201,10 +209,10 @@ class Sums:
         """The totals in FIELDS' order: what a checkpoint keeps of an epoch's windows."""
         return [getattr(self, name) for name in self.FIELDS]
 
-    def __add__(self, other: "Sums") -> "Sums":
+    def __add__(self, other: Sums) -> Sums:
         return Sums(a + b for a, b in zip(self.values, other.values))
 
-    def mean_time(self, ranks: int) -> "Sums":
+    def mean_time(self, ranks: int) -> Sums:
         """These totals, added up over `ranks` ranks that each timed the same steps, with the
         timings made the mean over the ranks; the loss, the correct predictions and the images stay
         added up."""
@@ -228,20 +236,22 @@ class Sums:
 
 
 def window_sums(meter: TrainMeter, timer: StepTimer) -> torch.Tensor:
-    """The window's Sums as a float64 tensor on the meter's device (the timer's host sync happens here)."""
+    """The window's Sums as a float64 tensor on the meter's device (the
+    timer's host sync happens here)."""
     timing = timer.window()
     sums = meter.take()
     return torch.cat([sums, sums.new_tensor(timing)])
 
 
 class RunClock:
-    """The run's wall time and epoch times, whole when the run is made of attempts (stopped by a signal
-    or --max_steps, or killed, then resumed, in any mode and on any number of processes): a checkpoint
-    keeps the seconds up to it, and the attempt that resumes from it adds its own. An attempt's time
-    after its last checkpoint is not kept, as its steps are not: the next attempt trains them again.
-    An epoch counts once, whatever number of attempts trained it: one that --max_steps cut short is
-    paused, not ended, and its seconds so far go on with the attempt that resumes it. A time that is
-    not known (part of the epoch was trained by an attempt whose seconds no checkpoint kept) is None."""
+    """The run's wall time and epoch times, whole when the run is made of attempts (stopped by a
+    signal or --max_steps, or killed, then resumed, in any mode and on any number of processes): a
+    checkpoint keeps the seconds up to it, and the attempt that resumes from it adds its own. An
+    attempt's time after its last checkpoint is not kept, as its steps are not: the next attempt
+    trains them again. An epoch counts once, whatever number of attempts trained it: one that
+    --max_steps cut short is paused, not ended, and its seconds so far go on with the attempt that
+    resumes it. A time that is not known (part of the epoch was trained by an attempt whose
+    seconds no checkpoint kept) is None."""
 
     def __init__(self, started: float):
         self.started = started  # perf_counter() when this attempt began
@@ -257,8 +267,8 @@ class RunClock:
     def end_epoch(self, whole: bool) -> float | None:
         """Stop the epoch's clock: its seconds over every attempt that trained part of it (None: not
         known). `whole`: the epoch was trained to its end, and counts as one of the run's epochs;
-        otherwise (--max_steps stopped it) its seconds so far wait, in the checkpoint, for the attempt
-        that trains the rest of it."""
+        otherwise (--max_steps stopped it) its seconds so far wait, in the checkpoint, for the
+        attempt that trains the rest of it."""
         seconds = self._under_way()
         self.epoch_started = None
         if whole:
@@ -292,10 +302,10 @@ class RunClock:
                 "epoch_times_s": epoch_times, "epoch_time_s": under_way}
 
     def load(self, history: dict | None, epoch: int, batch: int) -> None:
-        """A checkpoint's seconds, as the earlier attempts' share of this run; the checkpoint resumes
-        at batch `batch` of epoch `epoch`. Without them (a checkpoint written before checkpoints kept
-        them, or one resumed from such) the earlier attempts are unknown: the figures are this
-        attempt's, and an epoch it did not train from its start has no time."""
+        """A checkpoint's seconds, as the earlier attempts' share of this run; the checkpoint
+        resumes at batch `batch` of epoch `epoch`. Without them (a checkpoint written before
+        checkpoints kept them, or one resumed from such) the earlier attempts are unknown: the
+        figures are this attempt's, and an epoch it did not train from its start has no time."""
         unknown = None if batch else 0.0  # the epoch under way's seconds, when not known
         if history is None or history["attempts"] is None:
             self.attempts = None

@@ -1,9 +1,10 @@
-"""The fast path, the same in every mode: mixed precision, memory format, backend switches, and the figures that
-say how close a run comes to the hardware (FLOPs per image, model FLOPs utilisation).
+"""The fast path, the same in every mode: mixed precision, memory format, backend switches, and the
+figures that say how close a run comes to the hardware (FLOPs per image, model FLOPs utilisation).
 
-`--amp` and `--channels_last` default to what suits the device: bf16 autocast and NHWC tensors on a GPU (fp16 with
-a GradScaler where bf16 is missing), fp32 NCHW on the CPU. `resolve_fast_path` turns those defaults into explicit
-values before anything is built, so results.json records what actually ran.
+`--amp` and `--channels_last` default to what suits the device: bf16 autocast and NHWC tensors
+on a GPU (fp16 with a GradScaler where bf16 is missing), fp32 NCHW on the CPU.
+`resolve_fast_path` turns those defaults into explicit values before anything is built, so
+results.json records what actually ran.
 """
 from __future__ import annotations
 
@@ -22,21 +23,23 @@ from models import PYRAMIDNET, build_model, model_refusal, on_meta
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
-# Dense (no sparsity) peak tensor throughput in TFLOP/s, per GPU, by the dtype a run computes in. A run with
-# --amp off computes its convolutions in TF32 (cuDNN's default, kept here). GeForce figures are those with FP32
-# accumulation, which autocast uses. A key matches whole words of torch.cuda.get_device_name() in any case ("H200"
-# is not in "GH200"; "H100 PCIe" is in "H100 PCIE"); the first key found wins, so the specific names come first.
-# A key whose value is None names a GPU that a shorter key would take for another: "NVIDIA GeForce
-# RTX 3090 Ti" and "RTX 4090 D" (other SM counts) and "RTX 4090 Laptop GPU" (another chip) are not
-# the cards below.
-# Sources: NVIDIA H100 Tensor Core GPU datasheet (SXM, PCIe and NVL columns); NVIDIA H200 datasheet; NVIDIA GH200
-# Grace Hopper Superchip datasheet (its GPU: H100/H200 SXM-class peaks); NVIDIA A100 datasheet; NVIDIA L40S
-# datasheet; NVIDIA Ada GPU architecture whitepaper, appendix A (RTX 4090); NVIDIA Ampere GA102 GPU architecture
-# whitepaper, appendix A (RTX 3090). Datasheets quote "with sparsity": halved here.
+# Dense (no sparsity) peak tensor throughput in TFLOP/s, per GPU, by the dtype a run computes in.
+# A run with --amp off computes its convolutions in TF32 (cuDNN's default, kept here). GeForce
+# figures are those with FP32 accumulation, which autocast uses. A key matches whole words of
+# torch.cuda.get_device_name() in any case ("H200" is not in "GH200"; "H100 PCIe" is in "H100
+# PCIE"); the first key found wins, so the specific names come first. A key whose value is None
+# names a GPU that a shorter key would take for another: "NVIDIA GeForce RTX 3090 Ti" and "RTX
+# 4090 D" (other SM counts) and "RTX 4090 Laptop GPU" (another chip) are not the cards below.
+# Sources: NVIDIA H100 Tensor Core GPU datasheet (SXM, PCIe and NVL columns); NVIDIA H200
+# datasheet; NVIDIA GH200 Grace Hopper Superchip datasheet (its GPU: H100/H200 SXM-class peaks);
+# NVIDIA A100 datasheet; NVIDIA L40S datasheet; NVIDIA Ada GPU architecture whitepaper, appendix A
+# (RTX 4090); NVIDIA Ampere GA102 GPU architecture whitepaper, appendix A (RTX 3090). Datasheets
+# quote "with sparsity": halved here.
 GPU_PEAK_TFLOPS = {
     "H100 PCIe": {"bf16": 756.5, "fp16": 756.5, "tf32": 378.0, "fp32": 51.2},
     "H100 NVL": {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0},
-    "H100": {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9},  # SXM5: "NVIDIA H100 80GB HBM3"
+    # SXM5: "NVIDIA H100 80GB HBM3"
+    "H100": {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9},
     "H200 NVL": {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0},
     "H200": {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9},  # SXM
     "GH200": {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9},  # Grace Hopper: "NVIDIA GH200 480GB"
@@ -51,25 +54,28 @@ MIG_NOTE = "MIG slice: a fraction of the chip, whose peak is not known"
 
 
 def resolve_fast_path(cfg: Config, device: torch.device) -> Config:
-    """The config with --amp and --channels_last made explicit for `device` and checked against it; on a GPU,
-    cuDNN autotuning (unless --deterministic) and TF32 matrix products switched on."""
+    """The config with --amp and --channels_last made explicit for `device` and checked against it;
+    on a GPU, cuDNN autotuning (unless --deterministic) and TF32 matrix products switched on."""
     cuda = device.type == "cuda"
     bf16_ok = not cuda or torch.cuda.is_bf16_supported(including_emulation=False)
     amp = cfg.amp or ("off" if not cuda else "bf16" if bf16_ok else "fp16")
     if amp == "bf16" and not bf16_ok:
-        raise UsageError(f"{torch.cuda.get_device_name(device)} has no bf16 tensor cores: use --amp fp16 or off")
+        raise UsageError(f"{torch.cuda.get_device_name(device)} has no bf16 tensor "
+                         "cores: use --amp fp16 or off")
     channels_last = cuda if cfg.channels_last is None else cfg.channels_last
     sync_bn = getattr(cfg, "sync_bn", False)  # dist_parallel's: SyncBatchNorm takes the paper's widths only
     pyramid = cfg.model == PYRAMIDNET  # the aligned storage is PyramidNet's (models/aligned.py)
-    align = cfg.align_channels if cfg.align_channels is not None else 8 if cuda and pyramid and not sync_bn else 0
+    align = (cfg.align_channels if cfg.align_channels is not None else 8
+             if cuda and pyramid and not sync_bn else 0)
     refusal = alignment_refusal(sync_bn, align) or model_refusal(cfg, dataset_info(cfg))
     if align > 1 and not pyramid:
-        refusal = (f"--align_channels {align} stores PyramidNet's channels padded; --model {cfg.model} keeps its "
-                   f"own: leave out --align_channels")
+        refusal = (f"--align_channels {align} stores PyramidNet's channels padded; --model "
+                   f"{cfg.model} keeps its own: leave out --align_channels")
     if refusal is not None:
         raise UsageError(refusal)
     if cuda:
-        torch.backends.cudnn.benchmark = not cfg.deterministic  # the fastest algorithm per shape (drop_last fixes them)
+        # the fastest algorithm per shape (drop_last fixes them)
+        torch.backends.cudnn.benchmark = not cfg.deterministic
         if cfg.cudnn_benchmark_limit is not None:
             torch.backends.cudnn.benchmark_limit = cfg.cudnn_benchmark_limit
         torch.set_float32_matmul_precision("high")  # TF32 for fp32 matrix products, as convolutions by default
@@ -77,14 +83,17 @@ def resolve_fast_path(cfg: Config, device: torch.device) -> Config:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts: no matmul ran yet
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.deterministic = True
-    # inductor reads TORCHINDUCTOR_CACHE_DIR when it compiles: the FX-graph, AOTAutograd and Triton caches go
-    # there. --compile_cache sets it; else a folder the user gave it is kept, else <log_dir>/.compile_cache
-    # (a path with a space goes through a link without one, made when the run starts: common/compiling.py)
+    # inductor reads TORCHINDUCTOR_CACHE_DIR when it compiles: the FX-graph, AOTAutograd and Triton
+    # caches go there. --compile_cache sets it; else a folder the user gave it is kept, else
+    # <log_dir>/.compile_cache (a path with a space goes through a link without one, made when the
+    # run starts: common/compiling.py)
     cache = compile_cache_folder(cfg)
     if cfg.compile:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache_path(cache)
-    loader = resolve_loader(cfg, device)  # --loader, else gpu where the data fits on the device (common/data.py)
-    return dataclasses.replace(cfg, amp=amp, channels_last=channels_last, align_channels=align, loader=loader,
+    # --loader, else gpu where the data fits on the device (common/data.py)
+    loader = resolve_loader(cfg, device)
+    return dataclasses.replace(cfg, amp=amp, channels_last=channels_last, align_channels=align,
+                               loader=loader,
                                compile_cache=cache if cfg.compile else cfg.compile_cache,
                                compile_mode=cfg.compile_mode or "default" if cfg.compile else None)
 
@@ -101,12 +110,13 @@ def autocast(cfg: Config, device: torch.device):
 
 
 class AutocastForward(torch.nn.Module):
-    """`module` whose forward runs under the run's autocast, for a forward that runs in a thread of its own.
-    Autocast's state is thread-local, and nn.DataParallel runs each replica in a new thread under
-    `torch.autocast(device_type, enabled=...)`, passing on/off but not the dtype: the replicas would compute in
-    CUDA's default, fp16, with no loss scaling, while the run asked for bf16. Autocast inside the replicated
-    forward is the pattern of PyTorch's AMP notes ("DataParallel in a single process"). It holds no weights of
-    its own: `module` is still the one saved and evaluated."""
+    """`module` whose forward runs under the run's autocast, for a forward that runs in a
+    thread of its own. Autocast's state is thread-local, and nn.DataParallel runs each replica
+    in a new thread under `torch.autocast(device_type, enabled=...)`, passing on/off but not
+    the dtype: the replicas would compute in CUDA's default, fp16, with no loss scaling, while
+    the run asked for bf16. Autocast inside the replicated forward is the pattern of PyTorch's
+    AMP notes ("DataParallel in a single process"). It holds no weights of its own: `module` is
+    still the one saved and evaluated."""
 
     def __init__(self, module: torch.nn.Module, cfg: Config):
         super().__init__()
@@ -118,28 +128,30 @@ class AutocastForward(torch.nn.Module):
 
 
 def grad_scaler(cfg: Config, device: torch.device) -> torch.amp.GradScaler:
-    """Loss scaling for fp16, whose small range underflows gradients; a pass-through for bf16 and fp32."""
+    """Loss scaling for fp16, whose small range underflows gradients; a
+    pass-through for bf16 and fp32."""
     return torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16")
 
 
 def model_on_meta(cfg) -> torch.nn.Module:
-    """The model a run trains (a Config, or anything with its fields), as its paper or torchvision defines it
-    (PyramidNet's real widths, whatever --align_channels stores), built on the meta device: shapes without memory,
-    for counting its parameters, FLOPs and bytes."""
+    """The model a run trains (a Config, or anything with its fields), as its paper or torchvision
+    defines it (PyramidNet's real widths, whatever --align_channels stores), built on the meta
+    device: shapes without memory, for counting its parameters, FLOPs and bytes."""
     paper = dataclasses.replace(cfg, align_channels=0) if dataclasses.is_dataclass(cfg) else cfg
     return on_meta(lambda: build_model(paper, dataset_info(cfg)))
 
 
 def parameter_count(cfg) -> int:
-    """The parameters of the model a run trains (PyramidNet's paper count, whatever --align_channels stores)."""
+    """The parameters of the model a run trains (PyramidNet's paper count,
+    whatever --align_channels stores)."""
     return sum(param.numel() for param in model_on_meta(cfg).parameters())
 
 
 def flops_per_image(cfg) -> int:
-    """Forward plus backward FLOPs of one training image, counted by torch.utils.flop_counter on a copy of the model
-    built on the meta device (no memory, no compute, the real model untouched). Convolutions, matrix products and
-    attention are counted (2 FLOPs per multiply-add); normalisation, activations and additions are not, as in the
-    usual MFU convention."""
+    """Forward plus backward FLOPs of one training image, counted by torch.utils.flop_counter on a
+    copy of the model built on the meta device (no memory, no compute, the real model untouched).
+    Convolutions, matrix products and attention are counted (2 FLOPs per multiply-add);
+    normalisation, activations and additions are not, as in the usual MFU convention."""
     from torch.utils.flop_counter import FlopCounterMode
 
     batch, data = 2, dataset_info(cfg)  # the images' shape and the classes of the data trained on
@@ -156,8 +168,10 @@ def by_gpu_name(table: dict, name: str):
     """The first entry of `table` (keyed by GPU names, most specific first) whose key is in `name`
     as whole words, in any case; None when none is, or when the first that is holds None (a GPU the
     table leaves out on purpose)."""
-    words = lambda key: rf"(?<![a-z0-9]){re.escape(key)}(?![a-z0-9])"  # noqa: E731  "H200" not in "GH200"
-    return next((value for key, value in table.items() if re.search(words(key), name, re.IGNORECASE)), None)
+    # "H200" not in "GH200"
+    words = lambda key: rf"(?<![a-z0-9]){re.escape(key)}(?![a-z0-9])"  # noqa: E731
+    return next((value for key, value in table.items()
+                 if re.search(words(key), name, re.IGNORECASE)), None)
 
 
 def table_peaks(name: str) -> dict[str, float] | None:
@@ -166,8 +180,8 @@ def table_peaks(name: str) -> dict[str, float] | None:
 
 
 def is_mig(device: torch.device) -> bool:
-    """Whether `device` is a MIG instance: its name says "MIG" ("NVIDIA A100-SXM4-40GB MIG 1g.5gb"), or, where a
-    driver leaves the name alone, its UUID starts with "MIG-"."""
+    """Whether `device` is a MIG instance: its name says "MIG" ("NVIDIA A100-SXM4-40GB MIG 1g.5gb"),
+    or, where a driver leaves the name alone, its UUID starts with "MIG-"."""
     if re.search(r"\bMIG\b", torch.cuda.get_device_name(device)):
         return True
     return str(torch.cuda.get_device_properties(device).uuid).startswith("MIG-")
@@ -178,7 +192,8 @@ def no_peak_reason(device: torch.device) -> str | None:
     if device.type != "cuda":
         return "CPU: MFU is measured against a GPU's peak"
     if is_mig(device):
-        return MIG_NOTE  # the table holds whole chips; a slice has a share of the SMs, not a known share of peak
+        # the table holds whole chips; a slice has a share of the SMs, not a known share of peak
+        return MIG_NOTE
     name = torch.cuda.get_device_name(device)
     return None if table_peaks(name) is not None else f"GPU not in the peak table: {name}"
 
@@ -192,7 +207,8 @@ def peak_tflops(device: torch.device, amp: str) -> float | None:
 
 
 def mfu(images_per_sec_per_gpu: float | None, flops: int, peak: float | None) -> float | None:
-    """Model FLOPs utilisation: the model's useful FLOPs per second on one GPU over that GPU's peak."""
+    """Model FLOPs utilisation: the model's useful FLOPs per second on
+    one GPU over that GPU's peak."""
     if images_per_sec_per_gpu is None or peak is None:
         return None
     return images_per_sec_per_gpu * flops / (peak * 1e12)
@@ -211,14 +227,15 @@ def window_mfu(images_per_sec: float | None, gpus: int, flops: int | None,
 
 def speed_summary(cfg: Config, totals, timer, device: torch.device, devices: int,
                   compile_waits: dict | None = None, flops: int | None = None) -> dict:
-    """The run's speed figures for results.json, from its timed log windows (`totals`, a Sums) and its step timer.
-    `devices` is how many GPUs (or CPUs) the global batch is split over. `mfu_note` says why MFU is None.
-    `compile_time_s`: this process's time compiling and recording CUDA graphs, from torch's compile callbacks
-    (the timer's CompileClock; common/compiling.py says what is in it and what is not), None when the run is not
-    compiled (0.0: this process had nothing to compile). `compile_wait_s`: the longest any rank waited for its
-    node's first rank to compile a graph it then read from the cache (`compile_waits`, by rank), not compile
-    time; None outside a compiled process group. `flops`: flops_per_image(cfg), where the caller
-    counted it already (a count of the full model takes seconds)."""
+    """The run's speed figures for results.json, from its timed log windows (`totals`, a Sums) and
+    its step timer. `devices` is how many GPUs (or CPUs) the global batch is split over. `mfu_note`
+    says why MFU is None. `compile_time_s`: this process's time compiling and recording CUDA graphs,
+    from torch's compile callbacks (the timer's CompileClock; common/compiling.py says what is in it
+    and what is not), None when the run is not compiled (0.0: this process had nothing to compile).
+    `compile_wait_s`: the longest any rank waited for its node's first rank to compile a graph it
+    then read from the cache (`compile_waits`, by rank), not compile time; None outside a compiled
+    process group. `flops`: flops_per_image(cfg), where the caller counted it already (a count of
+    the full model takes seconds)."""
     rate = totals.images_per_sec(cfg.batch_size)
     per_device = rate / devices if rate is not None else None
     flops = flops_per_image(cfg) if flops is None else flops
@@ -228,9 +245,9 @@ def speed_summary(cfg: Config, totals, timer, device: torch.device, devices: int
     waits = [wait for wait in (compile_waits or {}).values() if wait is not None]
     compiling = getattr(timer, "compiling", None)
     return {
-        "images_per_sec": rate, "images_per_sec_per_gpu": per_device, "batch_time_p50": p50, "batch_time_p90": p90,
-        "data_wait_frac": totals.data_frac, "flops_per_image": flops, "parameters": parameter_count(cfg),
-        "mfu": utilisation, "first_step_s": first,
+        "images_per_sec": rate, "images_per_sec_per_gpu": per_device, "batch_time_p50": p50,
+        "batch_time_p90": p90, "data_wait_frac": totals.data_frac, "flops_per_image": flops,
+        "parameters": parameter_count(cfg), "mfu": utilisation, "first_step_s": first,
         "compile_time_s": compiling.seconds if compiling is not None else None,
         "compile_wait_s": max(waits) if waits else None,
         "mfu_note": None if utilisation is not None else no_peak_reason(device) or "no timed steps"}
@@ -238,17 +255,19 @@ def speed_summary(cfg: Config, totals, timer, device: torch.device, devices: int
 
 def describe_fast_path(cfg: Config) -> str:
     """`amp bf16, channels_last, gpu loader, compiled` for the run's first line."""
-    parts = [f"amp {cfg.amp}" if cfg.amp != "off" else "fp32", "channels_last" if cfg.channels_last else "NCHW"]
-    parts += [f"channels stored in multiples of {cfg.align_channels}"] if (cfg.align_channels or 0) > 1 else []
+    parts = [f"amp {cfg.amp}" if cfg.amp != "off" else "fp32",
+             "channels_last" if cfg.channels_last else "NCHW"]
+    parts += ["channels stored in multiples of "
+              f"{cfg.align_channels}"] if (cfg.align_channels or 0) > 1 else []
     parts += [loader_description(cfg)] if cfg.loader else []
     return ", ".join(parts + ([f"compiled ({compile_state(cfg)})"] if cfg.compile else []))
 
 
 def compile_state(cfg: Config) -> str:
-    """torch.compile's mode, and whether its cache folder holds compiled graphs of the kinds a compile reads
-    ("warm": inductor's FX graphs or AOTAutograd's, common/compiling.py GRAPH_ENTRIES; this run reads those it
-    shares with them, all of its own if the same model and mode filled it) or none ("cold", even with other files
-    in it: kernels alone, locks, an empty tree)."""
+    """torch.compile's mode, and whether its cache folder holds compiled graphs of the kinds a
+    compile reads ("warm": inductor's FX graphs or AOTAutograd's, common/compiling.py GRAPH_ENTRIES;
+    this run reads those it shares with them, all of its own if the same model and mode filled it)
+    or none ("cold", even with other files in it: kernels alone, locks, an empty tree)."""
     entries = graph_entries(cfg.compile_cache)
     mode = "" if cfg.compile_mode in (None, "default") else f"{cfg.compile_mode}, "
     state = f"warm, {entries} compiled graph{'s' * (entries != 1)}" if entries else "cold"

@@ -1,1 +1,2 @@
-"""What compare.py is made of: the matrix of runs, the report, the plots and the projection past one machine."""
+"""What compare.py is made of: the matrix of runs, the report, the plots and
+the projection past one machine."""

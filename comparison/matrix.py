@@ -1,8 +1,10 @@
-"""The runs of a comparison: which configurations, and the exact command line and environment of each.
+"""The runs of a comparison: which configurations, and the exact
+command line and environment of each.
 
-Every run gets the same model, data, global batch, learning rate and seed; only the parallelism (mode, GPU count,
-backend) and the settings being compared (--amp, --sync_bn, --reshard_after_forward) differ. Each is started the
-way a user would start it: `python single_gpu/train.py`, `python data_parallel/train.py`, `torchrun
+Every run gets the same model, data, global batch, learning rate and seed; only the
+parallelism (mode, GPU count, backend) and the settings being compared (--amp,
+--sync_bn, --reshard_after_forward) differ. Each is started the way a user would start
+it: `python single_gpu/train.py`, `python data_parallel/train.py`, `torchrun
 dist_parallel/train.py`, `torchrun fsdp/train.py`.
 """
 from __future__ import annotations
@@ -20,15 +22,18 @@ from common.rules import launch_refusal
 from models import model_refusal
 
 MODES = ("single_gpu", "data_parallel", "dist_parallel", "fsdp")
-GROUP_MODES = ("dist_parallel", "fsdp")  # a process group of one process per GPU, started under torchrun
+# a process group of one process per GPU, started under torchrun
+GROUP_MODES = ("dist_parallel", "fsdp")
 BACKENDS = ("nccl", "gloo")
-CONFIG_CLASSES = {"dist_parallel": "DistConfig", "fsdp": "FsdpConfig"}  # the rest take Config as it is
+# the rest take Config as it is
+CONFIG_CLASSES = {"dist_parallel": "DistConfig", "fsdp": "FsdpConfig"}
 
 
 @functools.cache
 def config_class(mode: str) -> type[Config]:
-    """The config a mode's train.py parses: Config, or for a process-group mode Config plus its own flags, read
-    from the script itself (its config class lives there, beside the code that uses it)."""
+    """The config a mode's train.py parses: Config, or for a process-group mode Config
+    plus its own flags, read from the script itself (its config class lives there,
+    beside the code that uses it)."""
     if mode not in CONFIG_CLASSES:
         return Config
     spec = importlib.util.spec_from_file_location(f"{mode}_train", REPO_ROOT / mode / "train.py")
@@ -39,8 +44,8 @@ def config_class(mode: str) -> type[Config]:
 
 @dataclass(frozen=True)
 class PlannedRun:
-    """One run of the matrix as planned: which script, on how many GPUs (or CPU processes), with which of the
-    settings being compared."""
+    """One run of the matrix as planned: which script, on how many GPUs (or CPU processes), with
+    which of the settings being compared."""
     mode: str
     gpus: int               # GPUs (CPU processes without GPUs) the run uses
     backend: str | None     # dist_parallel and fsdp only
@@ -69,28 +74,30 @@ class PlannedRun:
     def describe(self) -> str:
         units = {"gpu": ("GPU", "GPUs"), "cpu": ("CPU process", "CPU processes")}[self.unit]
         text = f"{self.mode} on {self.gpus} {units[self.gpus > 1]}"
-        reshard = {True: "reshard after forward (ZeRO-3)", False: "no reshard after forward (ZeRO-2)", None: None}
+        reshard = {True: "reshard after forward (ZeRO-3)",
+                   False: "no reshard after forward (ZeRO-2)", None: None}
         extras = [self.backend, self.amp and f"amp {self.amp}", self.sync_bn and "SyncBatchNorm",
                   reshard[self.reshard_after_forward]]
         extras = ", ".join(e for e in extras if e)
         return f"{text} ({extras})" if extras else text
 
 
-def plan(modes, gpu_counts, backends, amps, sync_bns, repeat: int, cuda: bool, batch_size: int | None,
-         batch_per_gpu: int | None, reshards=(True,)) -> list[PlannedRun]:
-    """Every configuration asked for, each `repeat` times in a row. single_gpu runs on one GPU; on the CPU,
-    data_parallel has nothing to split over and runs as one process. dist_parallel runs on each GPU count over each
-    backend (with and without SyncBatchNorm, as asked), fsdp likewise with each `reshards` setting (SyncBatchNorm
-    is dist_parallel's). The global batch is `batch_size` in every run, or `batch_per_gpu` times the run's GPUs."""
-    batch = (lambda gpus: batch_per_gpu * gpus) if batch_per_gpu else (lambda gpus: batch_size)  # noqa: E731
+def plan(modes, gpu_counts, backends, amps, sync_bns, repeat: int, cuda: bool,
+         batch_size: int | None, batch_per_gpu: int | None, reshards=(True,)) -> list[PlannedRun]:
+    """Every configuration asked for, each `repeat` times in a row. single_gpu runs on one GPU; on
+    the CPU, data_parallel has nothing to split over and runs as one process. dist_parallel runs on
+    each GPU count over each backend (with and without SyncBatchNorm, as asked), fsdp likewise with
+    each `reshards` setting (SyncBatchNorm is dist_parallel's). The global batch is `batch_size` in
+    every run, or `batch_per_gpu` times the run's GPUs."""
+    batch = (lambda gpus: batch_per_gpu * gpus) if batch_per_gpu else (lambda gpus: batch_size)
     runs = []
     for amp in amps:
         if "single_gpu" in modes:
             runs.append(("single_gpu", 1, None, amp, False, batch(1), None))
         for gpus in gpu_counts:
             if "data_parallel" in modes and (cuda or gpus == gpu_counts[0]):
-                runs.append(("data_parallel", gpus if cuda else 1, None, amp, False, batch(gpus if cuda else 1),
-                             None))
+                runs.append(("data_parallel", gpus if cuda else 1, None, amp, False,
+                             batch(gpus if cuda else 1), None))
             if "dist_parallel" in modes:
                 runs += [("dist_parallel", gpus, backend, amp, sync_bn, batch(gpus), None)
                          for backend in backends for sync_bn in sync_bns]
@@ -100,32 +107,35 @@ def plan(modes, gpu_counts, backends, amps, sync_bns, repeat: int, cuda: bool, b
     planned = [PlannedRun(*setting[:6], repeat=k, reshard_after_forward=setting[6])
                for setting in dict.fromkeys(runs) for k in range(1, repeat + 1)]
     unit = "gpu" if cuda else "cpu"
-    return [PlannedRun(**{**r.__dict__, "index": i, "unit": unit}) for i, r in enumerate(planned, 1)]
+    return [PlannedRun(**{**r.__dict__, "index": i, "unit": unit})
+            for i, r in enumerate(planned, 1)]
 
 
 def mode_flags(run: PlannedRun, group_flags: dict[str, list[str]]) -> list[str]:
-    """The flags that make a process-group run this configuration: the user's flags passed on to its mode
-    (`group_flags`: mode -> flags, as compare.py builds them), its backend, SyncBatchNorm, no resharding."""
+    """The flags that make a process-group run this configuration: the user's flags passed on to
+    its mode (`group_flags`: mode -> flags, as compare.py builds them), its backend,
+    SyncBatchNorm, no resharding."""
     flags = [*group_flags.get(run.mode, []), "--backend", run.backend]
     flags += ["--sync_bn"] if run.sync_bn else []
     return flags + (["--no_reshard_after_forward"] if run.reshard_after_forward is False else [])
 
 
-def command(run: PlannedRun, shared: list[str], group_flags: dict[str, list[str]], log_dir: Path, cuda: bool,
-            self_launch: bool = False) -> list[str]:
-    """The command line of one run: the shared flags, then what makes this run this configuration. dist_parallel
-    and fsdp run under torchrun, or with `self_launch` as `python <mode>/train.py --nproc_per_node N`, which starts
-    torch's elastic launcher itself."""
+def command(run: PlannedRun, shared: list[str], group_flags: dict[str, list[str]], log_dir: Path,
+            cuda: bool, self_launch: bool = False) -> list[str]:
+    """The command line of one run: the shared flags, then what makes this run this configuration.
+    dist_parallel and fsdp run under torchrun, or with `self_launch` as `python <mode>/train.py
+    --nproc_per_node N`, which starts torch's elastic launcher itself."""
     script = str(REPO_ROOT / run.mode / "train.py")
-    flags = [*shared, "--batch_size", str(run.batch_size), "--log_dir", str(log_dir), "--run_name", run.name,
-             "--no_progress"]
+    flags = [*shared, "--batch_size", str(run.batch_size), "--log_dir", str(log_dir), "--run_name",
+             run.name, "--no_progress"]
     if run.amp:
         flags += ["--amp", run.amp]
     if run.mode in GROUP_MODES:
         flags += mode_flags(run, group_flags)
         if self_launch:
             return [sys.executable, script, *flags, "--nproc_per_node", str(run.gpus)]
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(run.gpus)]
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    "--nproc_per_node", str(run.gpus)]
         return [*launcher, script, *flags]
     if cuda:
         flags += ["--gpu_devices", *map(str, range(run.gpus))]
@@ -133,9 +143,9 @@ def command(run: PlannedRun, shared: list[str], group_flags: dict[str, list[str]
 
 
 def run_environment(run: PlannedRun, cuda: bool) -> dict:
-    """The run's environment: unbuffered output; on the CPU one thread per process, so that a process stands in
-    for a GPU and two processes do not fight over the same cores (unless OMP_NUM_THREADS gives
-    another number: cpu_threads)."""
+    """The run's environment: unbuffered output; on the CPU one thread per process, so that a
+    process stands in for a GPU and two processes do not fight over the same cores (unless
+    OMP_NUM_THREADS gives another number: cpu_threads)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if not cuda:
         env["OMP_NUM_THREADS"] = str(cpu_threads())
@@ -182,13 +192,13 @@ def cores_here() -> Cores:
 
 def check_runs(runs: list[PlannedRun], shared: list[str], group_flags: dict[str, list[str]],
                log_dir: Path | None = None) -> None:
-    """Refuse, before anything starts, a matrix that some run would refuse: the flags each script would get must
-    parse (and pass its config's checks: the compile cache under `log_dir`, the runs' folder, among them), and
-    each run must keep the rules every train.py keeps (common/rules.py: the backend and SyncBatchNorm against the
-    machine, the global batch dividing over the run's GPUs, DataParallel on several GPUs not compiled, fsdp
-    without CUDA graphs, compiled DDP's buckets no smaller than its first). The model must take the data's images
-    (models.model_refusal: every run trains the same model on the same data, so it is checked once, on the meta
-    device)."""
+    """Refuse, before anything starts, a matrix that some run would refuse: the flags each script
+    would get must parse (and pass its config's checks: the compile cache under `log_dir`, the runs'
+    folder, among them), and each run must keep the rules every train.py keeps (common/rules.py: the
+    backend and SyncBatchNorm against the machine, the global batch dividing over the run's GPUs,
+    DataParallel on several GPUs not compiled, fsdp without CUDA graphs, compiled DDP's buckets no
+    smaller than its first). The model must take the data's images (models.model_refusal: every run
+    trains the same model on the same data, so it is checked once, on the meta device)."""
     for index, run in enumerate(runs):
         extra = ["--amp", run.amp] if run.amp else []
         extra += ["--batch_size", str(run.batch_size)]
@@ -198,8 +208,9 @@ def check_runs(runs: list[PlannedRun], shared: list[str], group_flags: dict[str,
         refusal = model_refusal(cfg, dataset_info(cfg)) if index == 0 else None
         if refusal is not None:
             raise UsageError(refusal)
-        refusal = launch_refusal(run.mode, run.gpus, cuda=run.unit == "gpu", batch_size=run.batch_size,
-                                 backend=run.backend, sync_bn=run.sync_bn, compile=cfg.compile,
+        refusal = launch_refusal(run.mode, run.gpus, cuda=run.unit == "gpu",
+                                 batch_size=run.batch_size, backend=run.backend,
+                                 sync_bn=run.sync_bn, compile=cfg.compile,
                                  align_channels=cfg.align_channels, compile_mode=cfg.compile_mode,
                                  bucket_cap_mb=getattr(cfg, "bucket_cap_mb", None))
         if refusal is not None:

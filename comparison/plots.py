@@ -1,13 +1,15 @@
 """The report's pictures, drawn from what the runs wrote to their results.json:
 
-- images_per_sec.png: global images/s by GPU count, a line per configuration (mode, backend, --amp, SyncBN,
-  ZeRO-2);
-- scaling_efficiency.png: speedup over single_gpu ÷ GPUs by GPU count, and the projection's curves beside it;
+- images_per_sec.png: global images/s by GPU count, a line per configuration (mode, backend, --amp,
+  SyncBN, ZeRO-2);
+- scaling_efficiency.png: speedup over single_gpu ÷ GPUs by GPU count, and
+  the projection's curves beside it;
 - step_breakdown.png: where a step goes, a stacked bar per configuration from the profiler's
   split (compute, exposed communication, data, optimizer, other; the communication hidden behind
   compute hatched over the compute it overlapped, not added), drawn from report.step_split, the
   function the report's split table and its sentences use;
-- memory_per_gpu.png: each GPU's peak memory, grouped per configuration (only when the runs measured it: GPUs).
+- memory_per_gpu.png: each GPU's peak memory, grouped per configuration (only
+  when the runs measured it: GPUs).
 
 With --repeat, a point or bar is the mean over the repeats and the error bar their standard
 deviation; each picture says how many runs it averages. Failed runs are left out. A step is the
@@ -24,13 +26,13 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.ticker import NullLocator  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+from matplotlib.ticker import NullLocator
 
-from comparison.matrix import Cores  # noqa: E402
-from comparison.projection import FABRICS, projected_efficiency  # noqa: E402
-from comparison.report import (PART_NAMES, PICTURES, SPLIT_PARTS, groups, measured,  # noqa: E402
+from comparison.matrix import Cores
+from comparison.projection import FABRICS, projected_efficiency
+from comparison.report import (PART_NAMES, PICTURES, SPLIT_PARTS, groups, measured,
                                step_split, write_file)
 
 PART_COLOURS = {"compute_ms": "#4c72b0", "comm_exposed_ms": "#dd5555", "data_ms": "#9a9a9a",
@@ -39,14 +41,14 @@ HIDDEN = "communication hidden behind compute (overlaps it, not added)"
 FABRIC_LINES = ("--", ":", "-.")  # one dash per projected curve
 
 
-# ---------------------------------------------------------------------------------------------------- the data
+# ----------------------------------------------------------------------------------------- the data
 def label(o) -> str:
-    """A configuration's name in a legend: mode, backend, --amp, SyncBN, ZeRO-2 (fsdp without resharding after
-    forward); the GPU count is the x axis."""
+    """A configuration's name in a legend: mode, backend, --amp, SyncBN, ZeRO-2 (fsdp without
+    resharding after forward); the GPU count is the x axis."""
     r = o.run
     zero2 = r.reshard_after_forward is False and "ZeRO-2"
-    return " ".join(x for x in (r.mode, r.backend, o.row["amp"] and f"amp {o.row['amp']}", r.sync_bn and "SyncBN",
-                                zero2) if x)
+    return " ".join(x for x in (r.mode, r.backend, o.row["amp"] and f"amp {o.row['amp']}",
+                                r.sync_bn and "SyncBN", zero2) if x)
 
 
 def series(outcomes, key: str, scale: float = 1.0) -> dict[str, dict[int, list[float]]]:
@@ -88,10 +90,10 @@ def unit(cuda: bool) -> str:
     return "GPUs" if cuda else "CPU processes (one thread each)"
 
 
-# ---------------------------------------------------------------------------------------------------- the axes
+# ----------------------------------------------------------------------------------------- the axes
 def gpu_axis(ax, counts, cuda: bool) -> None:
-    """An x axis that holds exactly the GPU counts drawn: linear up to 8, base-2 logarithmic beyond (1-64), a tick
-    and a label at each count and nowhere else, half a step of room at either end."""
+    """An x axis that holds exactly the GPU counts drawn: linear up to 8, base-2 logarithmic beyond
+    (1-64), a tick and a label at each count and nowhere else, half a step of room at either end."""
     counts = sorted(set(counts))
     if counts[-1] > 8:
         ax.set_xscale("log", base=2)
@@ -141,7 +143,7 @@ def finish(fig: Figure, ax) -> Figure:
     return fig
 
 
-# ---------------------------------------------------------------------------------------------------- the figures
+# -------------------------------------------------------------------------------------- the figures
 def throughput_figure(outcomes, device: str, cuda: bool,
                       cores: Cores | None = None) -> Figure | None:
     lines = series(outcomes, "images_per_sec")
@@ -167,7 +169,8 @@ def efficiency_figure(outcomes, device: str, cuda: bool, projection: dict | None
     counts = draw_lines(ax, lines)
     if projection:
         for dash, ((xs, ys), names) in zip(FABRIC_LINES, projected_curves(projection).items()):
-            ax.plot(xs, ys, linestyle=dash, linewidth=1.6, alpha=0.8, label=f"projected DDP, {' = '.join(names)}")
+            ax.plot(xs, ys, linestyle=dash, linewidth=1.6, alpha=0.8,
+                    label=f"projected DDP, {' = '.join(names)}")
             counts += xs
     gpu_axis(ax, counts, cuda)
     shade_oversubscribed(ax, [n for n in counts if n in {o.run.gpus for o in outcomes}], cores)
@@ -181,12 +184,14 @@ def efficiency_figure(outcomes, device: str, cuda: bool, projection: dict | None
 
 
 def projected_curves(projection: dict) -> dict[tuple, list[str]]:
-    """{(GPU counts, efficiencies in %): the fabrics projected so}: fabrics whose curves coincide (communication
-    that hides behind backward on both) share one line, named after all of them, rather than hiding each other."""
+    """{(GPU counts, efficiencies in %): the fabrics projected so}: fabrics whose curves coincide
+    (communication that hides behind backward on both) share one line, named after all of them,
+    rather than hiding each other."""
     step, ddp_step = projection["step_s"], projection["ddp1_step_s"] or projection["step_s"]
     curves: dict[tuple, list[str]] = {}
     for fabric in FABRICS:
-        xs = sorted({1, *fabric.gpu_counts}) if fabric.gpu_counts[0] <= 8 else list(fabric.gpu_counts)
+        xs = (sorted({1, *fabric.gpu_counts}) if fabric.gpu_counts[0] <= 8
+              else list(fabric.gpu_counts))
         ys = [round(100 * projected_efficiency(step, ddp_step, projection["grads"], n, fabric,
                                                projection["bucket_cap_mb"]), 1) for n in xs]
         curves.setdefault((tuple(xs), tuple(ys)), []).append(fabric.name)
@@ -259,24 +264,28 @@ def memory_figure(outcomes, device: str) -> Figure | None:
         for i, gpu in enumerate(gpus):
             mean, std = mean_std([memory[gpu] for memory in per_gpu if gpu in memory])
             position = x - 0.4 + width * (i + 0.5)
-            ax.bar(position, mean, width=width * 0.9, yerr=std or None, capsize=2, color=f"C{i % 10}",
-                   label=f"GPU {gpu}")
+            ax.bar(position, mean, width=width * 0.9, yerr=std or None, capsize=2,
+                   color=f"C{i % 10}", label=f"GPU {gpu}")
             ax.text(position, mean, f"{mean:.1f}", ha="center", va="bottom", fontsize=7)
-        names.append(f"{label(group[0])}\n{group[0].run.gpus} GPU{'s' if group[0].run.gpus > 1 else ''}")
+        names.append(f"{label(group[0])}\n{group[0].run.gpus} "
+                     f"GPU{'s' if group[0].run.gpus > 1 else ''}")
     ax.set_xticks(range(len(groups)), names, fontsize=7)
     ax.set_xlim(-0.6, len(groups) - 0.4)
     ax.set_ylim(0, 1.15 * ax.get_ylim()[1])
-    ax.set(ylabel="peak memory per GPU (GB)", title=f"Peak memory of each GPU — {averaged(groups)}\n{device}")
+    ax.set(ylabel="peak memory per GPU (GB)", title="Peak memory of each GPU — "
+                                                    f"{averaged(groups)}\n{device}")
     handles = dict(zip(*reversed(ax.get_legend_handles_labels())))  # one entry per GPU index
-    ax.legend(handles.values(), handles.keys(), fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.legend(handles.values(), handles.keys(), fontsize=8, loc="upper left",
+              bbox_to_anchor=(1.01, 1.0))
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
     return fig
 
 
-# ---------------------------------------------------------------------------------------------------- the files
+# ---------------------------------------------------------------------------------------- the files
 def pictures_section(outcomes, pictures: list[Path]) -> list[str]:
-    """report.md's lines on the pictures written: each shown, and what each point or bar of them is."""
+    """report.md's lines on the pictures written: each shown, and what
+    each point or bar of them is."""
     if not pictures:
         return ["No run that succeeded timed a step, so there are no pictures."]
     lines = [" ".join(f"![{p.stem.replace('_', ' ')}]({p.name})" for p in pictures), "",

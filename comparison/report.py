@@ -26,9 +26,9 @@ from common.logger import write_atomically
 from comparison import environment as machine
 from comparison.environment import gpu_summary
 from comparison.matrix import GROUP_MODES, Cores, PlannedRun
-from comparison.projection import (AUTOCAST, FABRICS, MEMORY_GPU_COUNTS, PROJECTED_GPU_COUNTS, SYNC_ALLOWANCE,
-                                   bytes_sent_per_gpu, fsdp_projected_efficiency, memory_per_gpu,
-                                   projected_efficiency)
+from comparison.projection import (AUTOCAST, FABRICS, MEMORY_GPU_COUNTS, PROJECTED_GPU_COUNTS,
+                                   SYNC_ALLOWANCE, bytes_sent_per_gpu, fsdp_projected_efficiency,
+                                   memory_per_gpu, projected_efficiency)
 from models import PYRAMIDNET
 
 CIFAR10_TRAIN_IMAGES = 50_000
@@ -70,23 +70,26 @@ def fill_rows(outcomes: list[Outcome], out: Path) -> None:
         summary, config = res.get("summary", {}), res.get("config", {})
         ips = summary.get("images_per_sec")
         batch = config.get("batch_size")
-        memory, reserved = res.get("peak_mem_gb_per_gpu") or {}, res.get("peak_mem_reserved_gb_per_gpu") or {}
+        memory, reserved = (res.get("peak_mem_gb_per_gpu") or {},
+                            res.get("peak_mem_reserved_gb_per_gpu") or {})
         o.row = {
-            "run": r.name, "mode": r.mode, "gpus": r.gpus, "backend": r.backend or "", "amp": config.get("amp", r.amp),
-            "sync_bn": r.sync_bn, "reshard_after_forward": r.reshard_after_forward, "repeat": r.repeat,
-            "status": o.status, "error": o.error or "",
-            "global_batch": config.get("batch_size"),
+            "run": r.name, "mode": r.mode, "gpus": r.gpus, "backend": r.backend or "",
+            "amp": config.get("amp", r.amp), "sync_bn": r.sync_bn,
+            "reshard_after_forward": r.reshard_after_forward, "repeat": r.repeat,
+            "status": o.status, "error": o.error or "", "global_batch": config.get("batch_size"),
             "per_gpu_batch": config["batch_size"] // r.gpus if config else None,
             "step_time_mean_s": batch / ips if ips and batch else None,
-            "batch_time_p50_s": summary.get("batch_time_p50"), "batch_time_p90_s": summary.get("batch_time_p90"),
-            "epoch_time_50k_s": CIFAR10_TRAIN_IMAGES / ips if ips else None,
-            "images_per_sec": ips, "images_per_sec_per_gpu": ips / r.gpus if ips else None,
-            "speedup": None, "scaling_efficiency": None,
-            "data_wait_frac": summary.get("data_wait_frac"), "gpu_util_mean": summary.get("gpu_util_mean"),
-            "peak_mem_gb_per_gpu": " ".join(f"{memory[k]:.3f}" for k in sorted(memory, key=int)) or None,
-            "peak_mem_reserved_gb_per_gpu": " ".join(f"{reserved[k]:.3f}" for k in sorted(reserved, key=int)) or None,
-            "mfu": summary.get("mfu"), "test_acc": summary.get("test_acc"), "train_loss": summary.get("train_loss"),
-            "model": model_title(config) if config else None, "parameters": summary.get("parameters"),
+            "batch_time_p50_s": summary.get("batch_time_p50"),
+            "batch_time_p90_s": summary.get("batch_time_p90"),
+            "epoch_time_50k_s": CIFAR10_TRAIN_IMAGES / ips if ips else None, "images_per_sec": ips,
+            "images_per_sec_per_gpu": ips / r.gpus if ips else None, "speedup": None,
+            "scaling_efficiency": None, "data_wait_frac": summary.get("data_wait_frac"),
+            "gpu_util_mean": summary.get("gpu_util_mean"),
+            "peak_mem_gb_per_gpu": " ".join(f"{memory[k]:.3f}" for k in sorted(memory, key=int)) or None, "peak_mem_reserved_gb_per_gpu": " ".join(f"{reserved[k]:.3f}" for k in sorted(reserved, key=int)) or None,
+            "mfu": summary.get("mfu"), "test_acc": summary.get("test_acc"),
+            "train_loss": summary.get("train_loss"),
+            "model": model_title(config) if config else None,
+            "parameters": summary.get("parameters"),
             "flops_per_image": summary.get("flops_per_image"),
             "wall_time_s": summary.get("wall_time_s"),
             "profiled_steps": config.get("profile_steps"), **split_row(summary),
@@ -123,13 +126,15 @@ def split_row(summary: dict) -> dict:
 
 
 def run_config(config: dict) -> types.SimpleNamespace:
-    """A results.json config with every field: one it lacks (written before the field existed) takes its default."""
-    return types.SimpleNamespace(**{**{f.name: f.default for f in dataclasses.fields(Config)}, **config})
+    """A results.json config with every field: one it lacks (written before the
+    field existed) takes its default."""
+    return types.SimpleNamespace(**{**{f.name: f.default for f in dataclasses.fields(Config)},
+                                    **config})
 
 
 def model_title(config: dict) -> str:
-    """The model a run trained (its results.json config), as the report names it: 'PyramidNet-110 α=270 (basic)',
-    or torchvision's name, 'resnet50'."""
+    """The model a run trained (its results.json config), as the report names it: 'PyramidNet-110
+    α=270 (basic)', or torchvision's name, 'resnet50'."""
     cfg = run_config(config)
     if cfg.model == PYRAMIDNET:
         return f"PyramidNet-{cfg.depth} α={cfg.alpha:g} ({cfg.block})"
@@ -137,17 +142,20 @@ def model_title(config: dict) -> str:
 
 
 def model_line(config: dict, outcomes: list[Outcome], parameters: int) -> str:
-    """What the runs trained, for the report's first screen: the model, its parameters and FLOPs per image (a
-    successful run's results.json summary; without one, `parameters` as counted here and no FLOPs) and the data."""
+    """What the runs trained, for the report's first screen: the model, its parameters and FLOPs
+    per image (a successful run's results.json summary; without one, `parameters` as counted
+    here and no FLOPs) and the data."""
     cfg, data = run_config(config), dataset_info(run_config(config))
     summary = next((o.results["summary"] for o in outcomes if o.status == "ok"), {})
     parameters = summary.get("parameters") or parameters
     flops = summary.get("flops_per_image")
     origin = "" if cfg.model == PYRAMIDNET else ", torchvision's, without pretrained weights"
-    figures = f"{fmt_count(parameters)} parameters" + (f", {fmt_flops(flops)} per image (forward and backward)"
+    figures = f"{fmt_count(parameters)} parameters" + (f", {fmt_flops(flops)} per image "
+                                                       "(forward and backward)"
                                                       if flops else "")
-    return (f"Model: {model_title(config)}{origin}: {figures}. Data: {cfg.dataset}, {data.size}×{data.size} "
-            f"images, {data.channels} channel{'s' * (data.channels > 1)}, {data.classes} classes.")
+    return (f"Model: {model_title(config)}{origin}: {figures}. Data: {cfg.dataset}, "
+            f"{data.size}×{data.size} images, {data.channels} channel{'s' * (data.channels > 1)}, "
+            f"{data.classes} classes.")
 
 
 def fmt_flops(flops: float) -> str:
@@ -176,8 +184,9 @@ def write_csv(outcomes: list[Outcome], path: Path) -> None:
 
 
 def write_file(path: Path, data: bytes) -> None:
-    """`data` into `path`, whole or not at all (common.logger.write_atomically): an earlier file stays as it was
-    whatever stops the write (a full disk, a signal, a crash), and an OSError names the file."""
+    """`data` into `path`, whole or not at all (common.logger.write_atomically): an
+    earlier file stays as it was whatever stops the write (a full disk, a signal, a
+    crash), and an OSError names the file."""
     write_atomically(path, lambda f: f.write(data))
 
 
@@ -187,7 +196,8 @@ PICTURES = ("images_per_sec.png", "scaling_efficiency.png", "step_breakdown.png"
 EARLIER_PICTURES = ("step_time.png",)  # what earlier versions drew: --overwrite removes them too
 
 
-# --- report.md ---------------------------------------------------------------------------------------------------
+# --- report.md
+# --------------------------------------------------------------------------------------------------
 
 def spread(values: list, digits: int, scale: float = 1.0, unit: str = "") -> str:
     """mean ± std (sample std over repeats) of the values that were measured; '—' when none were."""
@@ -219,14 +229,17 @@ TABLE_NOTE = ("Each cell is the mean ± std, over the configuration's runs (`--r
               "run's own figure; a run's figures are from its timed steps, after `--warmup_steps`.")
 
 
-# what each --amp runs as: every mode casts under torch.autocast (fsdp too, not FSDP's MixedPrecisionPolicy)
+# what each --amp runs as: every mode casts under torch.autocast (fsdp too,
+# not FSDP's MixedPrecisionPolicy)
 AMP_CELLS = {"bf16": "bf16 autocast", "fp16": "fp16 autocast + GradScaler", "off": "off"}
-RESHARD_CELLS = {True: ", reshard", False: ", no reshard", None: ""}  # fsdp's --reshard_after_forward
+# fsdp's --reshard_after_forward
+RESHARD_CELLS = {True: ", reshard", False: ", no reshard", None: ""}
 
 
 def memory_cell(row: dict) -> str:
-    """Each GPU's peak memory, `allocated (reserved)` in GB, the GPUs separated by slashes: the tensors' high-water
-    mark, and the caching allocator's, which alone shows what CUDA graphs hold in their private pools."""
+    """Each GPU's peak memory, `allocated (reserved)` in GB, the GPUs separated by slashes:
+    the tensors' high-water mark, and the caching allocator's, which alone shows what CUDA
+    graphs hold in their private pools."""
     allocated = (row["peak_mem_gb_per_gpu"] or "").split()
     reserved = (row.get("peak_mem_reserved_gb_per_gpu") or "").split()
     if not allocated:
@@ -267,15 +280,18 @@ def efficiency_cell(run: PlannedRun, efficiencies: list) -> str:
     return spread(efficiencies, 0, 100, " %")
 
 
-# --- report.md: what the table says -------------------------------------------------------------------------------
+# --- report.md: what the table says
+# -------------------------------------------------------------------------------
 
-UNITS = {"gpu": ("GPU", "GPUs"), "cpu": ("CPU process", "CPU processes")}  # what a run's `gpus` counts
+# what a run's `gpus` counts
+UNITS = {"gpu": ("GPU", "GPUs"), "cpu": ("CPU process", "CPU processes")}
 PARALLEL_MODES = ("data_parallel", "dist_parallel", "fsdp")
 
 
 @dataclass
 class Measured:
-    """A configuration as its table row sums it up: its successful runs that timed steps (their CSV rows)."""
+    """A configuration as its table row sums it up: its successful runs that
+    timed steps (their CSV rows)."""
     run: PlannedRun  # the configuration's first run
     rows: list[dict]
 
@@ -321,8 +337,8 @@ class Measured:
         return spread([row["images_per_sec"] for row in self.rows], 0)
 
     def name(self, count: bool = True) -> str:
-        """The configuration in a sentence, as PlannedRun.describe() has it: 'dist_parallel on 2 GPUs (nccl)';
-        without its count, 'dist_parallel (nccl)'; single_gpu without its one GPU."""
+        """The configuration in a sentence, as PlannedRun.describe() has it: 'dist_parallel on 2
+        GPUs (nccl)'; without its count, 'dist_parallel (nccl)'; single_gpu without its one GPU."""
         described = self.run.describe()
         counted = described.split(" (")[0]
         if count and self.run.mode != "single_gpu":
@@ -341,7 +357,8 @@ def measured(outcomes: list[Outcome]) -> list[Measured]:
 
 
 def fmt_percent(fraction: float, signed: bool = False) -> str:
-    """A share in per cent as the table writes it ('71 %'), a decimal below 10 %; with its sign if `signed`."""
+    """A share in per cent as the table writes it ('71 %'), a decimal below 10
+    %; with its sign if `signed`."""
     digits = 1 if abs(fraction) < 0.1 else 0
     return f"{fraction * 100:{'+' if signed else ''}.{digits}f} %"
 
@@ -695,15 +712,16 @@ def listed(parts: list[str]) -> str:
 
 
 def failures(outcomes: list[Outcome]) -> list[str]:
-    """The runs that did not succeed, each with its error and its log (runs not started for the same reason
-    together), or that every run succeeded."""
+    """The runs that did not succeed, each with its error and its log (runs not started for the same
+    reason together), or that every run succeeded."""
     failed = [o for o in outcomes if o.status != "ok"]
     if not failed:
         return ["- Every run succeeded."]
     lines = [f"- **{len(failed)} of {len(outcomes)} runs did not succeed:**"]
     merged: list[tuple[list[Outcome], str]] = []
     for o in failed:
-        if merged and o.status == "not run" and merged[-1][0][-1].status == "not run" and merged[-1][1] == o.error:
+        if (merged and o.status == "not run" and merged[-1][0][-1].status == "not run"
+            and merged[-1][1] == o.error):
             merged[-1][0].append(o)
         else:
             merged.append(([o], o.error))
@@ -726,29 +744,32 @@ def untimed_note(outcomes: list[Outcome], warmup_steps: int) -> list[str]:
             f"steps (more `--epochs`, a larger `--synthetic_size`) or fewer `--warmup_steps`.", ""]
 
 
-# --- report.md: the recommendation ---------------------------------------------------------------------------------
+# --- report.md: the recommendation
+# ---------------------------------------------------------------------------------
 
 MODE_NAMES = {"single_gpu": "single_gpu", "data_parallel": "data_parallel (nn.DataParallel)",
               "dist_parallel": "dist_parallel (DDP)", "fsdp": "fsdp (FSDP2)"}
-# among modes whose speeds cannot be told apart: DDP first (WHY_DDP); DataParallel last, PyTorch's own advice
+# among modes whose speeds cannot be told apart: DDP first (WHY_DDP);
+# DataParallel last, PyTorch's own advice
 PREFERENCE = ("dist_parallel", "fsdp", "single_gpu", "data_parallel")
-WHY_DDP = ("DDP is the default where modes tie: PyTorch recommends it over DataParallel even on one machine, it "
-           "scales past one node, and FSDP spends traffic to save memory this model does not need saved "
-           "(docs/guide.md)")
+WHY_DDP = ("DDP is the default where modes tie: PyTorch recommends it over DataParallel even on "
+           "one machine, it scales past one node, and FSDP spends traffic to save memory this "
+           "model does not need saved (docs/guide.md)")
 
 
 def recommendation(outcomes: list[Outcome], memory: dict) -> str:
-    """The report's `Recommendation:` line: the mode to use on this machine for this model, and why, from the
-    table's figures (images/s and speedup, mean ± std over the repeats; two configurations told apart only where
-    their images/s ranges, mean ± std, do not overlap, as the verdict judges: `overlap`;
-    data_parallel on the CPU, which wraps nothing, not among them: `contenders`) and the model
-    state each mode needs per GPU (memory_projection's arithmetic). The rules, in order:
+    """The report's `Recommendation:` line: the mode to use on this machine for this model, and why,
+    from the table's figures (images/s and speedup, mean ± std over the repeats; two configurations
+    told apart only where their images/s ranges, mean ± std, do not overlap, as the verdict judges:
+    `overlap`; data_parallel on the CPU, which wraps nothing, not among them: `contenders`) and the
+    model state each mode needs per GPU (memory_projection's arithmetic). The rules, in order:
 
-    1. Memory: where DDP's model state outgrows one GPU (the projection), or a dist_parallel run ran out of memory,
-       fsdp, on the fewest GPUs that hold the state; none of these modes where FSDP does not hold it on 64 GPUs.
+    1. Memory: where DDP's model state outgrows one GPU (the projection), or a dist_parallel run
+       ran out of memory, fsdp, on the fewest GPUs that hold the state; none of these modes where
+       FSDP does not hold it on 64 GPUs.
     2. No configuration timed a step: nothing to choose by.
-    3. A configuration with one run: no spread was measured, so no mode is shown faster: dist_parallel, the default
-       (WHY_DDP).
+    3. A configuration with one run: no spread was measured, so no mode is shown faster:
+       dist_parallel, the default (WHY_DDP).
     4. The fastest configuration's range above every other's: its mode. data_parallel is
        recommended over dist_parallel only so, on measured cause; dist_parallel that was not run
        is still the default.
@@ -759,10 +780,10 @@ def recommendation(outcomes: list[Outcome], memory: dict) -> str:
     timed, unit = measured(outcomes), UNITS[outcomes[0].run.unit]
     text = memory_choice(outcomes, memory, unit) or speed_choice(timed, memory, unit)
     if outcomes[0].run.unit == "cpu":
-        text += (" On this CPU-only machine each \"GPU\" is a CPU process with one thread: its figures show the "
-                 "modes' mechanics (processes over gloo, the split batch, each wrapper's own cost), not what GPUs "
-                 "would gain, nor NCCL, nor GPU memory (projected, not measured); run compare.py on GPUs to choose "
-                 "for them.")
+        text += (" On this CPU-only machine each \"GPU\" is a CPU process with one thread: its "
+                 "figures show the modes' mechanics (processes over gloo, the split batch, each "
+                 "wrapper's own cost), not what GPUs would gain, nor NCCL, nor GPU memory "
+                 "(projected, not measured); run compare.py on GPUs to choose for them.")
     return "Recommendation: " + text
 
 
@@ -772,13 +793,14 @@ def state_per_gpu(memory: dict, gpus: int, mode: str, reshard: bool = True) -> f
 
 
 def capacity_text(memory: dict) -> str:
-    """The GPU memory the state is weighed against: "its 79.2 GiB", or "an assumed 80.0 GiB" (no GPU here)."""
+    """The GPU memory the state is weighed against: "its 79.2 GiB", or "an
+    assumed 80.0 GiB" (no GPU here)."""
     return f"{'an assumed' if memory['assumed'] else 'its'} {fmt_bytes(memory['gpu_bytes'])}"
 
 
 def fits_text(memory: dict) -> str:
-    return (f"the model's state fits one GPU under DDP ({fmt_bytes(state_per_gpu(memory, 1, 'dist_parallel'))} of "
-            f"{capacity_text(memory)})")
+    return ("the model's state fits one GPU under DDP "
+            f"({fmt_bytes(state_per_gpu(memory, 1, 'dist_parallel'))} of {capacity_text(memory)})")
 
 
 def memory_choice(outcomes: list[Outcome], memory: dict, unit: tuple[str, str]) -> str | None:
@@ -794,23 +816,24 @@ def memory_choice(outcomes: list[Outcome], memory: dict, unit: tuple[str, str]) 
     if ran_out:
         where = (f"fsdp ran ({fsdp[0].name()}, {fsdp[0].images_per_sec:,.0f} images/s)" if fsdp else
                  "fsdp shards the model state over the GPUs: add it to --modes")
-        return (f"fsdp (FSDP2): dist_parallel ran out of memory (`{ran_out[0].run.name}`, its log in "
-                f"`{ran_out[0].row.get('log') or 'logs/'}`) and {where}.")
+        return (f"fsdp (FSDP2): dist_parallel ran out of memory (`{ran_out[0].run.name}`, its log "
+                f"in `{ran_out[0].row.get('log') or 'logs/'}`) and {where}.")
     gpus = memory["runs_fsdp_gpus"][True]
-    need = (f"under DDP each GPU would need {fmt_bytes(ddp)} for the model state alone (weights, gradients and "
-            f"optimizer state), more than {capacity_text(memory)}")
+    need = (f"under DDP each GPU would need {fmt_bytes(ddp)} for the model state alone (weights, "
+            f"gradients and optimizer state), more than {capacity_text(memory)}")
     if gpus is None:
         most = MEMORY_GPU_COUNTS[-1]
         return (f"none of these modes: {need}, and FSDP on {most} GPUs still "
-                f"{fmt_bytes(state_per_gpu(memory, most, 'fsdp'))} each (projection.md); a smaller model, or a "
-                "parallelism this suite does not have (tensor, pipeline).")
+                f"{fmt_bytes(state_per_gpu(memory, most, 'fsdp'))} each (projection.md); a smaller "
+                "model, or a parallelism this suite does not have (tensor, pipeline).")
     each = fmt_bytes(state_per_gpu(memory, gpus, "fsdp"))
-    return (f"fsdp (FSDP2): {need}; FSDP holds it on {gpus} GPUs or more ({each} each, resharding after forward), "
-            "activations on top (projection.md).")
+    return (f"fsdp (FSDP2): {need}; FSDP holds it on {gpus} GPUs or more ({each} each, resharding "
+            "after forward), activations on top (projection.md).")
 
 
 def speed_text(m: Measured, unit: tuple[str, str]) -> str:
-    """A configuration's speed as the table has it: its speedup over one GPU, else its images/s (mean ± std)."""
+    """A configuration's speed as the table has it: its speedup over one GPU,
+    else its images/s (mean ± std)."""
     speedups = [row["speedup"] for row in m.rows if row["speedup"] is not None]
     if speedups and m.run.mode != "single_gpu":
         return f"{spread(speedups, 2, unit='×')} one {unit[0]}"
@@ -820,7 +843,8 @@ def speed_text(m: Measured, unit: tuple[str, str]) -> str:
 def speed_choice(timed: list[Measured], memory: dict, unit: tuple[str, str]) -> str:
     """Rules 2 to 5 of recommendation(), the model state fitting one GPU under DDP."""
     if not timed:
-        return "none: no run timed a step, so nothing was measured to choose by (the failed runs are listed below)."
+        return ("none: no run timed a step, so nothing was measured to choose by (the failed "
+                "runs are listed below).")
     fits = fits_text(memory)
     ranked = contenders(timed)  # data_parallel on the CPU is single_gpu's computation
     if not ranked:
@@ -832,31 +856,34 @@ def speed_choice(timed: list[Measured], memory: dict, unit: tuple[str, str]) -> 
     not_run = "" if ddp else ", not run here (add it to --modes)"
     default = lambda why: f"dist_parallel (DDP){not_run}: {fits}; {why}, and {WHY_DDP}."  # noqa: E731
     if not others:
-        return default(f"only {best.name()} timed a step ({speed_text(best, unit)}), nothing to compare")
+        return default(f"only {best.name()} timed a step "
+                       f"({speed_text(best, unit)}), nothing to compare")
     if any(len(m.rows) < 2 for m in ranked):
-        return default(f"one run per configuration measures no spread, so no mode is shown faster than "
-                                  f"another ({best.name()} was fastest in its run, {speed_text(best, unit)}; "
-                                  f"`--repeat 3` measures the spread)")
+        return default("one run per configuration measures no spread, so no mode is shown faster "
+                       f"than another ({best.name()} was fastest in its run, "
+                       f"{speed_text(best, unit)}; `--repeat 3` measures the spread)")
     tied = [best, *[m for m in others if overlap(best, m)]]
     if len(tied) == 1:
         beyond = (f"its range (mean ± std over {len(best.rows)} runs) above every other "
                   "configuration's")
         if best.run.mode == "dist_parallel":
-            return (f"dist_parallel (DDP): {fits}, and DDP was fastest: {best.name()} at {speed_text(best, unit)}, "
-                    f"{beyond}.")
+            return (f"dist_parallel (DDP): {fits}, and DDP was fastest: {best.name()} at "
+                    f"{speed_text(best, unit)}, {beyond}.")
         if best.run.mode == "fsdp":
-            return (f"fsdp (FSDP2): fastest, {best.name()} at {speed_text(best, unit)}, {beyond}, DDP's included, "
-                    f"though {fits}.")
+            return (f"fsdp (FSDP2): fastest, {best.name()} at {speed_text(best, unit)}, {beyond}, "
+                    f"DDP's included, though {fits}.")
         if best.run.mode == "single_gpu":
-            return (f"single_gpu: faster than every parallel configuration here ({speed_text(best, unit)}, "
-                    f"{beyond}): for this model and batch the parallel modes cost this machine more than they "
-                    "bring; with more GPUs or a larger batch, dist_parallel (DDP).")
+            return ("single_gpu: faster than every parallel configuration here "
+                    f"({speed_text(best, unit)}, {beyond}): for this model and batch the parallel "
+                    "modes cost this machine more than they bring; with more GPUs or a larger "
+                    "batch, dist_parallel (DDP).")
         if ddp is None:
-            return default(f"data_parallel was fastest ({speed_text(best, unit)}) but dist_parallel was "
-                                      "not measured beside it")
-        return (f"data_parallel (nn.DataParallel): fastest, {best.name()} at {speed_text(best, unit)}, {beyond}, "
-                f"dist_parallel's ({speed_text(ddp, unit)}) included: the measured cause to prefer it on this "
-                "machine; DDP still scales past one node (docs/guide.md).")
+            return default(f"data_parallel was fastest ({speed_text(best, unit)}) but "
+                           "dist_parallel was not measured beside it")
+        return (f"data_parallel (nn.DataParallel): fastest, {best.name()} at "
+                f"{speed_text(best, unit)}, {beyond}, dist_parallel's ({speed_text(ddp, unit)}) "
+                "included: the measured cause to prefer it on this machine; DDP still scales past "
+                "one node (docs/guide.md).")
     modes = [m.run.mode for m in tied]
     chosen = next(mode for mode in PREFERENCE if mode in modes)
     if ddp is None:
@@ -866,21 +893,25 @@ def speed_choice(timed: list[Measured], memory: dict, unit: tuple[str, str]) -> 
            f"(mean ± std over the repeats) overlap ({ranges}), so any of them")
     if chosen == "dist_parallel":
         return default(tie)
-    return (f"{MODE_NAMES[chosen]}: {tie}; dist_parallel was slower beyond the spread ({ddp.name()} at "
-            f"{speed_text(ddp, unit)}), the measured cause to prefer {chosen} here.")
+    return (f"{MODE_NAMES[chosen]}: {tie}; dist_parallel was slower beyond the "
+            f"spread ({ddp.name()} at {speed_text(ddp, unit)}), the measured cause "
+            f"to prefer {chosen} here.")
 
 
 def modelled_backend(run: PlannedRun) -> bool:
-    """Whether a dist_parallel or fsdp run's backend is the one the projection models: on GPUs NCCL only, as Gloo
-    stages every collective through host memory (even in one process); without GPUs Gloo, the only backend there."""
+    """Whether a dist_parallel or fsdp run's backend is the one the projection models: on GPUs NCCL
+    only, as Gloo stages every collective through host memory (even in one process); without GPUs
+    Gloo, the only backend there."""
     return run.unit != "gpu" or run.backend == "nccl"
 
 
-def projection_inputs(outcomes: list[Outcome], grads: list[int], bucket_cap_mb: float, units=None) -> dict | None:
-    """What the projection starts from: the mean single_gpu step (the first --amp's), the mean one-process DDP step
-    of the modelled backend (None when not measured), the gradients' bytes and the bucket size; FSDP's units
-    (projection.fsdp_units; None: no FSDP projection) and the mean one-process fsdp step of the modelled backend by
-    --reshard_after_forward (those measured). None without a successful single_gpu run."""
+def projection_inputs(outcomes: list[Outcome], grads: list[int], bucket_cap_mb: float,
+                      units=None) -> dict | None:
+    """What the projection starts from: the mean single_gpu step (the first --amp's), the mean
+    one-process DDP step of the modelled backend (None when not measured), the gradients' bytes and
+    the bucket size; FSDP's units (projection.fsdp_units; None: no FSDP projection) and the mean
+    one-process fsdp step of the modelled backend by --reshard_after_forward (those measured). None
+    without a successful single_gpu run."""
     timed = [o for o in outcomes if o.status == "ok" and o.row["step_time_mean_s"] is not None]
     single = [o.row for o in timed if o.run.mode == "single_gpu"]
     if not single:
@@ -892,28 +923,33 @@ def projection_inputs(outcomes: list[Outcome], grads: list[int], bucket_cap_mb: 
     fsdp1 = {reshard: statistics.fmean(steps) for reshard in (True, False)
              if (steps := [o.row["step_time_mean_s"] for o in one("fsdp")
                            if o.run.reshard_after_forward == reshard])}
-    return {"amp": amp, "batch": single[0]["per_gpu_batch"], "grads": grads, "bucket_cap_mb": bucket_cap_mb,
+    return {"amp": amp, "batch": single[0]["per_gpu_batch"], "grads": grads,
+            "bucket_cap_mb": bucket_cap_mb,
             "step_s": statistics.fmean(r["step_time_mean_s"] for r in single if r["amp"] == amp),
-            "ddp1_step_s": statistics.fmean(ddp1) if ddp1 else None, "units": units, "fsdp1_step_s": fsdp1}
+            "ddp1_step_s": statistics.fmean(ddp1) if ddp1 else None, "units": units,
+            "fsdp1_step_s": fsdp1}
 
 
 def fabric_of_runs(outcomes: list[Outcome], topology: str | None) -> str | None:
-    """The fabric under the measured DDP and FSDP runs: of the GPUs the runs with the most GPUs used (the first N
-    visible), not of every GPU in the node. None when unknown (see environment.fabric)."""
+    """The fabric under the measured DDP and FSDP runs: of the GPUs the runs with the
+    most GPUs used (the first N visible), not of every GPU in the node. None when
+    unknown (see environment.fabric)."""
     counts = [o.run.gpus for o in outcomes if o.status == "ok" and o.run.mode in GROUP_MODES
               and o.run.unit == "gpu" and modelled_backend(o.run)]
     return machine.fabric(topology, max(counts)) if counts else None
 
 
-def projection_section(outcomes: list[Outcome], inputs: dict | None, cuda: bool, fabric_name: str | None) -> list[str]:
-    """projection.md's scaling: DDP's projected efficiency by fabric and GPU count, FSDP's beside it (with the units
-    in `inputs`), and the NCCL runs measured here beside their projection. Only from a GPU's step: without GPUs,
-    what it would need and the method in brief."""
+def projection_section(outcomes: list[Outcome], inputs: dict | None, cuda: bool,
+                       fabric_name: str | None) -> list[str]:
+    """projection.md's scaling: DDP's projected efficiency by fabric and GPU count, FSDP's beside it
+    (with the units in `inputs`), and the NCCL runs measured here beside their projection. Only from
+    a GPU's step: without GPUs, what it would need and the method in brief."""
     if not cuda:
         return cpu_projection(inputs)
     if inputs is None:
         return ["No single_gpu run timed a step, so there is no step time to project from."]
-    amp, batch, grads, bucket_cap_mb = inputs["amp"], inputs["batch"], inputs["grads"], inputs["bucket_cap_mb"]
+    amp, batch, grads, bucket_cap_mb = (inputs["amp"], inputs["batch"], inputs["grads"],
+                                        inputs["bucket_cap_mb"])
     step, ddp1 = inputs["step_s"], inputs["ddp1_step_s"]
     ddp_step = ddp1 or step
     lines = [
@@ -945,33 +981,40 @@ def projection_section(outcomes: list[Outcome], inputs: dict | None, cuda: bool,
         lines += ["", *fsdp_projection(inputs, cuda)]
     measured = [o for o in outcomes if o.status == "ok" and o.run.mode in GROUP_MODES
                 and o.run.gpus > 1 and o.row["amp"] == amp and o.row["scaling_efficiency"] is not None
-                and modelled_backend(o.run) and (o.run.mode == "dist_parallel" or inputs.get("units"))]
+                and modelled_backend(o.run) and (o.run.mode == "dist_parallel"
+                                                 or inputs.get("units"))]
     if measured and cuda:
         fabric = next(f for f in FABRICS if f.name == (fabric_name or "PCIe"))
-        known = (f"its fabric ({fabric.name})" if fabric_name else "PCIe, as `nvidia-smi topo -m` could not be "
-                 "matched to the GPUs used, so their fabric is not known")
-        lines += ["", f"The NCCL runs measured on this machine beside the projection for {known}:", "",
-                  "| run | GPUs | per-GPU batch | measured efficiency | projected |", "|---|---|---|---|---|"]
+        known = (f"its fabric ({fabric.name})" if fabric_name
+                 else "PCIe, as `nvidia-smi topo -m` could not be matched to the GPUs used, so "
+                      "their fabric is not known")
+        lines += ["", f"The NCCL runs measured on this machine beside the projection for {known}:",
+                  "", "| run | GPUs | per-GPU batch | measured efficiency | projected |",
+                  "|---|---|---|---|---|"]
         for o in measured:
             if o.run.mode == "fsdp":
                 reshard = o.run.reshard_after_forward
-                projected = fsdp_projected_efficiency(step, inputs["fsdp1_step_s"].get(reshard, step),
+                projected = fsdp_projected_efficiency(step,
+                                                      inputs["fsdp1_step_s"].get(reshard, step),
                                                       inputs["units"], o.run.gpus, fabric, reshard)
             else:
-                projected = projected_efficiency(step, ddp_step, grads, o.run.gpus, fabric, bucket_cap_mb)
+                projected = projected_efficiency(step, ddp_step, grads, o.run.gpus, fabric,
+                                                 bucket_cap_mb)
             lines.append(f"| {o.run.name} | {o.run.gpus} | {o.row['per_gpu_batch']} | "
                          f"{o.row['scaling_efficiency']:.0%} | {projected:.0%} |")
         if any(o.row["per_gpu_batch"] != batch for o in measured):
-            lines += ["", f"The projection keeps {batch} images per GPU; runs whose per-GPU batch is smaller do "
-                          "less work per step for the same communication, so they fall below it. Compare like with "
+            lines += ["",
+                          f"The projection keeps {batch} images per GPU; runs whose per-GPU batch is smaller do " "less work per step for the same communication, so they fall below it. Compare like with "
                           "like with `--batch_per_gpu`."]
     return lines
 
 
 def cpu_projection(inputs: dict | None) -> list[str]:
-    """In place of the scaling projection without GPUs: that it needs a GPU's step time, and how it is made."""
+    """In place of the scaling projection without GPUs: that it needs a GPU's
+    step time, and how it is made."""
     step = (f" ({inputs['step_s'] * 1000:.1f} ms here for {inputs['batch']} images, with "
-            f"{fmt_bytes(sum(inputs['grads']), 1000)} of gradients for DDP to all-reduce)" if inputs else "")
+            f"{fmt_bytes(sum(inputs['grads']), 1000)} of gradients for DDP to all-reduce)" if inputs
+            else "")
     return [
         "**No scaling projection: it needs a GPU's step time, and no GPU ran here.** A CPU process's step"
         + step + " is many times a GPU's: against it, the communication would weigh next to nothing on any fabric, "
@@ -991,25 +1034,28 @@ FSDP_SETTINGS = (("reshard", True), ("no reshard", False))  # --reshard_after_fo
 
 
 def fsdp_projection(inputs: dict, cuda: bool) -> list[str]:
-    """FSDP's traffic beside DDP's, and FSDP's projected scaling efficiency (projection.fsdp_exposed's model)."""
+    """FSDP's traffic beside DDP's, and FSDP's projected scaling efficiency
+    (projection.fsdp_exposed's model)."""
     units, step, fsdp1 = inputs["units"], inputs["step_s"], inputs["fsdp1_step_s"]
     param_bytes, grad_bytes = sum(u.param_bytes for u in units), sum(inputs["grads"])
-    measured = ", ".join(f"{fsdp1[r] * 1000:.1f} ms {name}" for name, r in FSDP_SETTINGS if r in fsdp1)
+    measured = ", ".join(f"{fsdp1[r] * 1000:.1f} ms {name}" for name, r in FSDP_SETTINGS
+                         if r in fsdp1)
     most_sent = bytes_sent_per_gpu(param_bytes, grad_bytes, PROJECTED_GPU_COUNTS[-1], "fsdp", True)
     unit, size = byte_unit(most_sent, 1000)  # one unit for the table, the one its largest cell fits
     lines = [
         "**FSDP, projected the same way.** FSDP's units ("
-        + (f"the model's {len(units) - 1} repeated blocks, as `models.repeated_blocks` finds them, and the root: what "
-           "no block holds, stem, final norm, classifier" if len(units) > 1 else
+        + (f"the model's {len(units) - 1} repeated blocks, as `models.repeated_blocks` finds them, "
+           "and the root: what no block holds, stem, final norm, classifier" if len(units) > 1 else
            "one, the whole model: `models.repeated_blocks` finds nothing repeated in it")
         + ") all-gather their parameters before their forward, one unit ahead of the compute, again before their "
         "backward when they reshard after forward, and reduce-scatter their gradients as their backward ends, all "
         "in fp32 (the runs use autocast, not FSDP's MixedPrecisionPolicy); each unit computes its share of the "
         "model's FLOPs, and only what the compute does not hide adds to the step. A ring's latency grows with N and "
         "is paid per collective: FSDP issues two or three per unit where DDP issues one per bucket. "
-        + (f"FSDP's own overhead comes from the measured one-process fsdp step ({measured}); a setting not "
-           "measured takes the single_gpu step. " if measured else
-           "FSDP's own one-process overhead was not measured (add fsdp to `--modes` with `--gpu_counts 1 ...`"
+        + (f"FSDP's own overhead comes from the measured one-process fsdp step ({measured}); a "
+           "setting not measured takes the single_gpu step. " if measured else
+           "FSDP's own one-process overhead was not measured (add fsdp to `--modes` "
+           "with `--gpu_counts 1 ...`"
            + (" and the nccl backend" if cuda else "") + " to include it). ")
         + f"The lock-step allowance is DDP's {SYNC_ALLOWANCE:.1%}, fitted to DDP, not to FSDP.",
         "",
@@ -1022,7 +1068,8 @@ def fsdp_projection(inputs: dict, cuda: bool) -> list[str]:
     traffic = [("DDP: all-reduce of the gradients, 2(N−1)/N × G", "dist_parallel", True),
                ("FSDP, reshard: all-gather in forward and in backward, reduce-scatter, (N−1)/N × (2P + G)", "fsdp",
                 True),
-               ("FSDP, no reshard: all-gather in forward, reduce-scatter, (N−1)/N × (P + G)", "fsdp", False)]
+               ("FSDP, no reshard: all-gather in forward, reduce-scatter, (N−1)/N × (P + G)",
+                "fsdp", False)]
     for name, mode, reshard in traffic:
         cells = [f"{bytes_sent_per_gpu(param_bytes, grad_bytes, n, mode, reshard) / size:,.1f}"
                  for n in PROJECTED_GPU_COUNTS]
@@ -1039,7 +1086,8 @@ def fsdp_projection(inputs: dict, cuda: bool) -> list[str]:
 
 
 GIB = 1024**3
-MEMORY_SETTINGS = (("DDP", "dist_parallel", True), ("FSDP, reshard", "fsdp", True), ("FSDP, no reshard", "fsdp", False))
+MEMORY_SETTINGS = (("DDP", "dist_parallel", True), ("FSDP, reshard", "fsdp", True),
+                   ("FSDP, no reshard", "fsdp", False))
 
 
 UNIT_NAMES = {1024: ("B", "KiB", "MiB", "GiB", "TiB"), 1000: ("B", "kB", "MB", "GB", "TB")}
@@ -1048,8 +1096,8 @@ REALISTIC_PARAMETERS = 100e9  # past this, a model of the family is no model any
 
 
 def byte_unit(nbytes: float, base: int = 1024) -> tuple[str, float]:
-    """The unit (and its size in bytes) in which `nbytes` reads from 1 to 999: B to TiB, or B to TB with `base`
-    1000 (traffic, as bandwidths are given)."""
+    """The unit (and its size in bytes) in which `nbytes` reads from 1 to 999: B to TiB, or B to TB
+    with `base` 1000 (traffic, as bandwidths are given)."""
     names = UNIT_NAMES[base]
     power = 0
     while power + 1 < len(names) and nbytes >= 999.5 * base**power:
@@ -1058,7 +1106,8 @@ def byte_unit(nbytes: float, base: int = 1024) -> tuple[str, float]:
 
 
 def fmt_bytes(nbytes: float, base: int = 1024) -> str:
-    """Bytes in the unit that fits them, three figures or so: '355 KiB', '1.3 MiB', '80.0 GiB', '121 kB'."""
+    """Bytes in the unit that fits them, three figures or so: '355 KiB',
+    '1.3 MiB', '80.0 GiB', '121 kB'."""
     unit, size = byte_unit(nbytes, base)
     value = nbytes / size
     if unit == "B" or value >= 99.95:
@@ -1067,7 +1116,8 @@ def fmt_bytes(nbytes: float, base: int = 1024) -> str:
 
 
 def fmt_count(count: float) -> str:
-    """A count in three figures with K, M or B (thousands, millions, billions): '30.3K', '1.02M', '7.16B'."""
+    """A count in three figures with K, M or B (thousands, millions,
+    billions): '30.3K', '1.02M', '7.16B'."""
     for suffix, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
         value = count / size
         if value >= 0.9995:
@@ -1077,10 +1127,10 @@ def fmt_count(count: float) -> str:
 
 
 def memory_section(memory: dict, outcomes: list[Outcome], gpu: str | None) -> list[str]:
-    """The memory projection (projection.memory_projection) as a table per model and setting by GPU count (the
-    models whose state takes under TRIVIAL_SHARE of the GPU in every setting left out), where FSDP lets a model fit
-    that DDP cannot, and the activations it leaves out as far as a run measured them. `gpu`: the GPUs' name,
-    None without GPUs (the capacity is then assumed)."""
+    """The memory projection (projection.memory_projection) as a table per model and setting by GPU
+    count (the models whose state takes under TRIVIAL_SHARE of the GPU in every setting left out),
+    where FSDP lets a model fit that DDP cannot, and the activations it leaves out as far as a run
+    measured them. `gpu`: the GPUs' name, None without GPUs (the capacity is then assumed)."""
     capacity, amp, momentum = memory["gpu_bytes"], memory["amp"], memory["momentum"]
     total = lambda size, n, mode, reshard: sum(  # noqa: E731
         memory_per_gpu(size, n, mode, reshard, amp, momentum).values())
@@ -1090,9 +1140,10 @@ def memory_section(memory: dict, outcomes: list[Outcome], gpu: str | None) -> li
     largest = {size: max(total(size, n, mode, reshard) for _, mode, reshard in MEMORY_SETTINGS
                          for n in MEMORY_GPU_COUNTS) for size in memory["models"]}
     shown = [size for size in memory["models"] if largest[size] >= TRIVIAL_SHARE * capacity]
-    models = ("the runs' depth and block at their α and wider, each built on the meta device" if memory["sweep"] else
-              f"the runs' model, {model_name(memory)}, built on the meta device; no wider models: only PyramidNet "
-              "has a width (α) to sweep here")
+    models = ("the runs' depth and block at their α and wider, each built on the meta device"
+              if memory["sweep"] else f"the runs' model, {model_name(memory)}, built on the "
+                                      "meta device; no wider models: only PyramidNet has a "
+                                      "width (α) to sweep here")
     lines = [
         f"**A projection, not a measurement: arithmetic on parameter counts** ({models}). Per GPU: the fp32 "
         "parameters, gradients and "
@@ -1101,12 +1152,13 @@ def memory_section(memory: dict, outcomes: list[Outcome], gpu: str | None) -> li
         "stem, final norm, classifier) and, resharding after forward, two blocks' (the one computing, the next "
         "prefetched) and the computing block's gradients before their reduce-scatter; without, every parameter from "
         "forward to backward. "
-        + (f"Under {amp} autocast every mode also keeps a 2-byte copy of every convolution, linear and attention "
-           "weight from forward to backward (autograd saves the casts; FSDP frees its gathered fp32 parameters, not "
-           "these), unsharded. " if half else "")
+        + (f"Under {amp} autocast every mode also keeps a 2-byte copy of every convolution, linear "
+           "and attention weight from forward to backward (autograd saves the casts; FSDP frees "
+           "its gathered fp32 parameters, not these), unsharded. " if half else "")
         + "**Activations are left out**: they do not shard under FSDP, grow with the per-GPU batch, and are "
         "usually most of a CNN's memory, so a model state that fits is necessary, not sufficient. "
-        + (f"✗: more than the GPU's memory, here {against}. " if shown else f"Against a GPU of {against}. ")
+        + (f"✗: more than the GPU's memory, here {against}. " if shown
+           else f"Against a GPU of {against}. ")
         + "The model is in `comparison/projection.py`.",
         "",
         *trivial_line(memory, shown, largest, capacity),
@@ -1121,15 +1173,18 @@ def memory_section(memory: dict, outcomes: list[Outcome], gpu: str | None) -> li
             label = size_label(memory, size) if first == 0 else ""
             cells = [fmt_bytes(b) + (" ✗" if b > capacity else "")
                      for b in (total(size, n, mode, reshard) for n in MEMORY_GPU_COUNTS)]
-            lines.append(f"| {label} | {fmt_count(size.parameters) if first == 0 else ''} | {name} | "
+            lines.append(f"| {label} | "
+                         f"{fmt_count(size.parameters) if first == 0 else ''} | {name} | "
                          + " | ".join(cells) + " |")
-    fits = fit_lines(memory, total, half) if shown or memory["sweep"] else []  # else trivial_line said it
+    # else trivial_line said it
+    fits = fit_lines(memory, total, half) if shown or memory["sweep"] else []
     lines += [*(["", *fits] if fits else []), "", activation_line(memory, outcomes, total)]
     return lines
 
 
 def trivial_line(memory: dict, shown: list, largest: dict, capacity: float) -> list[str]:
-    """What the models left out of the memory table (their state under TRIVIAL_SHARE of the GPU) come to."""
+    """What the models left out of the memory table (their state under
+    TRIVIAL_SHARE of the GPU) come to."""
     left_out = [size for size in memory["models"] if size not in shown]
     if not left_out:
         return []
@@ -1138,19 +1193,23 @@ def trivial_line(memory: dict, shown: list, largest: dict, capacity: float) -> l
              "parameters" + (", the runs'" if size.alpha == runs_alpha else f", ×{size.alpha / runs_alpha:g}") + ")"
              for size in (left_out[0], left_out[-1])]
     many = len(left_out) > 1
-    models = f"The models from {names[0]} to {names[1]} need" if many else f"The model {names[0]} needs"
+    models = (f"The models from {names[0]} to {names[1]} need" if many
+              else f"The model {names[0]} needs")
     most = max(largest[size] for size in left_out)
     them = "them" if many else "it"
-    text = (f"{models} at most {fmt_bytes(most)} of model state per GPU in any setting (DDP or FSDP, 1 to "
-            f"{MEMORY_GPU_COUNTS[-1]} GPUs), under {TRIVIAL_SHARE * 100:g} % of the GPU's {fmt_bytes(capacity)}: "
-            f"memory is no reason to shard {them}")
-    return [text + (f", and the table leaves {them} out." if shown else f", so there is no table of {them}."), ""]
+    text = (f"{models} at most {fmt_bytes(most)} of model state per GPU in any setting (DDP or "
+            f"FSDP, 1 to {MEMORY_GPU_COUNTS[-1]} GPUs), under {TRIVIAL_SHARE * 100:g} % of the "
+            f"GPU's {fmt_bytes(capacity)}: memory is no reason to shard {them}")
+    return [text + (f", and the table leaves {them} out." if shown
+                    else f", so there is no table of {them}."), ""]
 
 
 def fit_lines(memory: dict, total, half: bool) -> list[str]:
-    """Where FSDP lets a model fit that DDP cannot, and how wide a model FSDP holds on the most GPUs projected;
-    past REALISTIC_PARAMETERS, only that DDP fits every model of the family up to that size."""
-    crossover, runs_alpha, most = memory["crossover"], memory["models"][0].alpha, MEMORY_GPU_COUNTS[-1]
+    """Where FSDP lets a model fit that DDP cannot, and how wide a model FSDP holds on
+    the most GPUs projected; past REALISTIC_PARAMETERS, only that DDP fits every model
+    of the family up to that size."""
+    crossover, runs_alpha, most = (memory["crossover"], memory["models"][0].alpha,
+                                   MEMORY_GPU_COUNTS[-1])
     capacity = fmt_bytes(memory["gpu_bytes"])
     if not memory["sweep"]:
         return [runs_fit_line(memory, total)]
@@ -1162,20 +1221,23 @@ def fit_lines(memory: dict, total, half: bool) -> list[str]:
 
     def on(reshard: bool) -> str:
         n, how = memory["fsdp_gpus"][reshard], "resharding" if reshard else "without resharding"
-        return (f"on {n} GPUs {how} ({fmt_bytes(total(crossover, n, 'fsdp', reshard))} each)" if n else
-                f"on none of up to {most} GPUs {how}")
+        return (f"on {n} GPUs {how} ({fmt_bytes(total(crossover, n, 'fsdp', reshard))} each)" if n
+                else f"on none of up to {most} GPUs {how}")
 
     def wide(size) -> str:
-        """A model of the projection: its width, as a multiple of the runs' where wider, and its parameters."""
+        """A model of the projection: its width, as a multiple of the runs'
+        where wider, and its parameters."""
         times = size.alpha / runs_alpha
         factor = f", {times:,.{1 if times < 10 else 0}f}× the runs' α" if times >= 2 else ""
         return f"α={size.alpha:g} ({fmt_count(size.parameters)} parameters{factor})"
 
     runs = f", the runs' α={runs_alpha:g} among them" if crossover.alpha <= runs_alpha else ""
-    text = (f"**Where FSDP lets a model fit that DDP cannot:** from {wide(crossover)}{runs} DDP's model state "
-            f"outgrows one GPU's {capacity}; FSDP holds that model {on(True)}, and {on(False)}.")
+    text = (f"**Where FSDP lets a model fit that DDP cannot:** from {wide(crossover)}{runs} "
+            f"DDP's model state outgrows one GPU's {capacity}; FSDP holds that model "
+            f"{on(True)}, and {on(False)}.")
     limits = [f"{wide(size)} {name}" for name, size in (("resharding", memory["fsdp_limit"][True]),
-                                                         ("without resharding", memory["fsdp_limit"][False]))
+                                                         ("without resharding",
+                                                          memory["fsdp_limit"][False]))
               if size and size.parameters <= REALISTIC_PARAMETERS]
     if limits:
         unsharded = "the gathered parameters" + (" and autocast's 2-byte copies" if half else "")
@@ -1190,7 +1252,8 @@ def model_name(memory: dict) -> str:
 
 
 def size_label(memory: dict, size) -> str:
-    """A model's cell in the memory table: its α (and how much wider than the runs'), or the runs' model's name."""
+    """A model's cell in the memory table: its α (and how much wider than the
+    runs'), or the runs' model's name."""
     if not memory["sweep"]:
         return f"{model_name(memory)} (the runs')"
     factor = size.alpha / memory["models"][0].alpha
@@ -1198,36 +1261,40 @@ def size_label(memory: dict, size) -> str:
 
 
 def runs_fit_line(memory: dict, total) -> str:
-    """Without a width sweep: whether DDP holds the runs' model state on one GPU, and else on how many GPUs FSDP
-    does."""
+    """Without a width sweep: whether DDP holds the runs' model state on one GPU, and else on how
+    many GPUs FSDP does."""
     size, capacity = memory["models"][0], fmt_bytes(memory["gpu_bytes"])
     ddp = total(size, 1, "dist_parallel", True)
     model = f"{model_name(memory)} ({fmt_count(size.parameters)} parameters)"
     if ddp <= memory["gpu_bytes"]:
-        return (f"DDP holds the model state of {model} on one GPU: {fmt_bytes(ddp)} of its {capacity}, the rest "
-                "left to the activations.")
+        return (f"DDP holds the model state of {model} on one GPU: {fmt_bytes(ddp)} of its "
+                f"{capacity}, the rest left to the activations.")
     fewest = memory["runs_fsdp_gpus"]
-    on = [f"on {fewest[reshard]} GPUs {how} ({fmt_bytes(total(size, fewest[reshard], 'fsdp', reshard))} each)"
-          for reshard, how in ((True, "resharding"), (False, "without resharding")) if fewest[reshard]]
+    on = [f"on {fewest[reshard]} GPUs {how} "
+          f"({fmt_bytes(total(size, fewest[reshard], 'fsdp', reshard))} each)"
+          for reshard, how in ((True, "resharding"), (False, "without resharding"))
+          if fewest[reshard]]
     fsdp = ("FSDP holds it " + " and ".join(on) if on else
             f"FSDP does not hold it on up to {MEMORY_GPU_COUNTS[-1]} GPUs either")
-    return (f"**Where FSDP lets a model fit that DDP cannot:** DDP's model state of {model} takes {fmt_bytes(ddp)} "
-            f"per GPU, more than one GPU's {capacity}; {fsdp}.")
+    return (f"**Where FSDP lets a model fit that DDP cannot:** DDP's model state of {model} takes "
+            f"{fmt_bytes(ddp)} per GPU, more than one GPU's {capacity}; {fsdp}.")
 
 
 def activation_line(memory: dict, outcomes: list[Outcome], total) -> str:
-    """The activations the projection leaves out, as single_gpu's measured peak memory shows them (GPUs only)."""
-    peaks = [(float(o.row["peak_mem_gb_per_gpu"].split()[0]) * GIB, o.row["per_gpu_batch"]) for o in outcomes
-             if o.status == "ok" and o.run.mode == "single_gpu" and o.row.get("peak_mem_gb_per_gpu")
-             and o.row["amp"] == memory["amp"]]
+    """The activations the projection leaves out, as single_gpu's measured peak
+    memory shows them (GPUs only)."""
+    peaks = [(float(o.row["peak_mem_gb_per_gpu"].split()[0]) * GIB, o.row["per_gpu_batch"])
+             for o in outcomes
+             if o.status == "ok" and o.run.mode == "single_gpu" and o.row.get("peak_mem_gb_per_gpu") and o.row["amp"] == memory["amp"]]
     if not peaks:
-        return ("The activations left out would be estimated from single_gpu's measured peak memory, "
-                "which only a run on a GPU has: not here.")
+        return ("The activations left out would be estimated from single_gpu's measured peak "
+                "memory, which only a run on a GPU has: not here.")
     peak, batch = statistics.fmean(p for p, _ in peaks), peaks[0][1]
     state = total(memory["models"][0], 1, "dist_parallel", True)
-    return (f"single_gpu's measured peak, {fmt_bytes(peak)} at {batch} images per GPU, is {fmt_bytes(peak - state)} "
-            f"above its model state ({fmt_bytes(state)}): activations and workspace, which the projection leaves out. "
-            "They are the same under DDP and FSDP at the same per-GPU batch"
+    return (f"single_gpu's measured peak, {fmt_bytes(peak)} at {batch} images per GPU, is "
+            f"{fmt_bytes(peak - state)} above its model state ({fmt_bytes(state)}): activations "
+            "and workspace, which the projection leaves out. They are the same under DDP and FSDP "
+            "at the same per-GPU batch"
             + (", and grow about as the widths (α) for a wider model." if memory["sweep"] else "."))
 
 
@@ -1236,7 +1303,8 @@ def environment_section(env: dict, topology: str | None) -> list[str]:
              f"- driver {env.get('driver') or '—'}, CUDA {env.get('cuda') or '—'}, "
              f"cuDNN {env.get('cudnn') or '—'}, NCCL {env.get('nccl') or '—'}, torch {env.get('torch')}, "
              f"Python {env.get('python')}",
-             f"- CPU: {env.get('cpu')}, {env.get('cpu_count')} cores; host {env.get('hostname')}", ""]
+             f"- CPU: {env.get('cpu')}, {env.get('cpu_count')} cores; host {env.get('hostname')}",
+             ""]
     if topology:
         lines += ["`nvidia-smi topo -m` (NV# = # bonded NVLinks; PIX/PXB/PHB/NODE/SYS = PCIe paths, slowest last):",
                   "", "```", topology.rstrip(), "```"]

@@ -40,8 +40,9 @@ POLL_S = 0.1  # how often run_all looks at its runs: nothing beside a run's seco
 
 # ------------------------------------------------------------------------------------------ signals
 class Stopped(KeyboardInterrupt):
-    """A stop signal (SIGINT, SIGTERM, SIGHUP, SIGUSR1) received by compare.py. A KeyboardInterrupt, which
-    Python raises for Ctrl-C, so that whatever stops on Ctrl-C stops on the others the same way."""
+    """A stop signal (SIGINT, SIGTERM, SIGHUP, SIGUSR1) received by compare.py. A
+    KeyboardInterrupt, which Python raises for Ctrl-C, so that whatever stops on Ctrl-C
+    stops on the others the same way."""
 
     def __init__(self, signum: int):
         super().__init__(signal_name(signum))
@@ -73,7 +74,8 @@ def _handlers(handler):
 
 
 def stop_signals():
-    """While the block runs, SIGINT, SIGTERM, SIGHUP and SIGUSR1 raise Stopped in the main thread."""
+    """While the block runs, SIGINT, SIGTERM, SIGHUP and SIGUSR1
+    raise Stopped in the main thread."""
     def raise_stopped(signum, frame):
         raise Stopped(signum)
 
@@ -126,7 +128,8 @@ class Started:
                                            f"stopped the run; {how}")
 
 
-def start(run: PlannedRun, argv: list[str], out: Path, cuda: bool, run_dir: Path | None = None) -> Started:
+def start(run: PlannedRun, argv: list[str], out: Path, cuda: bool,
+          run_dir: Path | None = None) -> Started:
     """One run as its own subprocess, its output to logs/<name>.log after the command line; its
     run folder `run_dir` (default runs/<name>). In a session of its own: a stop reaches torchrun's
     workers through their agent, and a Ctrl-C in compare.py's terminal reaches compare.py alone.

@@ -1,4 +1,5 @@
-"""Helpers shared by the tests: run a train.py the way a user does, and read what a run left behind."""
+"""Helpers shared by the tests: run a train.py the way a user does,
+and read what a run left behind."""
 from __future__ import annotations
 
 import contextlib
@@ -16,22 +17,24 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 # A tiny model on a small synthetic set: a run takes seconds on two CPU cores.
-TINY = ["--dataset", "synthetic", "--synthetic_size", "256", "--depth", "8", "--alpha", "12", "--batch_size", "32",
-        "--epochs", "1", "--log_interval", "4", "--warmup_steps", "1", "--loader", "gpu", "--num_workers", "0"]
+TINY = ["--dataset", "synthetic", "--synthetic_size", "256", "--depth", "8", "--alpha", "12",
+        "--batch_size", "32", "--epochs", "1", "--log_interval", "4", "--warmup_steps", "1",
+        "--loader", "gpu", "--num_workers", "0"]
 
 
 def run_script(script: str, *args, cwd=REPO, timeout=300, env=None) -> subprocess.CompletedProcess:
-    """`python <script> args...` in a subprocess, output captured; `script` is relative to the repository. One
-    intra-op thread unless `env` says otherwise: the suite runs a file per core, and a second thread per process
-    would only contend (and spin) for a core another run is using."""
+    """`python <script> args...` in a subprocess, output captured; `script` is relative to the
+    repository. One intra-op thread unless `env` says otherwise: the suite runs a file per core, and
+    a second thread per process would only contend (and spin) for a core another run is using."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run([sys.executable, str(REPO / script), *map(str, args)], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, str(REPO / script), *map(str, args)], cwd=cwd,
+                          env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
 def at_epoch(loader, epoch: int, skip: int = 0):
-    """`loader` set to epoch `epoch` from its batch `skip` on, as every train.py's loop sets it: the sampler's
-    order of the epoch (an evaluation shard has none), then the loader's augmentation of it. Returns the loader."""
+    """`loader` set to epoch `epoch` from its batch `skip` on, as every train.py's loop sets it:
+    the sampler's order of the epoch (an evaluation shard has none), then the loader's
+    augmentation of it. Returns the loader."""
     if hasattr(loader.sampler, "set_epoch"):
         loader.sampler.set_epoch(epoch)
     loader.start_epoch(epoch, skip)
@@ -39,18 +42,20 @@ def at_epoch(loader, epoch: int, skip: int = 0):
 
 
 def two_at_a_time(*launches):
-    """Call each of `launches` (functions that start a run and wait for it), two at a time, and return their
-    results in order: a one-thread run leaves the other core idle. The first error is raised once all are done."""
+    """Call each of `launches` (functions that start a run and wait for it), two at a time,
+    and return their results in order: a one-thread run leaves the other core idle. The first
+    error is raised once all are done."""
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = [pool.submit(launch) for launch in launches]
         return [future.result() for future in futures]
 
 
 def refuse_in_process(script: str, *args) -> subprocess.CompletedProcess:
-    """`python <script> args...` for a launch that is refused before anything starts, run inside this process as the
-    script's `__main__` block runs it (main() under user_errors(), stdout and stderr captured): the user's path
-    without the ~3 s of starting Python and importing torch. Only for launches that stop before training; a few
-    of every kind are also run as real subprocesses."""
+    """`python <script> args...` for a launch that is refused before anything starts, run
+    inside this process as the script's `__main__` block runs it (main() under user_errors(),
+    stdout and stderr captured): the user's path without the ~3 s of starting Python and
+    importing torch. Only for launches that stop before training; a few of every kind are
+    also run as real subprocesses."""
     from common.config import user_errors
 
     module = importlib.import_module(script.removesuffix(".py").replace("/", "."))
@@ -61,14 +66,17 @@ def refuse_in_process(script: str, *args) -> subprocess.CompletedProcess:
                 code = module.main([str(arg) for arg in args])
         except SystemExit as exit_:
             code = exit_.code
-    return subprocess.CompletedProcess([script, *map(str, args)], code or 0, out.getvalue(), err.getvalue())
+    return subprocess.CompletedProcess([script, *map(str, args)], code or 0, out.getvalue(),
+                                       err.getvalue())
 
 
-def train_in_process(script: str, *args, sigterm_at: int | None = None) -> subprocess.CompletedProcess:
-    """`python <script> args...` of single_gpu or data_parallel run inside this process, as refuse_in_process runs
-    it, but to the end of its training: a tiny run without the ~3 s of starting Python and importing torch. With
-    `sigterm_at`, a SIGTERM is noted at the log window of that step, as the signal handler notes one: the run
-    stops there with its checkpoint. (The signals themselves are tested on real processes.)"""
+def train_in_process(script: str, *args,
+                     sigterm_at: int | None = None) -> subprocess.CompletedProcess:
+    """`python <script> args...` of single_gpu or data_parallel run inside this process, as
+    refuse_in_process runs it, but to the end of its training: a tiny run without the ~3 s of
+    starting Python and importing torch. With `sigterm_at`, a SIGTERM is noted at the log window of
+    that step, as the signal handler notes one: the run stops there with its checkpoint. (The
+    signals themselves are tested on real processes.)"""
     import common.loop
 
     record_window = common.loop.Run.record_window
@@ -104,24 +112,27 @@ def scalar_events(run_dir: Path) -> dict:
     return {tag: accumulator.Scalars(tag) for tag in accumulator.Tags()[SCALARS]}
 
 
-# The files whose tests launch the most runs, heaviest first (as measured with --durations). The suite is spread
-# over the cores a file at a time (pytest.ini); started first, the long files do not leave one core working alone
-# at the end while the short ones fill in beside them.
-HEAVIEST_FIRST = ("test_parallel.py", "test_reliability.py", "test_compare.py", "test_compare_front_door.py",
-                  "test_tensorboard.py", "test_attempts.py", "test_breakdown.py", "test_fast_path.py",
-                  "test_signals.py", "test_models.py",
-                  "test_compile.py", "test_bad_input.py", "test_single_gpu.py", "test_slurm.py", "test_aligned_channels.py",
-                  "test_imagefolder.py", "test_mnist.py", "test_vscode.py")
+# The files whose tests launch the most runs, heaviest first (as measured with --durations). The
+# suite is spread over the cores a file at a time (pytest.ini); started first, the long files do not
+# leave one core working alone at the end while the short ones fill in beside them.
+HEAVIEST_FIRST = ("test_parallel.py", "test_reliability.py", "test_compare.py",
+                  "test_compare_front_door.py", "test_tensorboard.py", "test_attempts.py",
+                  "test_breakdown.py", "test_fast_path.py", "test_signals.py", "test_models.py",
+                  "test_compile.py", "test_bad_input.py", "test_single_gpu.py", "test_slurm.py",
+                  "test_aligned_channels.py", "test_imagefolder.py", "test_mnist.py",
+                  "test_vscode.py")
 
 
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(HEAVIEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's own order is kept
+    # stable: each file's own order is kept
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 @pytest.fixture
 def offline(monkeypatch):
-    """Any attempt to reach the network fails as it does without one (torchvision's download helpers)."""
+    """Any attempt to reach the network fails as it does without one
+    (torchvision's download helpers)."""
     import urllib.error
 
     import torchvision.datasets.utils
@@ -131,13 +142,14 @@ def offline(monkeypatch):
 
     monkeypatch.setattr(torchvision.datasets.utils, "_urlretrieve", no_network)
     monkeypatch.setattr(torchvision.datasets.utils, "_get_redirect_url", no_network)
-    monkeypatch.setattr(torchvision.datasets.utils, "_is_remote_location_available", lambda: False, raising=False)
+    monkeypatch.setattr(torchvision.datasets.utils, "_is_remote_location_available", lambda: False,
+                        raising=False)
 
 
 @pytest.fixture(autouse=True, scope="session")
 def one_thread():
-    """In-process tests: tiny convolutions run ~100x faster on one intra-op thread than on two contended ones
-    (2-core machine). Subprocesses are not affected."""
+    """In-process tests: tiny convolutions run ~100x faster on one intra-op thread than on two
+    contended ones (2-core machine). Subprocesses are not affected."""
     import torch
 
     threads = torch.get_num_threads()

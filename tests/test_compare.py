@@ -1,10 +1,12 @@
-"""compare.py: one command runs every mode, and its report says what the runs measured — failed runs included.
+"""compare.py: one command runs every mode, and its report says what the
+runs measured — failed runs included.
 
-On this CPU machine compare.py runs its CPU matrix (single_gpu, data_parallel as one process, dist_parallel with 2
-gloo processes, tiny model). What only GPUs can show is not tested here: NCCL rows, SyncBatchNorm rows, DataParallel
-split over several GPUs (its first GPU's extra memory), NVML utilisation, MFU, and the measured-beside-projected
-table, which needs at least two GPUs. The projection model is tested against PyTorch's published DDP benchmark.
-`compare.py --verify` runs in tests/test_parallel.py (its plan on GPUs: tests/test_verify.py).
+On this CPU machine compare.py runs its CPU matrix (single_gpu, data_parallel as one process,
+dist_parallel with 2 gloo processes, tiny model). What only GPUs can show is not tested here: NCCL
+rows, SyncBatchNorm rows, DataParallel split over several GPUs (its first GPU's extra memory), NVML
+utilisation, MFU, and the measured-beside-projected table, which needs at least two GPUs. The
+projection model is tested against PyTorch's published DDP benchmark. `compare.py --verify` runs in
+tests/test_parallel.py (its plan on GPUs: tests/test_verify.py).
 """
 from __future__ import annotations
 
@@ -28,14 +30,15 @@ from common.config import UsageError, missing_domains
 from comparison import environment as machine
 from comparison import runner
 from comparison.matrix import Cores, PlannedRun, check_runs, plan
-from comparison.projection import (FABRICS, SYNC_ALLOWANCE, Fabric, ddp_buckets, exposed_communication,
-                                   gradient_bytes, projected_efficiency, ring_allreduce_seconds)
+from comparison.projection import (FABRICS, SYNC_ALLOWANCE, Fabric, ddp_buckets,
+                                   exposed_communication, gradient_bytes, projected_efficiency,
+                                   ring_allreduce_seconds)
 from comparison.report import (Outcome, fabric_of_runs, fill_rows, findings, fmt_bytes,
                                fmt_count, fmt_flops, memory_cell, oversubscription_title,
                                projection_inputs, projection_section)
 
-# One configuration (data_parallel) is made to fail mid-run from outside, by a sitecustomize module that every Python
-# process on PYTHONPATH imports: it raises in its second loss computation.
+# One configuration (data_parallel) is made to fail mid-run from outside, by a sitecustomize module
+# that every Python process on PYTHONPATH imports: it raises in its second loss computation.
 FAILING_RUN = textwrap.dedent("""
     import sys
     if sys.argv and sys.argv[0].endswith("data_parallel/train.py"):
@@ -52,7 +55,8 @@ FAILING_RUN = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def comparison(tmp_path_factory):
-    """One compare.py run as a user starts it: every mode (DDP on 2 processes), one of which (data_parallel) fails."""
+    """One compare.py run as a user starts it: every mode (DDP on 2 processes), one
+    of which (data_parallel) fails."""
     hook = tmp_path_factory.mktemp("hook")
     (hook / "sitecustomize.py").write_text(FAILING_RUN)
     out = tmp_path_factory.mktemp("comparison") / "report"
@@ -75,10 +79,12 @@ def test_every_mode_runs_and_one_failure_is_reported_not_dropped(comparison):
     failed = rows["02-data_parallel-1cpu-r1"]
     assert failed["error"].startswith("exit status") and failed["images_per_sec"] == ""
     report = (out / "report.md").read_text()
-    assert "**1 of 3 runs did not succeed:**" in report and "`02-data_parallel-1cpu-r1`: failed" in report
+    assert ("**1 of 3 runs did not succeed:**" in report
+            and "`02-data_parallel-1cpu-r1`: failed" in report)
     assert "| data_parallel | 1 | — |" in report and "**1 failed**" in report
     lines = done.stdout.splitlines()
-    assert [line.split("]")[0] for line in lines if line.startswith("[")] == ["[1/3", "[2/3", "[3/3"]
+    assert [line.split("]")[0] for line in lines if line.startswith("[")] == \
+        ["[1/3", "[2/3", "[3/3"]
     assert "2 left after it" in lines[1] and "FAILED: exit status" in done.stdout
     assert (out / "logs" / "02-data_parallel-1cpu-r1.log").read_text().count("injected failure")
 
@@ -134,7 +140,8 @@ def test_the_report_numbers_are_the_runs_own(comparison):
 def test_the_report_names_what_ran_where_and_links_the_guide_and_the_projection(comparison):
     _, out = comparison
     report = (out / "report.md").read_text()
-    assert report.startswith("# single_gpu, data_parallel and dist_parallel: PyramidNet-8 α=12 (basic) on CPU (")
+    assert report.startswith("# single_gpu, data_parallel and dist_parallel: "
+                             "PyramidNet-8 α=12 (basic) on CPU (")
     assert f"torch {torch.__version__}" in report and "cores" in report
     assert "`nvidia-smi topo -m`" in report
     assert "| single_gpu | 1 | — | off |" in report  # fp32: no autocast
@@ -143,7 +150,8 @@ def test_the_report_names_what_ran_where_and_links_the_guide_and_the_projection(
     assert "**How to read it.**" not in report and "*MFU* (model FLOPs" not in report
     assert "[projection.md](projection.md): a projection past this machine, labelled so" in report
     assert "A projection, not a measurement" not in report and "| fabric |" not in report
-    order = ["## Results", "## Pictures", "`docs/comparing.md`", "[projection.md]", "## Environment"]
+    order = ["## Results", "## Pictures", "`docs/comparing.md`", "[projection.md]",
+             "## Environment"]
     assert [report.index(part) for part in order] == sorted(report.index(part) for part in order)
 
 
@@ -178,8 +186,9 @@ def test_the_first_screen_holds_the_title_the_table_and_the_sentences(comparison
 
 
 def test_the_first_screen_names_the_model_and_recommends_a_mode_from_the_tables_figures(comparison):
-    """The model's size is the runs' own (results.json's summary); the recommendation quotes the table's figures. One
-    run each measures no spread, so no mode is shown faster: DDP, the default, with what CPU processes cannot tell."""
+    """The model's size is the runs' own (results.json's summary); the recommendation quotes the
+    table's figures. One run each measures no spread, so no mode is shown faster: DDP, the default,
+    with what CPU processes cannot tell."""
     _, out = comparison
     report = (out / "report.md").read_text()
     summary = json.loads((out / "runs" / "01-single_gpu-1cpu-r1" / "results.json").read_text())["summary"]
@@ -188,14 +197,19 @@ def test_the_first_screen_names_the_model_and_recommends_a_mode_from_the_tables_
     assert f"{fmt_flops(summary['flops_per_image'])} per image (forward and backward)" in model
     assert model.endswith("Data: synthetic, 32×32 images, 3 channels, 10 classes.")
     advice = next(line for line in report.splitlines() if line.startswith("Recommendation: "))
-    assert advice.startswith("Recommendation: dist_parallel (DDP): the model's state fits one GPU under DDP (")
-    assert "one run per configuration measures no spread, so no mode is shown faster than another" in advice
+    assert advice.startswith("Recommendation: dist_parallel (DDP): the model's state "
+                             "fits one GPU under DDP (")
+    assert ("one run per configuration measures no spread, so no mode is "
+            "shown faster than another" in advice)
     table = table_figures(report)
     timed = [mode for mode in table if table[mode][7] != "—"]
     fastest = max(timed, key=lambda mode: float(table[mode][7].replace(",", "")))
-    figure = f"{table[fastest][7]} images/s" if fastest == "single_gpu" else f"{table[fastest][8]} one CPU process"
-    assert f"({fastest} " in advice and f", {figure};" in advice  # the table's speedup (or images/s) as it is
-    assert "docs/guide.md" in advice and "On this CPU-only machine each \"GPU\" is a CPU process" in advice
+    figure = (f"{table[fastest][7]} images/s" if fastest == "single_gpu"
+              else f"{table[fastest][8]} one CPU process")
+    # the table's speedup (or images/s) as it is
+    assert f"({fastest} " in advice and f", {figure};" in advice
+    assert ("docs/guide.md" in advice and "On this CPU-only machine each "
+                                          "\"GPU\" is a CPU process" in advice)
 
 
 def test_the_sentences_are_computed_from_the_tables_figures(comparison):
@@ -258,49 +272,58 @@ def test_every_run_profiles_its_steps_and_the_report_splits_them(comparison):
 def test_projection_md_is_a_projection_and_on_the_cpu_says_it_needs_a_gpu_step(comparison):
     _, out = comparison
     projection = (out / "projection.md").read_text()
-    assert projection.startswith("# Projection past this machine: PyramidNet-8 α=12 (basic), from the runs on CPU")
-    assert "**A projection, not a measurement**" in projection and "[report.md](report.md)" in projection
-    assert "**No scaling projection: it needs a GPU's step time, and no GPU ran here.**" in projection
+    assert projection.startswith("# Projection past this machine: PyramidNet-8 α=12 "
+                                 "(basic), from the runs on CPU")
+    assert ("**A projection, not a measurement**" in projection
+            and "[report.md](report.md)" in projection)
+    assert "**No scaling projection: it needs a GPU's step time, and no GPU ran here.**" in \
+        projection
     assert "The method, in brief:" in projection and "`comparison/projection.py`" in projection
-    assert "| fabric |" not in projection and not re.search(r"\| \d+ ?% \|", projection)  # no efficiency tables
-    assert "## Memory per GPU: what fits" in projection and "**Activations are left out**" in projection
+    # no efficiency tables
+    assert "| fabric |" not in projection and not re.search(r"\| \d+ ?% \|", projection)
+    assert ("## Memory per GPU: what fits" in projection
+            and "**Activations are left out**" in projection)
 
 
 def test_the_memory_projection_writes_units_that_fit(comparison):
-    """The runs' toy model and ones 16× wider need a sliver of a GPU: one sentence, not tables of KiB; parameter
-    counts in K, M or B."""
+    """The runs' toy model and ones 16× wider need a sliver of a GPU: one sentence, not tables of
+    KiB; parameter counts in K, M or B."""
     _, out = comparison
     projection = (out / "projection.md").read_text()
     assert "| model |" not in projection and "KiB" not in projection
     assert "so there is no table of them" in projection
-    parameters = sum(p.numel() for p in compare.model_on_meta({**compare.CPU_DEFAULTS, "dataset": "synthetic",
-                                                                "block": "basic", "width_multiple": 1}).parameters())
+    parameters = sum(p.numel() for p in compare.model_on_meta({**compare.CPU_DEFAULTS,
+                                                                "dataset": "synthetic", "block": "basic", "width_multiple": 1}).parameters())
     assert f"α=12 ({parameters / 1e3:.1f}K parameters, the runs')" in projection
     assert not re.search(r"\d{1,3}(,\d{3}){2,}", projection)  # no 7,158,455,178
-    assert re.search(r"from α=\d+ \(\d\.\d\dB parameters, [\d,]+× the runs' α\) DDP's model state outgrows one "
-                     r"GPU's 80\.0 GiB", projection)
+    assert re.search(r"from α=\d+ \(\d\.\d\dB parameters, [\d,]+× the runs' α\) DDP's model state "
+                     r"outgrows one GPU's 80\.0 GiB", projection)
 
 
 def test_peak_memory_shows_allocated_and_reserved_per_gpu(tmp_path):
-    """Each GPU's peak memory reads `allocated (reserved)`: CUDA graphs' private pools show in reserved alone. The
-    CSV keeps both, from results.json's two per-GPU dicts."""
+    """Each GPU's peak memory reads `allocated (reserved)`: CUDA graphs' private pools show in
+    reserved alone. The CSV keeps both, from results.json's two per-GPU dicts."""
     run = PlannedRun("data_parallel", 2, None, None, False, 64, 1, unit="gpu")
-    results = {"summary": {}, "config": {"batch_size": 64}, "peak_mem_gb_per_gpu": {"0": 6.15, "1": 5.5},
+    results = {"summary": {}, "config": {"batch_size": 64},
+               "peak_mem_gb_per_gpu": {"0": 6.15, "1": 5.5},
                "peak_mem_reserved_gb_per_gpu": {"0": 7.0, "1": 6.25}}
     outcome = Outcome(run, "ok", results=results)
     fill_rows([outcome], tmp_path)
     assert outcome.row["peak_mem_reserved_gb_per_gpu"] == "7.000 6.250"
     assert memory_cell(outcome.row) == "6.15 (7.00) / 5.50 (6.25)"
-    assert memory_cell({"peak_mem_gb_per_gpu": "6.150", "peak_mem_reserved_gb_per_gpu": None}) == "6.15"
+    assert memory_cell({"peak_mem_gb_per_gpu": "6.150", "peak_mem_reserved_gb_per_gpu": None}) == \
+        "6.15"
     assert memory_cell({"peak_mem_gb_per_gpu": None}) == "—"
 
 
 def test_sizes_and_counts_are_written_in_units_that_fit():
     sizes = (512, 355 * 1024, 1000 * 1024, 1.3 * 2**20, 80 * 2**30, 3 * 2**40)
-    assert [fmt_bytes(size) for size in sizes] == ["512 B", "355 KiB", "1.0 MiB", "1.3 MiB", "80.0 GiB", "3.0 TiB"]
+    assert [fmt_bytes(size) for size in sizes] == \
+        ["512 B", "355 KiB", "1.0 MiB", "1.3 MiB", "80.0 GiB", "3.0 TiB"]
     assert fmt_bytes(121_212, 1000) == "121 kB" and fmt_bytes(113_941_908, 1000) == "114 MB"
     counts = (512, 30_306, 999_999, 1_023_546, 28_485_477, 7_158_455_178)
-    assert [fmt_count(count) for count in counts] == ["512", "30.3K", "1.00M", "1.02M", "28.5M", "7.16B"]
+    assert [fmt_count(count) for count in counts] == \
+        ["512", "30.3K", "1.00M", "1.02M", "28.5M", "7.16B"]
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -310,21 +333,29 @@ def test_sizes_and_counts_are_written_in_units_that_fit():
     (["--depth", "7"], "--depth/--alpha"),
     (["--batch_size", "64", "--batch_per_gpu", "32"], "give one of them"),
     (["--modes", "ddp"], "invalid choice"),
-    (["--reshard_after_forward", "off"], "--reshard_after_forward off is fsdp's setting: add fsdp to --modes"),
-    (["--modes", "fsdp", "--bucket_cap_mb", "5"], "--bucket_cap_mb is passed to dist_parallel only"),
-    (["--modes", "single_gpu", "--dist_timeout", "5"], "--dist_timeout is passed to dist_parallel and fsdp only"),
+    (["--reshard_after_forward", "off"],
+     "--reshard_after_forward off is fsdp's setting: add fsdp to --modes"),
+    (["--modes", "fsdp", "--bucket_cap_mb", "5"],
+     "--bucket_cap_mb is passed to dist_parallel only"),
+    (["--modes", "single_gpu", "--dist_timeout", "5"],
+     "--dist_timeout is passed to dist_parallel and fsdp only"),
     (["--verify", "--repeat", "2"], "--repeat is for the comparison"),
     (["--verify", "--batch_per_gpu", "16"], "--verify compares runs of one global batch"),
     (["--verify", "--max_steps", "1"], "give --max_steps 2 or more"),
     (["--verify", "--sync_bn", "on"], "SyncBatchNorm (--sync_bn) needs GPUs"),
-    (["--repeat", "0"], "--repeat must be a whole number at least 1, not 0"),  # compare.py's own flags' domains
+    # compare.py's own flags' domains
+    (["--repeat", "0"], "--repeat must be a whole number at least 1, not 0"),
     (["--gpu_counts", "2", "0"], "--gpu_counts must be a whole number at least 1, not 0"),
-    (["--momentum", "nan"], "--momentum"),  # a train.py flag: refused by its own domain, before the matrix
-    (["--epochs", "1", "--model", "resnet18", "--dataset", "mnist"], "--model resnet18 takes 3-channel images"),
+    # a train.py flag: refused by its own domain, before the matrix
+    (["--momentum", "nan"], "--momentum"),
+    (["--epochs", "1", "--model", "resnet18", "--dataset", "mnist"],
+     "--model resnet18 takes 3-channel images"),
     (["--model", "vit_b_16", "--image_size", "40"], "--model vit_b_16 cannot take 40x40 images"),
-    (["--verify", "--model", "vit_b_16", "--image_size", "40"], "--model vit_b_16 cannot take 40x40 images"),
+    (["--verify", "--model", "vit_b_16", "--image_size", "40"],
+     "--model vit_b_16 cannot take 40x40 images"),
 ])
-def test_a_matrix_that_cannot_run_is_refused_before_anything_starts(argv, message, tmp_path, capsys):
+def test_a_matrix_that_cannot_run_is_refused_before_anything_starts(argv, message, tmp_path,
+                                                                    capsys):
     out = tmp_path / "out"
     with pytest.raises(SystemExit) as exit_:
         compare.main(["--out", str(out), *argv])
@@ -338,12 +369,14 @@ def test_every_flag_of_compare_has_a_domain():
 
 
 def test_compiled_data_parallel_on_several_gpus_is_refused():
-    """TorchDynamo does not trace DataParallel's replica threads: on 2 GPUs `--compile` would compile nothing and
-    the report would say compiled. On one GPU (DataParallel calls the module itself) it is compiled, and allowed."""
-    runs = plan(("data_parallel",), (1, 2), ("nccl",), (None,), (False,), 1, cuda=True, batch_size=32,
-                batch_per_gpu=None)
+    """TorchDynamo does not trace DataParallel's replica threads: on 2 GPUs `--compile` would
+    compile nothing and the report would say compiled. On one GPU (DataParallel calls the module
+    itself) it is compiled, and allowed."""
+    runs = plan(("data_parallel",), (1, 2), ("nccl",), (None,), (False,), 1, cuda=True,
+                batch_size=32, batch_per_gpu=None)
     check_runs(runs[:1], ["--compile"], {})
-    with pytest.raises(UsageError, match="--compile with data_parallel on 2 GPUs would compile nothing"):
+    with pytest.raises(UsageError, match="--compile with data_parallel on 2 "
+                                         "GPUs would compile nothing"):
         check_runs(runs, ["--compile"], {})
     check_runs(runs, [], {})
 
@@ -353,7 +386,8 @@ def test_an_earlier_comparison_is_never_overwritten(tmp_path, capsys):
     (tmp_path / "report.md").write_text("earlier")
     with pytest.raises(SystemExit):
         compare.main(["--out", str(tmp_path)])
-    assert "--overwrite" in capsys.readouterr().err and (tmp_path / "report.md").read_text() == "earlier"
+    assert ("--overwrite" in capsys.readouterr().err
+            and (tmp_path / "report.md").read_text() == "earlier")
 
 
 # --- --overwrite, and an --out that fills up ----------------------------------------------------
@@ -374,9 +408,9 @@ def test_overwrite_replaces_the_earlier_comparison_and_nothing_else(comparison, 
     (elsewhere / "keep.txt").write_text("kept")
     shutil.rmtree(out / "logs")
     (out / "logs").symlink_to(elsewhere)
-    code = compare.main(["--out", str(out), "--overwrite", "--modes", "single_gpu", "--model", "resnet18",
-                         "--image_size", "32", "--benchmark_steps", "3", "--warmup_steps", "1",
-                         "--synthetic_size", "64"])
+    code = compare.main(["--out", str(out), "--overwrite", "--modes", "single_gpu", "--model",
+                         "resnet18", "--image_size", "32", "--benchmark_steps", "3",
+                         "--warmup_steps", "1", "--synthetic_size", "64"])
     printed = capsys.readouterr()
     assert code == 0, printed.out + printed.err
     run = "01-single_gpu-1cpu-r1"
@@ -393,11 +427,13 @@ def test_overwrite_replaces_the_earlier_comparison_and_nothing_else(comparison, 
     assert "Recommendation: dist_parallel (DDP), not run here (add it to --modes): " in report
     assert projection.startswith("# Projection past this machine: resnet18, from the runs on CPU")
     assert "no wider models: only PyramidNet has a width (α) to sweep here" in projection
-    assert "The model resnet18 (11.2M parameters, the runs') needs at most" in projection and "α=" not in projection
+    assert ("The model resnet18 (11.2M parameters, the runs') needs at most" in projection
+            and "α=" not in projection)
 
 
 def test_overwrite_counts_projection_md_among_compares_own_files(tmp_path):
-    for name in (compare.MARKER, "report.md", "projection.md", ".projection.md.1234.tmp", "notes.md"):
+    for name in (compare.MARKER, "report.md", "projection.md", ".projection.md.1234.tmp",
+                 "notes.md"):
         (tmp_path / name).write_text("earlier")
     compare.remove_earlier(tmp_path)
     assert sorted(path.name for path in tmp_path.iterdir()) == [compare.MARKER, "notes.md"]
@@ -441,7 +477,8 @@ class RunThatFillsTheDisk:
     def __init__(self, earlier: Path, argv: list[str]):
         log_dir = Path(argv[argv.index("--log_dir") + 1])
         name = argv[argv.index("--run_name") + 1]
-        # without the profiler's traces (megabytes): the runs fit the 1 MB disk until the last fills it
+        # without the profiler's traces (megabytes): the runs fit the 1
+        # MB disk until the last fills it
         shutil.copytree(earlier / "runs" / name, log_dir / name,
                         ignore=shutil.ignore_patterns("trace_rank*.json"))
         if name.startswith("03-"):
@@ -474,27 +511,32 @@ def test_a_disk_that_fills_during_the_runs_is_one_line_and_no_report(comparison,
     assert files == [compare.MARKER, "filler"]
 
 
-# --- the projection -------------------------------------------------------------------------------------------
+# --- the projection
+# -------------------------------------------------------------------------------------------
 
 def test_ring_allreduce_cost_follows_the_nccl_tests_definition():
     fabric = Fabric("test", "", 100.0, 0.0, (8,), "")
     # 1 GB over 8 ranks: each sends 2 * 7/8 GB at 100 GB/s, plus NCCL's 8.4 us base latency
     assert ring_allreduce_seconds(1e9, 8, 100.0, 0.0) == pytest.approx(0.0175 + 8.4e-6)
     assert ring_allreduce_seconds(1e9, 1, 100.0, 0.0) == 0.0
-    # buckets: parameters in reverse order, a 1 MiB first bucket, then 25 MiB ones; as in DDP, a bucket closes
-    # once it reaches its cap, so the parameter that reaches it stays in it
+    # buckets: parameters in reverse order, a 1 MiB first bucket, then 25 MiB ones; as in DDP, a
+    # bucket closes once it reaches its cap, so the parameter that reaches it stays in it
     mib = 1024 * 1024
-    assert ddp_buckets([10 * mib, 10 * mib, 10 * mib, 10 * mib, 2 * mib]) == [2 * mib, 30 * mib, 10 * mib]
+    assert ddp_buckets([10 * mib, 10 * mib, 10 * mib, 10 * mib, 2 * mib]) == \
+        [2 * mib, 30 * mib, 10 * mib]
     assert ddp_buckets([30 * mib, 10 * mib, 2 * mib]) == [2 * mib, 40 * mib]
     assert sum(ddp_buckets([3, 5, 7] * 1000)) == 15_000
-    # buckets all-reduced while backward goes on cost nothing; the last one is ready only when backward ends
+    # buckets all-reduced while backward goes on cost nothing; the last one
+    # is ready only when backward ends
     last = ring_allreduce_seconds(mib, 8, 100.0, 0.0)
     assert exposed_communication(0.1, [mib] * 4, 8, fabric) == pytest.approx(last)
-    # a link too slow to keep up: every bucket's time outlasts backward, less the backward time after the first
+    # a link too slow to keep up: every bucket's time outlasts backward, less
+    # the backward time after the first
     slow = Fabric("slow", "", 0.01, 0.0, (8,), "")
     each = ring_allreduce_seconds(mib, 8, 0.01, 0.0)
     backward = 0.1 * 2 / 3
-    assert exposed_communication(0.1, [mib] * 4, 8, slow) == pytest.approx(4 * each - backward * 3 / 4)
+    assert exposed_communication(0.1, [mib] * 4, 8, slow) == \
+        pytest.approx(4 * each - backward * 3 / 4)
 
 
 def test_projection_falls_with_gpus_and_slower_links():
@@ -505,16 +547,18 @@ def test_projection_falls_with_gpus_and_slower_links():
     step = 0.020  # a fast GPU's step: communication matters
     by_count = [projected_efficiency(step, step, grads, n, pcie) for n in (2, 4, 8)]
     assert by_count == sorted(by_count, reverse=True)
-    assert projected_efficiency(step, step, grads, 8, pcie) < projected_efficiency(step, step, grads, 8, nvlink) < 1
+    assert projected_efficiency(step, step, grads, 8, pcie) < \
+        projected_efficiency(step, step, grads, 8, nvlink) < 1
     assert projected_efficiency(step, step, grads, 1, nvlink) == 1.0
 
 
-# PyTorch's DDP benchmark, benchmarks/distributed/ddp/README.md: 8 V100s (DGX-1, NVLink), batch 32 per GPU, fp32,
-# bucket_cap_mb 25. p50 seconds per iteration: without DDP, DDP on 1 GPU, DDP on 8 GPUs.
+# PyTorch's DDP benchmark, benchmarks/distributed/ddp/README.md: 8 V100s (DGX-1,
+# NVLink), batch 32 per GPU, fp32, bucket_cap_mb 25. p50 seconds per iteration: without
+# DDP, DDP on 1 GPU, DDP on 8 GPUs.
 PUBLISHED = {"resnet50": (0.097, 0.100, 0.104), "resnet101": (0.162, 0.171, 0.179),
              "resnext50_32x4d": (0.145, 0.147, 0.157), "resnext101_32x8d": (0.415, 0.425, 0.447)}
-# DGX-1 V100: 6 NVLink 2 links of 25 GB/s per direction (NVIDIA Tesla V100 datasheet: 300 GB/s NVLink, both
-# directions), at NCCL's ~80 % protocol efficiency (nccl-tests#212): a 120 GB/s ring
+# DGX-1 V100: 6 NVLink 2 links of 25 GB/s per direction (NVIDIA Tesla V100 datasheet: 300 GB/s
+# NVLink, both directions), at NCCL's ~80 % protocol efficiency (nccl-tests#212): a 120 GB/s ring
 DGX1 = Fabric("NVLink", "DGX-1 V100", 120.0, 5.7, (8,), "")
 
 
@@ -526,7 +570,8 @@ def published(name: str):
 
 
 def test_the_lockstep_allowance_is_what_the_published_benchmark_says():
-    """The allowance is fitted to ResNet-101, ResNeXt-50 and ResNeXt-101 on 8 V100s (ResNet-50 held out)."""
+    """The allowance is fitted to ResNet-101, ResNeXt-50 and ResNeXt-101 on
+    8 V100s (ResNet-50 held out)."""
     gaps = []
     for name in ("resnet101", "resnext50_32x4d", "resnext101_32x8d"):
         grads, single, ddp1, ddp8 = published(name)
@@ -536,9 +581,9 @@ def test_the_lockstep_allowance_is_what_the_published_benchmark_says():
 
 
 def test_projection_matches_resnet50_on_8_v100s():
-    """The held-out check: measured 93.3 % (0.097 s / 0.104 s); the model must be within 2 points. Stated
-    tolerance: the published times are rounded to 1 ms (±0.5 % each), and the allowance varies by ±1 point
-    between the models it was fitted to."""
+    """The held-out check: measured 93.3 % (0.097 s / 0.104 s); the model must be within 2 points.
+    Stated tolerance: the published times are rounded to 1 ms (±0.5 % each), and the allowance
+    varies by ±1 point between the models it was fitted to."""
     grads, single, ddp1, ddp8 = published("resnet50")
     projected = projected_efficiency(single, ddp1, grads, 8, DGX1)
     assert projected == pytest.approx(single / ddp8, abs=0.02)
@@ -560,17 +605,18 @@ GPU7    SYS     SYS     SYS     NV1     NV2     NV1     NV2      X      SYS     
 def test_the_fabric_is_read_from_nvidia_smi_topo():
     fabric = lambda topo: machine.fabric(topo, env={})  # noqa: E731  every GPU visible
     assert fabric(DGX1_TOPOLOGY) == "NVLink"  # not every pair, but a ring closes over NVLink
-    pcie = "\n".join(line.replace("NV1", "PIX").replace("NV2", "SYS") for line in DGX1_TOPOLOGY.splitlines())
+    pcie = "\n".join(line.replace("NV1", "PIX").replace("NV2", "SYS")
+                     for line in DGX1_TOPOLOGY.splitlines())
     assert fabric(pcie) == "PCIe"
-    pairs = ("        GPU0    GPU1    GPU2\nGPU0     X      NV12    SYS\nGPU1    NV12     X      SYS\n"
-             "GPU2    SYS     SYS      X\n")
+    pairs = ("        GPU0    GPU1    GPU2\nGPU0     X      NV12    SYS\nGPU1    NV12     X      "
+             "SYS\nGPU2    SYS     SYS      X\n")
     assert fabric(pairs) == "PCIe"
     assert fabric(None) is None and fabric("GPU0     X      0-7\n") is None
 
 
 def ddp_outcomes(unit: str, gloo_step_s: float) -> list:
-    """A GPU (or CPU) comparison's outcomes: single_gpu at 100 ms, one-process DDP at 102 ms on NCCL and
-    `gloo_step_s` on Gloo, and two-GPU DDP on each backend."""
+    """A GPU (or CPU) comparison's outcomes: single_gpu at 100 ms, one-process DDP at 102 ms on NCCL
+    and `gloo_step_s` on Gloo, and two-GPU DDP on each backend."""
     settings = [("single_gpu", 1, None, 0.100), ("dist_parallel", 1, "nccl", 0.102),
                 ("dist_parallel", 1, "gloo", gloo_step_s), ("dist_parallel", 2, "nccl", 0.110),
                 ("dist_parallel", 2, "gloo", 0.300)]
@@ -587,20 +633,24 @@ def ddp_outcomes(unit: str, gloo_step_s: float) -> list:
 
 
 def test_the_projection_on_gpus_starts_from_nccl_runs_only():
-    """Gloo stages every bucket through host memory even in one process: its step is not the NCCL model's."""
+    """Gloo stages every bucket through host memory even in one process: its
+    step is not the NCCL model's."""
     grads = [4_000_000] * 10
     outcomes = ddp_outcomes("gpu", gloo_step_s=0.150)
     inputs = projection_inputs(outcomes, grads, 25.0)
-    assert inputs["step_s"] == pytest.approx(0.100) and inputs["ddp1_step_s"] == pytest.approx(0.102)
+    assert (inputs["step_s"] == pytest.approx(0.100)
+            and inputs["ddp1_step_s"] == pytest.approx(0.102))
     report = "\n".join(projection_section(outcomes, inputs, True, "NVLink"))
     assert "**A projection, not a measurement.**" in report
-    assert "one-process dist_parallel step (102.0 ms)" in report and "the model's 40.0 MB of gradients" in report
+    assert ("one-process dist_parallel step (102.0 ms)" in report
+            and "the model's 40.0 MB of gradients" in report)
     for fabric in FABRICS:
         assert fabric.source in report
     measured = [line for line in report.splitlines() if "dist_parallel-2gpu" in line]
     assert len(measured) == 1 and "-nccl-" in measured[0]
-    # without GPUs every run is Gloo, and Gloo's one-process step is the one there is; but a CPU process's step
-    # projects nothing about GPUs: the section says what it needs and how it is made, without tables
+    # without GPUs every run is Gloo, and Gloo's one-process step is the one there is;
+    # but a CPU process's step projects nothing about GPUs: the section says what it
+    # needs and how it is made, without tables
     cpu = ddp_outcomes("cpu", gloo_step_s=0.150)
     cpu_inputs = projection_inputs(cpu, grads, 25.0)
     assert cpu_inputs["ddp1_step_s"] == pytest.approx(0.150)
@@ -686,7 +736,8 @@ def test_more_processes_than_cores_say_so_first():
     assert compare.oversubscription_warning(runs, Cores(8, 1)) is None
 
 
-# GPUs 0 and 1 joined by NVLink, 2 and 3 only by PCIe; the header as nvidia-smi prints it, underlined
+# GPUs 0 and 1 joined by NVLink, 2 and 3 only by PCIe; the header as
+# nvidia-smi prints it, underlined
 FOUR_GPUS = """\
 \t\x1b[4mGPU0\tGPU1\tGPU2\tGPU3\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m
 GPU0\t X \tNV18\tPXB\tPXB\t0-31\t0\t\tN/A
@@ -703,10 +754,13 @@ def test_the_fabric_is_judged_on_the_gpus_the_runs_used():
     assert machine.fabric(FOUR_GPUS, 2, env=visible("2,3")) == "PCIe"
     assert machine.fabric(FOUR_GPUS, 2, env=visible("1,0,2")) == "NVLink"
     # UUIDs (or a unique start of one, as CUDA takes them), mapped through nvidia-smi's index
-    uuids = {"GPU-8932f937-d72c": 2, "GPU-8932aa00-0001": 3, "GPU-1b2c3d4e-aaaa": 0, "GPU-77aa0b1c-bbbb": 1}
-    assert machine.fabric(FOUR_GPUS, 2, env=visible("GPU-1b2c,GPU-77aa0b1c-bbbb"), uuids=uuids) == "NVLink"
+    uuids = {"GPU-8932f937-d72c": 2, "GPU-8932aa00-0001": 3, "GPU-1b2c3d4e-aaaa": 0,
+             "GPU-77aa0b1c-bbbb": 1}
+    assert machine.fabric(FOUR_GPUS, 2, env=visible("GPU-1b2c,GPU-77aa0b1c-bbbb"), uuids=uuids) == \
+        "NVLink"
     assert machine.fabric(FOUR_GPUS, 2, env=visible("GPU-8932f,GPU-8932a"), uuids=uuids) == "PCIe"
-    # what cannot be mapped is not guessed: an ambiguous start, a MIG instance, a GPU beyond the matrix
+    # what cannot be mapped is not guessed: an ambiguous start, a MIG
+    # instance, a GPU beyond the matrix
     for devices in ("GPU-8932,GPU-1b2c", "MIG-4f2a9c1e-0000-1111", "0,7"):
         assert machine.fabric(FOUR_GPUS, 2, env=visible(devices), uuids=uuids) is None, devices
     assert machine.fabric(FOUR_GPUS, 2, env=visible("")) is None  # no GPU visible
@@ -714,7 +768,8 @@ def test_the_fabric_is_judged_on_the_gpus_the_runs_used():
 
 def test_the_report_judges_the_fabric_of_its_largest_nccl_run(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert fabric_of_runs(ddp_outcomes("gpu", gloo_step_s=0.150), FOUR_GPUS) == "NVLink"  # 2 GPUs: 0 and 1
+    # 2 GPUs: 0 and 1
+    assert fabric_of_runs(ddp_outcomes("gpu", gloo_step_s=0.150), FOUR_GPUS) == "NVLink"
     assert fabric_of_runs(ddp_outcomes("cpu", gloo_step_s=0.150), None) is None
     outcomes = ddp_outcomes("gpu", gloo_step_s=0.150)
     inputs = projection_inputs(outcomes, [4_000_000] * 10, 25.0)
@@ -727,6 +782,7 @@ def test_the_topology_in_the_report_has_no_terminal_escape_codes(monkeypatch):
     monkeypatch.setattr(machine.subprocess, "run",
                         lambda argv, **kwargs: machine.subprocess.CompletedProcess(argv, 0, FOUR_GPUS, ""))
     topology = machine.topology()
-    assert "\x1b" not in topology and topology.startswith("\tGPU0\tGPU1\tGPU2\tGPU3\tCPU Affinity\t")
+    assert "\x1b" not in topology and topology.startswith("\tGPU0\tGPU1\tGPU2\tGPU3\tCPU "
+                                                          "Affinity\t")
     section = "\n".join(compare.environment_section({"torch": torch.__version__}, topology))
     assert "\x1b" not in section and "GPU3\tPXB\tPXB\tPIX\t X " in section

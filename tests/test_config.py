@@ -1,4 +1,5 @@
-"""common/config.py flags, common/optim.py schedule, common/devices.py, common/metrics.py, common/logger.py."""
+"""common/config.py flags, common/optim.py schedule, common/devices.py,
+common/metrics.py, common/logger.py."""
 from __future__ import annotations
 
 import dataclasses
@@ -16,8 +17,9 @@ import torch.nn.functional as F
 import common.config
 import common.logger
 import common.metrics
-from common.config import (AMPS, BASE_BATCH, NAME_MAX, PATH_MAX, REPO_ROOT, SYNTHETIC_BYTES_PER_IMAGE, Config,
-                           UsageError, build_parser, check_domains, flag, missing_domains, parse_config, user_errors)
+from common.config import (AMPS, BASE_BATCH, NAME_MAX, PATH_MAX, REPO_ROOT,
+                           SYNTHETIC_BYTES_PER_IMAGE, Config, UsageError, build_parser,
+                           check_domains, flag, missing_domains, parse_config, user_errors)
 from common.devices import cuda_devices, seed_everything
 from common.logger import MARKER, load_model_weights, resolve_run_dir
 from common.metrics import StepTimer, Sums, TrainMeter, evaluation_sums, window_sums
@@ -35,15 +37,17 @@ def parse(*argv: str) -> Config:
     return parse_config(Config, list(argv))
 
 
-# ---------------------------------------------------------------------------------------------- config
+# ------------------------------------------------------------------------------------------- config
 
 def test_defaults():
     cfg = parse()
     assert cfg == Config()
-    assert (cfg.batch_size, cfg.lr, cfg.momentum, cfg.weight_decay, cfg.nesterov) == (128, 0.1, 0.9, 1e-4, True)
+    assert (cfg.batch_size, cfg.lr, cfg.momentum, cfg.weight_decay, cfg.nesterov) == \
+        (128, 0.1, 0.9, 1e-4, True)
     assert (cfg.depth, cfg.alpha, cfg.block) == (110, 270.0, "basic")
     assert (cfg.epochs, cfg.max_steps, cfg.lr_warmup_epochs) == (300, 0, 5.0)
-    assert (cfg.dataset, cfg.synthetic_size, cfg.loader, cfg.num_workers) == ("cifar10", 50_000, None, None)
+    assert (cfg.dataset, cfg.synthetic_size, cfg.loader, cfg.num_workers) == \
+        ("cifar10", 50_000, None, None)
     assert (cfg.shuffle, cfg.augment, cfg.progress) == (True, True, True)
     assert (cfg.save_model, cfg.overwrite, cfg.evaluate, cfg.run_name, cfg.gpu_devices) == (False, False, None,
                                                                                              None, None)
@@ -54,18 +58,21 @@ def test_defaults():
 
 
 def test_bool_flags():
-    cfg = parse("--no_nesterov", "--no_shuffle", "--no_augment", "--no_progress", "--save_model", "--overwrite")
+    cfg = parse("--no_nesterov", "--no_shuffle", "--no_augment", "--no_progress", "--save_model",
+                "--overwrite")
     assert (cfg.nesterov, cfg.shuffle, cfg.augment, cfg.progress, cfg.save_model, cfg.overwrite) == \
         (False, False, False, False, True, True)
-    for wrong in ("--nesterov", "--shuffle", "--no_save_model", "--no_overwrite"):  # one form per bool
+    # one form per bool
+    for wrong in ("--nesterov", "--shuffle", "--no_save_model", "--no_overwrite"):
         with pytest.raises(UsageError, match=r"unrecognized arguments"):
             parse(wrong)
 
 
 def test_typed_values():
-    cfg = parse("--gpu_devices", "0", "1", "--alpha", "48", "--depth", "20", "--lr", "0.05", "--batch_size", "512",
-                "--loader", "torchvision", "--dataset", "synthetic", "--block", "bottleneck", "--run_name", "x",
-                "--evaluate", "model.pt", "--lr_warmup_epochs", "2.5")
+    cfg = parse("--gpu_devices", "0", "1", "--alpha", "48", "--depth", "20", "--lr", "0.05",
+                "--batch_size", "512", "--loader", "torchvision", "--dataset", "synthetic",
+                "--block", "bottleneck", "--run_name", "x", "--evaluate", "model.pt",
+                "--lr_warmup_epochs", "2.5")
     assert cfg.gpu_devices == (0, 1) and isinstance(cfg.gpu_devices, tuple)
     assert cfg.alpha == 48.0 and isinstance(cfg.alpha, float)
     assert cfg.depth == 20 and isinstance(cfg.depth, int)
@@ -77,9 +84,9 @@ def test_typed_values():
 
 
 @pytest.mark.parametrize("argv, pattern", [
-    (["--dataset", "imagenet"], "--dataset"), (["--loader", "dali"], "--loader"), (["--block", "wide"], "--block"),
-    (["--batch_size", "many"], "--batch_size"), (["--gpu_devices"], "--gpu_devices"), (["--bogus"], "--bogus"),
-    (["extra"], "extra")])
+    (["--dataset", "imagenet"], "--dataset"), (["--loader", "dali"], "--loader"),
+    (["--block", "wide"], "--block"), (["--batch_size", "many"], "--batch_size"),
+    (["--gpu_devices"], "--gpu_devices"), (["--bogus"], "--bogus"), (["extra"], "extra")])
 def test_argparse_mistakes_are_one_line(argv, pattern):
     with pytest.raises(UsageError) as error:
         parse(*argv)
@@ -88,13 +95,15 @@ def test_argparse_mistakes_are_one_line(argv, pattern):
 
 
 @pytest.mark.parametrize("argv, pattern", [
-    (["--batch_size", "0"], "--batch_size"), (["--batch_size", "-3"], "--batch_size"), (["--epochs", "-1"], "--epochs"),
-    (["--depth", "109"], "--depth"), (["--alpha", "0"], "--alpha"), (["--alpha", "-5"], "--alpha"),
-    (["--depth", "110", "--block", "bottleneck", "--alpha", "0"], "--alpha"), (["--lr", "0"], "--lr"),
-    (["--max_steps", "-1"], "--max_steps"), (["--synthetic_size", "4"], "--synthetic_size"),
-    (["--num_workers", "-1"], "--num_workers"), (["--log_interval", "0"], "--log_interval"),
-    (["--warmup_steps", "-1"], "--warmup_steps"), (["--lr_warmup_epochs", "-1"], "--lr_warmup_epochs"),
-    (["--run_name", "a/b"], "--run_name"), (["--run_name", ".."], "--run_name"), (["--run_name", ""], "--run_name")])
+    (["--batch_size", "0"], "--batch_size"), (["--batch_size", "-3"], "--batch_size"),
+    (["--epochs", "-1"], "--epochs"), (["--depth", "109"], "--depth"),
+    (["--alpha", "0"], "--alpha"), (["--alpha", "-5"], "--alpha"),
+    (["--depth", "110", "--block", "bottleneck", "--alpha", "0"], "--alpha"),
+    (["--lr", "0"], "--lr"), (["--max_steps", "-1"], "--max_steps"),
+    (["--synthetic_size", "4"], "--synthetic_size"), (["--num_workers", "-1"], "--num_workers"),
+    (["--log_interval", "0"], "--log_interval"), (["--warmup_steps", "-1"], "--warmup_steps"),
+    (["--lr_warmup_epochs", "-1"], "--lr_warmup_epochs"), (["--run_name", "a/b"], "--run_name"),
+    (["--run_name", ".."], "--run_name"), (["--run_name", ""], "--run_name")])
 def test_invalid_values_name_their_flag(argv, pattern):
     with pytest.raises(UsageError, match=re.escape(pattern)) as error:
         parse(*argv)
@@ -102,10 +111,11 @@ def test_invalid_values_name_their_flag(argv, pattern):
 
 
 @pytest.mark.parametrize("argv, pattern", [
-    (["--alpha", "inf"], "--alpha"), (["--lr_warmup_epochs", "inf", "--batch_size", "256"], "--lr_warmup_epochs")])
+    (["--alpha", "inf"], "--alpha"),
+    (["--lr_warmup_epochs", "inf", "--batch_size", "256"], "--lr_warmup_epochs")])
 def test_infinite_values_are_usage_errors(argv, pattern):
-    """inf passes `> 0` and `>= 0`; unchecked, it would die later in round() with a traceback (OverflowError)
-    instead of the one-line usage error."""
+    """inf passes `> 0` and `>= 0`; unchecked, it would die later in round() with a traceback
+    (OverflowError) instead of the one-line usage error."""
     with pytest.raises(UsageError, match=re.escape(pattern)):
         cfg = parse(*argv)
         pyramidnet(cfg.depth, cfg.alpha, cfg.block)  # what a run does next
@@ -169,7 +179,7 @@ def test_user_errors_turns_usage_error_into_exit_2(capsys):
             1 / 0
 
 
-# ---------------------------------------------------------------------------------------------- domains
+# ------------------------------------------------------------------------------------------ domains
 
 def path_of(size: int) -> str:
     """An absolute path of exactly `size` bytes, in names of at most 200."""
@@ -182,31 +192,37 @@ def path_of(size: int) -> str:
 
 FOLDER_ROOM = PATH_MAX - 2 * (NAME_MAX + 1)  # the longest --log_dir: room below it for the run folder and a file
 BIG = str(2**63)  # one past torch's largest integer
-# Every flag's domain at its edges: field -> (values accepted, values refused). A value is the flag's argument, a
-# tuple of them (nargs), or, starting with "--", a whole command line (a bool's flag, or a value with the flags
-# it needs). Refusals of a rule between fields name the flag too (momentum 0 with Nesterov, an lr that overflows).
+# Every flag's domain at its edges: field -> (values accepted, values refused). A value is the
+# flag's argument, a tuple of them (nargs), or, starting with "--", a whole command line (a bool's
+# flag, or a value with the flags it needs). Refusals of a rule between fields name the flag too
+# (momentum 0 with Nesterov, an lr that overflows).
 DOMAINS = {
     # optimisation
     "batch_size": (["1"], ["0", "-3", BIG]),
     "epochs": (["0"], ["-1", BIG]),
     "max_steps": (["0", str(2**63 - 1)], ["-1", BIG]),
     "lr": (["1e-37", "--lr 3.4e38 --batch_size 128"],  # what float32 weights' updates hold
-           ["0", "-0.1", "nan", "inf", "--lr=-inf", "--lr 1e308 --batch_size 256", "--lr 1e-322 --batch_size 1",
-            "--lr 1e300 --batch_size 128", "--lr 3.4e38 --batch_size 256", "1e-38"]),
+           ["0", "-0.1", "nan", "inf", "--lr=-inf", "--lr 1e308 --batch_size 256",
+            "--lr 1e-322 --batch_size 1", "--lr 1e300 --batch_size 128",
+            "--lr 3.4e38 --batch_size 256", "1e-38"]),
     "lr_warmup_epochs": (["0", "1e9"], ["-1", "nan", "inf", "1e10"]),
-    "momentum": (["0.999", "--momentum 0 --no_nesterov"], ["0", "-0.1", "1", "nan", "inf"]),  # 0: with Nesterov
+    # 0: with Nesterov
+    "momentum": (["0.999", "--momentum 0 --no_nesterov"], ["0", "-0.1", "1", "nan", "inf"]),
     "weight_decay": (["0", "10", "3.4e38"], ["--weight_decay=-1e-4", "nan", "inf", "1e39"]),
     "nesterov": (["--no_nesterov"], []),
     # model
-    "model": (["pyramidnet", "resnet18", "vit_b_16"], ["", "resnt18", "yolo", "fasterrcnn_resnet50_fpn"]),
-    "depth": (["8", "--depth 11 --block bottleneck"], ["2", "-4", "109", BIG, "--depth 8 --block bottleneck"]),
+    "model": (["pyramidnet", "resnet18", "vit_b_16"],
+              ["", "resnt18", "yolo", "fasterrcnn_resnet50_fpn"]),
+    "depth": (["8", "--depth 11 --block bottleneck"],
+              ["2", "-4", "109", BIG, "--depth 8 --block bottleneck"]),
     "alpha": (["1e-3"], ["0", "-5", "nan", "inf", "1e7"]),  # 1e7: petabytes of weights
     "block": (["bottleneck"], ["wide"]),
     "width_multiple": (["1", "64"], ["0", "-8", "1000000"]),
     # data
     "dataset": (["synthetic", "mnist"], ["imagenet"]),
     "data_dir": ([".", "relative/data", path_of(FOLDER_ROOM)],
-                 ["", "/proc/data", "/sys/data", "a\0b", "/tmp/" + "x" * (NAME_MAX + 1), path_of(FOLDER_ROOM + 1)]),
+                 ["", "/proc/data", "/sys/data", "a\0b", "/tmp/" + "x" * (NAME_MAX + 1),
+                  path_of(FOLDER_ROOM + 1)]),
     "image_size": (["8", "224", "4096"], ["7", "0", "4097"]),
     "synthetic_size": (["5"], ["4", "0", "-1", str(10**13)]),  # 10**13: 246 PB while generated
     "loader": (["gpu", "torchvision"], ["dali"]),
@@ -231,20 +247,23 @@ DOMAINS = {
     "deterministic": (["--deterministic"], []),
     # logging and outputs
     "log_dir": ([".", "/tmp/runs", path_of(FOLDER_ROOM)],
-                ["", "/proc/runs", "/proc", "/sys/kernel/runs", "a\0b", "/tmp/" + "x" * (NAME_MAX + 1),
-                 path_of(FOLDER_ROOM + 1)]),
+                ["", "/proc/runs", "/proc", "/sys/kernel/runs", "a\0b",
+                 "/tmp/" + "x" * (NAME_MAX + 1), path_of(FOLDER_ROOM + 1)]),
     "run_name": (["r", "x" * NAME_MAX, "\u00e9" * (NAME_MAX // 2)],  # é: 2 bytes
-                 ["", ".", "..", "a/b", "a\0b", "x" * (NAME_MAX + 1), "\u00e9" * (NAME_MAX // 2 + 1),
-                  "a\nb", "a\tb", "a\rb", "\x1b[31mred", "a\u2028b", "a\\b"]),  # one line; no separator
+                 ["", ".", "..", "a/b", "a\0b", "x" * (NAME_MAX + 1),
+                  "\u00e9" * (NAME_MAX // 2 + 1), "a\nb", "a\tb", "a\rb", "\x1b[31mred", "a\u2028b",
+                  "a\\b"]),  # one line; no separator
     "overwrite": (["--overwrite"], []),
     "log_interval": (["1"], ["0"]),
-    "warmup_steps": (["0"], ["-1", f"--benchmark --warmup_steps {2**62} --benchmark_steps {2**62}"]),
+    "warmup_steps": (["0"],
+                     ["-1", f"--benchmark --warmup_steps {2**62} --benchmark_steps {2**62}"]),
     "profile_steps": (["0", "1"], ["-1"]),
     "save_model": (["--save_model"], []),
     "checkpoint_interval": (["0"], ["-1"]),
     "resume": (["--resume auto --run_name r", "checkpoint.pt", path_of(PATH_MAX)],
                ["", "a\0b", path_of(PATH_MAX + 1)]),
-    "evaluate": (["model.pt", path_of(PATH_MAX)], ["", "/tmp/" + "x" * (NAME_MAX + 1), path_of(PATH_MAX + 1)]),
+    "evaluate": (["model.pt", path_of(PATH_MAX)],
+                 ["", "/tmp/" + "x" * (NAME_MAX + 1), path_of(PATH_MAX + 1)]),
     "progress": (["--no_progress"], []),
     # dist_parallel's own
     "backend": (["gloo", "nccl"], ["mpi"]),
@@ -253,17 +272,20 @@ DOMAINS = {
                      "file://relative/path", "http://host:80"]),
     "verify_sync": (["--verify_sync"], []),
     "nproc_per_node": (["1"], ["0", "-2"]),
-    "dist_timeout": (["1e-3", "1e9"], ["0", "-5", "nan", "inf", "1e10"]),  # 1e10 s: torch's ns clock overflows
+    # 1e10 s: torch's ns clock overflows
+    "dist_timeout": (["1e-3", "1e9"], ["0", "-5", "nan", "inf", "1e10"]),
     "max_restarts": (["0"], ["-1"]),
     "sync_bn": (["--sync_bn"], []),
-    "bucket_cap_mb": (["1e-3", "8e12"], ["0", "-1", "nan", "inf", "9e12"]),  # 9e12 MiB: bytes past int64
+    # 9e12 MiB: bytes past int64
+    "bucket_cap_mb": (["1e-3", "8e12"], ["0", "-1", "nan", "inf", "9e12"]),
     "reshard_after_forward": (["--no_reshard_after_forward"], []),
 }
 CONFIG_CLASSES = (Config, DistConfig, FsdpConfig)
 
 
 def classes_with(name: str) -> list[type]:
-    """The config classes that have the flag: Config's are in all three, the process group's in both parallel ones."""
+    """The config classes that have the flag: Config's are in all three, the process
+    group's in both parallel ones."""
     return [kind for kind in CONFIG_CLASSES if name in {f.name for f in dataclasses.fields(kind)}]
 
 
@@ -275,13 +297,14 @@ def argv_for(name: str, value) -> list[str]:
 
 def test_a_negative_number_argparse_takes_for_a_flag_is_explained():
     """argparse reads -1e-4 and -inf as flags, not values: the line says how to give them."""
-    with pytest.raises(UsageError, match=r"--weight_decay: expected one argument \(a value that starts with - goes "
-                                         r"after =, as in --flag=-value\)"):
+    with pytest.raises(UsageError, match=r"--weight_decay: expected one argument \(a value that "
+                                         r"starts with - goes after =, as in --flag=-value\)"):
         parse("--weight_decay", "-1e-4")
 
 
 def shown(value) -> str | None:
-    """How the error line shows a single value: a number as Python prints it, text quoted; None for a command."""
+    """How the error line shows a single value: a number as Python prints it,
+    text quoted; None for a command."""
     if isinstance(value, tuple) or value.startswith("--"):
         return None
     for kind, form in ((int, str), (float, lambda number: f"{number:g}")):
@@ -298,8 +321,8 @@ def cases(column: int) -> list:
 
 
 def test_every_field_has_a_domain_and_its_edges_in_the_table():
-    """A field added without a domain (flag's bounds or check; a bool's type and a choice's choices count), or
-    without its row here, fails this test."""
+    """A field added without a domain (flag's bounds or check; a bool's type and a choice's choices
+    count), or without its row here, fails this test."""
     assert all(missing_domains(kind) == [] for kind in CONFIG_CLASSES)
     fields = [f.name for kind in CONFIG_CLASSES for f in dataclasses.fields(kind)]
     assert list(DOMAINS) == list(dict.fromkeys(fields))  # every field, in the classes' order
@@ -320,8 +343,8 @@ def test_edge_values_in_the_domain_are_accepted(name, value):
 
 @pytest.mark.parametrize("name, value", cases(1))
 def test_values_outside_the_domain_are_refused_in_one_line(name, value):
-    """Through the parser, as every train.py parses: a UsageError (one line, exit status 2 under user_errors)
-    that names the flag and the value and says what to give instead."""
+    """Through the parser, as every train.py parses: a UsageError (one line, exit status 2 under
+    user_errors) that names the flag and the value and says what to give instead."""
     for config_class in classes_with(name):
         with pytest.raises(UsageError) as error:
             parse_config(config_class, argv_for(name, value))
@@ -332,10 +355,13 @@ def test_values_outside_the_domain_are_refused_in_one_line(name, value):
 
 
 def test_values_of_the_wrong_type_are_refused_when_built_directly():
-    """A config built in code (compare.py, tests) gets the same checks as the parser's, types included."""
-    for name, value, wanted in [("nesterov", "yes", "true or false"), ("lr", "0.1", "a finite number"),
-                                ("batch_size", 1.5, "a whole number"), ("batch_size", True, "a whole number"),
-                                ("log_dir", None, "text"), ("gpu_devices", (), "one or more values"),
+    """A config built in code (compare.py, tests) gets the same checks as
+    the parser's, types included."""
+    for name, value, wanted in [("nesterov", "yes", "true or false"),
+                                ("lr", "0.1", "a finite number"),
+                                ("batch_size", 1.5, "a whole number"),
+                                ("batch_size", True, "a whole number"), ("log_dir", None, "text"),
+                                ("gpu_devices", (), "one or more values"),
                                 ("dataset", None, "one of cifar10")]:
         with pytest.raises(UsageError, match=f"^--{name} must be {wanted}"):
             Config(**{name: value})
@@ -357,38 +383,46 @@ class Sweep:
 def test_any_frozen_config_dataclass_can_check_its_domains():
     assert missing_domains(Sweep) == []
     assert Sweep(gpu_counts=(1, 2)).gpu_counts == (1, 2)
-    assert dataclasses.replace(Sweep(), amp=(None,)).amp == (None,)  # an item None: each run's default
+    # an item None: each run's default
+    assert dataclasses.replace(Sweep(), amp=(None,)).amp == (None,)
     for kwargs, message in [({"repeat": 0}, "--repeat must be a whole number at least 1, not 0"),
-                            ({"gpu_counts": (2, 0)}, "--gpu_counts must be a whole number at least 1, not 0"),
+                            ({"gpu_counts": (2, 0)},
+                             "--gpu_counts must be a whole number at least 1, not 0"),
                             ({"amp": ("fp8",)}, "--amp must be one of bf16, fp16, off, not 'fp8'"),
-                            ({"out": "/proc/results"}, "--out must be a folder outside /proc and /sys"),
-                            ({"run_timeout": -1}, "--run_timeout must be a whole number at least 1, not -1")]:
+                            ({"out": "/proc/results"},
+                             "--out must be a folder outside /proc and /sys"),
+                            ({"run_timeout": -1},
+                             "--run_timeout must be a whole number at least 1, not -1")]:
         with pytest.raises(UsageError, match=f"^{re.escape(message)}"):
             Sweep(**kwargs)
 
 
 def test_sizes_beyond_the_machines_memory_are_refused_naming_them(monkeypatch):
-    """On a machine of 2 GiB: the largest --synthetic_size that fits is accepted and the next refused with the
-    largest; PyramidNet-110 alpha 270 (114 MB of weights) is accepted, alpha 2,700 (9 GiB) refused. Nothing is
-    allocated to find out."""
+    """On a machine of 2 GiB: the largest --synthetic_size that fits is accepted and the next
+    refused with the largest; PyramidNet-110 alpha 270 (114 MB of weights) is accepted, alpha 2,700
+    (9 GiB) refused. Nothing is allocated to find out."""
     monkeypatch.setattr(common.config, "physical_memory", lambda: 2**31)
     most = 2**31 // SYNTHETIC_BYTES_PER_IMAGE
     assert parse("--synthetic_size", str(most)).synthetic_size == most
-    with pytest.raises(UsageError, match=f"--synthetic_size must be at most {most} images on this machine .*2 GiB"):
+    with pytest.raises(UsageError, match=f"--synthetic_size must be at most {most} images "
+                                         "on this machine .*2 GiB"):
         parse("--synthetic_size", str(most + 1))
     assert parse().alpha == 270
-    with pytest.raises(UsageError, match=r"--alpha 2700 .* at least 9\.\d+ GiB, more than this machine's 2 GiB.*"
-                                         r"smaller --depth, --alpha or --width_multiple"):
+    with pytest.raises(UsageError, match=r"--alpha 2700 .* at least 9\.\d+ GiB, more "
+                                         r"than this machine's 2 GiB.*smaller --depth, "
+                                         r"--alpha or --width_multiple"):
         parse("--alpha", "2700")
-    monkeypatch.setattr(common.config, "physical_memory", lambda: None)  # the system does not say: no refusal
+    # the system does not say: no refusal
+    monkeypatch.setattr(common.config, "physical_memory", lambda: None)
     assert parse("--alpha", "1e7", "--synthetic_size", str(10**13)).alpha == 1e7
 
 
 @pytest.mark.parametrize("depth, alpha, block, width_multiple", [
-    (8, 12, "basic", 1), (20, 24, "basic", 8), (56, 84, "basic", 1), (8, 12, "basic", 64), (11, 12, "bottleneck", 1),
-    (20, 48, "bottleneck", 8)])
+    (8, 12, "basic", 1), (20, 24, "basic", 8), (56, 84, "basic", 1), (8, 12, "basic", 64),
+    (11, 12, "bottleneck", 1), (20, 48, "bottleneck", 8)])
 def test_parameters_at_least_is_a_close_lower_bound(depth, alpha, block, width_multiple):
-    real = sum(p.numel() for p in pyramidnet(depth, alpha, block, width_multiple=width_multiple).parameters())
+    real = sum(p.numel()
+               for p in pyramidnet(depth, alpha, block, width_multiple=width_multiple).parameters())
     assert 0.75 * real <= parameters_at_least(depth, alpha, block, width_multiple) <= real
 
 
@@ -397,13 +431,14 @@ def test_parameters_at_least_takes_constant_time():
     assert 1e21 < parameters_at_least(6 * 10**15 + 2, 270) < float("inf")
 
 
-# ---------------------------------------------------------------------------------------------- optim
+# -------------------------------------------------------------------------------------------- optim
 
 def cfg_for(**kwargs) -> Config:
     return Config(**{"depth": 8, "alpha": 12, **kwargs})
 
 
-@pytest.mark.parametrize("batch, lr", [(128, 0.1), (512, 0.4), (64, 0.05), (1024, 0.8), (32, 0.025)])
+@pytest.mark.parametrize("batch, lr",
+                         [(128, 0.1), (512, 0.4), (64, 0.05), (1024, 0.8), (32, 0.025)])
 def test_effective_lr_scales_linearly(batch, lr):
     cfg = cfg_for(batch_size=batch)
     assert cfg.effective_lr() == pytest.approx(lr)
@@ -416,11 +451,13 @@ def test_effective_lr_scales_linearly(batch, lr):
                            CPU).param_groups[0]["nesterov"] is False
 
 
-@pytest.mark.parametrize("device", ["cpu", "cuda"])  # "cuda": the fused SGD a GPU run builds, here on CPU tensors
+# "cuda": the fused SGD a GPU run builds, here on CPU tensors
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_a_first_step_the_grad_scaler_skips_leaves_sgd_as_if_it_had_not_happened(device):
-    """fp16: the first step overflows, the GradScaler skips it, the next one counts. The optimizer must then be
-    exactly where plain SGD that never saw the skipped step is. Fused SGD left to itself would create its momentum
-    buffers uninitialised at the skipped step and build on them (off by ~1e16 here)."""
+    """fp16: the first step overflows, the GradScaler skips it, the next one counts. The
+    optimizer must then be exactly where plain SGD that never saw the skipped step is. Fused
+    SGD left to itself would create its momentum buffers uninitialised at the skipped step and
+    build on them (off by ~1e16 here)."""
     def trained(optimizer_of, skip_first: bool):
         torch.manual_seed(0)
         model = torch.nn.Linear(64, 8)
@@ -434,10 +471,12 @@ def test_a_first_step_the_grad_scaler_skips_leaves_sgd_as_if_it_had_not_happened
             scaler.update()
         return model.weight.detach(), optimizer
 
-    plain = lambda model: torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4,  # noqa: E731
+    plain = lambda model: torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9,  # noqa: E731
+                                          weight_decay=1e-4,
                                           nesterov=True)
     reference, _ = trained(plain, skip_first=False)
-    weight, optimizer = trained(lambda model: build_optimizer(model, cfg_for(), torch.device(device)), True)
+    weight, optimizer = trained(lambda model: build_optimizer(model, cfg_for(),
+                                                              torch.device(device)), True)
     assert optimizer.param_groups[0]["fused"] is (True if device == "cuda" else None)
     torch.testing.assert_close(weight, reference, rtol=1e-6, atol=1e-7)
 
@@ -447,7 +486,8 @@ def test_momentum_buffers_start_at_zero_in_the_parameters_layout():
     optimizer = build_optimizer(model, cfg_for(), CPU)
     buffer = optimizer.state[model.weight]["momentum_buffer"]
     assert not buffer.any() and buffer.stride() == model.weight.stride()
-    assert build_optimizer(model, cfg_for(momentum=0.0, nesterov=False), CPU).state == {}  # plain SGD: none
+    # plain SGD: none
+    assert build_optimizer(model, cfg_for(momentum=0.0, nesterov=False), CPU).state == {}
 
 
 @pytest.mark.parametrize("batch", [32, 128])
@@ -547,7 +587,7 @@ def test_describe_lr():
     assert describe_lr(cfg_for(batch_size=32, epochs=300), 97).startswith("lr 0.025 ")
 
 
-# ---------------------------------------------------------------------------------------------- devices
+# ------------------------------------------------------------------------------------------ devices
 
 @pytest.fixture
 def gpus(monkeypatch):
@@ -580,12 +620,14 @@ def test_cuda_devices_refuses_repeats(gpus):
 
 
 def test_cuda_devices_may_share_a_gpu_when_asked(gpus):
-    """Several gloo ranks on one GPU (dist_parallel --backend gloo --gpu_devices 0 0); ids are still checked."""
+    """Several gloo ranks on one GPU (dist_parallel --backend gloo
+    --gpu_devices 0 0); ids are still checked."""
     gpus(1)
     assert cuda_devices((0, 0), default_all=True, shared=True) == [0, 0]
     with pytest.raises(UsageError, match="no GPU 1"):
         cuda_devices((0, 1), default_all=True, shared=True)
-    with pytest.raises(UsageError, match="more than once; list each GPU once .under --backend gloo"):
+    with pytest.raises(UsageError, match="more than once; list each GPU "
+                                         "once .under --backend gloo"):
         cuda_devices((0, 0), default_all=True, sharing_hint=" (under --backend gloo ...)")
 
 
@@ -619,7 +661,7 @@ def test_seed_everything():
     assert draw() != a
 
 
-# ---------------------------------------------------------------------------------------------- metrics
+# ------------------------------------------------------------------------------------------ metrics
 
 def test_sums_arithmetic():
     sums = Sums([10.0, 6, 8, 4, 2.0, 0.5])
@@ -628,13 +670,16 @@ def test_sums_arithmetic():
     assert sums.images_per_sec(128) == 256.0
     total = sums + Sums([2.0, 2, 2, 1, 0.5, 0.0])
     assert total.values == [12.0, 8, 10, 5, 2.5, 0.5]
-    assert total.loss == 1.2 and total.acc == 0.8 and total.batch_time == 0.5 and total.data_frac == 0.2
+    assert (total.loss == 1.2 and total.acc == 0.8 and total.batch_time == 0.5
+            and total.data_frac == 0.2)
     empty = Sums()
     assert empty.values == [0.0] * Sums.SIZE == [0.0] * 6
     assert (empty.loss, empty.acc, empty.batch_time, empty.data_frac, empty.images_per_sec(128)) == (None,) * 5
     assert (empty + sums).values == sums.values
-    no_timing = Sums([3.0, 1, 2, 0, 0.0, 0.0])  # images seen during warm-up only: loss yes, timing no
-    assert no_timing.loss == 1.5 and no_timing.batch_time is None and no_timing.images_per_sec(32) is None
+    # images seen during warm-up only: loss yes, timing no
+    no_timing = Sums([3.0, 1, 2, 0, 0.0, 0.0])
+    assert (no_timing.loss == 1.5 and no_timing.batch_time is None
+            and no_timing.images_per_sec(32) is None)
 
 
 def test_train_meter_accumulates_on_the_device():
@@ -709,15 +754,18 @@ def test_step_timer_on_the_cpu_with_the_real_clock():
 
 @pytest.mark.parametrize("warmup", [0, 3])
 def test_peak_memory_is_reset_when_the_warm_up_ends(monkeypatch, warmup):
-    """Peak memory describes the timed steps: the warm-up's cuDNN autotuning workspaces and compilation are left
-    out, on every GPU the run uses, once. (On a GPU, tests/gpu checks the figure itself.)"""
+    """Peak memory describes the timed steps: the warm-up's cuDNN autotuning
+    workspaces and compilation are left out, on every GPU the run uses, once. (On a
+    GPU, tests/gpu checks the figure itself.)"""
     events = []
-    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda gpu: events.append(f"reset {gpu}"))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats",
+                        lambda gpu: events.append(f"reset {gpu}"))
     timer = StepTimer(CPU, warmup_steps=warmup, gpus=[2, 5])
     for _ in timer.timed(range(6)):
         timer.step_done()
         events.append("step")
-    before = max(warmup - 1, 0)  # the reset comes as the last warm-up step closes (or at once, with none)
+    # the reset comes as the last warm-up step closes (or at once, with none)
+    before = max(warmup - 1, 0)
     assert events == ["step"] * before + ["reset 2", "reset 5"] + ["step"] * (6 - before)
 
 
@@ -740,14 +788,16 @@ def test_evaluation_sums_equals_a_manual_loop():
     torch.manual_seed(0)
     model = pyramidnet(8, 12, "basic").eval()
     generator = torch.Generator().manual_seed(1)
-    loader = [(torch.randn(n, 3, 32, 32, generator=generator), torch.randint(10, (n,), generator=generator))
+    loader = [(torch.randn(n, 3, 32, 32, generator=generator),
+               torch.randint(10, (n,), generator=generator))
               for n in (5, 3, 1)]
     sums = evaluation_sums(model, loader, CPU)
     assert sums.dtype == torch.float64 and sums.shape == (3,)
     loss, correct, images = 0.0, 0, 0
     with torch.no_grad():
         for x, y in loader:
-            for i in range(len(y)):  # one image at a time: also checks the batch is summed, not averaged
+            # one image at a time: also checks the batch is summed, not averaged
+            for i in range(len(y)):
                 logits = model(x[i:i + 1])
                 loss += F.cross_entropy(logits, y[i:i + 1]).item()
                 correct += int(logits.argmax(1).item() == y[i].item())
@@ -762,7 +812,7 @@ def test_evaluation_sums_of_an_empty_loader():
     assert sums.dtype == torch.float64 and sums.tolist() == [0.0, 0.0, 0.0]
 
 
-# ---------------------------------------------------------------------------------------------- logger
+# ------------------------------------------------------------------------------------------- logger
 
 def test_resolve_run_dir(tmp_path):
     log_dir = tmp_path / "runs" / "nested"
@@ -771,7 +821,8 @@ def test_resolve_run_dir(tmp_path):
     assert list(tmp_path.iterdir()) == []  # checked, nothing created
     default = resolve_run_dir(Config(log_dir=str(tmp_path)), "dist_parallel", 4)
     pid = os.getpid()  # two runs started in the same second differ by their process
-    assert default.parent == tmp_path and re.fullmatch(rf"dist_parallel-4gpu-\d{{8}}-\d{{6}}-{pid}", default.name)
+    assert default.parent == tmp_path and re.fullmatch(rf"dist_parallel-4gpu-\d{{8}}-\d{{6}}-{pid}",
+                                                       default.name)
     assert re.fullmatch(rf"single_gpu-cpu-\d{{8}}-\d{{6}}-{pid}", resolve_run_dir(Config(log_dir=str(tmp_path)),
                                                                                "single_gpu", 0).name)
     assert list(tmp_path.iterdir()) == []
@@ -796,19 +847,22 @@ def test_resolve_run_dir_refuses_a_file_as_log_dir(tmp_path, below):
     with pytest.raises(UsageError, match="is a file") as error:
         resolve_run_dir(Config(log_dir=str(log_dir), run_name="r"), "single_gpu", 0)
     assert str(file) in str(error.value)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["not-a-folder"] and file.read_text() == "x"
+    assert (sorted(p.name for p in tmp_path.iterdir()) == ["not-a-folder"]
+            and file.read_text() == "x")
 
 
 def test_resolve_run_dir_refuses_an_unwritable_log_dir(tmp_path, monkeypatch):
     # the tests may run as root, for whom everything is writable: pretend the folder is read-only
-    monkeypatch.setattr(common.logger.os, "access", lambda path, mode: os.fspath(path) != str(tmp_path))
+    monkeypatch.setattr(common.logger.os, "access",
+                        lambda path, mode: os.fspath(path) != str(tmp_path))
     with pytest.raises(UsageError, match="not writable"):
         resolve_run_dir(Config(log_dir=str(tmp_path / "runs"), run_name="r"), "single_gpu", 0)
 
 
 def test_resolve_run_dir_with_a_relative_log_dir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert resolve_run_dir(Config(log_dir="runs", run_name="r"), "single_gpu", 0).as_posix() == "runs/r"
+    assert resolve_run_dir(Config(log_dir="runs", run_name="r"), "single_gpu", 0).as_posix() == \
+        "runs/r"
 
 
 @pytest.fixture
@@ -866,7 +920,8 @@ def test_load_model_weights_refuses_non_torch_files(tmp_path):
 
 
 @pytest.mark.parametrize("content", [
-    [torch.zeros(3)], torch.zeros(3), {"weight": 3}, {"model": [1, 2]}, {"a": torch.zeros(1), "b": "text"}, 42])
+    [torch.zeros(3)], torch.zeros(3), {"weight": 3}, {"model": [1, 2]},
+    {"a": torch.zeros(1), "b": "text"}, 42])
 def test_load_model_weights_refuses_files_without_a_state_dict(tmp_path, content):
     path = tmp_path / "model.pt"
     torch.save(content, path)

@@ -1,6 +1,7 @@
-"""The fast path on the CPU: --benchmark in every mode, autocast, channels_last, the FLOP count, MFU's peak table,
-the compile cache and the profile. Speed itself is measured in benchmarks (benchmarks/, BENCHMARKS.md), never in a
-test: the suite's own overhead against a bare loop is benchmarks/overhead.py."""
+"""The fast path on the CPU: --benchmark in every mode, autocast, channels_last, the FLOP
+count, MFU's peak table, the compile cache and the profile. Speed itself is measured in
+benchmarks (benchmarks/, BENCHMARKS.md), never in a test: the suite's own overhead against a
+bare loop is benchmarks/overhead.py."""
 from __future__ import annotations
 
 import dataclasses
@@ -16,8 +17,8 @@ import common.performance as performance
 from common.config import Config, UsageError, parse_config
 from common.data import EvalShard, ShuffleSampler, load_datasets, make_loader
 from common.devices import seed_everything
-from common.performance import (autocast, describe_fast_path, flops_per_image, grad_scaler, mfu, peak_tflops,
-                                resolve_fast_path, speed_summary)
+from common.performance import (autocast, describe_fast_path, flops_per_image, grad_scaler, mfu,
+                                peak_tflops, resolve_fast_path, speed_summary)
 from conftest import TINY, read_results, refuse_in_process, run_script
 from models import pyramidnet
 
@@ -27,12 +28,13 @@ BENCH = ["--benchmark", "--warmup_steps", "2", "--benchmark_steps", "6", "--log_
 
 
 def run_ok(script: str, run_dir: Path, *flags, env=ONE_THREAD):
-    done = run_script(script, *TINY, *flags, "--log_dir", run_dir.parent, "--run_name", run_dir.name, env=env)
+    done = run_script(script, *TINY, *flags, "--log_dir", run_dir.parent, "--run_name",
+                      run_dir.name, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     return done
 
 
-# ---------------------------------------------------------------------------------------------------- --benchmark
+# -------------------------------------------------------------------------------------- --benchmark
 @pytest.mark.parametrize("script, flags, devices", [
     ("single_gpu/train.py", [], 1),
     ("data_parallel/train.py", [], 1),
@@ -40,7 +42,8 @@ def run_ok(script: str, run_dir: Path, *flags, env=ONE_THREAD):
 ])
 def test_benchmark_writes_the_speed_figures_and_nothing_else(tmp_path, script, flags, devices):
     run_dir = tmp_path / "bench"
-    done = run_ok(script, run_dir, *BENCH, "--dataset", "cifar10", "--data_dir", tmp_path / "nothing", *flags)
+    done = run_ok(script, run_dir, *BENCH, "--dataset", "cifar10", "--data_dir",
+                  tmp_path / "nothing", *flags)
     results = read_results(run_dir)
     summary, config = results["summary"], results["config"]
     assert config["dataset"] == "synthetic"  # no download, whatever --dataset says
@@ -50,7 +53,8 @@ def test_benchmark_writes_the_speed_figures_and_nothing_else(tmp_path, script, f
     assert 0 < summary["batch_time_p50"] <= summary["batch_time_p90"]
     assert 0 <= summary["data_wait_frac"] < 1
     assert summary["flops_per_image"] == flops_per_image(parse_config(Config, TINY))
-    assert summary["mfu"] is None and summary["peak_mem_gb"] is None  # no GPU: no peak to divide by, no memory
+    # no GPU: no peak to divide by, no memory
+    assert summary["mfu"] is None and summary["peak_mem_gb"] is None
     assert summary["peak_mem_reserved_gb"] is None and results["peak_mem_reserved_gb_per_gpu"] == {}
     assert summary["test_acc"] is None and summary["test_loss"] is None  # no evaluation
     assert not (run_dir / "model.pt").exists()
@@ -60,10 +64,11 @@ def test_benchmark_writes_the_speed_figures_and_nothing_else(tmp_path, script, f
 
 
 def test_benchmark_times_exactly_the_benchmark_steps(tmp_path):
-    """The epochs are sized to reach warm-up + timed steps; the windows' timed steps add up to --benchmark_steps."""
+    """The epochs are sized to reach warm-up + timed steps; the windows' timed
+    steps add up to --benchmark_steps."""
     run_dir = tmp_path / "bench"
-    run_ok("single_gpu/train.py", run_dir, "--benchmark", "--warmup_steps", "3", "--benchmark_steps", "13",
-           "--synthetic_size", "128")  # 4 steps per epoch: 4 epochs
+    run_ok("single_gpu/train.py", run_dir, "--benchmark", "--warmup_steps", "3",
+           "--benchmark_steps", "13", "--synthetic_size", "128")  # 4 steps per epoch: 4 epochs
     from conftest import read_scalars
 
     results = read_results(run_dir)
@@ -73,18 +78,20 @@ def test_benchmark_times_exactly_the_benchmark_steps(tmp_path):
 
 
 def test_benchmark_and_evaluate_together_are_refused(tmp_path):
-    done = refuse_in_process("single_gpu/train.py", *TINY, "--benchmark", "--evaluate", tmp_path / "model.pt",
-                             "--log_dir", tmp_path)
+    done = refuse_in_process("single_gpu/train.py", *TINY, "--benchmark", "--evaluate",
+                             tmp_path / "model.pt", "--log_dir", tmp_path)
     assert done.returncode == 2 and done.stderr.strip().count("\n") == 0
     assert "--benchmark" in done.stderr and "Traceback" not in done.stderr
 
 
-# ---------------------------------------------------------------------------------------------------- precision
+# ---------------------------------------------------------------------------------------- precision
 @pytest.fixture(scope="module")
 def bf16_nhwc(tmp_path_factory):
-    """One run with --amp bf16 and --channels_last (fp16's scaler: test_grad_scaler_scales_only_fp16)."""
+    """One run with --amp bf16 and --channels_last (fp16's scaler:
+    test_grad_scaler_scales_only_fp16)."""
     run_dir = tmp_path_factory.mktemp("fast_path") / "bf16_nhwc"
-    return run_dir, run_ok("single_gpu/train.py", run_dir, "--amp", "bf16", "--channels_last", "--max_steps", "4")
+    return (run_dir, run_ok("single_gpu/train.py", run_dir, "--amp", "bf16", "--channels_last",
+                            "--max_steps", "4"))
 
 
 def test_autocast_trains_on_the_cpu(bf16_nhwc):
@@ -113,10 +120,10 @@ def test_autocast_computes_the_forward_pass_in_the_chosen_dtype():
 @pytest.mark.parametrize("amp, dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
 def test_data_parallel_replicas_compute_in_the_requested_dtype(amp, dtype):
     """On several GPUs, DataParallel's parallel_apply calls each replica in a new thread under
-    `torch.autocast(device, enabled=True)`, without the dtype: a fresh thread's own default (fp16 on CUDA, bf16 on
-    the CPU) would win over the run's --amp. Here the replicated module is called that way from a fresh thread,
-    on the CPU, whose default is bf16, so fp16 shows the defect; bf16 on CUDA is the same case. The saved and
-    evaluated model stays the plain PyramidNet."""
+    `torch.autocast(device, enabled=True)`, without the dtype: a fresh thread's own default (fp16 on
+    CUDA, bf16 on the CPU) would win over the run's --amp. Here the replicated module is called that
+    way from a fresh thread, on the CPU, whose default is bf16, so fp16 shows the defect; bf16 on
+    CUDA is the same case. The saved and evaluated model stays the plain PyramidNet."""
     import threading
 
     import data_parallel.train as data_parallel
@@ -133,7 +140,8 @@ def test_data_parallel_replicas_compute_in_the_requested_dtype(amp, dtype):
     thread.start()
     thread.join()
     assert computed == [dtype]
-    assert set(raw_model.state_dict()) == set(pyramidnet(8, 12).state_dict())  # no wrapper in the saved keys
+    # no wrapper in the saved keys
+    assert set(raw_model.state_dict()) == set(pyramidnet(8, 12).state_dict())
 
 
 def test_grad_scaler_scales_only_fp16():
@@ -145,19 +153,23 @@ def test_grad_scaler_scales_only_fp16():
 def test_channels_last_reaches_the_model_and_the_batches(bf16_nhwc):
     dataset, _ = load_datasets("synthetic", "", 64, 0)
     for kind in ("gpu", "torchvision"):
-        loader = make_loader(kind, dataset, ShuffleSampler(64, True, 0), 16, CPU, train=True, augment=True,
-                             num_workers=0, seed=0, memory_format=torch.channels_last)
+        loader = make_loader(kind, dataset, ShuffleSampler(64, True, 0), 16, CPU, train=True,
+                             augment=True, num_workers=0, seed=0, memory_format=torch.channels_last)
         images, _ = next(iter(loader))
         assert images.is_contiguous(memory_format=torch.channels_last), kind
-        dataset, _ = load_datasets("synthetic", "", 64, 0)  # the torchvision loader set a transform on it
-    plain = make_loader("gpu", dataset, EvalShard(64), 16, CPU, train=False, augment=False, num_workers=0, seed=0)
+        # the torchvision loader set a transform on it
+        dataset, _ = load_datasets("synthetic", "", 64, 0)
+    plain = make_loader("gpu", dataset, EvalShard(64), 16, CPU, train=False, augment=False,
+                        num_workers=0, seed=0)
     assert next(iter(plain))[0].is_contiguous()
     run_dir, done = bf16_nhwc
-    assert read_results(run_dir)["config"]["channels_last"] is True and "channels_last" in done.stdout
+    assert (read_results(run_dir)["config"]["channels_last"] is True
+            and "channels_last" in done.stdout)
 
 
 def test_channels_last_changes_the_layout_not_the_result():
-    """The same weights and batch give the same loss in either memory format (up to float summation order)."""
+    """The same weights and batch give the same loss in either memory format
+    (up to float summation order)."""
     seed_everything(0)
     model = pyramidnet(8, 12, "basic").eval()
     images = torch.randn(4, 3, 32, 32)
@@ -166,27 +178,32 @@ def test_channels_last_changes_the_layout_not_the_result():
     torch.testing.assert_close(nhwc, plain, rtol=1e-4, atol=1e-5)
 
 
-# ---------------------------------------------------------------------------------------------------- FLOPs and MFU
+# ------------------------------------------------------------------------------------ FLOPs and MFU
 def test_default_model_costs_28_3_gflop_per_training_image():
-    """PyramidNet-110 alpha=270, forward + backward, counted by torch.utils.flop_counter: 28.3 GFLOP +- 2 %."""
+    """PyramidNet-110 alpha=270, forward + backward, counted by
+    torch.utils.flop_counter: 28.3 GFLOP +- 2 %."""
     assert default_model_flops() == pytest.approx(28.3e9, rel=0.02)
 
 
 @functools.cache
 def default_model_flops() -> int:
-    """PyramidNet-110 alpha=270's count, taken once for the tests that need it (about 1.5 s each time)."""
+    """PyramidNet-110 alpha=270's count, taken once for the tests that
+    need it (about 1.5 s each time)."""
     return flops_per_image(Config())
 
 
 def test_flops_follow_the_model_not_a_constant():
-    small, large = (flops_per_image(dataclasses.replace(Config(), depth=d, alpha=a)) for d, a in [(20, 24), (56, 48)])
+    small, large = (flops_per_image(dataclasses.replace(Config(), depth=d, alpha=a))
+                    for d, a in [(20, 24), (56, 48)])
     assert 0 < small < large < default_model_flops()
-    bottleneck = flops_per_image(dataclasses.replace(Config(), depth=272, alpha=200, block="bottleneck"))
+    bottleneck = flops_per_image(dataclasses.replace(Config(), depth=272, alpha=200,
+                                                     block="bottleneck"))
     assert bottleneck != default_model_flops()
 
 
 def test_flop_count_is_three_forward_passes():
-    """Backward costs two forward passes (gradients of inputs and of weights): the count is 3x a forward."""
+    """Backward costs two forward passes (gradients of inputs and of
+    weights): the count is 3x a forward."""
     from torch.utils.flop_counter import FlopCounterMode
 
     cfg = dataclasses.replace(Config(), depth=20, alpha=24)
@@ -196,14 +213,18 @@ def test_flop_count_is_three_forward_passes():
     assert flops_per_image(cfg) == pytest.approx(3 * forward, rel=0.01)
 
 
-def fake_gpu(monkeypatch, name: str, uuid: str = "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6") -> torch.device:
-    """cuda:0 as peak_tflops sees it, with nothing touching CUDA: its name and its properties' UUID."""
+def fake_gpu(monkeypatch, name: str,
+             uuid: str = "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6") -> torch.device:
+    """cuda:0 as peak_tflops sees it, with nothing touching CUDA: its
+    name and its properties' UUID."""
     monkeypatch.setattr(performance.torch.cuda, "get_device_name", lambda device=None: name)
-    monkeypatch.setattr(performance.torch.cuda, "get_device_properties", lambda device=None: SimpleNamespace(uuid=uuid))
+    monkeypatch.setattr(performance.torch.cuda, "get_device_properties",
+                        lambda device=None: SimpleNamespace(uuid=uuid))
     return torch.device("cuda", 0)
 
 
-# torch.cuda.get_device_name() as it reads on each GPU, the table entry it must find, and that entry's bf16 peak
+# torch.cuda.get_device_name() as it reads on each GPU, the table entry it must
+# find, and that entry's bf16 peak
 @pytest.mark.parametrize("name, key, bf16", [
     ("NVIDIA A100-SXM4-80GB", "A100", 312.0),
     ("NVIDIA A100-SXM4-40GB", "A100", 312.0),
@@ -252,9 +273,11 @@ def test_peak_follows_the_dtype_in_use(monkeypatch, name, amp, expected):
     ("NVIDIA H100 80GB HBM3 MIG 3g.40gb", "MIG-4f2a9c1e-5d3b-5a7e-9c1d-0e2f3a4b5c6d"),
 ])
 def test_a_mig_slice_has_no_peak(monkeypatch, name, uuid):
-    """A MIG instance has a share of the chip's SMs and memory: the whole chip's peak would understate MFU."""
+    """A MIG instance has a share of the chip's SMs and memory: the whole
+    chip's peak would understate MFU."""
     device = fake_gpu(monkeypatch, name, uuid)
-    assert peak_tflops(device, "bf16") is None and performance.no_peak_reason(device) == performance.MIG_NOTE
+    assert (peak_tflops(device, "bf16") is None
+            and performance.no_peak_reason(device) == performance.MIG_NOTE)
 
 
 def test_mfu_is_model_flops_over_peak():
@@ -264,8 +287,9 @@ def test_mfu_is_model_flops_over_peak():
 
 
 def test_speed_summary_reports_compile_time_apart():
-    """compile_time_s is the timer's compile clock (torch's compile callbacks: tests/test_compile.py), not the
-    first step's excess; compile_wait_s the longest any rank waited for another's compile; None without them."""
+    """compile_time_s is the timer's compile clock (torch's compile callbacks:
+    tests/test_compile.py), not the first step's excess; compile_wait_s the longest any rank waited
+    for another's compile; None without them."""
     class Timer:
         first_step_seconds = 30.5
         compiling = SimpleNamespace(seconds=12.5, events=4)
@@ -282,7 +306,8 @@ def test_speed_summary_reports_compile_time_apart():
     assert summary["images_per_sec_per_gpu"] == pytest.approx(32 / 0.5 / 2)
     assert summary["compile_time_s"] == 12.5 and summary["first_step_s"] == 30.5
     assert summary["compile_wait_s"] == 7.0 and summary["data_wait_frac"] == pytest.approx(0.01)
-    Timer.compiling = SimpleNamespace(seconds=0.0, events=0)  # --evaluate: compiled, but nothing to compile
+    # --evaluate: compiled, but nothing to compile
+    Timer.compiling = SimpleNamespace(seconds=0.0, events=0)
     assert speed_summary(cfg, totals, Timer(), CPU, 1, {0: None})["compile_time_s"] == 0.0
     Timer.compiling = None
     summary = speed_summary(dataclasses.replace(cfg, compile=False), totals, Timer(), CPU, 1)
@@ -298,34 +323,42 @@ def test_results_json_says_why_mfu_is_missing(monkeypatch):
 
     from common.metrics import Sums
 
-    totals, cfg = Sums([0, 0, 0, 10, 5.0, 0.05]), dataclasses.replace(parse_config(Config, TINY), amp="bf16")
+    totals, cfg = (Sums([0, 0, 0, 10, 5.0, 0.05]),
+                   dataclasses.replace(parse_config(Config, TINY), amp="bf16"))
     cpu = speed_summary(cfg, totals, Timer(), CPU, 1)
     assert cpu["mfu"] is None and cpu["mfu_note"].startswith("CPU")
     gpu = speed_summary(cfg, totals, Timer(), fake_gpu(monkeypatch, "NVIDIA H100 80GB HBM3"), 1)
-    assert gpu["mfu"] == pytest.approx(32 / 0.5 * gpu["flops_per_image"] / 989.4e12) and gpu["mfu_note"] is None
+    assert (gpu["mfu"] == pytest.approx(32 / 0.5 * gpu["flops_per_image"] / 989.4e12)
+            and gpu["mfu_note"] is None)
     assert set(gpu) == set(cpu)  # the same keys, whatever the device
-    mig = speed_summary(cfg, totals, Timer(), fake_gpu(monkeypatch, "NVIDIA A100-SXM4-40GB MIG 1g.5gb"), 1)
+    mig = speed_summary(cfg, totals, Timer(),
+                        fake_gpu(monkeypatch, "NVIDIA A100-SXM4-40GB MIG 1g.5gb"), 1)
     assert mig["mfu"] is None and mig["mfu_note"] == performance.MIG_NOTE
     unknown = speed_summary(cfg, totals, Timer(), fake_gpu(monkeypatch, "Tesla K80"), 1)
     assert unknown["mfu"] is None and unknown["mfu_note"] == "GPU not in the peak table: Tesla K80"
 
 
-# ---------------------------------------------------------------------------------------------------- overhead
+# ----------------------------------------------------------------------------------------- overhead
 def test_bf16_on_a_gpu_without_it_is_a_usage_error(monkeypatch):
-    monkeypatch.setattr(performance.torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
-    monkeypatch.setattr(performance.torch.cuda, "get_device_name", lambda device=None: "Tesla V100-SXM2-16GB")
-    monkeypatch.setattr(performance.torch.backends.cudnn, "benchmark", False)  # restored after the test
+    monkeypatch.setattr(performance.torch.cuda, "is_bf16_supported",
+                        lambda including_emulation=True: False)
+    monkeypatch.setattr(performance.torch.cuda, "get_device_name",
+                        lambda device=None: "Tesla V100-SXM2-16GB")
+    # restored after the test
+    monkeypatch.setattr(performance.torch.backends.cudnn, "benchmark", False)
     monkeypatch.setattr(performance.torch, "set_float32_matmul_precision", lambda precision: None)
     cuda = torch.device("cuda", 0)
-    assert resolve_fast_path(parse_config(Config, []), cuda).amp == "fp16"  # the default where bf16 is missing
+    # the default where bf16 is missing
+    assert resolve_fast_path(parse_config(Config, []), cuda).amp == "fp16"
     with pytest.raises(UsageError, match="--amp fp16"):
         resolve_fast_path(parse_config(Config, ["--amp", "bf16"]), cuda)
 
 
 def test_compile_wraps_the_training_model_and_reports_its_time_apart(tmp_path, monkeypatch):
-    """--compile in-process with TorchDynamo's eager backend: the graph capture is real, code generation skipped
-    (inductor's C++ build takes about a minute on this machine; `--compile` with inductor was run by hand). The
-    compiled run trains the same weights as the eager one, and its first step is reported as compile time."""
+    """--compile in-process with TorchDynamo's eager backend: the graph capture is real, code
+    generation skipped (inductor's C++ build takes about a minute on this machine; `--compile` with
+    inductor was run by hand). The compiled run trains the same weights as the eager one, and its
+    first step is reported as compile time."""
     import single_gpu.train as single
 
     compiled_models = []
@@ -336,36 +369,45 @@ def test_compile_wraps_the_training_model_and_reports_its_time_apart(tmp_path, m
         return real_compile(model, backend="eager", **options)
 
     monkeypatch.setattr(single.torch, "compile", eager_backend_compile)
-    flags = [*TINY, "--max_steps", "4", "--no_augment", "--save_model", "--no_progress", "--log_dir", str(tmp_path)]
+    flags = [*TINY, "--max_steps", "4", "--no_augment", "--save_model", "--no_progress",
+             "--log_dir", str(tmp_path)]
     single.main([*flags, "--compile", "--run_name", "compiled"])
     single.main([*flags, "--run_name", "eager"])
     assert len(compiled_models) == 1  # the compiled run only
     compiled, eager = (read_results(tmp_path / name)["summary"] for name in ("compiled", "eager"))
     assert compiled["compile_time_s"] > 0 and eager["compile_time_s"] is None
-    weights = [torch.load(tmp_path / name / "model.pt", weights_only=True) for name in ("compiled", "eager")]
-    assert weights[0].keys() == weights[1].keys()  # the unwrapped model is saved, not the compiled wrapper
+    weights = [torch.load(tmp_path / name / "model.pt", weights_only=True)
+               for name in ("compiled", "eager")]
+    # the unwrapped model is saved, not the compiled wrapper
+    assert weights[0].keys() == weights[1].keys()
     for name in weights[0]:
         torch.testing.assert_close(weights[0][name], weights[1][name], rtol=1e-5, atol=1e-6)
 
 
 def test_compile_keeps_its_caches_where_the_next_run_finds_them(tmp_path, monkeypatch):
-    """--compile points inductor's caches (FX graphs, AOTAutograd, Triton) at --compile_cache, or at the
-    TORCHINDUCTOR_CACHE_DIR a user set, or at <log_dir>/.compile_cache, and the first line says whether earlier
-    compilations left work there (warm) or not (cold)."""
-    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # what the test sets is undone after it
-    cfg = resolve_fast_path(parse_config(Config, [*TINY, "--compile", "--log_dir", str(tmp_path)]), CPU)
+    """--compile points inductor's caches (FX graphs, AOTAutograd, Triton) at --compile_cache, or at
+    the TORCHINDUCTOR_CACHE_DIR a user set, or at <log_dir>/.compile_cache, and the first line says
+    whether earlier compilations left work there (warm) or not (cold)."""
+    # what the test sets is undone after it
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    cfg = resolve_fast_path(parse_config(Config, [*TINY, "--compile", "--log_dir", str(tmp_path)]),
+                            CPU)
     cache = tmp_path / ".compile_cache"
     assert cfg.compile_cache == str(cache) and os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(cache)
     assert "compiled (cache cold" in describe_fast_path(cfg)
     (cache / "fxgraph").mkdir(parents=True)
-    assert "compiled (cache cold" in describe_fast_path(cfg)  # warm: with compiled graphs (tests/test_compile.py)
+    # warm: with compiled graphs (tests/test_compile.py)
+    assert "compiled (cache cold" in describe_fast_path(cfg)
     chosen = tmp_path / "elsewhere"
-    cfg = resolve_fast_path(parse_config(Config, [*TINY, "--compile", "--compile_cache", str(chosen),
-                                                  "--compile_mode", "reduce-overhead"]), CPU)
+    cfg = resolve_fast_path(parse_config(Config, [*TINY, "--compile", "--compile_cache",
+                                                  str(chosen), "--compile_mode",
+                                                  "reduce-overhead"]), CPU)
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(chosen)
     assert f"compiled (reduce-overhead, cache cold: {chosen})" in describe_fast_path(cfg)
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "the user's"))  # a folder set by hand is kept
-    cfg = resolve_fast_path(parse_config(Config, [*TINY, "--compile", "--log_dir", str(tmp_path)]), CPU)
+    # a folder set by hand is kept
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "the user's"))
+    cfg = resolve_fast_path(parse_config(Config, [*TINY, "--compile", "--log_dir", str(tmp_path)]),
+                            CPU)
     assert cfg.compile_cache == str(tmp_path / "the user's")
 
 
@@ -373,8 +415,9 @@ def test_profile_tool_splits_a_step_into_categories(tmp_path):
     """On the CPU: the split, without rates (a CPU's TFLOP/s would read as a GPU's 0.0) and
     without the profiler's own lines about the GPU it does not find."""
     out = tmp_path / "profile.json"
-    done = run_script("benchmarks/profile_step.py", "--depth", "8", "--alpha", "12", "--batch_size", "16",
-                      "--steps", "2", "--warmup_steps", "1", "--top", "5", "--out", out, env=ONE_THREAD)
+    done = run_script("benchmarks/profile_step.py", "--depth", "8", "--alpha", "12", "--batch_size",
+                      "16", "--steps", "2", "--warmup_steps", "1", "--top", "5", "--out", out,
+                      env=ONE_THREAD)
     assert done.returncode == 0, done.stderr
     assert done.stderr == "", done.stderr  # once Kineto's "ERROR: ... gpuGetDeviceCount failed"
     assert "TFLOP/s" not in done.stdout and "GB/s" not in done.stdout
@@ -388,5 +431,6 @@ def test_profile_tool_splits_a_step_into_categories(tmp_path):
     assert len(report["top"]) == 5 and report["top_kernels"] == []  # kernels only on a GPU
     assert "convolution" in done.stdout and "ms of operator self time per step" in done.stdout
     passes = report["conv_passes"]  # on the CPU: forward and backward, by the input's resolution
-    assert set(passes) == {"fprop", "backward"} and set(passes["fprop"]) == {"32x32", "16x16", "8x8"}
+    assert (set(passes) == {"fprop", "backward"}
+            and set(passes["fprop"]) == {"32x32", "16x16", "8x8"})
     assert report["achieved"] is None and report["roofline"] is None

@@ -1,7 +1,8 @@
-"""The four train.py files stay in step, and each teaches its mode: the same sections in the same order, every
-torch.distributed call a process-group mode makes written in its own file (fsdp repeats dist_parallel's rather
-than importing them), the training loop the same code in every mode, `main` a short story, lines a reader can
-hold. A budget of changed lines stays only as a guard against drift."""
+"""The four train.py files stay in step, and each teaches its mode: the same sections in the
+same order, every torch.distributed call a process-group mode makes written in its own file
+(fsdp repeats dist_parallel's rather than importing them), the training loop the same code in
+every mode, `main` a short story, lines a reader can hold. A budget of changed lines stays
+only as a guard against drift."""
 from __future__ import annotations
 
 import ast
@@ -15,10 +16,11 @@ import pytest
 from conftest import REPO
 
 MODES = ["single_gpu/train.py", "data_parallel/train.py", "dist_parallel/train.py", "fsdp/train.py"]
-SECTIONS = ["imports", "config", "setup", "data", "model", "optimizer", "train / evaluate", "main loop", "teardown"]
+SECTIONS = ["imports", "config", "setup", "data", "model", "optimizer", "train / evaluate",
+            "main loop", "teardown"]
 
-# What a process-group mode's file must show itself, in its code (not a comment): each step DDP needs, as the
-# PyTorch DDP tutorial's script shows it.
+# What a process-group mode's file must show itself, in its code (not a comment): each step DDP
+# needs, as the PyTorch DDP tutorial's script shows it.
 GROUP_CALLS = [
     'int(os.environ["RANK"])',  # where this process sits, read from the environment torchrun sets
     'int(os.environ.get("LOCAL_RANK", rank))',
@@ -40,17 +42,19 @@ GROUP_CALLS = [
 ]
 MUST_SHOW = {
     "data_parallel/train.py": ["nn.DataParallel(AutocastForward(raw_model, cfg)"],
-    "dist_parallel/train.py": [*GROUP_CALLS, "DDP(raw_model", "nn.SyncBatchNorm.convert_sync_batchnorm("],
-    "fsdp/train.py": [*GROUP_CALLS, "fully_shard(block", "fully_shard(raw_model", "module.reshard()",
-                      "dist.all_reduce(most, op=dist.ReduceOp.MAX)"],
+    "dist_parallel/train.py": [*GROUP_CALLS, "DDP(raw_model",
+                               "nn.SyncBatchNorm.convert_sync_batchnorm("],
+    "fsdp/train.py": [*GROUP_CALLS, "fully_shard(block", "fully_shard(raw_model",
+                      "module.reshard()", "dist.all_reduce(most, op=dist.ReduceOp.MAX)"],
 }
-# What every mode defines itself, where its parallel calls are made (they once lived in common/, hiding them).
-OWN = ["setup", "get_loaders", "get_model", "train_one_epoch", "log_window", "evaluate", "prepare", "train",
-       "finish", "main"]
-# Functions that are the same code in dist_parallel and fsdp (their config class's name aside): what a process
-# group needs is identical whether the model is replicated or sharded.
-SAME_IN_GROUPS = ["setup", "get_loaders", "get_optimizer", "train_one_epoch", "log_window", "by_rank", "prepare",
-                  "main"]
+# What every mode defines itself, where its parallel calls are made (they
+# once lived in common/, hiding them).
+OWN = ["setup", "get_loaders", "get_model", "train_one_epoch", "log_window", "evaluate", "prepare",
+       "train", "finish", "main"]
+# Functions that are the same code in dist_parallel and fsdp (their config class's name aside): what
+# a process group needs is identical whether the model is replicated or sharded.
+SAME_IN_GROUPS = ["setup", "get_loaders", "get_optimizer", "train_one_epoch", "log_window",
+                  "by_rank", "prepare", "main"]
 # Changed lines of code (added + removed) against single_gpu/train.py, measured when set, with a
 # little room: only a guard against drift. dist_parallel's are every step of DDP above, each with
 # its comment, the node's first compile, each rank's own log window gathered for TensorBoard's
@@ -93,7 +97,8 @@ def changed_lines(other: str, base: str = "single_gpu/train.py") -> list[str]:
 
 
 def functions(path: str) -> dict[str, ast.FunctionDef]:
-    return {node.name: node for node in ast.parse(source(path)).body if isinstance(node, ast.FunctionDef)}
+    return {node.name: node for node in ast.parse(source(path)).body
+            if isinstance(node, ast.FunctionDef)}
 
 
 def without_config_names(node: ast.AST) -> str:
@@ -119,7 +124,8 @@ def test_no_mode_hides_its_steps_in_common(path):
     imported = {alias.name for node in tree.body if isinstance(node, ast.ImportFrom)
                 and (node.module or "").startswith("common") for alias in node.names}
     assert not imported & set(OWN), f"{path} imports {sorted(imported & set(OWN))} from common/"
-    assert set(OWN) <= set(functions(path)), f"{path} does not define {sorted(set(OWN) - set(functions(path)))}"
+    assert set(OWN) <= \
+        set(functions(path)), f"{path} does not define {sorted(set(OWN) - set(functions(path)))}"
 
 
 def test_the_process_group_modes_repeat_the_same_code():
@@ -136,10 +142,12 @@ def test_the_training_loop_is_the_same_code_in_every_mode():
 
 @pytest.mark.parametrize("path", MODES)
 def test_main_is_a_short_story(path):
-    """main() prepares, trains and finishes, each phase a function of the file, in about 30 lines."""
+    """main() prepares, trains and finishes, each phase a function
+    of the file, in about 30 lines."""
     main = functions(path)["main"]
     assert main.end_lineno - main.lineno + 1 <= 30
-    called = {node.func.id for node in ast.walk(main) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
+    called = {node.func.id for node in ast.walk(main)
+              if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
     assert {"prepare", "train", "finish"} <= called
 
 
@@ -163,7 +171,8 @@ def test_parallel_modes_differ_only_within_budget(path):
 
 
 def test_data_parallel_adds_the_wrapper_and_nothing_else():
-    added = "\n".join(line for line in changed_lines("data_parallel/train.py") if line.startswith("+"))
+    added = "\n".join(line for line in changed_lines("data_parallel/train.py")
+                      if line.startswith("+"))
     assert "nn.DataParallel(AutocastForward(raw_model, cfg)" in added
     for unrelated in ("dist.", "DistributedSampler", "optimizer", "evaluate(", "loss"):
         assert unrelated not in added, unrelated
@@ -185,8 +194,11 @@ def test_fsdp_is_dist_parallel_with_fully_shard_in_place_of_ddp():
     assert "fully_shard(raw_model" in added and "DDP(" not in added
     for unrelated in ("loss", "DistributedSampler", "init_process_group"):
         assert unrelated not in added, unrelated
-    said = [line for line in added.splitlines() if "optimizer" in line]  # FSDP2's lesson: SGD after sharding
-    assert said == ["+    optimizer = build_optimizer(raw_model, cfg, device)  # after sharding: SGD holds each slice"]
+    # FSDP2's lesson: SGD after sharding
+    said = [line for line in added.splitlines() if "optimizer" in line]
+    assert said == \
+        ["+    optimizer = build_optimizer(raw_model, cfg, device)  # after "
+         "sharding: SGD holds each slice"]
 
 
 def test_no_mode_flags_in_the_shared_code():
@@ -199,5 +211,6 @@ def test_no_mode_flags_in_the_shared_code():
 def test_no_module_in_common_imports_most_of_its_siblings():
     modules = sorted(p.stem for p in (REPO / "common").glob("*.py") if p.stem != "__init__")
     for name in modules:
-        imported = set(re.findall(r"^\s*from common\.(\w+) import", source(f"common/{name}.py"), flags=re.M))
+        imported = set(re.findall(r"^\s*from common\.(\w+) import", source(f"common/{name}.py"),
+                                  flags=re.M))
         assert len(imported) <= (len(modules) - 1) // 2, (name, sorted(imported))

@@ -1,8 +1,8 @@
-"""compare.py's pictures, held to what was measured: each figure is built in-process from hand-made outcomes (what
-fill_rows makes of the runs' results.json) and its axes are read before anything is saved. The real compare.py run,
-with a failed configuration, is in tests/test_compare.py. step_breakdown.png is held to the
-report's own sentences about the split of the step: one function (report.step_split) computes
-both."""
+"""compare.py's pictures, held to what was measured: each figure is built in-process from hand-made
+outcomes (what fill_rows makes of the runs' results.json) and its axes are read before anything is
+saved. The real compare.py run, with a failed configuration, is in tests/test_compare.py.
+step_breakdown.png is held to the report's own sentences about the split of the step: one function
+(report.step_split) computes both."""
 from __future__ import annotations
 
 import re
@@ -18,7 +18,8 @@ from comparison.report import (SPLIT_PARTS, Outcome, breakdown_section, fill_row
 from conftest import REPO
 
 CPU_DEVICE = "CPU (test), no GPU"
-GRADS = [4_000_000] * 10  # what projection_inputs gives for a model: its gradients' bytes per tensor
+# what projection_inputs gives for a model: its gradients' bytes per tensor
+GRADS = [4_000_000] * 10
 
 
 def outcome(mode, gpus, step_ms, *, backend=None, batch=32, repeat=1, data_frac=0.1, memory=None,
@@ -30,8 +31,9 @@ def outcome(mode, gpus, step_ms, *, backend=None, batch=32, repeat=1, data_frac=
                      reshard_after_forward=reshard)
     if failed:
         return Outcome(run, "failed", error="exit status 1")
-    results = {"summary": {"images_per_sec": batch / (step_ms / 1000), "batch_time_p50": step_ms / 1000,
-                           "data_wait_frac": data_frac, "breakdown": breakdown},
+    results = {"summary": {"images_per_sec": batch / (step_ms / 1000),
+                           "batch_time_p50": step_ms / 1000, "data_wait_frac": data_frac,
+                           "breakdown": breakdown},
                "config": {"batch_size": batch, "amp": "off", "profile_steps": 3},
                "peak_mem_gb_per_gpu": memory}
     return Outcome(run, "ok", results=results)
@@ -51,18 +53,20 @@ def filled(outcomes):
 
 
 def cpu_matrix(repeats=1, failed_ddp=False):
-    """The CPU default: single_gpu, data_parallel on one process, DDP on two (gloo), `repeats` times each."""
+    """The CPU default: single_gpu, data_parallel on one process, DDP on two
+    (gloo), `repeats` times each."""
     runs = []
     for k in range(1, repeats + 1):
-        runs += [outcome("single_gpu", 1, 100 + k, repeat=k), outcome("data_parallel", 1, 101 + k, repeat=k),
+        runs += [outcome("single_gpu", 1, 100 + k, repeat=k),
+                 outcome("data_parallel", 1, 101 + k, repeat=k),
                  outcome("dist_parallel", 2, 60 + 2 * k, backend="gloo", repeat=k)]
     if failed_ddp:
         runs.append(outcome("dist_parallel", 3, 0, backend="gloo", batch=48, failed=True))
     return filled(runs)
 
 
-PROJECTION = {"step_s": 0.1, "ddp1_step_s": 0.102, "grads": GRADS, "bucket_cap_mb": 25.0, "amp": "off",
-              "batch": 32}
+PROJECTION = {"step_s": 0.1, "ddp1_step_s": 0.102, "grads": GRADS, "bucket_cap_mb": 25.0,
+              "amp": "off", "batch": 32}
 
 
 def ticks(ax) -> list[int]:
@@ -73,14 +77,15 @@ def legend(ax) -> list[str]:
     return [text.get_text() for text in ax.get_legend().get_texts()]
 
 
-# ---------------------------------------------------------------------------------------------------- the axes
+# ----------------------------------------------------------------------------------------- the axes
 def test_throughput_axis_holds_exactly_the_measured_counts():
     fig = throughput_figure(cpu_matrix(), CPU_DEVICE, cuda=False)
     ax = fig.axes[0]
     assert ticks(ax) == [1, 2] and [t.get_text() for t in ax.get_xticklabels()] == ["1", "2"]
     assert ax.get_xscale() == "linear" and ax.get_xlim() == pytest.approx((0.5, 2.5))
     assert ax.get_ylim()[0] == 0  # bars and points compare as ratios from zero
-    assert legend(ax) == ["single_gpu amp off", "data_parallel amp off", "dist_parallel gloo amp off"]
+    assert legend(ax) == \
+        ["single_gpu amp off", "data_parallel amp off", "dist_parallel gloo amp off"]
     assert ax.get_xlabel() == "CPU processes (one thread each)"
     assert ax.get_ylabel() == "images/s (global batch ÷ mean step)"
     assert "one run each" in ax.get_title()
@@ -88,14 +93,16 @@ def test_throughput_axis_holds_exactly_the_measured_counts():
 
 
 def test_efficiency_axis_reads_well_from_two_counts_to_a_64_gpu_projection():
-    """The defect this mends: the 100 % line's axes-coordinate x data (0 and 1) put a tick at 0 on a log axis."""
+    """The defect this mends: the 100 % line's axes-coordinate x data (0 and 1)
+    put a tick at 0 on a log axis."""
     fig = efficiency_figure(cpu_matrix(), CPU_DEVICE, cuda=False, projection=PROJECTION)
     ax = fig.axes[0]
     assert ticks(ax) == [1, 2, 4, 8, 16, 32, 64] and ax.get_xscale() == "log"
     assert 0.5 < ax.get_xlim()[0] < 1 and 64 < ax.get_xlim()[1] < 128
     assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "4", "8", "16", "32", "64"]
     assert any(name.startswith("projected DDP") for name in legend(ax))
-    assert legend(ax)[-3:] == ["single_gpu amp off", "data_parallel amp off", "dist_parallel gloo amp off"]
+    assert legend(ax)[-3:] == \
+        ["single_gpu amp off", "data_parallel amp off", "dist_parallel gloo amp off"]
     assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] >= 110
     plt.close(fig)
     without = efficiency_figure(cpu_matrix(), CPU_DEVICE, cuda=False, projection=None).axes[0]
@@ -103,12 +110,13 @@ def test_efficiency_axis_reads_well_from_two_counts_to_a_64_gpu_projection():
 
 
 def test_coinciding_projections_share_one_line_named_after_both():
-    """Where communication hides behind backward on NVLink and PCIe alike, their curves coincide: one line, both
-    names, instead of one hiding the other."""
+    """Where communication hides behind backward on NVLink and PCIe alike, their curves coincide:
+    one line, both names, instead of one hiding the other."""
     tiny_gradients = {**PROJECTION, "grads": [1000]}  # nothing to communicate: every link keeps up
     ax = efficiency_figure(cpu_matrix(), CPU_DEVICE, cuda=False, projection=tiny_gradients).axes[0]
     projected = [name for name in legend(ax) if name.startswith("projected DDP")]
-    assert projected == ["projected DDP, NVLink = PCIe", "projected DDP, InfiniBand"]  # the same GPU counts
+    # the same GPU counts
+    assert projected == ["projected DDP, NVLink = PCIe", "projected DDP, InfiniBand"]
     separate = efficiency_figure(cpu_matrix(), CPU_DEVICE, cuda=False, projection=PROJECTION).axes[0]
     assert [name for name in legend(separate) if name.startswith("projected DDP")] == [
         "projected DDP, NVLink", "projected DDP, PCIe", "projected DDP, InfiniBand"]
@@ -117,8 +125,10 @@ def test_coinciding_projections_share_one_line_named_after_both():
 def test_repeats_show_their_spread_and_the_title_says_how_many():
     ax = throughput_figure(cpu_matrix(repeats=3), CPU_DEVICE, cuda=False).axes[0]
     assert "mean ± std of 3 runs each" in ax.get_title()
-    caps = [line for container in ax.containers for line in container.lines[2]]  # the error bars' segments
-    assert caps and all(segment.get_segments()[0][0][1] != segment.get_segments()[0][1][1] for segment in caps)
+    # the error bars' segments
+    caps = [line for container in ax.containers for line in container.lines[2]]
+    assert caps and all(segment.get_segments()[0][0][1] != segment.get_segments()[0][1][1]
+                        for segment in caps)
 
 
 def test_a_failed_configuration_is_left_out_and_the_pictures_still_drawn():
@@ -126,7 +136,8 @@ def test_a_failed_configuration_is_left_out_and_the_pictures_still_drawn():
     drawn = figures(outcomes, CPU_DEVICE, cuda=False, projection=PROJECTION)
     # no memory on CPUs, no breakdown without a profile
     assert sorted(drawn) == ["images_per_sec.png", "scaling_efficiency.png"]
-    assert ticks(drawn["images_per_sec.png"].axes[0]) == [1, 2]  # the failed 3-process run is not a point
+    # the failed 3-process run is not a point
+    assert ticks(drawn["images_per_sec.png"].axes[0]) == [1, 2]
     failed = outcome("dist_parallel", 3, 0, backend="gloo", failed=True)
     profiled = figures(split_matrix() + [failed], CPU_DEVICE, cuda=False, projection=None)
     assert len(profiled["step_breakdown.png"].axes[0].get_yticks()) == 3  # nor a bar
@@ -136,7 +147,7 @@ def test_a_failed_configuration_is_left_out_and_the_pictures_still_drawn():
         plt.close(fig)
 
 
-# ---------------------------------------------------------------------------------------------------- where a step goes
+# -------------------------------------------------------------------------------- where a step goes
 def split_matrix():
     """single_gpu at 32 images, DDP on 2 GPUs at 16 images each (rank 1 a straggler: 8 ms more
     compute; rank 0 waits for it in exposed communication), fsdp on 2 GPUs; DDP twice (its split's
@@ -266,16 +277,17 @@ def test_oversubscribed_counts_are_shaded_and_named():
     plt.close("all")
 
 
-# ---------------------------------------------------------------------------------------------------- memory
+# ------------------------------------------------------------------------------------------- memory
 def test_memory_per_gpu_shows_data_parallels_heavier_first_gpu():
     outcomes = filled([outcome("data_parallel", 2, 100, memory={"0": 6.0, "1": 3.5}, unit="gpu"),
-                       outcome("dist_parallel", 2, 90, backend="nccl", memory={"0": 4.0, "1": 4.0}, unit="gpu",
-                               index=2)])
+                       outcome("dist_parallel", 2, 90, backend="nccl", memory={"0": 4.0, "1": 4.0},
+                               unit="gpu", index=2)])
     fig = memory_figure(outcomes, "2× GPU (test)")
     ax = fig.axes[0]
     assert [round(patch.get_height(), 2) for patch in ax.patches] == [6.0, 3.5, 4.0, 4.0]
     first, second = ax.patches[0], ax.patches[1]
-    assert first.get_x() < second.get_x() < ax.patches[2].get_x()  # GPU 0 then GPU 1, a group per run
+    # GPU 0 then GPU 1, a group per run
+    assert first.get_x() < second.get_x() < ax.patches[2].get_x()
     assert ax.get_ylabel() == "peak memory per GPU (GB)" and ax.get_ylim()[0] == 0
     assert [text.get_text() for text in ax.texts][:2] == ["6.0", "3.5"]
     plt.close(fig)

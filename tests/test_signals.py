@@ -1,18 +1,21 @@
-"""Every stop signal, in every mode, ends a run the same way: at a point every rank agrees on, with one line, the
-documented exit status (128 + the signal) and, when training, a checkpoint; and a launcher that says in one line
-what happened to its workers.
+"""Every stop signal, in every mode, ends a run the same way: at a point every rank agrees on, with
+one line, the documented exit status (128 + the signal) and, when training, a checkpoint; and a
+launcher that says in one line what happened to its workers.
 
-1. --evaluate stops between two batches on SIGTERM or a first Ctrl-C (it used to evaluate to its end and exit
-   0): single_gpu and data_parallel in this process, dist_parallel and fsdp as two processes started by hand,
-   the signal sent to rank 1 alone: every rank stops at the same batch, none waits for another;
-2. SIGHUP (the terminal closed) and SIGUSR1 (SLURM's warning before a time limit) stop a run as SIGTERM does
-   (they used to kill it, with no checkpoint): single_gpu on a terminal that hangs up, its DataLoader workers in
-   the terminal's process group; the self-launch passing SIGUSR1 on to its workers;
-3. a SIGTERM to one rank of two stops both with its exit status, and the self-launch's account of it is one clean
-   stop (it used to say that another rank was signalled and that the workers failed); the self-launch's usage
-   error exits 2 whatever torch's agent did to the other workers; a worker killed by a signal
-   (TORCH_DISTRIBUTED_DEBUG=DETAIL makes DDP's constructor die of SIGSEGV on torch 2.14.1) is named with its
-   signal; a stop before training began says so; its workers get 90 s to stop cleanly.
+1. --evaluate stops between two batches on SIGTERM or a first Ctrl-C (it used to evaluate to
+   its end and exit 0): single_gpu and data_parallel in this process, dist_parallel and fsdp
+   as two processes started by hand, the signal sent to rank 1 alone: every rank stops at the
+   same batch, none waits for another;
+2. SIGHUP (the terminal closed) and SIGUSR1 (SLURM's warning before a time limit) stop a
+   run as SIGTERM does (they used to kill it, with no checkpoint): single_gpu on a terminal
+   that hangs up, its DataLoader workers in the terminal's process group; the self-launch
+   passing SIGUSR1 on to its workers;
+3. a SIGTERM to one rank of two stops both with its exit status, and the self-launch's account of
+   it is one clean stop (it used to say that another rank was signalled and that the workers
+   failed); the self-launch's usage error exits 2 whatever torch's agent did to the other workers;
+   a worker killed by a signal (TORCH_DISTRIBUTED_DEBUG=DETAIL makes DDP's constructor die of
+   SIGSEGV on torch 2.14.1) is named with its signal; a stop before training began says so; its
+   workers get 90 s to stop cleanly.
 """
 from __future__ import annotations
 
@@ -37,7 +40,8 @@ from test_reliability import _free_port, read_until, session_alive, start, wait_
 pytestmark = pytest.mark.second_tier  # the longest scenarios: `python -m pytest -q -m second_tier`
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
-# A test set of 512 synthetic images, global batch 32: 16 evaluation batches, on each rank of two as well.
+# A test set of 512 synthetic images, global batch 32: 16 evaluation
+# batches, on each rank of two as well.
 EVALUATE = [*TINY, "--synthetic_size", "2560", "--no_progress"]
 LONGER = [*TINY, "--synthetic_size", "512", "--epochs", "2", "--no_progress", "--log_interval", "2"]
 
@@ -53,11 +57,13 @@ def weights(tmp_path_factory) -> Path:
     return path
 
 
-# ----------------------------------------------------------------------------------------------------- 1. --evaluate
-@pytest.mark.parametrize("script, name", [("single_gpu/train.py", "SIGTERM"), ("data_parallel/train.py", "SIGINT")])
+# ------------------------------------------------------------------------------------ 1. --evaluate
+@pytest.mark.parametrize("script, name",
+                         [("single_gpu/train.py", "SIGTERM"), ("data_parallel/train.py", "SIGINT")])
 def test_evaluate_stops_between_two_batches(script, name, weights, tmp_path, monkeypatch, capsys):
-    """The signal arrives during the second batch (sent by this process to itself, the run's handler installed):
-    the evaluation stops before the third, with one line and 128 + the signal; no results are written."""
+    """The signal arrives during the second batch (sent by this process to itself, the run's
+    handler installed): the evaluation stops before the third, with one line and 128 + the
+    signal; no results are written."""
     import importlib
 
     module = importlib.import_module(script.removesuffix(".py").replace("/", "."))
@@ -74,68 +80,76 @@ def test_evaluate_stops_between_two_batches(script, name, weights, tmp_path, mon
         return real(model, counted(), device)
 
     monkeypatch.setattr(module, "evaluation_sums", signalled_at_the_second_batch)
-    done = refuse_in_process(script, *EVALUATE, "--evaluate", weights, "--log_dir", tmp_path, "--run_name", "ev")
+    done = refuse_in_process(script, *EVALUATE, "--evaluate", weights, "--log_dir", tmp_path,
+                             "--run_name", "ev")
     assert done.returncode == StopSignals.EXIT_CODES[name], done.stdout + done.stderr
-    assert f"stopped by {name} during the evaluation, after 2 of 16 batches: no results written" in done.stdout
+    assert (f"stopped by {name} during the evaluation, after 2 of 16 "
+            "batches: no results written" in done.stdout)
     assert len(batches) == 2 and "error" not in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "ev" / "results.json").exists()
 
 
 def test_until_stopped_leaves_an_epoch_evaluation_alone():
-    """Without signals (an epoch's evaluation, which its checkpoint follows) the loader is the loader."""
+    """Without signals (an epoch's evaluation, which its checkpoint
+    follows) the loader is the loader."""
     loader = [1, 2, 3]
     assert until_stopped(loader, None) is loader
 
 
 def by_hand(script: str, flags: list, tmp_path: Path, fault: dict, timeout: float = 120) -> list:
-    """Two ranks of `script` started by hand (no launcher to clean up after them) under tests/fault_injection.py
-    with `fault`'s variables; their (exit status, stdout, stderr), within `timeout`."""
+    """Two ranks of `script` started by hand (no launcher to clean up after them)
+    under tests/fault_injection.py with `fault`'s variables; their (exit status,
+    stdout, stderr), within `timeout`."""
     port = _free_port()
     processes = []
     for rank in range(2):
-        env = {**os.environ, **ONE_THREAD, "PYTHONUNBUFFERED": "1", "RANK": str(rank), "WORLD_SIZE": "2",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), **fault}
+        env = {**os.environ, **ONE_THREAD, "PYTHONUNBUFFERED": "1", "RANK": str(rank),
+               "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), **fault}
         processes.append(subprocess.Popen(
-            [sys.executable, str(REPO / "tests" / "fault_injection.py"), script, *map(str, flags), "--log_dir",
-             str(tmp_path), "--run_name", "by_hand"], cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE))
+            [sys.executable, str(REPO / "tests" / "fault_injection.py"), script, *map(str, flags),
+             "--log_dir", str(tmp_path), "--run_name", "by_hand"], cwd=REPO, env=env, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     outputs = [process.communicate(timeout=timeout) for process in processes]
     return [(process.returncode, *output) for process, output in zip(processes, outputs)]
 
 
 @pytest.mark.parametrize("script", ["dist_parallel/train.py", "fsdp/train.py"])
 def test_evaluate_in_a_group_stops_every_rank_at_the_same_batch(script, weights, tmp_path):
-    """SIGTERM to rank 1 alone during its third batch: the ranks vote before each batch, so both stop before the
-    fourth and exit 143 together (fsdp's forward passes gather weights from every rank: a rank that went on alone
-    would wait for the other until --dist_timeout); rank 0 says it once."""
+    """SIGTERM to rank 1 alone during its third batch: the ranks vote before each batch, so
+    both stop before the fourth and exit 143 together (fsdp's forward passes gather weights
+    from every rank: a rank that went on alone would wait for the other until
+    --dist_timeout); rank 0 says it once."""
     started = time.monotonic()
     ranks = by_hand(script, [*EVALUATE, "--evaluate", weights], tmp_path,
                     {"FAULT_RANK": "1", "FAULT_STEP": "3", "FAULT_SIGNAL": "SIGTERM"})
     assert time.monotonic() - started < 100
     assert [code for code, _, _ in ranks] == [143, 143], ranks
     said = [line for line in ranks[0][1].splitlines() if line.startswith("stopped by")]
-    assert said == ["stopped by SIGTERM during the evaluation, after 3 of 16 batches: no results written; run it "
-                    "again to evaluate"], ranks[0]
+    assert said == ["stopped by SIGTERM during the evaluation, after 3 of 16 batches: no results "
+                    "written; run it again to evaluate"], ranks[0]
     assert "stopped" not in ranks[1][1] and "Traceback" not in ranks[0][2] + ranks[1][2]
     assert not (tmp_path / "by_hand" / "results.json").exists()
 
 
-# ------------------------------------------------------------------------------------------------ 2. SIGHUP, SIGUSR1
+# ------------------------------------------------------------------------------- 2. SIGHUP, SIGUSR1
 def test_a_closed_terminal_stops_single_gpu_with_a_checkpoint(tmp_path):
-    """single_gpu on a terminal (a pseudo-terminal, its controlling one), the torchvision loader's workers in the
-    terminal's process group: the terminal closes, the kernel sends SIGHUP to them all; the workers carry on,
-    the run writes its stop checkpoint at the next log window, its lines (to a terminal that is gone) cannot make
-    it fail, and it exits 128 + 1 (it used to die of SIGHUP, with no checkpoint)."""
+    """single_gpu on a terminal (a pseudo-terminal, its controlling one), the torchvision loader's
+    workers in the terminal's process group: the terminal closes, the kernel sends SIGHUP to them
+    all; the workers carry on, the run writes its stop checkpoint at the next log window, its
+    lines (to a terminal that is gone) cannot make it fail, and it exits 128 + 1 (it used to die
+    of SIGHUP, with no checkpoint)."""
     main, terminal = pty.openpty()
 
     def controlled_by_the_terminal():
         os.setsid()
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
-    run = subprocess.Popen([sys.executable, str(REPO / "single_gpu/train.py"), *LONGER, "--loader", "torchvision",
-                            "--num_workers", "2", "--log_dir", str(tmp_path), "--run_name", "hup"],
-                           cwd=REPO, env={**os.environ, **ONE_THREAD, "PYTHONUNBUFFERED": "1"}, stdin=terminal,
-                           stdout=terminal, stderr=terminal, preexec_fn=controlled_by_the_terminal)
+    run = subprocess.Popen([sys.executable, str(REPO / "single_gpu/train.py"), *LONGER, "--loader",
+                            "torchvision", "--num_workers", "2", "--log_dir", str(tmp_path),
+                            "--run_name", "hup"],
+                           cwd=REPO, env={**os.environ, **ONE_THREAD, "PYTHONUNBUFFERED": "1"},
+                           stdin=terminal, stdout=terminal, stderr=terminal,
+                           preexec_fn=controlled_by_the_terminal)
     os.close(terminal)
     seen = b""
     try:
@@ -146,14 +160,15 @@ def test_a_closed_terminal_stops_single_gpu_with_a_checkpoint(tmp_path):
     os.killpg(run.pid, signal.SIGHUP)  # ...and the shell passes SIGHUP on to its foreground job
     assert run.wait(timeout=120) == 128 + signal.SIGHUP, seen.decode()
     state = torch.load(tmp_path / "hup" / LAST, weights_only=True)
-    assert 4 <= state["step"] < 32 and state["step"] % 2 == 0  # at a log window, where the run stopped
+    # at a log window, where the run stopped
+    assert 4 <= state["step"] < 32 and state["step"] % 2 == 0
     wait_for(lambda: not session_alive(run.pid), 10, "the DataLoader workers to exit")
 
 
 def test_sigusr1_to_the_self_launch_stops_every_worker_with_a_checkpoint(tmp_path):
-    """SLURM's `--signal=USR1@T` warning, or `kill -USR1`, to `python dist_parallel/train.py`: torch's agent passes
-    it on (it used to die of it, its workers with it), every rank stops at the next log window, rank 0 writes
-    the checkpoint, and the self-launch exits 128 + 10."""
+    """SLURM's `--signal=USR1@T` warning, or `kill -USR1`, to `python dist_parallel/train.py`:
+    torch's agent passes it on (it used to die of it, its workers with it), every rank stops at the
+    next log window, rank 0 writes the checkpoint, and the self-launch exits 128 + 10."""
     launch = start(["dist_parallel/train.py", *LONGER, "--nproc_per_node", "2"], tmp_path, "usr1")
     before = read_until(launch, "Epoch 1/2 [4/16]")
     os.kill(launch.pid, signal.SIGUSR1)  # the launcher alone
@@ -172,21 +187,23 @@ def test_the_stop_signals_and_their_exit_statuses():
     assert StopSignals.agreed([1, 2, 0, 0]) == "SIGINT"  # the signal most ranks received
 
 
-# ---------------------------------------------------------------------------------------------------- 3. the account
+# ----------------------------------------------------------------------------------- 3. the account
 def test_a_sigterm_to_one_rank_stops_every_rank_with_its_status(tmp_path):
-    """SIGTERM to rank 1 alone, at its third step: both ranks stop at the next log window (step 4) and exit 143
-    (rank 0 used to exit 1 and say "stopped by a signal to another rank"); rank 0 writes the checkpoint."""
+    """SIGTERM to rank 1 alone, at its third step: both ranks stop at the next log window
+    (step 4) and exit 143 (rank 0 used to exit 1 and say "stopped by a signal to another
+    rank"); rank 0 writes the checkpoint."""
     ranks = by_hand("dist_parallel/train.py", [*TINY, "--no_progress"], tmp_path,
                     {"FAULT_RANK": "1", "FAULT_STEP": "3", "FAULT_SIGNAL": "SIGTERM"})
     assert [code for code, _, _ in ranks] == [143, 143], ranks
-    assert f"stopped by SIGTERM at step 4; checkpoint {tmp_path / 'by_hand' / LAST}" in ranks[0][1], ranks[0]
+    assert f"stopped by SIGTERM at step 4; checkpoint {tmp_path / 'by_hand' / LAST}" in \
+        ranks[0][1], ranks[0]
     assert torch.load(tmp_path / "by_hand" / LAST, weights_only=True)["step"] == 4
 
 
 def test_a_stop_that_reached_one_worker_is_one_clean_stop(tmp_path):
-    """The self-launch's account of the run above: the signalled worker exited 143, and rank 0, having reported its
-    checkpoint, was ended by torch's agent in its teardown (-15), or exited 143 too: one clean stop (it used to
-    add "error: worker 1, 0 failed (exit code -15, 143)")."""
+    """The self-launch's account of the run above: the signalled worker exited 143, and rank 0,
+    having reported its checkpoint, was ended by torch's agent in its teardown (-15), or exited 143
+    too: one clean stop (it used to add "error: worker 1, 0 failed (exit code -15, 143)")."""
     (tmp_path / STOPPED).write_text("step 4, checkpoint X\ncontinue with --resume auto\n")
     clean = ("stopped by SIGTERM: the workers stopped cleanly (step 4, checkpoint X); continue with --resume auto",
              143)
@@ -195,45 +212,52 @@ def test_a_stop_that_reached_one_worker_is_one_clean_stop(tmp_path):
 
 
 def test_a_usage_error_exits_2_whatever_the_agent_did_to_the_others(tmp_path):
-    """Rank 0 refused the launch (exit 2) and torch's agent ended rank 1 with SIGTERM (-15): the self-launch
-    exited 241 (256 - 15), where every usage error exits 2."""
+    """Rank 0 refused the launch (exit 2) and torch's agent ended rank 1 with SIGTERM (-15): the
+    self-launch exited 241 (256 - 15), where every usage error exits 2."""
     line, code = failure_line({0: 2, 1: -signal.SIGTERM}, tmp_path)
     assert code == 2 and line == "error: worker 0 failed (exit status 2); its message is above"
 
 
 def test_a_worker_killed_by_a_signal_is_named_with_it(tmp_path, monkeypatch):
-    """Both workers died of SIGSEGV, with nothing printed (TORCH_DISTRIBUTED_DEBUG=DETAIL in DDP's constructor on
-    torch 2.14.1): the line names the signal, not a message "above" that is not there, and the exit status is
-    128 + 11 (it was 245: 256 - 11)."""
+    """Both workers died of SIGSEGV, with nothing printed (TORCH_DISTRIBUTED_DEBUG=DETAIL in DDP's
+    constructor on torch 2.14.1): the line names the signal, not a message "above" that is not
+    there, and the exit status is 128 + 11 (it was 245: 256 - 11)."""
     monkeypatch.delenv("TORCH_DISTRIBUTED_DEBUG", raising=False)
     line, code = failure_line({0: -signal.SIGSEGV, 1: -signal.SIGSEGV}, tmp_path)
     assert code == 139
-    assert line == "error: workers 0, 1 were killed by SIGSEGV (signal 11), with no message of their own"
+    assert line == \
+        "error: workers 0, 1 were killed by SIGSEGV (signal 11), with no message of their own"
     monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
-    assert "TORCH_DISTRIBUTED_DEBUG=DETAIL is set" in failure_line({0: -signal.SIGSEGV}, tmp_path)[0]
+    assert "TORCH_DISTRIBUTED_DEBUG=DETAIL is set" in \
+        failure_line({0: -signal.SIGSEGV}, tmp_path)[0]
     # one worker killed (out of memory, say), the other failing on the broken group: both said
     line, code = failure_line({0: 1, 1: -signal.SIGKILL}, tmp_path)
     assert code == 1
-    assert line == ("error: worker 0 failed (exit status 1); its message is above; worker 1 was killed by SIGKILL "
-                    "(signal 9)")
+    assert line == ("error: worker 0 failed (exit status 1); its message is above; worker 1 was "
+                    "killed by SIGKILL (signal 9)")
 
 
 def test_a_stop_before_training_began_says_so(tmp_path):
-    """A SIGTERM to the self-launch while its workers were still starting: no stop checkpoint, and none needed;
-    the line used to speak of output above and a checkpoint that did not exist."""
+    """A SIGTERM to the self-launch while its workers were still starting: no stop checkpoint, and
+    none needed; the line used to speak of output above and a checkpoint that did not exist."""
     run_dir = tmp_path / "run"
     line, code = stop_line(signal.SIGTERM, tmp_path, run_dir)
     assert code == 143
-    assert line == ("stopped by SIGTERM before training began (the workers were starting); nothing to resume: run "
-                    "the command again")
-    run_dir.mkdir()  # rank 0 had claimed it: the same --run_name starts afresh in it with --resume auto
+    assert line == ("stopped by SIGTERM before training began (the workers were starting); nothing "
+                    "to resume: run the command again")
+    # rank 0 had claimed it: the same --run_name starts afresh in it with --resume auto
+    run_dir.mkdir()
     assert stop_line(signal.SIGTERM, tmp_path, run_dir)[0].endswith(
         f"nothing to resume: run the command again, with --resume auto ({run_dir} exists)")
-    (run_dir / LAST).write_bytes(b"")  # a resumed run stopped as it started: its checkpoint is as it was
-    assert f"its last checkpoint {run_dir / LAST} is as it was" in stop_line(signal.SIGTERM, tmp_path, run_dir)[0]
-    (tmp_path / TRAINING).write_text("listening for signals\n")  # rank 0 was training: no stop reported
+    # a resumed run stopped as it started: its checkpoint is as it was
+    (run_dir / LAST).write_bytes(b"")
+    assert f"its last checkpoint {run_dir / LAST} is as it was" in \
+        stop_line(signal.SIGTERM, tmp_path, run_dir)[0]
+    # rank 0 was training: no stop reported
+    (tmp_path / TRAINING).write_text("listening for signals\n")
     line, code = stop_line(signal.SIGTERM, tmp_path, run_dir)
-    assert code == 1 and line.startswith("error: stopped by SIGTERM, but the workers did not stop cleanly")
+    assert code == 1 and line.startswith("error: stopped by SIGTERM, but the "
+                                         "workers did not stop cleanly")
     (tmp_path / STOPPED).write_text("step 8, checkpoint X\ncontinue with --resume auto\n")
     assert stop_line(signal.SIGTERM, tmp_path, run_dir) == (
         "stopped by SIGTERM: the workers stopped cleanly (step 8, checkpoint X); continue with --resume auto", 143)
@@ -252,10 +276,10 @@ def test_rank_0_tells_the_self_launch_only_where_one_listens(tmp_path, monkeypat
 
 
 def test_the_self_launch_gives_its_workers_time_to_stop_and_passes_sigusr1_on(monkeypatch):
-    """torch's agent waits 30 s by itself for workers to reach their stop checkpoint after a signal (little on a
-    loaded node: the next log window, the RNG states gathered, the checkpoint written and fsynced) and dies of
-    SIGUSR1; the self-launch gives them 90 s, as slurm/*.sbatch does, and passes SIGUSR1 on. A value the user
-    set is kept."""
+    """torch's agent waits 30 s by itself for workers to reach their stop checkpoint after a signal
+    (little on a loaded node: the next log window, the RNG states gathered, the checkpoint written
+    and fsynced) and dies of SIGUSR1; the self-launch gives them 90 s, as slurm/*.sbatch does, and
+    passes SIGUSR1 on. A value the user set is kept."""
     import torch.distributed.run
 
     from common.launcher import launch_workers
@@ -266,16 +290,17 @@ def test_the_self_launch_gives_its_workers_time_to_stop_and_passes_sigusr1_on(mo
         monkeypatch.delenv(name, raising=False)
     assert launch_workers("train.py", [], 2) == 0
     assert seen[0].shutdown_timeout == 90 and "SIGUSR1" in seen[0].signals_to_handle.split(",")
-    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "45")  # torch's agent reads it when the flag is unset
+    # torch's agent reads it when the flag is unset
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "45")
     monkeypatch.setenv("PET_SIGNALS_TO_HANDLE", "SIGTERM")
     launch_workers("train.py", [], 2)
     assert seen[1].shutdown_timeout is None and seen[1].signals_to_handle == "SIGTERM"
 
 
 def test_the_stop_report_names_the_run_to_resume(tmp_path, monkeypatch):
-    """A self-launched run stopped by a signal: the line the self-launch prints quotes the run's name,
-    which the next launch needs (a default name, a timestamp, is not chosen again: `--resume auto`
-    alone would start a new run); it used to say only "continue with --resume auto"."""
+    """A self-launched run stopped by a signal: the line the self-launch prints quotes the run's
+    name, which the next launch needs (a default name, a timestamp, is not chosen again: `--resume
+    auto` alone would start a new run); it used to say only "continue with --resume auto"."""
     monkeypatch.setenv("PYTORCH_MULTIGPU_STOP_REPORT", str(tmp_path))
     tell_self_launch_stopped(4, tmp_path / "dist_parallel_2p 0101" / LAST)
     line, code = stop_line(signal.SIGTERM, tmp_path, None)

@@ -7,18 +7,20 @@ import torch
 from conftest import REPO, TINY, read_results, read_scalars, refuse_in_process, run_script
 
 SCRIPT = "single_gpu/train.py"
-SUMMARY = {"images_per_sec", "images_per_sec_per_gpu", "batch_time_p50", "batch_time_p90", "data_wait_frac",
-           "flops_per_image", "parameters", "mfu", "mfu_note", "first_step_s", "compile_time_s", "compile_wait_s", "gpu_util_mean",
-           "peak_mem_gb", "peak_mem_reserved_gb", "train_loss", "train_acc", "test_loss", "test_acc", "test_images",
-           "epoch_time_s", "epoch_time_note",
-           "wall_time_s", "steps", "breakdown", "breakdown_slowest_rank", "breakdown_steps", "breakdown_note"}
+SUMMARY = {"images_per_sec", "images_per_sec_per_gpu", "batch_time_p50", "batch_time_p90",
+           "data_wait_frac", "flops_per_image", "parameters", "mfu", "mfu_note", "first_step_s",
+           "compile_time_s", "compile_wait_s", "gpu_util_mean", "peak_mem_gb",
+           "peak_mem_reserved_gb", "train_loss", "train_acc", "test_loss", "test_acc",
+           "test_images", "epoch_time_s", "epoch_time_note", "wall_time_s", "steps", "breakdown",
+           "breakdown_slowest_rank", "breakdown_steps", "breakdown_note"}
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """One short run with --save_model, shared by the tests that read what it left behind."""
     log_dir = tmp_path_factory.mktemp("single") / "runs"
-    done = run_script(SCRIPT, *TINY, "--epochs", "2", "--log_dir", log_dir, "--run_name", "tiny", "--save_model")
+    done = run_script(SCRIPT, *TINY, "--epochs", "2", "--log_dir", log_dir, "--run_name", "tiny",
+                      "--save_model")
     assert done.returncode == 0, done.stderr
     return log_dir / "tiny", done
 
@@ -42,7 +44,8 @@ def test_results_json_has_every_summary_field(trained):
     assert summary["steps"] == 16  # 256 images // 32, two epochs
     assert summary["images_per_sec"] > 0 and summary["batch_time_p50"] <= summary["batch_time_p90"]
     assert 0 <= summary["data_wait_frac"] < 1
-    assert summary["gpu_util_mean"] is None and summary["peak_mem_gb"] is None  # measured only on GPUs
+    # measured only on GPUs
+    assert summary["gpu_util_mean"] is None and summary["peak_mem_gb"] is None
     assert 0 <= summary["test_acc"] <= 1 and summary["test_loss"] > 0
     assert summary["test_images"] == 51  # a fifth of 256, every one counted
     assert results["config"]["batch_size"] == 32 and results["config"]["depth"] == 8
@@ -71,7 +74,8 @@ def test_model_pt_is_the_unwrapped_state_dict(trained):
 
 def test_evaluate_reproduces_the_reported_test_accuracy(trained, tmp_path):
     run_dir, _ = trained
-    done = run_script(SCRIPT, *TINY, "--evaluate", run_dir / "model.pt", "--log_dir", tmp_path, "--run_name", "ev")
+    done = run_script(SCRIPT, *TINY, "--evaluate", run_dir / "model.pt", "--log_dir", tmp_path,
+                      "--run_name", "ev")
     assert done.returncode == 0, done.stderr
     reported, evaluated = read_results(run_dir)["summary"], read_results(tmp_path / "ev")["summary"]
     assert evaluated["test_acc"] == reported["test_acc"]
@@ -81,8 +85,8 @@ def test_evaluate_reproduces_the_reported_test_accuracy(trained, tmp_path):
 
 def test_runs_from_its_own_folder_with_the_torchvision_loader(tmp_path):
     args = [arg if arg != "gpu" else "torchvision" for arg in TINY]
-    done = run_script(SCRIPT, *args, "--num_workers", "1", "--max_steps", "3", "--log_dir", tmp_path,
-                      "--run_name", "tv", cwd=REPO / "single_gpu")
+    done = run_script(SCRIPT, *args, "--num_workers", "1", "--max_steps", "3", "--log_dir",
+                      tmp_path, "--run_name", "tv", cwd=REPO / "single_gpu")
     assert done.returncode == 0, done.stderr
     summary = read_results(tmp_path / "tv")["summary"]
     assert summary["steps"] == 3  # --max_steps stops mid-epoch, evaluation still runs
@@ -91,10 +95,11 @@ def test_runs_from_its_own_folder_with_the_torchvision_loader(tmp_path):
 
 @pytest.mark.second_tier  # five epochs of training: the longest run of this file
 def test_synthetic_data_is_learnable(tmp_path):
-    """The issue's bar: depth 8, alpha 12, 2048 synthetic images, 5 epochs on the CPU -> at least 90 % test acc."""
-    done = run_script(SCRIPT, "--dataset", "synthetic", "--synthetic_size", "2048", "--depth", "8", "--alpha", "12",
-                      "--epochs", "5", "--loader", "gpu", "--log_interval", "100", "--log_dir", tmp_path,
-                      "--run_name", "learn")
+    """The issue's bar: depth 8, alpha 12, 2048 synthetic images, 5 epochs on the
+    CPU -> at least 90 % test acc."""
+    done = run_script(SCRIPT, "--dataset", "synthetic", "--synthetic_size", "2048", "--depth", "8",
+                      "--alpha", "12", "--epochs", "5", "--loader", "gpu", "--log_interval", "100",
+                      "--log_dir", tmp_path, "--run_name", "learn")
     assert done.returncode == 0, done.stderr
     assert read_results(tmp_path / "learn")["summary"]["test_acc"] >= 0.90
 
@@ -117,12 +122,14 @@ def _bad_inputs(tmp_path):
         "evaluate a missing file": (["--evaluate", tmp_path / "missing.pt"], "missing.pt"),
         "evaluate a non-checkpoint": (["--evaluate", not_a_checkpoint], "notes.txt"),
         "log_dir below a file": (["--log_dir", a_file / "runs"], "is a file"),
-        "existing run folder": (["--log_dir", tmp_path / "runs", "--run_name", "taken"], "--overwrite"),
+        "existing run folder": (["--log_dir", tmp_path / "runs", "--run_name", "taken"],
+                                "--overwrite"),
         "batch larger than the data": (["--batch_size", "4096"], "larger than the training set"),
     }
 
 
-# run as a user runs them too (a subprocess each); the others in-process (refuse_in_process): the same main()
+# run as a user runs them too (a subprocess each); the others in-process
+# (refuse_in_process): the same main()
 AS_A_USER = ("existing run folder",)
 
 

@@ -183,18 +183,19 @@ def test_a_run_trained_in_one_attempt_has_no_resumed_entry(tmp_path):
 
 
 def test_each_kept_attempt_says_its_config_once_and_keeps_its_file(tmp_path):
-    """Three attempts in one second: the first logs to step 4 and checkpoints at step 2; the second resumes from
-    that checkpoint and is killed before its next one; the third resumes from the same checkpoint. TensorBoard
-    shows the config of the attempts whose work was kept, each at the first step it trained (the killed
-    attempt's config used to stay beside the third's, both at step 2), and every attempt keeps its own event
-    file (tensorboardX names one by the second, and an attempt started in the same second emptied the
-    earlier one's)."""
+    """Three attempts in one second: the first logs to step 4 and checkpoints at step 2; the second
+    resumes from that checkpoint and is killed before its next one; the third resumes from the same
+    checkpoint. TensorBoard shows the config of the attempts whose work was kept, each at the first
+    step it trained (the killed attempt's config used to stay beside the third's, both at step 2),
+    and every attempt keeps its own event file (tensorboardX names one by the second, and an attempt
+    started in the same second emptied the earlier one's)."""
     from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
 
     flags = [*FLAGS, "--log_dir", str(tmp_path), "--run_name", "run", "--resume", "auto"]
     cfg = parse_config(Config, flags)
     for resumed_step, steps in ((None, (2, 4)), (2, (4,)), (2, (4, 6))):
-        logger = RunLogger(tmp_path / "run", cfg, "single_gpu", world_size=1, resumed_step=resumed_step)
+        logger = RunLogger(tmp_path / "run", cfg, "single_gpu", world_size=1,
+                           resumed_step=resumed_step)
         for step in steps:
             logger.scalars(step, {"train/loss": float(step)})
         logger.close()

@@ -1,17 +1,19 @@
-"""Every CUDA path of the suite, on one GPU: what no CPU test can show. Skipped, with the reason, without CUDA;
-`bash benchmarks/gpu_check.sh OUT` runs them on a GPU machine together with the benchmarks.
+"""Every CUDA path of the suite, on one GPU: what no CPU test can show. Skipped, with
+the reason, without CUDA; `bash benchmarks/gpu_check.sh OUT` runs them on a GPU
+machine together with the benchmarks.
 
-In process: the gpu loader on the device (the same images as the torchvision loader, its crops replayed on
-resume); bf16 and fp16 autocast with fused SGD and the GradScaler (an fp16 overflow skips the step);
-channels_last; DataParallel's replica in bf16; CUDA-event timing against a synchronised host clock; NVML readings
-of the right GPU; peak memory without the warm-up. As a user runs them (subprocesses, several at once on the one
-GPU): every mode with the GPU defaults, one NCCL process with SyncBatchNorm, two Gloo ranks sharing the GPU,
---compile, a CPU checkpoint resumed on the GPU under fp16 and channels_last, SIGTERM,
---profile_steps' split of the step from its kernels, profile_step.py and compare.py with its GPU
-columns filled.
+In process: the gpu loader on the device (the same images as the torchvision loader, its crops
+replayed on resume); bf16 and fp16 autocast with fused SGD and the GradScaler (an fp16 overflow
+skips the step); channels_last; DataParallel's replica in bf16; CUDA-event timing against a
+synchronised host clock; NVML readings of the right GPU; peak memory without the warm-up. As a user
+runs them (subprocesses, several at once on the one GPU): every mode with the GPU defaults, one NCCL
+process with SyncBatchNorm, two Gloo ranks sharing the GPU, --compile, a CPU checkpoint resumed on
+the GPU under fp16 and channels_last, SIGTERM, --profile_steps' split of the step from its kernels,
+profile_step.py and compare.py with its GPU columns filled.
 
-What one GPU cannot show: NCCL between GPUs (NCCL refuses two ranks on one GPU), SyncBatchNorm across GPUs,
-DataParallel's scatter and replica threads over several GPUs, scaling. Their mechanisms are tested on the CPU.
+What one GPU cannot show: NCCL between GPUs (NCCL refuses two ranks on one GPU), SyncBatchNorm
+across GPUs, DataParallel's scatter and replica threads over several GPUs, scaling. Their
+mechanisms are tested on the CPU.
 """
 from __future__ import annotations
 
@@ -29,7 +31,8 @@ import torch
 import torch.nn.functional as F
 
 from common.config import Config, parse_config
-from common.data import EvalShard, ShuffleSampler, crop_boxes, load_datasets, make_loader, resized_crop_draws
+from common.data import (EvalShard, ShuffleSampler, crop_boxes, load_datasets, make_loader,
+                         resized_crop_draws)
 from common.devices import seed_everything
 from common.metrics import StepTimer
 from common.performance import autocast, peak_tflops, resolve_fast_path
@@ -38,10 +41,12 @@ from conftest import REPO, TINY, at_epoch, read_results, read_scalars
 from models import pyramidnet
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
-                                reason="needs a CUDA GPU: run `bash benchmarks/gpu_check.sh OUT` on a GPU machine")
+                                reason="needs a CUDA GPU: run `bash "
+                                       "benchmarks/gpu_check.sh OUT` on a GPU machine")
 
 CUDA = torch.device("cuda", 0)
-# TINY without its --loader: on a GPU every default is the GPU's (gpu loader, bf16 or fp16, channels_last)
+# TINY without its --loader: on a GPU every default is the GPU's (gpu
+# loader, bf16 or fp16, channels_last)
 GPU_TINY = [arg for arg in TINY if arg not in ("--loader", "gpu")]
 # every timed step profiled (--profile_steps): the split's steps are those the run's images/s times
 PROFILED = ["--benchmark", "--warmup_steps", "2", "--benchmark_steps", "4", "--profile_steps", "4"]
@@ -51,65 +56,78 @@ def config(*flags) -> Config:
     return resolve_fast_path(parse_config(Config, [*GPU_TINY, *flags]), CUDA)
 
 
-# ---------------------------------------------------------------------------------------------------- scripts
+# ------------------------------------------------------------------------------------------ scripts
 class Launch:
-    """A script started as a user starts it, output to a log file; `wait()` checks its exit status."""
+    """A script started as a user starts it, output to a log file;
+    `wait()` checks its exit status."""
 
-    def __init__(self, folder: Path, name: str, script: str, *flags, env=None, runs: Path | None = None):
-        self.name, self.log, self.run_dir = name, folder / f"{name}.log", (runs or folder / "runs") / name
+    def __init__(self, folder: Path, name: str, script: str, *flags, env=None,
+                 runs: Path | None = None):
+        self.name, self.log, self.run_dir = (name, folder / f"{name}.log",
+                                             (runs or folder / "runs") / name)
         command = [sys.executable, str(REPO / script), *map(str, flags)]
         if "--log_dir" not in flags and "--out" not in flags:
             command += ["--log_dir", str(self.run_dir.parent), "--run_name", name, "--no_progress"]
         with open(self.log, "w") as log:
             self.process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+                                            env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                                 **(env or {})})
 
     def wait(self, expected: int | None = 0, timeout: float = 300) -> str:
-        """The run's output once it ends; with `expected` (None: any), an error unless it exited with that."""
+        """The run's output once it ends; with `expected` (None: any), an error
+        unless it exited with that."""
         self.code = self.process.wait(timeout=timeout)
         output = self.log.read_text()
-        assert expected is None or self.code == expected, f"{self.name} exited {self.code}:\n{output[-4000:]}"
+        assert expected is None or self.code == expected, (f"{self.name} exited "
+                                                           f"{self.code}:\n{output[-4000:]}")
         return output
 
 
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
-    """The script runs, started together (they only need to be correct, not fast), then waited for."""
+    """The script runs, started together (they only need to be
+    correct, not fast), then waited for."""
     folder = tmp_path_factory.mktemp("gpu_runs")
-    cpu_first = Launch(folder, "cpu_fp16", "single_gpu/train.py", *TINY, "--amp", "fp16", "--epochs", "2",
-                       "--max_steps", "3", env={"CUDA_VISIBLE_DEVICES": ""})  # a checkpoint written on the CPU
+    cpu_first = Launch(folder, "cpu_fp16", "single_gpu/train.py", *TINY, "--amp", "fp16",
+                       "--epochs", "2", "--max_steps", "3", env={"CUDA_VISIBLE_DEVICES": ""})  # a checkpoint written on the CPU
     longer = [*GPU_TINY, "--synthetic_size", "2048"]  # 64 steps: long enough for NVML to sample the GPU
     runs = {
         "single_gpu": Launch(folder, "single_gpu", "single_gpu/train.py", *longer),
         "data_parallel": Launch(folder, "data_parallel", "data_parallel/train.py", *longer),
-        "nccl_sync_bn": Launch(folder, "nccl_sync_bn", "dist_parallel/train.py", *longer, "--nproc_per_node", "1",
-                               "--sync_bn"),
-        "gloo_shared": Launch(folder, "gloo_shared", "dist_parallel/train.py", *longer, "--backend", "gloo",
-                              "--gpu_devices", "0", "0"),
-        "fsdp_nccl": Launch(folder, "fsdp_nccl", "fsdp/train.py", *longer, "--nproc_per_node", "1", "--save_model"),
-        "fsdp_gloo_fp16": Launch(folder, "fsdp_gloo_fp16", "fsdp/train.py", *longer, "--backend", "gloo",
-                                 "--gpu_devices", "0", "0", "--amp", "fp16", "--no_reshard_after_forward",
-                                 "--save_model"),
-        "compiled": Launch(folder, "compiled", "single_gpu/train.py", *GPU_TINY, "--compile", "--benchmark",
-                           "--warmup_steps", "2", "--benchmark_steps", "6", "--log_interval", "2"),
+        "nccl_sync_bn": Launch(folder, "nccl_sync_bn", "dist_parallel/train.py", *longer,
+                               "--nproc_per_node", "1", "--sync_bn"),
+        "gloo_shared": Launch(folder, "gloo_shared", "dist_parallel/train.py", *longer, "--backend",
+                              "gloo", "--gpu_devices", "0", "0"),
+        "fsdp_nccl": Launch(folder, "fsdp_nccl", "fsdp/train.py", *longer, "--nproc_per_node", "1",
+                            "--save_model"),
+        "fsdp_gloo_fp16": Launch(folder, "fsdp_gloo_fp16", "fsdp/train.py", *longer, "--backend",
+                                 "gloo", "--gpu_devices", "0", "0", "--amp", "fp16",
+                                 "--no_reshard_after_forward", "--save_model"),
+        "compiled": Launch(folder, "compiled", "single_gpu/train.py", *GPU_TINY, "--compile",
+                           "--benchmark", "--warmup_steps", "2", "--benchmark_steps", "6",
+                           "--log_interval", "2"),
         "breakdown": Launch(folder, "breakdown", "single_gpu/train.py", *GPU_TINY, *PROFILED),
         "breakdown_gloo": Launch(folder, "breakdown_gloo", "dist_parallel/train.py", *GPU_TINY,
                                  *PROFILED, "--backend", "gloo", "--gpu_devices", "0", "0"),
-        "profile": Launch(folder, "profile", "benchmarks/profile_step.py", "--depth", "8", "--alpha", "12",
-                          "--batch_size", "32", "--steps", "2", "--warmup_steps", "1", "--out",
-                          folder / "profile.json"),
+        "profile": Launch(folder, "profile", "benchmarks/profile_step.py", "--depth", "8",
+                          "--alpha", "12", "--batch_size", "32", "--steps", "2", "--warmup_steps",
+                          "1", "--out", folder / "profile.json"),
     }
     cpu_first.wait()
-    runs["resumed_fp16"] = Launch(folder, "resumed_fp16", "single_gpu/train.py", *GPU_TINY, "--amp", "fp16",
-                                  "--epochs", "2", "--resume", cpu_first.run_dir / "checkpoint.pt")
-    outputs = {name: launch.wait(expected=None) for name, launch in runs.items()}  # each test checks its own
+    runs["resumed_fp16"] = Launch(folder, "resumed_fp16", "single_gpu/train.py", *GPU_TINY, "--amp",
+                                  "fp16", "--epochs", "2", "--resume",
+                                  cpu_first.run_dir / "checkpoint.pt")
+    # each test checks its own
+    outputs = {name: launch.wait(expected=None) for name, launch in runs.items()}
     return folder, runs, outputs
 
 
 def finished(launched, *names) -> None:
-    """An error naming each of the runs a test reads that did not exit 0 (one failed run fails its tests only)."""
+    """An error naming each of the runs a test reads that did not exit 0 (one
+    failed run fails its tests only)."""
     _, runs, outputs = launched
-    failed = [f"{name} exited {runs[name].code}:\n{outputs[name][-4000:]}" for name in names if runs[name].code]
+    failed = [f"{name} exited {runs[name].code}:\n{outputs[name][-4000:]}" for name in names
+              if runs[name].code]
     assert not failed, "\n".join(failed)
 
 
@@ -120,7 +138,8 @@ def test_every_mode_runs_with_the_gpu_defaults(launched):
         results = read_results(runs[name].run_dir)
         cfg, summary = results["config"], results["summary"]
         expected_amp = "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"
-        assert (cfg["amp"], cfg["channels_last"], cfg["loader"] or "gpu") == (expected_amp, True, "gpu"), name
+        assert (cfg["amp"], cfg["channels_last"], cfg["loader"] or "gpu") == \
+            (expected_amp, True, "gpu"), name
         assert summary["test_acc"] is not None and 0 <= summary["test_acc"] <= 1, name
         assert summary["gpu_util_mean"] is not None and summary["peak_mem_gb"] > 0, name
         assert torch.isfinite(torch.tensor(summary["train_loss"])), name
@@ -140,22 +159,26 @@ def test_every_mode_runs_with_the_gpu_defaults(launched):
 
 
 def test_fsdp_shards_on_the_gpu_with_fp16_loss_scaling(launched):
-    """FSDP2 on CUDA: DTensor parameters under for-each SGD (torch has no sharding rule for fused SGD's kernel), the
-    GradScaler's overflow check over sharded gradients (DTensor reduces it across the ranks), channels_last batches
-    beside the NCHW weights FSDP2 requires, the weights gathered whole onto rank 0's CPU for model.pt, and the same
-    PyramidNet as the other modes (every parameter, every shape)."""
+    """FSDP2 on CUDA: DTensor parameters under for-each SGD (torch has no sharding rule for fused
+    SGD's kernel), the GradScaler's overflow check over sharded gradients (DTensor reduces it
+    across the ranks), channels_last batches beside the NCHW weights FSDP2 requires, the weights
+    gathered whole onto rank 0's CPU for model.pt, and the same PyramidNet as the other modes
+    (every parameter, every shape)."""
     finished(launched, "fsdp_nccl", "fsdp_gloo_fp16")
     _, runs, outputs = launched
     results = read_results(runs["fsdp_gloo_fp16"].run_dir)
-    assert results["config"]["amp"] == "fp16" and results["config"]["reshard_after_forward"] is False
-    assert "identical on 2 ranks" in outputs["fsdp_gloo_fp16"] and results["summary"]["params_in_sync"] is True
+    assert (results["config"]["amp"] == "fp16"
+            and results["config"]["reshard_after_forward"] is False)
+    assert ("identical on 2 ranks" in outputs["fsdp_gloo_fp16"]
+            and results["summary"]["params_in_sync"] is True)
     assert torch.isfinite(torch.tensor(results["summary"]["train_loss"]))
     cfg = results["config"]
     plain = pyramidnet(cfg["depth"], cfg["alpha"], cfg["block"]).state_dict()
     for name in ("fsdp_nccl", "fsdp_gloo_fp16"):
         saved = torch.load(runs[name].run_dir / "model.pt", map_location="cpu", weights_only=True)
         assert all(tensor.device.type == "cpu" and torch.isfinite(tensor).all() for tensor in saved.values()), name
-        assert {k: v.shape for k, v in saved.items()} == {k: v.shape for k, v in plain.items()}, name
+        assert {k: v.shape for k, v in saved.items()} == \
+            {k: v.shape for k, v in plain.items()}, name
 
 
 def test_mfu_and_peak_memory_on_a_known_gpu(launched):
@@ -163,7 +186,8 @@ def test_mfu_and_peak_memory_on_a_known_gpu(launched):
     _, runs, _ = launched
     summary = read_results(runs["single_gpu"].run_dir)["summary"]
     if peak_tflops(CUDA, "bf16") is None:
-        pytest.skip(f"{torch.cuda.get_device_name(CUDA)} is not in the peak table: MFU is null by design")
+        pytest.skip(f"{torch.cuda.get_device_name(CUDA)} is not in the peak "
+                    "table: MFU is null by design")
     assert summary["mfu"] is not None and 0 < summary["mfu"] < 1
     assert 0 < summary["peak_mem_gb"] < torch.cuda.get_device_properties(CUDA).total_memory / GIB
 
@@ -177,7 +201,8 @@ def test_compile_reports_its_time_apart(launched):
 
 
 def test_a_cpu_checkpoint_resumes_on_the_gpu_under_fp16_and_channels_last(launched):
-    """Fused SGD and the GradScaler on the GPU from an optimizer saved on the CPU (fused None, NCHW buffers)."""
+    """Fused SGD and the GradScaler on the GPU from an optimizer saved on the
+    CPU (fused None, NCHW buffers)."""
     finished(launched, "resumed_fp16")
     _, runs, outputs = launched
     results = read_results(runs["resumed_fp16"].run_dir)
@@ -192,7 +217,8 @@ def test_profile_step_splits_a_gpu_step(launched):
     report = json.loads((folder / "profile.json").read_text())
     assert report["device"] == torch.cuda.get_device_name(CUDA)
     assert sum(report["shares"].values()) == pytest.approx(1.0)
-    assert report["top_kernels"] and report["shares"]["convolution"] > 0 and report["shares"]["batchnorm"] > 0
+    assert (report["top_kernels"] and report["shares"]["convolution"] > 0
+            and report["shares"]["batchnorm"] > 0)
     # each kernel by the pass of its operator; what no name places is shown, not dropped
     assert {"fprop", "dgrad", "wgrad", "unattributed"} <= set(report["conv_passes"])
     rates = report["achieved"]
@@ -227,8 +253,8 @@ def test_the_step_breakdown_comes_from_the_kernels(launched):
 
 
 def test_sigterm_on_the_gpu_checkpoints_and_exits(tmp_path):
-    launch = Launch(tmp_path, "sigterm", "single_gpu/train.py", *GPU_TINY, "--epochs", "50", "--synthetic_size",
-                    "2048", "--log_interval", "2")
+    launch = Launch(tmp_path, "sigterm", "single_gpu/train.py", *GPU_TINY, "--epochs", "50",
+                    "--synthetic_size", "2048", "--log_interval", "2")
     deadline = time.monotonic() + 120
     while "Epoch 1/50 [" not in launch.log.read_text():
         assert launch.process.poll() is None and time.monotonic() < deadline, launch.log.read_text()
@@ -244,9 +270,9 @@ def test_compare_writes_the_gpu_columns(tmp_path):
     given = os.environ.get("GPU_CHECK_COMPARE")
     out = Path(given) if given else tmp_path / "compare"
     if not given:
-        Launch(tmp_path, "compare", "compare.py", "--depth", "8", "--alpha", "12", "--synthetic_size", "512",
-               "--batch_size", "32", "--warmup_steps", "2", "--benchmark_steps", "60", "--log_interval", "20",
-               "--modes", "single_gpu",
+        Launch(tmp_path, "compare", "compare.py", "--depth", "8", "--alpha", "12",
+               "--synthetic_size", "512", "--batch_size", "32", "--warmup_steps", "2",
+               "--benchmark_steps", "60", "--log_interval", "20", "--modes", "single_gpu",
                "dist_parallel", "--backends", "nccl", "--out", out).wait()
     import csv
 
@@ -258,20 +284,22 @@ def test_compare_writes_the_gpu_columns(tmp_path):
     assert torch.cuda.get_device_name(CUDA) in (out / "report.md").read_text()
 
 
-# ---------------------------------------------------------------------------------------------------- in process
+# --------------------------------------------------------------------------------------- in process
 def test_the_gpu_loader_feeds_the_images_the_torchvision_loader_feeds():
-    """With augmentation and without, both loaders give the same batches (each image's crop and flip are a
-    function of seed, epoch and index), equal up to float rounding of the normalisation."""
+    """With augmentation and without, both loaders give the same batches (each image's crop and flip
+    are a function of seed, epoch and index), equal up to float rounding of the normalisation."""
     def batches(kind, augment, count=4):
         train_set, _ = load_datasets("synthetic", "", 1024, 0)
         loader = make_loader(kind, train_set, ShuffleSampler(1024, True, 0), 128, CUDA, train=True,
-                             augment=augment, num_workers=2, seed=0, memory_format=torch.channels_last)
+                             augment=augment, num_workers=2, seed=0,
+                             memory_format=torch.channels_last)
         return [batch for batch, _ in zip(loader, range(count))]
 
     for augment in (False, True):
         for (gpu_images, gpu_labels), (tv_images, tv_labels) in zip(batches("gpu", augment),
                                                                     batches("torchvision", augment)):
-            assert gpu_images.device == CUDA and gpu_images.is_contiguous(memory_format=torch.channels_last)
+            assert (gpu_images.device == CUDA
+                    and gpu_images.is_contiguous(memory_format=torch.channels_last))
             assert gpu_images.dtype == tv_images.dtype == torch.float32
             assert torch.equal(gpu_labels, tv_labels)
             torch.testing.assert_close(gpu_images, tv_images, rtol=0, atol=1e-5)
@@ -279,8 +307,8 @@ def test_the_gpu_loader_feeds_the_images_the_torchvision_loader_feeds():
 
 def test_the_gpu_loader_replays_its_crops_on_resume():
     train_set, _ = load_datasets("synthetic", "", 512, 0)
-    loader = make_loader("gpu", train_set, ShuffleSampler(512, True, 0), 64, CUDA, train=True, augment=True,
-                         num_workers=0, seed=0)
+    loader = make_loader("gpu", train_set, ShuffleSampler(512, True, 0), 64, CUDA, train=True,
+                         augment=True, num_workers=0, seed=0)
     at_epoch(loader, 3)
     whole = [images for images, _ in loader]
     at_epoch(loader, 3, 5)
@@ -289,9 +317,10 @@ def test_the_gpu_loader_replays_its_crops_on_resume():
 
 
 def test_an_image_folder_on_the_gpu_loader_gives_the_torchvision_loaders_images(tmp_path):
-    """An image folder decoded into the GPU's memory (the default where it fits): its evaluation images are the
-    torchvision loader's, and its training crops, cut by roi_align on the device, are the boxes drawn for them
-    (tests/test_imagefolder.py's ramps, within 1.5 of 255), in channels_last."""
+    """An image folder decoded into the GPU's memory (the default where it fits): its
+    evaluation images are the torchvision loader's, and its training crops, cut by roi_align
+    on the device, are the boxes drawn for them (tests/test_imagefolder.py's ramps, within
+    1.5 of 255), in channels_last."""
     from PIL import Image
 
     from test_imagefolder import crop_expected, pixels, write_folder
@@ -300,11 +329,13 @@ def test_an_image_folder_on_the_gpu_loader_gives_the_torchvision_loaders_images(
     assert config("--dataset", "imagefolder", "--data_dir", str(root), "--image_size", "32").loader == "gpu"
     train, val = load_datasets("imagefolder", str(root), 0, 0, 32)
     options = dict(num_workers=0, seed=0, memory_format=torch.channels_last)
-    evaluation = {kind: next(iter(make_loader(kind, val, EvalShard(15), 15, CUDA, train=False, augment=True,
-                                              **options)))[0] for kind in ("gpu", "torchvision")}
+    evaluation = {kind: next(iter(make_loader(kind, val, EvalShard(15), 15, CUDA, train=False,
+                                              augment=True, **options)))[0]
+                  for kind in ("gpu", "torchvision")}
     assert evaluation["gpu"].is_contiguous(memory_format=torch.channels_last)
     assert (evaluation["gpu"] - evaluation["torchvision"]).abs().max() <= 2 ** -21
-    loader = at_epoch(make_loader("gpu", train, EvalShard(24), 24, CUDA, train=True, augment=True, **options), 2)
+    loader = at_epoch(make_loader("gpu", train, EvalShard(24), 24, CUDA, train=True, augment=True,
+                                  **options), 2)
     crops = next(iter(loader))[0]
     assert crops.device == CUDA and crops.is_contiguous(memory_format=torch.channels_last)
     draws = resized_crop_draws(0, 2, 24, flip=True)
@@ -317,12 +348,13 @@ def test_an_image_folder_on_the_gpu_loader_gives_the_torchvision_loaders_images(
 
 
 def test_the_synthetic_set_at_224_pixels_is_resized_alike_by_both_loaders():
-    """Generated at 32 pixels, cropped there, resized to 224 on the device (channels_last) by the gpu loader and
-    in the workers by the torchvision loader: the same batches up to float rounding."""
+    """Generated at 32 pixels, cropped there, resized to 224 on the device
+    (channels_last) by the gpu loader and in the workers by the torchvision loader: the
+    same batches up to float rounding."""
     def batches(kind):
         train_set, _ = load_datasets("synthetic", "", 256, 0, 224)
-        loader = make_loader(kind, train_set, ShuffleSampler(256, True, 0), 64, CUDA, train=True, augment=True,
-                             num_workers=2, seed=0, memory_format=torch.channels_last)
+        loader = make_loader(kind, train_set, ShuffleSampler(256, True, 0), 64, CUDA, train=True,
+                             augment=True, num_workers=2, seed=0, memory_format=torch.channels_last)
         return [images for (images, _), _ in zip(loader, range(2))]
 
     for gpu_images, tv_images in zip(batches("gpu"), batches("torchvision")):
@@ -356,7 +388,8 @@ def test_autocast_with_fused_sgd_and_the_grad_scaler(amp):
         return logits
 
     before = [p.detach().clone() for p in raw_model.parameters()]
-    if amp == "fp16":  # the first step overflows: skipped, the scale halves, the momentum stays zero
+    # the first step overflows: skipped, the scale halves, the momentum stays zero
+    if amp == "fp16":
         scale = scaler.get_scale()
         step(poison=True)
         assert scaler.get_scale() == scale / 2
@@ -365,7 +398,8 @@ def test_autocast_with_fused_sgd_and_the_grad_scaler(amp):
     assert step().dtype == {"bf16": torch.bfloat16, "fp16": torch.float16}[amp]
     assert any(not torch.equal(a, b) for a, b in zip(before, raw_model.parameters()))
     assert all(torch.isfinite(p).all() for p in raw_model.parameters())
-    conv = next(m for m in raw_model.modules() if isinstance(m, torch.nn.Conv2d) and m.kernel_size == (3, 3))
+    conv = next(m for m in raw_model.modules()
+                if isinstance(m, torch.nn.Conv2d) and m.kernel_size == (3, 3))
     assert conv.weight.is_contiguous(memory_format=torch.channels_last)
 
 
@@ -380,8 +414,9 @@ def test_data_parallel_on_one_gpu_computes_in_bf16():
 
 
 def test_cuda_event_timing_agrees_with_a_synchronised_host_clock():
-    """A known workload (matrix products of about 20 ms a step): the events' step time and the host's clock around
-    synchronised steps agree within a few percent, and the host alone would have timed only the launches."""
+    """A known workload (matrix products of about 20 ms a step): the events' step time and the
+    host's clock around synchronised steps agree within a few percent, and the host alone would
+    have timed only the launches."""
     a = torch.randn(8192, 8192, device=CUDA)
     timer = StepTimer(CUDA, warmup_steps=2)
     torch.cuda.synchronize()
@@ -400,12 +435,13 @@ def test_cuda_event_timing_agrees_with_a_synchronised_host_clock():
     steps, event_seconds, _ = timer.window()
     assert steps == 10
     assert event_seconds == pytest.approx(host_seconds, rel=0.05)
-    assert launch_seconds < 0.5 * event_seconds  # what a host clock without a sync would have measured
+    # what a host clock without a sync would have measured
+    assert launch_seconds < 0.5 * event_seconds
 
 
 def test_nvml_reads_this_gpu():
-    """The NVML handle is the torch device's own GPU (by UUID, right under CUDA_VISIBLE_DEVICES), and a busy
-    second shows utilisation and memory."""
+    """The NVML handle is the torch device's own GPU (by UUID, right under CUDA_VISIBLE_DEVICES),
+    and a busy second shows utilisation and memory."""
     import pynvml
 
     from common.telemetry import nvml_handle
@@ -431,7 +467,8 @@ def test_nvml_reads_this_gpu():
 
 
 def test_peak_memory_leaves_the_warm_up_out():
-    """A large buffer freed during the warm-up (as cuDNN's autotuning workspaces are) is not in the peak."""
+    """A large buffer freed during the warm-up (as cuDNN's autotuning
+    workspaces are) is not in the peak."""
     timer = StepTimer(CUDA, warmup_steps=1, gpus=[0])
     for index in timer.timed(range(3)):
         if index == 0:
@@ -439,5 +476,6 @@ def test_peak_memory_leaves_the_warm_up_out():
         small = torch.ones(1024, 1024, device=CUDA)
         timer.step_done()
     peak = peak_memory_gb([0])[0]
-    assert peak.allocated < 1.0 and peak.reserved >= peak.allocated  # the freed buffer stays cached: reserved
+    # the freed buffer stays cached: reserved
+    assert peak.allocated < 1.0 and peak.reserved >= peak.allocated
     del small
