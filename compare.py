@@ -1,16 +1,23 @@
-"""Run every mode the same way and write the comparison: report.md,
-projection.md, results.csv and plots.
+"""Run every mode alike and write the comparison: report.md, projection.md, results.csv and plots.
 
-    python compare.py                              # every mode on every GPU here: DDP and FSDP on NCCL and Gloo
-    python compare.py --gpu_counts 1 2 4 8         # a scaling sweep (the same global batch in every run)
-    python compare.py --gpu_counts 1 2 4 8 --batch_per_gpu 128   # each GPU keeps 128 images (weak scaling)
+    # every mode on every GPU here: DDP and FSDP on NCCL and Gloo
+    python compare.py
+    # a scaling sweep (the same global batch in every run)
+    python compare.py --gpu_counts 1 2 4 8
+    # each GPU keeps 128 images (weak scaling)
+    python compare.py --gpu_counts 1 2 4 8 --batch_per_gpu 128
     python compare.py --modes dist_parallel --backends nccl gloo --repeat 3
     python compare.py --amp bf16 off --sync_bn off on
-    python compare.py --modes dist_parallel fsdp --reshard_after_forward on off   # DDP, FSDP ZeRO-3 and ZeRO-2
-    python compare.py --epochs 30 --dataset cifar10   # train for 30 epochs and compare test accuracy too
-    python compare.py --depth 56 --alpha 84           # any model/data flag of train.py goes to every run
-    python compare.py --model resnet50 --image_size 224   # any classification model torchvision lists
-    python compare.py --verify --deterministic        # prove the modes agree here: a verdict per check, verify.md
+    # DDP, FSDP ZeRO-3 and ZeRO-2
+    python compare.py --modes dist_parallel fsdp --reshard_after_forward on off
+    # train for 30 epochs and compare test accuracy too
+    python compare.py --epochs 30 --dataset cifar10
+    # any model/data flag of train.py goes to every run
+    python compare.py --depth 56 --alpha 84
+    # any classification model torchvision lists
+    python compare.py --model resnet50 --image_size 224
+    # prove the modes agree here: a verdict per check, verify.md
+    python compare.py --verify --deterministic
 
 Each configuration runs as its own subprocess, started as a user would start it (`python
 single_gpu/train.py`, `python data_parallel/train.py`, `torchrun dist_parallel/train.py`, `torchrun
@@ -95,8 +102,8 @@ class CompareConfig:
                                                     "GPUs, 2 CPU processes)", nargs="+",
                                               at_least=1)
     backends: tuple[str, ...] | None = flag(None, "dist_parallel's and fsdp's backends (default: "
-                                                  "nccl and gloo with GPUs, gloo "
-                                                  "without)", nargs="+", choices=BACKENDS)
+                                                  "nccl and gloo with GPUs, gloo without)",
+                                            nargs="+", choices=BACKENDS)
     amp: tuple[str, ...] | None = flag(None, "--amp settings to compare (default: each run's "
                                              "default for the device)", nargs="+", choices=AMPS)
     sync_bn: tuple[str, ...] = flag(("off",), "dist_parallel with BatchNorm (off), "
@@ -183,9 +190,10 @@ def resolve(cc: CompareConfig, train: dict, cuda: bool, gpus_here: int,
          f"--gpu_counts {max(counts)} is more GPUs than the {gpus_here} visible here"),
         ("off" not in cc.reshard_after_forward or "fsdp" in modes,
          "--reshard_after_forward off is fsdp's setting: add fsdp to --modes"),
-        *[(any(mode in modes for mode in GROUP_PASSED[name]), f"--{name} is passed to "
-           f"{' and '.join(GROUP_PASSED[name])} only: add {' or '.join(GROUP_PASSED[name])} to --modes, or leave "
-           f"--{name} out") for name in group_only],
+        *[(any(mode in modes for mode in GROUP_PASSED[name]),
+           f"--{name} is passed to {' and '.join(GROUP_PASSED[name])} only: add "
+           f"{' or '.join(GROUP_PASSED[name])} to --modes, or leave --{name} out")
+          for name in group_only],
         (cc.batch_per_gpu is None or "batch_size" not in train,
          "--batch_size fixes the global batch and --batch_per_gpu each GPU's: give one of them"),
         (cc.epochs or cc.verify or "max_steps" not in train,
@@ -193,12 +201,13 @@ def resolve(cc: CompareConfig, train: dict, cuda: bool, gpus_here: int,
         (not cc.verify or cc.repeat == 1,
          "--repeat is for the comparison: --verify runs each check once"),
         (not cc.verify or cc.batch_per_gpu is None,
-         "--verify compares runs of one global batch: give --batch_size instead of --batch_per_gpu"),
+         "--verify compares runs of one global batch: give --batch_size instead of "
+         "--batch_per_gpu"),
     ]
     for ok, message in checks:
         if not ok:
             raise UsageError(message)
-    # as train.py's
+    # the backends and SyncBatchNorm against the machine, refused as train.py refuses them
     refusal = machine_refusal(cuda, backends, "on" in cc.sync_bn, flag="--backends")
     if refusal is not None:
         raise UsageError(refusal)
@@ -279,8 +288,8 @@ def remove_earlier(out: Path) -> None:
 def out_error(out: Path, error: OSError) -> str:
     """The one line for an --out that the file system refuses: where, why, and what to do."""
     where = f" ({error.filename})" if error.filename and Path(error.filename) != out else ""
-    problem = (file_system_problem(error) or f"{error.strerror}: give another --out, a "
-                                             "folder this user can write")
+    problem = (file_system_problem(error)
+               or f"{error.strerror}: give another --out, a folder this user can write")
     return f"cannot write --out {out}{where}: {problem}"
 
 
@@ -307,7 +316,8 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
     model_name = model_title(config)
     # only PyramidNet has a width (alpha) to sweep
     sweep = config.get("model", PYRAMIDNET) == PYRAMIDNET
-    memory = memory_projection(lambda alpha: model_on_meta({**config, "alpha": alpha}) if sweep else model,
+    memory = memory_projection(lambda alpha: model_on_meta({**config, "alpha": alpha})
+                               if sweep else model,
                                config["alpha"] if sweep else None, amp, config["momentum"] != 0,
                                gpu_memory_bytes(cuda))
     memory["name"] = model_name
@@ -320,15 +330,16 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
     pictures = write_plots(outcomes, out, device, cuda, projection if cuda else None, cores)
     write_csv(outcomes, out / "results.csv")
     what = (f"`--benchmark`: synthetic data, {config['warmup_steps']} untimed then "
-            f"{config['benchmark_steps']} timed steps per "
-            "run" if not cc.epochs else f"training for {cc.epochs} epochs on {config['dataset']}")
+            f"{config['benchmark_steps']} timed steps per run" if not cc.epochs
+            else f"training for {cc.epochs} epochs on {config['dataset']}")
     modes = listed(list(dict.fromkeys(o.run.mode for o in outcomes)))
     projection_page = [
         f"# Projection past this machine: {model_name}, from the runs on {device}",
         "",
-        "**A projection, not a measurement**: what the runs of [report.md](report.md) imply for more GPUs than "
-        "this machine has" + (", and for wider models" if sweep else "") + ", by the cost models of "
-        "`comparison/projection.py` (which lists what they assume, with their sources).",
+        "**A projection, not a measurement**: what the runs of [report.md](report.md) imply for "
+        "more GPUs than this machine has" + (", and for wider models" if sweep else "")
+        + ", by the cost models of `comparison/projection.py` (which lists what they assume, "
+        "with their sources).",
         "",
         "## Scaling past this machine",
         "",
@@ -342,9 +353,10 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
     report_page = [
         f"# {modes}: {model_name} on {device}{oversubscription_title(outcomes, cores)}",
         "",
-        f"`{shlex.join(['python', 'compare.py', *argv])}` — {datetime.now():%Y-%m-%d %H:%M}, {len(outcomes)} runs in "
-        f"{fmt_seconds(elapsed)}; {what}; the same seed ({config['seed']}) and learning rate rule (--lr "
-        f"{config['lr']:g} per 128 images of global batch) in every run.",
+        f"`{shlex.join(['python', 'compare.py', *argv])}` — {datetime.now():%Y-%m-%d %H:%M}, "
+        f"{len(outcomes)} runs in {fmt_seconds(elapsed)}; {what}; the same seed ({config['seed']}) "
+        f"and learning rate rule (--lr {config['lr']:g} per 128 images of global batch) in "
+        "every run.",
         "",
         model_line(config, outcomes, sum(p.numel() for p in model.parameters())),
         "",
@@ -369,14 +381,15 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
         "",
         *pictures_section(outcomes, pictures),
         "",
-        "Every run's figures, unrounded, are in `results.csv`; its log in `logs/`, its run folder (results.json, "
-        "TensorBoard events) in `runs/`.",
+        "Every run's figures, unrounded, are in `results.csv`; its log in `logs/`, its run folder "
+        "(results.json, TensorBoard events) in `runs/`.",
         "",
-        "How to read this report: `docs/comparing.md` in the repository, section \"Reading the report\" (what each "
-        "column means, and why GPU utilisation is not efficiency).",
+        "How to read this report: `docs/comparing.md` in the repository, section \"Reading the "
+        "report\" (what each column means, and why GPU utilisation is not efficiency).",
         "",
-        "[projection.md](projection.md): a projection past this machine, labelled so (DDP's and FSDP's scaling on "
-        "more GPUs, and the memory per GPU of this model" + (" and wider ones)." if sweep else ")."),
+        "[projection.md](projection.md): a projection past this machine, labelled so (DDP's and "
+        "FSDP's scaling on more GPUs, and the memory per GPU of this model"
+        + (" and wider ones)." if sweep else ")."),
         "",
         "## Environment",
         "",
@@ -391,8 +404,8 @@ def model_on_meta(config: dict) -> torch.nn.Module:
     existed, takes its default), built without memory, to count its gradients."""
     fields = {field.name: field.default for field in dataclasses.fields(Config)}
     with uninitialised():
-        return performance.model_on_meta(types.SimpleNamespace(**{**fields, **config,
-                                                                  "align_channels": 0}))
+        return performance.model_on_meta(
+            types.SimpleNamespace(**{**fields, **config, "align_channels": 0}))
 
 
 @contextlib.contextmanager
@@ -412,8 +425,8 @@ def uninitialised():
 
 
 def gpu_memory_bytes(cuda: bool) -> int | None:
-    """The first GPU's memory, which the memory projection weighs the
-    model against; None without GPUs."""
+    """The first GPU's memory, which the memory projection weighs the model against; None without
+    GPUs."""
     return torch.cuda.get_device_properties(0).total_memory if cuda else None
 
 

@@ -46,7 +46,8 @@ from common.state import load_file, load_optimizer_state
 from models.aligned import paper_shapes
 
 FORMAT = "pytorch-multigpu checkpoint v2"  # v2: with the checksum of its contents
-EARLIER_FORMAT = "pytorch-multigpu checkpoint v1"  # the same contents without a checksum: resumed, unverified
+# the same contents without a checksum: resumed, unverified
+EARLIER_FORMAT = "pytorch-multigpu checkpoint v1"
 LAST, BEST, RESULTS, MODEL = "checkpoint.pt", "best.pt", "results.json", "model.pt"
 # The flags that decide what training computes: a checkpoint resumes only under the same values,
 # except that --epochs may grow (the run is extended: extends). Flags of logging, speed measurement
@@ -62,7 +63,8 @@ def rng_state() -> dict:
     version, python_state, python_gauss = random.getstate()
     return {
         "torch": torch.get_rng_state(),
-        "cuda": [state for state in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else [],
+        "cuda": ([state for state in torch.cuda.get_rng_state_all()]
+                 if torch.cuda.is_available() else []),
         "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "position": int(position),
                   "has_gauss": int(has_gauss), "cached_gauss": float(cached_gauss)},
         "python": {"version": version, "state": list(python_state), "gauss": python_gauss},
@@ -333,7 +335,8 @@ def _is_extensions(extended) -> bool:
     """Whether `extended` has the shape Run.extended gives it: what results.json repeats."""
     keys = {"at_step", "epochs_from", "epochs_to"}
     return isinstance(extended, list) and all(
-        isinstance(entry, dict) and set(entry) == keys and all(isinstance(entry[key], int) for key in keys)
+        isinstance(entry, dict) and set(entry) == keys
+        and all(isinstance(entry[key], int) for key in keys)
         for entry in extended)
 
 
@@ -581,7 +584,8 @@ class VotedStop:
 
     def __iter__(self):
         longest = torch.tensor([len(self.loader)], device=self.device)
-        dist.all_reduce(longest, op=dist.ReduceOp.MAX)  # every rank votes as often as the longest shard has
+        # every rank votes as often as the longest shard has
+        dist.all_reduce(longest, op=dist.ReduceOp.MAX)
         most = int(longest.item())  # batches
         batches = iter(self.loader)
         for done in range(most):

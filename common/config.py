@@ -42,24 +42,26 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DATASETS = ("cifar10", "mnist", "synthetic", "imagefolder")
 LOADERS = ("gpu", "torchvision")
 AMPS = ("bf16", "fp16", "off")
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")  # torch.compile's
+# torch.compile's
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
 BASE_BATCH = 128  # --lr is given per this many images of global batch
 # The flags that decide the model's parameters: its names and shapes (--dataset: its input
 # channels and classes). Weights load only into a model built with the same ones; --align_channels
 # stores them padded, the same model.
 MODEL_FLAGS = ("model", "depth", "alpha", "block", "width_multiple", "dataset", "image_size")
-# The model flags added after runs had been written: a config without
-# one was written with its default.
+# The model flags added after runs had been written: a config without one was written with its
+# default.
 LATER_FLAGS = {"model": "pyramidnet", "image_size": None}
 INT_MAX = 2**63 - 1  # torch's largest integer: a count above it reaches no tensor and no C++ call
 # The weights are float32 in every mode (autocast computes in bf16/fp16 but keeps them so): SGD
 # hands the learning rate and the weight decay to its kernels as scalars of the weights' dtype, and
 # a larger one cannot be converted.
 FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max
-FLOAT32_TINY = 1.1754943508222875e-38  # torch.finfo(torch.float32).tiny: below it a rate loses its precision
-# While SyntheticCIFAR generates its images it holds two float32 copies of them at
-# once (the pixel noise and the class patterns, common/data.py): a lower bound of the
-# memory --synthetic_size asks for.
+# torch.finfo(torch.float32).tiny: below it a rate loses its precision
+FLOAT32_TINY = 1.1754943508222875e-38
+# While SyntheticCIFAR generates its images it holds two float32 copies of them at once (the pixel
+# noise and the class patterns, common/data.py): a lower bound of the memory --synthetic_size asks
+# for.
 SYNTHETIC_BYTES_PER_IMAGE = 2 * 3 * 32 * 32 * 4
 # the kernel's own views: nothing can be created there, not even by root
 PSEUDO_FILESYSTEMS = ("/proc", "/sys")
@@ -172,8 +174,8 @@ def _folder_name(value: str) -> str | None:
         size = len(os.fsencode(value))
     except UnicodeEncodeError:
         return "a folder name the file system can store"
-    return (None if size <= NAME_MAX else f"a folder name of at most {NAME_MAX} bytes "
-                                          f"(this one has {size})")
+    return (None if size <= NAME_MAX
+            else f"a folder name of at most {NAME_MAX} bytes (this one has {size})")
 
 
 def _rendezvous(value: str) -> str | None:
@@ -222,11 +224,11 @@ def compile_cache_folder(cfg) -> str:
 
 
 def splits_apart(path: str) -> bool:
-    """Whether `path` would not reach the C++ compiler whole. Inductor's C++ builder (torch/_inductor/
-    cpp_builder.py, CppBuilder) writes the source and output files, which lie in the compile cache, into its
-    command line unquoted (only -I and -L paths are quoted) and splits that line with shlex.split: a space, tab,
-    quote or backslash in the path cuts it in two ("g++: fatal error: input file '/a' is the same as output
-    file"; an odd quote makes shlex raise)."""
+    """Whether `path` would not reach the C++ compiler whole. Inductor's C++ builder
+    (torch/_inductor/cpp_builder.py, CppBuilder) writes the source and output files, which lie in
+    the compile cache, into its command line unquoted (only -I and -L paths are quoted) and splits
+    that line with shlex.split: a space, tab, quote or backslash in the path cuts it in two ("g++:
+    fatal error: input file '/a' is the same as output file"; an odd quote makes shlex raise)."""
     try:
         return shlex.split(path) != [path]
     except ValueError:  # "No closing quotation"
@@ -283,8 +285,8 @@ def compile_cache_refusal(cfg) -> str | None:
                 f"builder cuts apart, and so does the temporary folder {alias.parent.parent} that "
                 "would hold a link to it: give a --compile_cache path without them")
     links = alias.parent
-    if links.is_symlink() or links.exists() and (not links.is_dir()
-                                                 or links.stat().st_uid != os.getuid()):
+    if (links.is_symlink()
+            or links.exists() and (not links.is_dir() or links.stat().st_uid != os.getuid())):
         return (f"{name} has a space in its path, and {links}, where a link without one would "
                 "stand in for it, is not a folder of this user's: remove it, or give a "
                 "--compile_cache path without spaces")
@@ -308,9 +310,9 @@ def _number(value, kind: type, domain: dict) -> str | None:
     bounds = [(word, holds, domain[name]) for name, (word, holds) in BOUNDS.items()
               if name in domain]
     if (isinstance(value, float) and not math.isfinite(value)
-        or not all(holds(value, b) for _, holds, b in bounds)):
-        return (f"{noun} "
-                f"{' and '.join(f'{word} {_shown(bound)}' for word, _, bound in bounds)}".rstrip())
+            or not all(holds(value, b) for _, holds, b in bounds)):
+        limits = " and ".join(f"{word} {_shown(bound)}" for word, _, bound in bounds)
+        return f"{noun} {limits}".rstrip()
     if kind is int and value > INT_MAX:
         return f"a whole number at most {INT_MAX} (2**63 - 1, torch's largest)"
     return None
@@ -390,9 +392,11 @@ class Config:
                           at_least=0)
     lr: float = flag(0.1, "learning rate per 128 images of global batch, scaled "
                           "linearly with --batch_size", above=0)
+    # x steps: a float
     lr_warmup_epochs: float = flag(5.0, "linear warm-up length when the global batch is above 128 "
-                                        "(at most a tenth of the run)", at_least=0, at_most=1e9)  # x steps: a float
-    momentum: float = flag(0.9, "SGD momentum", at_least=0, below=1)  # 1 and more: steps that never shrink
+                                        "(at most a tenth of the run)", at_least=0, at_most=1e9)
+    # 1 and more: steps that never shrink
+    momentum: float = flag(0.9, "SGD momentum", at_least=0, below=1)
     weight_decay: float = flag(1e-4, "L2 weight decay", at_least=0, at_most=FLOAT32_MAX)
     nesterov: bool = flag(True, "the paper's Nesterov momentum")
     # model
@@ -420,9 +424,8 @@ class Config:
                                         "synthetic data; else the dataset's own, 32, or 28 for "
                                         "mnist); cifar10, mnist and synthetic are resized to it "
                                         "after their augmentation", at_least=8, at_most=4096)
-    synthetic_size: int = flag(50_000, "training images of --dataset synthetic; the "
-                                       "test set is a fifth of it",
-                               at_least=5, check=_synthetic_images)
+    synthetic_size: int = flag(50_000, "training images of --dataset synthetic; the test set is a "
+                                       "fifth of it", at_least=5, check=_synthetic_images)
     loader: str | None = flag(None, "gpu: dataset held on the device, augmented there (default "
                                     "with CUDA; for imagefolder where its decoded images take at "
                                     "most half the GPU's free memory); torchvision: DataLoader "
@@ -487,9 +490,8 @@ class Config:
     overwrite: bool = flag(False, "replace an existing run folder of the same name")
     log_interval: int = flag(50, "optimizer steps per log window (a log line, TensorBoard points)",
                              at_least=1)
-    warmup_steps: int = flag(10, "first optimizer steps left out of the timing "
-                                 "(cuDNN autotune, allocator)",
-                             at_least=0)
+    warmup_steps: int = flag(10, "first optimizer steps left out of the timing (cuDNN autotune, "
+                                 "allocator)", at_least=0)
     profile_steps: int = flag(0, "record the N optimizer steps after --warmup_steps with "
                                  "torch.profiler: each rank's trace goes to <run "
                                  "folder>/trace_rank<r>.json, and results.json splits each "
@@ -502,9 +504,8 @@ class Config:
     resume: str | None = flag(None, "continue from a checkpoint.pt (PATH), or from this "
                                     "--run_name's latest one (auto; a fresh start when it has none "
                                     "yet)", check="file_or_auto")
-    evaluate: str | None = flag(None, "load weights from PATH, evaluate on the test "
-                                      "set, write results, exit",
-                                check="file")
+    evaluate: str | None = flag(None, "load weights from PATH, evaluate on the test set, write "
+                                      "results, exit", check="file")
     progress: bool = flag(True, "the tqdm bar of each epoch (shown when stdout is a terminal)")
 
     def __post_init__(self):
@@ -513,26 +514,27 @@ class Config:
         lr = self.effective_lr()
         checks = [
             (self.momentum > 0 or not self.nesterov,
-                                                     f"--momentum {self.momentum:g} with Nesterov momentum (the " f"default): give --momentum above 0, or add --no_nesterov"),
+             f"--momentum {self.momentum:g} with Nesterov momentum (the default): give --momentum "
+             "above 0, or add --no_nesterov"),
             (FLOAT32_TINY <= lr <= FLOAT32_MAX,
-             f"--lr {self.lr:g} at --batch_size {self.batch_size} is a learning rate of {lr:g} (x batch / "
-             f"{BASE_BATCH}), {'more' if lr > 1 else 'less'} than the float32 weights' updates can hold: give a "
-             f"{'smaller' if lr > 1 else 'larger'} --lr"),
+             f"--lr {self.lr:g} at --batch_size {self.batch_size} is a learning rate of {lr:g} "
+             f"(x batch / {BASE_BATCH}), {'more' if lr > 1 else 'less'} than the float32 weights' "
+             f"updates can hold: give a {'smaller' if lr > 1 else 'larger'} --lr"),
             (not (self.resume and self.overwrite),
-                                                   "--resume continues a run folder and --overwrite deletes it: " "give one of them"),
+             "--resume continues a run folder and --overwrite deletes it: give one of them"),
             (not (self.resume and (self.evaluate or self.benchmark)),
              "--resume continues training: leave out --evaluate and --benchmark"),
             (self.resume != "auto" or self.run_name,
-                                                     "--resume auto finds the run by its name: add --run_name " "NAME (the same name on every restart)"),
+             "--resume auto finds the run by its name: add --run_name NAME (the same name on every "
+             "restart)"),
             (not (self.benchmark and self.evaluate),
              "--benchmark trains and --evaluate does not: give one of them"),
             (not (self.profile_steps and self.evaluate),
-             "--profile_steps records training steps and --evaluate trains none: give one of "
-             "them"),
+             "--profile_steps records training steps and --evaluate trains none: give one of them"),
             # a flag that would be ignored is refused
             *[(self.compile or getattr(self, name) is None,
-               f"--{name} {getattr(self, name)} does nothing without --compile: give --compile too, or leave "
-               f"out --{name}")
+               f"--{name} {getattr(self, name)} does nothing without --compile: give --compile "
+               f"too, or leave out --{name}")
               for name in ("compile_mode", "compile_cache")],
         ]
         for ok, message in checks:
@@ -553,8 +555,10 @@ class Config:
             check_arguments(self.depth, self.alpha, self.block, 10, 3)
         except ValueError as error:
             raise UsageError(f"--depth/--alpha: {error}") from None
-        weights = 4 * parameters_at_least(self.depth, self.alpha, self.block, self.width_multiple)  # float32
-        memory = physical_memory()  # the model is built in the host's memory before any device sees it
+        # float32
+        weights = 4 * parameters_at_least(self.depth, self.alpha, self.block, self.width_multiple)
+        # the model is built in the host's memory before any device sees it
+        memory = physical_memory()
         if memory is not None and weights > memory:
             raise UsageError(f"--depth {self.depth} --alpha {self.alpha:g} --block {self.block} "
                              f"--width_multiple {self.width_multiple}: the weights alone take at "
@@ -570,13 +574,12 @@ class Config:
         return 0 < self.max_steps <= step
 
 
-@dataclass(frozen=True)
 # the flags of every mode with a process group: dist_parallel's and fsdp's
+@dataclass(frozen=True)
 class GroupConfig(Config):
     backend: str | None = flag(None, "nccl (default with CUDA) or gloo", choices=("nccl", "gloo"))
-    init_method: str = flag("env://", "rendezvous: env:// (MASTER_ADDR/PORT), "
-                                      "tcp://HOST:PORT or file:///PATH",
-                            check="rendezvous")
+    init_method: str = flag("env://", "rendezvous: env:// (MASTER_ADDR/PORT), tcp://HOST:PORT or "
+                                      "file:///PATH", check="rendezvous")
     verify_sync: bool = flag(False, "check every epoch, not only at the end, that all "
                                     "ranks hold the same weights")
     nproc_per_node: int | None = flag(None, "without torchrun: workers to start "
@@ -661,13 +664,13 @@ def add_flags(parser: argparse.ArgumentParser, config_class: type[Config], skip=
 
 
 def config_argv(config_class: type[Config], values: dict) -> list[str]:
-    """The flags that set `values` (field name -> value) on the command
-    line: the inverse of the parser."""
+    """The flags that set `values` (field name -> value) on the command line: the inverse of the
+    parser."""
     hints, argv = typing.get_type_hints(config_class), []
     defaults = {f.name: f.default for f in dataclasses.fields(config_class)}
     for name, value in values.items():
         if hints[name] is bool or hints[name] == bool | None:
-            if value is not None and (hints[name] != bool or value != defaults[name]):
+            if value is not None and (hints[name] is not bool or value != defaults[name]):
                 argv.append(f"--{name}" if value else f"--no_{name}")
         elif value is not None:
             argv += [f"--{name}", *map(str, value if isinstance(value, (tuple, list)) else [value])]
@@ -719,19 +722,19 @@ FILE_SYSTEM_ERRORS = {
                   "give a folder on another file system"),
     errno.EROFS: ("", "give a folder on a file system that can be written"),
     errno.EACCES: ("this user may not read or write there",
-                                                               "give a path this user can use, or change its " "permissions"),
+                   "give a path this user can use, or change its permissions"),
     errno.EPERM: ("this user may not read or write there",
-                                                              "give a path this user can use, or change its " "permissions"),
+                  "give a path this user can use, or change its permissions"),
     errno.EIO: ("the disk or the network file system failed",
                 "check it, or give a folder on another disk"),
     errno.ELOOP: ("a symbolic link on the path leads round in a loop",
                   "mend the link, or give a path without it"),
-    errno.ENOTDIR: ("a part of the path that must be a folder is a file", "give a path whose every part but the "
-                                                                          "last is a folder"),
-    errno.EISDIR: ("a folder stands where a file is to be read or written", "move that folder away, or give the "
-                                                                            "path of a file"),
-    errno.ENAMETOOLONG: ("",
-                         f"give a shorter path (at most {NAME_MAX} bytes a name, {PATH_MAX} in all)"),
+    errno.ENOTDIR: ("a part of the path that must be a folder is a file",
+                    "give a path whose every part but the last is a folder"),
+    errno.EISDIR: ("a folder stands where a file is to be read or written",
+                   "move that folder away, or give the path of a file"),
+    errno.ENAMETOOLONG: ("", f"give a shorter path (at most {NAME_MAX} bytes a name, "
+                             f"{PATH_MAX} in all)"),
 }
 
 

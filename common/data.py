@@ -115,7 +115,8 @@ def image_size(cfg) -> int:
     return DATASET_INFO[cfg.dataset].size
 
 
-# ---- datasets: .data uint8 (N, H, W, C) or (N, H, W), .targets (ints), .info; [i] is (PIL image, label) ----
+# ---- datasets ----
+# .data uint8 (N, H, W, C) or (N, H, W), .targets (ints), .info; [i] is (PIL image, label)
 
 class SyntheticCIFAR(Dataset):
     """CIFAR-10's shapes and dtype, generated in memory from the seed,
@@ -146,7 +147,8 @@ class SyntheticCIFAR(Dataset):
         brightness = 0.2 * torch.rand(size, 1, 1, 1, generator=stream) - 0.1
         noise = 0.4 * torch.randn(size, channels, side, side, generator=stream)
         images = (patterns[labels] - 0.5) * contrast + 0.5 + brightness + noise
-        self.data = (images.clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).contiguous().numpy()
+        self.data = ((images.clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1)
+                     .contiguous().numpy())
         self.targets = labels.tolist()
         self.transform = transform
 
@@ -224,15 +226,17 @@ def _mnist(data_dir: str, train: bool, download: bool):
         dataset, side = (datasets.MNIST(str(root), train=train, download=download),
                          DATASET_INFO["mnist"].size)
         if (tuple(dataset.data.shape[1:]) != (side, side)
-            or len(dataset.data) != len(dataset.targets)):  # unchecked
+                or len(dataset.data) != len(dataset.targets)):  # unchecked
             raise ValueError(f"{len(dataset.targets)} labels for "
                              f"{tuple(dataset.data.shape)} images")
         return dataset
     # the IDX reader meets a cut or foreign file with any of these (its asserts included)
     except (OSError, RuntimeError, ValueError, EOFError, AssertionError, KeyError, TypeError,
             IndexError) as error:
-        lines = [line for line in str(error).splitlines() if line.strip()]  # a failed download: a line a mirror
-        reason = " ".join(lines[-1].split())[:160] if lines else type(error).__name__  # the last mirror's error
+        # a failed download: a line a mirror
+        lines = [line for line in str(error).splitlines() if line.strip()]
+        # the last mirror's error
+        reason = " ".join(lines[-1].split())[:160] if lines else type(error).__name__
         files = ", ".join(name for name, _ in datasets.MNIST.resources)
         # files there, but unreadable or failing their md5
         if folder.is_dir() and any(folder.iterdir()):
@@ -241,11 +245,11 @@ def _mnist(data_dir: str, train: bool, download: bool):
                              f"{folder}/), or run offline with --dataset synthetic") from None
         raise UsageError(f"MNIST could not be read from {root} or downloaded ({reason}): put "
                          f"{files} from {datasets.MNIST.mirrors[0]} into {folder}/, or run offline "
-                         "with --dataset synthetic") \
-            from None
+                         "with --dataset synthetic") from None
 
 
-# ---- an image folder: DIR/train/<class>/* and DIR/val/<class>/*, read by torchvision's ImageFolder ----
+# ---- an image folder ----
+# DIR/train/<class>/* and DIR/val/<class>/*, read by torchvision's ImageFolder
 
 CHECK_THREADS = 16  # files read at once by check_images: the reads wait on the disk, not on a core
 TAIL = 4096  # bytes at the end of a PNG or JPEG where its end marker must be
@@ -289,8 +293,8 @@ def check_images(paths: list[str]) -> None:
     # a task per 1024 files, not one per file
     parts = [paths[i:i + 1024] for i in range(0, len(paths), 1024)]
     with ThreadPoolExecutor(CHECK_THREADS) as pool:
-        for part, reasons in zip(parts,
-                                 pool.map(lambda part: [unreadable(path) for path in part], parts)):
+        checked = pool.map(lambda part: [unreadable(path) for path in part], parts)
+        for part, reasons in zip(parts, checked):
             bad = next(((path, why) for path, why in zip(part, reasons) if why), None)
             if bad:
                 raise UsageError(f"--dataset imagefolder: {bad[0]} cannot be read as an image "
@@ -508,8 +512,10 @@ def make_loader(kind: str, dataset, sampler, batch_size: int, device: torch.devi
     raise UsageError(f"unknown loader {kind!r}: use gpu or torchvision")
 
 
-DEVICE_SHARE = 0.5  # of the device's free memory, the most an image folder's decoded images may take by default
-_loader_notes: dict[tuple, str] = {}  # why resolve_loader chose what it did, for the run's first line
+# of the device's free memory, the most an image folder's decoded images may take by default
+DEVICE_SHARE = 0.5
+# why resolve_loader chose what it did, for the run's first line
+_loader_notes: dict[tuple, str] = {}
 
 
 def folder_bytes(cfg) -> int:
@@ -534,7 +540,8 @@ def resolve_loader(cfg, device: torch.device) -> str:
     need = folder_bytes(cfg)
     free = (torch.cuda.mem_get_info(device)[0] if device.type == "cuda"
             else physical_memory() or need)
-    where = f"{_memory(free)} {'free on ' + str(device) if device.type == 'cuda' else 'of memory on this machine'}"
+    place = "free on " + str(device) if device.type == "cuda" else "of memory on this machine"
+    where = f"{_memory(free)} {place}"
     if cfg.loader == "gpu" and need > free:
         raise UsageError(f"--loader gpu: the image folder's decoded images take {_memory(need)}, "
                          f"more than the {where}: leave out --loader (the torchvision loader reads "
@@ -544,7 +551,8 @@ def resolve_loader(cfg, device: torch.device) -> str:
     elif need <= DEVICE_SHARE * free:
         kind, note = "gpu", f"{_memory(need)} of decoded images, at most half of the {where}"
     else:
-        kind, note = "torchvision", f"the decoded images would take {_memory(need)}, more than half of the {where}"
+        kind = "torchvision"
+        note = f"the decoded images would take {_memory(need)}, more than half of the {where}"
     _loader_notes[cfg.data_dir, image_size(cfg), cfg.augment, kind] = note
     return kind
 
@@ -593,7 +601,7 @@ _warned: set[str] = set()  # what this process has warned of
 def _say_once_if_too_many(num_workers: int) -> None:
     cores, processes = _usable_cores(), _processes_on_this_node()
     if (num_workers * processes <= cores or "workers" in _warned
-        or os.environ.get("RANK", "0") != "0"):
+            or os.environ.get("RANK", "0") != "0"):
         return
     _warned.add("workers")
     print(f"warning: --num_workers {num_workers} in each of {processes} process(es) is more than "
@@ -613,8 +621,10 @@ class DeviceLoader:
 
     def __init__(self, dataset, sampler, *, batch_size, device, augment, drop_last, seed,
                  num_workers=None, memory_format=torch.contiguous_format):
-        self.sampler, self.batch_size, self.device, self.memory_format = sampler, batch_size, device, memory_format
-        self.augment, self.drop_last, self.seed, self.epoch, self.skip = augment, drop_last, seed, 0, 0
+        self.sampler, self.batch_size, self.device = sampler, batch_size, device
+        self.memory_format = memory_format
+        self.augment, self.drop_last, self.seed = augment, drop_last, seed
+        self.epoch, self.skip = 0, 0
         self.size, self.flip, self.crop = dataset.info.size, dataset.info.flip, dataset.info.crop
         # an image folder: decoded once, (width, height) of the originals kept
         if self.crop == "resized":
@@ -656,9 +666,11 @@ class DeviceLoader:
             if self.augment:
                 images = crop(index, draws)
             else:
-                images = self.images[index].permute(0, 3, 1, 2).contiguous(memory_format=self.memory_format)
+                images = self.images[index].permute(0, 3, 1, 2).contiguous(
+                    memory_format=self.memory_format)
             if images.shape[-1] != self.size:  # stored at another size: resized after the crop
-                images = resized(images.float(), self.size).contiguous(memory_format=self.memory_format)
+                images = resized(images.float(), self.size).contiguous(
+                    memory_format=self.memory_format)
             yield images.float().sub_(self.mean).div_(self.std), self.labels[index]
 
     def _pad_draws(self):
@@ -739,7 +751,8 @@ class TorchvisionLoader:
                  num_workers, memory_format=torch.contiguous_format):
         self.num_workers = num_workers = (default_num_workers() if num_workers is None
                                           else num_workers)
-        self.sampler, self.batch_size, self.device, self.memory_format = sampler, batch_size, device, memory_format
+        self.sampler, self.batch_size, self.device = sampler, batch_size, device
+        self.memory_format = memory_format
         self.indices = _EpochIndices(sampler, batch_size)
         self.batches = len(sampler) // batch_size if drop_last else -(-len(sampler) // batch_size)
         self.loader = DataLoader(
@@ -755,8 +768,8 @@ class TorchvisionLoader:
         follow_epoch(self.sampler, epoch)
         self.indices.start_epoch(epoch, skip)
 
-    # batches in a whole epoch, skipped ones included, as DeviceLoader counts them
     def __len__(self):
+        # batches in a whole epoch, skipped ones included, as DeviceLoader counts them
         return self.batches
 
     def __iter__(self):
@@ -769,11 +782,13 @@ class TorchvisionLoader:
             for images, labels in batches:
                 yield (images.to(self.device, non_blocking=True, memory_format=self.memory_format),
                        labels.to(self.device, non_blocking=True))
-                _error_if_any_worker_fails()  # a worker that died during the step just taken: raised here
+                # a worker that died during the step just taken: raised here
+                _error_if_any_worker_fails()
         except RuntimeError as error:  # the DataLoader's own words for a worker that is gone
             if not str(error).startswith("DataLoader worker (pid"):
                 raise
-            raise LoaderWorkerDied(" ".join(str(error).split()).split(". ")[0].rstrip(".")) from None
+            message = " ".join(str(error).split()).split(". ")[0].rstrip(".")
+            raise LoaderWorkerDied(message) from None
 
 
 def _leave_stopping_to_the_main_process(main_process: int, worker_id: int) -> None:
@@ -787,9 +802,12 @@ def _leave_stopping_to_the_main_process(main_process: int, worker_id: int) -> No
     # the other stop signals (StopSignals)
     for number in (signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
         signal.signal(number, signal.SIG_IGN)
-    if hasattr(signal, "sigwaitinfo"):  # Linux; elsewhere (macOS) SIGTERM ends a worker as torch lets it
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # threads started from here on inherit it
-        threading.Thread(target=_exit_on_the_main_process_sigterm, args=(main_process,), daemon=True).start()
+    # Linux; elsewhere (macOS) SIGTERM ends a worker as torch lets it
+    if hasattr(signal, "sigwaitinfo"):
+        # threads started from here on inherit it
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        threading.Thread(target=_exit_on_the_main_process_sigterm, args=(main_process,),
+                         daemon=True).start()
 
 
 def _exit_on_the_main_process_sigterm(main_process: int) -> None:
@@ -808,8 +826,8 @@ def _defer_worker_failures() -> None:
     from torch.utils.data._utils import signal_handling
 
     handler = signal.getsignal(signal.SIGCHLD)
-    if getattr(handler, "__module__", None) == signal_handling.__name__ and threading.current_thread() is \
-            threading.main_thread():
+    if (getattr(handler, "__module__", None) == signal_handling.__name__
+            and threading.current_thread() is threading.main_thread()):
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 
 
@@ -826,8 +844,8 @@ class _Transformed(Dataset):
         from torchvision import transforms
 
         self.dataset, self.seed, self.augment, self.info = dataset, seed, augment, dataset.info
-        self.normalise = transforms.Compose([transforms.ToTensor(), transforms.Normalize(dataset.info.mean,
-                                                                                         dataset.info.std)])
+        normalize = transforms.Normalize(dataset.info.mean, dataset.info.std)
+        self.normalise = transforms.Compose([transforms.ToTensor(), normalize])
         # the gpu loader's normalisation
         self.mean = torch.tensor(dataset.info.mean).view(-1, 1, 1) * 255
         self.std = torch.tensor(dataset.info.std).view(-1, 1, 1) * 255
@@ -843,8 +861,8 @@ class _Transformed(Dataset):
         image, label = self.dataset[index]
         if self.augment and epoch != self.epoch:
             draw = resized_crop_draws if self.info.crop == "resized" else augmentation_draws
-            self.epoch, self.draws = (epoch,
-                                      draw(self.seed, epoch, len(self.dataset), self.info.flip))
+            self.epoch, self.draws = epoch, draw(self.seed, epoch, len(self.dataset),
+                                                 self.info.flip)
         if self.info.crop == "resized":
             image = (self._resized_crop(image, index) if self.augment
                      else evaluation_crop(image, self.info.size))
@@ -864,8 +882,8 @@ class _Transformed(Dataset):
         from torchvision.transforms import functional
 
         area, aspect, down, across, mirrored = (draws[index] for draws in self.draws)
-        top, left, height, width = (int(value) for value in crop_boxes((area, aspect, down, across),
-                                                                       *image.size))
+        box = crop_boxes((area, aspect, down, across), *image.size)
+        top, left, height, width = (int(value) for value in box)
         size = [self.info.size, self.info.size]
         image = functional.resized_crop(image, top, left, height, width, size, antialias=True)
         return functional.hflip(image) if mirrored else image

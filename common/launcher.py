@@ -76,8 +76,10 @@ def launch_workers(script: str, argv: list[str], nproc: int, max_restarts: int =
 
     args = get_args_parser().parse_args(["--standalone", f"--nproc_per_node={nproc}",
                                          f"--max-restarts={max_restarts}", script, *argv])
-    if hasattr(args, "signals_to_handle") and "PET_SIGNALS_TO_HANDLE" not in os.environ:  # not in old torch
-        args.signals_to_handle = AGENT_SIGNALS  # unless the user chose (torchrun --signals-to-handle's variable)
+    # not in old torch
+    if hasattr(args, "signals_to_handle") and "PET_SIGNALS_TO_HANDLE" not in os.environ:
+        # unless the user chose (torchrun --signals-to-handle's variable)
+        args.signals_to_handle = AGENT_SIGNALS
     if (getattr(args, "shutdown_timeout", 0) is None
         and "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in os.environ):
         # unless the user chose (its variable, or PET_SHUTDOWN_TIMEOUT)
@@ -135,8 +137,8 @@ def stop_line(signum: int, report: Path, run_dir: Path | None) -> tuple[str, int
         what, then = stopped.read_text().splitlines()[:2]
         return f"stopped by {name}: the workers stopped cleanly ({what}); {then}", 128 + signum
     if not (report / TRAINING).exists():
-        return f"stopped by {name} before training began (the workers were starting); {unchanged(run_dir)}", \
-            128 + signum
+        return (f"stopped by {name} before training began (the workers were starting); "
+                f"{unchanged(run_dir)}", 128 + signum)
     note = last_checkpoint_note(run_dir)
     return (f"error: stopped by {name}, but the workers did not stop cleanly (rank 0 reported no "
             f"stop checkpoint; their output above may say why); {note}", 1)
@@ -277,7 +279,8 @@ def self_launch(cfg, script: str, argv, mode: str) -> int:
     check_launch(cfg, mode, nproc)
     run_dir = resolve_run_dir(cfg, mode, nproc)
     refuse_fresh_start(cfg, run_dir)  # in one line before any worker starts (and is restarted)
-    os.environ.setdefault("OMP_NUM_THREADS", str(max((os.cpu_count() or 1) // nproc, 1)))  # share the cores
+    # share the cores
+    os.environ.setdefault("OMP_NUM_THREADS", str(max((os.cpu_count() or 1) // nproc, 1)))
     return launch_workers(script, sys.argv[1:] if argv is None else [str(arg) for arg in argv],
-                          # a default name is the worker's
-                          nproc, cfg.max_restarts, run_dir if cfg.run_name else None)
+                          nproc, cfg.max_restarts,
+                          run_dir if cfg.run_name else None)  # a default name is the worker's

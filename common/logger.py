@@ -45,7 +45,8 @@ ATTEMPT_FIELDS = ("images_per_sec", "images_per_sec_per_gpu", "batch_time_p50", 
 HISTORY_FIELDS = ("train_loss", "train_acc", "epoch_time_s", "wall_time_s")
 
 
-MARKER = ".pytorch-multigpu-run"  # written into every run folder: what --overwrite may empty and --resume continue
+# written into every run folder: what --overwrite may empty and --resume continue
+MARKER = ".pytorch-multigpu-run"
 LOCK = ".lock"  # locked (lockf) by the one process that writes a run folder, for as long as it runs
 # What a run folder written before the marker existed holds: --resume
 # auto continues such a folder too.
@@ -223,8 +224,10 @@ def claim_run_dir(run_dir: Path, cfg: Config, started_by: dict | None = None):
         raise UsageError(f"run folder {run_dir} is in use by a run that is still "
                          f"running (pid {holder}): wait for it to end or stop it, or "
                          "choose another --run_name") from None
-    except OSError:  # a file system without locks (some Lustre and NFS mounts): the exclusive mkdir still guards
-        pass  # new runs, and the run goes on unlocked rather than not at all
+    except OSError:
+        # a file system without locks (some Lustre and NFS mounts): the exclusive mkdir still
+        # guards new runs, and the run goes on unlocked rather than not at all
+        pass
     lock.truncate(0)
     lock.write(f"{os.getpid()}\n")
     lock.flush()
@@ -412,8 +415,8 @@ def model_flags_of(file: Path, state) -> str | None:
         return None
     config = {**LATER_FLAGS, **config}  # written before a flag existed: its default
     words = [word for name in MODEL_FLAGS if config[name] is not None
-             for word in (f"--{name}",
-                          f"{config[name]:g}" if isinstance(config[name], float) else str(config[name]))]
+             for word in (f"--{name}", f"{config[name]:g}" if isinstance(config[name], float)
+                          else str(config[name]))]
     return f"{shlex.join(words)} (from {source})"
 
 
@@ -498,8 +501,10 @@ def speed_line(summary: dict) -> str:
     p50 17.1 ms p90 17.4 ms, ...`."""
     if summary["images_per_sec"] is None:
         return "speed: no timed steps (raise --max_steps or --benchmark_steps above --warmup_steps)"
-    figures = [f"speed: {summary['images_per_sec']:.0f} img/s ({summary['images_per_sec_per_gpu']:.0f} per GPU)",
-               f"batch p50 {1e3 * summary['batch_time_p50']:.1f} ms p90 {1e3 * summary['batch_time_p90']:.1f} ms",
+    figures = [f"speed: {summary['images_per_sec']:.0f} img/s "
+               f"({summary['images_per_sec_per_gpu']:.0f} per GPU)",
+               f"batch p50 {1e3 * summary['batch_time_p50']:.1f} ms "
+               f"p90 {1e3 * summary['batch_time_p90']:.1f} ms",
                f"data wait {100 * summary['data_wait_frac']:.2f}%",
                f"{summary['flops_per_image'] / 1e9:.2f} GFLOP/img"]
     if summary["mfu"] is not None:

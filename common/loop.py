@@ -48,18 +48,22 @@ class Run:
     telemetry: GpuTelemetry
     clock: RunClock  # the run's wall time and epoch times, over the attempts it is made of
     profiler: StepProfiler  # --profile_steps: the steps after the warm-up, recorded and split
-    signals: StopSignals = field(default_factory=StopSignals)  # from here on, a stop signal stops the run
+    # from here on, a stop signal stops the run
+    signals: StopSignals = field(default_factory=StopSignals)
     step: int = 0  # optimizer steps so far
     epoch: int = 0  # the epoch being trained (or to train next)
     batch: int = 0  # batches of that epoch done
     best_acc: float = -1.0  # the best test accuracy so far
     stop: str | None = None  # the signal that asked the run to stop
     totals: Sums = field(default_factory=Sums)  # every log window of the run
-    epoch_sums: Sums = field(default_factory=Sums)  # the log windows of the epoch under way (or last done)
+    # the log windows of the epoch under way (or last done)
+    epoch_sums: Sums = field(default_factory=Sums)
     gpu_util: list = field(default_factory=list)  # every window's utilisation of every GPU
     test: Test = (None, None, 0)  # the last evaluation
-    sync: dict | None = None  # the last check that every rank holds the same weights (process groups)
-    extended: list = field(default_factory=list)  # each time --epochs was raised: where, from and to
+    # the last check that every rank holds the same weights (process groups)
+    sync: dict | None = None
+    # each time --epochs was raised: where, from and to
+    extended: list = field(default_factory=list)
 
     @classmethod
     def start(cls, cfg: Config, device: torch.device, gpus: list[int], started: float,
@@ -151,7 +155,7 @@ class Run:
         self.logger.scalars(self.step, {"test/loss": test[0], "test/acc_pct": percent(test[1])})
         timed = "time not known" if epoch_seconds is None else f"{epoch_seconds:.1f}s"
         batches = len(self.train_loader)
-        # --max_steps
+        # an epoch cut short by --max_steps
         cut = "" if self.batch == batches else f" ({self.batch} of {batches} batches)"
         self.console.line(f"Epoch {epoch + 1}/{self.cfg.epochs} test loss {test[0]:.3f} acc "
                           f"{100 * test[1]:.2f}% ({test[2]} images) epoch {timed}{cut}")

@@ -180,8 +180,8 @@ def evaluation_sums(model, loader, device: torch.device) -> torch.Tensor:
     images = 0
     for batch_images, labels in loader:
         logits = model(batch_images)
-        sums += torch.stack([torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum").double(),
-                             (logits.argmax(dim=1) == labels).sum().double()])
+        loss = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
+        sums += torch.stack([loss.double(), (logits.argmax(dim=1) == labels).sum().double()])
         images += labels.shape[0]
     return torch.cat([sums, sums.new_tensor([images])])
 
@@ -257,9 +257,12 @@ class RunClock:
         self.started = started  # perf_counter() when this attempt began
         self.attempts = 1  # the attempts whose work the run kept, this one included; None: unknown
         self.earlier = 0.0  # the earlier attempts' seconds, up to the checkpoint resumed from
-        self.epoch_times = []  # seconds of each epoch trained to its end, one per epoch (None: not known)
-        self.epoch_earlier = 0.0  # the epoch under way's seconds not timed by epoch_started (None: unknown)
-        self.epoch_started = None  # perf_counter() when this attempt began (or went on with) that epoch
+        # seconds of each epoch trained to its end, one per epoch (None: not known)
+        self.epoch_times = []
+        # the epoch under way's seconds not timed by epoch_started (None: unknown)
+        self.epoch_earlier = 0.0
+        # perf_counter() when this attempt began (or went on with) that epoch
+        self.epoch_started = None
 
     def start_epoch(self) -> None:
         self.epoch_started = time.perf_counter()
@@ -314,8 +317,10 @@ class RunClock:
         self.attempts = history["attempts"] + 1
         self.earlier = history["wall_time_s"]
         times, under_way = list(history["epoch_times_s"]), history["epoch_time_s"] if batch else 0.0
-        if len(times) > epoch:  # an earlier version's: an epoch cut by --max_steps counted per attempt
-            if len(times) == epoch + 1 and batch and under_way == 0:  # cut once, the epoch under way
+        # an earlier version's: an epoch cut by --max_steps counted per attempt
+        if len(times) > epoch:
+            # cut once, the epoch under way
+            if len(times) == epoch + 1 and batch and under_way == 0:
                 times, under_way = times[:-1], times[-1]
             else:  # which epoch each time belongs to cannot be told
                 times, under_way = [None] * epoch, unknown

@@ -42,8 +42,10 @@ GPU_PEAK_TFLOPS = {
     "H100": {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9},
     "H200 NVL": {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0},
     "H200": {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9},  # SXM
-    "GH200": {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9},  # Grace Hopper: "NVIDIA GH200 480GB"
-    "A100": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},  # SXM4 and PCIe, 40 and 80 GB
+    # Grace Hopper: "NVIDIA GH200 480GB"
+    "GH200": {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9},
+    # SXM4 and PCIe, 40 and 80 GB
+    "A100": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
     "L40S": {"bf16": 362.05, "fp16": 362.05, "tf32": 183.0, "fp32": 91.6},
     "RTX 4090 D": None, "RTX 4090 Laptop": None,
     "RTX 4090": {"bf16": 165.2, "fp16": 165.2, "tf32": 82.6, "fp32": 82.6},
@@ -63,7 +65,8 @@ def resolve_fast_path(cfg: Config, device: torch.device) -> Config:
         raise UsageError(f"{torch.cuda.get_device_name(device)} has no bf16 tensor "
                          "cores: use --amp fp16 or off")
     channels_last = cuda if cfg.channels_last is None else cfg.channels_last
-    sync_bn = getattr(cfg, "sync_bn", False)  # dist_parallel's: SyncBatchNorm takes the paper's widths only
+    # dist_parallel's: SyncBatchNorm takes the paper's widths only
+    sync_bn = getattr(cfg, "sync_bn", False)
     pyramid = cfg.model == PYRAMIDNET  # the aligned storage is PyramidNet's (models/aligned.py)
     align = (cfg.align_channels if cfg.align_channels is not None else 8
              if cuda and pyramid and not sync_bn else 0)
@@ -78,9 +81,12 @@ def resolve_fast_path(cfg: Config, device: torch.device) -> Config:
         torch.backends.cudnn.benchmark = not cfg.deterministic
         if cfg.cudnn_benchmark_limit is not None:
             torch.backends.cudnn.benchmark_limit = cfg.cudnn_benchmark_limit
-        torch.set_float32_matmul_precision("high")  # TF32 for fp32 matrix products, as convolutions by default
-    if cfg.deterministic:  # the same bits on every run: deterministic kernels only, an error where none exists
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts: no matmul ran yet
+        # TF32 for fp32 matrix products, as convolutions by default
+        torch.set_float32_matmul_precision("high")
+    # the same bits on every run: deterministic kernels only, an error where none exists
+    if cfg.deterministic:
+        # read when cuBLAS starts: no matmul ran yet
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.deterministic = True
     # inductor reads TORCHINDUCTOR_CACHE_DIR when it compiles: the FX-graph, AOTAutograd and Triton
@@ -168,7 +174,7 @@ def by_gpu_name(table: dict, name: str):
     """The first entry of `table` (keyed by GPU names, most specific first) whose key is in `name`
     as whole words, in any case; None when none is, or when the first that is holds None (a GPU the
     table leaves out on purpose)."""
-    # "H200" not in "GH200"
+    # whole words: "H200" not in "GH200"
     words = lambda key: rf"(?<![a-z0-9]){re.escape(key)}(?![a-z0-9])"  # noqa: E731
     return next((value for key, value in table.items()
                  if re.search(words(key), name, re.IGNORECASE)), None)

@@ -1,11 +1,11 @@
-"""The runs of a comparison: which configurations, and the exact
-command line and environment of each.
+"""The runs of a comparison: which configurations, and the exact command line and environment of
+each.
 
-Every run gets the same model, data, global batch, learning rate and seed; only the
-parallelism (mode, GPU count, backend) and the settings being compared (--amp,
---sync_bn, --reshard_after_forward) differ. Each is started the way a user would start
-it: `python single_gpu/train.py`, `python data_parallel/train.py`, `torchrun
-dist_parallel/train.py`, `torchrun fsdp/train.py`.
+Every run gets the same model, data, global batch, learning rate and seed; only the parallelism
+(mode, GPU count, backend) and the settings being compared (--amp, --sync_bn,
+--reshard_after_forward) differ. Each is started the way a user would start it: `python
+single_gpu/train.py`, `python data_parallel/train.py`, `torchrun dist_parallel/train.py`, `torchrun
+fsdp/train.py`.
 """
 from __future__ import annotations
 
@@ -55,8 +55,10 @@ class PlannedRun:
     repeat: int             # 1..--repeat
     index: int = 0          # position in the matrix, 1-based
     unit: str = "gpu"       # what `gpus` counts: gpu, or cpu (processes) without GPUs
-    label: str | None = None  # compare.py --verify: what the run is for, in place of the repeat in its name
-    reshard_after_forward: bool | None = None  # fsdp only: ZeRO-3-like (True) or ZeRO-2-like (False)
+    # compare.py --verify: what the run is for, in place of the repeat in its name
+    label: str | None = None
+    # fsdp only: ZeRO-3-like (True) or ZeRO-2-like (False)
+    reshard_after_forward: bool | None = None
 
     @property
     def setting(self) -> tuple:

@@ -2,14 +2,14 @@
 
 - images_per_sec.png: global images/s by GPU count, a line per configuration (mode, backend, --amp,
   SyncBN, ZeRO-2);
-- scaling_efficiency.png: speedup over single_gpu ÷ GPUs by GPU count, and
-  the projection's curves beside it;
+- scaling_efficiency.png: speedup over single_gpu ÷ GPUs by GPU count, and the projection's
+  curves beside it;
 - step_breakdown.png: where a step goes, a stacked bar per configuration from the profiler's
   split (compute, exposed communication, data, optimizer, other; the communication hidden behind
   compute hatched over the compute it overlapped, not added), drawn from report.step_split, the
   function the report's split table and its sentences use;
-- memory_per_gpu.png: each GPU's peak memory, grouped per configuration (only
-  when the runs measured it: GPUs).
+- memory_per_gpu.png: each GPU's peak memory, grouped per configuration (only when the runs
+  measured it: GPUs).
 
 With --repeat, a point or bar is the mean over the repeats and the error bar their standard
 deviation; each picture says how many runs it averages. Failed runs are left out. A step is the
@@ -210,7 +210,7 @@ def breakdown_figure(outcomes, device: str) -> Figure | None:
         return None
     widest = max(split.step_ms + split.step_std_ms for _, split in splits if split)
     fig, ax = plt.subplots(figsize=(9.0, 2.3 + 0.55 * len(splits)))
-    for y, (m, split) in enumerate(splits):
+    for y, (_, split) in enumerate(splits):
         if split is None:
             ax.text(0, y, "  not recorded", va="center", fontsize=8, color="#555555")
             continue

@@ -85,7 +85,10 @@ def fill_rows(outcomes: list[Outcome], out: Path) -> None:
             "images_per_sec_per_gpu": ips / r.gpus if ips else None, "speedup": None,
             "scaling_efficiency": None, "data_wait_frac": summary.get("data_wait_frac"),
             "gpu_util_mean": summary.get("gpu_util_mean"),
-            "peak_mem_gb_per_gpu": " ".join(f"{memory[k]:.3f}" for k in sorted(memory, key=int)) or None, "peak_mem_reserved_gb_per_gpu": " ".join(f"{reserved[k]:.3f}" for k in sorted(reserved, key=int)) or None,
+            "peak_mem_gb_per_gpu": " ".join(f"{memory[k]:.3f}" for k in sorted(memory, key=int))
+                                   or None,
+            "peak_mem_reserved_gb_per_gpu": " ".join(f"{reserved[k]:.3f}"
+                                                     for k in sorted(reserved, key=int)) or None,
             "mfu": summary.get("mfu"), "test_acc": summary.get("test_acc"),
             "train_loss": summary.get("train_loss"),
             "model": model_title(config) if config else None,
@@ -196,8 +199,7 @@ PICTURES = ("images_per_sec.png", "scaling_efficiency.png", "step_breakdown.png"
 EARLIER_PICTURES = ("step_time.png",)  # what earlier versions drew: --overwrite removes them too
 
 
-# --- report.md
-# --------------------------------------------------------------------------------------------------
+# --- report.md ------------------------------------------------------------------------------------
 
 def spread(values: list, digits: int, scale: float = 1.0, unit: str = "") -> str:
     """mean ± std (sample std over repeats) of the values that were measured; '—' when none were."""
@@ -253,7 +255,8 @@ def table_row(group: list[Outcome]) -> str:
     run, ok = group[0].run, [o.row for o in group if o.status == "ok"]
     col = lambda key: [r[key] for r in ok]  # noqa: E731
     memory = memory_cell(ok[0]) if ok else "—"
-    backend = (run.backend or "") + (" + SyncBN" if run.sync_bn else "") + RESHARD_CELLS[run.reshard_after_forward]
+    backend = ((run.backend or "") + (" + SyncBN" if run.sync_bn else "")
+               + RESHARD_CELLS[run.reshard_after_forward])
     amp = (ok[0]["amp"] if ok else group[0].row["amp"]) or "default"
     amp = AMP_CELLS.get(amp, amp)
     untimed = [row for row in ok if row["images_per_sec"] is None]
@@ -280,8 +283,7 @@ def efficiency_cell(run: PlannedRun, efficiencies: list) -> str:
     return spread(efficiencies, 0, 100, " %")
 
 
-# --- report.md: what the table says
-# -------------------------------------------------------------------------------
+# --- report.md: what the table says ---------------------------------------------------------------
 
 # what a run's `gpus` counts
 UNITS = {"gpu": ("GPU", "GPUs"), "cpu": ("CPU process", "CPU processes")}
@@ -357,8 +359,8 @@ def measured(outcomes: list[Outcome]) -> list[Measured]:
 
 
 def fmt_percent(fraction: float, signed: bool = False) -> str:
-    """A share in per cent as the table writes it ('71 %'), a decimal below 10
-    %; with its sign if `signed`."""
+    """A share in per cent as the table writes it ('71 %'), a decimal below 10 %; with its sign
+    if `signed`."""
     digits = 1 if abs(fraction) < 0.1 else 0
     return f"{fraction * 100:{'+' if signed else ''}.{digits}f} %"
 
@@ -744,8 +746,7 @@ def untimed_note(outcomes: list[Outcome], warmup_steps: int) -> list[str]:
             f"steps (more `--epochs`, a larger `--synthetic_size`) or fewer `--warmup_steps`.", ""]
 
 
-# --- report.md: the recommendation
-# ---------------------------------------------------------------------------------
+# --- report.md: the recommendation ----------------------------------------------------------------
 
 MODE_NAMES = {"single_gpu": "single_gpu", "data_parallel": "data_parallel (nn.DataParallel)",
               "dist_parallel": "dist_parallel (DDP)", "fsdp": "fsdp (FSDP2)"}
@@ -789,7 +790,8 @@ def recommendation(outcomes: list[Outcome], memory: dict) -> str:
 
 def state_per_gpu(memory: dict, gpus: int, mode: str, reshard: bool = True) -> float:
     """Bytes per GPU of the runs' model state under `mode` (projection.memory_per_gpu)."""
-    return sum(memory_per_gpu(memory["models"][0], gpus, mode, reshard, memory["amp"], memory["momentum"]).values())
+    return sum(memory_per_gpu(memory["models"][0], gpus, mode, reshard, memory["amp"],
+                              memory["momentum"]).values())
 
 
 def capacity_text(memory: dict) -> str:
@@ -808,8 +810,8 @@ def memory_choice(outcomes: list[Outcome], memory: dict, unit: tuple[str, str]) 
     ddp = state_per_gpu(memory, 1, "dist_parallel")
     ran_out = [o for o in outcomes if o.run.mode == "dist_parallel" and o.status == "failed"
                and "out of memory" in (o.error or "").lower()
-               and not any(p.status == "ok" and p.run.mode == o.run.mode and p.run.gpus == o.run.gpus
-                           for p in outcomes)]
+               and not any(p.status == "ok" and p.run.mode == o.run.mode
+                           and p.run.gpus == o.run.gpus for p in outcomes)]
     if ddp <= memory["gpu_bytes"] and not ran_out:
         return None
     fsdp = measured([o for o in outcomes if o.run.mode == "fsdp"])
@@ -918,7 +920,8 @@ def projection_inputs(outcomes: list[Outcome], grads: list[int], bucket_cap_mb: 
         return None
     amp = single[0]["amp"]
     one = lambda mode: [o for o in timed if o.run.mode == mode  # noqa: E731
-                        and o.run.gpus == 1 and o.row["amp"] == amp and not o.run.sync_bn and modelled_backend(o.run)]
+                        and o.run.gpus == 1 and o.row["amp"] == amp and not o.run.sync_bn
+                        and modelled_backend(o.run)]
     ddp1 = [o.row["step_time_mean_s"] for o in one("dist_parallel")]
     fsdp1 = {reshard: statistics.fmean(steps) for reshard in (True, False)
              if (steps := [o.row["step_time_mean_s"] for o in one("fsdp")
@@ -953,22 +956,23 @@ def projection_section(outcomes: list[Outcome], inputs: dict | None, cuda: bool,
     step, ddp1 = inputs["step_s"], inputs["ddp1_step_s"]
     ddp_step = ddp1 or step
     lines = [
-        "**A projection, not a measurement.** DDP's scaling efficiency past this machine, from the measured "
-        f"single_gpu step ({step * 1000:.1f} ms for {batch} images, `--amp {amp}`), the model's "
-        f"{fmt_bytes(sum(grads), 1000)} of gradients in DDP's buckets (1 MiB, then {bucket_cap_mb:g} MiB) and a ring "
-        "all-reduce cost model that "
-        "lets each bucket's all-reduce overlap the rest of backward. Each GPU keeps the single-GPU batch (weak "
+        "**A projection, not a measurement.** DDP's scaling efficiency past this machine, from the "
+        f"measured single_gpu step ({step * 1000:.1f} ms for {batch} images, `--amp {amp}`), the "
+        f"model's {fmt_bytes(sum(grads), 1000)} of gradients in DDP's buckets (1 MiB, then "
+        f"{bucket_cap_mb:g} MiB) and a ring all-reduce cost model that lets each bucket's "
+        "all-reduce overlap the rest of backward. Each GPU keeps the single-GPU batch (weak "
         "scaling). "
         + ("DDP's own overhead comes from the measured one-process dist_parallel step "
            f"({ddp_step * 1000:.1f} ms). " if ddp1 else
            "DDP's own one-process overhead was not measured (add `--gpu_counts 1 ...`"
            + (" with the nccl backend" if cuda else "") + " to include it). ")
-        + f"An allowance of {SYNC_ALLOWANCE:.1%} of the step for keeping ranks in lock-step is fitted to "
-        "PyTorch's published DDP benchmark; the model is checked against its ResNet-50 result on 8 V100s "
-        "(93 %, NVLink). The model is in `comparison/projection.py`.",
+        + f"An allowance of {SYNC_ALLOWANCE:.1%} of the step for keeping ranks in lock-step is "
+        "fitted to PyTorch's published DDP benchmark; the model is checked against its ResNet-50 "
+        "result on 8 V100s (93 %, NVLink). The model is in `comparison/projection.py`.",
         "",
     ]
-    lines += ["| fabric | assumed bus bandwidth | " + " | ".join(f"{n} GPUs" for n in PROJECTED_GPU_COUNTS) + " |",
+    lines += ["| fabric | assumed bus bandwidth | "
+              + " | ".join(f"{n} GPUs" for n in PROJECTED_GPU_COUNTS) + " |",
               "|---|---|" + "---|" * len(PROJECTED_GPU_COUNTS)]
     for fabric in FABRICS:
         cells = [f"{projected_efficiency(step, ddp_step, grads, n, fabric, bucket_cap_mb):.0%}"
@@ -980,9 +984,9 @@ def projection_section(outcomes: list[Outcome], inputs: dict | None, cuda: bool,
     if inputs.get("units"):
         lines += ["", *fsdp_projection(inputs, cuda)]
     measured = [o for o in outcomes if o.status == "ok" and o.run.mode in GROUP_MODES
-                and o.run.gpus > 1 and o.row["amp"] == amp and o.row["scaling_efficiency"] is not None
-                and modelled_backend(o.run) and (o.run.mode == "dist_parallel"
-                                                 or inputs.get("units"))]
+                and o.run.gpus > 1 and o.row["amp"] == amp
+                and o.row["scaling_efficiency"] is not None and modelled_backend(o.run)
+                and (o.run.mode == "dist_parallel" or inputs.get("units"))]
     if measured and cuda:
         fabric = next(f for f in FABRICS if f.name == (fabric_name or "PCIe"))
         known = (f"its fabric ({fabric.name})" if fabric_name
@@ -1003,9 +1007,9 @@ def projection_section(outcomes: list[Outcome], inputs: dict | None, cuda: bool,
             lines.append(f"| {o.run.name} | {o.run.gpus} | {o.row['per_gpu_batch']} | "
                          f"{o.row['scaling_efficiency']:.0%} | {projected:.0%} |")
         if any(o.row["per_gpu_batch"] != batch for o in measured):
-            lines += ["",
-                          f"The projection keeps {batch} images per GPU; runs whose per-GPU batch is smaller do " "less work per step for the same communication, so they fall below it. Compare like with "
-                          "like with `--batch_per_gpu`."]
+            lines += ["", f"The projection keeps {batch} images per GPU; runs whose per-GPU batch "
+                          "is smaller do less work per step for the same communication, so they "
+                          "fall below it. Compare like with like with `--batch_per_gpu`."]
     return lines
 
 
@@ -1016,16 +1020,17 @@ def cpu_projection(inputs: dict | None) -> list[str]:
             f"{fmt_bytes(sum(inputs['grads']), 1000)} of gradients for DDP to all-reduce)" if inputs
             else "")
     return [
-        "**No scaling projection: it needs a GPU's step time, and no GPU ran here.** A CPU process's step"
-        + step + " is many times a GPU's: against it, the communication would weigh next to nothing on any fabric, "
-        "and every cell of the projection would read much the same, figures that say nothing about GPUs. Run "
-        "compare.py on a GPU for them.",
+        "**No scaling projection: it needs a GPU's step time, and no GPU ran here.** A CPU "
+        "process's step" + step + " is many times a GPU's: against it, the communication would "
+        "weigh next to nothing on any fabric, and every cell of the projection would read much the "
+        "same, figures that say nothing about GPUs. Run compare.py on a GPU for them.",
         "",
-        "The method, in brief: from the measured single_gpu step, DDP's gradients in their buckets and FSDP's "
-        "per-block gathers and reduce-scatters go through a ring-collective cost model (NVLink, PCIe and "
-        "InfiniBand, at bus bandwidths published for each) in which communication overlaps backward and only what "
-        "it does not hide adds to the step, plus an allowance for keeping ranks in lock-step fitted to PyTorch's "
-        "published DDP benchmark; the efficiency at N GPUs is the single-GPU step over the projected one. "
+        "The method, in brief: from the measured single_gpu step, DDP's gradients in their buckets "
+        "and FSDP's per-block gathers and reduce-scatters go through a ring-collective cost model "
+        "(NVLink, PCIe and InfiniBand, at bus bandwidths published for each) in which "
+        "communication overlaps backward and only what it does not hide adds to the step, plus an "
+        "allowance for keeping ranks in lock-step fitted to PyTorch's published DDP benchmark; the "
+        "efficiency at N GPUs is the single-GPU step over the projected one. "
         "`comparison/projection.py` has the model, its assumptions and its sources.",
     ]
 
@@ -1047,11 +1052,12 @@ def fsdp_projection(inputs: dict, cuda: bool) -> list[str]:
         + (f"the model's {len(units) - 1} repeated blocks, as `models.repeated_blocks` finds them, "
            "and the root: what no block holds, stem, final norm, classifier" if len(units) > 1 else
            "one, the whole model: `models.repeated_blocks` finds nothing repeated in it")
-        + ") all-gather their parameters before their forward, one unit ahead of the compute, again before their "
-        "backward when they reshard after forward, and reduce-scatter their gradients as their backward ends, all "
-        "in fp32 (the runs use autocast, not FSDP's MixedPrecisionPolicy); each unit computes its share of the "
-        "model's FLOPs, and only what the compute does not hide adds to the step. A ring's latency grows with N and "
-        "is paid per collective: FSDP issues two or three per unit where DDP issues one per bucket. "
+        + ") all-gather their parameters before their forward, one unit ahead of the compute, "
+        "again before their backward when they reshard after forward, and reduce-scatter their "
+        "gradients as their backward ends, all in fp32 (the runs use autocast, not FSDP's "
+        "MixedPrecisionPolicy); each unit computes its share of the model's FLOPs, and only what "
+        "the compute does not hide adds to the step. A ring's latency grows with N and is paid per "
+        "collective: FSDP issues two or three per unit where DDP issues one per bucket. "
         + (f"FSDP's own overhead comes from the measured one-process fsdp step ({measured}); a "
            "setting not measured takes the single_gpu step. " if measured else
            "FSDP's own one-process overhead was not measured (add fsdp to `--modes` "
@@ -1059,15 +1065,15 @@ def fsdp_projection(inputs: dict, cuda: bool) -> list[str]:
            + (" and the nccl backend" if cuda else "") + " to include it). ")
         + f"The lock-step allowance is DDP's {SYNC_ALLOWANCE:.1%}, fitted to DDP, not to FSDP.",
         "",
-        f"What each GPU sends per step, in {unit} (P: the parameters' {fmt_bytes(param_bytes, 1000)}; G: the "
-        "gradients', as many):",
+        f"What each GPU sends per step, in {unit} (P: the parameters' "
+        f"{fmt_bytes(param_bytes, 1000)}; G: the gradients', as many):",
         "",
         "| collectives (ring) | " + " | ".join(f"{n} GPUs" for n in PROJECTED_GPU_COUNTS) + " |",
         "|---|" + "---|" * len(PROJECTED_GPU_COUNTS),
     ]
     traffic = [("DDP: all-reduce of the gradients, 2(N−1)/N × G", "dist_parallel", True),
-               ("FSDP, reshard: all-gather in forward and in backward, reduce-scatter, (N−1)/N × (2P + G)", "fsdp",
-                True),
+               ("FSDP, reshard: all-gather in forward and in backward, reduce-scatter, "
+                "(N−1)/N × (2P + G)", "fsdp", True),
                ("FSDP, no reshard: all-gather in forward, reduce-scatter, (N−1)/N × (P + G)",
                 "fsdp", False)]
     for name, mode, reshard in traffic:
@@ -1079,7 +1085,8 @@ def fsdp_projection(inputs: dict, cuda: bool) -> list[str]:
               "|---|---|" + "---|" * len(PROJECTED_GPU_COUNTS)]
     for fabric in FABRICS:
         for name, reshard in FSDP_SETTINGS:
-            cells = [f"{fsdp_projected_efficiency(step, fsdp1.get(reshard, step), units, n, fabric, reshard):.0%}"
+            one = fsdp1.get(reshard, step)  # the measured one-process fsdp step, else single_gpu's
+            cells = [f"{fsdp_projected_efficiency(step, one, units, n, fabric, reshard):.0%}"
                      if n in fabric.gpu_counts else "—" for n in PROJECTED_GPU_COUNTS]
             lines.append(f"| {fabric.name} | {name} | " + " | ".join(cells) + " |")
     return lines
@@ -1091,8 +1098,10 @@ MEMORY_SETTINGS = (("DDP", "dist_parallel", True), ("FSDP, reshard", "fsdp", Tru
 
 
 UNIT_NAMES = {1024: ("B", "KiB", "MiB", "GiB", "TiB"), 1000: ("B", "kB", "MB", "GB", "TB")}
-TRIVIAL_SHARE = 0.01  # a model whose state takes less of the GPU than this in every setting says nothing: left out
-REALISTIC_PARAMETERS = 100e9  # past this, a model of the family is no model anyone trains: no crossover is stated
+# a model whose state takes less of the GPU than this in every setting says nothing: left out
+TRIVIAL_SHARE = 0.01
+# past this, a model of the family is no model anyone trains: no crossover is stated
+REALISTIC_PARAMETERS = 100e9
 
 
 def byte_unit(nbytes: float, base: int = 1024) -> tuple[str, float]:
@@ -1145,18 +1154,19 @@ def memory_section(memory: dict, outcomes: list[Outcome], gpu: str | None) -> li
                                       "meta device; no wider models: only PyramidNet has a "
                                       "width (α) to sweep here")
     lines = [
-        f"**A projection, not a measurement: arithmetic on parameter counts** ({models}). Per GPU: the fp32 "
-        "parameters, gradients and "
-        + ("SGD momentum" if momentum else "no momentum (`--momentum 0`)") + ", replicated by DDP, a 1/N shard "
-        "each under FSDP, which also holds what it gathers: the root's parameters (what no repeated block holds: "
-        "stem, final norm, classifier) and, resharding after forward, two blocks' (the one computing, the next "
-        "prefetched) and the computing block's gradients before their reduce-scatter; without, every parameter from "
-        "forward to backward. "
+        f"**A projection, not a measurement: arithmetic on parameter counts** ({models}). Per GPU: "
+        "the fp32 parameters, gradients and "
+        + ("SGD momentum" if momentum else "no momentum (`--momentum 0`)") + ", replicated by DDP, "
+        "a 1/N shard each under FSDP, which also holds what it gathers: the root's parameters "
+        "(what no repeated block holds: stem, final norm, classifier) and, resharding after "
+        "forward, two blocks' (the one computing, the next prefetched) and the computing block's "
+        "gradients before their reduce-scatter; without, every parameter from forward to backward. "
         + (f"Under {amp} autocast every mode also keeps a 2-byte copy of every convolution, linear "
            "and attention weight from forward to backward (autograd saves the casts; FSDP frees "
            "its gathered fp32 parameters, not these), unsharded. " if half else "")
-        + "**Activations are left out**: they do not shard under FSDP, grow with the per-GPU batch, and are "
-        "usually most of a CNN's memory, so a model state that fits is necessary, not sufficient. "
+        + "**Activations are left out**: they do not shard under FSDP, grow with the per-GPU "
+        "batch, and are usually most of a CNN's memory, so a model state that fits is necessary, "
+        "not sufficient. "
         + (f"✗: more than the GPU's memory, here {against}. " if shown
            else f"Against a GPU of {against}. ")
         + "The model is in `comparison/projection.py`.",
@@ -1164,8 +1174,9 @@ def memory_section(memory: dict, outcomes: list[Outcome], gpu: str | None) -> li
         *trivial_line(memory, shown, largest, capacity),
     ]
     if shown:
-        lines += ["| model | parameters | per GPU | " + " | ".join(f"{n} GPU{'s' * (n > 1)}" for n in MEMORY_GPU_COUNTS)
-                  + " |", "|---|---|---|" + "---|" * len(MEMORY_GPU_COUNTS)]
+        lines += ["| model | parameters | per GPU | "
+                  + " | ".join(f"{n} GPU{'s' * (n > 1)}" for n in MEMORY_GPU_COUNTS) + " |",
+                  "|---|---|---|" + "---|" * len(MEMORY_GPU_COUNTS)]
     else:
         lines.pop()  # the blank line the table would have followed
     for size in shown:
@@ -1176,7 +1187,7 @@ def memory_section(memory: dict, outcomes: list[Outcome], gpu: str | None) -> li
             lines.append(f"| {label} | "
                          f"{fmt_count(size.parameters) if first == 0 else ''} | {name} | "
                          + " | ".join(cells) + " |")
-    # else trivial_line said it
+    # without a table or a width sweep, trivial_line has said it
     fits = fit_lines(memory, total, half) if shown or memory["sweep"] else []
     lines += [*(["", *fits] if fits else []), "", activation_line(memory, outcomes, total)]
     return lines
@@ -1189,8 +1200,10 @@ def trivial_line(memory: dict, shown: list, largest: dict, capacity: float) -> l
     if not left_out:
         return []
     runs_alpha = memory["models"][0].alpha
-    names = [(f"α={size.alpha:g}" if memory["sweep"] else memory["name"]) + f" ({fmt_count(size.parameters)} "
-             "parameters" + (", the runs'" if size.alpha == runs_alpha else f", ×{size.alpha / runs_alpha:g}") + ")"
+    names = [(f"α={size.alpha:g}" if memory["sweep"] else memory["name"])
+             + f" ({fmt_count(size.parameters)} parameters"
+             + (", the runs'" if size.alpha == runs_alpha else f", ×{size.alpha / runs_alpha:g}")
+             + ")"
              for size in (left_out[0], left_out[-1])]
     many = len(left_out) > 1
     models = (f"The models from {names[0]} to {names[1]} need" if many
@@ -1285,7 +1298,8 @@ def activation_line(memory: dict, outcomes: list[Outcome], total) -> str:
     memory shows them (GPUs only)."""
     peaks = [(float(o.row["peak_mem_gb_per_gpu"].split()[0]) * GIB, o.row["per_gpu_batch"])
              for o in outcomes
-             if o.status == "ok" and o.run.mode == "single_gpu" and o.row.get("peak_mem_gb_per_gpu") and o.row["amp"] == memory["amp"]]
+             if o.status == "ok" and o.run.mode == "single_gpu" and o.row.get("peak_mem_gb_per_gpu")
+             and o.row["amp"] == memory["amp"]]
     if not peaks:
         return ("The activations left out would be estimated from single_gpu's measured peak "
                 "memory, which only a run on a GPU has: not here.")
@@ -1300,14 +1314,14 @@ def activation_line(memory: dict, outcomes: list[Outcome], total) -> str:
 
 def environment_section(env: dict, topology: str | None) -> list[str]:
     lines = [f"- GPUs: {gpu_summary(env) or 'none'}",
-             f"- driver {env.get('driver') or '—'}, CUDA {env.get('cuda') or '—'}, "
-             f"cuDNN {env.get('cudnn') or '—'}, NCCL {env.get('nccl') or '—'}, torch {env.get('torch')}, "
+             f"- driver {env.get('driver') or '—'}, CUDA {env.get('cuda') or '—'}, cuDNN "
+             f"{env.get('cudnn') or '—'}, NCCL {env.get('nccl') or '—'}, torch {env.get('torch')}, "
              f"Python {env.get('python')}",
              f"- CPU: {env.get('cpu')}, {env.get('cpu_count')} cores; host {env.get('hostname')}",
              ""]
     if topology:
-        lines += ["`nvidia-smi topo -m` (NV# = # bonded NVLinks; PIX/PXB/PHB/NODE/SYS = PCIe paths, slowest last):",
-                  "", "```", topology.rstrip(), "```"]
+        lines += ["`nvidia-smi topo -m` (NV# = # bonded NVLinks; PIX/PXB/PHB/NODE/SYS = PCIe "
+                  "paths, slowest last):", "", "```", topology.rstrip(), "```"]
     else:
         lines.append("`nvidia-smi topo -m`: not available on this machine (no NVIDIA driver).")
     return lines

@@ -191,7 +191,8 @@ def test_the_first_screen_names_the_model_and_recommends_a_mode_from_the_tables_
     with what CPU processes cannot tell."""
     _, out = comparison
     report = (out / "report.md").read_text()
-    summary = json.loads((out / "runs" / "01-single_gpu-1cpu-r1" / "results.json").read_text())["summary"]
+    results = json.loads((out / "runs" / "01-single_gpu-1cpu-r1" / "results.json").read_text())
+    summary = results["summary"]
     model = next(line for line in report.splitlines() if line.startswith("Model: "))
     assert f"{fmt_count(summary['parameters'])} parameters, " in model
     assert f"{fmt_flops(summary['flops_per_image'])} per image (forward and backward)" in model
@@ -292,8 +293,9 @@ def test_the_memory_projection_writes_units_that_fit(comparison):
     projection = (out / "projection.md").read_text()
     assert "| model |" not in projection and "KiB" not in projection
     assert "so there is no table of them" in projection
-    parameters = sum(p.numel() for p in compare.model_on_meta({**compare.CPU_DEFAULTS,
-                                                                "dataset": "synthetic", "block": "basic", "width_multiple": 1}).parameters())
+    model = compare.model_on_meta({**compare.CPU_DEFAULTS, "dataset": "synthetic", "block": "basic",
+                                   "width_multiple": 1})
+    parameters = sum(p.numel() for p in model.parameters())
     assert f"α=12 ({parameters / 1e3:.1f}K parameters, the runs')" in projection
     assert not re.search(r"\d{1,3}(,\d{3}){2,}", projection)  # no 7,158,455,178
     assert re.search(r"from α=\d+ \(\d\.\d\dB parameters, [\d,]+× the runs' α\) DDP's model state "
@@ -477,8 +479,8 @@ class RunThatFillsTheDisk:
     def __init__(self, earlier: Path, argv: list[str]):
         log_dir = Path(argv[argv.index("--log_dir") + 1])
         name = argv[argv.index("--run_name") + 1]
-        # without the profiler's traces (megabytes): the runs fit the 1
-        # MB disk until the last fills it
+        # without the profiler's traces (megabytes): the runs fit the 1 MB disk until the last
+        # fills it
         shutil.copytree(earlier / "runs" / name, log_dir / name,
                         ignore=shutil.ignore_patterns("trace_rank*.json"))
         if name.startswith("03-"):
@@ -511,8 +513,7 @@ def test_a_disk_that_fills_during_the_runs_is_one_line_and_no_report(comparison,
     assert files == [compare.MARKER, "filler"]
 
 
-# --- the projection
-# -------------------------------------------------------------------------------------------
+# --- the projection -------------------------------------------------------------------------------
 
 def test_ring_allreduce_cost_follows_the_nccl_tests_definition():
     fabric = Fabric("test", "", 100.0, 0.0, (8,), "")
@@ -526,12 +527,12 @@ def test_ring_allreduce_cost_follows_the_nccl_tests_definition():
         [2 * mib, 30 * mib, 10 * mib]
     assert ddp_buckets([30 * mib, 10 * mib, 2 * mib]) == [2 * mib, 40 * mib]
     assert sum(ddp_buckets([3, 5, 7] * 1000)) == 15_000
-    # buckets all-reduced while backward goes on cost nothing; the last one
-    # is ready only when backward ends
+    # buckets all-reduced while backward goes on cost nothing; the last one is ready only when
+    # backward ends
     last = ring_allreduce_seconds(mib, 8, 100.0, 0.0)
     assert exposed_communication(0.1, [mib] * 4, 8, fabric) == pytest.approx(last)
-    # a link too slow to keep up: every bucket's time outlasts backward, less
-    # the backward time after the first
+    # a link too slow to keep up: every bucket's time outlasts backward, less the backward time
+    # after the first
     slow = Fabric("slow", "", 0.01, 0.0, (8,), "")
     each = ring_allreduce_seconds(mib, 8, 0.01, 0.0)
     backward = 0.1 * 2 / 3
@@ -736,8 +737,8 @@ def test_more_processes_than_cores_say_so_first():
     assert compare.oversubscription_warning(runs, Cores(8, 1)) is None
 
 
-# GPUs 0 and 1 joined by NVLink, 2 and 3 only by PCIe; the header as
-# nvidia-smi prints it, underlined
+# GPUs 0 and 1 joined by NVLink, 2 and 3 only by PCIe; the header as nvidia-smi prints it,
+# underlined
 FOUR_GPUS = """\
 \t\x1b[4mGPU0\tGPU1\tGPU2\tGPU3\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m
 GPU0\t X \tNV18\tPXB\tPXB\t0-31\t0\t\tN/A
@@ -759,8 +760,8 @@ def test_the_fabric_is_judged_on_the_gpus_the_runs_used():
     assert machine.fabric(FOUR_GPUS, 2, env=visible("GPU-1b2c,GPU-77aa0b1c-bbbb"), uuids=uuids) == \
         "NVLink"
     assert machine.fabric(FOUR_GPUS, 2, env=visible("GPU-8932f,GPU-8932a"), uuids=uuids) == "PCIe"
-    # what cannot be mapped is not guessed: an ambiguous start, a MIG
-    # instance, a GPU beyond the matrix
+    # what cannot be mapped is not guessed: an ambiguous start, a MIG instance, a GPU beyond the
+    # matrix
     for devices in ("GPU-8932,GPU-1b2c", "MIG-4f2a9c1e-0000-1111", "0,7"):
         assert machine.fabric(FOUR_GPUS, 2, env=visible(devices), uuids=uuids) is None, devices
     assert machine.fabric(FOUR_GPUS, 2, env=visible("")) is None  # no GPU visible
@@ -780,7 +781,8 @@ def test_the_report_judges_the_fabric_of_its_largest_nccl_run(monkeypatch):
 def test_the_topology_in_the_report_has_no_terminal_escape_codes(monkeypatch):
     monkeypatch.setattr(machine.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
     monkeypatch.setattr(machine.subprocess, "run",
-                        lambda argv, **kwargs: machine.subprocess.CompletedProcess(argv, 0, FOUR_GPUS, ""))
+                        lambda argv, **kwargs: machine.subprocess.CompletedProcess(argv, 0,
+                                                                                   FOUR_GPUS, ""))
     topology = machine.topology()
     assert "\x1b" not in topology and topology.startswith("\tGPU0\tGPU1\tGPU2\tGPU3\tCPU "
                                                           "Affinity\t")

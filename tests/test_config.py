@@ -49,8 +49,8 @@ def test_defaults():
     assert (cfg.dataset, cfg.synthetic_size, cfg.loader, cfg.num_workers) == \
         ("cifar10", 50_000, None, None)
     assert (cfg.shuffle, cfg.augment, cfg.progress) == (True, True, True)
-    assert (cfg.save_model, cfg.overwrite, cfg.evaluate, cfg.run_name, cfg.gpu_devices) == (False, False, None,
-                                                                                             None, None)
+    assert (cfg.save_model, cfg.overwrite, cfg.evaluate, cfg.run_name, cfg.gpu_devices) == \
+        (False, False, None, None, None)
     assert (cfg.log_interval, cfg.warmup_steps, cfg.seed, cfg.deterministic) == (50, 10, 0, False)
     assert cfg.data_dir == str(REPO_ROOT / "data") and cfg.log_dir == str(REPO_ROOT / "runs")
     assert REPO_ROOT == __import__("pathlib").Path(__file__).resolve().parents[1]
@@ -60,8 +60,8 @@ def test_defaults():
 def test_bool_flags():
     cfg = parse("--no_nesterov", "--no_shuffle", "--no_augment", "--no_progress", "--save_model",
                 "--overwrite")
-    assert (cfg.nesterov, cfg.shuffle, cfg.augment, cfg.progress, cfg.save_model, cfg.overwrite) == \
-        (False, False, False, False, True, True)
+    assert (cfg.nesterov, cfg.shuffle, cfg.augment, cfg.progress, cfg.save_model,
+            cfg.overwrite) == (False, False, False, False, True, True)
     # one form per bool
     for wrong in ("--nesterov", "--shuffle", "--no_save_model", "--no_overwrite"):
         with pytest.raises(UsageError, match=r"unrecognized arguments"):
@@ -76,8 +76,8 @@ def test_typed_values():
     assert cfg.gpu_devices == (0, 1) and isinstance(cfg.gpu_devices, tuple)
     assert cfg.alpha == 48.0 and isinstance(cfg.alpha, float)
     assert cfg.depth == 20 and isinstance(cfg.depth, int)
-    assert (cfg.lr, cfg.batch_size, cfg.loader, cfg.dataset, cfg.block) == (0.05, 512, "torchvision", "synthetic",
-                                                                           "bottleneck")
+    assert (cfg.lr, cfg.batch_size, cfg.loader, cfg.dataset, cfg.block) == \
+        (0.05, 512, "torchvision", "synthetic", "bottleneck")
     assert (cfg.run_name, cfg.evaluate, cfg.lr_warmup_epochs) == ("x", "model.pt", 2.5)
     assert cfg.effective_lr() == pytest.approx(0.2)
     assert parse("--gpu_devices", "3").gpu_devices == (3,)
@@ -176,7 +176,7 @@ def test_user_errors_turns_usage_error_into_exit_2(capsys):
     assert exit_info.value.code == 130
     with pytest.raises(ZeroDivisionError):  # a bug stays a traceback
         with user_errors():
-            1 / 0
+            _ = 1 / 0
 
 
 # ------------------------------------------------------------------------------------------ domains
@@ -190,7 +190,8 @@ def path_of(size: int) -> str:
     return "/" + "/".join(names)
 
 
-FOLDER_ROOM = PATH_MAX - 2 * (NAME_MAX + 1)  # the longest --log_dir: room below it for the run folder and a file
+# the longest --log_dir: room below it for the run folder and a file
+FOLDER_ROOM = PATH_MAX - 2 * (NAME_MAX + 1)
 BIG = str(2**63)  # one past torch's largest integer
 # Every flag's domain at its edges: field -> (values accepted, values refused). A value is the
 # flag's argument, a tuple of them (nargs), or, starting with "--", a whole command line (a bool's
@@ -350,7 +351,8 @@ def test_values_outside_the_domain_are_refused_in_one_line(name, value):
             parse_config(config_class, argv_for(name, value))
         message = str(error.value)
         assert "\n" not in message and f"--{name}" in message, message
-        assert any(advice in message for advice in ("must be", "give", "use", "choose from")), message
+        assert any(advice in message
+                   for advice in ("must be", "give", "use", "choose from")), message
         assert shown(value) is None or shown(value) in message, message
 
 
@@ -421,8 +423,8 @@ def test_sizes_beyond_the_machines_memory_are_refused_naming_them(monkeypatch):
     (8, 12, "basic", 1), (20, 24, "basic", 8), (56, 84, "basic", 1), (8, 12, "basic", 64),
     (11, 12, "bottleneck", 1), (20, 48, "bottleneck", 8)])
 def test_parameters_at_least_is_a_close_lower_bound(depth, alpha, block, width_multiple):
-    real = sum(p.numel()
-               for p in pyramidnet(depth, alpha, block, width_multiple=width_multiple).parameters())
+    model = pyramidnet(depth, alpha, block, width_multiple=width_multiple)
+    real = sum(p.numel() for p in model.parameters())
     assert 0.75 * real <= parameters_at_least(depth, alpha, block, width_multiple) <= real
 
 
@@ -472,11 +474,10 @@ def test_a_first_step_the_grad_scaler_skips_leaves_sgd_as_if_it_had_not_happened
         return model.weight.detach(), optimizer
 
     plain = lambda model: torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9,  # noqa: E731
-                                          weight_decay=1e-4,
-                                          nesterov=True)
+                                          weight_decay=1e-4, nesterov=True)
     reference, _ = trained(plain, skip_first=False)
-    weight, optimizer = trained(lambda model: build_optimizer(model, cfg_for(),
-                                                              torch.device(device)), True)
+    built = lambda model: build_optimizer(model, cfg_for(), torch.device(device))  # noqa: E731
+    weight, optimizer = trained(built, True)
     assert optimizer.param_groups[0]["fused"] is (True if device == "cuda" else None)
     torch.testing.assert_close(weight, reference, rtol=1e-6, atol=1e-7)
 
@@ -548,7 +549,7 @@ def test_lambda_lr_follows_lr_factor():
     optimizer = build_optimizer(torch.nn.Linear(2, 2), cfg, CPU)
     scheduler = lr_schedule(optimizer, cfg, spe)
     seen = []
-    for step in range(8 * spe):
+    for _ in range(8 * spe):
         seen.append(optimizer.param_groups[0]["lr"])  # the rate optimizer.step() uses for this step
         assert scheduler.get_last_lr()[0] == pytest.approx(seen[-1])
         optimizer.step()
@@ -674,7 +675,8 @@ def test_sums_arithmetic():
             and total.data_frac == 0.2)
     empty = Sums()
     assert empty.values == [0.0] * Sums.SIZE == [0.0] * 6
-    assert (empty.loss, empty.acc, empty.batch_time, empty.data_frac, empty.images_per_sec(128)) == (None,) * 5
+    assert (empty.loss, empty.acc, empty.batch_time, empty.data_frac,
+            empty.images_per_sec(128)) == (None,) * 5
     assert (empty + sums).values == sums.values
     # images seen during warm-up only: loss yes, timing no
     no_timing = Sums([3.0, 1, 2, 0, 0.0, 0.0])
@@ -729,8 +731,10 @@ def test_step_timer_leaves_out_warmup_and_splits_data_from_compute(monkeypatch):
     assert data_seconds <= step_seconds
     assert timer.window() == (0, 0.0, 0.0)  # a window is read once
     p50, p90 = timer.percentiles()
-    assert sorted(timer.step_seconds) == pytest.approx([1.125, 3.0, 3.5])  # per step: its data wait + compute
-    assert p50 == pytest.approx(3.0) and p90 == pytest.approx(3.4)  # linear interpolation between 3.0 and 3.5
+    # per step: its data wait + compute
+    assert sorted(timer.step_seconds) == pytest.approx([1.125, 3.0, 3.5])
+    # linear interpolation between 3.0 and 3.5
+    assert p50 == pytest.approx(3.0) and p90 == pytest.approx(3.4)
     # warm-up is counted over the run, not per window
     timer2_batches = loader(2)
     for batch in timer.timed(timer2_batches):
@@ -821,10 +825,10 @@ def test_resolve_run_dir(tmp_path):
     assert list(tmp_path.iterdir()) == []  # checked, nothing created
     default = resolve_run_dir(Config(log_dir=str(tmp_path)), "dist_parallel", 4)
     pid = os.getpid()  # two runs started in the same second differ by their process
-    assert default.parent == tmp_path and re.fullmatch(rf"dist_parallel-4gpu-\d{{8}}-\d{{6}}-{pid}",
-                                                       default.name)
-    assert re.fullmatch(rf"single_gpu-cpu-\d{{8}}-\d{{6}}-{pid}", resolve_run_dir(Config(log_dir=str(tmp_path)),
-                                                                               "single_gpu", 0).name)
+    assert default.parent == tmp_path
+    assert re.fullmatch(rf"dist_parallel-4gpu-\d{{8}}-\d{{6}}-{pid}", default.name)
+    single = resolve_run_dir(Config(log_dir=str(tmp_path)), "single_gpu", 0)
+    assert re.fullmatch(rf"single_gpu-cpu-\d{{8}}-\d{{6}}-{pid}", single.name)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -834,8 +838,8 @@ def test_resolve_run_dir_refuses_an_existing_run(tmp_path):
     (tmp_path / "taken" / MARKER).write_text("")
     with pytest.raises(UsageError, match="exists already.*--overwrite"):
         resolve_run_dir(Config(log_dir=str(tmp_path), run_name="taken"), "single_gpu", 1)
-    assert resolve_run_dir(Config(log_dir=str(tmp_path), run_name="taken", overwrite=True), "single_gpu", 1) == \
-        tmp_path / "taken"
+    taken = Config(log_dir=str(tmp_path), run_name="taken", overwrite=True)
+    assert resolve_run_dir(taken, "single_gpu", 1) == tmp_path / "taken"
     assert (tmp_path / "taken" / "results.json").read_text() == "{}"  # resolving never deletes
 
 

@@ -174,7 +174,8 @@ def test_channels_last_changes_the_layout_not_the_result():
     model = pyramidnet(8, 12, "basic").eval()
     images = torch.randn(4, 3, 32, 32)
     plain = model(images)
-    nhwc = model.to(memory_format=torch.channels_last)(images.contiguous(memory_format=torch.channels_last))
+    nhwc = model.to(memory_format=torch.channels_last)(
+        images.contiguous(memory_format=torch.channels_last))
     torch.testing.assert_close(nhwc, plain, rtol=1e-4, atol=1e-5)
 
 
@@ -268,7 +269,8 @@ def test_peak_follows_the_dtype_in_use(monkeypatch, name, amp, expected):
 
 
 @pytest.mark.parametrize("name, uuid", [
-    ("NVIDIA A100-SXM4-40GB MIG 1g.5gb", "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6"),  # the name says so
+    # the name says so
+    ("NVIDIA A100-SXM4-40GB MIG 1g.5gb", "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6"),
     ("NVIDIA A100-SXM4-40GB", "MIG-4f2a9c1e-5d3b-5a7e-9c1d-0e2f3a4b5c6d"),  # only the UUID does
     ("NVIDIA H100 80GB HBM3 MIG 3g.40gb", "MIG-4f2a9c1e-5d3b-5a7e-9c1d-0e2f3a4b5c6d"),
 ])
@@ -399,9 +401,9 @@ def test_compile_keeps_its_caches_where_the_next_run_finds_them(tmp_path, monkey
     # warm: with compiled graphs (tests/test_compile.py)
     assert "compiled (cache cold" in describe_fast_path(cfg)
     chosen = tmp_path / "elsewhere"
-    cfg = resolve_fast_path(parse_config(Config, [*TINY, "--compile", "--compile_cache",
-                                                  str(chosen), "--compile_mode",
-                                                  "reduce-overhead"]), CPU)
+    flags = [*TINY, "--compile", "--compile_cache", str(chosen),
+             "--compile_mode", "reduce-overhead"]
+    cfg = resolve_fast_path(parse_config(Config, flags), CPU)
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(chosen)
     assert f"compiled (reduce-overhead, cache cold: {chosen})" in describe_fast_path(cfg)
     # a folder set by hand is kept
@@ -427,7 +429,8 @@ def test_profile_tool_splits_a_step_into_categories(tmp_path):
     report = json.loads(out.read_text())
     assert set(report["shares"]) == {"convolution", "batchnorm", "elementwise", "other"}
     assert sum(report["shares"].values()) == pytest.approx(1.0)
-    assert max(report["shares"], key=report["shares"].get) == "convolution"  # a CNN's step is its convolutions
+    # a CNN's step is its convolutions
+    assert max(report["shares"], key=report["shares"].get) == "convolution"
     assert len(report["top"]) == 5 and report["top_kernels"] == []  # kernels only on a GPU
     assert "convolution" in done.stdout and "ms of operator self time per step" in done.stdout
     passes = report["conv_passes"]  # on the CPU: forward and backward, by the input's resolution

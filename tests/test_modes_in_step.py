@@ -37,7 +37,8 @@ GROUP_CALLS = [
     "dist.get_rank() == 0",  # rank-0 side effects
     "dist.barrier()",  # no rank exits before rank 0 has written the stop checkpoint
     "dist.destroy_process_group()",
-    "compile_leader(device, cfg.dist_timeout)",  # one cold compile per node, its ranks waiting for it...
+    # one cold compile per node, its ranks waiting for it...
+    "compile_leader(device, cfg.dist_timeout)",
     "compile_waits=waits",  # ...and that wait reported apart from compile time
 ]
 MUST_SHOW = {
@@ -202,8 +203,8 @@ def test_fsdp_is_dist_parallel_with_fully_shard_in_place_of_ddp():
 
 
 def test_no_mode_flags_in_the_shared_code():
-    for path in ["single_gpu/train.py", "data_parallel/train.py", *(p.relative_to(REPO).as_posix()
-                                                                    for p in (REPO / "common").glob("*.py"))]:
+    shared = [p.relative_to(REPO).as_posix() for p in (REPO / "common").glob("*.py")]
+    for path in ["single_gpu/train.py", "data_parallel/train.py", *shared]:
         text = (REPO / path).read_text()
         assert not re.search(r"if\s+(ddp|distributed|is_distributed)\b", text), path
 

@@ -80,8 +80,10 @@ RUNS = {
     "evaluate1": "06-single_gpu-1cpu-evaluate", "fsdp": "07-fsdp-1cpu-gloo-train",
     "fsdp2": "08-fsdp-2cpu-gloo-train", "fsdp_first_half": "09-fsdp-2cpu-gloo-first_half",
     "fsdp_evaluate1": "10-single_gpu-1cpu-evaluate", "fsdp_evaluate3": "11-fsdp-3cpu-gloo-evaluate",
-    "resumed": "12-dist_parallel-2cpu-gloo-resumed_from_fsdp",  # dist_parallel continuing fsdp's first half
-    "fsdp_resumed": "13-fsdp-2cpu-gloo-zero2-resumed_from_dist_parallel",  # and the other way, without resharding
+    # dist_parallel continuing fsdp's first half
+    "resumed": "12-dist_parallel-2cpu-gloo-resumed_from_fsdp",
+    # and the other way, without resharding
+    "fsdp_resumed": "13-fsdp-2cpu-gloo-zero2-resumed_from_dist_parallel",
 }
 # The rows of verify.json: check 1, dist_parallel's checks 2 to 5
 # (SyncBatchNorm's beside its 2), then fsdp's.
@@ -224,7 +226,8 @@ def test_fsdp_on_two_processes_computes_what_ddp_computes(verified):
     rows = dict(zip(("reference", "evaluation", "sync", "resume"), checks(out)[6:]))
     assert rows["reference"]["runs"].startswith(f"`{RUNS['fsdp2']}`")
     for name in ("reference", "resume"):
-        assert rows[name]["verdict"] == "pass" and rows[name]["figures"]["max_abs_difference"] == 0.0, name
+        assert (rows[name]["verdict"] == "pass"
+                and rows[name]["figures"]["max_abs_difference"] == 0.0), name
     assert_bit_identical(weights(run_dir(out, "fsdp2")), weights(run_dir(out, "ddp2")),
                          "fsdp vs dist_parallel")
     assert read_results(run_dir(out, "fsdp2"))["config"]["reshard_after_forward"] is True
@@ -269,8 +272,8 @@ def test_each_mode_continues_the_others_checkpoint(verified):
 @pytest.mark.parametrize("mode, trained, evaluations, row", [
     ("dist_parallel", "ddp2", ((1, "evaluate1"),), 3),
     ("fsdp", "fsdp2", ((1, "fsdp_evaluate1"), (3, "fsdp_evaluate3")), 7)])
-def test_evaluation_is_exact_for_one_two_and_three_processes(verified, mode, trained, evaluations,
-                                                             row):
+def test_evaluation_is_exact_for_one_two_and_three_processes(
+        verified, mode, trained, evaluations, row):
     """Each 2-process run's model.pt evaluated by 1 (single_gpu --evaluate), 2 (the run's own
     end-of-run evaluation) and, fsdp's, 3 processes (--evaluate; a batch of 51 over 3 ranks, 17
     each: shards of 18, 18 and 17, so one rank runs a batch fewer and fsdp gives it an empty one to
@@ -423,7 +426,8 @@ FAILING_RUNS = textwrap.dedent("""
 """)
 
 
-def test_the_verification_fails_naming_the_check_and_the_log_when_its_runs_fail(tmp_path, monkeypatch, capsys):
+def test_the_verification_fails_naming_the_check_and_the_log_when_its_runs_fail(
+        tmp_path, monkeypatch, capsys):
     """compare.py --verify (called as its __main__ calls it) on single_gpu and data_parallel alone,
     both made to fail: check 1 fails with the first run's error and log, the others say they did
     not run, the exit status is 1 and the last line names the check. (Each check failing on its

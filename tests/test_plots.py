@@ -117,7 +117,8 @@ def test_coinciding_projections_share_one_line_named_after_both():
     projected = [name for name in legend(ax) if name.startswith("projected DDP")]
     # the same GPU counts
     assert projected == ["projected DDP, NVLink = PCIe", "projected DDP, InfiniBand"]
-    separate = efficiency_figure(cpu_matrix(), CPU_DEVICE, cuda=False, projection=PROJECTION).axes[0]
+    separate = efficiency_figure(cpu_matrix(), CPU_DEVICE, cuda=False,
+                                 projection=PROJECTION).axes[0]
     assert [name for name in legend(separate) if name.startswith("projected DDP")] == [
         "projected DDP, NVLink", "projected DDP, PCIe", "projected DDP, InfiniBand"]
 
@@ -169,8 +170,8 @@ def bars(ax) -> dict[tuple[float, str], float]:
     """{(row, colour or 'hatched'): width} of a horizontal stacked bar chart."""
     drawn = {}
     for patch in ax.patches:
-        kind = "hatched" if patch.get_hatch() else "#%02x%02x%02x" % tuple(
-            round(255 * c) for c in patch.get_facecolor()[:3])
+        rgb = [round(255 * c) for c in patch.get_facecolor()[:3]]
+        kind = "hatched" if patch.get_hatch() else "#" + "".join(f"{c:02x}" for c in rgb)
         drawn[(round(patch.get_y() + patch.get_height() / 2), kind)] = patch.get_width()
     return drawn
 

@@ -196,7 +196,8 @@ def test_the_sync_check_names_a_parameter_that_differs_between_ranks(group_repor
         assert report["verify"]["code"] not in (0, None), rank
     main = reports[0]["verify"]
     assert "parameters differ between ranks: 0.bias" in main["printed"]
-    assert str(main["code"]).startswith("error: ")  # rank 0's SystemExit message, printed by Python on exit
+    # rank 0's SystemExit message, printed by Python on exit
+    assert str(main["code"]).startswith("error: ")
     assert reports[1]["verify"]["printed"] == ""  # only rank 0 reports
 
 

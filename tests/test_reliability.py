@@ -217,12 +217,11 @@ def sgd_after_one_step(channels_last: bool, fused: bool | None):
     """PyramidNet-8 in the given memory format and its SGD after one step, so
     every momentum buffer exists."""
     torch.manual_seed(0)
-    model = pyramidnet(8, 12).to(memory_format=torch.channels_last if channels_last
-                                 else torch.contiguous_format)
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    model = pyramidnet(8, 12).to(memory_format=layout)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4,
                                 nesterov=True, fused=fused)
-    images = torch.randn(4, 3, 32, 32).contiguous(memory_format=torch.channels_last if channels_last
-                                                  else torch.contiguous_format)
+    images = torch.randn(4, 3, 32, 32).contiguous(memory_format=layout)
     torch.nn.functional.cross_entropy(model(images), torch.arange(4)).backward()
     optimizer.step()
     return model, optimizer
@@ -230,8 +229,8 @@ def sgd_after_one_step(channels_last: bool, fused: bool | None):
 
 @pytest.mark.parametrize("saved_channels_last", [False, True])
 @pytest.mark.parametrize("saved_fused, resumed_fused", [(None, True), (True, None)])
-def test_resumed_optimizer_is_the_one_this_run_built(saved_channels_last, saved_fused,
-                                                     resumed_fused):
+def test_resumed_optimizer_is_the_one_this_run_built(
+        saved_channels_last, saved_fused, resumed_fused):
     """A checkpoint from a CPU run (fused None) resumed on a GPU (fused SGD), or the reverse, under
     the other --channels_last: the optimizer keeps this run's implementation, each buffer takes its
     parameter's strides (CUDA's fused SGD refuses anything else) and keeps the saved values."""
@@ -255,8 +254,8 @@ def test_torchrun_restarts_a_killed_worker_and_resumes(tmp_path, uninterrupted):
                    tmp_path, "elastic")
     checkpoint = tmp_path / "elastic" / LAST
     wait_for(checkpoint.exists, 120, "the first checkpoint")
+    # the agent's own children: the ranks
     workers = [int(pid) for pid in subprocess.run(["pgrep", "-P", str(launch.pid)],
-                                                  # the agent's own children: the ranks
                                                   capture_output=True, text=True).stdout.split()]
     assert len(workers) == 2, workers
     os.kill(workers[-1], signal.SIGKILL)
@@ -274,10 +273,12 @@ def test_sigterm_to_a_two_process_job_checkpoints_and_leaves_no_process(tmp_path
                    tmp_path, "job")
     before = read_until(launch, "Epoch 1/2 [4/16]")
     assert len(descendants(launch.pid)) >= 2 + 2 * 2  # the ranks and their DataLoader workers
-    os.killpg(launch.pid, signal.SIGTERM)  # every process of the job, as SLURM sends it (the launcher passes it on)
+    # every process of the job, as SLURM sends it (the launcher passes it on)
+    os.killpg(launch.pid, signal.SIGTERM)
     code, output = finish(launch, timeout=90, before=before)
     assert code == 128 + signal.SIGTERM, output
-    assert "stopped by SIGTERM: the workers stopped cleanly" in output  # the self-launch heard from rank 0
+    # the self-launch heard from rank 0
+    assert "stopped by SIGTERM: the workers stopped cleanly" in output
     assert "continue with --resume auto --run_name job" in output  # the run's name, to paste
     assert "Traceback" not in output
     wait_for(lambda: not session_alive(launch.pid), 10, "every process of the job to exit")
@@ -302,8 +303,10 @@ def test_ctrl_c_stops_single_gpu_with_a_checkpoint(tmp_path):
     code, output = finish(launch, timeout=60, before=before)
     assert code == 128 + signal.SIGINT and "stopped by SIGINT" in output, output
     assert "Traceback" not in output
-    state = torch.load(tmp_path / "run" / LAST, weights_only=True)  # resumed as the SIGTERM test's checkpoint is
-    assert 4 <= state["step"] < 32 and state["step"] % 2 == 0  # at a log window, where the run stopped
+    # resumed as the SIGTERM test's checkpoint is
+    state = torch.load(tmp_path / "run" / LAST, weights_only=True)
+    # at a log window, where the run stopped
+    assert 4 <= state["step"] < 32 and state["step"] % 2 == 0
 
 
 # -------------------------------------------------------------------------------------- 3b. the end
@@ -315,7 +318,8 @@ def files(run_dir: Path) -> dict[str, bytes]:
 @pytest.mark.parametrize("name, flags", [
     ("single", []),  # every epoch done
     ("first", ["--max_steps", "13"]),  # ended by --max_steps 13
-    ("first", ["--max_steps", "10"]),  # a lower ceiling on resume: still ended (it used to train to the end)
+    # a lower ceiling on resume: still ended (it used to train to the end)
+    ("first", ["--max_steps", "10"]),
 ])
 def test_resuming_a_run_that_has_ended_trains_nothing_and_changes_nothing(shared_runs, name, flags):
     """An elastic command run again after its end (`--resume auto`): one line, exit 0,

@@ -156,7 +156,8 @@ def test_a_closed_terminal_stops_single_gpu_with_a_checkpoint(tmp_path):
         while b"[4/16]" not in seen:
             seen += os.read(main, 4096)  # OSError (EIO) if the run ended before it
     finally:
-        os.close(main)  # the terminal closes: the kernel hangs it up (writing to it fails with EIO)...
+        # the terminal closes: the kernel hangs it up (writing to it fails with EIO)...
+        os.close(main)
     os.killpg(run.pid, signal.SIGHUP)  # ...and the shell passes SIGHUP on to its foreground job
     assert run.wait(timeout=120) == 128 + signal.SIGHUP, seen.decode()
     state = torch.load(tmp_path / "hup" / LAST, weights_only=True)
@@ -183,7 +184,8 @@ def test_the_stop_signals_and_their_exit_statuses():
     names = list(StopSignals.NAMES.values())
     one_hot = {name: [float(other == name) for other in names] for name in names}
     assert StopSignals.agreed([0, 0, 0, 0]) is None
-    assert StopSignals.agreed(one_hot["SIGHUP"]) == "SIGHUP"  # a signal to one rank names the stop on all
+    # a signal to one rank names the stop on all
+    assert StopSignals.agreed(one_hot["SIGHUP"]) == "SIGHUP"
     assert StopSignals.agreed([1, 2, 0, 0]) == "SIGINT"  # the signal most ranks received
 
 
@@ -205,8 +207,8 @@ def test_a_stop_that_reached_one_worker_is_one_clean_stop(tmp_path):
     having reported its checkpoint, was ended by torch's agent in its teardown (-15), or exited 143
     too: one clean stop (it used to add "error: worker 1, 0 failed (exit code -15, 143)")."""
     (tmp_path / STOPPED).write_text("step 4, checkpoint X\ncontinue with --resume auto\n")
-    clean = ("stopped by SIGTERM: the workers stopped cleanly (step 4, checkpoint X); continue with --resume auto",
-             143)
+    clean = ("stopped by SIGTERM: the workers stopped cleanly (step 4, checkpoint X); "
+             "continue with --resume auto", 143)
     assert failure_line({0: -signal.SIGTERM, 1: 143}, tmp_path) == clean
     assert failure_line({0: 143, 1: 143}, tmp_path) == clean
 
@@ -260,7 +262,8 @@ def test_a_stop_before_training_began_says_so(tmp_path):
                                          "workers did not stop cleanly")
     (tmp_path / STOPPED).write_text("step 8, checkpoint X\ncontinue with --resume auto\n")
     assert stop_line(signal.SIGTERM, tmp_path, run_dir) == (
-        "stopped by SIGTERM: the workers stopped cleanly (step 8, checkpoint X); continue with --resume auto", 143)
+        "stopped by SIGTERM: the workers stopped cleanly (step 8, checkpoint X); "
+        "continue with --resume auto", 143)
 
 
 def test_rank_0_tells_the_self_launch_only_where_one_listens(tmp_path, monkeypatch):
@@ -307,4 +310,5 @@ def test_the_stop_report_names_the_run_to_resume(tmp_path, monkeypatch):
     assert code == 143
     assert line.endswith("continue with --resume auto --run_name 'dist_parallel_2p 0101'"), line
     tell_self_launch_stopped(4, None)  # --benchmark: no checkpoint
-    assert stop_line(signal.SIGTERM, tmp_path, None)[0].endswith("a --benchmark run keeps no checkpoint")
+    line = stop_line(signal.SIGTERM, tmp_path, None)[0]
+    assert line.endswith("a --benchmark run keeps no checkpoint"), line

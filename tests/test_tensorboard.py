@@ -201,7 +201,8 @@ def test_each_kept_attempt_says_its_config_once_and_keeps_its_file(tmp_path):
         logger.close()
     assert len(list((tmp_path / "run").glob("events.out.tfevents.*"))) == 3
     assert read_scalars(tmp_path / "run")["train/loss"] == [(2, 2.0), (4, 4.0), (6, 6.0)]
-    accumulator = EventAccumulator(str(tmp_path / "run"), size_guidance={"tensors": 0})  # the UI's reader
+    # the UI's reader
+    accumulator = EventAccumulator(str(tmp_path / "run"), size_guidance={"tensors": 0})
     accumulator.Reload()  # (text is kept as tensors, which the scalars' reader never purges)
     assert [event.step for event in accumulator.Tensors("config/text_summary")] == [0, 3]
 

@@ -78,8 +78,8 @@ class Launch:
         unless it exited with that."""
         self.code = self.process.wait(timeout=timeout)
         output = self.log.read_text()
-        assert expected is None or self.code == expected, (f"{self.name} exited "
-                                                           f"{self.code}:\n{output[-4000:]}")
+        assert expected is None or self.code == expected, (
+            f"{self.name} exited {self.code}:\n{output[-4000:]}")
         return output
 
 
@@ -88,9 +88,11 @@ def launched(tmp_path_factory):
     """The script runs, started together (they only need to be
     correct, not fast), then waited for."""
     folder = tmp_path_factory.mktemp("gpu_runs")
+    # a checkpoint written on the CPU
     cpu_first = Launch(folder, "cpu_fp16", "single_gpu/train.py", *TINY, "--amp", "fp16",
-                       "--epochs", "2", "--max_steps", "3", env={"CUDA_VISIBLE_DEVICES": ""})  # a checkpoint written on the CPU
-    longer = [*GPU_TINY, "--synthetic_size", "2048"]  # 64 steps: long enough for NVML to sample the GPU
+                       "--epochs", "2", "--max_steps", "3", env={"CUDA_VISIBLE_DEVICES": ""})
+    # 64 steps: long enough for NVML to sample the GPU
+    longer = [*GPU_TINY, "--synthetic_size", "2048"]
     runs = {
         "single_gpu": Launch(folder, "single_gpu", "single_gpu/train.py", *longer),
         "data_parallel": Launch(folder, "data_parallel", "data_parallel/train.py", *longer),
@@ -114,8 +116,8 @@ def launched(tmp_path_factory):
                           "1", "--out", folder / "profile.json"),
     }
     cpu_first.wait()
-    runs["resumed_fp16"] = Launch(folder, "resumed_fp16", "single_gpu/train.py", *GPU_TINY, "--amp",
-                                  "fp16", "--epochs", "2", "--resume",
+    runs["resumed_fp16"] = Launch(folder, "resumed_fp16", "single_gpu/train.py", *GPU_TINY,
+                                  "--amp", "fp16", "--epochs", "2", "--resume",
                                   cpu_first.run_dir / "checkpoint.pt")
     # each test checks its own
     outputs = {name: launch.wait(expected=None) for name, launch in runs.items()}
@@ -176,7 +178,8 @@ def test_fsdp_shards_on_the_gpu_with_fp16_loss_scaling(launched):
     plain = pyramidnet(cfg["depth"], cfg["alpha"], cfg["block"]).state_dict()
     for name in ("fsdp_nccl", "fsdp_gloo_fp16"):
         saved = torch.load(runs[name].run_dir / "model.pt", map_location="cpu", weights_only=True)
-        assert all(tensor.device.type == "cpu" and torch.isfinite(tensor).all() for tensor in saved.values()), name
+        assert all(tensor.device.type == "cpu" and torch.isfinite(tensor).all()
+                   for tensor in saved.values()), name
         assert {k: v.shape for k, v in saved.items()} == \
             {k: v.shape for k, v in plain.items()}, name
 
@@ -296,8 +299,8 @@ def test_the_gpu_loader_feeds_the_images_the_torchvision_loader_feeds():
         return [batch for batch, _ in zip(loader, range(count))]
 
     for augment in (False, True):
-        for (gpu_images, gpu_labels), (tv_images, tv_labels) in zip(batches("gpu", augment),
-                                                                    batches("torchvision", augment)):
+        pairs = zip(batches("gpu", augment), batches("torchvision", augment))
+        for (gpu_images, gpu_labels), (tv_images, tv_labels) in pairs:
             assert (gpu_images.device == CUDA
                     and gpu_images.is_contiguous(memory_format=torch.channels_last))
             assert gpu_images.dtype == tv_images.dtype == torch.float32
@@ -326,7 +329,8 @@ def test_an_image_folder_on_the_gpu_loader_gives_the_torchvision_loaders_images(
     from test_imagefolder import crop_expected, pixels, write_folder
 
     root = write_folder(tmp_path / "data")
-    assert config("--dataset", "imagefolder", "--data_dir", str(root), "--image_size", "32").loader == "gpu"
+    assert config("--dataset", "imagefolder", "--data_dir", str(root),
+                  "--image_size", "32").loader == "gpu"
     train, val = load_datasets("imagefolder", str(root), 0, 0, 32)
     options = dict(num_workers=0, seed=0, memory_format=torch.channels_last)
     evaluation = {kind: next(iter(make_loader(kind, val, EvalShard(15), 15, CUDA, train=False,
