@@ -257,6 +257,7 @@ def fsdp_resharded(tmp_path_factory):
     return group_run(tmp_path_factory, "fsdp/train.py", "fsdp_resharded")
 
 
+@pytest.mark.second_tier  # a 2-process fsdp launch of its own
 def test_fsdp_reports_its_all_gathers_and_reduce_scatters(fsdp_resharded):
     """FSDP on gloo: each block's parameters all-gathered before its forward and again before its
     backward (resharded after forward, the default), its gradients reduce-scattered; on the CPU

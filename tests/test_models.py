@@ -133,7 +133,9 @@ def _two_ranks(rank: int, init_file: str, out_dir: str, model_name: str) -> None
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("model_name", ["resnet18", "tiny_vit"])
+# ViT in the fast tier; the ResNet, the longer launch, in the second
+@pytest.mark.parametrize("model_name", [pytest.param("resnet18", marks=pytest.mark.second_tier),
+                                        "tiny_vit"])
 def test_fsdp_built_on_meta_ends_where_ddp_ends(model_name, tmp_path):
     """On a real 2-process gloo group, fsdp/train.py's model (built on the meta device, its repeated
     blocks sharded, each rank's slices filled from rank 0's whole model) and
