@@ -332,7 +332,9 @@ class StepProfiler:
         from torch.autograd import profiler
 
         if self.device.type != "cuda":  # kineto's "gpuGetDeviceCount failed": there is no GPU
-            os.environ.setdefault("KINETO_LOG_LEVEL", "5")
+            # above kineto's highest level (USDT, 5): its profiler_start/stop lines silenced too,
+            # here and in what this process starts (benchmarks/profile_step.py does the same)
+            os.environ.setdefault("KINETO_LOG_LEVEL", "6")
         # torch.autograd's profiler is the engine of torch.profiler.profile, which imports inductor
         # (seconds) when it starts, to read a setting of CUDA graphs
         self.profile = profiler.profile(use_cpu=True, use_kineto=True,

@@ -200,6 +200,8 @@ def test_results_carry_each_ranks_breakdown_and_the_traces_lie_beside_them(one_b
     slowest = summary["breakdown_slowest_rank"]
     assert breakdown[slowest]["step_ms"] == max(each["step_ms"] for each in breakdown.values())
     assert f"profile of 3 steps, rank {slowest} (the slowest): step " in done.stdout
+    # kineto's own lines (USDT profiler_start/stop, gpuGetDeviceCount) stay out of the user's way
+    assert "USDT" not in done.stderr and "gpuGetDeviceCount" not in done.stderr, done.stderr
     for rank, figures in breakdown.items():
         assert_adds_up(figures)
         assert figures["compute_ms"] > 0 and figures["comm_ms"] > 0, rank  # DDP's, on gloo
