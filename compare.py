@@ -413,7 +413,9 @@ def uninitialised():
     """torch.nn.init's functions do nothing while the block runs. On the meta device they compute
     nothing anyway, yet take two thirds of a model's build, and a report builds some 50 models (the
     memory projection's search over widths): seconds of every comparison."""
-    names = [name for name in torch.nn.init.__all__ if name.endswith("_")]  # the in-place ones
+    # the in-place ones (torch.nn.init has no __all__ before torch 2.7)
+    names = [name for name, value in vars(torch.nn.init).items()
+             if name.endswith("_") and not name.startswith("_") and callable(value)]
     originals = {name: getattr(torch.nn.init, name) for name in names}
     for name in names:
         setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)

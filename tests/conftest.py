@@ -158,6 +158,49 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+HIDDEN = "<hidden: reads as 'does not exist'>"
+
+
+def compile_options() -> dict[str, object]:
+    """Every option of TorchDynamo's and inductor's config modules as a reader sees it: its value,
+    or HIDDEN where reading it raises (what a delattr leaves: unittest.mock's and pytest's undo
+    delete an attribute they found missing from the module's __dict__)."""
+    import warnings
+
+    import torch._dynamo.config
+    import torch._inductor.config
+
+    options = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # deprecated options warn when read
+        for module in (torch._dynamo.config, torch._inductor.config):
+            for name, value in module.get_config_copy().items():
+                shown = hasattr(module, name)
+                options[f"{module.__name__}.{name}"] = value if shown else HIDDEN
+    return options
+
+
+def options_changed(before: dict[str, object], after: dict[str, object]) -> list[str]:
+    """'name: before -> after' for each option that differs."""
+    return [f"{name}: {before.get(name)!r} -> {after.get(name)!r}"
+            for name in sorted(before.keys() | after.keys())
+            if before.get(name, HIDDEN) != after.get(name, HIDDEN)]
+
+
+@pytest.fixture(autouse=True)
+def torch_left_as_found():
+    """Every test leaves torch's compile options as it found them: a test that patches one does
+    it with torch's own `config.patch(...)`, which restores it, and never with monkeypatch, whose
+    undo can leave the option hidden (it did, on torch 2.14 with pytest 9.2) and so fail later
+    tests inside torch's own compile. A test that leaves one changed errors at its teardown."""
+    before = compile_options()
+    yield
+    changed = options_changed(before, compile_options())
+    if changed:
+        pytest.fail("this test left torch's compile options changed (patch them with "
+                    "torch's own config.patch): " + "; ".join(changed), pytrace=False)
+
+
 @pytest.fixture
 def tmpfs(tmp_path):
     """mount(options) -> a fresh tmpfs folder, unmounted after the test. The test is skipped where

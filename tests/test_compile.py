@@ -103,6 +103,18 @@ def test_fsdp_refuses_the_modes_that_capture_cuda_graphs():
 
 
 # -------------------------------------------------------------------------- 2. compiled DDP buckets
+def ddp_bucket_bytes(bucket_cap_mb: float) -> int:
+    """The bucket size a real DDP computes from --bucket_cap_mb (what TorchDynamo reads from it), on
+    a one-rank group: the same on every torch the suite takes, whatever helper computes it."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2),
+                                                        bucket_cap_mb=bucket_cap_mb)
+        return ddp.bucket_bytes_cap
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.mark.parametrize("bucket_cap_mb", [1e-3, 0.5, 1 - 2**-30, 1.0, 1 + 2**-30, 25.0])
 def test_compiled_ddp_is_refused_exactly_where_torchs_ddp_optimizer_asserts(bucket_cap_mb):
     """TorchDynamo builds a DDPOptimizer for every compiled DDP model
@@ -110,10 +122,8 @@ def test_compiled_ddp_is_refused_exactly_where_torchs_ddp_optimizer_asserts(buck
     (dist._DEFAULT_FIRST_BUCKET_BYTES), and it asserts when the first is the larger: the rule
     refuses those bucket sizes and no others."""
     from torch._dynamo.backends.distributed import DDPOptimizer
-    from torch.nn.parallel.distributed import _BucketCapacityConfig
 
-    # as DDP computes it
-    ddp_bytes = _BucketCapacityConfig.create(bucket_cap_mb, None, False).bucket_bytes_cap
+    ddp_bytes = ddp_bucket_bytes(bucket_cap_mb)
     try:
         DDPOptimizer(bucket_bytes_cap=ddp_bytes, backend_compile_fn=None)
         asserts = False
@@ -280,17 +290,19 @@ def test_fsdp_compiles_every_block_with_static_shapes(monkeypatch, tmp_path):
     calls = []
     monkeypatch.setattr(fsdp.torch, "compile",
                         lambda model, **options: calls.append(options) or model)
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
     cfg = resolve_fast_path(parse_config(fsdp.FsdpConfig, [*TINY, "--depth", "110", "--alpha", "12",
                                                           "--compile", "--log_dir", str(tmp_path)]),
                             CPU)
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        fsdp.get_model(cfg, CPU)
-    finally:
-        dist.destroy_process_group()
-    assert calls == [{"mode": "default", "dynamic": False}]
-    assert torch._dynamo.config.recompile_limit == 55  # the 54 blocks' graphs, and the root's
+    # torch's own patch, undone as torch undoes it: pytest's monkeypatch left the option hidden
+    # on torch 2.14 with pytest 9.2 (its undo deletes, and a deleted option reads as missing)
+    with torch._dynamo.config.patch(recompile_limit=8):
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        try:
+            fsdp.get_model(cfg, CPU)
+        finally:
+            dist.destroy_process_group()
+        assert calls == [{"mode": "default", "dynamic": False}]
+        assert torch._dynamo.config.recompile_limit == 55  # the 54 blocks' graphs, and the root's
 
 
 # ---------------------------------------------------------------- 7. the node's first rank compiles
@@ -407,3 +419,26 @@ def test_the_static_graph_comment_says_what_ddp_does():
     comment = source[source.index("# DDP broadcasts rank 0's weights"):source.index("model = DDP(")]
     assert "per-step search" not in comment and "find_unused_parameters" in comment
     assert config_class("dist_parallel")  # the file imports
+
+
+# ------------------------------------------------------- 10. the tests leave torch as they found it
+def test_a_test_that_leaves_an_option_changed_or_hidden_is_caught():
+    """conftest's torch_left_as_found compares every compile option before and after each test:
+    here, a changed value and an option that pytest's monkeypatch left hidden are both named (the
+    hidden one on any pytest: a delattr is what its undo does on 9.2)."""
+    from conftest import HIDDEN, compile_options, options_changed
+
+    before = compile_options()
+    assert HIDDEN not in before.values()
+    limit = torch._dynamo.config.recompile_limit
+    with torch._dynamo.config.patch(recompile_limit=limit + 1):
+        assert options_changed(before, compile_options()) == [
+            f"torch._dynamo.config.recompile_limit: {limit} -> {limit + 1}"]
+    assert options_changed(before, compile_options()) == []
+    try:
+        delattr(torch._dynamo.config, "recompile_limit")
+        assert options_changed(before, compile_options()) == [
+            f"torch._dynamo.config.recompile_limit: {limit} -> {HIDDEN!r}"]
+    finally:
+        torch._dynamo.config.recompile_limit = limit  # a set shows a hidden option again
+    assert options_changed(before, compile_options()) == []
