@@ -159,12 +159,14 @@ def one_thread():
 
 
 HIDDEN = "<hidden: reads as 'does not exist'>"
+_OPTION_NAMES: dict[str, list[str]] = {}  # each config module's options, read once at the start
 
 
 def compile_options() -> dict[str, object]:
-    """Every option of TorchDynamo's and inductor's config modules as a reader sees it: its value,
-    or HIDDEN where reading it raises (what a delattr leaves: unittest.mock's and pytest's undo
-    delete an attribute they found missing from the module's __dict__)."""
+    """Every option of TorchDynamo's and inductor's config modules as a reader sees it: a copy of
+    its value, or HIDDEN where reading it raises (what a delattr leaves: unittest.mock's and
+    pytest's undo delete an attribute they found missing from the module's __dict__)."""
+    import copy
     import warnings
 
     import torch._dynamo.config
@@ -174,9 +176,16 @@ def compile_options() -> dict[str, object]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # deprecated options warn when read
         for module in (torch._dynamo.config, torch._inductor.config):
-            for name, value in module.get_config_copy().items():
-                shown = hasattr(module, name)
-                options[f"{module.__name__}.{name}"] = value if shown else HIDDEN
+            # get_config_copy() itself raises on a hidden option up to torch 2.13: the names come
+            # from its first call, before any test ran
+            if module.__name__ not in _OPTION_NAMES:
+                _OPTION_NAMES[module.__name__] = list(module.get_config_copy())
+            for name in _OPTION_NAMES[module.__name__]:
+                try:
+                    value = copy.deepcopy(getattr(module, name))
+                except AttributeError:
+                    value = HIDDEN
+                options[f"{module.__name__}.{name}"] = value
     return options
 
 

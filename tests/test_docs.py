@@ -633,3 +633,29 @@ def test_the_command_checker_finds_what_the_docs_got_wrong(tmp_path):
                                              "--rdzv_id J --rdzv_backend c10d --rdzv_endpoint H:1 "
                                              "train.py --batch_size 16 --evaluate "
                                              "../runs/<run>/model.pt")) == []
+
+
+# ---------------------------------------------------------------------------------- the floors
+def test_the_oldest_versions_ci_installs_are_the_floors_requirements_declare():
+    """constraints-oldest.txt pins each requirement to its floor, and nothing else: CI's second
+    environment (.ci/run) is then the oldest install requirements.txt allows, and a floor moved in
+    one file without the other fails here."""
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    def lines(name: str) -> list[Requirement]:
+        text = (REPO / name).read_text()
+        return [Requirement(line.split("#")[0]) for line in text.splitlines()
+                if line.split("#")[0].strip()]
+
+    floors = {}
+    for requirement in lines("requirements.txt"):
+        (floor,) = [spec.version for spec in requirement.specifier if spec.operator == ">="]
+        floors[requirement.name] = Version(floor)
+    pins = {}
+    for requirement in lines("constraints-oldest.txt"):
+        (spec,) = requirement.specifier
+        assert spec.operator == "==", requirement
+        pins[requirement.name] = Version(spec.version)
+    assert pins == floors
+    assert "-c constraints-oldest.txt" in (REPO / ".ci" / "run").read_text()
