@@ -74,10 +74,11 @@ from comparison.matrix import (BACKENDS, GROUP_MODES, MODES, Cores,
                                check_runs, command, config_class, cores_here, plan)
 from comparison.projection import fsdp_units, gradient_bytes, memory_projection
 from comparison.report import (
-    EARLIER_PICTURES, PICTURES, TABLE_HEADER, TABLE_NOTE, Outcome, breakdown_section,
+    EARLIER_PICTURES, PICTURES, TABLE_NOTE, Outcome, breakdown_section,
     environment_section, fabric_of_runs, findings, fill_rows, fmt_seconds, groups, listed,
     memory_section, model_line, model_title, oversubscription_title, projection_inputs,
-    projection_section, recommendation, run_config, table_row, untimed_note, write_csv, write_file)
+    projection_section, recommendation, run_config, table_header, table_row, untimed_note,
+    write_csv, write_file)
 from comparison.runner import (
     run_all, signal_name, signal_of, signals_deferred, start, stop_signals)
 from comparison.verify import Verification, defaults as verify_defaults
@@ -366,9 +367,9 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
         "",
         TABLE_NOTE,
         "",
-        TABLE_HEADER,
-        "|" + "---|" * TABLE_HEADER.count(" | ") + "---|",
-        *[table_row(group) for group in groups(outcomes)],
+        table_header(outcomes),
+        "|" + "---|" * table_header(outcomes).count(" | ") + "---|",
+        *[table_row(group, outcomes) for group in groups(outcomes)],
         "",
         *findings(outcomes, cores),
         "",

@@ -11,16 +11,19 @@
 - memory_per_gpu.png: each GPU's peak memory, grouped per configuration (only when the runs
   measured it: GPUs).
 
-With --repeat, a point or bar is the mean over the repeats and the error bar their standard
-deviation; each picture says how many runs it averages. Failed runs are left out. A step is the
-mean of the timed steps, as in the report's table. CPU runs with more processes than cores are
-shaded as oversubscribed. Every figure is built by a function that returns it, so its axes can be
-checked before it is saved.
+Each point or bar is its configuration's figure as the report's table has it, and its error bar
+the table's ±: images/s and scaling efficiency from report.Measured (the global batch ÷ the mean
+step, ± the step's std as the same share), the step's split from report.step_split (± the
+profiled step's std, as the split's table), each GPU's memory from the runs' mean (± their std, as
+the table's memory cell). Each picture says how many runs it averages. Failed runs are left out.
+CPU runs with more processes than cores are shaded as oversubscribed. Every figure is built by a
+function that returns it, so its axes can be checked before it is saved.
 """
 from __future__ import annotations
 
 import io
 import statistics
+import types
 from pathlib import Path
 
 import matplotlib
@@ -33,7 +36,7 @@ from matplotlib.ticker import NullLocator
 from comparison.matrix import Cores
 from comparison.projection import FABRICS, projected_efficiency
 from comparison.report import (PART_NAMES, PICTURES, SPLIT_PARTS, groups, measured,
-                               step_split, write_file)
+                               memory_per_gpu_gb, step_split, write_file)
 
 PART_COLOURS = {"compute_ms": "#4c72b0", "comm_exposed_ms": "#dd5555", "data_ms": "#9a9a9a",
                 "optimizer_ms": "#55a868", "other_ms": "#e0c060"}
@@ -51,13 +54,16 @@ def label(o) -> str:
                                 r.sync_bn and "SyncBN", zero2) if x)
 
 
-def series(outcomes, key: str, scale: float = 1.0) -> dict[str, dict[int, list[float]]]:
-    """{line label: {GPU count: [value of each successful repeat]}}."""
-    lines: dict[str, dict[int, list[float]]] = {}
-    for o in outcomes:
-        value = o.row.get(key)
-        if o.status == "ok" and value is not None:
-            lines.setdefault(label(o), {}).setdefault(o.run.gpus, []).append(value * scale)
+def series(outcomes, figure) -> dict[str, dict[int, tuple[float, float]]]:
+    """{line label: {GPU count: (figure, its ±)}} of each configuration that timed a step, as the
+    report's table has it: `figure(m)` of its report.Measured, ± the step's share of it (None:
+    not measured, left out)."""
+    lines: dict[str, dict[int, tuple[float, float]]] = {}
+    for m in measured(outcomes):
+        value = figure(m)
+        if value is not None:
+            name = label(types.SimpleNamespace(run=m.run, row=m.rows[0]))
+            lines.setdefault(name, {})[m.run.gpus] = (value, value * m.share)
     return lines
 
 
@@ -124,12 +130,13 @@ def shade_oversubscribed(ax, counts, cores: Cores | None) -> None:
     ax.set_xlim(ax.get_xlim()[0], high)
 
 
-def draw_lines(ax, lines: dict[str, dict[int, list[float]]]) -> list[int]:
-    """One line per configuration, mean with the std as error bars; the GPU counts drawn."""
+def draw_lines(ax, lines: dict[str, dict[int, tuple[float, float]]]) -> list[int]:
+    """One line per configuration, its figures with their ± as error bars; the GPU counts
+    drawn."""
     counts = []
     for name, points in lines.items():
         xs = sorted(points)
-        means, stds = zip(*(mean_std(points[n]) for n in xs))
+        means, stds = zip(*(points[n] for n in xs))
         ax.errorbar(xs, means, yerr=stds, marker="o", capsize=3, label=name)
         counts += xs
     return counts
@@ -146,7 +153,7 @@ def finish(fig: Figure, ax) -> Figure:
 # -------------------------------------------------------------------------------------- the figures
 def throughput_figure(outcomes, device: str, cuda: bool,
                       cores: Cores | None = None) -> Figure | None:
-    lines = series(outcomes, "images_per_sec")
+    lines = series(outcomes, lambda m: m.images_per_sec)
     if not lines:
         return None
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -162,7 +169,7 @@ def throughput_figure(outcomes, device: str, cuda: bool,
 
 def efficiency_figure(outcomes, device: str, cuda: bool, projection: dict | None,
                       cores: Cores | None = None) -> Figure | None:
-    lines = series(outcomes, "scaling_efficiency", 100)
+    lines = series(outcomes, lambda m: 100 * m.efficiency if m.efficiency is not None else None)
     if not lines:
         return None
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -209,6 +216,7 @@ def breakdown_figure(outcomes, device: str) -> Figure | None:
     if not any(split for _, split in splits):
         return None
     widest = max(split.step_ms + split.step_std_ms for _, split in splits if split)
+    # the profiled step's label at the bar's end, '43.6 ± 2.1 ms', is as wide as some bars
     fig, ax = plt.subplots(figsize=(9.0, 2.3 + 0.55 * len(splits)))
     for y, (_, split) in enumerate(splits):
         if split is None:
@@ -228,13 +236,14 @@ def breakdown_figure(outcomes, device: str) -> Figure | None:
                     edgecolor="black", linewidth=0.8, label=HIDDEN)
         if split.step_std_ms:
             ax.errorbar(left, y, xerr=split.step_std_ms, color="black", capsize=3)
-        ax.text(left + split.step_std_ms + 0.01 * widest, y, f"{split.step_ms:.1f} ms",
+        ax.text(left + split.step_std_ms + 0.01 * widest, y, f"{split.step_cell()} ms",
                 va="center", fontsize=8)
     names = [f"{m.name()}\n{m.per_gpu_batch} images" + (" each" if m.run.gpus > 1 else "")
              for m, _ in splits]
     ax.set_yticks(range(len(splits)), names, fontsize=8)
     ax.set_ylim(len(splits) - 0.5, -0.5)  # the first configuration on top, as in the table
-    ax.set_xlim(0, 1.15 * widest)  # room for the step's label at the widest bar's end
+    # room for the step's label at the widest bar's end
+    ax.set_xlim(0, (1.3 if max(split.runs for _, split in splits if split) > 1 else 1.15) * widest)
     handles = dict(zip(*reversed(ax.get_legend_handles_labels())))  # one entry per part drawn
     order = [PART_NAMES[part] for part in SPLIT_PARTS] + [HIDDEN]
     shown = [name for name in order if name in handles]
@@ -244,7 +253,8 @@ def breakdown_figure(outcomes, device: str) -> Figure | None:
     ax.grid(True, axis="x", alpha=0.3)
     counts = sorted({split.runs for _, split in splits if split})
     runs = ("one run each" if counts == [1] else
-            f"the mean of {runs_note(counts).removeprefix('mean ± std of ')}, ± the step's std")
+            f"the mean of {runs_note(counts).removeprefix('mean ± std of ')}, ± the profiled "
+            "step's std (the split's table)")
     ax.set_title(f"Where a step goes — {device}\n{runs}", fontsize=10)
     fig.tight_layout(rect=(0, 0.6 / fig.get_figheight(), 1, 1))  # the legend's two rows below
     return fig
@@ -258,11 +268,12 @@ def memory_figure(outcomes, device: str) -> Figure | None:
     fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(groups) + 2), 4.5))
     names = []
     for x, group in enumerate(groups):
-        per_gpu = [o.results["peak_mem_gb_per_gpu"] for o in group]
-        gpus = sorted(per_gpu[0], key=int)
+        # each run's GPUs in order, as the table's memory cell reads them (report.memory_cell)
+        per_run = memory_per_gpu_gb([o.row for o in group])
+        gpus = [str(i) for i in range(len(per_run[0]))]
         width = 0.8 / len(gpus)
         for i, gpu in enumerate(gpus):
-            mean, std = mean_std([memory[gpu] for memory in per_gpu if gpu in memory])
+            mean, std = mean_std([gbs[i] for gbs in per_run if len(gbs) > i])
             position = x - 0.4 + width * (i + 0.5)
             ax.bar(position, mean, width=width * 0.9, yerr=std or None, capsize=2,
                    color=f"C{i % 10}", label=f"GPU {gpu}")
@@ -290,14 +301,15 @@ def pictures_section(outcomes, pictures: list[Path]) -> list[str]:
         return ["No run that succeeded timed a step, so there are no pictures."]
     lines = [" ".join(f"![{p.stem.replace('_', ' ')}]({p.name})" for p in pictures), "",
              "Each point or bar is one configuration: "
-             f"{averaged(configurations(outcomes))} (failed runs left out), the error bars their "
-             "standard deviation; images/s and scaling efficiency are the table's (the mean of the "
-             "timed steps)."]
+             f"{averaged(configurations(outcomes))} (failed runs left out), its figure and error "
+             "bar the table's cell and its ±: images/s and scaling efficiency as the results "
+             "table has them (made from the mean of the timed steps)."]
     if any(p.name == "step_breakdown.png" for p in pictures):
         lines[-1] += (" *step breakdown* draws the split of \"Where a step goes\" (the mean "
                       "over ranks of the profiled steps): compute, exposed communication, data, "
                       "optimizer and the rest, stacked; the communication hidden behind compute "
-                      "hatched over the compute it overlapped, not added.")
+                      "hatched over the compute it overlapped, not added; at each bar's end its "
+                      "profiled step, as the split's table has it.")
     else:
         lines[-1] += (" There is no step breakdown picture: no run recorded the split of its step "
                       "(above).")

@@ -6,10 +6,14 @@ runs), where a step goes on every rank (the profiler's measured split of the ste
 communication hidden and exposed, data, optimizer), then the pictures and the environment; and
 projection.md beside it, the projections past this machine (scaling, memory), labelled so.
 
-Every figure of a step is the MEAN of the timed steps: the table's step, images/s (global batch ÷
-that step), the epoch of 50k, the sentences, the pictures and results.csv. The split of a step is
-the mean over ranks of the profiled steps (`summary.breakdown`); one function (step_split)
-computes what the split's table, its sentences and step_breakdown.png show."""
+Every figure of a configuration's speed is made from one statistic, its step: the mean of the
+timed steps (each run's, results.csv's step_time_mean_s), averaged over its runs, ± their standard
+deviation. Its images/s is the global batch ÷ that step, its epoch the run's training images ÷
+those images/s, its speedup those images/s ÷ single_gpu's, its scaling efficiency the speedup ÷
+its GPUs (one GPU's too); the ± of each is the step's std as the same share of the figure. The
+table, the sentences and the pictures all take them from `Measured`. The split of a step is the
+mean over ranks of the profiled steps (`summary.breakdown`); one function (step_split) computes
+what the split's table, its sentences and step_breakdown.png show."""
 from __future__ import annotations
 
 import csv
@@ -22,6 +26,8 @@ from pathlib import Path
 
 from common.config import Config
 from common.data import dataset_info
+from common.errors import UsageError
+from common.folders import image_folder
 from common.logger import write_atomically
 from comparison import environment as machine
 from comparison.environment import gpu_summary
@@ -31,7 +37,8 @@ from comparison.projection import (AUTOCAST, FABRICS, MEMORY_GPU_COUNTS, PROJECT
                                    memory_per_gpu, projected_efficiency)
 from models import PYRAMIDNET
 
-CIFAR10_TRAIN_IMAGES = 50_000
+# the training sets' images (torchvision's CIFAR10 and MNIST, train=True): one epoch of each
+TRAIN_IMAGES = {"cifar10": 50_000, "mnist": 60_000}
 
 
 @dataclass
@@ -52,24 +59,27 @@ SPLIT_COLUMNS = ("ranks", *(f"split_{key}" for key in SPLIT_KEYS), "split_comm_h
                  "split_work_ms_per_rank", "split_slowest_rank")
 COLUMNS = ("run", "mode", "gpus", "backend", "amp", "sync_bn", "reshard_after_forward", "repeat",
            "status", "error", "global_batch", "per_gpu_batch", "step_time_mean_s",
-           "batch_time_p50_s", "batch_time_p90_s", "epoch_time_50k_s", "images_per_sec",
+           "batch_time_p50_s", "batch_time_p90_s", "train_images", "epoch_time_s",
+           "images_per_sec",
            "images_per_sec_per_gpu", "speedup", "scaling_efficiency", "data_wait_frac",
            "gpu_util_mean", "peak_mem_gb_per_gpu", "peak_mem_reserved_gb_per_gpu", "mfu",
            "test_acc", "train_loss", "model", "parameters", "flops_per_image", "wall_time_s",
-           "profiled_steps",
+           "run_time_s", "profiled_steps",
            *SPLIT_COLUMNS, "log")
 
 
 def fill_rows(outcomes: list[Outcome], out: Path) -> None:
     """Each outcome's CSV row: the results.json figures as they are, plus what is derived from
     them: the mean step (global batch ÷ images/s, which is the mean of the timed steps), the epoch
-    of 50k at that step, speedup and scaling efficiency (100 % for one process, by definition),
-    and the step's split averaged over the ranks (split_row)."""
+    of the run's own training set at that step, speedup (over single_gpu's images/s: baseline)
+    and scaling efficiency (speedup ÷ GPUs, one GPU's too), the run's time start to end as
+    compare.py timed it, and the step's split averaged over the ranks (split_row)."""
     for o in outcomes:
         r, res = o.run, o.results or {}
         summary, config = res.get("summary", {}), res.get("config", {})
         ips = summary.get("images_per_sec")
         batch = config.get("batch_size")
+        images = train_images(config) if config else None
         memory, reserved = (res.get("peak_mem_gb_per_gpu") or {},
                             res.get("peak_mem_reserved_gb_per_gpu") or {})
         o.row = {
@@ -81,7 +91,8 @@ def fill_rows(outcomes: list[Outcome], out: Path) -> None:
             "step_time_mean_s": batch / ips if ips and batch else None,
             "batch_time_p50_s": summary.get("batch_time_p50"),
             "batch_time_p90_s": summary.get("batch_time_p90"),
-            "epoch_time_50k_s": CIFAR10_TRAIN_IMAGES / ips if ips else None, "images_per_sec": ips,
+            "train_images": images, "epoch_time_s": images / ips if ips and images else None,
+            "images_per_sec": ips,
             "images_per_sec_per_gpu": ips / r.gpus if ips else None, "speedup": None,
             "scaling_efficiency": None, "data_wait_frac": summary.get("data_wait_frac"),
             "gpu_util_mean": summary.get("gpu_util_mean"),
@@ -95,6 +106,7 @@ def fill_rows(outcomes: list[Outcome], out: Path) -> None:
             "parameters": summary.get("parameters"),
             "flops_per_image": summary.get("flops_per_image"),
             "wall_time_s": summary.get("wall_time_s"),
+            "run_time_s": o.seconds if o.status != "not run" else None,
             "profiled_steps": config.get("profile_steps"), **split_row(summary),
             "log": str(o.log.relative_to(out)) if o.log else "",
         }
@@ -102,9 +114,23 @@ def fill_rows(outcomes: list[Outcome], out: Path) -> None:
         base = baseline(outcomes, o.row["amp"])
         if base and o.row["images_per_sec"]:
             o.row["speedup"] = o.row["images_per_sec"] / base
-            # one process scales nothing: its efficiency is 100 % by definition, whatever its speed
-            gpus = o.run.gpus
-            o.row["scaling_efficiency"] = o.row["speedup"] / gpus if gpus > 1 else 1.0
+            # on one GPU too: data_parallel at 1.36× one GPU's speed is 136 % efficient
+            o.row["scaling_efficiency"] = o.row["speedup"] / o.run.gpus
+
+
+def train_images(config: dict) -> int | None:
+    """The images of the training set a run's results.json config names, one epoch of which the
+    table's epoch column times: --synthetic_size for the synthetic set, CIFAR-10's and MNIST's
+    own, an image folder's train/ images (None where it can no longer be listed)."""
+    cfg = run_config(config)
+    if cfg.dataset == "synthetic":
+        return cfg.synthetic_size
+    if cfg.dataset == "imagefolder":
+        try:
+            return image_folder(cfg.data_dir).images["train"]
+        except UsageError:
+            return None
+    return TRAIN_IMAGES.get(cfg.dataset)
 
 
 def split_row(summary: dict) -> dict:
@@ -171,10 +197,13 @@ def fmt_flops(flops: float) -> str:
 
 
 def baseline(outcomes: list[Outcome], amp) -> float | None:
-    """Mean images/s of the successful single_gpu runs with this --amp."""
-    values = [o.row["images_per_sec"] for o in outcomes
-              if o.run.mode == "single_gpu" and o.row["amp"] == amp and o.row["images_per_sec"]]
-    return statistics.fmean(values) if values else None
+    """single_gpu's images/s with this --amp, as its table row has it: the global batch ÷ the
+    mean step of its successful runs (not the mean of each run's images/s)."""
+    rows = [o.row for o in outcomes
+            if o.run.mode == "single_gpu" and o.row["amp"] == amp and o.row["images_per_sec"]]
+    if not rows:
+        return None
+    return rows[0]["global_batch"] / statistics.fmean(row["step_time_mean_s"] for row in rows)
 
 
 def write_csv(outcomes: list[Outcome], path: Path) -> None:
@@ -220,15 +249,40 @@ def groups(outcomes: list[Outcome]) -> list[list[Outcome]]:
     return list(by_setting.values())
 
 
-# each column one statistic, named: a step is the mean of the timed steps, and so are the figures
-# made from it
-TABLE_HEADER = ("| mode | GPUs | backend | amp | global batch | per-GPU batch | step, ms (mean "
-                "of timed steps) | epoch of 50k, s (at that step) | images/s (global batch ÷ "
-                "step) | speedup (÷ single_gpu's images/s) | scaling efficiency (speedup ÷ GPUs; "
-                "1 GPU: 100 %) | data wait (share of timed steps) | GPU util (mean) | peak mem GB "
-                "per GPU, allocated (reserved) | MFU (timed steps) | test acc | runs |")
-TABLE_NOTE = ("Each cell is the mean ± std, over the configuration's runs (`--repeat`), of each "
-              "run's own figure; a run's figures are from its timed steps, after `--warmup_steps`.")
+def fine_digits(value: float) -> int:
+    """Decimals for a step in ms or an epoch in s, three figures or more ('402.3', '78.4', '6.84',
+    '0.684'): the images/s beside a step, the global batch ÷ that step, can be checked from it."""
+    return 1 if value >= 10 else 2 if value >= 1 else 3
+
+
+def fmt_spread(mean: float, std: float, digits: int, runs: int, unit: str = "") -> str:
+    """A configuration's figure as the table shows it: 'mean ± std', the std with more than one
+    run only."""
+    text = f"{mean:,.{digits}f}"
+    if runs > 1:
+        text += f" ± {std:,.{digits}f}"
+    return text + unit
+
+
+def table_header(outcomes: list[Outcome]) -> str:
+    """The results table's header, each column's statistic named: the step is the mean of the
+    timed steps, and the figures made from it say so; the epoch is of the runs' own training
+    set, its images counted in the header."""
+    counts = {o.row["train_images"] for o in outcomes if o.row.get("train_images")}
+    epoch = (f"epoch of {next(iter(counts)):,} images, s" if len(counts) == 1 else
+             "epoch of the run's training set, s")
+    return ("| mode | GPUs | backend | amp | global batch | per-GPU batch | step, ms (mean of "
+            f"timed steps) | {epoch} (at that step) | images/s (global batch ÷ that step) | "
+            "speedup (÷ single_gpu's images/s) | scaling efficiency (speedup ÷ GPUs) | data wait "
+            "(share of timed steps) | GPU util (mean) | peak mem GB per GPU, allocated (reserved) "
+            "| MFU (timed steps) | test acc | run time, s (each run, start to end) | runs |")
+
+
+TABLE_NOTE = ("Each cell is the mean ± std over the configuration's runs (`--repeat`). The step "
+              "is each run's mean of its timed steps (after `--warmup_steps`), averaged over the "
+              "runs; the epoch, images/s, speedup and scaling efficiency are that step seen other "
+              "ways, their ± the step's std as the same share of the figure. The other columns "
+              "are each run's own figure, averaged.")
 
 
 # what each --amp runs as: every mode casts under torch.autocast (fsdp too,
@@ -238,23 +292,44 @@ AMP_CELLS = {"bf16": "bf16 autocast", "fp16": "fp16 autocast + GradScaler", "off
 RESHARD_CELLS = {True: ", reshard", False: ", no reshard", None: ""}
 
 
-def memory_cell(row: dict) -> str:
-    """Each GPU's peak memory, `allocated (reserved)` in GB, the GPUs separated by slashes:
-    the tensors' high-water mark, and the caching allocator's, which alone shows what CUDA
-    graphs hold in their private pools."""
-    allocated = (row["peak_mem_gb_per_gpu"] or "").split()
-    reserved = (row.get("peak_mem_reserved_gb_per_gpu") or "").split()
+def memory_per_gpu_gb(rows: list[dict], key: str = "peak_mem_gb_per_gpu") -> list[list[float]]:
+    """Each GPU's peak memory in GB (`key`: allocated, or peak_mem_reserved_gb_per_gpu) in each
+    of the runs' rows that recorded it: [[run 1's GPU 0, GPU 1, ...], ...]."""
+    per_run = [[float(gb) for gb in (row.get(key) or "").split()] for row in rows]
+    return [gbs for gbs in per_run if gbs]
+
+
+def memory_cell(rows: list[dict]) -> str:
+    """Each GPU's peak memory over the configuration's runs, `allocated (reserved)` in GB, the
+    GPUs separated by slashes: the tensors' high-water mark, ± its std over the runs where that
+    shows at two decimals (memory_per_gpu.png's error bar), and the caching allocator's, which
+    alone shows what CUDA graphs hold in their private pools."""
+    allocated = memory_per_gpu_gb(rows)
+    reserved = memory_per_gpu_gb(rows, "peak_mem_reserved_gb_per_gpu")
     if not allocated:
         return "—"
-    if len(reserved) != len(allocated):  # results written before reserved memory was recorded
-        return " / ".join(f"{float(a):.2f}" for a in allocated)
-    return " / ".join(f"{float(a):.2f} ({float(r):.2f})" for a, r in zip(allocated, reserved))
+    cells = []
+    for gpu in range(len(allocated[0])):
+        values = [gbs[gpu] for gbs in allocated if len(gbs) > gpu]
+        std = statistics.stdev(values) if len(values) > 1 else 0.0
+        cell = f"{statistics.fmean(values):.2f}" + (f" ± {std:.2f}" if std >= 0.005 else "")
+        held = [gbs[gpu] for gbs in reserved if len(gbs) > gpu]
+        # results written before reserved memory was recorded have none
+        if len(reserved) == len(allocated) and len(held) == len(values):
+            cell += f" ({statistics.fmean(held):.2f})"
+        cells.append(cell)
+    return " / ".join(cells)
 
 
-def table_row(group: list[Outcome]) -> str:
+def table_row(group: list[Outcome], outcomes: list[Outcome]) -> str:
+    """A configuration's row of the results table: its speed from its Measured (`outcomes`: the
+    whole comparison, for single_gpu's images/s), the rest each run's own figure averaged."""
     run, ok = group[0].run, [o.row for o in group if o.status == "ok"]
     col = lambda key: [r[key] for r in ok]  # noqa: E731
-    memory = memory_cell(ok[0]) if ok else "—"
+    memory = memory_cell(ok) if ok else "—"
+    m = next((m for m in measured(outcomes) if m.run.setting == run.setting), None)
+    speed = ([m.step_cell(), m.epoch_cell(), m.speed(), m.speedup_cell(), m.efficiency_cell()]
+             if m else ["—"] * 5)
     backend = ((run.backend or "") + (" + SyncBN" if run.sync_bn else "")
                + RESHARD_CELLS[run.reshard_after_forward])
     amp = (ok[0]["amp"] if ok else group[0].row["amp"]) or "default"
@@ -266,21 +341,11 @@ def table_row(group: list[Outcome]) -> str:
         count = sum(o.status == status for o in group)
         runs += f", **{count} {status}**" if count else ""
     cells = [run.mode, str(run.gpus), backend or "—", amp, str(group[0].row["global_batch"] or "—"),
-             str(group[0].row["per_gpu_batch"] or "—"), spread(col("step_time_mean_s"), 1, 1000),
-             spread(col("epoch_time_50k_s"), 1), spread(col("images_per_sec"), 0),
-             spread(col("speedup"), 2, unit="×"), efficiency_cell(run, col("scaling_efficiency")),
+             str(group[0].row["per_gpu_batch"] or "—"), *speed,
              spread(col("data_wait_frac"), 1, 100, " %"),
              spread(col("gpu_util_mean"), 0, 1, " %"), memory, spread(col("mfu"), 1, 100, " %"),
-             spread(col("test_acc"), 2, 100, " %"), runs]
+             spread(col("test_acc"), 2, 100, " %"), spread(col("run_time_s"), 1), runs]
     return "| " + " | ".join(cells) + " |"
-
-
-def efficiency_cell(run: PlannedRun, efficiencies: list) -> str:
-    """The scaling efficiency cell: mean ± std over the runs; one process's is 100 % by definition
-    (fill_rows), with no spread to show."""
-    if run.gpus == 1 and any(e is not None for e in efficiencies):
-        return "100 %"
-    return spread(efficiencies, 0, 100, " %")
 
 
 # --- report.md: what the table says ---------------------------------------------------------------
@@ -292,29 +357,52 @@ PARALLEL_MODES = ("data_parallel", "dist_parallel", "fsdp")
 
 @dataclass
 class Measured:
-    """A configuration as its table row sums it up: its successful runs that
-    timed steps (their CSV rows)."""
+    """A configuration as its table row sums it up: its successful runs that timed steps (their
+    CSV rows) and single_gpu's images/s with the same --amp (`base`; None: not measured). Every
+    figure of its speed is made from one statistic, its step (step_s, ± step_std_s): the table's
+    cells, the sentences and the pictures all read them here."""
     run: PlannedRun  # the configuration's first run
     rows: list[dict]
+    base: float | None = None
 
     def mean(self, key: str) -> float | None:
         values = [row[key] for row in self.rows if row[key] is not None]
         return statistics.fmean(values) if values else None
 
     @property
-    def images_per_sec(self) -> float:
-        return self.mean("images_per_sec")
-
-    @property
-    def step_s(self) -> float | None:
-        """The mean of the timed steps (the table's step column), averaged over the runs."""
+    def step_s(self) -> float:
+        """The mean of the timed steps (each run's), averaged over the runs: the table's step."""
         return self.mean("step_time_mean_s")
 
     @property
+    def step_std_s(self) -> float:
+        """The sample standard deviation of the runs' steps (0 with one run)."""
+        steps = [row["step_time_mean_s"] for row in self.rows]
+        return statistics.stdev(steps) if len(steps) > 1 else 0.0
+
+    @property
+    def share(self) -> float:
+        """The step's std as a share of the step: the same share of every figure made from it."""
+        return self.step_std_s / self.step_s
+
+    @property
+    def images_per_sec(self) -> float:
+        """The global batch ÷ the step (not the mean of each run's images/s)."""
+        return self.rows[0]["global_batch"] / self.step_s
+
+    @property
     def images_per_sec_std(self) -> float:
-        """The sample standard deviation of images/s over the runs (0 with one run)."""
-        values = [row["images_per_sec"] for row in self.rows]
-        return statistics.stdev(values) if len(values) > 1 else 0.0
+        return self.images_per_sec * self.share
+
+    @property
+    def speedup(self) -> float | None:
+        """Its images/s ÷ single_gpu's (the same --amp); None where single_gpu timed no step."""
+        return self.images_per_sec / self.base if self.base else None
+
+    @property
+    def efficiency(self) -> float | None:
+        """The speedup ÷ the GPUs used: on one GPU what its speedup says."""
+        return self.speedup / self.run.gpus if self.base else None
 
     @property
     def amp(self) -> str | None:
@@ -326,17 +414,38 @@ class Measured:
 
     @property
     def low(self) -> float:
-        """The bottom of the configuration's range of images/s: mean − std over its runs, as the
-        table shows it."""
+        """The bottom of the configuration's range of images/s: mean − std, as the table shows
+        it."""
         return self.images_per_sec - self.images_per_sec_std
 
     @property
     def high(self) -> float:
         return self.images_per_sec + self.images_per_sec_std
 
+    def cell(self, value: float, digits: int, unit: str = "") -> str:
+        """A figure made from the step, ± the step's share of it."""
+        return fmt_spread(value, value * self.share, digits, len(self.rows), unit)
+
     def speed(self) -> str:
         """Its images/s as the table's cell has it: '1,200 ± 50'."""
-        return spread([row["images_per_sec"] for row in self.rows], 0)
+        return self.cell(self.images_per_sec, 0)
+
+    def step_cell(self) -> str:
+        ms = 1000 * self.step_s
+        return fmt_spread(ms, 1000 * self.step_std_s, fine_digits(ms), len(self.rows))
+
+    def epoch_cell(self) -> str:
+        images = self.rows[0]["train_images"]
+        if not images:
+            return "—"
+        epoch = images / self.images_per_sec
+        return self.cell(epoch, fine_digits(epoch))
+
+    def speedup_cell(self) -> str:
+        return self.cell(self.speedup, 2, "×") if self.base else "—"
+
+    def efficiency_cell(self) -> str:
+        return self.cell(100 * self.efficiency, 0, " %") if self.base else "—"
 
     def name(self, count: bool = True) -> str:
         """The configuration in a sentence, as PlannedRun.describe() has it: 'dist_parallel on 2
@@ -349,12 +458,13 @@ class Measured:
 
 
 def measured(outcomes: list[Outcome]) -> list[Measured]:
-    """The configurations with a timed step, in the table's order."""
+    """The configurations with a timed step, in the table's order, each with single_gpu's
+    images/s (baseline) beside it."""
     timed = []
     for group in groups(outcomes):
         rows = [o.row for o in group if o.status == "ok" and o.row["images_per_sec"] is not None]
         if rows:
-            timed.append(Measured(group[0].run, rows))
+            timed.append(Measured(group[0].run, rows, baseline(outcomes, rows[0]["amp"])))
     return timed
 
 
@@ -369,16 +479,17 @@ def findings(outcomes: list[Outcome], cores: Cores | None = None) -> list[str]:
     """What the table says, as a list of sentences computed from its figures: runs with more
     processes than cores (their figures measure contention), whether the fastest configuration can
     be told apart from the rest (and by how much), DataParallel on the CPU (which wraps nothing),
-    the scaling efficiency at the most GPUs run, which configurations the run-to-run spread cannot
-    tell apart, and the runs that failed and why (each with its log). `cores`: the CPU cores the
-    runs shared (None: not known, nothing said of them)."""
+    the difference this run can resolve (noise_line), the parallel configurations no faster than
+    one GPU (no_gain_line), the scaling efficiency at the most GPUs run, which configurations the
+    run-to-run spread cannot tell apart, and the runs that failed and why (each with its log).
+    `cores`: the CPU cores the runs shared (None: not known, nothing said of them)."""
     timed = measured(outcomes)
     crowded = oversubscription_line(outcomes, cores)
     if not timed:
         nothing = "- **No run timed a step**, so there is nothing to compare."
         return [line for line in (crowded, nothing) if line] + failures(outcomes)
-    lines = [crowded, verdict_line(timed), wraps_nothing_line(timed), scaling_line(timed, cores),
-             spread_line(timed)]
+    lines = [crowded, verdict_line(timed), wraps_nothing_line(timed), noise_line(timed),
+             no_gain_line(timed), scaling_line(timed, cores), spread_line(timed)]
     return [line for line in lines if line] + failures(outcomes)
 
 
@@ -446,12 +557,13 @@ def verdict_line(timed: list[Measured]) -> str:
         return (f"- {which} measures no run-to-run spread, so no difference between them is shown "
                 "to be more than noise (`--repeat 3` measures it). Images/s in their runs, fastest "
                 f"first: {figures}.")
-    runs = run_counts(ranked)
-    tied = [first, *[m for m in ranked[1:] if overlap(first, m)]]
+    runs, floor = run_counts(ranked), noise_floor(timed)
+    tied = [first, *[m for m in ranked[1:] if ties(first, m, floor)]]
     if len(tied) > 1:
         figures = "; ".join(f"{m.name()} {m.speed()}" for m in tied)
+        within = f" or lie within the {fmt_percent(floor[0])} noise floor" if floor else ""
         return (f"- **{listed([m.name() for m in tied])} cannot be told apart:** their images/s "
-                f"(mean ± std over {runs} runs) overlap: {figures}.")
+                f"(mean ± std over {runs} runs) overlap{within}: {figures}.")
     second = ranked[1]
     text = (f"- **Fastest: {first.name()}**, {first.speed()} images/s: "
             f"{first.images_per_sec / second.images_per_sec:.2f}× the next fastest, "
@@ -461,6 +573,8 @@ def verdict_line(timed: list[Measured]) -> str:
         text += (f", and {first.images_per_sec / single.images_per_sec:.2f}× {single.name()} at "
                  f"{single.speed()} (the speedup column)")
     text += f"; its range (mean ± std over {runs} runs) lies above every other's"
+    if floor:
+        text += f", by more than the {fmt_percent(floor[0])} noise floor"
     if first.run.mode == "single_gpu":
         return text + f": no parallel mode beat one {UNITS[first.run.unit][0]} here."
     return text + "."
@@ -494,8 +608,7 @@ def scaling_line(timed: list[Measured], cores: Cores | None = None) -> str | Non
     at_most = [m for m in timed if m.run.gpus == most]
     unit, units = UNITS[at_most[0].run.unit]
     text = f"- **Scaling at {most} {units}**, the most run: "
-    known = [(m, m.mean("scaling_efficiency")) for m in at_most
-             if m.mean("scaling_efficiency") is not None]
+    known = [(m, m.efficiency) for m in at_most if m.efficiency is not None]
     if not known:
         return (text + "no single_gpu run with the same `--amp` timed a step, so there is no "
                 "scaling efficiency.")
@@ -542,6 +655,95 @@ def overlap(a: Measured, b: Measured) -> bool:
     return a.low <= b.high and b.low <= a.high
 
 
+def ties(a: Measured, b: Measured, floor: tuple | None) -> bool:
+    """Whether two configurations cannot be told apart: their ranges overlap, or their images/s
+    differ by no more than the noise floor (noise_floor; None: not measured). The verdict, the
+    no-gain line and the recommendation judge by it."""
+    apart = max(a.images_per_sec, b.images_per_sec) / min(a.images_per_sec, b.images_per_sec)
+    return overlap(a, b) or (floor is not None and apart - 1 <= floor[0])
+
+
+def same_computation(timed: list[Measured]) -> list[tuple[Measured, Measured]]:
+    """The pairs of configurations that do the same computation: single_gpu and data_parallel on
+    one GPU (nn.DataParallel on one device calls the model itself), or on the CPU (where it always
+    does), with the same --amp and global batch. What they measured apart is noise."""
+    pairs = []
+    for single in (m for m in timed if m.run.mode == "single_gpu"):
+        pairs += [(single, m) for m in timed
+                  if m.run.mode == "data_parallel" and (m.run.gpus == 1 or m.run.unit == "cpu")
+                  and m.amp == single.amp and m.rows[0]["global_batch"] ==
+                  single.rows[0]["global_batch"]]
+    return pairs
+
+
+def noise_floor(timed: list[Measured]) -> tuple[float, Measured, Measured] | None:
+    """The difference between configurations that this run cannot resolve, where two of them did
+    the same computation (same_computation): the share by which their images/s differ (the
+    faster ÷ the slower, less 1), with the pair; the widest such gap where there are several.
+    None where no such pair was measured."""
+    gaps = [(max(a.images_per_sec, b.images_per_sec) / min(a.images_per_sec, b.images_per_sec)
+             - 1, a, b) for a, b in same_computation(timed)]
+    return max(gaps, key=lambda gap: gap[0]) if gaps else None
+
+
+def noise_line(timed: list[Measured]) -> str | None:
+    """The difference this run can resolve, stated where it was measured: the gap between two
+    configurations that did the same computation (noise_floor), and the spread of the repeats
+    (each configuration's std over its runs, as a share of its images/s). None where neither was
+    measured (one run each, no such pair: the verdict says so)."""
+    floor = noise_floor(timed)
+    repeated = [m for m in timed if len(m.rows) > 1]
+    widest = max(repeated, key=lambda m: m.share) if repeated else None
+    spread_text = (f"up to {fmt_percent(widest.share)} of a configuration's images/s (the std over "
+                   f"its {run_counts(repeated)} runs, {widest.name()}'s)" if widest else "")
+    if floor is None:
+        if widest is None:
+            return None
+        return (f"- **Noise floor: the spread of the repeats,** {spread_text}: configurations "
+                "whose ranges (mean ± std) overlap are not told apart here.")
+    share, a, b = floor
+    why = ("nn.DataParallel without GPUs calls the model itself" if b.run.unit == "cpu" else
+           "nn.DataParallel on one GPU moves the batch onto it and calls the model itself")
+    runs = ("The repeats vary too: " + spread_text + "." if widest else
+            "One run each: `--repeat 3` measures the spread of the repeats too.")
+    return (f"- **Noise floor: {fmt_percent(share)}.** {a.name()} and {b.name()} do the same "
+            f"computation ({why}), yet measured {a.speed()} and {b.speed()} images/s, "
+            f"{fmt_percent(share)} apart: differences of less than {fmt_percent(share)} between "
+            "configurations are not shown to be more than noise here, and the sentences and the "
+            f"recommendation judge so. {runs}")
+
+
+def no_gain(timed: list[Measured], floor: tuple | None) -> list[tuple[Measured, str]]:
+    """The parallel configurations no faster than single_gpu (the same --amp), with why: their
+    range of speedup includes 1×, or overlaps single_gpu's, or lies within the noise floor (ties).
+    Judged only where it can be: both repeated, or a noise floor measured."""
+    found = []
+    for m in contenders(timed):
+        single = next((s for s in timed if s.run.mode == "single_gpu" and s.amp == m.amp), None)
+        if m.run.mode == "single_gpu" or single is None or not ties(m, single, floor):
+            continue
+        if (len(m.rows) < 2 or len(single.rows) < 2) and floor is None:
+            continue
+        if len(m.rows) > 1 and abs(m.speedup - 1) <= m.speedup * m.share:
+            why = "its range includes 1× single_gpu's"
+        elif overlap(m, single):
+            why = f"its range overlaps single_gpu's {single.speedup_cell()}"
+        else:
+            why = f"within the {fmt_percent(floor[0])} noise floor of 1×"
+        found.append((m, why))
+    return found
+
+
+def no_gain_line(timed: list[Measured]) -> str | None:
+    """The parallel configurations no faster than one GPU (no_gain), named as such."""
+    found = no_gain(timed, noise_floor(timed))
+    if not found:
+        return None
+    unit = UNITS[found[0][0].run.unit][0]
+    named = "; ".join(f"{m.name()} at {m.speedup_cell()} one {unit} ({why})" for m, why in found)
+    return (f"- **No gain:** {named}: no faster than one {unit}, as far as this run can tell.")
+
+
 # --- report.md: where a step goes --------------------------------------------------------------
 
 PART_NAMES = {"compute_ms": "compute", "comm_exposed_ms": "exposed communication",
@@ -565,6 +767,11 @@ class Split:
     runs: int                # the runs that recorded a split
     work: dict[int, float]   # rank -> its step less its exposed communication (time not waiting)
     profiled_steps: int | None
+
+    def step_cell(self) -> str:
+        """The profiled step as the split's table shows it, and step_breakdown.png at its bar's
+        end, with its error bar: '43.6 ± 2.1', mean ± std over the runs."""
+        return fmt_spread(self.step_ms, self.step_std_ms, 1, self.runs)
 
     @property
     def slowest(self) -> int:
@@ -599,7 +806,8 @@ def step_split(m: Measured) -> Split | None:
                  profiled_steps=rows[0].get("profiled_steps"))
 
 
-SPLIT_HEADER = ("| configuration | step, ms (mean of timed steps, as above) | profiled step, ms | "
+SPLIT_HEADER = ("| configuration | step, ms (mean of timed steps, as above) | profiled step, ms "
+                "(mean ± std over the runs) | "
                 "compute | communication exposed | data | optimizer | other | communication "
                 "hidden behind compute (not added) | slowest rank: work, ms (least) |")
 
@@ -631,14 +839,14 @@ def breakdown_section(outcomes: list[Outcome], profiling: int | None) -> list[st
         "|" + "---|" * SPLIT_HEADER.count(" | ") + "---|",
     ]
     for m, split in splits:
-        timed_step = spread([row["step_time_mean_s"] for row in m.rows], 1, 1000)
+        timed_step = m.step_cell()
         if split is None:
             lines.append(f"| {m.name()} | {timed_step} | not recorded | | | | | | | |")
             continue
         parts = [f"{split.parts[part]:.1f}" for part in SPLIT_PARTS]
         slowest = (f"rank {split.slowest}: {split.work[split.slowest]:.1f} (rank {split.least}: "
                    f"{split.work[split.least]:.1f})" if len(split.work) > 1 else "—")
-        lines.append(f"| {m.name()} | {timed_step} | {split.step_ms:.1f} | " + " | ".join(parts)
+        lines.append(f"| {m.name()} | {timed_step} | {split.step_cell()} | " + " | ".join(parts)
                      + f" | {split.hidden_ms:.1f} | {slowest} |")
     sentences = [split_line(m, split, timed) for m, split in splits
                  if split and m in compared(timed)]
@@ -760,32 +968,54 @@ WHY_DDP = ("DDP is the default where modes tie: PyTorch recommends it over DataP
 
 def recommendation(outcomes: list[Outcome], memory: dict) -> str:
     """The report's `Recommendation:` line: the mode to use on this machine for this model, and why,
-    from the table's figures (images/s and speedup, mean ± std over the repeats; two configurations
-    told apart only where their images/s ranges, mean ± std, do not overlap, as the verdict judges:
-    `overlap`; data_parallel on the CPU, which wraps nothing, not among them: `contenders`) and the
-    model state each mode needs per GPU (memory_projection's arithmetic). The rules, in order:
+    from the table's figures (images/s and speedup as Measured has them; two configurations told
+    apart only where their images/s ranges, mean ± std, do not overlap and differ by more than the
+    noise floor, as the verdict judges: `ties`; data_parallel on the CPU, which wraps nothing, not
+    among them: `contenders`) and the model state each mode needs per GPU (memory_projection's
+    arithmetic). A mode that was run and timed no step (failed, stopped, not reached: lost_mode)
+    is never recommended, and is named for what happened to it. The rules, in order:
 
     1. Memory: where DDP's model state outgrows one GPU (the projection), or a dist_parallel run
        ran out of memory, fsdp, on the fewest GPUs that hold the state; none of these modes where
-       FSDP does not hold it on 64 GPUs.
+       FSDP does not hold it on 64 GPUs, or where fsdp was run and failed.
     2. No configuration timed a step: nothing to choose by.
     3. A configuration with one run: no spread was measured, so no mode is shown faster:
        dist_parallel, the default (WHY_DDP).
     4. The fastest configuration's range above every other's: its mode. data_parallel is
        recommended over dist_parallel only so, on measured cause; dist_parallel that was not run
        is still the default.
-    5. Otherwise the modes whose ranges overlap the fastest's tie: the first of them in
-       PREFERENCE (dist_parallel where it is among them, data_parallel only where it ties with
-       nothing else), the rest named.
-    On the CPU, a sentence on what CPU processes standing in for GPUs can and cannot tell."""
+    5. Otherwise the modes that tie with the fastest: the first of them in PREFERENCE
+       (dist_parallel where it is among them, data_parallel only where it ties with nothing
+       else), the rest named.
+    Where dist_parallel was run and timed no step, rules 3 to 5 choose among the modes measured,
+    in PREFERENCE. A parallel mode recommended whose every configuration showed no gain over one
+    GPU (no_gain) says so; one some of whose runs failed says how many. On the CPU, a sentence on
+    what CPU processes standing in for GPUs can and cannot tell."""
     timed, unit = measured(outcomes), UNITS[outcomes[0].run.unit]
-    text = memory_choice(outcomes, memory, unit) or speed_choice(timed, memory, unit)
+    text = (memory_choice(outcomes, memory, unit)
+            or speed_choice(timed, memory, unit, outcomes))
     if outcomes[0].run.unit == "cpu":
         text += (" On this CPU-only machine each \"GPU\" is a CPU process with one thread: its "
                  "figures show the modes' mechanics (processes over gloo, the split batch, each "
                  "wrapper's own cost), not what GPUs would gain, nor NCCL, nor GPU memory "
                  "(projected, not measured); run compare.py on GPUs to choose for them.")
     return "Recommendation: " + text
+
+
+def lost_mode(outcomes: list[Outcome], mode: str) -> str | None:
+    """Why `mode`, which the comparison ran, timed no step: 'dist_parallel (DDP) failed here
+    (`03-dist_parallel-2gpu-nccl-r1`: exit status 1: ...; its log `logs/...`)', or was stopped,
+    was not run (compare.py stopped first), timed no step; None where it timed a step, or was not
+    among the modes run."""
+    runs = [o for o in outcomes if o.run.mode == mode]
+    if not runs or any(o.status == "ok" and o.row["images_per_sec"] is not None for o in runs):
+        return None
+    first = next((o for o in runs if o.status != "ok"), runs[0])
+    how = {"failed": "failed", "interrupted": "was stopped", "not run": "was not run",
+           "ok": "timed no step"}[first.status]
+    error = first.error or "it ended within its --warmup_steps"
+    log = f"; its log `{first.row['log']}`" if first.row.get("log") else ""
+    return f"{MODE_NAMES[mode]} {how} here (`{first.run.name}`: {error}{log})"
 
 
 def state_per_gpu(memory: dict, gpus: int, mode: str, reshard: bool = True) -> float:
@@ -800,9 +1030,16 @@ def capacity_text(memory: dict) -> str:
     return f"{'an assumed' if memory['assumed'] else 'its'} {fmt_bytes(memory['gpu_bytes'])}"
 
 
+# what projection.md counts as the model state, named alike there and here
+STATE_PARTS = "weights, gradients and optimizer state"
+
+
 def fits_text(memory: dict) -> str:
-    return ("the model's state fits one GPU under DDP "
-            f"({fmt_bytes(state_per_gpu(memory, 1, 'dist_parallel'))} of {capacity_text(memory)})")
+    """The model state under DDP on one GPU, named as projection.md names it."""
+    assumed = " (assumed: no GPU here)" if memory["assumed"] else ""
+    return (f"the model state under DDP, {fmt_bytes(state_per_gpu(memory, 1, 'dist_parallel'))} "
+            f"per GPU ({STATE_PARTS}; projection.md), fits one GPU of "
+            f"{fmt_bytes(memory['gpu_bytes'])}{assumed}")
 
 
 def memory_choice(outcomes: list[Outcome], memory: dict, unit: tuple[str, str]) -> str | None:
@@ -815,20 +1052,29 @@ def memory_choice(outcomes: list[Outcome], memory: dict, unit: tuple[str, str]) 
     if ddp <= memory["gpu_bytes"] and not ran_out:
         return None
     fsdp = measured([o for o in outcomes if o.run.mode == "fsdp"])
+    lost = lost_mode(outcomes, "fsdp")
     if ran_out:
+        why = (f"dist_parallel ran out of memory (`{ran_out[0].run.name}`, its log in "
+               f"`{ran_out[0].row.get('log') or 'logs/'}`)")
+        if lost:
+            return (f"none of the modes run here: {why}, and {lost}: see what stopped it in its "
+                    "log, and run compare.py again.")
         where = (f"fsdp ran ({fsdp[0].name()}, {fsdp[0].images_per_sec:,.0f} images/s)" if fsdp else
                  "fsdp shards the model state over the GPUs: add it to --modes")
-        return (f"fsdp (FSDP2): dist_parallel ran out of memory (`{ran_out[0].run.name}`, its log "
-                f"in `{ran_out[0].row.get('log') or 'logs/'}`) and {where}.")
+        return f"fsdp (FSDP2): {why} and {where}."
     gpus = memory["runs_fsdp_gpus"][True]
-    need = (f"under DDP each GPU would need {fmt_bytes(ddp)} for the model state alone (weights, "
-            f"gradients and optimizer state), more than {capacity_text(memory)}")
+    need = (f"under DDP each GPU would need {fmt_bytes(ddp)} for the model state alone "
+            f"({STATE_PARTS}), more than {capacity_text(memory)}")
     if gpus is None:
         most = MEMORY_GPU_COUNTS[-1]
         return (f"none of these modes: {need}, and FSDP on {most} GPUs still "
                 f"{fmt_bytes(state_per_gpu(memory, most, 'fsdp'))} each (projection.md); a smaller "
                 "model, or a parallelism this suite does not have (tensor, pipeline).")
     each = fmt_bytes(state_per_gpu(memory, gpus, "fsdp"))
+    if lost:
+        return (f"none of the modes run here: {need}; FSDP would hold it on {gpus} GPUs or more "
+                f"({each} each), but {lost}: see what stopped it in its log, and run compare.py "
+                "again.")
     return (f"fsdp (FSDP2): {need}; FSDP holds it on {gpus} GPUs or more ({each} each, resharding "
             "after forward), activations on top (projection.md).")
 
@@ -836,68 +1082,113 @@ def memory_choice(outcomes: list[Outcome], memory: dict, unit: tuple[str, str]) 
 def speed_text(m: Measured, unit: tuple[str, str]) -> str:
     """A configuration's speed as the table has it: its speedup over one GPU,
     else its images/s (mean ± std)."""
-    speedups = [row["speedup"] for row in m.rows if row["speedup"] is not None]
-    if speedups and m.run.mode != "single_gpu":
-        return f"{spread(speedups, 2, unit='×')} one {unit[0]}"
-    return f"{spread([row['images_per_sec'] for row in m.rows], 0)} images/s"
+    if m.speedup is not None and m.run.mode != "single_gpu":
+        return f"{m.speedup_cell()} one {unit[0]}"
+    return f"{m.speed()} images/s"
 
 
-def speed_choice(timed: list[Measured], memory: dict, unit: tuple[str, str]) -> str:
+def caveats(mode: str, timed: list[Measured], outcomes: list[Outcome], floor,
+            unit: tuple[str, str]) -> str:
+    """What the recommendation adds of the mode it chose: that none of its configurations gained
+    over one GPU (no_gain), and how many of its runs did not succeed."""
+    text = ""
+    ones = [m for m in timed if m.run.mode == mode]
+    lacking = [(m, why) for m, why in no_gain(timed, floor) if m.run.mode == mode]
+    if mode != "single_gpu" and ones and len(lacking) == len(ones):
+        named = "; ".join(f"{m.name()} at {speed_text(m, unit)} ({why})" for m, why in lacking)
+        text += f" No gain over one {unit[0]} was measured here: {named}."
+    runs = [o for o in outcomes if o.run.mode == mode]
+    failed = [o for o in runs if o.status != "ok"]
+    if failed:
+        text += (f" {len(failed)} of its {len(runs)} runs did not succeed "
+                 f"({listed([f'`{o.run.name}`' for o in failed])}: below).")
+    return text
+
+
+def speed_choice(timed: list[Measured], memory: dict, unit: tuple[str, str],
+                 outcomes: list[Outcome]) -> str:
     """Rules 2 to 5 of recommendation(), the model state fitting one GPU under DDP."""
+    text, mode = speed_rules(timed, memory, unit, outcomes)
+    return text + (caveats(mode, timed, outcomes, noise_floor(timed), unit) if mode else "")
+
+
+def speed_rules(timed: list[Measured], memory: dict, unit: tuple[str, str],
+                outcomes: list[Outcome]) -> tuple[str, str | None]:
+    """Rules 2 to 5 of recommendation(): the text, and the mode it recommends (None: none)."""
     if not timed:
         return ("none: no run timed a step, so nothing was measured to choose by (the failed "
-                "runs are listed below).")
+                "runs are listed below).", None)
     fits = fits_text(memory)
     ranked = contenders(timed)  # data_parallel on the CPU is single_gpu's computation
+    lost = lost_mode(outcomes, "dist_parallel")
     if not ranked:
+        if lost:
+            return (f"none: {fits}, but only data_parallel on the CPU timed a step, which is "
+                    f"single_gpu's computation there, and {lost}.", None)
         return (f"dist_parallel (DDP), not run here (add it to --modes): {fits}; only "
                 "data_parallel on the CPU timed a step, which is single_gpu's computation there, "
-                f"and {WHY_DDP}.")
+                f"and {WHY_DDP}.", "dist_parallel")
     best, others = ranked[0], ranked[1:]
     ddp = next((m for m in ranked if m.run.mode == "dist_parallel"), None)
     not_run = "" if ddp else ", not run here (add it to --modes)"
-    default = lambda why: f"dist_parallel (DDP){not_run}: {fits}; {why}, and {WHY_DDP}."  # noqa: E731
+    floor = noise_floor(timed)
+
+    def default(why: str, among: list[Measured]) -> tuple[str, str]:
+        """DDP, the default (WHY_DDP); where DDP was run and timed no step, the first mode of
+        `among` in PREFERENCE, DDP named for what happened to it."""
+        if lost is None:
+            return f"dist_parallel (DDP){not_run}: {fits}; {why}, and {WHY_DDP}.", "dist_parallel"
+        modes = {m.run.mode for m in among}
+        chosen = next(mode for mode in PREFERENCE if mode in modes)
+        return (f"{MODE_NAMES[chosen]}: {fits}; {why}; {lost}, so it is not recommended, and "
+                f"among the modes measured {chosen} comes first in the order used where modes tie "
+                "(fsdp, single_gpu, then data_parallel, which PyTorch advises against: "
+                "docs/guide.md).", chosen)
+
     if not others:
-        return default(f"only {best.name()} timed a step "
-                       f"({speed_text(best, unit)}), nothing to compare")
+        return default(f"only {best.name()} timed a step ({speed_text(best, unit)}), nothing to "
+                       "compare", ranked)
     if any(len(m.rows) < 2 for m in ranked):
         return default("one run per configuration measures no spread, so no mode is shown faster "
                        f"than another ({best.name()} was fastest in its run, "
-                       f"{speed_text(best, unit)}; `--repeat 3` measures the spread)")
-    tied = [best, *[m for m in others if overlap(best, m)]]
+                       f"{speed_text(best, unit)}; `--repeat 3` measures the spread)", ranked)
+    tied = [best, *[m for m in others if ties(best, m, floor)]]
+    within = f" by more than the {fmt_percent(floor[0])} noise floor" if floor else ""
     if len(tied) == 1:
         beyond = (f"its range (mean ± std over {len(best.rows)} runs) above every other "
-                  "configuration's")
+                  f"configuration's{within}")
         if best.run.mode == "dist_parallel":
             return (f"dist_parallel (DDP): {fits}, and DDP was fastest: {best.name()} at "
-                    f"{speed_text(best, unit)}, {beyond}.")
+                    f"{speed_text(best, unit)}, {beyond}.", "dist_parallel")
         if best.run.mode == "fsdp":
             return (f"fsdp (FSDP2): fastest, {best.name()} at {speed_text(best, unit)}, {beyond}, "
-                    f"DDP's included, though {fits}.")
+                    f"DDP's included, though {fits}.", "fsdp")
         if best.run.mode == "single_gpu":
             return ("single_gpu: faster than every parallel configuration here "
                     f"({speed_text(best, unit)}, {beyond}): for this model and batch the parallel "
                     "modes cost this machine more than they bring; with more GPUs or a larger "
-                    "batch, dist_parallel (DDP).")
+                    "batch, dist_parallel (DDP).", "single_gpu")
+        fastest = (f"data_parallel (nn.DataParallel): fastest, {best.name()} at "
+                   f"{speed_text(best, unit)}, {beyond}")
+        if lost:
+            return f"{fastest}; {lost}, so it is not recommended.", "data_parallel"
         if ddp is None:
             return default(f"data_parallel was fastest ({speed_text(best, unit)}) but "
-                           "dist_parallel was not measured beside it")
-        return (f"data_parallel (nn.DataParallel): fastest, {best.name()} at "
-                f"{speed_text(best, unit)}, {beyond}, dist_parallel's ({speed_text(ddp, unit)}) "
-                "included: the measured cause to prefer it on this machine; DDP still scales past "
-                "one node (docs/guide.md).")
+                           "dist_parallel was not measured beside it", ranked)
+        return (f"{fastest}, dist_parallel's ({speed_text(ddp, unit)}) included: the measured "
+                "cause to prefer it on this machine; DDP still scales past one node "
+                "(docs/guide.md).", "data_parallel")
     modes = [m.run.mode for m in tied]
     chosen = next(mode for mode in PREFERENCE if mode in modes)
-    if ddp is None:
-        chosen = "dist_parallel"
     ranges = "; ".join(f"{m.name()} {m.speed()}" for m in tied)
+    noise = f" or lie within the {fmt_percent(floor[0])} noise floor" if floor else ""
     tie = (f"no difference measurable between {listed([m.name() for m in tied])}: their images/s "
-           f"(mean ± std over the repeats) overlap ({ranges}), so any of them")
-    if chosen == "dist_parallel":
-        return default(tie)
+           f"(mean ± std over the repeats) overlap{noise} ({ranges}), so any of them")
+    if ddp is None or chosen == "dist_parallel":
+        return default(tie, tied)
     return (f"{MODE_NAMES[chosen]}: {tie}; dist_parallel was slower beyond the "
-            f"spread ({ddp.name()} at {speed_text(ddp, unit)}), the measured cause "
-            f"to prefer {chosen} here.")
+            f"spread{within} ({ddp.name()} at {speed_text(ddp, unit)}), the measured cause "
+            f"to prefer {chosen} here.", chosen)
 
 
 def modelled_backend(run: PlannedRun) -> bool:
@@ -1171,7 +1462,7 @@ def memory_section(memory: dict, outcomes: list[Outcome], gpu: str | None) -> li
            else f"Against a GPU of {against}. ")
         + "The model is in `comparison/projection.py`.",
         "",
-        *trivial_line(memory, shown, largest, capacity),
+        *trivial_line(memory, shown, total, capacity),
     ]
     if shown:
         lines += ["| model | parameters | per GPU | "
@@ -1193,9 +1484,16 @@ def memory_section(memory: dict, outcomes: list[Outcome], gpu: str | None) -> li
     return lines
 
 
-def trivial_line(memory: dict, shown: list, largest: dict, capacity: float) -> list[str]:
-    """What the models left out of the memory table (their state under
-    TRIVIAL_SHARE of the GPU) come to."""
+# each setting of the memory table as a sentence names it
+SETTING_NAMES = {("dist_parallel", True): "DDP", ("fsdp", True): "FSDP resharding after forward",
+                 ("fsdp", False): "FSDP without resharding"}
+
+
+def trivial_line(memory: dict, shown: list, total, capacity: float) -> list[str]:
+    """What the models left out of the memory table (their state under TRIVIAL_SHARE of the GPU)
+    come to, each figure named for what it counts: the runs' model under DDP on one GPU (the
+    figure report.md's recommendation weighs, fits_text), and the most any of them needs in any
+    setting, with the model, setting and GPU count that need it."""
     left_out = [size for size in memory["models"] if size not in shown]
     if not left_out:
         return []
@@ -1208,13 +1506,26 @@ def trivial_line(memory: dict, shown: list, largest: dict, capacity: float) -> l
     many = len(left_out) > 1
     models = (f"The models from {names[0]} to {names[1]} need" if many
               else f"The model {names[0]} needs")
-    most = max(largest[size] for size in left_out)
+    needs = [(total(size, n, mode, reshard), size, mode, reshard, n) for size in left_out
+             for _, mode, reshard in MEMORY_SETTINGS for n in MEMORY_GPU_COUNTS]
+    most, size, mode, reshard, gpus = max(needs, key=lambda need: need[0])
+    where = ((f"α={size.alpha:g} under " if many else "") + SETTING_NAMES[mode, reshard]
+             + f" on {gpus} GPU{'s' * (gpus > 1)}"
+             + (", which holds what it gathers beside its shard" if mode == "fsdp" else ""))
     them = "them" if many else "it"
-    text = (f"{models} at most {fmt_bytes(most)} of model state per GPU in any setting (DDP or "
-            f"FSDP, 1 to {MEMORY_GPU_COUNTS[-1]} GPUs), under {TRIVIAL_SHARE * 100:g} % of the "
-            f"GPU's {fmt_bytes(capacity)}: memory is no reason to shard {them}")
-    return [text + (f", and the table leaves {them} out." if shown
-                    else f", so there is no table of {them}."), ""]
+    lines = []
+    if memory["models"][0] in left_out:
+        runs = memory["models"][0]
+        model = f"α={runs_alpha:g}" if memory["sweep"] else memory["name"]
+        lines.append(f"The runs' model, {model} ({fmt_count(runs.parameters)} parameters), needs "
+                     f"{fmt_bytes(total(runs, 1, 'dist_parallel', True))} per GPU under DDP "
+                     f"({STATE_PARTS}): the figure report.md's recommendation weighs.")
+    text = (f"{models} at most {fmt_bytes(most)} per GPU in any setting, DDP or FSDP on 1 to "
+            f"{MEMORY_GPU_COUNTS[-1]} GPUs ({where}), under {TRIVIAL_SHARE * 100:g} % of the GPU's "
+            f"{fmt_bytes(capacity)}: memory is no reason to shard {them}")
+    lines.append(text + (f", and the table leaves {them} out." if shown
+                         else f", so there is no table of {them}."))
+    return [" ".join(lines), ""]
 
 
 def fit_lines(memory: dict, total, half: bool) -> list[str]:

@@ -15,6 +15,7 @@ import csv
 import json
 import re
 import shutil
+import statistics
 import textwrap
 from pathlib import Path
 
@@ -33,9 +34,10 @@ from comparison.matrix import Cores, PlannedRun, check_runs, plan
 from comparison.projection import (FABRICS, SYNC_ALLOWANCE, Fabric, ddp_buckets,
                                    exposed_communication, gradient_bytes, projected_efficiency,
                                    ring_allreduce_seconds)
-from comparison.report import (Outcome, fabric_of_runs, fill_rows, findings, fmt_bytes,
-                               fmt_count, fmt_flops, memory_cell, oversubscription_title,
-                               projection_inputs, projection_section)
+from comparison.report import (Outcome, fabric_of_runs, fill_rows, findings, fine_digits,
+                               fmt_bytes, fmt_count, fmt_flops, groups, memory_cell,
+                               oversubscription_title, projection_inputs, projection_section,
+                               table_header, table_row)
 
 # One configuration (data_parallel) is made to fail mid-run from outside, by a sitecustomize module
 # that every Python process on PYTHONPATH imports: it raises in its second loss computation.
@@ -91,12 +93,18 @@ def test_every_mode_runs_and_one_failure_is_reported_not_dropped(comparison):
 
 def test_the_report_numbers_are_the_runs_own(comparison):
     """One statistic per figure of speed, the mean of the timed steps: the table's step, its epoch
-    of 50k and its images/s are one figure seen three ways (a row cannot show the shorter step and
-    the fewer images/s), as in the CSV; the median (p50) stays in the CSV under its own name."""
+    of the runs' own training set (the CPU's 512 synthetic images) and its images/s are one figure
+    seen three ways (a row cannot show the shorter step and the fewer images/s), as in the CSV; the
+    median (p50) stays in the CSV under its own name. Efficiency is speedup ÷ processes, one
+    process's included; each run's time, start to end, is in the table and the CSV."""
     _, out = comparison
     ok = [row for row in csv_rows(out) if row["status"] == "ok"]
     single = json.loads((out / "runs" / ok[0]["run"] / "results.json").read_text())["summary"]
     report = (out / "report.md").read_text()
+    header = results_table(report)[0].strip("| ").split(" | ")
+    assert header[6:9] == ["step, ms (mean of timed steps)",
+                           "epoch of 512 images, s (at that step)",
+                           "images/s (global batch ÷ that step)"]
     for row in ok:
         results = json.loads((out / "runs" / row["run"] / "results.json").read_text())
         summary = results["summary"]
@@ -105,27 +113,31 @@ def test_the_report_numbers_are_the_runs_own(comparison):
         assert float(row["step_time_mean_s"]) == pytest.approx(32 / speed)
         assert float(row["batch_time_p50_s"]) == summary["batch_time_p50"]
         assert float(row["data_wait_frac"]) == summary["data_wait_frac"]
-        assert float(row["epoch_time_50k_s"]) == pytest.approx(50_000 / speed)
+        assert int(row["train_images"]) == results["config"]["synthetic_size"] == 512
+        assert float(row["epoch_time_s"]) == pytest.approx(512 / speed)
         speedup = speed / single["images_per_sec"]
         assert float(row["speedup"]) == pytest.approx(speedup)
         gpus = int(row["gpus"])
-        efficiency = speedup / gpus if gpus > 1 else 1.0  # one process: 100 % by definition
-        assert float(row["scaling_efficiency"]) == pytest.approx(efficiency)
+        assert float(row["scaling_efficiency"]) == pytest.approx(speedup / gpus)
         assert int(row["global_batch"]) == results["config"]["batch_size"] == 32
         # what the runs trained, its size as they counted it
         assert row["model"] == "PyramidNet-8 α=12 (basic)"
         assert int(row["parameters"]) == summary["parameters"]
         assert int(row["flops_per_image"]) == summary["flops_per_image"]
         assert int(row["per_gpu_batch"]) == 32 // gpus
+        assert float(row["run_time_s"]) > float(row["wall_time_s"]) > 0
         # the same figures, rounded, in the report's row for this configuration
         line = next(text for text in report.splitlines()
                     if text.startswith(f"| {row['mode']} | {row['gpus']} |"))
         cells = line.strip("| ").split(" | ")
-        assert cells[6:10] == [f"{32_000 / speed:,.1f}", f"{50_000 / speed:,.1f}",
-                               f"{speed:,.0f}", f"{speedup:,.2f}×"]
-    header = compare.TABLE_HEADER.strip("| ").split(" | ")
-    assert header[6:9] == ["step, ms (mean of timed steps)", "epoch of 50k, s (at that step)",
-                           "images/s (global batch ÷ step)"]
+        step_ms, epoch_s = 32_000 / speed, 512 / speed
+        figures = lambda value: f"{value:,.{fine_digits(value)}f}"  # noqa: E731
+        assert cells[6:11] == [figures(step_ms), figures(epoch_s), f"{speed:,.0f}",
+                               f"{speedup:,.2f}×", f"{100 * speedup / gpus:.0f} %"]
+        # images/s is the global batch over the step as shown, to its rounding
+        assert abs(32_000 / float(cells[6]) - speed) < 0.01 * speed
+        assert cells[header.index("run time, s (each run, start to end)")] == \
+            f"{float(row['run_time_s']):,.1f}"
     pictures = ["images_per_sec.png", "scaling_efficiency.png"]
     pictures += ["step_breakdown.png"] if compare.profiling_flag() else []
     for plot in pictures:  # drawn without the failed run
@@ -159,7 +171,7 @@ def results_table(report: str) -> list[str]:
     """The results table of report.md: its header, then a line per configuration (the lines from
     the header to the first that is not a row; the split of the step has a table of its own)."""
     lines = report.splitlines()
-    start = lines.index(compare.TABLE_HEADER)
+    start = next(i for i, line in enumerate(lines) if line.startswith("| mode | GPUs |"))
     end = next(i for i in range(start, len(lines)) if not lines[i].startswith("|"))
     return [lines[start], *lines[start + 2:end]]
 
@@ -174,7 +186,7 @@ def test_the_first_screen_holds_the_title_the_table_and_the_sentences(comparison
     _, out = comparison
     first_screen = (out / "report.md").read_text().splitlines()[:40]
     assert first_screen[0].startswith("# single_gpu, data_parallel and dist_parallel: PyramidNet-8")
-    assert compare.TABLE_HEADER in first_screen
+    assert any(line.startswith("| mode | GPUs |") for line in first_screen)
     # the header and the three configurations
     assert len(results_table("\n".join(first_screen))) == 4
     for lead in ("- **The configurations cannot be told apart: one run each**",
@@ -198,8 +210,7 @@ def test_the_first_screen_names_the_model_and_recommends_a_mode_from_the_tables_
     assert f"{fmt_flops(summary['flops_per_image'])} per image (forward and backward)" in model
     assert model.endswith("Data: synthetic, 32×32 images, 3 channels, 10 classes.")
     advice = next(line for line in report.splitlines() if line.startswith("Recommendation: "))
-    assert advice.startswith("Recommendation: dist_parallel (DDP): the model's state "
-                             "fits one GPU under DDP (")
+    assert advice.startswith("Recommendation: dist_parallel (DDP): the model state under DDP, ")
     assert ("one run per configuration measures no spread, so no mode is "
             "shown faster than another" in advice)
     table = table_figures(report)
@@ -288,11 +299,17 @@ def test_projection_md_is_a_projection_and_on_the_cpu_says_it_needs_a_gpu_step(c
 
 def test_the_memory_projection_writes_units_that_fit(comparison):
     """The runs' toy model and ones 16× wider need a sliver of a GPU: one sentence, not tables of
-    KiB; parameter counts in K, M or B."""
+    KiB; parameter counts in K, M or B. The runs' model state under DDP is report.md's figure,
+    named alike."""
     _, out = comparison
     projection = (out / "projection.md").read_text()
-    assert "| model |" not in projection and "KiB" not in projection
+    assert "| model |" not in projection
     assert "so there is no table of them" in projection
+    advice = next(line for line in (out / "report.md").read_text().splitlines()
+                  if line.startswith("Recommendation: "))
+    ddp = re.search(r"the model state under DDP, ([\d.]+ KiB) per GPU", advice).group(1)
+    assert f"needs {ddp} per GPU under DDP" in projection
+    assert projection.count("KiB") == 1
     model = compare.model_on_meta({**compare.CPU_DEFAULTS, "dataset": "synthetic", "block": "basic",
                                    "width_multiple": 1})
     parameters = sum(p.numel() for p in model.parameters())
@@ -312,10 +329,18 @@ def test_peak_memory_shows_allocated_and_reserved_per_gpu(tmp_path):
     outcome = Outcome(run, "ok", results=results)
     fill_rows([outcome], tmp_path)
     assert outcome.row["peak_mem_reserved_gb_per_gpu"] == "7.000 6.250"
-    assert memory_cell(outcome.row) == "6.15 (7.00) / 5.50 (6.25)"
-    assert memory_cell({"peak_mem_gb_per_gpu": "6.150", "peak_mem_reserved_gb_per_gpu": None}) == \
-        "6.15"
-    assert memory_cell({"peak_mem_gb_per_gpu": None}) == "—"
+    assert memory_cell([outcome.row]) == "6.15 (7.00) / 5.50 (6.25)"
+    assert memory_cell([{"peak_mem_gb_per_gpu": "6.150",
+                         "peak_mem_reserved_gb_per_gpu": None}]) == "6.15"
+    assert memory_cell([{"peak_mem_gb_per_gpu": None}]) == "—"
+
+
+def test_peak_memory_is_the_mean_over_the_runs_with_their_spread():
+    """With repeats each GPU's cell is the mean over the configuration's runs, ± their std where
+    it shows at two decimals, as memory_per_gpu.png draws it: not the first run's figure alone."""
+    rows = [{"peak_mem_gb_per_gpu": "6.000 5.500", "peak_mem_reserved_gb_per_gpu": "7.000 6.000"},
+            {"peak_mem_gb_per_gpu": "6.200 5.500", "peak_mem_reserved_gb_per_gpu": "7.000 6.500"}]
+    assert memory_cell(rows) == "6.10 ± 0.14 (7.00) / 5.50 (6.25)"
 
 
 def test_sizes_and_counts_are_written_in_units_that_fit():
@@ -682,23 +707,24 @@ def test_the_sentences_tell_a_difference_within_the_spread_from_one_beyond_it():
     single, nccl = ("single_gpu", 1, None), ("dist_parallel", 2, "nccl")
     gloo = ("dist_parallel", 2, "gloo")
     apart = findings(repeated_outcomes({single: [600, 640, 620], nccl: [1150, 1250, 1200]}))
-    assert apart[0] == ("- **Fastest: dist_parallel on 2 GPUs (nccl)**, 1,200 ± 50 images/s: "
-                        "1.94× the next fastest, single_gpu at 620 ± 20; its range (mean ± std "
+    assert apart[0] == ("- **Fastest: dist_parallel on 2 GPUs (nccl)**, 1,199 ± 50 images/s: "
+                        "1.93× the next fastest, single_gpu at 620 ± 20; its range (mean ± std "
                         "over 3 runs) lies above every other's.")
+    assert apart[1].startswith("- **Noise floor: the spread of the repeats,** up to 4.2 %")
     assert ("97 % for dist_parallel (nccl); each GPU with 64 images, as many as single_gpu."
-            in apart[1])
-    assert apart[2] == ("- **Spread:** no two configurations' images/s overlap (mean ± std over "
+            in apart[2])
+    assert apart[3] == ("- **Spread:** no two configurations' images/s overlap (mean ± std over "
                         "their runs): every difference above is larger than the run-to-run "
                         "spread, as far as 3 runs each can tell.")
     speeds = {single: [600, 640, 620], nccl: [1150, 1250, 1200], gloo: [1180, 1300, 1240]}
     close = findings(repeated_outcomes(speeds))
     assert close[0] == ("- **dist_parallel on 2 GPUs (gloo) and dist_parallel on 2 GPUs (nccl) "
                         "cannot be told apart:** their images/s (mean ± std over 3 runs) overlap: "
-                        "dist_parallel on 2 GPUs (gloo) 1,240 ± 60; dist_parallel on 2 GPUs "
-                        "(nccl) 1,200 ± 50.")
-    assert close[2] == ("- **Within the run-to-run spread** (3 runs each): dist_parallel on 2 GPUs "
-                        "(gloo) at 1,240 ± 60 images/s and dist_parallel on 2 GPUs (nccl) at "
-                        "1,200 ± 50. Their images/s (mean ± std) overlap: the difference between "
+                        "dist_parallel on 2 GPUs (gloo) 1,238 ± 60; dist_parallel on 2 GPUs "
+                        "(nccl) 1,199 ± 50.")
+    assert close[3] == ("- **Within the run-to-run spread** (3 runs each): dist_parallel on 2 GPUs "
+                        "(gloo) at 1,238 ± 60 images/s and dist_parallel on 2 GPUs (nccl) at "
+                        "1,199 ± 50. Their images/s (mean ± std) overlap: the difference between "
                         "them cannot be told from run-to-run noise.")
     assert close[-1] == "- Every run succeeded."
     assert not any("Fastest" in line for line in close)
@@ -788,3 +814,102 @@ def test_the_topology_in_the_report_has_no_terminal_escape_codes(monkeypatch):
                                                           "Affinity\t")
     section = "\n".join(compare.environment_section({"torch": torch.__version__}, topology))
     assert "\x1b" not in section and "GPU3\tPXB\tPXB\tPIX\t X " in section
+
+
+def stepped_outcomes(steps: dict, unit: str = "gpu", config: dict | None = None) -> list:
+    """A comparison whose runs are given by their mean step: each configuration a run per step
+    (seconds) given, 64 images per GPU, each run 10 s longer than its 20 steps took; `config`:
+    results.json config fields every run shares."""
+    outcomes = []
+    for (mode, gpus, backend), seconds in steps.items():
+        for repeat, step in enumerate(seconds, 1):
+            run = PlannedRun(mode, gpus, backend, None, False, 64 * gpus, repeat,
+                             len(outcomes) + 1, unit)
+            results = {"summary": {"images_per_sec": 64 * gpus / step, "batch_time_p50": step},
+                       "config": {"batch_size": 64 * gpus, "amp": "bf16", **(config or {})}}
+            outcomes.append(Outcome(run, "ok", 20 * step + 10, results=results))
+    fill_rows(outcomes, REPO)
+    return outcomes
+
+
+def row_cells(outcomes: list, mode: str) -> list[str]:
+    """The results table's row of `mode`'s configuration, as report.md has it: its cells."""
+    row = next(table_row(group, outcomes) for group in groups(outcomes)
+               if group[0].run.mode == mode)
+    return row.strip("| ").split(" | ")
+
+
+def test_one_statistic_images_per_sec_is_the_global_batch_over_the_mean_step_shown():
+    """Two runs of single_gpu at 300 and 500 ms a step: the table's step is their mean, 400 ms,
+    and images/s the global batch over it, 64 / 0.4 s = 160, not the mean of the runs' 213 and 128
+    (171). Its ±, the speedup's, the efficiency's and the epoch's are the step's std carried over
+    (the same share of each); the sentences and the CSV's steps say the same."""
+    single, ddp = ("single_gpu", 1, None), ("dist_parallel", 2, "nccl")
+    outcomes = stepped_outcomes({single: [0.3, 0.5], ddp: [0.4, 0.4]},
+                                config={"dataset": "synthetic", "synthetic_size": 4000})
+    cells = row_cells(outcomes, "single_gpu")
+    share = statistics.stdev([0.3, 0.5]) / 0.4
+    assert cells[6] == "400.0 ± 141.4"
+    assert cells[7] == f"25.0 ± {25 * share:.1f}"  # 4,000 images at 160 images/s
+    assert cells[8] == f"160 ± {160 * share:.0f}" and cells[8] != "171 ± 60"
+    assert cells[9] == f"1.00 ± {share:.2f}×" and cells[10] == f"100 ± {100 * share:.0f} %"
+    ddp_cells = row_cells(outcomes, "dist_parallel")
+    assert ddp_cells[6:11] == ["400.0 ± 0.0", "12.5 ± 0.0", "320 ± 0", "2.00 ± 0.00×",
+                               "100 ± 0 %"]
+    # the CSV: each run's own step; their mean over the configuration's rows is the table's
+    steps = [o.row["step_time_mean_s"] for o in outcomes if o.run.mode == "single_gpu"]
+    assert statistics.fmean(steps) == pytest.approx(0.4)
+    said = "\n".join(findings(outcomes))
+    assert f"single_gpu at 160 ± {160 * share:.0f}" in said
+    assert "171" not in said
+
+
+def test_the_step_shown_has_the_figures_its_images_per_sec_is_made_from():
+    """A GPU's step of a few ms shows three figures or more: images/s is the global batch over the
+    step as shown, to the rounding of its last figure."""
+    outcomes = stepped_outcomes({("single_gpu", 1, None): [0.006843]})
+    cells = row_cells(outcomes, "single_gpu")
+    assert cells[6] == "6.84" and cells[8] == "9,353"
+    assert abs(64_000 / float(cells[6]) - float(cells[8].replace(",", ""))) < 0.01 * 9353
+
+
+def test_efficiency_is_speedup_over_gpus_on_one_gpu_too():
+    """data_parallel on one GPU at 1.36× single_gpu's images/s is 136 % efficient, in its row,
+    the CSV and the picture: no '100 % by definition' beside a speedup that says otherwise."""
+    single, dp1 = ("single_gpu", 1, None), ("data_parallel", 1, None)
+    outcomes = stepped_outcomes({single: [0.136, 0.136], dp1: [0.1, 0.1]})
+    cells = row_cells(outcomes, "data_parallel")
+    assert cells[9:11] == ["1.36 ± 0.00×", "136 ± 0 %"]
+    assert all(o.row["scaling_efficiency"] == pytest.approx(o.row["speedup"]) for o in outcomes)
+    assert "1 GPU: 100 %" not in table_header(outcomes)
+
+
+def test_the_epoch_is_of_the_runs_own_training_set(tmp_path):
+    """The epoch column times one epoch of the data the runs name: an image folder's 6 training
+    images, the synthetic set's --synthetic_size, CIFAR-10's 50,000; the header says how many."""
+    for split, count in (("train", 6), ("val", 2)):
+        folder = tmp_path / split / "cat"
+        folder.mkdir(parents=True)
+        for i in range(count):
+            (folder / f"{i}.png").write_bytes(b"")
+    cases = [({"dataset": "imagefolder", "data_dir": str(tmp_path)}, 6, "6 images", "0.047"),
+             ({"dataset": "synthetic", "synthetic_size": 512}, 512, "512 images", "4.00"),
+             ({"dataset": "cifar10"}, 50_000, "50,000 images", "390.6")]
+    for config, images, named, shown in cases:
+        outcomes = stepped_outcomes({("single_gpu", 1, None): [0.5]}, config=config)
+        assert outcomes[0].row["train_images"] == images
+        assert outcomes[0].row["epoch_time_s"] == pytest.approx(images * 0.5 / 64)
+        assert f"epoch of {named}, s" in table_header(outcomes)
+        assert "50k" not in table_header(outcomes)
+        assert row_cells(outcomes, "single_gpu")[7] == shown  # three figures or more
+
+
+def test_each_configurations_run_time_is_in_the_table_and_the_csv():
+    """The time each run took, start to end as compare.py timed it: the CSV's run_time_s, and the
+    table's mean ± std over the configuration's runs."""
+    outcomes = stepped_outcomes({("single_gpu", 1, None): [0.5, 0.6]})
+    assert [o.row["run_time_s"] for o in outcomes] == [20.0, 22.0]
+    header = table_header(outcomes).strip("| ").split(" | ")
+    cells = row_cells(outcomes, "single_gpu")
+    column = header.index("run time, s (each run, start to end)")
+    assert cells[column] == "21.0 ± 1.4"

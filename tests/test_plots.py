@@ -13,8 +13,8 @@ from matplotlib import pyplot as plt
 from comparison.matrix import Cores, PlannedRun
 from comparison.plots import (HIDDEN, PART_COLOURS, breakdown_figure, efficiency_figure, figures,
                               memory_figure, throughput_figure)
-from comparison.report import (SPLIT_PARTS, Outcome, breakdown_section, fill_rows, measured,
-                               step_split)
+from comparison.report import (SPLIT_PARTS, Outcome, breakdown_section, fill_rows, groups,
+                               measured, memory_cell, step_split, table_row)
 from conftest import REPO
 
 CPU_DEVICE = "CPU (test), no GPU"
@@ -201,7 +201,8 @@ def test_the_step_breakdown_draws_the_numbers_the_sentences_say():
     assert float(exposed) == pytest.approx(drawn[(1, PART_COLOURS["comm_exposed_ms"])], abs=0.05)
     assert float(comm) == pytest.approx(float(hidden) + float(exposed), abs=0.11)
     before, after = re.search(r"its profiled step ([\d.]+) → ([\d.]+) ms", ddp).groups()
-    assert f"{before} ms" in texts and f"{after} ms" in texts  # the bars' ends say the same steps
+    # the bars' ends say the same steps, with their spread over the runs where there is one
+    assert f"{before} ms" in texts and any(text.startswith(f"{after} ± ") for text in texts)
     ddp_bar = sum(drawn[(1, PART_COLOURS[part])] for part in SPLIT_PARTS)
     assert ddp_bar == pytest.approx(float(after), abs=0.05)
     compute, exposed_bar = PART_COLOURS["compute_ms"], PART_COLOURS["comm_exposed_ms"]
@@ -314,3 +315,77 @@ def test_throughput_legend_covers_no_point():
             px, py = ax.transData.transform((x, y))
             assert not box.contains(px, py), (x, y)
             assert y < ax.get_ylim()[1] * 0.9
+
+
+# --------------------------------------------------------------------- the table's figures, drawn
+def points(ax) -> dict[str, list[tuple[float, float, float]]]:
+    """{legend label: [(x, y, error bar's half height)]} of an errorbar chart."""
+    drawn = {}
+    for container in ax.containers:
+        line, _, (bars,) = container.lines
+        halves = [abs(segment[1][1] - segment[0][1]) / 2 for segment in bars.get_segments()]
+        drawn[container.get_label()] = [(x, y, half) for (x, y), half in
+                                        zip(line.get_xydata(), halves)]
+    return drawn
+
+
+def cell(row: str, column: int) -> tuple[float, float]:
+    """A results table cell's mean and ± as figures: '1,234 ± 56' -> (1234.0, 56.0)."""
+    text = row.strip("| ").split(" | ")[column].rstrip("×% ").replace(",", "")
+    mean, _, std = text.partition(" ± ")
+    return float(mean), float(std or 0)
+
+
+def test_the_pictures_draw_the_tables_figures_and_its_spread():
+    """Each point is its configuration's table cell: images/s the global batch over the mean step,
+    not the mean of the runs' images/s, and its error bar the cell's ±; the same for the scaling
+    efficiency."""
+    outcomes = filled([outcome("single_gpu", 1, step, repeat=k, index=k)
+                       for k, step in enumerate((300.0, 500.0, 400.0), 1)]
+                      + [outcome("dist_parallel", 2, step, backend="gloo", repeat=k, index=3 + k)
+                         for k, step in enumerate((200.0, 260.0, 230.0), 1)])
+    rows = {group[0].run.mode: table_row(group, outcomes) for group in groups(outcomes)}
+    images = points(throughput_figure(outcomes, CPU_DEVICE, cuda=False).axes[0])
+    efficiency = points(efficiency_figure(outcomes, CPU_DEVICE, cuda=False,
+                                          projection=None).axes[0])
+    for name, mode in (("single_gpu amp off", "single_gpu"),
+                       ("dist_parallel gloo amp off", "dist_parallel")):
+        (_, y, half), = images[name]
+        assert (round(y), round(half)) == cell(rows[mode], 8)
+        (_, y, half), = efficiency[name]
+        assert (round(y), round(half)) == cell(rows[mode], 10)
+    (_, y, _), = images["single_gpu amp off"]
+    assert y == pytest.approx(32 / 0.4) and cell(rows["single_gpu"], 6)[0] == 400.0
+    plt.close("all")
+
+
+def test_the_step_breakdowns_error_bar_is_the_split_tables_spread():
+    """The bar's end and its error bar are the split table's profiled step, mean ± std over the
+    runs: a figure the report's table shows."""
+    outcomes = split_matrix()
+    section = breakdown_section(outcomes, 3)
+    ddp = next(line for line in section if line.startswith("| dist_parallel on 2 GPUs"))
+    profiled = ddp.strip("| ").split(" | ")[2]
+    mean, std = (float(x) for x in profiled.split(" ± "))
+    ax = breakdown_figure(outcomes, "2× GPU (test)").axes[0]
+    (bar,) = [c for c in ax.containers if c.__class__.__name__ == "ErrorbarContainer"]
+    (segment,) = bar.lines[2][0].get_segments()
+    assert segment[1][0] - segment[0][0] == pytest.approx(2 * std, abs=0.11)
+    assert f"{profiled} ms" in [text.get_text() for text in ax.texts]
+    assert mean == pytest.approx(step_split(measured(outcomes)[1]).step_ms, abs=0.05)
+    plt.close("all")
+
+
+def test_memory_bars_are_the_tables_cells_and_their_spread():
+    outcomes = filled([outcome("dist_parallel", 2, 90, backend="nccl", memory=memory,
+                               unit="gpu", index=k, repeat=k)
+                       for k, memory in enumerate(({"0": 4.0, "1": 4.1}, {"0": 4.2, "1": 4.1}), 1)])
+    ax = memory_figure(outcomes, "2× GPU (test)").axes[0]
+    heights = [round(patch.get_height(), 2) for patch in ax.patches]
+    assert heights == [4.1, 4.1]
+    shown = memory_cell([o.row for o in outcomes])
+    assert shown == "4.10 ± 0.14 / 4.10"
+    caps = [c for c in ax.containers if c.__class__.__name__ == "ErrorbarContainer"]
+    (segment,) = caps[0].lines[2][0].get_segments()
+    assert segment[1][1] - segment[0][1] == pytest.approx(2 * 0.1414, abs=0.001)
+    plt.close("all")

@@ -253,7 +253,8 @@ def outcomes() -> list[Outcome]:
 
 
 def test_the_report_has_fsdp_rows_with_their_reshard_setting_and_autocast():
-    rows = [table_row(group) for group in groups(outcomes())]
+    made = outcomes()
+    rows = [table_row(group, made) for group in groups(made)]
     assert [row.split(" | ")[:4] for row in rows] == [
         ["| single_gpu", "1", "—", "bf16 autocast"],
         ["| dist_parallel", "2", "nccl", "bf16 autocast"],
@@ -320,9 +321,13 @@ def test_the_memory_section_leaves_out_what_says_nothing():
     lines = memory_section(memory_projection(linears, 1000, "off", True, 2 * 10**12), [],
                            "1× Huge GPU")
     text = "\n".join(lines)
+    assert ("The runs' model, α=1000 (8.00M parameters), needs 91.6 MiB per GPU under DDP "
+            "(weights, gradients and optimizer state): the figure report.md's recommendation "
+            "weighs.") in text
     assert ("The models from α=1000 (8.00M parameters, the runs') to α=8000 (512M parameters, ×8) "
-            "need at most 7.9 GiB of model state per "
-            "GPU") in text and "the table leaves them out" in text
+            "need at most 7.9 GiB per GPU in any setting, DDP or FSDP on 1 to 64 GPUs (α=8000 "
+            "under FSDP without resharding on 1 GPU, which holds what it gathers beside its "
+            "shard)") in text and "the table leaves them out" in text
     assert [line.split(" | ")[0] for line in lines if line.startswith("| α=")] == \
         ["| α=16000 (×16)"]
     assert ("DDP's model state fits one GPU's 1.8 TiB for any model of this "

@@ -4,12 +4,16 @@ memory projection of a small model built on the meta device. That the line heads
 tests/test_compare.py, on its comparison."""
 from __future__ import annotations
 
+import re
+
+import pytest
 import torch
 from torch import nn
 
 from comparison.matrix import PlannedRun
 from comparison.projection import memory_projection
-from comparison.report import Outcome, fill_rows, findings, groups, recommendation, table_row
+from comparison.report import (Outcome, fill_rows, findings, groups, memory_section,
+                               recommendation, table_row)
 from conftest import REPO
 
 SINGLE, DDP, GLOO = (("single_gpu", 1, None), ("dist_parallel", 2, "nccl"),
@@ -17,9 +21,11 @@ SINGLE, DDP, GLOO = (("single_gpu", 1, None), ("dist_parallel", 2, "nccl"),
 DP, FSDP, DP1 = ("data_parallel", 2, None), ("fsdp", 2, "nccl"), ("data_parallel", 1, None)
 
 
-def made(speeds: dict, unit: str = "gpu", failed: dict | None = None) -> list[Outcome]:
+def made(speeds: dict, unit: str = "gpu", failed: dict | None = None,
+         status: str = "failed") -> list[Outcome]:
     """A comparison's outcomes: each configuration a run per figure of images/s given, 64 images per
-    GPU; `failed`: configuration -> error of one more run of it that failed."""
+    GPU; `failed`: configuration -> error of one more run of it that did not succeed, with
+    `status` (failed, interrupted, not run)."""
     outcomes = []
     for setting, images_per_sec in speeds.items():
         mode, gpus, backend = setting
@@ -31,7 +37,7 @@ def made(speeds: dict, unit: str = "gpu", failed: dict | None = None) -> list[Ou
             outcomes.append(Outcome(run, "ok", results=results))
     for (mode, gpus, backend), error in (failed or {}).items():
         run = PlannedRun(mode, gpus, backend, None, False, 64 * gpus, 1, len(outcomes) + 1, unit)
-        outcomes.append(Outcome(run, "failed", error=error))
+        outcomes.append(Outcome(run, status, error=error))
     fill_rows(outcomes, REPO)
     return outcomes
 
@@ -57,37 +63,39 @@ def line(outcomes, memory=None) -> str:
 def speedup_cell(outcomes, mode: str) -> str:
     """The table's speedup cell of `mode`'s configuration: the figure the
     recommendation must quote as it is."""
-    row = next(table_row(group) for group in groups(outcomes) if group[0].run.mode == mode)
+    row = next(table_row(group, outcomes) for group in groups(outcomes)
+               if group[0].run.mode == mode)
     return row.split(" | ")[9]
 
 
 def test_ddp_fastest_beyond_the_spread_is_recommended_with_the_tables_speedup():
     outcomes = made({SINGLE: [600, 640, 620], DDP: [1150, 1250, 1200]})
     text = line(outcomes)
-    assert text.startswith("Recommendation: dist_parallel (DDP): the model's state fits one GPU "
-                           "under DDP (11.6 MiB of its 80.0 GiB), and DDP was fastest: "
+    assert text.startswith("Recommendation: dist_parallel (DDP): the model state under DDP, "
+                           "11.6 MiB per GPU (weights, gradients and optimizer state; "
+                           "projection.md), fits one GPU of 80.0 GiB, and DDP was fastest: "
                            "dist_parallel on 2 GPUs (nccl) at ")
     assert (f"at {speedup_cell(outcomes, 'dist_parallel')} one GPU, its range (mean ± std over 3 "
             "runs) above every other") in text
-    assert "1.94 ± 0.08×" in text and "CPU process" not in text
+    assert "1.93 ± 0.08×" in text and "CPU process" not in text
 
 
 def test_modes_whose_runs_overlap_tie_and_ddp_is_the_default_with_the_guides_reason():
     outcomes = made({SINGLE: [600, 640, 620], DP: [1180, 1300, 1240], DDP: [1150, 1250, 1200]})
     text = line(outcomes)
-    assert text.startswith("Recommendation: dist_parallel (DDP): the model's state "
-                           "fits one GPU under DDP")
+    assert text.startswith("Recommendation: dist_parallel (DDP): the model state under DDP, "
+                           "11.6 MiB per GPU")
     assert ("no difference measurable between data_parallel on 2 GPUs and dist_parallel on 2 GPUs "
             "(nccl): their images/s (mean ± std over the repeats) overlap (data_parallel on 2 GPUs "
-            "1,240 ± 60; dist_parallel on 2 GPUs (nccl) 1,200 ± 50), so any of them") in text
+            "1,238 ± 60; dist_parallel on 2 GPUs (nccl) 1,199 ± 50), so any of them") in text
     assert ("DDP is the default where modes tie: PyTorch recommends it over DataParallel even on "
             "one machine, it scales past one node") in text and "(docs/guide.md)" in text
 
 
 def test_one_run_each_shows_no_mode_faster_so_ddp_is_the_default():
     text = line(made({SINGLE: [600], DP: [1300], DDP: [1200]}))
-    assert text.startswith("Recommendation: dist_parallel (DDP): the model's state "
-                           "fits one GPU under DDP")
+    assert text.startswith("Recommendation: dist_parallel (DDP): the model state under DDP, "
+                           "11.6 MiB per GPU")
     assert ("one run per configuration measures no spread, so no mode is shown faster than "
             "another (data_parallel on 2 GPUs was fastest in its run, 2.17× one GPU; `--repeat "
             "3` measures the spread)") in text
@@ -106,21 +114,21 @@ def test_data_parallel_only_on_measured_cause():
     alone = line(made({SINGLE: [600, 640, 620], DP: [1400, 1420, 1410]}))
     assert alone.startswith("Recommendation: dist_parallel (DDP), not run "
                             "here (add it to --modes): ")
-    assert ("data_parallel was fastest (2.27 ± 0.02× one GPU) but dist_parallel was "
+    assert ("data_parallel was fastest (2.28 ± 0.02× one GPU) but dist_parallel was "
             "not measured beside it" in alone)
-    tied = line(made({SINGLE: [1380, 1400, 1390], DP: [1400, 1420, 1410], DDP: [1150, 1250, 1200]}))
+    tied = line(made({SINGLE: [1380, 1400, 1390], DP: [1390, 1420, 1405], DDP: [1150, 1250, 1200]}))
     # where they tie, the simpler mode
     assert tied.startswith("Recommendation: single_gpu: no difference measurable between "
                            "data_parallel on 2 GPUs and single_gpu")
     assert ("dist_parallel was slower beyond the spread (dist_parallel on 2 GPUs (nccl) "
-            "at 0.86 ± 0.04× one GPU)") in tied
+            "at 0.86 ± 0.04× one GPU)") in tied, tied
 
 
 def test_fsdp_or_one_gpu_when_it_is_faster_beyond_the_spread():
     fsdp = line(made({SINGLE: [600, 640, 620], DDP: [1150, 1250, 1200], FSDP: [1300, 1320, 1310]}))
     assert fsdp.startswith("Recommendation: fsdp (FSDP2): fastest, fsdp on 2 GPUs (nccl) at 2.11 ± "
                            "0.02× one GPU, its range (mean ± std over 3 runs) above every other "
-                           "configuration's, DDP's included, though the model's state fits")
+                           "configuration's, DDP's included, though the model state under DDP")
     single = line(made({SINGLE: [1300, 1320, 1310], DDP: [1150, 1250, 1200]}))
     assert single.startswith("Recommendation: single_gpu: faster than every parallel configuration "
                              "here (1,310 ± 10 images/s, its range (mean ± std over 3 runs) above")
@@ -159,7 +167,8 @@ def test_nothing_timed_recommends_nothing():
 
 def test_on_the_cpu_it_says_what_processes_standing_in_for_gpus_can_and_cannot_tell():
     text = line(made({SINGLE: [600, 640, 620], GLOO: [1150, 1250, 1200]}, unit="cpu"), state(None))
-    assert "(11.6 MiB of an assumed 80.0 GiB)" in text and "at 1.94 ± 0.08× one CPU process" in text
+    assert "fits one GPU of 80.0 GiB (assumed: no GPU here)" in text
+    assert "at 1.93 ± 0.08× one CPU process" in text
     assert text.endswith("On this CPU-only machine each \"GPU\" is a CPU process with one "
                          "thread: its figures show the modes' mechanics (processes over gloo, "
                          "the split batch, each wrapper's own cost), not what GPUs would gain, "
@@ -201,8 +210,8 @@ def test_the_first_sentence_and_the_recommendation_never_disagree_on_speed():
 def test_data_parallel_on_the_cpu_is_named_for_what_it_is_not_crowned():
     """Without GPUs nn.DataParallel calls the model itself: a run of it is single_gpu's
     computation. Faster than the rest by chance, it is neither the fastest nor recommended, and the
-    sentences say why; one process's scaling efficiency is 100 % by definition, whatever its
-    speedup."""
+    sentences say why; its scaling efficiency is its speedup ÷ its one process, as for any
+    configuration."""
     outcomes = made({SINGLE: [400, 440, 420], DP1: [900, 300, 600], GLOO: [700, 720, 710]},
                     unit="cpu")
     said = findings(outcomes)
@@ -210,10 +219,99 @@ def test_data_parallel_on_the_cpu_is_named_for_what_it_is_not_crowned():
                               "images/s")
     assert said[1] == ("- **data_parallel on 1 CPU process is single_gpu's computation:** without "
                        "GPUs nn.DataParallel calls the model itself, with nothing to scatter, "
-                       "replicate or gather; its 600 ± 300 images/s against single_gpu's 420 ± 20 "
+                       "replicate or gather; its 491 ± 279 images/s against single_gpu's 419 ± 20 "
                        "is no measure of DataParallel, so it is left out of the ranking.")
     assert "data_parallel" not in line(outcomes, state(None)).split(" On this CPU-only")[0]
-    row = next(table_row(group) for group in groups(outcomes)
+    row = next(table_row(group, outcomes) for group in groups(outcomes)
                if group[0].run.mode == "data_parallel")
-    # the speedup varies; the efficiency cannot
-    assert row.split(" | ")[9:11] == ["1.43 ± 0.71×", "100 %"]
+    # the speedup, ± the step's share, and the efficiency it makes on one process
+    speedup, efficiency = row.split(" | ")[9:11]
+    assert speedup.endswith("×") and efficiency == f"{float(speedup.split()[0]) * 100:.0f} %" \
+        or efficiency.startswith(f"{float(speedup.split()[0]) * 100:.0f} ± ")
+
+
+# --- under noise: what the run resolves, no gain, and the modes that failed ---------------------
+
+def said(outcomes) -> str:
+    return "\n".join(findings(outcomes))
+
+
+def test_two_configurations_of_the_same_computation_state_the_noise_floor():
+    """On one CPU process single_gpu and data_parallel do the same computation: their 82 and 112
+    images/s (repeats of 21 and 3 spread) are a floor no difference under which is shown. The
+    report states it where it was measured, and judges by it: DDP at 1.2× one process, within
+    the floor, is no gain, and is not called fastest."""
+    outcomes = made({SINGLE: [61, 103, 82], DP1: [109, 115, 112], GLOO: [98, 100, 99]}, unit="cpu")
+    text = said(outcomes)
+    floor = next(line for line in text.splitlines() if line.startswith("- **Noise floor"))
+    assert "single_gpu and data_parallel on 1 CPU process do the same computation" in floor
+    assert re.search(r"measured [\d,]+ ± \d+ and 112 ± 3 images/s", floor), floor
+    assert re.search(r"(\d+) % apart", floor) and "differences of less than" in floor, floor
+    assert "**Fastest" not in text
+    assert "- **No gain:** dist_parallel on 2 CPU processes (gloo)" in text
+    advice = line(outcomes, state(None))
+    assert "No gain over one CPU process" in advice and "noise floor" in advice
+
+
+def test_repeats_state_the_spread_they_measured():
+    outcomes = made({SINGLE: [600, 640, 620], DDP: [1150, 1250, 1200]})
+    floor = next(line for line in said(outcomes).splitlines() if line.startswith("- **Noise"))
+    assert "3 runs" in floor and re.search(r"up to \d\.\d %", floor), floor
+
+
+def test_no_floor_is_claimed_where_none_was_measured():
+    text = said(made({SINGLE: [600], DDP: [1200]}))
+    assert "Noise floor" not in text and "cannot be told apart: one run each" in text
+
+
+def test_a_parallel_mode_whose_range_includes_one_gpus_is_no_gain():
+    """DDP at 1.02 ± 0.05× one GPU: no gain, in the sentences and the recommendation, which still
+    names DDP only as the default among modes that tie, with that said."""
+    outcomes = made({SINGLE: [600, 610, 620], DDP: [590, 650, 620]})
+    text = said(outcomes)
+    assert "- **No gain:** dist_parallel on 2 GPUs (nccl) at 1.0" in text
+    assert "its range includes 1× single_gpu's" in text
+    advice = line(outcomes)
+    assert "No gain over one GPU" in advice and "dist_parallel on 2 GPUs (nccl) at 1.0" in advice
+    # beyond it: no such line
+    assert "No gain" not in said(made({SINGLE: [600, 640, 620], DDP: [1150, 1250, 1200]}))
+
+
+@pytest.mark.parametrize("status, error, named", [
+    ("failed", "exit status 1: RuntimeError: Gloo connectFullMesh failed", "failed"),
+    ("interrupted", "compare.py was stopped by SIGTERM and stopped the run; it exited with status "
+                    "143", "was stopped"),
+    ("not run", "compare.py was stopped by SIGTERM before it started", "was not run"),
+])
+def test_a_failed_or_stopped_ddp_is_never_recommended_and_is_named(status, error, named):
+    """DDP in the matrix that did not time a step is not "not run here (add it to --modes)": it
+    is named for what happened to it, and the recommendation is among the modes measured."""
+    for speeds in ({SINGLE: [600, 640, 620], DP: [1180, 1300, 1240]},  # a tie
+                   {SINGLE: [600], DP: [1300]},  # one run each
+                   {SINGLE: [600, 640, 620], DP: [1400, 1420, 1410]}):  # data_parallel beyond
+        text = line(made(speeds, failed={DDP: error}, status=status))
+        assert not text.startswith("Recommendation: dist_parallel"), text
+        assert "add it to --modes" not in text
+        assert f"dist_parallel (DDP) {named} here (`" in text, text
+    text = line(made({SINGLE: [600, 640, 620], DP: [1400, 1420, 1410]}, failed={DDP: error},
+                     status=status))
+    assert text.startswith("Recommendation: data_parallel (nn.DataParallel): fastest")
+
+
+def test_a_failed_fsdp_is_not_recommended_where_ddp_cannot_hold_the_model():
+    outcomes = made({SINGLE: [600, 640, 620]}, failed={FSDP: "exit status 1: error: boom"})
+    text = line(outcomes, state(10_000_000))
+    assert not text.startswith("Recommendation: fsdp"), text
+    assert "fsdp (FSDP2) failed here (`" in text and "add it to --modes" not in text
+
+
+def test_the_memory_figures_of_the_report_and_the_projection_are_each_named():
+    """The recommendation's model state under DDP on one GPU is projection.md's, under the same
+    name; projection.md's "at most" over every setting says which setting that is."""
+    memory = state()
+    advice = line(made({SINGLE: [600, 640, 620], DDP: [1150, 1250, 1200]}), memory)
+    ddp = re.search(r"model state under DDP, ([\d.]+ [KMG]iB) per GPU", advice).group(1)
+    page = "\n".join(memory_section(memory, [], None))
+    assert f"{ddp} per GPU under DDP" in page, page
+    assert re.search(r"at most [\d.]+ [KMG]iB per GPU in any setting, DDP or FSDP on 1 to 64 GPUs "
+                     r"\((FSDP|DDP)[^)]* on \d+ GPU", page), page
