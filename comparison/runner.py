@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -173,11 +174,22 @@ def _signal_group(child: subprocess.Popen, sig: int) -> None:
             os.killpg(child.pid, sig)
 
 
+# an exception a worker raised, as torchrun prefixes its lines: "[rank1]: RuntimeError: ..."
+RANK_RAISED = re.compile(r"\[rank\d+\]: [\w.]*(Error|Exception|Interrupt)\b")
+
+
 def last_error(log: Path) -> str:
-    """The run's own one-line error if it printed one, else the last line it wrote."""
+    """The run's own one-line error if it printed one; else the first exception a worker raised
+    (torchrun's summary after it, framed in rules, says only that the launch failed); else the last
+    line it wrote that is not a rule of '=' or '-'."""
     lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith("error:")]
-    return (errors or lines or ["no output"])[-1]
+    if errors:
+        return errors[-1]
+    raised = [line for line in lines if RANK_RAISED.match(line)]
+    if raised:
+        return raised[0]
+    return ([line for line in lines if line.strip("=-")] or ["no output"])[-1]
 
 
 # ----------------------------------------------------------------------------------------- the runs

@@ -913,3 +913,25 @@ def test_each_configurations_run_time_is_in_the_table_and_the_csv():
     cells = row_cells(outcomes, "single_gpu")
     column = header.index("run time, s (each run, start to end)")
     assert cells[column] == "21.0 ± 1.4"
+
+
+def test_a_failed_launch_is_named_by_the_error_a_rank_raised(tmp_path):
+    """torchrun ends a failed launch with its own summary, framed in rules of '='; the error a run
+    is reported with (and its mode named by, in the recommendation) is the exception a worker
+    raised, not the rule."""
+    log = tmp_path / "run.log"
+    log.write_text("\n".join([
+        "$ torchrun --nproc_per_node 2 dist_parallel/train.py ...",
+        "[rank1]: Traceback (most recent call last):",
+        "[rank1]:     raise RuntimeError(\"injected failure\")",
+        "[rank1]: RuntimeError: injected failure",
+        "[rank0]: RuntimeError: injected failure",
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        "=" * 60, "dist_parallel/train.py FAILED", "-" * 60, "Root Cause (first observed failure):",
+        "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html",
+        "=" * 60, ""]))
+    assert runner.last_error(log) == "[rank1]: RuntimeError: injected failure"
+    log.write_text("error: --data_dir /nowhere is not a folder\n" + "=" * 60 + "\n")
+    assert runner.last_error(log) == "error: --data_dir /nowhere is not a folder"
+    log.write_text("something went wrong\n" + "-" * 60 + "\n")
+    assert runner.last_error(log) == "something went wrong"
