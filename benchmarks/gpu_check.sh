@@ -84,7 +84,7 @@ fi
 WORK=$OUT/work/parts
 mkdir -p "$WORK" || exit 1
 SUMMARY=$OUT/summary.md
-exec > >(trap '' INT TERM HUP; exec tee -a "$OUT/gpu_check.log") 2>&1  # to the end, whatever stops it
+exec > >(trap '' INT TERM HUP; exec tee -p -a "$OUT/gpu_check.log") 2>&1  # deaf to stops, and to a reader that quits
 TEE=$!
 
 # shellcheck source=benchmarks/jobs.sh
@@ -142,7 +142,7 @@ plan() {  # the parts PARTS picks, in order, with their predicted minutes and wh
 logged() {  # logged LOG COMMAND...: COMMAND's output into LOG and on; LOG's writer outlives a stop
     local log=$1
     shift
-    "$@" 2>&1 | (trap '' INT TERM HUP; exec tee -a "$log")
+    "$@" 2>&1 | (trap '' INT TERM HUP; exec tee -p -a "$log")
     return "${PIPESTATUS[0]}"
 }
 
