@@ -22,7 +22,8 @@
 #   verify.md         part 2's verdicts
 #   logs.tar.gz       OUT/work/parts/ packed after every part: each part's log, every run's log and
 #                     results.json, the pictures, the reports (the profilers' traces and weights left out)
-# The parts work in OUT/work/parts/<part>/ (two folders down: nothing else lies straight under OUT).
+# The parts work in OUT/work/parts/<part>/ and log into OUT/work/parts/logs/<part>.log: none of their files
+# lies less than three folders down, so OUT and the two levels below it hold only the 8 files above.
 # Each part is a process group of its own (benchmarks/jobs.sh): Ctrl-C, SIGTERM, SIGHUP or a `timeout`
 # stops the running part (SIGTERM, then SIGKILL after JOB_GRACE_S + 10 seconds: fast_path.sh's rows get
 # JOB_GRACE_S, default 20, to stop first) and nothing the check started outlives it; the summary names the
@@ -82,7 +83,7 @@ if [ -n "$(ls -A "$OUT" 2>/dev/null)" ]; then
     exit 2
 fi
 WORK=$OUT/work/parts
-mkdir -p "$WORK" || exit 1
+mkdir -p "$WORK/logs" || exit 1
 SUMMARY=$OUT/summary.md
 exec > >(trap '' INT TERM HUP; exec tee -p -a "$OUT/gpu_check.log") 2>&1  # deaf to stops, and to a reader that quits
 TEE=$!
@@ -152,7 +153,7 @@ part() {  # part NAME COMMAND...: the part as a job of its own, its outcome and 
     local limit=$(((TENTHS[$name] * 2 + 20) * 6))  # seconds: twice the prediction, and two minutes
     CURRENT=$name PART_STARTED=$SECONDS
     echo "== $name (predicted $(minutes "${TENTHS[$name]}") min, stopped after $limit s): $*"
-    job_run "$limit" logged "$WORK/$name.log" "$@"
+    job_run "$limit" logged "$WORK/logs/$name.log" "$@"
     code=$?
     [ $code -eq 0 ] || { outcome="FAILED (exit $code)"; FAILED+=("$name"); }
     [ $code -ne 124 ] || outcome="FAILED (stopped at its limit, $limit s)"
@@ -164,8 +165,8 @@ part() {  # part NAME COMMAND...: the part as a job of its own, its outcome and 
 }
 
 pack() {  # OUT/work/parts as it stands into OUT/logs.tar.gz, written whole
-    tar czf "$OUT/work/logs.tar.gz" -C "$WORK" --exclude='trace_rank*.json' --exclude='*.pt' \
-        --exclude=.compile_cache . 2>/dev/null && mv "$OUT/work/logs.tar.gz" "$OUT/logs.tar.gz"
+    tar czf "$WORK/logs/.packed" -C "$WORK" --exclude=./logs/.packed --exclude='trace_rank*.json' \
+        --exclude='*.pt' --exclude=.compile_cache . 2>/dev/null && mv "$WORK/logs/.packed" "$OUT/logs.tar.gz"
 }
 
 stopped() {  # on the way out: a part under way stopped, and named so in the summary
@@ -233,13 +234,13 @@ if wanted tests; then
     given=()
     [ -f "$WORK/compare/results.csv" ] && given=(GPU_CHECK_COMPARE="$WORK/compare")
     part tests env "${given[@]}" python -m pytest -q -o addopts= -rA tests/gpu -p no:cacheprovider
-    { echo "## Tests"; grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" "$WORK/tests.log" | tail -40
+    { echo "## Tests"; grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" "$WORK/logs/tests.log" | tail -40
       echo; } >> "$SUMMARY"
 fi
 if wanted fast_path_rest; then  # the rest of the table, and the profiles of the default step and of width8
     fast_path_rows fast_path_rest "$LATER_ROWS"
     { echo "## Fast path, every row"; cat "$OUT/fast_path.md"; echo
-      grep -A12 "operator self time" "$WORK/fast_path_rest.log"; echo; } >> "$SUMMARY"
+      grep -A12 "operator self time" "$WORK/logs/fast_path_rest.log"; echo; } >> "$SUMMARY"
 fi
 if wanted verify_deterministic; then  # bitwise with --deterministic
     # shellcheck disable=SC2086
