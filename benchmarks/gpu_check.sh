@@ -101,8 +101,8 @@ COMPARE_ARGS=${COMPARE_ARGS:---repeat 3 --modes $ALL_MODES --backends nccl --ben
 BENCHMARK_STEPS=${BENCHMARK_STEPS:-50}
 FIRST_ROWS="fast compiled_cold compiled_warm"
 LATER_ROWS="unaligned classic data_parallel dist_parallel align16 align32 cudnn_limit0 width8 profile"
-# a run's time limit: about four times its predicted time (a PyramidNet-110 run of compare.py 40 s, a
-# --verify run 12-18 s, the compiled_cold row 142 s: an H100 compiled for 151 s)
+# a run's time limit: three to six times its predicted time (a PyramidNet-110 run of compare.py 40 s, a
+# --verify run 12-18 s, the compiled_cold row 142 s; an H100 compiled for 151 s)
 COMPARE_RUN_TIMEOUT=180
 VERIFY_RUN_TIMEOUT=90
 ROW_TIMEOUT=420
