@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import shlex
 import shutil
@@ -65,7 +66,7 @@ import torch
 
 from common.config import (REPO_ROOT, AMPS, Config, HelpFormatter, UsageError, _OneLineParser,
                            add_flags, check_domains, config_argv, file_system_problem, flag,
-                           user_errors)
+                           parse_config, user_errors)
 from common import performance
 from common.data import dataset_info, load_datasets
 from common.rules import machine_refusal
@@ -81,7 +82,8 @@ from comparison.report import (
     write_csv, write_file)
 from comparison.runner import (
     run_all, signal_name, signal_of, signals_deferred, start, stop_signals)
-from comparison.verify import Verification, defaults as verify_defaults
+from comparison.verify import (DEFAULT_STEPS, Verification, defaults as verify_defaults,
+                               images_in_test_set, images_in_training_set)
 from models import PYRAMIDNET
 
 # ------------------------------------------------------------------------------------------- config
@@ -126,8 +128,12 @@ class CompareConfig:
     batch_per_gpu: int | None = flag(None, "images per GPU in every run, so the global "
                                            "batch grows with the GPUs (weak scaling); "
                                            "instead of --batch_size", at_least=1)
-    run_timeout: int = flag(3600, "seconds a run may take before it is stopped "
-                                  "and reported as failed", at_least=1)
+    run_timeout: int | None = flag(None, "seconds a run may take before it is stopped and "
+                                         "reported as failed (default: on GPUs, sized to the "
+                                         "run: 5 minutes to start, 10 more with --compile, and "
+                                         "the FLOPs of each step and evaluation batch at 5 "
+                                         "TFLOP/s, at least 0.2 s each; without GPUs, an hour)",
+                                   at_least=1)
     overwrite: bool = flag(False, "replace the comparison an --out folder holds: what compare.py "
                                   "wrote there, nothing else")
 
@@ -141,6 +147,17 @@ CONTROLLED = {"amp", "epochs", "overwrite", "gpu_devices", "log_dir", "run_name"
               "profile_steps"}
 # the process-group modes' own flags that are passed on to their runs, and which modes take each
 GROUP_PASSED = {"bucket_cap_mb": ("dist_parallel",), "dist_timeout": GROUP_MODES}
+# --run_timeout on GPUs, unless given: what the run must do, at a pace far below any GPU's, so that
+# only a run that is stuck reaches it (an hour, the default before, let one stuck run hold the GPU,
+# and every run after it, that long, and stopped any training that needs longer). On an H200 a
+# PyramidNet-110 run starts in about 30 s, compiles in 109 s and steps at about 130 TFLOP/s (4,679
+# images/s of 28.3 GFLOP; an H100's fp32 path at 50 TFLOP/s).
+RUN_START_S = 300  # imports, CUDA, the data, cuDNN's autotuning
+COMPILE_S = 600  # --compile's compile
+SLOW_TFLOPS = 5.0  # the pace of each training step and evaluation batch, on one GPU
+SLOW_STEP_S = 0.2  # a step of a small model: its kernels' launches
+CPU_RUN_TIMEOUT = 3600  # without GPUs, where a step's pace varies too much with the CPU and model
+
 # without GPUs, unless given: a model and run small enough for a few
 # seconds per run on a laptop's CPU
 CPU_DEFAULTS = {"depth": 8, "alpha": 12.0, "batch_size": 32, "synthetic_size": 512,
@@ -493,6 +510,8 @@ def compare(argv: list[str]) -> int:
     if interruption is not None:
         raise interruption
     try:
+        cc = dataclasses.replace(cc, run_timeout=run_timeout(
+            cc, verification.train if cc.verify else train, cuda))
         if cc.verify:
             device = device_name(machine.environment(), cuda)
             return verification.main(cc.run_timeout, argv, device)
@@ -503,6 +522,38 @@ def compare(argv: list[str]) -> int:
         print(f"error: {out_error(out, error)}; what was written before is in {out}, without "
               f"a report", file=sys.stderr)
         return 1
+
+
+def run_timeout(cc: CompareConfig, train: dict, cuda: bool) -> int:
+    """--run_timeout, or where it is not given: without GPUs CPU_RUN_TIMEOUT; on GPUs what the
+    longest run must do at a pace no working GPU run falls below: RUN_START_S, COMPILE_S with
+    --compile, and SLOW_STEP_S or more for each training step and evaluation batch, the FLOPs of
+    the most images one GPU takes in a step (the global batch, or --batch_per_gpu) at SLOW_TFLOPS.
+    `train`: the flags of every run (--verify's with its --max_steps and --epochs)."""
+    if cc.run_timeout is not None:
+        return cc.run_timeout
+    if not cuda:
+        return CPU_RUN_TIMEOUT
+    cfg = parse_config(Config, config_argv(Config, train))
+    images = cc.batch_per_gpu or cfg.batch_size
+    step_s = max(SLOW_STEP_S, performance.flops_per_image(cfg) * images / (SLOW_TFLOPS * 1e12))
+    return math.ceil(RUN_START_S + COMPILE_S * cfg.compile + steps_of_a_run(cc, train) * step_s)
+
+
+def steps_of_a_run(cc: CompareConfig, train: dict) -> int:
+    """The training steps and evaluation batches of the longest run: a --benchmark run's untimed,
+    timed and profiled steps; a trained one's steps (up to --max_steps; the profiled ones among
+    them), and a test set's batches after each epoch."""
+    given = {field.name: train.get(field.name, field.default)
+             for field in dataclasses.fields(Config)}
+    if not (cc.epochs or cc.verify):
+        return given["warmup_steps"] + given["benchmark_steps"] + cc.profile_steps
+    batch = cc.batch_per_gpu or given["batch_size"]
+    epochs = cc.epochs or given["epochs"] or 1
+    steps = epochs * math.ceil(images_in_training_set(given) / batch)
+    limit = given["max_steps"] or (DEFAULT_STEPS if cc.verify else None)
+    steps = min(steps, limit) if limit else steps
+    return steps + epochs * math.ceil(images_in_test_set(given) / batch)
 
 
 def check_dataset(cc: CompareConfig, train: dict) -> None:
@@ -549,7 +600,8 @@ def run_matrix(cc: CompareConfig, argv: list[str], train: dict, shared: list[str
     signal if one stopped compare.py."""
     env, topology = machine.environment(), machine.topology()
     device = device_name(env, cuda)
-    print(f"compare: {len(runs)} runs on {device} -> {out}", flush=True)
+    print(f"compare: {len(runs)} runs on {device} -> {out}; each stopped after "
+          f"{cc.run_timeout} s (--run_timeout)", flush=True)
     warning = oversubscription_warning(runs, cores_here())
     if warning:
         print(warning, flush=True)

@@ -14,6 +14,11 @@
 # every run under OUT, so a second call into the same OUT adds its rows to the first's table. The
 # summary gives each row's images/s as a share of two of benchmarks/roofline.py's bounds for its own
 # model: op by op (no kernel cost) and fused as training BatchNorm allows.
+# The table is written again after every row (into SUMMARY, default OUT/summary.txt), so a run stopped
+# part-way keeps every row it finished; it is printed at the end. Each row is a process group of its own
+# (benchmarks/jobs.sh): Ctrl-C, SIGTERM, SIGHUP or a `timeout` stops the running row (SIGTERM, then SIGKILL
+# after JOB_GRACE_S seconds, default 20) and nothing it started outlives the script. ROW_TIMEOUT=S stops a
+# row after S seconds (default: no limit) and names it failed.
 # A run that fails is named in the summary and the others still run; the exit status is then 1.
 # Without a CUDA GPU it says so in one line and exits 2, before anything is written.
 set -uo pipefail
@@ -27,6 +32,15 @@ if ! python -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/d
     exit 2
 fi
 mkdir -p "$OUT" || exit 1
+SUMMARY=${SUMMARY:-$OUT/summary.txt}
+ROW_TIMEOUT=${ROW_TIMEOUT:-0}
+# shellcheck source=benchmarks/jobs.sh
+. benchmarks/jobs.sh
+CACHE=
+trap 'job_stop; rm -rf "$CACHE"' EXIT  # the running row stopped, and the compile cache removed
+trap 'exit 130' INT
+trap 'exit 143' TERM
+trap 'exit 129' HUP
 STEPS=${BENCHMARK_STEPS:-200}
 COMMON=(--benchmark --batch_size 256 --warmup_steps 30 --benchmark_steps "$STEPS" --log_interval 50
         --no_progress --log_dir "$OUT" --overwrite "${@:2}")
@@ -36,40 +50,18 @@ wanted() { [ "$ROWS" = all ] || [[ " $ROWS " == *" $1 "* ]]; }
 run() { local name=$1 script=$2; shift 2; wanted "$name" || return 0
         local shown="$*"  # the compile cache as CACHE: a temporary folder, gone at the end
         echo "== $name: python $script ${COMMON[*]} ${shown//"$CACHE"/CACHE}"
-        python "$script" "${COMMON[@]}" --run_name "$name" "$@" || FAILED+=("$name"); }
-
-# An empty compile cache for the compiled rows (the first compiled run is cold, the second warm),
-# made only for them and removed when the script ends, however it ends
-CACHE=
-compiled_rows() { wanted compiled_cold || wanted compiled_warm || wanted compiled; }
-if [ "${COMPILE:-1}" != 0 ] && compiled_rows; then
-    CACHE=$(mktemp -d) || exit 1
-    trap 'rm -rf "$CACHE"' EXIT
-    echo "CACHE: a temporary folder for the compiled rows' torch.compile cache, removed at the end"
-fi
-run fast            single_gpu/train.py
-run unaligned       single_gpu/train.py --align_channels 0
-run align16         single_gpu/train.py --align_channels 16
-run align32         single_gpu/train.py --align_channels 32
-run cudnn_limit0    single_gpu/train.py --cudnn_benchmark_limit 0
-run classic         single_gpu/train.py --loader torchvision --amp off --no_channels_last --align_channels 0
-run data_parallel   data_parallel/train.py
-run dist_parallel   dist_parallel/train.py --nproc_per_node 1
-run width8          single_gpu/train.py --width_multiple 8
-if [ "${COMPILE:-1}" != 0 ]; then
-    run compiled_cold single_gpu/train.py --compile --compile_mode reduce-overhead --compile_cache "$CACHE"
-    run compiled_warm single_gpu/train.py --compile --compile_mode reduce-overhead --compile_cache "$CACHE"
-fi
-if [ "${COMPILE:-1}" = all ]; then
-    run compiled      single_gpu/train.py --compile --compile_cache "$CACHE"
-fi
-if wanted profile; then
-    python benchmarks/profile_step.py --batch_size 256 "${@:2}" --out "$OUT/profile.json" || FAILED+=(profile)
-    python benchmarks/profile_step.py --batch_size 256 "${@:2}" --width_multiple 8 \
-        --out "$OUT/profile_width8.json" || FAILED+=(profile_width8)
-fi
-
-python - "$OUT" "${FAILED[@]}" <<'PY' | tee "$OUT/summary.txt"
+        job_run "$ROW_TIMEOUT" python "$script" "${COMMON[@]}" --run_name "$name" "$@"
+        ended "$name" $?; }
+ended() {  # ended NAME STATUS: a row that failed is named, and the table written again
+    [ "$2" -eq 0 ] || FAILED+=("$1")
+    [ "$2" -ne 124 ] || echo "$1: stopped after ROW_TIMEOUT=$ROW_TIMEOUT s"
+    write_table; }
+write_table() {  # the table written whole or not at all: a row stopped meanwhile leaves the last one
+    table > "$OUT/.table.tmp" && mv "$OUT/.table.tmp" "$SUMMARY"
+    WRITTEN=1; }
+WRITTEN=0
+table() {  # the table of every run under OUT, and the rows that failed
+    python - "$OUT" "${FAILED[@]}" <<'PY'
 import json, sys
 from pathlib import Path
 sys.path.insert(0, ".")
@@ -132,4 +124,39 @@ if fast and "classic" in runs:
 if failed:
     print(f"failed: {', '.join(failed)} (their output is above)")
 PY
+}
+
+# An empty compile cache for the compiled rows (the first compiled run is cold, the second warm),
+# made only for them and removed when the script ends, however it ends
+compiled_rows() { wanted compiled_cold || wanted compiled_warm || wanted compiled; }
+if [ "${COMPILE:-1}" != 0 ] && compiled_rows; then
+    CACHE=$(mktemp -d) || exit 1
+    echo "CACHE: a temporary folder for the compiled rows' torch.compile cache, removed at the end"
+fi
+run fast            single_gpu/train.py
+run unaligned       single_gpu/train.py --align_channels 0
+run align16         single_gpu/train.py --align_channels 16
+run align32         single_gpu/train.py --align_channels 32
+run cudnn_limit0    single_gpu/train.py --cudnn_benchmark_limit 0
+run classic         single_gpu/train.py --loader torchvision --amp off --no_channels_last --align_channels 0
+run data_parallel   data_parallel/train.py
+run dist_parallel   dist_parallel/train.py --nproc_per_node 1
+run width8          single_gpu/train.py --width_multiple 8
+if [ "${COMPILE:-1}" != 0 ]; then
+    run compiled_cold single_gpu/train.py --compile --compile_mode reduce-overhead --compile_cache "$CACHE"
+    run compiled_warm single_gpu/train.py --compile --compile_mode reduce-overhead --compile_cache "$CACHE"
+fi
+if [ "${COMPILE:-1}" = all ]; then
+    run compiled      single_gpu/train.py --compile --compile_cache "$CACHE"
+fi
+if wanted profile; then
+    job_run "$ROW_TIMEOUT" python benchmarks/profile_step.py --batch_size 256 "${@:2}" \
+        --out "$OUT/profile.json"
+    ended profile $?
+    job_run "$ROW_TIMEOUT" python benchmarks/profile_step.py --batch_size 256 "${@:2}" \
+        --width_multiple 8 --out "$OUT/profile_width8.json"
+    ended profile_width8 $?
+fi
+[ "$WRITTEN" = 1 ] || write_table  # no row ran: the table of the runs OUT holds already
+cat "$SUMMARY"
 [ ${#FAILED[@]} -eq 0 ]

@@ -432,8 +432,9 @@ class Verification:
         thread). With the signal that stopped compare.py in place of None: the runs under way
         interrupted, the rest not run."""
         launches = list(self.launches.values())
-        print(f"verify: {len(launches)} runs on {'GPUs' if self.cuda else 'the CPU'} -> {self.out}",
-              flush=True)
+        where = "GPUs" if self.cuda else "the CPU"
+        print(f"verify: {len(launches)} runs on {where} -> {self.out}; each stopped after "
+              f"{timeout} s (--run_timeout)", flush=True)
 
         def begin(task: Launch):
             run_dir = self.out / "runs" / task.run_dir

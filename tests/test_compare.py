@@ -85,6 +85,7 @@ def test_every_mode_runs_and_one_failure_is_reported_not_dropped(comparison):
             and "`02-data_parallel-1cpu-r1`: failed" in report)
     assert "| data_parallel | 1 | — |" in report and "**1 failed**" in report
     lines = done.stdout.splitlines()
+    assert lines[0].endswith("; each stopped after 3600 s (--run_timeout)")  # without GPUs
     assert [line.split("]")[0] for line in lines if line.startswith("[")] == \
         ["[1/3", "[2/3", "[3/3"]
     assert "2 left after it" in lines[1] and "FAILED: exit status" in done.stdout

@@ -1,0 +1,313 @@
+"""The GPU scripts' orchestration on the CPU: benchmarks/jobs.sh's steps in process groups of their
+own, benchmarks/fast_path.sh keeping every finished row and leaving nothing running when it is
+stopped, benchmarks/gpu_check.sh's plan first, its files under OUT, its refusals and its stop; and
+compare.py's --run_timeout sized to the run on GPUs.
+
+What the scripts measure needs a GPU (BENCHMARKS.md). Here the scripts run as a user runs them,
+with `python` on PATH a stand-in (STAND_IN) that answers their CUDA check yes, names a GPU and
+plays the runs: a train.py row writes a results.json of made-up figures (the table's code is the
+real one, its figures are no measurement), and the run named in SLOW ignores SIGTERM, as a run in
+the middle of a compile of minutes does, with a child that ignores it too. Everything else, the
+fast-path table among it, is the real python."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import compare
+from common import performance
+from conftest import REPO
+
+STAND_IN = f'''#!{sys.executable}
+import json, os, signal, subprocess, sys, time
+args = sys.argv[1:]
+if args[:1] == ["-c"] and "cuda.is_available" in args[1]:
+    sys.exit(0)
+if args[:1] == ["-c"] and "get_device_name" in args[1]:
+    sys.exit(print("a stand-in GPU"))
+script = next((a for a in args if a.endswith(".py")), "")
+name = args[args.index("--run_name") + 1] if "--run_name" in args else os.path.basename(script)
+if script.endswith(("train.py", "compare.py")):
+    if name in os.environ.get("SLOW", "").split():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        child = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                                  "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+        with open(os.environ["PIDS"], "a") as pids:
+            pids.write(f"{{os.getpid()}} {{child.pid}}\\n")
+        print(name, "runs and ignores SIGTERM", flush=True)
+        time.sleep(600)
+    if script.endswith("train.py"):
+        run = os.path.join(args[args.index("--log_dir") + 1], name)
+        os.makedirs(run, exist_ok=True)
+        summary = dict(images_per_sec=100.0, mfu=None, compile_time_s=None, peak_mem_gb=None,
+                       batch_time_p50=0.01, batch_time_p90=0.01, data_wait_frac=0.0)
+        with open(os.path.join(run, "results.json"), "w") as results:
+            json.dump(dict(summary=summary, env=dict(gpus=[], torch="-", cuda=None, cudnn=None),
+                           config=dict(amp="off", width_multiple=1, batch_size=256)), results)
+    sys.exit(0)
+os.execv(sys.executable, [sys.executable, *args])
+'''
+GRACE_S = 1  # JOB_GRACE_S: fast_path.sh's rows, and gpu_check.sh's parts 10 s more
+
+
+@pytest.fixture(scope="module")
+def stand_in(tmp_path_factory) -> dict:
+    """The environment that puts the stand-in first on PATH."""
+    folder = tmp_path_factory.mktemp("bin")
+    (folder / "python").write_text(STAND_IN)
+    (folder / "python").chmod(0o755)
+    return {**os.environ, "PATH": f"{folder}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1",
+            "JOB_GRACE_S": str(GRACE_S)}
+
+
+def running(pid: int) -> bool:
+    """Whether the process runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def group_members(group: int) -> list[int]:
+    """The running processes of a process group."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(") ", 1)[1].split()
+        except (FileNotFoundError, IndexError):
+            continue
+        if int(fields[2]) == group and fields[0] != "Z":
+            members.append(int(stat.parent.name))
+    return members
+
+
+def start(argv: list[str], env: dict) -> subprocess.Popen:
+    """A script started as from a terminal of its own: it leads its process group, which a
+    `timeout` signals whole."""
+    return subprocess.Popen(argv, cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_for(pids: Path, script: subprocess.Popen, seconds: float = 120) -> list[int]:
+    """The slow run's pids, once it has written them."""
+    deadline = time.monotonic() + seconds
+    while not (pids.exists() and pids.read_text().strip()):
+        assert script.poll() is None, script.stdout.read()
+        assert time.monotonic() < deadline, "the slow run never started"
+        time.sleep(0.1)
+    return [int(pid) for pid in pids.read_text().split()]
+
+
+def stop(script: subprocess.Popen, seconds: float = 60) -> tuple[int, str, float]:
+    """SIGTERM to the script's whole process group, as `timeout` and a terminal's Ctrl-C send
+    it: the exit status, the output, and the seconds it took to end."""
+    began = time.monotonic()
+    os.killpg(script.pid, signal.SIGTERM)
+    output, _ = script.communicate(timeout=seconds)
+    return script.returncode, output, time.monotonic() - began
+
+
+def time_out(timeout: subprocess.Popen, seconds: float = 60) -> tuple[int, str, float]:
+    """The limit of `timeout` reached now (its alarm): it sends SIGTERM to the script and its
+    process group. The exit status, the output, and the seconds the script took to end."""
+    began = time.monotonic()
+    os.kill(timeout.pid, signal.SIGALRM)
+    output, _ = timeout.communicate(timeout=seconds)
+    return timeout.returncode, output, time.monotonic() - began
+
+
+# ----------------------------------------------------------------------------------------- jobs.sh
+def jobs(script: str, env=None) -> subprocess.CompletedProcess:
+    """A bash script that has sourced benchmarks/jobs.sh, as the benchmark scripts do."""
+    return subprocess.run(["bash", "-c", f". benchmarks/jobs.sh\n{script}"], cwd=REPO, text=True,
+                          capture_output=True, timeout=60, env={**os.environ, **(env or {})})
+
+
+def test_a_job_runs_in_a_process_group_of_its_own_and_says_how_it_ended():
+    done = jobs('job_run 0 bash -c \'echo "$$ $(ps -o pgid= $$)"; exit 3\'; echo "status $?"\n'
+                'echo "script $(ps -o pgid= $$)"')
+    job, job_group, _, status, _, script_group = done.stdout.split()
+    assert job == job_group and job_group != script_group and status == "3", done.stdout
+
+
+def test_a_job_past_its_limit_is_stopped_and_its_group_killed():
+    """A job that ignores SIGTERM, with a child: both gone once the limit and the grace are
+    past, and the status is timeout's 124."""
+    done = jobs("SECONDS=0; job_run 1 bash -c 'trap \"\" TERM; sleep 300 & echo $!; sleep 300'\n"
+                'echo "status $? after $SECONDS s"', env={"JOB_GRACE_S": "1"})
+    child, _, status, _, seconds, _ = done.stdout.split()
+    assert status == "124" and 2 <= int(seconds) <= 10, done.stdout + done.stderr
+    assert not running(int(child))
+
+
+def test_a_stop_ends_the_running_job_with_everything_in_its_group(tmp_path):
+    """The trap the scripts set: SIGTERM to the script reaches the job (which ignores it) and
+    its child through job_stop, SIGKILL after the grace."""
+    pids = tmp_path / "pids"
+    script = start(["bash", "-c", ". benchmarks/jobs.sh\ntrap job_stop EXIT\ntrap 'exit 143' TERM\n"
+                    f"job_run 0 bash -c 'trap \"\" TERM; sleep 300 & echo $$ $! > {pids}; "
+                    "sleep 300'"], {**os.environ, "JOB_GRACE_S": "1"})
+    members = wait_for(pids, script, 30)
+    code, output, seconds = stop(script)
+    assert code == 143 and seconds < 10, output
+    assert not any(running(pid) for pid in members) and not group_members(members[0])
+
+
+# ------------------------------------------------------------------------------------ fast_path.sh
+def test_fast_path_stopped_midway_keeps_its_finished_rows_and_leaves_nothing_running(tmp_path,
+                                                                                     stand_in):
+    """`timeout 60 bash benchmarks/fast_path.sh` was seen to leave its training running, and the
+    table was written only after the last row: a limit reached in the warm compile lost the cold
+    compile's row. Here the second row hangs deaf to SIGTERM, and `timeout` stops the script."""
+    out, pids = tmp_path / "fast_path", tmp_path / "pids"
+    env = {**stand_in, "ROWS": "fast unaligned", "SLOW": "unaligned", "PIDS": str(pids)}
+    script = start(["timeout", "600", "bash", "benchmarks/fast_path.sh", str(out)], env)
+    members = wait_for(pids, script)
+    table = (out / "summary.txt").read_text()
+    assert "| fast | 100 |" in table and "| unaligned |" not in table  # the first row, at once
+    code, output, seconds = time_out(script)
+    assert code == 124, output  # timeout's own status: it stopped the script
+    assert seconds < GRACE_S + 10 and not any(running(pid) for pid in members), output
+    assert not group_members(members[0])
+    assert "| fast | 100 |" in (out / "summary.txt").read_text()
+
+
+def test_fast_path_names_a_row_stopped_at_its_limit(tmp_path, stand_in):
+    out, pids = tmp_path / "fast_path", tmp_path / "pids"
+    env = {**stand_in, "ROWS": "unaligned", "SLOW": "unaligned", "PIDS": str(pids),
+           "ROW_TIMEOUT": "2"}
+    done = subprocess.run(["bash", "benchmarks/fast_path.sh", str(out)], cwd=REPO, env=env,
+                          text=True, capture_output=True, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "unaligned: stopped after ROW_TIMEOUT=2 s" in done.stdout
+    assert "failed: unaligned" in (out / "summary.txt").read_text()
+    assert not any(running(int(pid)) for pid in pids.read_text().split())
+
+
+# ------------------------------------------------------------------------------------ gpu_check.sh
+PLAN_ROW = re.compile(r"^  (\w+) +(\d+\.\d) +(\d+\.\d)  \S")
+
+
+def test_gpu_check_prints_its_plan_first_and_keeps_its_files_under_out(tmp_path, stand_in):
+    out = tmp_path / "check"
+    done = subprocess.run(["bash", "benchmarks/gpu_check.sh", str(out)], cwd=REPO, text=True,
+                          env={**stand_in, "PARTS": "verify compare"}, capture_output=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("Plan: the minutes predicted on one H200")
+    rows = [PLAN_ROW.match(line).groups() for line in lines[2:5]]
+    assert [name for name, _, _ in rows] == ["start", "compare", "verify"]  # the script's order
+    ends = 0.0
+    for _, minutes, ends_at in rows:  # each part ends its minutes after the one before it
+        ends += float(minutes)
+        assert float(ends_at) == pytest.approx(ends) and float(minutes) > 0
+    assert lines[5].startswith("== compare")  # the plan before any part
+    summary = (out / "summary.md").read_text()
+    assert summary.startswith("# GPU check")
+    assert summary.index("## Plan") < summary.index("- compare")
+    assert re.search(r"^- compare: ok in \d+ s \(predicted 3\.0 min\): `python compare.py --out "
+                     r"\S+ --run_timeout \d+`$", summary, re.MULTILINE)
+    assert re.search(r"^- verify: ok in .*`python compare.py --verify --modes single_gpu "
+                     r"data_parallel dist_parallel fsdp --backends nccl .* --run_timeout \d+ ",
+                     summary, re.MULTILINE)
+    # at most 8 files straight under OUT, none one or two folders down, the rest packed
+    assert sorted(path.name for path in out.iterdir()) == [
+        "environment.txt", "gpu_check.log", "logs.tar.gz", "summary.md", "work"]
+    assert not [path for path in [*out.glob("*/*"), *out.glob("*/*/*")] if not path.is_dir()]
+    assert "Plan: the minutes" in (out / "gpu_check.log").read_text()
+    assert "a stand-in GPU" in summary  # the device, named once the plan is out
+    listed = subprocess.run(["tar", "tzf", out / "logs.tar.gz"], capture_output=True, text=True)
+    assert {"./logs/compare.log", "./logs/verify.log"} <= set(listed.stdout.split())
+
+
+def test_gpu_check_stopped_in_a_fast_path_row_leaves_nothing_running(tmp_path, stand_in):
+    """The row is fast_path.sh's, itself a part of gpu_check.sh: the stop goes through both."""
+    out, pids = tmp_path / "check", tmp_path / "pids"
+    env = {**stand_in, "PARTS": "compare fast_path", "SLOW": "compiled_cold", "PIDS": str(pids)}
+    script = start(["bash", "benchmarks/gpu_check.sh", str(out)], env)
+    members = wait_for(pids, script)
+    code, output, seconds = stop(script)
+    assert code == 143 and seconds < GRACE_S + 20, output
+    assert not any(running(pid) for pid in members) and not group_members(members[0])
+    summary = (out / "summary.md").read_text()
+    assert "- compare: ok in" in summary
+    assert re.search(r"^- fast_path: STOPPED by SIGTERM after \d+ s$", summary, re.MULTILINE)
+    assert "| fast | 100 |" in (out / "fast_path.md").read_text()  # its finished row
+    assert "stopped by SIGTERM during fast_path" in output
+
+
+@pytest.mark.parametrize("env, folder_holds, says", [
+    ({"CUDA_VISIBLE_DEVICES": "-1"}, None, "error: no CUDA GPU here: gpu_check.sh runs on a GPU "
+                                           "machine (the CPU suite is python -m pytest -q)"),
+    ({"PARTS": "compare speed"}, None, "error: PARTS names speed, which is no part: choose among "
+                                       "compare verify fast_path tests"),
+    ("stand_in", "summary.md", "already holds files: give a new or empty folder"),
+])
+def test_gpu_check_refuses_in_one_line_before_writing(tmp_path, stand_in, env, folder_holds, says):
+    out = tmp_path / "check"
+    if folder_holds:
+        out.mkdir()
+        (out / folder_holds).write_text("an earlier check")
+    done = subprocess.run(["bash", "benchmarks/gpu_check.sh", str(out)], cwd=REPO, text=True,
+                          capture_output=True, timeout=120,
+                          env=stand_in if env == "stand_in" else {**os.environ, **env})
+    assert done.returncode == 2 and done.stdout == "" and done.stderr.count("\n") == 1
+    assert says in done.stderr
+    assert sorted(p.name for p in out.iterdir()) == [folder_holds] if folder_holds \
+        else not out.exists()
+
+
+# ----------------------------------------------------------------------- compare.py --run_timeout
+def timeout_of(argv: list[str], cuda=True, flops=1e9) -> int:
+    """--run_timeout as compare.py resolves it for `argv` on a machine with or without GPUs,
+    for a model of `flops` per training image."""
+    cc, train, group_only = compare.parse(argv)
+    cc = compare.resolve(cc, train, cuda, 1, group_only)
+    if not cc.verify:
+        compare.plan_matrix(cc, train, {}, cuda)  # which sets the runs' --epochs, as in compare.py
+    performance_flops = performance.flops_per_image
+    performance.flops_per_image = lambda cfg: flops
+    try:
+        return compare.run_timeout(cc, train, cuda)
+    finally:
+        performance.flops_per_image = performance_flops
+
+
+def test_run_timeout_on_gpus_is_sized_to_the_runs_steps_and_model():
+    start_s, slow = compare.RUN_START_S, compare.SLOW_TFLOPS * 1e12
+    # a --benchmark run: 10 untimed, 100 timed and 3 profiled steps of the global batch, 128
+    small = timeout_of([], flops=1e9)  # 128 GFLOP a step: the least a step is given
+    assert small == start_s + round(113 * compare.SLOW_STEP_S)
+    big = timeout_of([], flops=28.3e9)  # PyramidNet-110 alpha=270: 0.72 s a step at 5 TFLOP/s
+    assert big == start_s + -(-113 * 28.3e9 * 128 // slow)
+    assert timeout_of(["--benchmark_steps", "200"], flops=28.3e9) > big
+    assert timeout_of(["--compile"], flops=28.3e9) == big + compare.COMPILE_S
+    assert timeout_of(["--batch_per_gpu", "256"], flops=28.3e9) > big  # one GPU's images a step
+    # training: 2 epochs of 391 steps (50,000 images, batch 128) and of 79 test batches
+    trained = timeout_of(["--epochs", "2", "--dataset", "cifar10"], flops=1e9)
+    assert trained == start_s + round(2 * (391 + 79) * compare.SLOW_STEP_S)
+    assert timeout_of(["--run_timeout", "90"]) == 90  # given: as given
+
+
+def test_run_timeout_without_gpus_is_an_hour():
+    assert timeout_of([], cuda=False) == compare.CPU_RUN_TIMEOUT == 3600
+
+
+def test_run_timeout_is_said_in_help_and_docs_as_the_code_sizes_it():
+    text = " ".join(compare.build_compare_parser().format_help().split())
+    assert (f"sized to the run: {compare.RUN_START_S // 60} minutes to start, "
+            f"{compare.COMPILE_S // 60} more with --compile, and the FLOPs of each step and "
+            f"evaluation batch at {compare.SLOW_TFLOPS:g} TFLOP/s, at least "
+            f"{compare.SLOW_STEP_S:g} s each; without GPUs, an hour") in text
+    assert compare.CPU_RUN_TIMEOUT == 3600
+    comparing = " ".join((REPO / "docs" / "comparing.md").read_text().split())
+    assert (f"`--run_timeout` (default on GPUs: {compare.RUN_START_S // 60} minutes to start"
+            in comparing)
