@@ -592,8 +592,43 @@ class GroupConfig(Config):
                                 "from the last checkpoint)", at_least=0)
 
 
+# The short forms of PyTorch's ImageNet example (pytorch/examples, imagenet/main.py) whose flag
+# means the same here, so that its commands paste: -b the global batch (its total batch of a
+# node), -j the loader's worker processes (here each training process's), -a the model by
+# torchvision's name (its --arch), -p the steps between two log lines (its --print-freq), -e an
+# evaluation only (here of the weights whose path follows it; its -e evaluates the --resume
+# checkpoint).
+SHORT_FLAGS = {"batch_size": "-b", "num_workers": "-j", "model": "-a", "log_interval": "-p",
+               "evaluate": "-e"}
+
+
 class _OneLineParser(argparse.ArgumentParser):
-    """argparse prints usage plus the error; here a mistake is one line that says what to do."""
+    """argparse prints usage plus the error; here a mistake is one line that says what to do.
+    Every long flag is also accepted with hyphens for its underscores (`--batch-size`,
+    `--no-nesterov`), as PyTorch's ImageNet example and timm write them; --help shows the
+    underscores only."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        given = sys.argv[1:] if args is None else list(args)
+        return super().parse_known_args(self.with_underscores(given), namespace)
+
+    def with_underscores(self, args: list) -> list:
+        """`args` with each hyphenated long flag written as the parser knows it (`--batch-size 64`
+        and `--batch-size=64` as `--batch_size`), up to a lone `--`. A flag whose underscored form
+        names no flag (nor the start of one, which argparse takes for it) is left as it was typed,
+        so that an error names it as the user wrote it."""
+        known = list(self._option_string_actions)
+        written = []
+        for index, arg in enumerate(args):
+            if not isinstance(arg, str) or arg == "--":
+                return written + list(args[index:])
+            name, equals, value = arg.partition("=")
+            if name.startswith("--") and "-" in name[2:]:
+                underscored = "--" + name[2:].replace("-", "_")
+                if any(option.startswith(underscored) for option in known):
+                    arg = underscored + equals + value
+            written.append(arg)
+        return written
 
     def error(self, message):
         if message.endswith("expected one argument"):  # argparse takes -1e-4 or -inf for a flag
@@ -643,16 +678,17 @@ def add_flags(parser: argparse.ArgumentParser, config_class: type[Config], skip=
         meta.pop("domain", None)  # checked by the config itself (check_domains)
         kind = hints[f.name]
         default = f.default if defaults else argparse.SUPPRESS
+        short = [SHORT_FLAGS[f.name]] if f.name in SHORT_FLAGS else []  # -b, as ImageNet's
         if kind is bool:
             name = f"--no_{f.name}" if f.default else f"--{f.name}"
-            parser.add_argument(name, dest=f.name,
+            parser.add_argument(name, *short, dest=f.name,
                                 action="store_false" if f.default else "store_true",
                                 default=default,
                                 help=f"turn off {help_text}" if f.default else help_text)
             continue
         if kind == bool | None:  # on, off, or None: the run decides (from the device)
-            parser.add_argument(f"--{f.name}", dest=f.name, action="store_const", const=True,
-                                default=default, help=help_text)
+            parser.add_argument(f"--{f.name}", *short, dest=f.name, action="store_const",
+                                const=True, default=default, help=help_text)
             parser.add_argument(f"--no_{f.name}", dest=f.name, action="store_const", const=False,
                                 default=default, help=f"turn --{f.name} off")
             continue
@@ -660,7 +696,8 @@ def add_flags(parser: argparse.ArgumentParser, config_class: type[Config], skip=
         base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)
         if typing.get_origin(base) is tuple:
             base = typing.get_args(base)[0]
-        parser.add_argument(f"--{f.name}", type=base, default=default, help=help_text, **meta)
+        parser.add_argument(f"--{f.name}", *short, type=base, default=default, help=help_text,
+                            **meta)
 
 
 def config_argv(config_class: type[Config], values: dict) -> list[str]:
