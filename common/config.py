@@ -497,6 +497,12 @@ class Config:
                                  "folder>/trace_rank<r>.json, and results.json splits each "
                                  "rank's step into compute, communication (hidden and "
                                  "exposed), data, optimizer and the rest; 0 = off", at_least=0)
+    memory_snapshot: int = flag(0, "GPUs: record the CUDA allocator's history (every allocation "
+                                   "and free, with its stack) over the first N optimizer steps "
+                                   "into <run folder>/memory_snapshot.pickle, for "
+                                   "pytorch.org/memory_viz (rank 0's GPU; the recorded steps run "
+                                   "slower: keep N within --warmup_steps); 0 = off",
+                                at_least=0)
     save_model: bool = flag(False, "write the trained weights to <run folder>/model.pt")
     checkpoint_interval: int = flag(0, "write <run folder>/checkpoint.pt every N "
                                        "optimizer steps as well; 0 = at the end of every "
@@ -531,6 +537,9 @@ class Config:
              "--benchmark trains and --evaluate does not: give one of them"),
             (not (self.profile_steps and self.evaluate),
              "--profile_steps records training steps and --evaluate trains none: give one of them"),
+            (not (self.memory_snapshot and self.evaluate),
+             "--memory_snapshot records training steps and --evaluate trains none: give one of "
+             "them"),
             # a flag that would be ignored is refused
             *[(self.compile or getattr(self, name) is None,
                f"--{name} {getattr(self, name)} does nothing without --compile: give --compile "

@@ -18,7 +18,7 @@ import torch
 from common.compiling import graph_entries, inductor_cache_path
 from common.config import Config, UsageError, compile_cache_folder
 from common.data import dataset_info, loader_description, resolve_loader
-from common.rules import alignment_refusal
+from common.rules import alignment_refusal, memory_snapshot_refusal
 from models import PYRAMIDNET, build_model, model_refusal, on_meta
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -74,6 +74,8 @@ def resolve_fast_path(cfg: Config, device: torch.device) -> Config:
     if align > 1 and not pyramid:
         refusal = (f"--align_channels {align} stores PyramidNet's channels padded; --model "
                    f"{cfg.model} keeps its own: leave out --align_channels")
+    if cfg.memory_snapshot and not cuda:  # no CUDA allocator to record
+        refusal = memory_snapshot_refusal(cfg.memory_snapshot)
     if refusal is not None:
         raise UsageError(refusal)
     if cuda:
