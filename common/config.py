@@ -629,9 +629,9 @@ class _OneLineParser(argparse.ArgumentParser):
         known = list(self._option_string_actions)
         written = []
         for index, arg in enumerate(args):
-            if not isinstance(arg, str) or arg == "--":
+            if arg == "--":
                 return written + list(args[index:])
-            name, equals, value = arg.partition("=")
+            name, equals, value = arg.partition("=") if isinstance(arg, str) else ("", "", "")
             if name.startswith("--") and "-" in name[2:]:
                 underscored = "--" + name[2:].replace("-", "_")
                 if any(option.startswith(underscored) for option in known):
