@@ -65,7 +65,9 @@ from models.pyramidnet import check_arguments
 # 4.8); NVIDIA GH200 Grace Hopper Superchip datasheet (96 GB HBM3: 4.0; 144 GB HBM3e: 4.9; "480GB"
 # and "120GB" name the Grace memory of HBM3 parts); NVIDIA A100 datasheets (40 GB SXM4 and PCIe
 # 1.555, 80 GB SXM4 2.039, 80 GB PCIe 1.935); NVIDIA L40S datasheet (0.864); NVIDIA Ada and Ampere
-# GA102 whitepapers (RTX 4090 1.008, RTX 3090 0.936).
+# GA102 whitepapers (RTX 4090 1.008, RTX 3090 0.936); the pages and datasheets of
+# common/performance.py's peak table for B200 (HGX B200: 64 TB/s over 8 GPUs), GB200 (NVL72: 576
+# TB/s over 72), L4 (0.3), A10 (0.6) and V100 (PCIe and SXM2 0.9, V100S 1.134).
 GPU_BANDWIDTH_TBS = {
     "H100 PCIe": 2.0, "H100 NVL": 3.9, "H100 80GB HBM3": 3.35,  # the last: SXM5
     "H200 NVL": 4.8, "H200": 4.8,  # SXM
@@ -75,6 +77,8 @@ GPU_BANDWIDTH_TBS = {
     "L40S": 0.864,
     "RTX 4090 D": None, "RTX 4090 Laptop": None, "RTX 4090": 1.008,  # D, laptop: other chips
     "RTX 3090 Ti": None, "RTX 3090": 0.936,
+    "GB200": 8.0, "B200": 8.0, "L4": 0.3, "A10": 0.6,
+    "V100S": 1.134, "V100-FHHL": None, "V100": 0.9,
 }
 DEFAULT_GPU = "NVIDIA H100 80GB HBM3"  # the H100 SXM the suite was measured on
 KERNEL_US = 2.0  # the default cost of one kernel beyond its work, in microseconds

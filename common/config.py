@@ -497,6 +497,12 @@ class Config:
                                  "folder>/trace_rank<r>.json, and results.json splits each "
                                  "rank's step into compute, communication (hidden and "
                                  "exposed), data, optimizer and the rest; 0 = off", at_least=0)
+    memory_snapshot: int = flag(0, "GPUs: record the CUDA allocator's history (every allocation "
+                                   "and free, with its stack) over the first N optimizer steps "
+                                   "into <run folder>/memory_snapshot.pickle, for "
+                                   "pytorch.org/memory_viz (rank 0's GPU; the recorded steps run "
+                                   "slower: keep N within --warmup_steps); 0 = off",
+                                at_least=0)
     save_model: bool = flag(False, "write the trained weights to <run folder>/model.pt")
     checkpoint_interval: int = flag(0, "write <run folder>/checkpoint.pt every N "
                                        "optimizer steps as well; 0 = at the end of every "
@@ -531,6 +537,9 @@ class Config:
              "--benchmark trains and --evaluate does not: give one of them"),
             (not (self.profile_steps and self.evaluate),
              "--profile_steps records training steps and --evaluate trains none: give one of them"),
+            (not (self.memory_snapshot and self.evaluate),
+             "--memory_snapshot records training steps and --evaluate trains none: give one of "
+             "them"),
             # a flag that would be ignored is refused
             *[(self.compile or getattr(self, name) is None,
                f"--{name} {getattr(self, name)} does nothing without --compile: give --compile "
@@ -592,8 +601,43 @@ class GroupConfig(Config):
                                 "from the last checkpoint)", at_least=0)
 
 
+# The short forms of PyTorch's ImageNet example (pytorch/examples, imagenet/main.py) whose flag
+# means the same here, so that its commands paste: -b the global batch (its total batch of a
+# node), -j the loader's worker processes (here each training process's), -a the model by
+# torchvision's name (its --arch), -p the steps between two log lines (its --print-freq), -e an
+# evaluation only (here of the weights whose path follows it; its -e evaluates the --resume
+# checkpoint).
+SHORT_FLAGS = {"batch_size": "-b", "num_workers": "-j", "model": "-a", "log_interval": "-p",
+               "evaluate": "-e"}
+
+
 class _OneLineParser(argparse.ArgumentParser):
-    """argparse prints usage plus the error; here a mistake is one line that says what to do."""
+    """argparse prints usage plus the error; here a mistake is one line that says what to do.
+    Every long flag is also accepted with hyphens for its underscores (`--batch-size`,
+    `--no-nesterov`), as PyTorch's ImageNet example and timm write them; --help shows the
+    underscores only."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        given = sys.argv[1:] if args is None else list(args)
+        return super().parse_known_args(self.with_underscores(given), namespace)
+
+    def with_underscores(self, args: list) -> list:
+        """`args` with each hyphenated long flag written as the parser knows it (`--batch-size 64`
+        and `--batch-size=64` as `--batch_size`), up to a lone `--`. A flag whose underscored form
+        names no flag (nor the start of one, which argparse takes for it) is left as it was typed,
+        so that an error names it as the user wrote it."""
+        known = list(self._option_string_actions)
+        written = []
+        for index, arg in enumerate(args):
+            if arg == "--":
+                return written + list(args[index:])
+            name, equals, value = arg.partition("=") if isinstance(arg, str) else ("", "", "")
+            if name.startswith("--") and "-" in name[2:]:
+                underscored = "--" + name[2:].replace("-", "_")
+                if any(option.startswith(underscored) for option in known):
+                    arg = underscored + equals + value
+            written.append(arg)
+        return written
 
     def error(self, message):
         if message.endswith("expected one argument"):  # argparse takes -1e-4 or -inf for a flag
@@ -643,16 +687,17 @@ def add_flags(parser: argparse.ArgumentParser, config_class: type[Config], skip=
         meta.pop("domain", None)  # checked by the config itself (check_domains)
         kind = hints[f.name]
         default = f.default if defaults else argparse.SUPPRESS
+        short = [SHORT_FLAGS[f.name]] if f.name in SHORT_FLAGS else []  # -b, as ImageNet's
         if kind is bool:
             name = f"--no_{f.name}" if f.default else f"--{f.name}"
-            parser.add_argument(name, dest=f.name,
+            parser.add_argument(name, *short, dest=f.name,
                                 action="store_false" if f.default else "store_true",
                                 default=default,
                                 help=f"turn off {help_text}" if f.default else help_text)
             continue
         if kind == bool | None:  # on, off, or None: the run decides (from the device)
-            parser.add_argument(f"--{f.name}", dest=f.name, action="store_const", const=True,
-                                default=default, help=help_text)
+            parser.add_argument(f"--{f.name}", *short, dest=f.name, action="store_const",
+                                const=True, default=default, help=help_text)
             parser.add_argument(f"--no_{f.name}", dest=f.name, action="store_const", const=False,
                                 default=default, help=f"turn --{f.name} off")
             continue
@@ -660,7 +705,8 @@ def add_flags(parser: argparse.ArgumentParser, config_class: type[Config], skip=
         base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)
         if typing.get_origin(base) is tuple:
             base = typing.get_args(base)[0]
-        parser.add_argument(f"--{f.name}", type=base, default=default, help=help_text, **meta)
+        parser.add_argument(f"--{f.name}", *short, type=base, default=default, help=help_text,
+                            **meta)
 
 
 def config_argv(config_class: type[Config], values: dict) -> list[str]:

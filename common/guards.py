@@ -44,7 +44,8 @@ def check_launch(cfg, mode: str, world_size: int, rank: int = 0) -> None:
     refuse_launch(mode, world_size, cuda=torch.cuda.is_available(), batch_size=cfg.batch_size,
                   backend=cfg.backend, sync_bn=getattr(cfg, "sync_bn", False), compile=cfg.compile,
                   evaluate=bool(cfg.evaluate), compile_mode=cfg.compile_mode,
-                  bucket_cap_mb=getattr(cfg, "bucket_cap_mb", None))
+                  bucket_cap_mb=getattr(cfg, "bucket_cap_mb", None),
+                  memory_snapshot=cfg.memory_snapshot)
 
 
 def check_master_address(environ=os.environ) -> None:

@@ -4,6 +4,7 @@ takes, workers that die with their launcher, the report of a clean stop, which t
 see for itself, and the safety net around the lines that join the process group (SafetyNet)."""
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
@@ -74,8 +75,10 @@ def launch_workers(script: str, argv: list[str], nproc: int, max_restarts: int =
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    args = get_args_parser().parse_args(["--standalone", f"--nproc_per_node={nproc}",
-                                         f"--max-restarts={max_restarts}", script, *argv])
+    with own_topology():  # one node, standalone: what the flags say, not an agent's PET_*
+        parser = get_args_parser()
+    args = parser.parse_args(["--standalone", f"--nproc_per_node={nproc}",
+                              f"--max-restarts={max_restarts}", script, *argv])
     # not in old torch
     if hasattr(args, "signals_to_handle") and "PET_SIGNALS_TO_HANDLE" not in os.environ:
         # unless the user chose (torchrun --signals-to-handle's variable)
@@ -205,17 +208,28 @@ def tell_self_launch_stopped(step: int, checkpoint: Path | None) -> None:
 SHARING_HINT = " (ranks may share a GPU under --backend gloo; NCCL refuses two ranks on one GPU)"
 
 
-def node_gpus(gpu_devices, local_rank: int, backend: str | None) -> list[int]:
-    """The GPUs of this node, of which the local_rank-th is this process's: --gpu_devices (default:
-    every visible GPU); [] without CUDA. Under gloo a GPU may be listed more than once
-    (`--gpu_devices 0 0`: two ranks on one GPU); NCCL refuses that. A local rank without a GPU of
-    its own is refused."""
-    gpus = cuda_devices(gpu_devices, default_all=True, shared=backend == "gloo",
+def node_gpus(gpu_devices, backend: str | None) -> list[int]:
+    """The GPUs of this node, of which one is this process's (local_rank_of): --gpu_devices
+    (default: every visible GPU); [] without CUDA. Under gloo a GPU may be listed more than once
+    (`--gpu_devices 0 0`: two ranks on one GPU); NCCL refuses that."""
+    return cuda_devices(gpu_devices, default_all=True, shared=backend == "gloo",
                         sharing_hint=SHARING_HINT)
-    if gpus and local_rank >= len(gpus):
-        raise UsageError(f"local rank {local_rank} has no GPU of its own ({len(gpus)} available): "
+
+
+def local_rank_of(rank: int, local_rank: int | None, gpus: int) -> int:
+    """This process's place on its node, hence its GPU (the local_rank-th of the node's `gpus`):
+    LOCAL_RANK where its launcher set it (torchrun, the self-launch). Where none did, as in a
+    Kubeflow PyTorchJob pod (one process, RANK and WORLD_SIZE but no LOCAL_RANK) or a process
+    started by hand, what the node has: RANK modulo its GPUs. A pod sees its own GPUs, so RANK 3 of
+    one-GPU pods takes GPU 0 of its pod; ranks started by hand, node by node, take one GPU each.
+    Without GPUs there is nothing to pick (RANK itself). A LOCAL_RANK past the node's GPUs is
+    refused: two processes would share a GPU."""
+    if local_rank is None:
+        return rank % gpus if gpus else rank
+    if gpus and local_rank >= gpus:
+        raise UsageError(f"local rank {local_rank} has no GPU of its own ({gpus} available): "
                          f"start at most one process per GPU", rank_specific=True)
-    return gpus
+    return local_rank
 
 
 class SafetyNet:
@@ -224,21 +238,25 @@ class SafetyNet:
 
     Made first, before setup() reads the environment: this worker dies with its torchrun agent
     (die_with_launcher); RANK, LOCAL_RANK and WORLD_SIZE that are not whole numbers, and what no
-    worker can run with (check_launch), are refused in one line; `node_gpus` is this node's GPUs,
-    checked to hold one for this local rank; `timeout` is --dist_timeout, how long a collective may
-    wait. Then `with net:` around init_process_group: NCCL's errors set to reach the main thread, a
-    store of this attempt's own after a torchrun restart (`store`; `init_method` is None then), and
-    a failed rendezvous said in one line, with the fix for the failures users meet (a port in use, a
-    master that cannot be reached, a file:// rendezvous left over from a crashed run)."""
+    worker can run with (check_launch), are refused in one line; `node_gpus` is this node's GPUs
+    and `local_rank` this process's place among them (LOCAL_RANK, else RANK modulo the GPUs:
+    local_rank_of), checked to have one of its own; `timeout` is --dist_timeout, how long a
+    collective may wait. Then `with net:` around init_process_group: NCCL's errors set to reach
+    the main thread, a store of this attempt's own after a torchrun restart (`store`;
+    `init_method` is None then), and a failed rendezvous said in one line, with the fix for the
+    failures users meet (a port in use, a master that cannot be reached, a file:// rendezvous
+    left over from a crashed run)."""
 
     def __init__(self, cfg, mode: str):
         die_with_launcher()  # a killed torchrun agent takes this worker with it: no orphan
         with launch_variables():  # set by torchrun (or by hand); not whole numbers: one line
             self.rank = int(os.environ["RANK"])
-            local_rank = int(os.environ.get("LOCAL_RANK", self.rank))
+            given = os.environ.get("LOCAL_RANK")  # none in a PyTorchJob pod of one process
+            given = None if given is None else int(given)
             self.world_size = int(os.environ["WORLD_SIZE"])
         check_launch(cfg, mode, self.world_size, self.rank)  # no worker can run it: one line
-        self.node_gpus = node_gpus(cfg.gpu_devices, local_rank, cfg.backend)  # one per process
+        self.node_gpus = node_gpus(cfg.gpu_devices, cfg.backend)
+        self.local_rank = local_rank_of(self.rank, given, len(self.node_gpus))  # one GPU each
         self.cfg = cfg
         self.timeout = datetime.timedelta(seconds=cfg.dist_timeout)  # a longer wait fails
         self.store = None
@@ -266,12 +284,49 @@ class SafetyNet:
         return rendezvous_error(error, self.cfg.init_method, self.rank, self.cfg.dist_timeout)
 
 
+# torchrun's variables that stay the user's choice in the self-launch: how the agent passes
+# signals on and how long it then waits (launch_workers), not where the job is
+AGENT_CHOICES = ("PET_SIGNALS_TO_HANDLE", "PET_SHUTDOWN_TIMEOUT")
+
+
+@contextlib.contextmanager
+def own_topology():
+    """torchrun's parser (torch.distributed.run.get_args_parser) takes the default of each of its
+    flags from PET_<FLAG> when it is built. Kubeflow's operators set them for torchrun in every pod
+    (PET_NNODES, PET_NODE_RANK, PET_NPROC_PER_NODE, PET_MASTER_ADDR; an elastic PyTorchJob
+    PET_RDZV_ENDPOINT, PET_STANDALONE...), and the self-launch's standalone agent would take them:
+    with PET_NNODES=2 it waits, silent, for a second node that never comes. While the parser is
+    built, every PET_* but AGENT_CHOICES is out of the environment; the workers still inherit it."""
+    hidden = {name: os.environ.pop(name) for name in list(os.environ)
+              if name.startswith("PET_") and name not in AGENT_CHOICES}
+    try:
+        yield
+    finally:
+        os.environ.update(hidden)
+
+
+def check_one_node(environ=os.environ) -> None:
+    """The self-launch trains on this node alone: in a job whose agents were told of several
+    nodes (PET_NNODES, as a Kubeflow TrainJob or PyTorchJob sets it for torchrun: "2", or
+    "MIN:MAX"), each node would train a job of its own, into the same run folder. Refused in one
+    line, with torchrun, which joins the nodes, as the way."""
+    nodes = environ.get("PET_NNODES", "")
+    most = nodes.rpartition(":")[2]
+    if most.isdigit() and int(most) > 1:
+        raise UsageError(f"PET_NNODES={nodes} in the environment (a Kubeflow TrainJob or "
+                         f"PyTorchJob sets it for torchrun) makes this a job of {most} nodes, and "
+                         "`python train.py` starts workers on this node only: start it with "
+                         "torchrun, which reads PET_* (`torchrun train.py ...`), or unset "
+                         "PET_NNODES to train on this node alone")
+
+
 def self_launch(cfg, script: str, argv, mode: str) -> int:
     """`python train.py` without torchrun: refuse what can be refused, then start one
-    worker per GPU (or --nproc_per_node CPU workers) as `torchrun --standalone` would;
-    each worker runs `script` again."""
-    gpus = cuda_devices(cfg.gpu_devices, default_all=True, shared=cfg.backend == "gloo",
-                        sharing_hint=SHARING_HINT)
+    worker per GPU (or --nproc_per_node CPU workers) as `torchrun --standalone` would, on this node
+    only, whatever PET_* variables an agent left in the environment; each worker runs `script`
+    again."""
+    check_one_node()  # an operator's job of several nodes: torchrun's, in one line
+    gpus = node_gpus(cfg.gpu_devices, cfg.backend)
     nproc = cfg.nproc_per_node or len(gpus) or 1
     if gpus and nproc > len(gpus):
         raise UsageError(f"--nproc_per_node {nproc} is more than the {len(gpus)} GPUs "

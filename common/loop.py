@@ -23,7 +23,7 @@ from common.metrics import RunClock, StepTimer, Sums, TrainMeter, check_loss
 from common.optim import lr_factor
 from common.performance import flops_per_image, peak_tflops, speed_summary, window_mfu
 from common.state import all_finite, load_model_state, model_state, optimizer_state
-from common.telemetry import GpuTelemetry
+from common.telemetry import GpuTelemetry, MemoryHistory
 
 Test = tuple  # an evaluation: (loss, accuracy, images); (None, None, 0) before the first
 
@@ -73,7 +73,10 @@ class Run:
         folder; the timers start here."""
         profiler = StepProfiler(cfg.profile_steps, cfg.warmup_steps, device)
         cache = cfg.compile_cache if cfg.compile else None
-        timer = StepTimer(device, cfg.warmup_steps, gpus, cache, recorder=profiler)
+        memory = (MemoryHistory(cfg.memory_snapshot, parts["run_dir"], parts["console"].line)
+                  if cfg.memory_snapshot else None)  # a GPU's: refused elsewhere (fast path)
+        timer = StepTimer(device, cfg.warmup_steps, gpus, cache, recorder=profiler,
+                          memory=memory)
         return cls(cfg=cfg, device=device, gpus=gpus, timer=timer, meter=TrainMeter(device),
                    telemetry=GpuTelemetry(gpus), clock=RunClock(started), profiler=profiler,
                    **parts)

@@ -20,6 +20,7 @@ import torch
 from common.breakdown import StepProfiler
 from common.compiling import CompileClock
 from common.config import RunError
+from common.telemetry import MemoryHistory
 
 
 class _HostClock:
@@ -57,9 +58,11 @@ class StepTimer:
     StepProfiler) is told at the marks where each step starts, gets its batch and ends."""
 
     def __init__(self, device: torch.device, warmup_steps: int, gpus=(),
-                 compile_cache: str | None = None, recorder: StepProfiler | None = None):
+                 compile_cache: str | None = None, recorder: StepProfiler | None = None,
+                 memory: MemoryHistory | None = None):
         self.clock = _CudaClock() if device.type == "cuda" else _HostClock()
         self.recorder = recorder or StepProfiler(0, warmup_steps, device)  # by default, none
+        self.memory = memory  # --memory_snapshot: the allocator's history, written after N steps
         # a compiled run: its compile cache made ready, and the time torch spends
         # compiling (common/compiling.py)
         self.compiling = CompileClock(compile_cache) if compile_cache else None
@@ -93,6 +96,8 @@ class StepTimer:
         self.steps_seen += 1
         done = self.clock.mark()
         self.recorder.done()  # may stop the profiler and split its trace: after the mark
+        if self.memory is not None:
+            self.memory.step_done(self.steps_seen)  # may write the snapshot: after the mark
         if self.steps_seen == 1:
             self.clock.wait(done)
             self.first_step_seconds = time.perf_counter() - self._first_start
@@ -122,6 +127,8 @@ class StepTimer:
     def close(self) -> None:
         if self.compiling is not None:
             self.compiling.close()
+        if self.memory is not None:  # a run shorter than --memory_snapshot: what it recorded
+            self.memory.close(self.steps_seen)
 
     def percentiles(self) -> tuple[float | None, float | None]:
         if not self.step_seconds:

@@ -18,7 +18,7 @@ import torch
 from common.compiling import graph_entries, inductor_cache_path
 from common.config import Config, UsageError, compile_cache_folder
 from common.data import dataset_info, loader_description, resolve_loader
-from common.rules import alignment_refusal
+from common.rules import alignment_refusal, memory_snapshot_refusal
 from models import PYRAMIDNET, build_model, model_refusal, on_meta
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -34,7 +34,18 @@ AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # datasheet; NVIDIA GH200 Grace Hopper Superchip datasheet (its GPU: H100/H200 SXM-class peaks);
 # NVIDIA A100 datasheet; NVIDIA L40S datasheet; NVIDIA Ada GPU architecture whitepaper, appendix A
 # (RTX 4090); NVIDIA Ampere GA102 GPU architecture whitepaper, appendix A (RTX 3090). Datasheets
-# quote "with sparsity": halved here.
+# quote "with sparsity": halved here. And, each from the vendor's page or datasheet:
+#   B200: HGX B200, https://www.nvidia.com/en-us/data-center/hgx/ (8 GPUs: FP16/BF16 36 PFLOPS,
+#     TF32 18 PFLOPS with sparsity, FP32 600 TFLOPS; per GPU, halved)
+#   GB200: GB200 NVL72, https://www.nvidia.com/en-us/data-center/gb200-nvl72/ (a GB200 superchip,
+#     two GPUs: FP16/BF16 10 PFLOPS, TF32 5 PFLOPS with sparsity, FP32 180 TFLOPS; per GPU, halved)
+#   L4: https://www.nvidia.com/en-us/data-center/l4/ (its datasheet: FP16/BF16 242, TF32 120 with
+#     sparsity, FP32 30.3 TFLOPS)
+#   A10: https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a10/pdf/a10-datasheet.pdf
+#     (BF16/FP16 125, TF32 62.5 dense, FP32 31.2 TFLOPS)
+#   V100: https://images.nvidia.com/content/technologies/volta/pdf/volta-v100-datasheet-update-us-1165301-r5.pdf
+#     (tensor 112 PCIe, 125 SXM2, 130 V100S; FP32 14, 15.7, 16.4 TFLOPS; no sparsity). Volta has
+#     no bf16 (--amp bf16 is refused there: None) and no TF32: --amp off computes in fp32.
 GPU_PEAK_TFLOPS = {
     "H100 PCIe": {"bf16": 756.5, "fp16": 756.5, "tf32": 378.0, "fp32": 51.2},
     "H100 NVL": {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0},
@@ -47,6 +58,17 @@ GPU_PEAK_TFLOPS = {
     # SXM4 and PCIe, 40 and 80 GB
     "A100": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
     "L40S": {"bf16": 362.05, "fp16": 362.05, "tf32": 183.0, "fp32": 91.6},
+    # Blackwell: "NVIDIA B200" (HGX, 1,000 W); "NVIDIA GB200" (Grace Blackwell, 1,200 W)
+    "GB200": {"bf16": 2500.0, "fp16": 2500.0, "tf32": 1250.0, "fp32": 90.0},
+    "B200": {"bf16": 2250.0, "fp16": 2250.0, "tf32": 1125.0, "fp32": 75.0},
+    "L4": {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3},  # not "L40S", nor "L40"
+    "A10": {"bf16": 125.0, "fp16": 125.0, "tf32": 62.5, "fp32": 31.2},  # not "A100", nor "A10G"
+    # "Tesla V100-PCIE-32GB", "Tesla V100S-PCIE-32GB", "Tesla V100-SXM2-16GB"; the FHHL card
+    # (150 W) has clocks of its own
+    "V100-PCIE": {"bf16": None, "fp16": 112.0, "tf32": 14.0, "fp32": 14.0},
+    "V100S": {"bf16": None, "fp16": 130.0, "tf32": 16.4, "fp32": 16.4},
+    "V100-FHHL": None,
+    "V100": {"bf16": None, "fp16": 125.0, "tf32": 15.7, "fp32": 15.7},
     "RTX 4090 D": None, "RTX 4090 Laptop": None,
     "RTX 4090": {"bf16": 165.2, "fp16": 165.2, "tf32": 82.6, "fp32": 82.6},
     "RTX 3090 Ti": None,
@@ -74,6 +96,8 @@ def resolve_fast_path(cfg: Config, device: torch.device) -> Config:
     if align > 1 and not pyramid:
         refusal = (f"--align_channels {align} stores PyramidNet's channels padded; --model "
                    f"{cfg.model} keeps its own: leave out --align_channels")
+    if cfg.memory_snapshot and not cuda:  # no CUDA allocator to record
+        refusal = memory_snapshot_refusal(cfg.memory_snapshot)
     if refusal is not None:
         raise UsageError(refusal)
     if cuda:

@@ -24,11 +24,11 @@ def launch_refusal(mode: str, processes: int, *, cuda: bool, batch_size: int,
                    backend: str | None = None, sync_bn: bool = False, compile: bool = False,
                    evaluate: bool = False, align_channels: int | None = None,
                    compile_mode: str | None = None,
-                   bucket_cap_mb: float | None = None) -> str | None:
+                   bucket_cap_mb: float | None = None, memory_snapshot: int = 0) -> str | None:
     """Why `mode` over `processes` (GPUs, for data_parallel) cannot run on this machine
     (`cuda`: it has CUDA GPUs), in one line; None when it can. An evaluation trains nothing:
     any batch suits any number of them."""
-    refusal = machine_refusal(cuda, (backend,), sync_bn)
+    refusal = machine_refusal(cuda, (backend,), sync_bn, memory_snapshot=memory_snapshot)
     if refusal is not None:
         return refusal
     refusal = alignment_refusal(sync_bn, align_channels)
@@ -79,14 +79,22 @@ def compile_refusal(mode: str, compile: bool, compile_mode: str | None,
 
 
 def machine_refusal(cuda: bool, backends=(), sync_bn: bool = False,
-                    flag: str = "--backend") -> str | None:
-    """Why this machine (`cuda`: it has CUDA GPUs) cannot run any of `backends`, or SyncBatchNorm;
-    None when it can. `flag` names the backends as the user gave them."""
+                    flag: str = "--backend", memory_snapshot: int = 0) -> str | None:
+    """Why this machine (`cuda`: it has CUDA GPUs) cannot run any of `backends`, SyncBatchNorm or
+    a --memory_snapshot; None when it can. `flag` names the backends as the user gave them."""
     if "nccl" in backends and not cuda:
         return f"{flag} nccl needs CUDA GPUs and this machine has none: use {flag} gloo on CPUs"
     if sync_bn and not cuda:
         return "SyncBatchNorm (--sync_bn) needs GPUs: PyTorch's SyncBatchNorm refuses CPU modules"
+    if memory_snapshot and not cuda:
+        return memory_snapshot_refusal(memory_snapshot)
     return None
+
+
+def memory_snapshot_refusal(steps: int) -> str:
+    """Why --memory_snapshot cannot run here: there is no CUDA allocator to record."""
+    return (f"--memory_snapshot {steps} records the CUDA caching allocator's history, and this "
+            "run has no CUDA GPU: leave out --memory_snapshot, or run it on a GPU")
 
 
 def alignment_refusal(sync_bn: bool, align_channels: int | None) -> str | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import platform
 import threading
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -102,6 +103,55 @@ def peak_memory_gb(device_indices) -> dict[int, PeakMemory]:
     return {i: PeakMemory(torch.cuda.max_memory_allocated(i) / GIB,
                           torch.cuda.max_memory_reserved(i) / GIB)
             for i in device_indices}
+
+
+MEMORY_SNAPSHOT = "memory_snapshot.pickle"
+MEMORY_VIZ = "https://pytorch.org/memory_viz"
+# the allocator's events kept at most (torchtitan's choice): a few KB each with their stacks
+MEMORY_EVENTS = 100_000
+
+
+class MemoryHistory:
+    """--memory_snapshot N: the CUDA caching allocator's history over the run's first N optimizer
+    steps (every allocation and free of every GPU of this process, with the Python and C++ stack
+    that made it), written to <run folder>/memory_snapshot.pickle for pytorch.org/memory_viz,
+    which draws the memory in use over time, each block named by its stack. It shows what a peak
+    figure cannot: where the weights, the gradients, the optimizer's state, the activations and
+    FSDP's gathered parameters rise and fall within a step. Recording starts with the first step
+    (the model and optimizer are in memory already: drawn as blocks of unknown origin) and stops
+    after step N, or at the end of a run of fewer steps. The process that writes the run folder
+    records (rank 0: its GPU); `say` reports the file. A CUDA device is checked before (the
+    flag is refused without one)."""
+
+    def __init__(self, steps: int, run_dir: Path | None, say=print):
+        self.steps = steps if run_dir is not None else 0
+        self.path = run_dir / MEMORY_SNAPSHOT if run_dir is not None else None
+        self.say = say
+        self.recording = False
+        if self.steps:
+            torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="all",
+                                                     max_entries=MEMORY_EVENTS)
+            self.recording = True
+
+    def step_done(self, step: int) -> None:
+        if self.recording and step >= self.steps:
+            self.write(step)
+
+    def write(self, step: int) -> None:
+        """The history so far into the file, then the recording stopped."""
+        torch.cuda.memory._dump_snapshot(str(self.path))
+        torch.cuda.memory._record_memory_history(enabled=None)
+        self.recording = False
+        what = f"the first {step} steps" if step > 1 else "the first step"
+        self.say(f"memory snapshot of {what}: {self.path} (open it in {MEMORY_VIZ})")
+
+    def close(self, step: int) -> None:
+        """A run that ended before step N: what it recorded (none without a step)."""
+        if self.recording and step:
+            self.write(step)
+        elif self.recording:
+            torch.cuda.memory._record_memory_history(enabled=None)
+            self.recording = False
 
 
 def environment() -> dict:

@@ -214,6 +214,7 @@ def check_runs(runs: list[PlannedRun], shared: list[str], group_flags: dict[str,
                                  batch_size=run.batch_size, backend=run.backend,
                                  sync_bn=run.sync_bn, compile=cfg.compile,
                                  align_channels=cfg.align_channels, compile_mode=cfg.compile_mode,
-                                 bucket_cap_mb=getattr(cfg, "bucket_cap_mb", None))
+                                 bucket_cap_mb=getattr(cfg, "bucket_cap_mb", None),
+                                 memory_snapshot=cfg.memory_snapshot)
         if refusal is not None:
             raise UsageError(f"{refusal} ({run.describe()})")

@@ -35,6 +35,14 @@ not edit it by hand. After changing a flag or its help, run `python docs/flags.p
 (`python docs/flags.py --check` says whether the page is stale; so do the tests). Each section is
 what `python SCRIPT --help` prints, formatted for a terminal {columns} columns wide;
 `<repository>` stands for the folder of the checkout.
+
+Every flag is accepted as written here and with hyphens for its underscores, as PyTorch's ImageNet
+example and timm write them: `--batch-size 64` is `--batch_size 64`, `--no-nesterov` is
+`--no_nesterov`. The help shows one spelling. The short forms
+{short}
+are that example's, where the flag means the same here: the global batch, each training process's
+loader workers, the model by torchvision's name, the steps between two log lines, and an
+evaluation of the weights whose path follows `-e`.
 """
 
 
@@ -102,7 +110,10 @@ def anchor(heading: str) -> str:
 
 def render() -> str:
     """The whole of docs/flags.md as it should be now."""
-    sections = [HEADER.format(columns=COLUMNS),
+    from common.config import SHORT_FLAGS
+
+    short = ", ".join(f"`{flag}`" for flag in SHORT_FLAGS.values())
+    sections = [HEADER.format(columns=COLUMNS, short=short),
                 "\n".join(f"- [{s}](#{anchor(s)})" for s in SCRIPTS) + "\n"]
     for script in SCRIPTS:
         text = help_text(script)

@@ -77,7 +77,7 @@ def setup(cfg: FsdpConfig):
     """The device to train on, and the CUDA ids it uses ([] on the CPU)."""
     net = SafetyNet(cfg, MODE)  # bad launches in one line, restarts: safe to skip on a first read
     rank = int(os.environ["RANK"])  # this process's place among all the job's processes
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))  # its place on this node: its GPU
+    local_rank = net.local_rank  # its place on this node, its GPU: LOCAL_RANK, else RANK % GPUs
     world_size = int(os.environ["WORLD_SIZE"])  # how many processes the job has
     gpus = net.node_gpus[local_rank:local_rank + 1]  # the local_rank-th GPU, set before the group
     if gpus:

@@ -56,8 +56,8 @@ def test_every_flag_of_roofline_has_a_domain():
 
 
 @pytest.mark.parametrize("flags, says", [
-    (["--gpu", "Tesla V100-SXM2-16GB"], "has no peak FLOP/s or bandwidth in the tables"),
-    (["--gpu", "Tesla V100-SXM2-16GB", "--peak_tflops", "125"], "give --bandwidth_tbs"),
+    (["--gpu", "Tesla P100-PCIE-16GB"], "has no peak FLOP/s or bandwidth in the tables"),
+    (["--gpu", "Tesla P100-PCIE-16GB", "--peak_tflops", "18.7"], "give --bandwidth_tbs"),
     (["--gpu", "NVIDIA A100-SXM4-40GB MIG 1g.5gb"], "MIG slice"),
     (["--gpu", "NVIDIA GeForce RTX 3090 Ti"], "has no peak FLOP/s or bandwidth"),
     (["--depth", "9"], "--depth/--alpha: depth 9 is not valid"),

@@ -259,6 +259,7 @@ DOMAINS = {
     "warmup_steps": (["0"],
                      ["-1", f"--benchmark --warmup_steps {2**62} --benchmark_steps {2**62}"]),
     "profile_steps": (["0", "1"], ["-1"]),
+    "memory_snapshot": (["0", "1"], ["-1"]),
     "save_model": (["--save_model"], []),
     "checkpoint_interval": (["0"], ["-1"]),
     "resume": (["--resume auto --run_name r", "checkpoint.pt", path_of(PATH_MAX)],

@@ -215,9 +215,12 @@ def logical_lines(text: str) -> list[tuple[int, str, str]]:
 
 def is_flag_of(flag: str, flags: frozenset[str] | set[str]) -> bool:
     """Whether `flag` is one of `flags`: as it is, as the --no_ form of one, or as the setting a
-    --no_ flag turns off (--reshard_after_forward for --no_reshard_after_forward)."""
-    return (flag in flags or (flag.startswith("--no_") and "--" + flag[len("--no_"):] in flags)
-            or "--no_" + flag[2:] in flags)
+    --no_ flag turns off (--reshard_after_forward for --no_reshard_after_forward); written with
+    hyphens too (--batch-size), as the scripts' parsers take it."""
+    return any(spelling in flags
+               or (spelling.startswith("--no_") and "--" + spelling[len("--no_"):] in flags)
+               or "--no_" + spelling[2:] in flags
+               for spelling in (flag, "--" + flag[2:].replace("-", "_")))
 
 
 def unknown_flags(page: Path) -> list[str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -241,6 +242,14 @@ def fake_gpu(monkeypatch, name: str,
     ("NVIDIA L40S", "L40S", 362.05),
     ("NVIDIA GeForce RTX 4090", "RTX 4090", 165.2),
     ("NVIDIA GeForce RTX 3090", "RTX 3090", 71.0),
+    ("NVIDIA B200", "B200", 2250.0),
+    ("NVIDIA GB200", "GB200", 2500.0),  # Grace Blackwell: not "B200"
+    ("NVIDIA L4", "L4", 121.0),
+    ("NVIDIA A10", "A10", 125.0),
+    ("Tesla V100-SXM2-16GB", "V100", None),  # no bf16 on Volta
+    ("Tesla V100-SXM2-32GB", "V100", None),
+    ("Tesla V100-PCIE-32GB", "V100-PCIE", None),
+    ("Tesla V100S-PCIE-32GB", "V100S", None),
 ])
 def test_peak_table_matches_device_names(monkeypatch, name, key, bf16):
     device = fake_gpu(monkeypatch, name)
@@ -249,13 +258,25 @@ def test_peak_table_matches_device_names(monkeypatch, name, key, bf16):
 
 
 @pytest.mark.parametrize("name", ["NVIDIA GeForce RTX 3090 Ti", "NVIDIA GeForce RTX 4090 D",
-                                  "NVIDIA GeForce RTX 4090 Laptop GPU"])
+                                  "NVIDIA GeForce RTX 4090 Laptop GPU", "NVIDIA A10G",
+                                  "Tesla V100-FHHL-16GB", "NVIDIA L40"])
 def test_a_card_a_shorter_name_would_match_is_not_taken_for_it(monkeypatch, name):
     """"RTX 3090" is in "RTX 3090 Ti" as whole words; the Ti, the 4090 D and the laptop 4090 have
-    other peaks."""
+    other peaks, as have the A10G (not NVIDIA's A10), the V100 FHHL card and the L40 (not the
+    L40S)."""
     device = fake_gpu(monkeypatch, name)
     assert performance.table_peaks(name) is None and peak_tflops(device, "bf16") is None
     assert performance.no_peak_reason(device) == f"GPU not in the peak table: {name}"
+
+
+def test_each_gpu_added_since_names_its_public_source():
+    """B200, GB200, L4, A10 and V100: each peak with the vendor's page or datasheet it comes from,
+    in the comment above the table."""
+    source = Path(performance.__file__).read_text()
+    sources = source[source.index("# Dense (no sparsity)"):source.index("GPU_PEAK_TFLOPS = {")]
+    for gpu in ("B200", "GB200", "L4", "A10", "V100"):
+        assert re.search(rf"^#   {gpu}: .*https://(www|images)\.nvidia\.com/", sources, re.M), gpu
+        assert gpu in performance.GPU_PEAK_TFLOPS
 
 
 @pytest.mark.parametrize("name, amp, expected", [
@@ -263,6 +284,10 @@ def test_a_card_a_shorter_name_would_match_is_not_taken_for_it(monkeypatch, name
     ("NVIDIA A100-SXM4-80GB", "off", 156.0),  # TF32 convolutions
     ("NVIDIA H100 PCIE", "bf16", 756.5),  # the case of a name is not relied on
     ("Tesla K80", "bf16", None),  # not in the table
+    ("Tesla V100-SXM2-16GB", "fp16", 125.0),  # fp16 tensor cores; fp32 math under --amp off
+    ("Tesla V100-SXM2-16GB", "off", 15.7),
+    ("NVIDIA L4", "off", 60.0),
+    ("NVIDIA B200", "off", 1125.0),
 ])
 def test_peak_follows_the_dtype_in_use(monkeypatch, name, amp, expected):
     assert peak_tflops(fake_gpu(monkeypatch, name), amp) == expected

@@ -23,7 +23,7 @@ SECTIONS = ["imports", "config", "setup", "data", "model", "optimizer", "train /
 # needs, as the PyTorch DDP tutorial's script shows it.
 GROUP_CALLS = [
     'int(os.environ["RANK"])',  # where this process sits, read from the environment torchrun sets
-    'int(os.environ.get("LOCAL_RANK", rank))',
+    "local_rank = net.local_rank",  # LOCAL_RANK, else RANK modulo the node's GPUs (a pod)
     'int(os.environ["WORLD_SIZE"])',
     "torch.cuda.set_device(gpus[0])",  # one GPU per process, before the group
     "dist.init_process_group(",  # the process group

@@ -364,7 +364,9 @@ def test_a_step_of_the_model_has_its_flops_and_the_bytes_of_its_tensors():
     ("NVIDIA L40S", 0.864), ("NVIDIA GeForce RTX 4090", 1.008), ("NVIDIA GeForce RTX 3090", 0.936),
     ("NVIDIA GeForce RTX 3090 Ti", None), ("NVIDIA GeForce RTX 4090 D", None),  # other cards
     ("NVIDIA H100", None),  # not the 80 GB SXM5: the name does not say which H100
-    ("Tesla V100-SXM2-16GB", None),
+    ("NVIDIA B200", 8.0), ("NVIDIA GB200", 8.0), ("NVIDIA L4", 0.3), ("NVIDIA A10", 0.6),
+    ("Tesla V100-SXM2-16GB", 0.9), ("Tesla V100-PCIE-32GB", 0.9), ("Tesla V100S-PCIE-32GB", 1.134),
+    ("NVIDIA A10G", None), ("NVIDIA L40", None), ("Tesla P100-PCIE-16GB", None),  # not in the table
 ])
 def test_bandwidth_by_gpu_name(name, expected):
     assert bandwidth_tbs(name) == expected

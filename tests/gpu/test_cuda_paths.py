@@ -483,3 +483,28 @@ def test_peak_memory_leaves_the_warm_up_out():
     # the freed buffer stays cached: reserved
     assert peak.allocated < 1.0 and peak.reserved >= peak.allocated
     del small
+
+
+def test_a_memory_snapshot_of_the_first_steps(tmp_path):
+    """--memory_snapshot 2: the allocator's history of the first 2 steps in the run folder, as
+    pytorch.org/memory_viz reads it (torch.cuda.memory._snapshot's dict, pickled): the GPU's
+    segments, and a trace of allocations and frees whose stacks reach the training step; in
+    single_gpu, and in fsdp (rank 0 records; two gloo ranks on the one GPU)."""
+    import pickle
+
+    single = Launch(tmp_path, "snapshot", "single_gpu/train.py", *GPU_TINY, "--memory_snapshot",
+                    "2")
+    fsdp = Launch(tmp_path, "snapshot_fsdp", "fsdp/train.py", *GPU_TINY, "--memory_snapshot", "2",
+                  "--nproc_per_node", "2", "--backend", "gloo", "--gpu_devices", "0", "0")
+    for launch in (single, fsdp):
+        output = launch.wait()
+        path = launch.run_dir / "memory_snapshot.pickle"
+        assert f"memory snapshot of the first 2 steps: {path}" in output, output
+        assert output.count("memory snapshot of") == 1  # rank 0 alone
+        snapshot = pickle.loads(path.read_bytes())
+        assert snapshot["segments"] and snapshot["device_traces"][0], launch.name
+        actions = {event["action"] for event in snapshot["device_traces"][0]}
+        assert {"alloc", "free_completed"} <= actions, actions
+        frames = {frame["filename"] for event in snapshot["device_traces"][0]
+                  for frame in event.get("frames", [])}
+        assert any(name.endswith("train.py") for name in frames), launch.name
