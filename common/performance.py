@@ -37,8 +37,8 @@ AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # quote "with sparsity": halved here. And, each from the vendor's page or datasheet:
 #   B200: HGX B200, https://www.nvidia.com/en-us/data-center/hgx/ (8 GPUs: FP16/BF16 36 PFLOPS,
 #     TF32 18 PFLOPS with sparsity, FP32 600 TFLOPS; per GPU, halved)
-#   GB200: GB200 NVL72, https://www.nvidia.com/en-us/data-center/gb200-nvl72/ (a GB200 superchip,
-#     two GPUs: FP16/BF16 10 PFLOPS, TF32 5 PFLOPS with sparsity, FP32 180 TFLOPS; per GPU, halved)
+#   GB200: GB200 NVL72, https://www.nvidia.com/en-us/data-center/gb200-nvl72/ (its column for one
+#     Blackwell GPU: FP16/BF16 5 PFLOPS, TF32 2.5 PFLOPS with sparsity, halved; FP32 80 TFLOPS)
 #   L4: https://www.nvidia.com/en-us/data-center/l4/ (its datasheet: FP16/BF16 242, TF32 120 with
 #     sparsity, FP32 30.3 TFLOPS)
 #   A10: https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a10/pdf/a10-datasheet.pdf
@@ -59,7 +59,7 @@ GPU_PEAK_TFLOPS = {
     "A100": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
     "L40S": {"bf16": 362.05, "fp16": 362.05, "tf32": 183.0, "fp32": 91.6},
     # Blackwell: "NVIDIA B200" (HGX, 1,000 W); "NVIDIA GB200" (Grace Blackwell, 1,200 W)
-    "GB200": {"bf16": 2500.0, "fp16": 2500.0, "tf32": 1250.0, "fp32": 90.0},
+    "GB200": {"bf16": 2500.0, "fp16": 2500.0, "tf32": 1250.0, "fp32": 80.0},
     "B200": {"bf16": 2250.0, "fp16": 2250.0, "tf32": 1125.0, "fp32": 75.0},
     "L4": {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3},  # not "L40S", nor "L40"
     "A10": {"bf16": 125.0, "fp16": 125.0, "tf32": 62.5, "fp32": 31.2},  # not "A100", nor "A10G"
