@@ -472,7 +472,8 @@ class Config:
                                                    "convolution (torch's default: 10; 0: every "
                                                    "one)", at_least=0, at_most=10**6)
     benchmark: bool = flag(False, "measure speed only: synthetic data, --warmup_steps untimed, "
-                                  "then --benchmark_steps timed steps, no evaluation")
+                                  "then --benchmark_steps timed steps (then --profile_steps "
+                                  "profiled ones), no evaluation")
     benchmark_steps: int = flag(100, "timed optimizer steps of --benchmark", at_least=1)
     # hardware and reproducibility
     gpu_devices: tuple[int, ...] | None = flag(None, "CUDA device ids to use (default: GPU 0 for "
@@ -492,8 +493,9 @@ class Config:
                              at_least=1)
     warmup_steps: int = flag(10, "first optimizer steps left out of the timing (cuDNN autotune, "
                                  "allocator)", at_least=0)
-    profile_steps: int = flag(0, "record the N optimizer steps after --warmup_steps with "
-                                 "torch.profiler: each rank's trace goes to <run "
+    profile_steps: int = flag(0, "record the run's last N optimizer steps with torch.profiler, "
+                                 "after the timed ones and never among them (--benchmark adds "
+                                 "them to its steps): each rank's trace goes to <run "
                                  "folder>/trace_rank<r>.json, and results.json splits each "
                                  "rank's step into compute, communication (hidden and "
                                  "exposed), data, optimizer and the rest; 0 = off", at_least=0)
@@ -567,6 +569,12 @@ class Config:
 
     def effective_lr(self) -> float:
         return self.lr * self.batch_size / BASE_BATCH
+
+    def last_step(self, steps_per_epoch: int) -> int:
+        """The optimizer step the run ends with, unless it is stopped: its last epoch's last,
+        or --max_steps if that comes first."""
+        steps = self.epochs * steps_per_epoch
+        return min(steps, self.max_steps) if self.max_steps > 0 else steps
 
     def reached_max_steps(self, step: int) -> bool:
         """--max_steps is a ceiling: a run at or past it trains no further
@@ -687,13 +695,14 @@ def parse_config(config_class: type[Config], argv=None, description: str = "") -
 
 
 def benchmark_config(cfg: Config) -> Config:
-    """--benchmark: synthetic data, exactly --warmup_steps + --benchmark_steps optimizer steps,
-    no files but the run folder's results.json and TensorBoard events. Enough epochs are
-    allowed to reach the step count."""
-    steps = cfg.warmup_steps + cfg.benchmark_steps
+    """--benchmark: synthetic data, exactly --warmup_steps + --benchmark_steps + --profile_steps
+    optimizer steps (the profiled ones last, untimed), no files but the run folder's results.json
+    and TensorBoard events. Enough epochs are allowed to reach the step count."""
+    steps = cfg.warmup_steps + cfg.benchmark_steps + cfg.profile_steps
     if steps > INT_MAX:
+        profiled = f" and --profile_steps {cfg.profile_steps}" if cfg.profile_steps else ""
         raise UsageError(f"--warmup_steps {cfg.warmup_steps} plus --benchmark_steps "
-                         f"{cfg.benchmark_steps} is more steps than torch counts "
+                         f"{cfg.benchmark_steps}{profiled} is more steps than torch counts "
                          f"({INT_MAX}): give fewer")
     steps_per_epoch = max(cfg.synthetic_size // cfg.batch_size, 1)
     return dataclasses.replace(cfg, dataset="synthetic", max_steps=steps,

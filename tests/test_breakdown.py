@@ -162,7 +162,7 @@ def test_the_parts_of_any_overlap_add_up_to_the_window():
 # ------------------------------------------------------------------------------------- real runs
 # A PyramidNet with enough weights (0.3 M) for DDP to split them over several buckets of 0.1 MB, on
 # a batch small enough for a step of a fraction of a second. --benchmark: no evaluation, no
-# checkpoint; every timed step profiled.
+# checkpoint; 1 warm-up step, 3 timed, then 3 profiled (steps 5 to 7).
 GROUP = ["--dataset", "synthetic", "--synthetic_size", "64", "--depth", "8", "--alpha", "96",
          "--batch_size", "8", "--loader", "gpu", "--num_workers", "0", "--log_interval", "50",
          "--benchmark", "--warmup_steps", "1", "--benchmark_steps", "3", "--profile_steps", "3",
@@ -185,11 +185,6 @@ def one_bucket(tmp_path_factory):
                      "--bucket_cap_mb", 1000)
 
 
-def measured_step_ms(summary: dict, batch_size: int) -> float:
-    """The run's own measure of its timed steps (its StepTimer's, averaged over the ranks)."""
-    return 1e3 * batch_size / summary["images_per_sec"]
-
-
 def test_results_carry_each_ranks_breakdown_and_the_traces_lie_beside_them(one_bucket):
     run_dir, done = one_bucket
     summary = read_results(run_dir)["summary"]
@@ -197,6 +192,8 @@ def test_results_carry_each_ranks_breakdown_and_the_traces_lie_beside_them(one_b
     assert set(breakdown) == {"0", "1"}
     assert all(set(figures) == set(FIELDS) for figures in breakdown.values())
     assert summary["breakdown_steps"] == 3 and summary["breakdown_note"] is None
+    assert summary["steps"] == 7 and summary["timed_steps"] == [2, 4]  # 1 warm-up + 3 timed
+    assert summary["profiled_steps"] == [5, 7]  # + 3 profiled, after the timed ones
     slowest = summary["breakdown_slowest_rank"]
     assert breakdown[slowest]["step_ms"] == max(each["step_ms"] for each in breakdown.values())
     assert f"profile of 3 steps, rank {slowest} (the slowest): step " in done.stdout
@@ -208,19 +205,18 @@ def test_results_carry_each_ranks_breakdown_and_the_traces_lie_beside_them(one_b
         # the file written is the trace that was split: Chrome trace JSON, the steps named in it
         written = json.loads((run_dir / f"trace_rank{rank}.json").read_text())
         names = {event.get("name") for event in written["traceEvents"]}
-        assert {"data wait 2", "train step 2", "train step 4", "gloo:all_reduce"} <= names, rank
+        assert {"data wait 5", "train step 5", "train step 7", "gloo:all_reduce"} <= names, rank
+        assert not {"train step 4", "data wait 4"} & names, rank  # the last timed step
         assert mean_breakdown(step_breakdowns(written)) == pytest.approx(figures), rank
 
 
 def test_the_parts_add_up_to_the_step_the_run_measured(one_bucket):
-    """Every timed step is profiled here, so the run's images/s is the same steps' StepTimer: the
-    parts of the profiled steps, added up and averaged over the ranks, are that step within 5 %."""
+    """The run's own clock times the profiled steps apart from the timed ones (profiled_step_s,
+    rank 0's): rank 0's parts of the same steps, added up, are that step within 5 %."""
     run_dir, _ = one_bucket
-    results = read_results(run_dir)
-    breakdown, batch = results["summary"]["breakdown"], results["config"]["batch_size"]
-    added = [sum(figures[part] for part in PARTS) for figures in breakdown.values()]
-    measured = measured_step_ms(results["summary"], batch)
-    assert sum(added) / len(added) == pytest.approx(measured, rel=0.05)
+    summary = read_results(run_dir)["summary"]
+    added = sum(summary["breakdown"]["0"][part] for part in PARTS)
+    assert added == pytest.approx(1e3 * summary["profiled_step_s"], rel=0.05)
 
 
 def test_small_buckets_hide_the_communication_one_bucket_exposes(one_bucket, tmp_path_factory):
@@ -246,8 +242,9 @@ def test_small_buckets_hide_the_communication_one_bucket_exposes(one_bucket, tmp
 def collectives(run_dir, rank: str = "0") -> dict:
     """The all-gathers and reduce-scatters a rank's trace holds in its first recorded step."""
     events = json.loads((run_dir / f"trace_rank{rank}.json").read_text())["traceEvents"]
-    wait = next(event for event in events if event.get("name") == "data wait 2")
-    step = next(event for event in events if event.get("name") == "train step 2")
+    first, _ = read_results(run_dir)["summary"]["profiled_steps"]
+    wait = next(event for event in events if event.get("name") == f"data wait {first}")
+    step = next(event for event in events if event.get("name") == f"train step {first}")
     inside = [event["name"] for event in events
               if event.get("ph") == "X" and wait["ts"] <= event["ts"] <= step["ts"] + step["dur"]]
     names = ("c10d::_allgather_base_", "c10d::_reduce_scatter_base_")
@@ -299,16 +296,70 @@ def test_one_process_has_one_rank_and_no_communication(tmp_path):
     figures = summary["breakdown"]["0"]
     assert figures["comm_ms"] == 0 and figures["compute_ms"] > 0 and figures["optimizer_ms"] > 0
     assert_adds_up(figures)
-    assert figures["step_ms"] == pytest.approx(measured_step_ms(summary, 32), rel=0.05)
+    assert figures["step_ms"] == pytest.approx(1e3 * summary["profiled_step_s"], rel=0.05)
     assert (tmp_path / "dp" / "trace_rank0.json").is_file()
     assert "profiler traces in" in done.stdout
 
 
+def test_the_profiled_steps_come_after_the_timed_ones_and_are_never_timed(tmp_path, monkeypatch):
+    """A real run whose profiled steps are each made 0.4 s slower (a sleep while the profiler
+    records, as its own host cost would): the speed figures time the 4 steps after the 2 warm-up
+    steps, the profiler records the 3 after those, and no figure of the timed steps holds any of
+    that time, while the run's own clock sees it in the profiled steps. (Until the profiled steps
+    came after the timed ones, the default --profile_steps recorded the first timed steps.)"""
+    import time
+
+    import common.breakdown
+
+    ready, delay = common.breakdown.StepProfiler.ready, 0.4
+
+    def slow_while_recording(profiler, step):
+        ready(profiler, step)
+        if profiler.open:  # step `step` is being recorded
+            time.sleep(delay)
+
+    monkeypatch.setattr(common.breakdown.StepProfiler, "ready", slow_while_recording)
+    done = train_in_process("single_gpu/train.py", *TINY, "--benchmark", "--warmup_steps", 2,
+                            "--benchmark_steps", 4, "--profile_steps", 3, "--log_interval", 50,
+                            "--log_dir", tmp_path, "--run_name", "apart")
+    assert done.returncode == 0, done.stderr
+    results = read_results(tmp_path / "apart")
+    summary = results["summary"]
+    assert summary["steps"] == results["config"]["max_steps"] == 9  # 2 + 4 + 3
+    assert summary["timed_steps"] == [3, 6] and summary["profiled_steps"] == [7, 9]
+    mean_timed = 32 / summary["images_per_sec"]
+    assert max(mean_timed, summary["batch_time_p90"]) < delay / 2, summary
+    assert summary["profiled_step_s"] > delay and summary["breakdown"]["0"]["step_ms"] > 1e3 * delay
+    names = {event.get("name") for event in
+             json.loads((tmp_path / "apart" / "trace_rank0.json").read_text())["traceEvents"]}
+    recorded = {name for name in names if name and name.startswith("train step ")}
+    assert recorded == {"train step 7", "train step 8", "train step 9"}
+
+
+def test_a_resumed_run_profiles_its_last_steps_by_the_runs_numbers(tmp_path):
+    """Stopped at step 4 of 8 and resumed: the resumed attempt warms up on step 5, times step 6 and
+    profiles the run's last 2 steps, 7 and 8, named so in results.json and in the trace."""
+    flags = ("single_gpu/train.py", *TINY, "--profile_steps", 2, "--log_dir", tmp_path,
+             "--run_name", "resumed")
+    assert train_in_process(*flags, sigterm_at=4).returncode == 128 + 15
+    done = train_in_process(*flags, "--resume", "auto")
+    assert done.returncode == 0, done.stderr
+    summary = read_results(tmp_path / "resumed")["summary"]
+    assert summary["steps"] == 8 and summary["timed_steps"] == [6, 6]
+    assert summary["profiled_steps"] == [7, 8] and summary["breakdown_steps"] == 2
+    names = {event.get("name") for event in
+             json.loads((tmp_path / "resumed" / "trace_rank0.json").read_text())["traceEvents"]}
+    assert {"train step 7", "train step 8"} <= names and "train step 6" not in names
+
+
 @pytest.mark.parametrize("max_steps, profiled, said", [
-    (3, 2, "2 of the 5 steps --profile_steps asked for were profiled: the run ended after step 3"),
-    (1, 0, "no step profiled: --profile_steps records steps 2 to 6, after the 1 warm-up steps "
-           "(--warmup_steps), and the run ended before step 2")])
+    (3, 2, "2 of the 5 steps --profile_steps asked for were profiled: the run's last 2, after its "
+           "1 warm-up step (--warmup_steps)"),
+    (1, 0, "no step profiled: --profile_steps records the run's last steps after its 1 warm-up "
+           "step (--warmup_steps), and the run had none after them")])
 def test_a_run_shorter_than_the_steps_asked_for_says_so(tmp_path, max_steps, profiled, said):
+    """--max_steps 3 with 1 warm-up step leaves 2 steps to profile and none to time; --max_steps 1
+    leaves none to profile."""
     done = train_in_process("single_gpu/train.py", *TINY, "--max_steps", max_steps,
                             "--profile_steps", 5, "--log_dir", tmp_path, "--run_name", "short")
     assert done.returncode == 0, done.stderr
@@ -317,6 +368,8 @@ def test_a_run_shorter_than_the_steps_asked_for_says_so(tmp_path, max_steps, pro
     assert summary["breakdown_steps"] == (profiled or None)
     assert (summary["breakdown"] is None) == (profiled == 0)
     assert (tmp_path / "short" / "trace_rank0.json").is_file() == (profiled > 0)
+    assert summary["timed_steps"] is None and summary["images_per_sec"] is None
+    assert summary["profiled_steps"] == ([2, 3] if profiled else None)
 
 
 def test_profiling_an_evaluation_is_refused(tmp_path):

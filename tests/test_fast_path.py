@@ -73,6 +73,8 @@ def test_benchmark_times_exactly_the_benchmark_steps(tmp_path):
 
     results = read_results(run_dir)
     assert results["summary"]["steps"] == 16 and results["config"]["epochs"] == 4
+    assert results["summary"]["timed_steps"] == [4, 16]  # after the 3 warm-up steps
+    assert results["summary"]["profiled_steps"] is None  # no --profile_steps
     windows = read_scalars(run_dir)["time/step_s"]
     assert len(windows) == 4  # one window per epoch's end (log_interval 4)
 
