@@ -23,23 +23,31 @@ of its work. The timer marks it in the trace as two ranges, "data wait <n>" then
 that no train step follows is an epoch's end.
 
 On a GPU the figures come from the device's timeline: the kernels, copies and memsets on their
-streams, each tied to the call that launched it (the trace's `correlation`). NCCL kernels, and the
-peer-to-peer copies by which DataParallel scatters and gathers between GPUs, are communication; a
-kernel launched inside the data wait is data, one launched inside the optimizer's ranges is the
-optimizer's, any other is compute. The step runs on the device from its start on the host, or from
+streams, each tied to the CUDA runtime or driver call that launched it (the trace's `correlation`,
+as torch's own trace validator, torch/profiler/_trace_validator.py, matches them: other events
+carry correlation ids too). Communication is NCCL's kernels, the peer-to-peer copies by which
+DataParallel scatters and gathers between GPUs, and any work launched inside a collective's call
+or inside FSDP2's copies into and out of its collectives' buffers: gloo's copies of CUDA tensors to
+the host and back (its collectives run on the host), and FSDP2's all-gather copy-in
+(fsdp::all_gather_copy_in), copy-out (fsdp::split_with_sizes_copy) and reduce-scatter copy-in
+(fsdp::chunk_cat; torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py). A kernel launched
+inside the data wait is data, one launched inside the optimizer's ranges is the optimizer's, any
+other is compute. The step runs on the device from its start on the host, or from
 the end of the work launched before it if that is later, to the end of the last work it launched,
 or its end on the host if that is later: what the StepTimer's CUDA events measure.
 
 On the CPU everything runs on threads. The training thread computes while it is inside an
 operator: the innermost range it is in is an operator (its own time, a convolution's included),
 not a range of Python's such as FSDP's, where it waits. Communication is a collective's call on
-that thread (c10d::allreduce_, c10d::_allgather_base_, c10d::_reduce_scatter_base_ ...) and its
+that thread (c10d::allreduce_, c10d::_allgather_base_, c10d::_reduce_scatter_base_ ...), FSDP2's
+copies in and out of its collectives' buffers (the fsdp:: operators above), and the collectives'
 work on gloo's own threads (gloo:all_reduce, gloo:all_gather; gloo runs a reduce-scatter as an
 all-reduce). DDP's wait for its last bucket after the backward pass runs no operator: while gloo's
 thread works then, that communication is exposed.
 """
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import os
@@ -54,8 +62,12 @@ DATA = "data wait"  # the StepTimer's wait for step n's batch: "data wait <n>"
 STEP = "train step"  # the rest of step n, from its batch to its end: "train step <n>"
 OPTIMIZER = ("Optimizer.step#", "Optimizer.zero_grad#")  # torch's ranges around optimizer calls
 COMM = re.compile(r"^(c10d::|gloo:|nccl:|mpi:)|nccl|memcpy ptop", re.IGNORECASE)  # and GPU to GPU
+# FSDP2's copies into and out of its collectives' buffers: the all-gather's input, its output into
+# the parameters, the gradients into the reduce-scatter's input (torch.ops.fsdp)
+FSDP_COPIES = ("fsdp::all_gather_copy_in", "fsdp::split_with_sizes_copy", "fsdp::chunk_cat")
 GLOO = "gloo:"  # gloo's own threads doing a collective: gloo:all_reduce, gloo:all_gather
 DEVICE = ("kernel", "gpu_memcpy", "gpu_memset")  # the trace's categories of work on a GPU
+LAUNCH = ("cuda_runtime", "cuda_driver")  # the host's calls that launch it (cudaLaunchKernel ...)
 FIELDS = ("step_ms", "compute_ms", "comm_ms", "comm_exposed_ms", "data_ms", "optimizer_ms",
           "other_ms")
 TRACE_NAME = "trace_rank{rank}.json"  # in the run folder
@@ -161,7 +173,8 @@ def recorded_steps(events: list) -> list[dict]:
 
 
 def _is_comm(event) -> bool:
-    return COMM.search(event.get("name", "")) is not None
+    name = event.get("name", "")
+    return COMM.search(name) is not None or name in FSDP_COPIES
 
 
 def innermost(events: list) -> list[tuple[float, float, dict]]:
@@ -203,14 +216,34 @@ def host_parts(events: list, thread: tuple) -> dict:
             "comm": merged(calls + gloo), "gloo": gloo}
 
 
+def inside(intervals: list, at: float) -> bool:
+    """Whether `at` lies in one of `intervals` (merged)."""
+    index = bisect.bisect_right(intervals, (at, math.inf)) - 1
+    return index >= 0 and intervals[index][0] <= at <= intervals[index][1]
+
+
 def device_ops(events: list) -> list[dict]:
-    """The work on the GPUs: each kernel, copy and memset, whether it is communication, and when
-    it was launched (None: before the recording began)."""
-    launched = {event["args"]["correlation"]: event["ts"] for event in events
-                if event.get("cat") not in DEVICE and "correlation" in event.get("args", {})}
-    return [{"start": event["ts"], "end": event["ts"] + event["dur"], "comm": _is_comm(event),
-             "launched": launched.get(event.get("args", {}).get("correlation"))}
-            for event in events if event.get("cat") in DEVICE]
+    """The work on the GPUs: each kernel, copy and memset, whether it is communication (by its name,
+    or launched inside a collective's call or an FSDP2 copy for one), and when it was launched
+    (None: before the recording began). Each is tied to its launch by the CUDA runtime's or
+    driver's call with its correlation id, and only those: other events carry such ids too."""
+    launches = {event["args"]["correlation"]: event for event in events
+                if event.get("cat") in LAUNCH and "correlation" in event.get("args", {})}
+    comm = {}  # each thread's collectives' calls (and FSDP2's copies for them), merged
+    for event in events:
+        if event.get("cat") in ("cpu_op", "user_annotation") and _is_comm(event):
+            comm.setdefault(_thread(event), []).append(_range(event))
+    comm = {thread: merged(ranges) for thread, ranges in comm.items()}
+    ops = []
+    for event in events:
+        if event.get("cat") not in DEVICE:
+            continue
+        launch = launches.get(event.get("args", {}).get("correlation"))
+        for_comm = launch is not None and inside(comm.get(_thread(launch), []), launch["ts"])
+        ops.append({"start": event["ts"], "end": event["ts"] + event["dur"],
+                    "comm": _is_comm(event) or for_comm,
+                    "launched": None if launch is None else launch["ts"]})
+    return ops
 
 
 def device_step(step: dict, ops: list, host: dict) -> tuple:

@@ -2,13 +2,17 @@
 optimizer and the rest, from torch.profiler's own trace (common/breakdown.py).
 
 The split itself on small Chrome traces made here in the format torch's exporter writes: a GPU step
-from its kernels on their streams (NCCL kernels beside compute kernels, copies between two GPUs), a
-CPU step from its threads (the training thread's operators, gloo's thread, an FSDP wait inside a
-range of its own), and an epoch's end, which is no step. Then on real runs, as a user starts them:
-results.json and the traces beside it, the parts adding up to the step the run's own timer measured
-(within 5 %), two gloo processes of DDP whose --bucket_cap_mb moves communication from exposed to
-hidden, FSDP's all-gathers and reduce-scatters, a run shorter than the steps asked for. The GPU's
-own run is in tests/gpu."""
+from its kernels on their streams (NCCL kernels beside compute kernels, copies between two GPUs,
+FSDP2's copies in and out of its collectives' buffers, gloo's copies of CUDA tensors to the host and
+back, each kernel tied to its launch by the CUDA runtime's or driver's event only), a CPU step from
+its threads (the training thread's operators, gloo's thread, an FSDP wait inside a range of its own,
+FSDP2's copies), and an epoch's end, which is no step. Then on real runs, as a user starts them:
+results.json and the traces beside it, the profiled steps after the timed ones and never timed (a
+fresh run and a resumed one), the parts adding up to the step the run's own timer measured (within
+5 %), two gloo processes of DDP whose --bucket_cap_mb moves communication from exposed to hidden,
+FSDP's all-gathers and reduce-scatters, a run shorter than the steps asked for. The GPU's own run is
+in tests/gpu; the kernels' names in the hand-made GPU traces are torch's (TensorShape.cu,
+ForeachBinaryOpList.cu), but only a GPU run shows what a real trace holds."""
 from __future__ import annotations
 
 import json
@@ -102,6 +106,102 @@ def test_data_parallel_copies_between_gpus_are_communication():
     assert_adds_up(step)
 
 
+AUTOGRAD = dict(pid=100, tid=102)  # autograd's thread for the GPU, where backward's hooks run
+
+
+def op(name: str, ts: float, dur: float, where=MAIN) -> dict:
+    return range_(name, ts, dur, cat="cpu_op", where=where)
+
+
+def launch_on(where: dict, correlation: int, ts: float, name="cudaLaunchKernel",
+              cat="cuda_runtime") -> dict:
+    """A launch on another host thread (or through the driver, or a copy's)."""
+    return range_(name, ts, 1, cat=cat, where=where, correlation=correlation)
+
+
+def test_fsdp_copies_in_and_out_of_its_collectives_are_communication():
+    """FSDP2 on a GPU (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py): before a block's
+    forward, fsdp::all_gather_copy_in copies the local shards into the all-gather's input (a
+    for-each copy on its copy-in stream), the all-gather runs on NCCL's stream, and
+    fsdp::split_with_sizes_copy copies its output out into the parameters; in backward, on
+    autograd's thread, fsdp::chunk_cat copies the gradients into the reduce-scatter's input. Those
+    copies are the collectives' cost, counted with communication by the operator that launched
+    them whatever the kernel's name; the reduce-scatter is hidden where a compute kernel runs
+    beside it."""
+    events = trace(
+        range_("data wait 3", 0, 10), range_("train step 3", 10, 190),  # on the host: 0 to 200 us
+        op("fsdp::all_gather_copy_in", 12, 4), launch(1, 13),
+        kernel("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::"
+               "(anonymous namespace)::TensorListMetadata<2>, at::native::(anonymous namespace)::"
+               "CopyFunctor<float, float, float, 2, 1, 1>, std::identity>", 1, 15, 10, stream=20),
+        op("c10d::_allgather_base_", 17, 2), launch(2, 18),
+        kernel("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 2, 25, 20,
+               stream=21),
+        op("fsdp::split_with_sizes_copy", 20, 4), launch(3, 21),
+        kernel("at::native::detail::split_with_sizes_copy_out_contiguous_no_cast_kernel(char**, "
+               "char**, long*, long*, long*, long, long)", 3, 45, 10),
+        launch(4, 26), kernel("sm90_xmma_fprop_implicit_gemm_f32f32_tf32f32_f32", 4, 55, 65),
+        op("fsdp::chunk_cat", 100, 4, where=AUTOGRAD), launch_on(AUTOGRAD, 5, 101),
+        kernel("at::native::detail::chunk_cat_cuda_kernel(char**, char*, long*, long*, long*, "
+               "long*, long*, long*, long, long, bool)", 5, 120, 10),
+        op("c10d::_reduce_scatter_base_", 105, 2, where=AUTOGRAD), launch_on(AUTOGRAD, 6, 106),
+        kernel("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 6,
+               130, 20, stream=21),
+        launch_on(AUTOGRAD, 7, 108), kernel("sm90_xmma_dgrad_implicit_gemm_f32", 7, 130, 10),
+        range_("Optimizer.step#SGD.step", 150, 40), launch(8, 155),
+        kernel("void at::native::multi_tensor_apply_kernel<>", 8, 160, 10),
+    )
+    (step,) = step_breakdowns(events)
+    # communication 15-55 and 120-150: of it, 130-140 hidden behind the dgrad kernel
+    assert step == pytest.approx(in_ms(step_ms=200, compute_ms=75, comm_ms=70, comm_exposed_ms=60,
+                                       data_ms=10, optimizer_ms=10, other_ms=45))
+    assert_adds_up(step)
+
+
+def test_gloos_copies_of_cuda_tensors_to_the_host_and_back_are_communication():
+    """Gloo over CUDA tensors (two ranks sharing a GPU): the collective's call copies the gradients
+    to pinned host memory, gloo's thread all-reduces them there and copies the result back. Both
+    copies are communication, launched inside the call and inside gloo's range; a copy the loader
+    launches in the data wait stays data."""
+    events = trace(
+        range_("data wait 5", 0, 10), range_("train step 5", 10, 140),  # 0 to 150 us
+        launch_on(MAIN, 1, 2, name="cudaMemcpyAsync"),
+        kernel("Memcpy HtoD (Pinned -> Device)", 1, 3, 5, cat="gpu_memcpy"),  # the batch
+        launch(2, 12), kernel("sm90_xmma_dgrad_implicit_gemm_f32", 2, 15, 40),
+        op("c10d::allreduce_", 50, 5, where=AUTOGRAD),
+        launch_on(AUTOGRAD, 3, 51, name="cudaMemcpyAsync"),
+        kernel("Memcpy DtoH (Device -> Pinned)", 3, 55, 10, stream=30, cat="gpu_memcpy"),
+        range_("gloo:all_reduce", 60, 40, where=GLOO),
+        launch_on(GLOO, 4, 98, name="cudaMemcpyAsync"),
+        kernel("Memcpy HtoD (Pinned -> Device)", 4, 100, 10, stream=30, cat="gpu_memcpy"),
+        range_("Optimizer.step#SGD.step", 115, 20), launch(5, 116),
+        kernel("void at::native::multi_tensor_apply_kernel<>", 5, 120, 10),
+    )
+    (step,) = step_breakdowns(events)
+    # communication 55-110 on the device and the host; compute 15-55
+    assert step == pytest.approx(in_ms(step_ms=150, compute_ms=40, comm_ms=55, comm_exposed_ms=55,
+                                       data_ms=10, optimizer_ms=10, other_ms=35))
+    assert_adds_up(step)
+
+
+def test_a_kernel_is_tied_to_its_launch_by_the_cuda_runtime_or_driver_only():
+    """Kernels are tied to the host's call that launched them by the CUDA runtime's or driver's
+    events only, as torch's trace validator does (torch/profiler/_trace_validator.py): a kernel
+    that the driver launched inside Optimizer.step (cuLaunchKernel, as compiled kernels are) is
+    the optimizer's, though another event with its correlation id lies in the data wait."""
+    events = trace(
+        range_("data wait 2", 0, 20), range_("train step 2", 20, 80),
+        range_("Optimizer.step#SGD.step", 60, 30),
+        launch_on(MAIN, 1, 65, name="cuLaunchKernel", cat="cuda_driver"),
+        kernel("triton_per_fused_add_mul_0", 1, 70, 20),
+        range_("Stream Wait Event", 5, 0, cat="cuda_sync", where=dict(pid=0, tid=7),
+               correlation=1),  # not a launch
+    )
+    (step,) = step_breakdowns(events)
+    assert step["optimizer_ms"] == pytest.approx(0.02) and step["data_ms"] == pytest.approx(0.02)
+    assert step["compute_ms"] == 0
+
+
 def test_a_cpu_step_is_split_from_its_threads():
     """On the CPU the training thread computes inside its operators (an operator's own time, as a
     convolution's whose only child is an allocation); gloo's all-reduce beside them is hidden, and
@@ -123,6 +223,23 @@ def test_a_cpu_step_is_split_from_its_threads():
     (step,) = step_breakdowns(events)
     assert step == pytest.approx(in_ms(step_ms=200, compute_ms=83, comm_ms=65, comm_exposed_ms=32,
                                        data_ms=10, optimizer_ms=20, other_ms=55))
+    assert_adds_up(step)
+
+
+def test_on_the_cpu_fsdps_copies_for_its_collectives_are_communication_too():
+    """FSDP2 on gloo: its copy of the shards into the all-gather's input (fsdp::all_gather_copy_in,
+    the operators inside it included) is communication on the CPU as on a GPU, then the call and
+    gloo's all-gather; the convolution after them is compute."""
+    events = trace(
+        range_("data wait 6", 0, 10), range_("train step 6", 10, 90),  # 0 to 100 us
+        op("fsdp::all_gather_copy_in", 20, 10), op("aten::_foreach_copy_", 21, 8),
+        op("c10d::_allgather_base_", 30, 2),
+        range_("gloo:all_gather", 32, 18, where=GLOO),
+        op("aten::conv2d", 50, 40),
+    )
+    (step,) = step_breakdowns(events)
+    assert step == pytest.approx(in_ms(step_ms=100, compute_ms=40, comm_ms=30, comm_exposed_ms=30,
+                                       data_ms=10, optimizer_ms=0, other_ms=20))
     assert_adds_up(step)
 
 
