@@ -11,8 +11,9 @@ results.json and the traces beside it, the profiled steps after the timed ones a
 fresh run and a resumed one), the parts adding up to the step the run's own timer measured (within
 5 %), two gloo processes of DDP whose --bucket_cap_mb moves communication from exposed to hidden,
 FSDP's all-gathers and reduce-scatters, a run shorter than the steps asked for. The GPU's own run is
-in tests/gpu; the kernels' names in the hand-made GPU traces are torch's (TensorShape.cu,
-ForeachBinaryOpList.cu), but only a GPU run shows what a real trace holds."""
+in tests/gpu. The hand-made GPU traces name their kernels after torch's source (TensorShape.cu's
+chunk_cat and split_with_sizes_copy kernels, ForeachBinaryOpList.cu's CopyFunctor); the split does
+not read those names, and only a GPU run shows what a real trace holds."""
 from __future__ import annotations
 
 import json
