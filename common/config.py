@@ -59,10 +59,9 @@ INT_MAX = 2**63 - 1  # torch's largest integer: a count above it reaches no tens
 FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max
 # torch.finfo(torch.float32).tiny: below it a rate loses its precision
 FLOAT32_TINY = 1.1754943508222875e-38
-# While SyntheticCIFAR generates its images it holds two float32 copies of them at once (the pixel
-# noise and the class patterns, common/data.py): a lower bound of the memory --synthetic_size asks
-# for.
-SYNTHETIC_BYTES_PER_IMAGE = 2 * 3 * 32 * 32 * 4
+# SyntheticCIFAR keeps its images as bytes, 3 x 32 x 32 each (it makes them a few at a time,
+# common/data.py): a lower bound of the memory --synthetic_size asks for.
+SYNTHETIC_BYTES_PER_IMAGE = 3 * 32 * 32
 # the kernel's own views: nothing can be created there, not even by root
 PSEUDO_FILESYSTEMS = ("/proc", "/sys")
 
@@ -425,7 +424,9 @@ class Config:
                                         "mnist); cifar10, mnist and synthetic are resized to it "
                                         "after their augmentation", at_least=8, at_most=4096)
     synthetic_size: int = flag(50_000, "training images of --dataset synthetic; the test set is a "
-                                       "fifth of it", at_least=5, check=_synthetic_images)
+                                       "fifth of it; unless given, --benchmark takes only the "
+                                       "images its steps draw (their steps x --batch_size)",
+                               at_least=5, check=_synthetic_images)
     loader: str | None = flag(None, "gpu: dataset held on the device, augmented there (default "
                                     "with CUDA; for imagefolder where its decoded images take at "
                                     "most half the GPU's free memory); torchvision: DataLoader "
@@ -691,21 +692,31 @@ def parse_config(config_class: type[Config], argv=None, description: str = "") -
     if args["gpu_devices"] is not None:
         args["gpu_devices"] = tuple(args["gpu_devices"])
     cfg = config_class(**args)  # checks every value (check_domains and __post_init__)
-    return benchmark_config(cfg) if cfg.benchmark else cfg
+    if not cfg.benchmark:
+        return cfg
+    given = _OneLineParser()  # the flags given: those parsed without defaults
+    add_flags(given, config_class, defaults=False)
+    return benchmark_config(cfg, "synthetic_size" not in vars(given.parse_args(argv)))
 
 
-def benchmark_config(cfg: Config) -> Config:
+def benchmark_config(cfg: Config, sized: bool = False) -> Config:
     """--benchmark: synthetic data, exactly --warmup_steps + --benchmark_steps + --profile_steps
     optimizer steps (the profiled ones last, untimed), no files but the run folder's results.json
-    and TensorBoard events. Enough epochs are allowed to reach the step count."""
+    and TensorBoard events. Enough epochs are allowed to reach the step count. `sized` (no
+    --synthetic_size given): the set holds only the images those steps draw, one epoch of them (at
+    most --synthetic_size's default), which is the run with that --synthetic_size: making 50,000
+    images for 80 steps of 256 took longer than the steps."""
     steps = cfg.warmup_steps + cfg.benchmark_steps + cfg.profile_steps
     if steps > INT_MAX:
         profiled = f" and --profile_steps {cfg.profile_steps}" if cfg.profile_steps else ""
         raise UsageError(f"--warmup_steps {cfg.warmup_steps} plus --benchmark_steps "
                          f"{cfg.benchmark_steps}{profiled} is more steps than torch counts "
                          f"({INT_MAX}): give fewer")
-    steps_per_epoch = max(cfg.synthetic_size // cfg.batch_size, 1)
-    return dataclasses.replace(cfg, dataset="synthetic", max_steps=steps,
+    images = cfg.synthetic_size
+    if sized:  # at least the flag's least (5: a test set of one image)
+        images = min(images, max(steps * cfg.batch_size, 5))
+    steps_per_epoch = max(images // cfg.batch_size, 1)
+    return dataclasses.replace(cfg, dataset="synthetic", synthetic_size=images, max_steps=steps,
                                epochs=-(-steps // steps_per_epoch), save_model=False)
 
 
