@@ -119,9 +119,10 @@ class CompareConfig:
                                                            "ZeRO-2-like), or both",
                                                   nargs="+", choices=("on", "off"))
     repeat: int = flag(1, "runs of each configuration; the report gives mean ± std", at_least=1)
-    profile_steps: int = flag(3, "steps of every run recorded by torch.profiler after the "
-                                 "warm-up: the report splits each rank's step into compute, "
-                                 "communication hidden and exposed, data and optimizer; 0: off",
+    profile_steps: int = flag(3, "steps of every run recorded by torch.profiler after its "
+                                 "timed steps (never timed): the report splits each rank's step "
+                                 "into compute, communication hidden and exposed, data and "
+                                 "optimizer; 0: off",
                               at_least=0)
     epochs: int = flag(0, "0: --benchmark runs (synthetic data, speed only); N: train N epochs on "
                           "--dataset and compare test accuracy too", at_least=0)
@@ -347,8 +348,10 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
     cores = None if cuda else cores_here()  # what CPU runs share; GPU runs wait on their GPUs
     pictures = write_plots(outcomes, out, device, cuda, projection if cuda else None, cores)
     write_csv(outcomes, out / "results.csv")
+    profiled = cc.profile_steps if profiling_flag() else 0
     what = (f"`--benchmark`: synthetic data, {config['warmup_steps']} untimed then "
-            f"{config['benchmark_steps']} timed steps per run" if not cc.epochs
+            f"{config['benchmark_steps']} timed steps per run"
+            + (f", then {profiled} profiled (not timed)" if profiled else "") if not cc.epochs
             else f"training for {cc.epochs} epochs on {config['dataset']}")
     modes = listed(list(dict.fromkeys(o.run.mode for o in outcomes)))
     projection_page = [
@@ -655,7 +658,9 @@ def progress(outcome: Outcome) -> str:
         return f"{outcome.status.upper()}: {outcome.error}"
     speed = outcome.results["summary"]["images_per_sec"]
     if speed is None:
-        return "ok, no timed steps (it ended within its --warmup_steps)"
+        profiled = " and the --profile_steps after them" if outcome.results["summary"].get(
+            "profiled_steps") else ""
+        return f"ok, no timed steps (it ended within its --warmup_steps{profiled})"
     return f"{speed:,.0f} images/s"
 
 

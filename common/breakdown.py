@@ -1,5 +1,7 @@
-"""Where each rank's training step goes, measured. `--profile_steps N` records the N steps after
-the warm-up (--warmup_steps) with torch's profiler; each rank's trace is written beside the run as
+"""Where each rank's training step goes, measured. `--profile_steps N` records the run's last N
+steps with torch's profiler, after the timed steps and never among them (the profiler's own host
+cost would land in images/s), and after the warm-up (--warmup_steps); under --benchmark they come
+after its --benchmark_steps. Each rank's trace is written beside the run as
 trace_rank<r>.json (Chrome trace JSON, as torch's export_chrome_trace writes it), and from that
 trace every recorded step is split into
 
@@ -17,26 +19,35 @@ backward pass).
 
 The step is the StepTimer's (common/metrics.py): from the moment it waits for its batch to the end
 of its work. The timer marks it in the trace as two ranges, "data wait <n>" then "train step <n>"
-(n: the step's number in this attempt); a data wait that no train step follows is an epoch's end.
+(n: the step's number in the run, as results.json's `profiled_steps` gives them); a data wait
+that no train step follows is an epoch's end.
 
 On a GPU the figures come from the device's timeline: the kernels, copies and memsets on their
-streams, each tied to the call that launched it (the trace's `correlation`). NCCL kernels, and the
-peer-to-peer copies by which DataParallel scatters and gathers between GPUs, are communication; a
-kernel launched inside the data wait is data, one launched inside the optimizer's ranges is the
-optimizer's, any other is compute. The step runs on the device from its start on the host, or from
+streams, each tied to the CUDA runtime or driver call that launched it (the trace's `correlation`,
+as torch's own trace validator, torch/profiler/_trace_validator.py, matches them: other events
+carry correlation ids too). Communication is NCCL's kernels, the peer-to-peer copies by which
+DataParallel scatters and gathers between GPUs, and any work launched inside a collective's call
+or inside FSDP2's copies into and out of its collectives' buffers: gloo's copies of CUDA tensors to
+the host and back (its collectives run on the host), and FSDP2's all-gather copy-in
+(fsdp::all_gather_copy_in), copy-out (fsdp::split_with_sizes_copy) and reduce-scatter copy-in
+(fsdp::chunk_cat; torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py). A kernel launched
+inside the data wait is data, one launched inside the optimizer's ranges is the optimizer's, any
+other is compute. The step runs on the device from its start on the host, or from
 the end of the work launched before it if that is later, to the end of the last work it launched,
 or its end on the host if that is later: what the StepTimer's CUDA events measure.
 
 On the CPU everything runs on threads. The training thread computes while it is inside an
 operator: the innermost range it is in is an operator (its own time, a convolution's included),
 not a range of Python's such as FSDP's, where it waits. Communication is a collective's call on
-that thread (c10d::allreduce_, c10d::_allgather_base_, c10d::_reduce_scatter_base_ ...) and its
+that thread (c10d::allreduce_, c10d::_allgather_base_, c10d::_reduce_scatter_base_ ...), FSDP2's
+copies in and out of its collectives' buffers (the fsdp:: operators above), and the collectives'
 work on gloo's own threads (gloo:all_reduce, gloo:all_gather; gloo runs a reduce-scatter as an
 all-reduce). DDP's wait for its last bucket after the backward pass runs no operator: while gloo's
 thread works then, that communication is exposed.
 """
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import os
@@ -51,8 +62,12 @@ DATA = "data wait"  # the StepTimer's wait for step n's batch: "data wait <n>"
 STEP = "train step"  # the rest of step n, from its batch to its end: "train step <n>"
 OPTIMIZER = ("Optimizer.step#", "Optimizer.zero_grad#")  # torch's ranges around optimizer calls
 COMM = re.compile(r"^(c10d::|gloo:|nccl:|mpi:)|nccl|memcpy ptop", re.IGNORECASE)  # and GPU to GPU
+# FSDP2's copies into and out of its collectives' buffers: the all-gather's input, its output into
+# the parameters, the gradients into the reduce-scatter's input (torch.ops.fsdp)
+FSDP_COPIES = ("fsdp::all_gather_copy_in", "fsdp::split_with_sizes_copy", "fsdp::chunk_cat")
 GLOO = "gloo:"  # gloo's own threads doing a collective: gloo:all_reduce, gloo:all_gather
 DEVICE = ("kernel", "gpu_memcpy", "gpu_memset")  # the trace's categories of work on a GPU
+LAUNCH = ("cuda_runtime", "cuda_driver")  # the host's calls that launch it (cudaLaunchKernel ...)
 FIELDS = ("step_ms", "compute_ms", "comm_ms", "comm_exposed_ms", "data_ms", "optimizer_ms",
           "other_ms")
 TRACE_NAME = "trace_rank{rank}.json"  # in the run folder
@@ -158,7 +173,8 @@ def recorded_steps(events: list) -> list[dict]:
 
 
 def _is_comm(event) -> bool:
-    return COMM.search(event.get("name", "")) is not None
+    name = event.get("name", "")
+    return COMM.search(name) is not None or name in FSDP_COPIES
 
 
 def innermost(events: list) -> list[tuple[float, float, dict]]:
@@ -200,14 +216,34 @@ def host_parts(events: list, thread: tuple) -> dict:
             "comm": merged(calls + gloo), "gloo": gloo}
 
 
+def inside(intervals: list, at: float) -> bool:
+    """Whether `at` lies in one of `intervals` (merged)."""
+    index = bisect.bisect_right(intervals, (at, math.inf)) - 1
+    return index >= 0 and intervals[index][0] <= at <= intervals[index][1]
+
+
 def device_ops(events: list) -> list[dict]:
-    """The work on the GPUs: each kernel, copy and memset, whether it is communication, and when
-    it was launched (None: before the recording began)."""
-    launched = {event["args"]["correlation"]: event["ts"] for event in events
-                if event.get("cat") not in DEVICE and "correlation" in event.get("args", {})}
-    return [{"start": event["ts"], "end": event["ts"] + event["dur"], "comm": _is_comm(event),
-             "launched": launched.get(event.get("args", {}).get("correlation"))}
-            for event in events if event.get("cat") in DEVICE]
+    """The work on the GPUs: each kernel, copy and memset, whether it is communication (by its name,
+    or launched inside a collective's call or an FSDP2 copy for one), and when it was launched
+    (None: before the recording began). Each is tied to its launch by the CUDA runtime's or
+    driver's call with its correlation id, and only those: other events carry such ids too."""
+    launches = {event["args"]["correlation"]: event for event in events
+                if event.get("cat") in LAUNCH and "correlation" in event.get("args", {})}
+    comm = {}  # each thread's collectives' calls (and FSDP2's copies for them), merged
+    for event in events:
+        if event.get("cat") in ("cpu_op", "user_annotation") and _is_comm(event):
+            comm.setdefault(_thread(event), []).append(_range(event))
+    comm = {thread: merged(ranges) for thread, ranges in comm.items()}
+    ops = []
+    for event in events:
+        if event.get("cat") not in DEVICE:
+            continue
+        launch = launches.get(event.get("args", {}).get("correlation"))
+        for_comm = launch is not None and inside(comm.get(_thread(launch), []), launch["ts"])
+        ops.append({"start": event["ts"], "end": event["ts"] + event["dur"],
+                    "comm": _is_comm(event) or for_comm,
+                    "launched": None if launch is None else launch["ts"]})
+    return ops
 
 
 def device_step(step: dict, ops: list, host: dict) -> tuple:
@@ -287,34 +323,47 @@ def breakdown_line(breakdown: dict, rank: str, steps: int) -> str:
 
 # ---------------------------------------------------------------------------------- the recording
 class StepProfiler:
-    """Records this attempt's steps warmup_steps + 1 to warmup_steps + `steps` with torch's
-    profiler, as the StepTimer tells it: `starting(n)` before step n's first mark, `ready(n)` once
-    its batch is there, `no_batch()` when the epoch had none left, `done()` after its last mark.
-    The profiler starts before the first recorded step's mark and stops after the last one's,
-    outside the timed steps (or at `stop()`, when the training ends first); its trace is then
-    exported, split (step_breakdowns) and kept, compressed, for `result()`. No shapes, stacks or
-    memory are recorded: only what the split needs, so that the recorded steps keep the pace of
-    the others."""
+    """Records the run's last `steps` steps with torch's profiler (those after the warm-up's
+    `warmup_steps` among them), as the StepTimer tells it: `starting(n)` before this attempt's step
+    n's first mark, `ready(n)` once its batch is there, `no_batch()` when the epoch had none left,
+    `done()` after its last mark. `plan()` says where the run stands and where it ends; `covers(n)`
+    whether step n is recorded, which the StepTimer then leaves out of its timed steps. The profiler
+    starts before the first recorded step's mark and stops after the last one's (or at `stop()`,
+    when the training ends first); its trace is then exported, split (step_breakdowns) and kept,
+    compressed, for `result()`. No shapes, stacks or memory are recorded: only what the split
+    needs, so that the recorded steps keep the pace of the others."""
 
     def __init__(self, steps: int, warmup_steps: int, device: torch.device):
-        self.asked, self.first, self.device = steps, warmup_steps + 1, device
+        self.asked, self.warmup, self.device = steps, warmup_steps, device
+        self.before = 0  # the run's steps before this attempt
+        self.first = warmup_steps + 1  # this attempt's first recorded step (plan() sets it)
         self.profile = None
         self.open = []  # the ranges open now, the innermost last
         self.recorded = 0  # steps done under the profiler
         self.stopped = steps == 0
         self.steps, self.trace = [], None  # the split steps; the trace's JSON, compressed
 
+    def plan(self, before: int, last: int) -> None:
+        """The run had made `before` steps before this attempt and ends with step `last`: record
+        its last `asked` steps, none of them a warm-up step of this attempt."""
+        self.before = before
+        self.first = max(self.warmup + 1, last - before - self.asked + 1)
+
+    def covers(self, step: int) -> bool:
+        """Whether this attempt's step `step` is (to be) recorded."""
+        return self.asked > 0 and self.first <= step < self.first + self.asked
+
     def starting(self, step: int) -> None:
         if self.stopped or step < self.first:
             return
         if self.profile is None:
             self._start()
-        self._open(f"{DATA} {step}")
+        self._open(f"{DATA} {self.before + step}")
 
     def ready(self, step: int) -> None:
         if self.open:
             self._close()
-            self._open(f"{STEP} {step}")
+            self._open(f"{STEP} {self.before + step}")
 
     def no_batch(self) -> None:
         while self.open:
@@ -331,7 +380,9 @@ class StepProfiler:
     def _start(self) -> None:
         from torch.autograd import profiler
 
-        if self.device.type != "cuda":  # kineto's "gpuGetDeviceCount failed": there is no GPU
+        if self.device.type == "cuda":  # the timed steps' work done before the profiler starts
+            torch.cuda.synchronize(self.device)
+        else:  # kineto's "gpuGetDeviceCount failed": there is no GPU
             # above kineto's highest level (USDT, 5): its profiler_start/stop lines silenced too,
             # here and in what this process starts (benchmarks/profile_step.py does the same)
             os.environ.setdefault("KINETO_LOG_LEVEL", "6")
@@ -368,21 +419,25 @@ class StepProfiler:
 
     def result(self) -> dict:
         """This rank's mean breakdown (None without a step), its trace (compressed; None without
-        one), the steps split, and what the figures are not when they are fewer than asked."""
+        one), the steps split, the first and last recorded (the run's numbers; None without one),
+        and what the figures are not when they are fewer than asked."""
         self.stop()
+        first = self.before + self.first
+        span = [first, first + self.recorded - 1] if self.recorded else None
         return {"breakdown": mean_breakdown(self.steps), "trace": self.trace,
-                "steps": len(self.steps), "note": self.note()}
+                "steps": len(self.steps), "span": span, "note": self.note()}
 
     def note(self) -> str | None:
         if not self.asked or len(self.steps) == self.asked:
             return None
-        first, last = self.first, self.first + self.asked - 1
+        steps = f"{self.warmup} warm-up step{'s' * (self.warmup != 1)} (--warmup_steps)"
+        warmup = (f"after its {steps}" if not self.before
+                  else f"after the {steps} of its attempt that began after step {self.before}")
         if not self.steps:
-            return (f"no step profiled: --profile_steps records steps {first} to {last}, after the "
-                    f"{first - 1} warm-up steps (--warmup_steps), and the run ended before step "
-                    f"{first}")
+            return (f"no step profiled: --profile_steps records the run's last steps {warmup}, "
+                    f"and the run had none after them")
         return (f"{len(self.steps)} of the {self.asked} steps --profile_steps asked for were "
-                f"profiled: the run ended after step {first + self.recorded - 1}")
+                f"profiled: the run's last {len(self.steps)}, {warmup}")
 
     def close(self) -> None:
         """A run that ends with an error: the profiler stopped, nothing exported."""

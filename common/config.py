@@ -59,10 +59,9 @@ INT_MAX = 2**63 - 1  # torch's largest integer: a count above it reaches no tens
 FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max
 # torch.finfo(torch.float32).tiny: below it a rate loses its precision
 FLOAT32_TINY = 1.1754943508222875e-38
-# While SyntheticCIFAR generates its images it holds two float32 copies of them at once (the pixel
-# noise and the class patterns, common/data.py): a lower bound of the memory --synthetic_size asks
-# for.
-SYNTHETIC_BYTES_PER_IMAGE = 2 * 3 * 32 * 32 * 4
+# SyntheticCIFAR keeps its images as bytes, 3 x 32 x 32 each (it makes them a few at a time,
+# common/data.py): a lower bound of the memory --synthetic_size asks for.
+SYNTHETIC_BYTES_PER_IMAGE = 3 * 32 * 32
 # the kernel's own views: nothing can be created there, not even by root
 PSEUDO_FILESYSTEMS = ("/proc", "/sys")
 
@@ -425,7 +424,9 @@ class Config:
                                         "mnist); cifar10, mnist and synthetic are resized to it "
                                         "after their augmentation", at_least=8, at_most=4096)
     synthetic_size: int = flag(50_000, "training images of --dataset synthetic; the test set is a "
-                                       "fifth of it", at_least=5, check=_synthetic_images)
+                                       "fifth of it; unless given, --benchmark takes only the "
+                                       "images its steps draw (their steps x --batch_size)",
+                               at_least=5, check=_synthetic_images)
     loader: str | None = flag(None, "gpu: dataset held on the device, augmented there (default "
                                     "with CUDA; for imagefolder where its decoded images take at "
                                     "most half the GPU's free memory); torchvision: DataLoader "
@@ -472,7 +473,8 @@ class Config:
                                                    "convolution (torch's default: 10; 0: every "
                                                    "one)", at_least=0, at_most=10**6)
     benchmark: bool = flag(False, "measure speed only: synthetic data, --warmup_steps untimed, "
-                                  "then --benchmark_steps timed steps, no evaluation")
+                                  "then --benchmark_steps timed steps (then --profile_steps "
+                                  "profiled ones), no evaluation")
     benchmark_steps: int = flag(100, "timed optimizer steps of --benchmark", at_least=1)
     # hardware and reproducibility
     gpu_devices: tuple[int, ...] | None = flag(None, "CUDA device ids to use (default: GPU 0 for "
@@ -492,8 +494,9 @@ class Config:
                              at_least=1)
     warmup_steps: int = flag(10, "first optimizer steps left out of the timing (cuDNN autotune, "
                                  "allocator)", at_least=0)
-    profile_steps: int = flag(0, "record the N optimizer steps after --warmup_steps with "
-                                 "torch.profiler: each rank's trace goes to <run "
+    profile_steps: int = flag(0, "record the run's last N optimizer steps with torch.profiler, "
+                                 "after the timed ones and never among them (--benchmark adds "
+                                 "them to its steps): each rank's trace goes to <run "
                                  "folder>/trace_rank<r>.json, and results.json splits each "
                                  "rank's step into compute, communication (hidden and "
                                  "exposed), data, optimizer and the rest; 0 = off", at_least=0)
@@ -576,6 +579,12 @@ class Config:
 
     def effective_lr(self) -> float:
         return self.lr * self.batch_size / BASE_BATCH
+
+    def last_step(self, steps_per_epoch: int) -> int:
+        """The optimizer step the run ends with, unless it is stopped: its last epoch's last,
+        or --max_steps if that comes first."""
+        steps = self.epochs * steps_per_epoch
+        return min(steps, self.max_steps) if self.max_steps > 0 else steps
 
     def reached_max_steps(self, step: int) -> bool:
         """--max_steps is a ceiling: a run at or past it trains no further
@@ -729,20 +738,31 @@ def parse_config(config_class: type[Config], argv=None, description: str = "") -
     if args["gpu_devices"] is not None:
         args["gpu_devices"] = tuple(args["gpu_devices"])
     cfg = config_class(**args)  # checks every value (check_domains and __post_init__)
-    return benchmark_config(cfg) if cfg.benchmark else cfg
+    if not cfg.benchmark:
+        return cfg
+    given = _OneLineParser()  # the flags given: those parsed without defaults
+    add_flags(given, config_class, defaults=False)
+    return benchmark_config(cfg, "synthetic_size" not in vars(given.parse_args(argv)))
 
 
-def benchmark_config(cfg: Config) -> Config:
-    """--benchmark: synthetic data, exactly --warmup_steps + --benchmark_steps optimizer steps,
-    no files but the run folder's results.json and TensorBoard events. Enough epochs are
-    allowed to reach the step count."""
-    steps = cfg.warmup_steps + cfg.benchmark_steps
+def benchmark_config(cfg: Config, sized: bool = False) -> Config:
+    """--benchmark: synthetic data, exactly --warmup_steps + --benchmark_steps + --profile_steps
+    optimizer steps (the profiled ones last, untimed), no files but the run folder's results.json
+    and TensorBoard events. Enough epochs are allowed to reach the step count. `sized` (no
+    --synthetic_size given): the set holds only the images those steps draw, one epoch of them (at
+    most --synthetic_size's default), which is the run with that --synthetic_size: making 50,000
+    images for 80 steps of 256 took longer than the steps."""
+    steps = cfg.warmup_steps + cfg.benchmark_steps + cfg.profile_steps
     if steps > INT_MAX:
+        profiled = f" and --profile_steps {cfg.profile_steps}" if cfg.profile_steps else ""
         raise UsageError(f"--warmup_steps {cfg.warmup_steps} plus --benchmark_steps "
-                         f"{cfg.benchmark_steps} is more steps than torch counts "
+                         f"{cfg.benchmark_steps}{profiled} is more steps than torch counts "
                          f"({INT_MAX}): give fewer")
-    steps_per_epoch = max(cfg.synthetic_size // cfg.batch_size, 1)
-    return dataclasses.replace(cfg, dataset="synthetic", max_steps=steps,
+    images = cfg.synthetic_size
+    if sized:  # at least the flag's least (5: a test set of one image)
+        images = min(images, max(steps * cfg.batch_size, 5))
+    steps_per_epoch = max(images // cfg.batch_size, 1)
+    return dataclasses.replace(cfg, dataset="synthetic", synthetic_size=images, max_steps=steps,
                                epochs=-(-steps // steps_per_epoch), save_model=False)
 
 

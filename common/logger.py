@@ -466,10 +466,11 @@ def percent(fraction: float | None) -> float | None:
 
 def window_line(epoch: int, epochs: int, step: int, steps: int, loss: float, acc: float,
                 batch_time: float | None, data_frac: float | None,
-                images_per_sec: float | None) -> str:
+                images_per_sec: float | None, untimed: str = "warming up") -> str:
     """The plain log line: `Epoch 1/3 [120/390] loss 1.464 acc 45.36% batch
-    0.052s data 0.1% 4912 img/s`."""
-    timing = ("warming up" if batch_time is None else
+    0.052s data 0.1% 4912 img/s`; `untimed` in place of the timing where the window timed no
+    step."""
+    timing = (untimed if batch_time is None else
               f"batch {batch_time:.3f}s data {100 * data_frac:.1f}% {images_per_sec:.0f} img/s")
     return (f"Epoch {epoch + 1}/{epochs} [{step}/{steps}] loss {loss:.3f} acc "
             f"{100 * acc:.2f}% {timing}")

@@ -72,6 +72,7 @@ class Run:
         one, the optimizer and its schedule and scaler, the logger, the console and the run
         folder; the timers start here."""
         profiler = StepProfiler(cfg.profile_steps, cfg.warmup_steps, device)
+        profiler.plan(0, cfg.last_step(len(parts["train_loader"])))  # the run's last steps
         cache = cfg.compile_cache if cfg.compile else None
         memory = (MemoryHistory(cfg.memory_snapshot, parts["run_dir"], parts["console"].line)
                   if cfg.memory_snapshot else None)  # a GPU's: refused elsewhere (fast path)
@@ -103,6 +104,8 @@ class Run:
     def resume(self, checkpoint: dict, rank: int) -> None:
         """Everything of `checkpoint` into the run (this rank's RNG), said once."""
         restore(checkpoint, self, rank)
+        # --profile_steps: the run's last steps, counted from where this attempt starts
+        self.profiler.plan(self.step, self.cfg.last_step(len(self.train_loader)))
         self.console.line(f"resumed at step {self.step} (epoch {self.epoch + 1}, batch "
                           f"{self.batch}) from "
                           f"{checkpoint['file']}{self.extension_note(checkpoint)}")
@@ -137,8 +140,10 @@ class Run:
         # first, and flushed: a window on the terminal is one in the event file
         scalars = window_scalars(sums, self.cfg.batch_size, lr, utilisation)
         self.logger.scalars(self.step, {**scalars, **device_scalars(gpu, ranks)})
+        untimed = "profiled, not timed" if self.profiler.recorded else "warming up"
         self.console.line(window_line(epoch, self.cfg.epochs, index, len(self.train_loader),
-                                      sums.loss, sums.acc, sums.batch_time, sums.data_frac, rate))
+                                      sums.loss, sums.acc, sums.batch_time, sums.data_frac, rate,
+                                      untimed))
         self.console.update(0, loss=f"{sums.loss:.3f}", acc=f"{100 * sums.acc:.1f}%",
                             img_s=f"{rate or 0:.0f}")
 
@@ -194,6 +199,10 @@ class Run:
             "epoch_time_note": self.epoch_time_note(),
             "wall_time_s": self.clock.wall_time(),
             "steps": self.step,
+            "timed_steps": self.timed_steps(),
+            # the profiled steps by the run's own clock (this process's), never in the figures above
+            "profiled_step_s": (sum(self.timer.profiled_seconds) / len(self.timer.profiled_seconds)
+                                if self.timer.profiled_seconds else None),
             **self.breakdown_summary(profiles)}
         if group:
             summary["params_in_sync"] = (self.sync or {}).get("params_in_sync")
@@ -225,8 +234,16 @@ class Run:
                      if result["breakdown"] is not None}
         steps = min((result["steps"] for result in profiles.values()), default=0)
         notes = [result["note"] for result in profiles.values() if result["note"]]
-        return {"breakdown": breakdown or None, "breakdown_slowest_rank": slowest_rank(breakdown),
+        spans = [result["span"] for result in profiles.values()]  # every rank records the same
+        return {"profiled_steps": spans[0] if spans and None not in spans else None,
+                "breakdown": breakdown or None, "breakdown_slowest_rank": slowest_rank(breakdown),
                 "breakdown_steps": steps or None, "breakdown_note": notes[0] if notes else None}
+
+    def timed_steps(self) -> list[int] | None:
+        """results.json's `timed_steps`: the first and last step (the run's numbers) that the speed
+        figures time, those of the run's last attempt; None where none was timed."""
+        span = self.timer.timed_span
+        return None if span is None else [self.profiler.before + step for step in span]
 
     def epoch_time_note(self) -> str | None:
         """What epoch_time_s is when it is not the mean of every epoch the run trained

@@ -55,7 +55,9 @@ class StepTimer:
     Per-step times are kept for percentiles. When the warm-up ends, the peak memory of `gpus` is
     reset too, so that peak memory, like time, describes the training step and not cuDNN's
     autotuning workspaces or torch.compile's first step. A `recorder` (--profile_steps'
-    StepProfiler) is told at the marks where each step starts, gets its batch and ends."""
+    StepProfiler) is told at the marks where each step starts, gets its batch and ends; the steps
+    it records are never timed steps (the profiler's own cost would land in them), and are timed
+    apart (`profiled_seconds`). `timed_span` is the first and last timed step of this attempt."""
 
     def __init__(self, device: torch.device, warmup_steps: int, gpus=(),
                  compile_cache: str | None = None, recorder: StepProfiler | None = None,
@@ -72,7 +74,10 @@ class StepTimer:
         if warmup_steps == 0:
             self._warmup_done()
         self.pending = []  # (start, batch ready, step done) marks of this window's timed steps
+        self.profiled = []  # the same marks of this window's profiled steps, timed apart
         self.step_seconds = []  # every timed step of the run
+        self.profiled_seconds = []  # every profiled step of the run
+        self.timed_span = None  # (first, last) of this attempt's timed steps
         self.data_seconds = 0.0
         self.first_step_seconds = None
 
@@ -103,8 +108,12 @@ class StepTimer:
             self.first_step_seconds = time.perf_counter() - self._first_start
         if self.steps_seen == self.warmup_steps:
             self._warmup_done()
-        if self.steps_seen > self.warmup_steps:
+        if self.recorder.covers(self.steps_seen):  # profiled: not a timed step
+            self.profiled.append((*self._marks, done))
+        elif self.steps_seen > self.warmup_steps:
             self.pending.append((*self._marks, done))
+            first = self.timed_span[0] if self.timed_span else self.steps_seen
+            self.timed_span = (first, self.steps_seen)
 
     def _warmup_done(self) -> None:
         # the caching allocator keeps its statistics on the host: no sync needed
@@ -114,6 +123,11 @@ class StepTimer:
     def window(self) -> tuple[int, float, float]:
         """Wait for the window's last step, then read its marks: a
         host sync, once per log window."""
+        if self.profiled:  # after the timed steps: the window's last
+            self.clock.wait(self.profiled[-1][2])
+            self.profiled_seconds += [self.clock.seconds(start, done)
+                                      for start, _, done in self.profiled]
+            self.profiled = []
         if not self.pending:
             return 0, 0.0, 0.0
         self.clock.wait(self.pending[-1][2])

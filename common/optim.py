@@ -30,19 +30,37 @@ def build_optimizer(model: torch.nn.Module, cfg: Config,
     works with either: over DTensor gradients its overflow check is reduced across the ranks, so
     every rank skips the same steps.
 
+    Under --deterministic every mode takes the for-each form on GPUs, fsdp's: the two forms round
+    differently. Fused SGD's kernel (aten/src/ATen/native/cuda/FusedSgdKernel.cu) computes the
+    momentum update, Nesterov's step and lr x step in double and rounds once, where the for-each
+    form rounds to fp32 after every op, so fsdp would part from the other modes from the second
+    step, and `compare.py --verify --deterministic` would fail with nothing wrong. On the CPU
+    every mode takes the default form (a loop over the parameters, the same arithmetic as the
+    for-each form), as without --deterministic.
+
     With channels stored aligned (models/aligned.py), a hook before every step zeroes the
     gradients of BatchNorm beta's padded parts, the only padded parts that receive any:
     one multi-tensor op per step."""
-    fused = device.type == "cuda" and not is_sharded(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.effective_lr(), momentum=cfg.momentum,
                                 weight_decay=cfg.weight_decay, nesterov=cfg.nesterov,
-                                fused=fused or None)
+                                **sgd_form(model, cfg, device))
     if cfg.momentum:
         for param in model.parameters():
             # in the parameter's layout
             optimizer.state[param]["momentum_buffer"] = torch.zeros_like(param)
     mask_padded_gradients(model, optimizer)  # channels stored aligned: their padding never moves
     return optimizer
+
+
+def sgd_form(model: torch.nn.Module, cfg: Config, device: torch.device) -> dict:
+    """SGD's `fused` and `foreach` for this model on this device (build_optimizer says why):
+    fused on a GPU, for-each for a sharded model or under --deterministic, torch's default (a loop
+    over the parameters) on the CPU."""
+    if device.type != "cuda":
+        return dict(fused=None, foreach=None)
+    if cfg.deterministic or is_sharded(model):
+        return dict(fused=False, foreach=True)
+    return dict(fused=True, foreach=None)
 
 
 def warmup_steps(cfg: Config, steps_per_epoch: int) -> int:

@@ -824,16 +824,17 @@ def breakdown_section(outcomes: list[Outcome], profiling: int | None) -> list[st
     steps = sorted({split.profiled_steps for _, split in splits if split and split.profiled_steps})
     counted = f"{listed([str(n) for n in steps])} steps" if steps else "a few steps"
     lines = [
-        f"Each rank's step over {counted} recorded by torch.profiler after the warm-up "
-        "(`--profile_steps`), split into compute, exposed communication (the step waiting for "
-        "it), waiting for data, the optimizer and the rest: these add up to the profiled step. "
-        "The communication hidden behind compute ran while other work did, so it is shown beside "
-        "the parts, not added to them. **ms per step, the mean over ranks** (and over a "
-        "configuration's runs). The profiled steps are a few, with the profiler's own overhead: "
-        "the timed step of the results table stands beside them. The slowest rank is the one with "
-        "the most work (its step less its exposed communication: the time it did not wait for "
-        "the others). Each rank's trace is in its run folder, `runs/<run>/trace_rank<r>.json` "
-        "(Perfetto, chrome://tracing, TensorBoard's profile plugin).",
+        f"Each rank's step over {counted} recorded by torch.profiler after the timed steps "
+        "(`--profile_steps`, never timed), split into compute, exposed communication (the step "
+        "waiting for it), waiting for data, the optimizer and the rest: these add up to the "
+        "profiled step. The communication hidden behind compute ran while other work did, so it "
+        "is shown beside the parts, not added to them. **ms per step, the mean over ranks** (and "
+        "over a configuration's runs). The profiled steps are a few, with the profiler's own "
+        "overhead: the timed step of the results table stands beside them. The slowest rank is "
+        "the one with the most work (its step less its exposed communication: the time it did "
+        "not wait for the others). Each rank's trace is in its run folder, "
+        "`runs/<run>/trace_rank<r>.json` (Perfetto, chrome://tracing, TensorBoard's profile "
+        "plugin).",
         "",
         SPLIT_HEADER,
         "|" + "---|" * SPLIT_HEADER.count(" | ") + "---|",
@@ -950,8 +951,9 @@ def untimed_note(outcomes: list[Outcome], warmup_steps: int) -> list[str]:
     if not any(o.status == "ok" and o.row["images_per_sec"] is None for o in outcomes):
         return []
     return [f"*no timed steps*: the run succeeded but ended within its {warmup_steps} warm-up "
-            f"steps (`--warmup_steps`), which are not timed, so it measured no speed. Give it more "
-            f"steps (more `--epochs`, a larger `--synthetic_size`) or fewer `--warmup_steps`.", ""]
+            f"steps (`--warmup_steps`) and the profiled steps after them (`--profile_steps`), "
+            f"which are not timed, so it measured no speed. Give it more steps (more `--epochs`, a "
+            f"larger `--synthetic_size`) or fewer `--warmup_steps` or `--profile_steps`.", ""]
 
 
 # --- report.md: the recommendation ----------------------------------------------------------------

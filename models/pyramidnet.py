@@ -44,7 +44,7 @@ def batch_norm(channels: int, align: int | None) -> nn.BatchNorm2d:
 
 
 class BasicBlock(nn.Module):
-    """BN - conv3x3 - BN - ReLU - conv3x3 - BN, plus the padded identity."""
+    """BN - conv3x3 - BN - ReLU - conv3x3 - BN, plus the padded identity (add_shortcut)."""
 
     expansion = 1
 
@@ -64,12 +64,12 @@ class BasicBlock(nn.Module):
         return self.bn3(out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.residual(x) + padded_shortcut(x, self.out_stored, self.stride)
+        return add_shortcut(self.residual(x), x, self.stride)
 
 
 class Bottleneck(nn.Module):
     """BN - conv1x1 - BN - ReLU - conv3x3 - BN - ReLU - conv1x1 (4x width) -
-    BN, plus the padded identity."""
+    BN, plus the padded identity (add_shortcut)."""
 
     expansion = 4
 
@@ -93,16 +93,38 @@ class Bottleneck(nn.Module):
         return self.bn4(out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.residual(x) + padded_shortcut(x, self.out_stored, self.stride)
+        return add_shortcut(self.residual(x), x, self.stride)
 
 
-def padded_shortcut(x: torch.Tensor, out_channels: int, stride: int) -> torch.Tensor:
-    """Identity shortcut: 2x2 average pooling where the block downsamples, zero
-    channels appended to match width."""
+def add_shortcut(residual: torch.Tensor, x: torch.Tensor, stride: int) -> torch.Tensor:
+    """The block's output: `residual` plus the paper's identity shortcut (2x2 average pooling where
+    the block downsamples, zero channels appended to the residual's width), added in place into
+    the residual's first channels (ShortcutSum)."""
     if stride != 1:
         x = F.avg_pool2d(x, kernel_size=2, stride=2, ceil_mode=True)
-    extra = out_channels - x.shape[1]
-    return F.pad(x, (0, 0, 0, 0, 0, extra)) if extra else x
+    return ShortcutSum.apply(residual, x)
+
+
+class ShortcutSum(torch.autograd.Function):
+    """residual + the shortcut zero-padded to the residual's channels, computed as the shortcut
+    added in place into the residual's first channels: the zeros would add nothing (r + 0 is r;
+    only a -0.0 would have become +0.0), so this is the same sum without a padded copy of the
+    shortcut. Backward, the output's gradient is the residual's, and its first channels (a view)
+    the shortcut's: no copy either way. (Left to autograd, an in-place sum into a slice is undone
+    and redone on a clone of the gradient, backward: two copies a block.) The residual is the
+    block's last BatchNorm's output, which its backward does not need (BatchNorm saves its input),
+    so it may be written over."""
+
+    @staticmethod
+    def forward(ctx, residual: torch.Tensor, shortcut: torch.Tensor) -> torch.Tensor:
+        ctx.channels = shortcut.shape[1]
+        residual.narrow(1, 0, ctx.channels).add_(shortcut)
+        ctx.mark_dirty(residual)
+        return residual
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return grad, grad.narrow(1, 0, ctx.channels)
 
 
 # block -> (class, layers per block per stage x 3)

@@ -2,13 +2,18 @@
 optimizer and the rest, from torch.profiler's own trace (common/breakdown.py).
 
 The split itself on small Chrome traces made here in the format torch's exporter writes: a GPU step
-from its kernels on their streams (NCCL kernels beside compute kernels, copies between two GPUs), a
-CPU step from its threads (the training thread's operators, gloo's thread, an FSDP wait inside a
-range of its own), and an epoch's end, which is no step. Then on real runs, as a user starts them:
-results.json and the traces beside it, the parts adding up to the step the run's own timer measured
-(within 5 %), two gloo processes of DDP whose --bucket_cap_mb moves communication from exposed to
-hidden, FSDP's all-gathers and reduce-scatters, a run shorter than the steps asked for. The GPU's
-own run is in tests/gpu."""
+from its kernels on their streams (NCCL kernels beside compute kernels, copies between two GPUs,
+FSDP2's copies in and out of its collectives' buffers, gloo's copies of CUDA tensors to the host and
+back, each kernel tied to its launch by the CUDA runtime's or driver's event only), a CPU step from
+its threads (the training thread's operators, gloo's thread, an FSDP wait inside a range of its own,
+FSDP2's copies), and an epoch's end, which is no step. Then on real runs, as a user starts them:
+results.json and the traces beside it, the profiled steps after the timed ones and never timed (a
+fresh run and a resumed one), the parts adding up to the step the run's own timer measured (within
+5 %), two gloo processes of DDP whose --bucket_cap_mb moves communication from exposed to hidden,
+FSDP's all-gathers and reduce-scatters, a run shorter than the steps asked for. The GPU's own run is
+in tests/gpu. The hand-made GPU traces name their kernels after torch's source (TensorShape.cu's
+chunk_cat and split_with_sizes_copy kernels, ForeachBinaryOpList.cu's CopyFunctor); the split does
+not read those names, and only a GPU run shows what a real trace holds."""
 from __future__ import annotations
 
 import json
@@ -102,6 +107,102 @@ def test_data_parallel_copies_between_gpus_are_communication():
     assert_adds_up(step)
 
 
+AUTOGRAD = dict(pid=100, tid=102)  # autograd's thread for the GPU, where backward's hooks run
+
+
+def op(name: str, ts: float, dur: float, where=MAIN) -> dict:
+    return range_(name, ts, dur, cat="cpu_op", where=where)
+
+
+def launch_on(where: dict, correlation: int, ts: float, name="cudaLaunchKernel",
+              cat="cuda_runtime") -> dict:
+    """A launch on another host thread (or through the driver, or a copy's)."""
+    return range_(name, ts, 1, cat=cat, where=where, correlation=correlation)
+
+
+def test_fsdp_copies_in_and_out_of_its_collectives_are_communication():
+    """FSDP2 on a GPU (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py): before a block's
+    forward, fsdp::all_gather_copy_in copies the local shards into the all-gather's input (a
+    for-each copy on its copy-in stream), the all-gather runs on NCCL's stream, and
+    fsdp::split_with_sizes_copy copies its output out into the parameters; in backward, on
+    autograd's thread, fsdp::chunk_cat copies the gradients into the reduce-scatter's input. Those
+    copies are the collectives' cost, counted with communication by the operator that launched
+    them whatever the kernel's name; the reduce-scatter is hidden where a compute kernel runs
+    beside it."""
+    events = trace(
+        range_("data wait 3", 0, 10), range_("train step 3", 10, 190),  # on the host: 0 to 200 us
+        op("fsdp::all_gather_copy_in", 12, 4), launch(1, 13),
+        kernel("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::"
+               "(anonymous namespace)::TensorListMetadata<2>, at::native::(anonymous namespace)::"
+               "CopyFunctor<float, float, float, 2, 1, 1>, std::identity>", 1, 15, 10, stream=20),
+        op("c10d::_allgather_base_", 17, 2), launch(2, 18),
+        kernel("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 2, 25, 20,
+               stream=21),
+        op("fsdp::split_with_sizes_copy", 20, 4), launch(3, 21),
+        kernel("at::native::detail::split_with_sizes_copy_out_contiguous_no_cast_kernel(char**, "
+               "char**, long*, long*, long*, long, long)", 3, 45, 10),
+        launch(4, 26), kernel("sm90_xmma_fprop_implicit_gemm_f32f32_tf32f32_f32", 4, 55, 65),
+        op("fsdp::chunk_cat", 100, 4, where=AUTOGRAD), launch_on(AUTOGRAD, 5, 101),
+        kernel("at::native::detail::chunk_cat_cuda_kernel(char**, char*, long*, long*, long*, "
+               "long*, long*, long*, long, long, bool)", 5, 120, 10),
+        op("c10d::_reduce_scatter_base_", 105, 2, where=AUTOGRAD), launch_on(AUTOGRAD, 6, 106),
+        kernel("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 6,
+               130, 20, stream=21),
+        launch_on(AUTOGRAD, 7, 108), kernel("sm90_xmma_dgrad_implicit_gemm_f32", 7, 130, 10),
+        range_("Optimizer.step#SGD.step", 150, 40), launch(8, 155),
+        kernel("void at::native::multi_tensor_apply_kernel<>", 8, 160, 10),
+    )
+    (step,) = step_breakdowns(events)
+    # communication 15-55 and 120-150: of it, 130-140 hidden behind the dgrad kernel
+    assert step == pytest.approx(in_ms(step_ms=200, compute_ms=75, comm_ms=70, comm_exposed_ms=60,
+                                       data_ms=10, optimizer_ms=10, other_ms=45))
+    assert_adds_up(step)
+
+
+def test_gloos_copies_of_cuda_tensors_to_the_host_and_back_are_communication():
+    """Gloo over CUDA tensors (two ranks sharing a GPU): the collective's call copies the gradients
+    to pinned host memory, gloo's thread all-reduces them there and copies the result back. Both
+    copies are communication, launched inside the call and inside gloo's range; a copy the loader
+    launches in the data wait stays data."""
+    events = trace(
+        range_("data wait 5", 0, 10), range_("train step 5", 10, 140),  # 0 to 150 us
+        launch_on(MAIN, 1, 2, name="cudaMemcpyAsync"),
+        kernel("Memcpy HtoD (Pinned -> Device)", 1, 3, 5, cat="gpu_memcpy"),  # the batch
+        launch(2, 12), kernel("sm90_xmma_dgrad_implicit_gemm_f32", 2, 15, 40),
+        op("c10d::allreduce_", 50, 5, where=AUTOGRAD),
+        launch_on(AUTOGRAD, 3, 51, name="cudaMemcpyAsync"),
+        kernel("Memcpy DtoH (Device -> Pinned)", 3, 55, 10, stream=30, cat="gpu_memcpy"),
+        range_("gloo:all_reduce", 60, 40, where=GLOO),
+        launch_on(GLOO, 4, 98, name="cudaMemcpyAsync"),
+        kernel("Memcpy HtoD (Pinned -> Device)", 4, 100, 10, stream=30, cat="gpu_memcpy"),
+        range_("Optimizer.step#SGD.step", 115, 20), launch(5, 116),
+        kernel("void at::native::multi_tensor_apply_kernel<>", 5, 120, 10),
+    )
+    (step,) = step_breakdowns(events)
+    # communication 55-110 on the device and the host; compute 15-55
+    assert step == pytest.approx(in_ms(step_ms=150, compute_ms=40, comm_ms=55, comm_exposed_ms=55,
+                                       data_ms=10, optimizer_ms=10, other_ms=35))
+    assert_adds_up(step)
+
+
+def test_a_kernel_is_tied_to_its_launch_by_the_cuda_runtime_or_driver_only():
+    """Kernels are tied to the host's call that launched them by the CUDA runtime's or driver's
+    events only, as torch's trace validator does (torch/profiler/_trace_validator.py): a kernel
+    that the driver launched inside Optimizer.step (cuLaunchKernel, as compiled kernels are) is
+    the optimizer's, though another event with its correlation id lies in the data wait."""
+    events = trace(
+        range_("data wait 2", 0, 20), range_("train step 2", 20, 80),
+        range_("Optimizer.step#SGD.step", 60, 30),
+        launch_on(MAIN, 1, 65, name="cuLaunchKernel", cat="cuda_driver"),
+        kernel("triton_per_fused_add_mul_0", 1, 70, 20),
+        range_("Stream Wait Event", 5, 0, cat="cuda_sync", where=dict(pid=0, tid=7),
+               correlation=1),  # not a launch
+    )
+    (step,) = step_breakdowns(events)
+    assert step["optimizer_ms"] == pytest.approx(0.02) and step["data_ms"] == pytest.approx(0.02)
+    assert step["compute_ms"] == 0
+
+
 def test_a_cpu_step_is_split_from_its_threads():
     """On the CPU the training thread computes inside its operators (an operator's own time, as a
     convolution's whose only child is an allocation); gloo's all-reduce beside them is hidden, and
@@ -123,6 +224,23 @@ def test_a_cpu_step_is_split_from_its_threads():
     (step,) = step_breakdowns(events)
     assert step == pytest.approx(in_ms(step_ms=200, compute_ms=83, comm_ms=65, comm_exposed_ms=32,
                                        data_ms=10, optimizer_ms=20, other_ms=55))
+    assert_adds_up(step)
+
+
+def test_on_the_cpu_fsdps_copies_for_its_collectives_are_communication_too():
+    """FSDP2 on gloo: its copy of the shards into the all-gather's input (fsdp::all_gather_copy_in,
+    the operators inside it included) is communication on the CPU as on a GPU, then the call and
+    gloo's all-gather; the convolution after them is compute."""
+    events = trace(
+        range_("data wait 6", 0, 10), range_("train step 6", 10, 90),  # 0 to 100 us
+        op("fsdp::all_gather_copy_in", 20, 10), op("aten::_foreach_copy_", 21, 8),
+        op("c10d::_allgather_base_", 30, 2),
+        range_("gloo:all_gather", 32, 18, where=GLOO),
+        op("aten::conv2d", 50, 40),
+    )
+    (step,) = step_breakdowns(events)
+    assert step == pytest.approx(in_ms(step_ms=100, compute_ms=40, comm_ms=30, comm_exposed_ms=30,
+                                       data_ms=10, optimizer_ms=0, other_ms=20))
     assert_adds_up(step)
 
 
@@ -162,7 +280,7 @@ def test_the_parts_of_any_overlap_add_up_to_the_window():
 # ------------------------------------------------------------------------------------- real runs
 # A PyramidNet with enough weights (0.3 M) for DDP to split them over several buckets of 0.1 MB, on
 # a batch small enough for a step of a fraction of a second. --benchmark: no evaluation, no
-# checkpoint; every timed step profiled.
+# checkpoint; 1 warm-up step, 3 timed, then 3 profiled (steps 5 to 7).
 GROUP = ["--dataset", "synthetic", "--synthetic_size", "64", "--depth", "8", "--alpha", "96",
          "--batch_size", "8", "--loader", "gpu", "--num_workers", "0", "--log_interval", "50",
          "--benchmark", "--warmup_steps", "1", "--benchmark_steps", "3", "--profile_steps", "3",
@@ -185,11 +303,6 @@ def one_bucket(tmp_path_factory):
                      "--bucket_cap_mb", 1000)
 
 
-def measured_step_ms(summary: dict, batch_size: int) -> float:
-    """The run's own measure of its timed steps (its StepTimer's, averaged over the ranks)."""
-    return 1e3 * batch_size / summary["images_per_sec"]
-
-
 def test_results_carry_each_ranks_breakdown_and_the_traces_lie_beside_them(one_bucket):
     run_dir, done = one_bucket
     summary = read_results(run_dir)["summary"]
@@ -197,6 +310,8 @@ def test_results_carry_each_ranks_breakdown_and_the_traces_lie_beside_them(one_b
     assert set(breakdown) == {"0", "1"}
     assert all(set(figures) == set(FIELDS) for figures in breakdown.values())
     assert summary["breakdown_steps"] == 3 and summary["breakdown_note"] is None
+    assert summary["steps"] == 7 and summary["timed_steps"] == [2, 4]  # 1 warm-up + 3 timed
+    assert summary["profiled_steps"] == [5, 7]  # + 3 profiled, after the timed ones
     slowest = summary["breakdown_slowest_rank"]
     assert breakdown[slowest]["step_ms"] == max(each["step_ms"] for each in breakdown.values())
     assert f"profile of 3 steps, rank {slowest} (the slowest): step " in done.stdout
@@ -208,19 +323,18 @@ def test_results_carry_each_ranks_breakdown_and_the_traces_lie_beside_them(one_b
         # the file written is the trace that was split: Chrome trace JSON, the steps named in it
         written = json.loads((run_dir / f"trace_rank{rank}.json").read_text())
         names = {event.get("name") for event in written["traceEvents"]}
-        assert {"data wait 2", "train step 2", "train step 4", "gloo:all_reduce"} <= names, rank
+        assert {"data wait 5", "train step 5", "train step 7", "gloo:all_reduce"} <= names, rank
+        assert not {"train step 4", "data wait 4"} & names, rank  # the last timed step
         assert mean_breakdown(step_breakdowns(written)) == pytest.approx(figures), rank
 
 
 def test_the_parts_add_up_to_the_step_the_run_measured(one_bucket):
-    """Every timed step is profiled here, so the run's images/s is the same steps' StepTimer: the
-    parts of the profiled steps, added up and averaged over the ranks, are that step within 5 %."""
+    """The run's own clock times the profiled steps apart from the timed ones (profiled_step_s,
+    rank 0's): rank 0's parts of the same steps, added up, are that step within 5 %."""
     run_dir, _ = one_bucket
-    results = read_results(run_dir)
-    breakdown, batch = results["summary"]["breakdown"], results["config"]["batch_size"]
-    added = [sum(figures[part] for part in PARTS) for figures in breakdown.values()]
-    measured = measured_step_ms(results["summary"], batch)
-    assert sum(added) / len(added) == pytest.approx(measured, rel=0.05)
+    summary = read_results(run_dir)["summary"]
+    added = sum(summary["breakdown"]["0"][part] for part in PARTS)
+    assert added == pytest.approx(1e3 * summary["profiled_step_s"], rel=0.05)
 
 
 def test_small_buckets_hide_the_communication_one_bucket_exposes(one_bucket, tmp_path_factory):
@@ -246,8 +360,9 @@ def test_small_buckets_hide_the_communication_one_bucket_exposes(one_bucket, tmp
 def collectives(run_dir, rank: str = "0") -> dict:
     """The all-gathers and reduce-scatters a rank's trace holds in its first recorded step."""
     events = json.loads((run_dir / f"trace_rank{rank}.json").read_text())["traceEvents"]
-    wait = next(event for event in events if event.get("name") == "data wait 2")
-    step = next(event for event in events if event.get("name") == "train step 2")
+    first, _ = read_results(run_dir)["summary"]["profiled_steps"]
+    wait = next(event for event in events if event.get("name") == f"data wait {first}")
+    step = next(event for event in events if event.get("name") == f"train step {first}")
     inside = [event["name"] for event in events
               if event.get("ph") == "X" and wait["ts"] <= event["ts"] <= step["ts"] + step["dur"]]
     names = ("c10d::_allgather_base_", "c10d::_reduce_scatter_base_")
@@ -299,16 +414,70 @@ def test_one_process_has_one_rank_and_no_communication(tmp_path):
     figures = summary["breakdown"]["0"]
     assert figures["comm_ms"] == 0 and figures["compute_ms"] > 0 and figures["optimizer_ms"] > 0
     assert_adds_up(figures)
-    assert figures["step_ms"] == pytest.approx(measured_step_ms(summary, 32), rel=0.05)
+    assert figures["step_ms"] == pytest.approx(1e3 * summary["profiled_step_s"], rel=0.05)
     assert (tmp_path / "dp" / "trace_rank0.json").is_file()
     assert "profiler traces in" in done.stdout
 
 
+def test_the_profiled_steps_come_after_the_timed_ones_and_are_never_timed(tmp_path, monkeypatch):
+    """A real run whose profiled steps are each made 0.4 s slower (a sleep while the profiler
+    records, as its own host cost would): the speed figures time the 4 steps after the 2 warm-up
+    steps, the profiler records the 3 after those, and no figure of the timed steps holds any of
+    that time, while the run's own clock sees it in the profiled steps. (Until the profiled steps
+    came after the timed ones, the default --profile_steps recorded the first timed steps.)"""
+    import time
+
+    import common.breakdown
+
+    ready, delay = common.breakdown.StepProfiler.ready, 0.4
+
+    def slow_while_recording(profiler, step):
+        ready(profiler, step)
+        if profiler.open:  # step `step` is being recorded
+            time.sleep(delay)
+
+    monkeypatch.setattr(common.breakdown.StepProfiler, "ready", slow_while_recording)
+    done = train_in_process("single_gpu/train.py", *TINY, "--benchmark", "--warmup_steps", 2,
+                            "--benchmark_steps", 4, "--profile_steps", 3, "--log_interval", 50,
+                            "--log_dir", tmp_path, "--run_name", "apart")
+    assert done.returncode == 0, done.stderr
+    results = read_results(tmp_path / "apart")
+    summary = results["summary"]
+    assert summary["steps"] == results["config"]["max_steps"] == 9  # 2 + 4 + 3
+    assert summary["timed_steps"] == [3, 6] and summary["profiled_steps"] == [7, 9]
+    mean_timed = 32 / summary["images_per_sec"]
+    assert max(mean_timed, summary["batch_time_p90"]) < delay / 2, summary
+    assert summary["profiled_step_s"] > delay and summary["breakdown"]["0"]["step_ms"] > 1e3 * delay
+    names = {event.get("name") for event in
+             json.loads((tmp_path / "apart" / "trace_rank0.json").read_text())["traceEvents"]}
+    recorded = {name for name in names if name and name.startswith("train step ")}
+    assert recorded == {"train step 7", "train step 8", "train step 9"}
+
+
+def test_a_resumed_run_profiles_its_last_steps_by_the_runs_numbers(tmp_path):
+    """Stopped at step 4 of 8 and resumed: the resumed attempt warms up on step 5, times step 6 and
+    profiles the run's last 2 steps, 7 and 8, named so in results.json and in the trace."""
+    flags = ("single_gpu/train.py", *TINY, "--profile_steps", 2, "--log_dir", tmp_path,
+             "--run_name", "resumed")
+    assert train_in_process(*flags, sigterm_at=4).returncode == 128 + 15
+    done = train_in_process(*flags, "--resume", "auto")
+    assert done.returncode == 0, done.stderr
+    summary = read_results(tmp_path / "resumed")["summary"]
+    assert summary["steps"] == 8 and summary["timed_steps"] == [6, 6]
+    assert summary["profiled_steps"] == [7, 8] and summary["breakdown_steps"] == 2
+    names = {event.get("name") for event in
+             json.loads((tmp_path / "resumed" / "trace_rank0.json").read_text())["traceEvents"]}
+    assert {"train step 7", "train step 8"} <= names and "train step 6" not in names
+
+
 @pytest.mark.parametrize("max_steps, profiled, said", [
-    (3, 2, "2 of the 5 steps --profile_steps asked for were profiled: the run ended after step 3"),
-    (1, 0, "no step profiled: --profile_steps records steps 2 to 6, after the 1 warm-up steps "
-           "(--warmup_steps), and the run ended before step 2")])
+    (3, 2, "2 of the 5 steps --profile_steps asked for were profiled: the run's last 2, after its "
+           "1 warm-up step (--warmup_steps)"),
+    (1, 0, "no step profiled: --profile_steps records the run's last steps after its 1 warm-up "
+           "step (--warmup_steps), and the run had none after them")])
 def test_a_run_shorter_than_the_steps_asked_for_says_so(tmp_path, max_steps, profiled, said):
+    """--max_steps 3 with 1 warm-up step leaves 2 steps to profile and none to time; --max_steps 1
+    leaves none to profile."""
     done = train_in_process("single_gpu/train.py", *TINY, "--max_steps", max_steps,
                             "--profile_steps", 5, "--log_dir", tmp_path, "--run_name", "short")
     assert done.returncode == 0, done.stderr
@@ -317,6 +486,8 @@ def test_a_run_shorter_than_the_steps_asked_for_says_so(tmp_path, max_steps, pro
     assert summary["breakdown_steps"] == (profiled or None)
     assert (summary["breakdown"] is None) == (profiled == 0)
     assert (tmp_path / "short" / "trace_rank0.json").is_file() == (profiled > 0)
+    assert summary["timed_steps"] is None and summary["images_per_sec"] is None
+    assert summary["profiled_steps"] == ([2, 3] if profiled else None)
 
 
 def test_profiling_an_evaluation_is_refused(tmp_path):

@@ -267,11 +267,14 @@ def test_every_run_profiles_its_steps_and_the_report_splits_them(comparison):
         assert not any("--profile_steps" in command for command in commands)
         return
     assert all(" --profile_steps 3 " in f"{command} " for command in commands)
+    assert "3 untimed then 8 timed steps per run, then 3 profiled (not timed)" in report
     for row in rows:
         run = out / "runs" / row["run"]
         summary = json.loads((run / "results.json").read_text())["summary"]
         ranks = [str(r) for r in range(int(row["gpus"]))]
         assert sorted(summary["breakdown"], key=int) == ranks
+        # 3 warm-up steps (compare's CPU default), the 8 timed, then the 3 profiled: apart
+        assert summary["timed_steps"] == [4, 11] and summary["profiled_steps"] == [12, 14]
         traces = [path.name for path in sorted(run.glob("trace_rank*.json"))]
         assert traces == [f"trace_rank{r}.json" for r in ranks]
         line = next(text for text in section.splitlines() if text.startswith(f"| {row['mode']}"))

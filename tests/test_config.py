@@ -400,6 +400,25 @@ def test_any_frozen_config_dataclass_can_check_its_domains():
             Sweep(**kwargs)
 
 
+def test_a_benchmark_without_synthetic_size_makes_only_the_images_its_steps_draw():
+    """--benchmark without --synthetic_size: (warm-up + timed + profiled steps) x the global batch,
+    one epoch, at most the default's 50,000 and at least 5; given (even as the default's value, or
+    abbreviated as argparse allows), it stays. Without --benchmark nothing changes, --max_steps
+    included (a run continued with another --max_steps must see the same epochs)."""
+    def sized(*flags):
+        cfg = parse("--benchmark", *flags)
+        return cfg.synthetic_size, cfg.epochs
+
+    assert sized() == ((10 + 100) * 128, 1)  # the defaults: 14,080 images
+    assert sized("--warmup_steps", "2", "--benchmark_steps", "6", "--profile_steps", "3",
+                 "--batch_size", "32") == (11 * 32, 1)
+    assert sized("--benchmark_steps", "1000") == (50_000, 3)  # 1,010 steps of 128: 3 epochs
+    assert sized("--batch_size", "1", "--warmup_steps", "0", "--benchmark_steps", "2") == (5, 1)
+    assert sized("--synthetic_size", "50000") == (50_000, 1)
+    assert sized("--synthetic_s=300") == (300, 55)  # 110 steps of 2 batches
+    assert parse().synthetic_size == parse("--max_steps", "24").synthetic_size == 50_000
+
+
 def test_sizes_beyond_the_machines_memory_are_refused_naming_them(monkeypatch):
     """On a machine of 2 GiB: the largest --synthetic_size that fits is accepted and the next
     refused with the largest; PyramidNet-110 alpha 270 (114 MB of weights) is accepted, alpha 2,700

@@ -115,6 +115,42 @@ def test_synthetic_depends_only_on_the_seed():
     assert a_test.targets != a_train.targets[:12]
 
 
+def made_at_once(size: int, seed: int, train: bool, side: int = 32):
+    """The synthetic set's definition, all images at once: (images NHWC uint8, labels)."""
+    patterns = torch.nn.functional.interpolate(
+        torch.rand(10, 3, 4, 4, generator=torch.Generator().manual_seed(seed)), size=side,
+        mode="bilinear", align_corners=False)
+    stream = torch.Generator().manual_seed(seed * 2 + (1 if train else 2))
+    labels = torch.randint(10, (size,), generator=stream)
+    contrast = 0.6 + 0.4 * torch.rand(size, 1, 1, 1, generator=stream)
+    brightness = 0.2 * torch.rand(size, 1, 1, 1, generator=stream) - 0.1
+    noise = 0.4 * torch.randn(size, 3, side, side, generator=stream)
+    images = (patterns[labels] - 0.5) * contrast + 0.5 + brightness + noise
+    return ((images.clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy(),
+            labels.tolist())
+
+
+@pytest.mark.parametrize("size, seed, train, side", [
+    (1, 0, True, 32), (2100, 1, True, 32), (1030, 5, False, 7), (1500, 2, True, 10)])
+def test_the_synthetic_set_is_made_in_pieces_with_the_bits_of_all_at_once(monkeypatch, size, seed,
+                                                                           train, side):
+    """SyntheticCIFAR makes 1,024 images at a time (never the whole set's float32 noise at once:
+    600 MB for 50,000 images) with the bits of its definition made all at once: the same draws
+    from the same stream, in the same order (sizes and sides whose pieces' noise is no multiple of
+    the normal sampler's blocks of 16 values included), the same float32 ops."""
+    import common.data
+
+    noise_drawn, randn = [], torch.randn
+    monkeypatch.setattr(common.data.torch, "randn",
+                        lambda *shape, **kw: noise_drawn.append(shape[0]) or randn(*shape, **kw))
+    dataset = SyntheticCIFAR(size, seed, train=train, image_size=side)
+    monkeypatch.undo()
+    images, labels = made_at_once(size, seed, train, min(side, 32))
+    assert np.array_equal(dataset.data, images) and dataset.targets == labels
+    assert dataset.data.flags["C_CONTIGUOUS"] and dataset.data.dtype == np.uint8
+    assert sum(noise_drawn) == size and max(noise_drawn) <= 1024
+
+
 def test_synthetic_is_learnable_and_test_matches_train():
     train, test = SyntheticCIFAR(500, 0, train=True), SyntheticCIFAR(100, 0, train=False)
     x, y = train.data.reshape(500, -1).astype(np.float64), np.array(train.targets)

@@ -28,8 +28,8 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 BENCH = ["--benchmark", "--warmup_steps", "2", "--benchmark_steps", "6", "--log_interval", "3"]
 
 
-def run_ok(script: str, run_dir: Path, *flags, env=ONE_THREAD):
-    done = run_script(script, *TINY, *flags, "--log_dir", run_dir.parent, "--run_name",
+def run_ok(script: str, run_dir: Path, *flags, env=ONE_THREAD, base=TINY):
+    done = run_script(script, *base, *flags, "--log_dir", run_dir.parent, "--run_name",
                       run_dir.name, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     return done
@@ -42,13 +42,17 @@ def run_ok(script: str, run_dir: Path, *flags, env=ONE_THREAD):
     ("dist_parallel/train.py", ["--nproc_per_node", "2", "--bucket_cap_mb", "1"], 2),
 ])
 def test_benchmark_writes_the_speed_figures_and_nothing_else(tmp_path, script, flags, devices):
+    """Without --synthetic_size, the synthetic set holds the images the steps draw: 8 x 32, one
+    epoch (not 50,000 images and their 10,000 test images)."""
     run_dir = tmp_path / "bench"
+    i = TINY.index("--synthetic_size")
     done = run_ok(script, run_dir, *BENCH, "--dataset", "cifar10", "--data_dir",
-                  tmp_path / "nothing", *flags)
+                  tmp_path / "nothing", *flags, base=TINY[:i] + TINY[i + 2:])
     results = read_results(run_dir)
     summary, config = results["summary"], results["config"]
     assert config["dataset"] == "synthetic"  # no download, whatever --dataset says
     assert summary["steps"] == 8 and config["max_steps"] == 8  # 2 untimed + 6 timed
+    assert config["synthetic_size"] == 8 * 32 and config["epochs"] == 1
     assert summary["images_per_sec"] > 0
     assert summary["images_per_sec_per_gpu"] == pytest.approx(summary["images_per_sec"] / devices)
     assert 0 < summary["batch_time_p50"] <= summary["batch_time_p90"]
@@ -74,6 +78,8 @@ def test_benchmark_times_exactly_the_benchmark_steps(tmp_path):
 
     results = read_results(run_dir)
     assert results["summary"]["steps"] == 16 and results["config"]["epochs"] == 4
+    assert results["summary"]["timed_steps"] == [4, 16]  # after the 3 warm-up steps
+    assert results["summary"]["profiled_steps"] is None  # no --profile_steps
     windows = read_scalars(run_dir)["time/step_s"]
     assert len(windows) == 4  # one window per epoch's end (log_interval 4)
 

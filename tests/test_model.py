@@ -2,6 +2,7 @@
 structure, the shortcut and the init."""
 from __future__ import annotations
 
+import copy
 import functools
 import math
 
@@ -12,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models import pyramidnet
-from models.pyramidnet import BasicBlock, Bottleneck, PyramidNet, padded_shortcut
+from models.pyramidnet import BasicBlock, Bottleneck, PyramidNet, add_shortcut
 
 TINY_BASIC = dict(depth=8, alpha=12, block="basic")  # one basic block per stage
 TINY_BOTTLENECK = dict(depth=11, alpha=12, block="bottleneck")  # one bottleneck block per stage
@@ -245,20 +246,77 @@ def test_block_is_residual_plus_zero_padded_identity(block_class, in_channels, w
     torch.testing.assert_close(out, residual + padded_shortcut(x, out_channels, stride))
 
 
-def test_padded_shortcut():
+def padded_shortcut(x: torch.Tensor, out_channels: int, stride: int) -> torch.Tensor:
+    """The paper's identity shortcut: 2x2 average pooling where the block downsamples, zero
+    channels appended to the block's width (what the blocks added until they added it in place)."""
+    if stride != 1:
+        x = F.avg_pool2d(x, kernel_size=2, stride=2, ceil_mode=True)
+    return F.pad(x, (0, 0, 0, 0, 0, out_channels - x.shape[1]))
+
+
+def test_the_shortcut_is_added_into_the_first_channels():
+    """add_shortcut on a zero residual is the padded identity: the input in the first channels,
+    pooled 2x2 (ceil_mode: a 5x5 map pools to 3x3, its border averaged) where the block
+    downsamples, the rest zero; the residual itself is written (in place) and returned."""
     x = torch.arange(2 * 3 * 4 * 4, dtype=torch.float32).view(2, 3, 4, 4)
-    assert padded_shortcut(x, 3, 1) is x  # nothing to do
-    same = padded_shortcut(x, 5, 1)
-    assert same.shape == (2, 5, 4, 4)
+    residual = torch.zeros(2, 3, 4, 4)
+    assert add_shortcut(residual, x, 1) is residual and torch.equal(residual, x)
+    same = add_shortcut(torch.zeros(2, 5, 4, 4), x, 1)
     assert torch.equal(same[:, :3], x) and torch.equal(same[:, 3:], torch.zeros(2, 2, 4, 4))
-    down = padded_shortcut(x, 6, 2)
-    assert down.shape == (2, 6, 2, 2)
+    down = add_shortcut(torch.zeros(2, 6, 2, 2), x, 2)
     expected = x.view(2, 3, 2, 2, 2, 2).mean(dim=(3, 5))  # 2x2 average pooling
     assert torch.equal(down[:, :3], expected) and torch.equal(down[:, 3:], torch.zeros(2, 3, 2, 2))
     assert down[0, 0, 0, 0] == (0 + 1 + 4 + 5) / 4
-    # ceil_mode: a 5x5 map pools to 3x3, border averaged
-    odd = padded_shortcut(torch.ones(1, 2, 5, 5), 2, 2)
-    assert odd.shape == (1, 2, 3, 3) and torch.equal(odd, torch.ones(1, 2, 3, 3))
+    odd = add_shortcut(torch.zeros(1, 2, 3, 3), torch.ones(1, 2, 5, 5), 2)
+    assert torch.equal(odd, torch.ones(1, 2, 3, 3))
+
+
+def bits(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor's bits, as integers: equal bits, not equal values (-0.0 is not +0.0)."""
+    return tensor.contiguous().view({2: torch.int16, 4: torch.int32}[tensor.element_size()])
+
+
+def train_steps(model: nn.Module, blocks_add_in_place: bool, amp: bool, steps: int = 3):
+    """`steps` SGD steps of a copy of `model` (Nesterov, weight decay, as build_optimizer makes
+    it) on fixed batches, its blocks adding their shortcut in place or as the padded formula, in
+    bf16 autocast or fp32: each step's output and gradients, then the weights."""
+    model = copy.deepcopy(model)
+    if not blocks_add_in_place:
+        for block in model.modules():
+            if isinstance(block, (BasicBlock, Bottleneck)):
+                block.forward = functools.partial(
+                    lambda block, x: block.residual(x) + padded_shortcut(x, block.out_stored,
+                                                                         block.stride), block)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True,
+                                weight_decay=5e-4)
+    draws, seen = torch.Generator().manual_seed(0), []
+    for _ in range(steps):
+        images = torch.randn(8, 3, 32, 32, generator=draws)
+        labels = torch.randint(0, 10, (8,), generator=draws)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            out = model(images)
+            loss = F.cross_entropy(out, labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()  # a real backward: autograd refuses a sum into a tensor something saved
+        seen += [out.detach(), *(param.grad.clone() for param in model.parameters())]
+        optimizer.step()
+    return seen + [param.detach().clone() for param in model.parameters()]
+
+
+@pytest.mark.parametrize("arch", [TINY_BASIC, TINY_BOTTLENECK])
+@pytest.mark.parametrize("align", [0, 8])
+def test_the_in_place_shortcut_trains_the_padded_formulas_bits(arch, align):
+    """Blocks that add the shortcut into the residual in place compute, bit for bit, what
+    `residual + the padded shortcut` computed: each step's output and every gradient, and the
+    weights after three SGD steps, in fp32 and in bf16 autocast, with channels stored as the
+    paper's or aligned to 8 (the padded storage's zero channels added to)."""
+    torch.manual_seed(0)
+    model = PyramidNet(**arch, align_channels=align)
+    for amp in (False, True):
+        padded, in_place = (train_steps(model, flag, amp) for flag in (False, True))
+        assert len(padded) == len(in_place)
+        for before, now in zip(padded, in_place):
+            assert before.dtype == now.dtype and torch.equal(bits(before), bits(now)), amp
 
 
 def test_shortcut_has_no_parameters():

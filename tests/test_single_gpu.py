@@ -11,8 +11,9 @@ SUMMARY = {"images_per_sec", "images_per_sec_per_gpu", "batch_time_p50", "batch_
            "data_wait_frac", "flops_per_image", "parameters", "mfu", "mfu_note", "first_step_s",
            "compile_time_s", "compile_wait_s", "gpu_util_mean", "peak_mem_gb",
            "peak_mem_reserved_gb", "train_loss", "train_acc", "test_loss", "test_acc",
-           "test_images", "epoch_time_s", "epoch_time_note", "wall_time_s", "steps", "breakdown",
-           "breakdown_slowest_rank", "breakdown_steps", "breakdown_note"}
+           "test_images", "epoch_time_s", "epoch_time_note", "wall_time_s", "steps", "timed_steps",
+           "profiled_step_s", "profiled_steps", "breakdown", "breakdown_slowest_rank",
+           "breakdown_steps", "breakdown_note"}
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +43,8 @@ def test_results_json_has_every_summary_field(trained):
     assert set(results["summary"]) == SUMMARY
     summary = results["summary"]
     assert summary["steps"] == 16  # 256 images // 32, two epochs
+    assert summary["timed_steps"] == [2, 16]  # after the warm-up step; none profiled
+    assert summary["profiled_steps"] is None and summary["profiled_step_s"] is None
     assert summary["images_per_sec"] > 0 and summary["batch_time_p50"] <= summary["batch_time_p90"]
     assert 0 <= summary["data_wait_frac"] < 1
     # measured only on GPUs

@@ -127,3 +127,50 @@ def test_any_model_is_verified_with_the_same_runs_and_verify_md_names_it(tmp_pat
                for line in lines.values())
     verification.write([], {}, ["--verify", "--model", "resnet18"], "CPU", 1.0)
     assert (tmp_path / "verify.md").read_text().startswith("# Verification: resnet18 — CPU")
+
+
+def sgd_forms(*flags) -> dict[str, tuple]:
+    """Each mode's SGD as its train.py builds it (its own get_model and get_optimizer) for a GPU:
+    the model built on the CPU (fsdp's and dist_parallel's in a one-rank gloo group), the device
+    said to be CUDA, which is what the choice of form reads. {mode: (fused, foreach)}."""
+    import torch
+    import torch.distributed as dist
+
+    import data_parallel.train as data_parallel
+    import dist_parallel.train as dist_parallel
+    import fsdp.train as fsdp
+    import single_gpu.train as single_gpu
+    from common.config import Config, parse_config
+    from conftest import TINY
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    built = {"single_gpu": (single_gpu, Config, lambda cfg: single_gpu.get_model(cfg, cpu)),
+             "data_parallel": (data_parallel, Config,
+                               lambda cfg: data_parallel.get_model(cfg, cpu, gpus=[])),
+             "dist_parallel": (dist_parallel, dist_parallel.DistConfig,
+                               lambda cfg: dist_parallel.get_model(cfg, cpu)),
+             "fsdp": (fsdp, fsdp.FsdpConfig, lambda cfg: fsdp.get_model(cfg, cpu))}
+    forms = {}
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        for mode, (module, config, get_model) in built.items():
+            cfg = parse_config(config, [*TINY, *flags])
+            _, raw_model = get_model(cfg)
+            optimizer, _, _ = module.get_optimizer(cfg, raw_model, cuda, steps_per_epoch=8)
+            forms[mode] = (optimizer.defaults["fused"], optimizer.defaults["foreach"])
+    finally:
+        dist.destroy_process_group()
+    return forms
+
+
+def test_under_deterministic_every_mode_takes_the_same_sgd_form_on_gpus():
+    """On CUDA fused SGD keeps momentum, Nesterov and lr in double and rounds once
+    (FusedSgdKernel.cu), the for-each form rounds to fp32 after every op, and fsdp's DTensors
+    take only the for-each form: with --deterministic every mode takes it, so that
+    `--verify --deterministic` can hold fsdp to the other modes bit for bit on a GPU. Without it
+    the fast form stays (fused where torch has it). On the CPU the two forms agree (the CPU's fused
+    kernel computes in fp32), which is why only a GPU run would have shown it."""
+    fused, foreach = (True, None), (False, True)
+    assert sgd_forms() == {"single_gpu": fused, "data_parallel": fused, "dist_parallel": fused,
+                           "fsdp": foreach}
+    assert set(sgd_forms("--deterministic").values()) == {foreach}
