@@ -52,6 +52,7 @@ MODEL_FLAGS = ("model", "depth", "alpha", "block", "width_multiple", "dataset", 
 # The model flags added after runs had been written: a config without one was written with its
 # default.
 LATER_FLAGS = {"model": "pyramidnet", "image_size": None}
+AUGMENTS = ("auto", "pad", "resized", "off")  # --augment (common/data.py: at_size, augmentation)
 INT_MAX = 2**63 - 1  # torch's largest integer: a count above it reaches no tensor and no C++ call
 # The weights are float32 in every mode (autocast computes in bf16/fp16 but keeps them so): SGD
 # hands the learning rate and the weight decay to its kernels as scalars of the weights' dtype, and
@@ -438,9 +439,17 @@ class Config:
                                          "left to the process, at most 4",
                                    at_least=0, check=_worker_processes)
     shuffle: bool = flag(True, "reshuffling the training set every epoch")
-    augment: bool = flag(True, "augmentation: a pad-4 random crop and a horizontal flip of each "
-                               "training image (no flip for mnist; imagefolder: a random "
-                               "resized crop and a flip)")
+    augment: str = flag("auto", "the training images' random crop: pad (CIFAR's: the image padded "
+                                "by an eighth of its side, 4 pixels at 32, and cut back at a "
+                                "random place; for images of up to about 64 pixels), resized "
+                                "(ImageNet's: 8 %% to 100 %% of the area, resized to "
+                                "--image_size; for photographs of about 100 pixels and more), "
+                                "off (train on the evaluation images), or auto: pad for cifar10, "
+                                "mnist and synthetic, and for imagefolder at an --image_size of "
+                                "64 or less, else resized", choices=AUGMENTS, no_flag="off")
+    flip: bool | None = flag(None, "mirror half the training images left to right (default: on, "
+                                   "except for mnist; turn it off for digits, text and anything "
+                                   "else a mirror changes)")
     # speed
     amp: str | None = flag(None, "autocast precision: bf16 (default on GPUs that have it), fp16 "
                                  "(with loss scaling; the default on older GPUs) or off (fp32; "
@@ -643,6 +652,8 @@ def add_flags(parser: argparse.ArgumentParser, config_class: type[Config], skip=
         meta.pop("domain", None)  # checked by the config itself (check_domains)
         kind = hints[f.name]
         default = f.default if defaults else argparse.SUPPRESS
+        # a choice with a value that turns it off: --no_<name> stands for --<name> <that value>
+        off = meta.pop("no_flag", None)
         if kind is bool:
             name = f"--no_{f.name}" if f.default else f"--{f.name}"
             parser.add_argument(name, dest=f.name,
@@ -661,6 +672,22 @@ def add_flags(parser: argparse.ArgumentParser, config_class: type[Config], skip=
         if typing.get_origin(base) is tuple:
             base = typing.get_args(base)[0]
         parser.add_argument(f"--{f.name}", type=base, default=default, help=help_text, **meta)
+        if off is not None:
+            parser.add_argument(f"--no_{f.name}", dest=f.name, action="store_const", const=off,
+                                default=default, help=f"the same as --{f.name} {off}")
+
+
+def as_today(config: dict) -> dict:
+    """A config a run wrote (a checkpoint's, a results.json's) in today's flags: a flag added since
+    at the value that ran then (LATER_FLAGS; --flip: on but for mnist), and --augment's on and off
+    of before as the crop it meant (an image folder's random resized crop, the others' pad
+    crop)."""
+    config = {**LATER_FLAGS, **config}
+    config.setdefault("flip", config.get("dataset") != "mnist")
+    if isinstance(config.get("augment"), bool):
+        crop = "resized" if config.get("dataset") == "imagefolder" else "pad"
+        config["augment"] = crop if config["augment"] else "off"
+    return config
 
 
 def config_argv(config_class: type[Config], values: dict) -> list[str]:

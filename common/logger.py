@@ -19,6 +19,7 @@ import torch
 
 from common.breakdown import TRACE_NAME
 from common.config import LATER_FLAGS, MODEL_FLAGS, Config, UsageError
+from common.data import describe_augmentation
 from common.metrics import Sums
 from common.optim import describe_lr
 from common.performance import describe_fast_path
@@ -477,15 +478,17 @@ def window_line(epoch: int, epochs: int, step: int, steps: int, loss: float, acc
 
 def start_line(mode: str, cfg: Config, placement: str, steps_per_epoch: int,
                run_dir: Path | None) -> str:
-    """The run's first line: `single_gpu: PyramidNet-110 alpha=270 basic, cifar10, global batch 128
-    on cuda:0 (amp bf16, channels_last); lr 0.1 ...; logs in runs/...`. `placement` says where the
-    batch goes. An evaluation (--evaluate) trains nothing and says so: no schedule, no epochs."""
+    """The run's first line: `single_gpu: PyramidNet-110 alpha=270 basic, cifar10, augment pad-4
+    crop and flip, global batch 128 on cuda:0 (amp bf16, channels_last); lr 0.1 ...; logs in
+    runs/...`. `placement` says where the batch goes. An evaluation (--evaluate) trains nothing and
+    says so: no schedule, no epochs."""
     if cfg.evaluate:
         return (f"{mode}: evaluating {cfg.evaluate}, {model_line(cfg)}, on {cfg.dataset}'s test "
                 f"set, every image once, batch {cfg.batch_size} {placement} "
                 f"({describe_fast_path(cfg)}); nothing is trained; results in {run_dir}")
-    return (f"{mode}: {model_line(cfg)}, {cfg.dataset}, global batch {cfg.batch_size} {placement} "
-            f"({describe_fast_path(cfg)}); {describe_lr(cfg, steps_per_epoch)}; logs in {run_dir}")
+    return (f"{mode}: {model_line(cfg)}, {cfg.dataset}, augment {describe_augmentation(cfg)}, "
+            f"global batch {cfg.batch_size} {placement} ({describe_fast_path(cfg)}); "
+            f"{describe_lr(cfg, steps_per_epoch)}; logs in {run_dir}")
 
 
 def model_line(cfg: Config) -> str:

@@ -32,7 +32,7 @@ from torch.utils.data import DistributedSampler
 from common.checkpoint import (StopSignals, check_fits, ended_line, has_ended, last_checkpoint_note,
                                resume_checkpoint, stopped_line, until_voted_stop)
 from common.config import Config, GroupConfig, RunError, flag, parse_config, user_errors
-from common.data import (EvalShard, LoaderWorkerDied, dataset_info,
+from common.data import (EvalShard, LoaderWorkerDied, augmentation, dataset_info,
                          image_size, load_datasets, make_loader)
 from common.devices import seed_everything
 from common.guards import (broadcast_from_rank0, compile_leader, local_rank0_first,
@@ -90,7 +90,7 @@ def get_loaders(cfg: Config, device: torch.device):
                                         cfg.seed, image_size(cfg))
     batch = per_process_batch(cfg.batch_size, dist.get_world_size(), len(train_set))  # split
     kind = cfg.loader  # gpu, or torchvision: resolve_fast_path chose it for this device
-    options = dict(augment=cfg.augment, num_workers=cfg.num_workers, seed=cfg.seed,
+    options = dict(augment=augmentation(cfg), num_workers=cfg.num_workers, seed=cfg.seed,
                    memory_format=memory_format(cfg))
     # each rank's share of every epoch (rank, world size: the group's), all from one shuffle
     train_sampler = DistributedSampler(train_set, shuffle=cfg.shuffle, seed=cfg.seed)

@@ -25,7 +25,7 @@ from common.checkpoint import (StopSignals, check_fits, ended_line, has_ended, l
                                resume_checkpoint, stopped_line, until_stopped)
 from common.checkpoint import continue_flags  # the flags that continue a stopped run, quoted
 from common.config import Config, RunError, UsageError, parse_config, user_errors
-from common.data import (EvalShard, LoaderWorkerDied, dataset_info,
+from common.data import (EvalShard, LoaderWorkerDied, augmentation, dataset_info,
                          image_size, load_datasets, make_loader)
 from common.data import ShuffleSampler  # one process's order of every epoch
 from common.devices import seed_everything
@@ -67,7 +67,7 @@ def get_loaders(cfg: Config, device: torch.device):
                                         cfg.seed, image_size(cfg))
     batch = per_process_batch(cfg.batch_size, 1, len(train_set))  # one process: the whole batch
     kind = cfg.loader  # gpu, or torchvision: resolve_fast_path chose it for this device
-    options = dict(augment=cfg.augment, num_workers=cfg.num_workers, seed=cfg.seed,
+    options = dict(augment=augmentation(cfg), num_workers=cfg.num_workers, seed=cfg.seed,
                    memory_format=memory_format(cfg))
     train_sampler = ShuffleSampler(len(train_set), cfg.shuffle, cfg.seed)  # epoch: start_epoch's
     train_loader = make_loader(kind, train_set, train_sampler, batch, device, train=True, **options)

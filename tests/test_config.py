@@ -48,7 +48,7 @@ def test_defaults():
     assert (cfg.epochs, cfg.max_steps, cfg.lr_warmup_epochs) == (300, 0, 5.0)
     assert (cfg.dataset, cfg.synthetic_size, cfg.loader, cfg.num_workers) == \
         ("cifar10", 50_000, None, None)
-    assert (cfg.shuffle, cfg.augment, cfg.progress) == (True, True, True)
+    assert (cfg.shuffle, cfg.augment, cfg.flip, cfg.progress) == (True, "auto", None, True)
     assert (cfg.save_model, cfg.overwrite, cfg.evaluate, cfg.run_name, cfg.gpu_devices) == \
         (False, False, None, None, None)
     assert (cfg.log_interval, cfg.warmup_steps, cfg.seed, cfg.deterministic) == (50, 10, 0, False)
@@ -61,7 +61,10 @@ def test_bool_flags():
     cfg = parse("--no_nesterov", "--no_shuffle", "--no_augment", "--no_progress", "--save_model",
                 "--overwrite")
     assert (cfg.nesterov, cfg.shuffle, cfg.augment, cfg.progress, cfg.save_model,
-            cfg.overwrite) == (False, False, False, False, True, True)
+            cfg.overwrite) == (False, False, "off", False, True, True)
+    # --no_augment stands for --augment off; --flip and --no_flip set a choice the run makes
+    assert (parse("--augment", "pad").augment, parse("--no_flip").flip,
+            parse("--flip").flip) == ("pad", False, True)
     # one form per bool
     for wrong in ("--nesterov", "--shuffle", "--no_save_model", "--no_overwrite"):
         with pytest.raises(UsageError, match=r"unrecognized arguments"):
@@ -229,7 +232,8 @@ DOMAINS = {
     "loader": (["gpu", "torchvision"], ["dali"]),
     "num_workers": (["0", "64"], ["-1", BIG, "1000000"]),  # a million processes: 10 TB at the least
     "shuffle": (["--no_shuffle"], []),
-    "augment": (["--no_augment"], []),
+    "augment": (["auto", "pad", "resized", "off", "--no_augment"], ["crop", "True"]),
+    "flip": (["--flip", "--no_flip"], []),
     # speed
     "amp": (list(AMPS), ["fp8"]),
     "channels_last": (["--channels_last", "--no_channels_last"], []),

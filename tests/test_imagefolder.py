@@ -17,10 +17,10 @@ import torch
 from PIL import Image
 
 from common.config import Config, UsageError, parse_config
-from common.data import (DATASET_INFO, IMAGENET_MEAN, IMAGENET_STD, EvalShard, ShuffleSampler,
-                         SyntheticCIFAR, augmentation_draws, crop_boxes, dataset_info,
-                         evaluation_crop, image_folder, load_datasets, make_loader, resized,
-                         resized_crop_draws, resolve_loader, stored_side)
+from common.data import (DATASET_INFO, IMAGENET_MEAN, IMAGENET_STD, Augmentation, EvalShard,
+                         ShuffleSampler, SyntheticCIFAR, augmentation_draws, crop_boxes,
+                         dataset_info, evaluation_crop, folder_bytes, image_folder, load_datasets,
+                         make_loader, resized, resized_crop_draws, resolve_loader, stored_side)
 from common.performance import describe_fast_path, flops_per_image, resolve_fast_path
 from comparison.verify import images_in_test_set, images_in_training_set
 from conftest import (at_epoch, read_results, refuse_in_process, run_script, train_in_process,
@@ -236,8 +236,8 @@ def test_a_training_crop_is_the_box_drawn_for_its_image_in_either_loader(folder,
     gpu loader the image stored squashed to stored_side(32) = 36 pixels, with roi_align."""
     train, _ = load_datasets("imagefolder", str(folder), 0, 0, 32)
     sampler = ShuffleSampler(24, shuffle=True, seed=5)
-    loader = make_loader(kind, train, sampler, 8, CPU, train=True, augment=True, num_workers=0,
-                         seed=5)
+    loader = make_loader(kind, train, sampler, 8, CPU, train=True,
+                         augment=Augmentation("resized", flip=True), num_workers=0, seed=5)
     boxes = []
     for epoch in (0, 1):
         at_epoch(loader, epoch)
@@ -359,9 +359,11 @@ def fake_gpu(monkeypatch, free: int) -> torch.device:
 
 def test_the_gpu_loader_takes_a_folder_that_fits_in_half_the_free_memory(folder, monkeypatch):
     cfg = parse_config(Config, ["--dataset", "imagefolder", "--data_dir", str(folder),
-                                "--image_size", "32"])
+                                "--image_size", "32", "--augment", "resized"])
     # the training images at 36 pixels, the validation ones at 32
     need = 3 * (24 * 36 * 36 + 15 * 32 * 32)
+    # pad crops are cut from the evaluation images: every image at 32 pixels
+    assert folder_bytes(dataclasses.replace(cfg, augment="pad")) == 3 * 39 * 32 * 32
     assert resolve_loader(cfg, CPU) == "torchvision"  # on the CPU, as before
     assert resolve_loader(dataclasses.replace(cfg, loader="gpu"), CPU) == "gpu"
     assert resolve_loader(cfg, fake_gpu(monkeypatch, 2 * need)) == "gpu"
