@@ -44,6 +44,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from common.config import DATASETS, UsageError, physical_memory
 from common.folders import SPLITS, image_folder  # its layout (comparison/verify.py reads it here)
+from models.factory import torchvision
 
 PAD = 4  # pixels of zero padding around an image before its random crop
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
@@ -225,6 +226,7 @@ def load_datasets(dataset: str, data_dir: str, synthetic_size: int, seed: int,
     if dataset not in DATASETS:
         raise UsageError(f"unknown dataset {dataset!r}: use "
                          f"{', '.join(DATASETS[:-1])} or {DATASETS[-1]}")
+    torchvision()  # imported first here leaving the environment as it was (models/factory.py)
     size = image_size or DATASET_INFO[dataset].size
     if dataset == "synthetic":
         return (SyntheticCIFAR(synthetic_size, seed, train=True, image_size=size),
@@ -309,10 +311,12 @@ TAIL = 4096  # bytes at the end of a PNG or JPEG where its end marker must be
 
 
 def unreadable(path: str) -> str | None:
-    """Why the image file `path` cannot be read (None: it can), found cheaply: PIL identifies it
-    from its first bytes, and a PNG or JPEG must end with its end marker (IEND, FFD9), which a file
-    cut short lacks. One that does not is decoded in full, and refused only if PIL cannot decode it
-    (a JPEG with data after its end, as some phones write, is read)."""
+    """Why the image file `path` cannot be read (None: it can), found to its end: PIL identifies it
+    from its first bytes; a PNG or JPEG, compressed, must end with its end marker (IEND, FFD9),
+    which a file cut short lacks, and one that does not is decoded in full, and refused only if PIL
+    cannot decode it (a JPEG with data after its end, as some phones write, is read). Every other
+    format the loader reads (BMP, PPM, PGM, TIFF, WebP) has no end marker, and is decoded in full:
+    for the uncompressed ones, a copy of their bytes."""
     from PIL import Image
 
     try:
@@ -323,7 +327,8 @@ def unreadable(path: str) -> str | None:
             tail = file.read()
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
         return _reason(error, path)
-    if {"PNG": b"IEND", "JPEG": b"\xff\xd9"}.get(kind, b"") in tail:
+    marker = {"PNG": b"IEND", "JPEG": b"\xff\xd9"}.get(kind)
+    if marker is not None and marker in tail:
         return None
     try:
         with Image.open(path) as image:
@@ -342,7 +347,8 @@ def _reason(error: Exception, path: str) -> str:
 def check_images(paths: list[str]) -> None:
     """Refuse the first of `paths` (in order) that cannot be read as an image, in one line, before
     anything is written: a file cut short, empty, or not an image. `unreadable` reads two small
-    pieces of each file, a few files at a time (they wait on the disk, not on a core)."""
+    pieces of each PNG or JPEG and decodes the other formats, a few files at a time (they wait on
+    the disk, or decode in PIL, which lets go of the GIL)."""
     # a task per 1024 files, not one per file
     parts = [paths[i:i + 1024] for i in range(0, len(paths), 1024)]
     with ThreadPoolExecutor(CHECK_THREADS) as pool:
@@ -369,27 +375,27 @@ def evaluation_crop(image, size: int):
 
 
 class FolderSplit(Dataset):
-    """One split of an image folder (train/ or val/), read by torchvision's
-    datasets.ImageFolder: [i] is (PIL RGB image, class index); .targets, .classes and .samples
-    are ImageFolder's, .info the run's DatasetInfo."""
+    """One split of an image folder (train/ or val/), its images as `image_folder` listed them
+    (ImageFolder's classes and order, each file once) and read as torchvision's ImageFolder reads
+    them (its default_loader: PIL, converted to RGB): [i] is (PIL RGB image, class index);
+    .samples, .targets and .classes as ImageFolder's, .info the run's DatasetInfo."""
 
     def __init__(self, folder: Path, info: DatasetInfo):
-        from torchvision import datasets
-
-        self.folder, self.info = datasets.ImageFolder(str(folder)), info
-        self.samples, self.targets, self.classes = (self.folder.samples, self.folder.targets,
-                                                    self.folder.classes)
+        facts = image_folder(str(folder.parent))
+        self.info, self.samples = info, list(facts.samples[folder.name])
+        self.targets, self.classes = [target for _, target in self.samples], list(facts.classes)
 
     def __len__(self):
         return len(self.samples)
 
     def __getitem__(self, index):
         from PIL import Image
+        from torchvision.datasets.folder import default_loader
 
+        path, target = self.samples[index]
         try:
-            return self.folder[index]
+            return default_loader(path), target
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
-            path = self.samples[index][0]
             raise UnreadableImage(f"{path} cannot be read as an image ({_reason(error, path)}): "
                                   "replace it with a readable image") from None
 
