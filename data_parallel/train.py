@@ -152,13 +152,13 @@ def log_window(run: Run, epoch: int, index: int) -> Sums:
 
 @torch.no_grad()
 def evaluate(cfg: Config, raw_model: torch.nn.Module, loader, device: torch.device, signals=None):
-    """Test loss and accuracy over every test image exactly once, and how many images that was;
-    with `signals` (--evaluate), a stop signal ends it between two batches."""
+    """Test loss and accuracy over every test image exactly once, how many images that was, and
+    the top-5 accuracy; with `signals` (--evaluate), a stop signal ends it between two batches."""
     raw_model.eval()
     with autocast(cfg, device):
         sums = evaluation_sums(raw_model, until_stopped(loader, signals), device)
-    loss_sum, correct, images = sums.tolist()
-    return loss_sum / images, correct / images, int(images)
+    loss_sum, correct, correct_top5, images = sums.tolist()
+    return loss_sum / images, correct / images, int(images), correct_top5 / images
 
 
 # ---------------------------------------------------------------------------------------- main loop
@@ -200,7 +200,8 @@ def train(run: Run, test_loader) -> None:
     """Every epoch left, each followed by an evaluation and a checkpoint; or --evaluate's one."""
     cfg = run.cfg
     if cfg.evaluate:
-        run.record_evaluation(evaluate(cfg, run.raw_model, test_loader, run.device, run.signals))
+        test_batches = run.console.counted(test_loader, "Test")  # a bar, as training's
+        run.record_evaluation(evaluate(cfg, run.raw_model, test_batches, run.device, run.signals))
         return
     for epoch in range(run.epoch, cfg.epochs):
         run.clock.start_epoch()
@@ -209,7 +210,8 @@ def train(run: Run, test_loader) -> None:
             return
         epoch_seconds = run.end_epoch()  # over every attempt; paused if --max_steps cut it short
         if not cfg.benchmark:  # --benchmark measures speed only: no evaluation, no checkpoint
-            test = evaluate(cfg, run.raw_model, test_loader, run.device)
+            test_batches = run.console.counted(test_loader, f"Test {epoch + 1}/{cfg.epochs}")
+            test = evaluate(cfg, run.raw_model, test_batches, run.device)
             run.record_test(epoch, test, epoch_seconds)
             save_checkpoint(run, test_acc=run.test[1])  # every rank: collectives inside, in a group
         if cfg.reached_max_steps(run.step):
