@@ -120,8 +120,9 @@ class CompareConfig:
                                  "warm-up: the report splits each rank's step into compute, "
                                  "communication hidden and exposed, data and optimizer; 0: off",
                               at_least=0)
-    epochs: int = flag(0, "0: --benchmark runs (synthetic data, speed only); N: train N epochs on "
-                          "--dataset and compare test accuracy too", at_least=0)
+    epochs: int = flag(0, "0: --benchmark runs (speed only, on synthetic data, or on an image "
+                          "folder's own images); N: train N epochs on --dataset and compare test "
+                          "accuracy too", at_least=0)
     batch_per_gpu: int | None = flag(None, "images per GPU in every run, so the global "
                                            "batch grows with the GPUs (weak scaling); "
                                            "instead of --batch_size", at_least=1)
@@ -329,7 +330,9 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
     cores = None if cuda else cores_here()  # what CPU runs share; GPU runs wait on their GPUs
     pictures = write_plots(outcomes, out, device, cuda, projection if cuda else None, cores)
     write_csv(outcomes, out / "results.csv")
-    what = (f"`--benchmark`: synthetic data, {config['warmup_steps']} untimed then "
+    source = ("the image folder's own images" if config["dataset"] == "imagefolder"
+              else "synthetic data")
+    what = (f"`--benchmark`: {source}, {config['warmup_steps']} untimed then "
             f"{config['benchmark_steps']} timed steps per run" if not cc.epochs
             else f"training for {cc.epochs} epochs on {config['dataset']}")
     modes = listed(list(dict.fromkeys(o.run.mode for o in outcomes)))
@@ -449,7 +452,10 @@ def configure(argv: list[str]) -> tuple[CompareConfig, dict, dict[str, list[str]
     if cc.verify:  # its own defaults first, so that compare.py's CPU defaults do not override them
         train = {**verify_defaults(cuda), **train}
     if not cuda:
-        train = {**CPU_DEFAULTS, **train}
+        # an image folder is read as a training run reads it: its default loader and workers
+        folder = train.get("dataset") == "imagefolder"
+        train = {**{k: v for k, v in CPU_DEFAULTS.items()
+                    if not (folder and k in ("loader", "num_workers"))}, **train}
     # GROUP_PASSED's fields, as parse() read them
     group_flags = {mode: config_argv(config_class("dist_parallel"),
                                      {k: v for k, v in group_only.items()

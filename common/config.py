@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.errors import RunError, UsageError  # every module may import them from here too
-from common.folders import image_folder_refusal
+from common.folders import image_folder, image_folder_refusal
 from models.factory import PYRAMIDNET, unknown_model
 from models.pyramidnet import BLOCKS as MODEL_BLOCKS, check_arguments, parameters_at_least
 
@@ -480,8 +480,10 @@ class Config:
     cudnn_benchmark_limit: int | None = flag(None, "cuDNN algorithms that autotuning tries per "
                                                    "convolution (torch's default: 10; 0: every "
                                                    "one)", at_least=0, at_most=10**6)
-    benchmark: bool = flag(False, "measure speed only: synthetic data, --warmup_steps untimed, "
-                                  "then --benchmark_steps timed steps, no evaluation")
+    benchmark: bool = flag(False, "measure speed only: synthetic data (an image folder's own "
+                                  "images, through the loader a training run uses, with "
+                                  "--dataset imagefolder), --warmup_steps untimed, then "
+                                  "--benchmark_steps timed steps, no evaluation")
     benchmark_steps: int = flag(100, "timed optimizer steps of --benchmark", at_least=1)
     # hardware and reproducibility
     gpu_devices: tuple[int, ...] | None = flag(None, "CUDA device ids to use (default: GPU 0 for "
@@ -714,17 +716,21 @@ def parse_config(config_class: type[Config], argv=None, description: str = "") -
 
 
 def benchmark_config(cfg: Config) -> Config:
-    """--benchmark: synthetic data, exactly --warmup_steps + --benchmark_steps optimizer steps,
-    no files but the run folder's results.json and TensorBoard events. Enough epochs are
-    allowed to reach the step count."""
+    """--benchmark: synthetic data, or an image folder's own images (read, decoded and augmented
+    as a training run reads them, so that the data wait is the user's), exactly --warmup_steps +
+    --benchmark_steps optimizer steps, no files but the run folder's results.json and TensorBoard
+    events. Enough epochs are allowed to reach the step count."""
     steps = cfg.warmup_steps + cfg.benchmark_steps
     if steps > INT_MAX:
         raise UsageError(f"--warmup_steps {cfg.warmup_steps} plus --benchmark_steps "
                          f"{cfg.benchmark_steps} is more steps than torch counts "
                          f"({INT_MAX}): give fewer")
-    steps_per_epoch = max(cfg.synthetic_size // cfg.batch_size, 1)
-    return dataclasses.replace(cfg, dataset="synthetic", max_steps=steps,
-                               epochs=-(-steps // steps_per_epoch), save_model=False)
+    folder = cfg.dataset == "imagefolder"
+    images = image_folder(cfg.data_dir).images["train"] if folder else cfg.synthetic_size
+    steps_per_epoch = max(images // cfg.batch_size, 1)
+    return dataclasses.replace(cfg, dataset="imagefolder" if folder else "synthetic",
+                               max_steps=steps, epochs=-(-steps // steps_per_epoch),
+                               save_model=False)
 
 
 def says_group_errors() -> bool:
