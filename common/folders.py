@@ -119,7 +119,7 @@ def list_images(folder: Path, classes: list[str],
                 if first[1] != index:
                     raise UsageError(f"--dataset imagefolder: {path} and {first[0]} are one file "
                                      f"(linked) in two classes, {name} and {classes[first[1]]}: "
-                                     "keep it in one class")
+                                     "remove it from one of them")
                 if first[0] == path:
                     samples.append((path, index))
     return samples

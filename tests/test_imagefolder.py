@@ -126,8 +126,22 @@ def break_folder(root: Path, case: str) -> tuple[Path, str]:
         shutil.copytree(root / "val" / "cat", root / "val" / "dog")
         shutil.rmtree(root / "val" / "ant")
         return root, f"only {root / 'train'} has ant; only {root / 'val'} has dog"
+    if case == "one class":
+        for split in ("train", "val"):
+            shutil.rmtree(root / split / "bee")
+            shutil.rmtree(root / split / "cat")
+        return root, f"{root / 'train'} has one class folder, ant: a classifier needs two classes"
+    if case == "one file in two classes":
+        (root / "train" / "cat" / "ant0.png").symlink_to(root / "train" / "ant" / "0.png")
+        named = f"{root / 'train' / 'cat' / 'ant0.png'} and {root / 'train' / 'ant' / '0.png'}"
+        return root, f"{named} are one file (linked) in two classes"
     path = root / "train" / "bee" / "1.png"
-    if case == "truncated png":
+    if case.startswith("truncated "):  # cut in half: each format's reader meets its end early
+        kind = case.split()[1]
+        path = path.with_suffix(f".{kind}")
+        image = Image.open(root / "train" / "bee" / "1.png")
+        (root / "train" / "bee" / "1.png").unlink()
+        image.convert("L" if kind == "pgm" else "RGB").save(path)
         path.write_bytes(path.read_bytes()[:len(path.read_bytes()) // 2])
     elif case == "empty file":
         path.write_bytes(b"")
@@ -137,7 +151,9 @@ def break_folder(root: Path, case: str) -> tuple[Path, str]:
 
 
 BAD = ["no folder", "no train", "no val", "no class folders", "empty class", "other classes",
-       "truncated png", "empty file", "not an image"]
+       "one class", "one file in two classes", "truncated png", "truncated jpg", "truncated bmp",
+       "truncated tiff", "truncated webp", "truncated ppm", "truncated pgm", "empty file",
+       "not an image"]
 
 
 @pytest.mark.parametrize("case", BAD)
@@ -153,6 +169,25 @@ def test_each_bad_folder_is_one_line_that_names_it_and_nothing_is_written(tmp_pa
     assert named in lines[0], lines[0]
     assert any(advice in lines[0] for advice in ("give", "put", "remove", "replace")), lines[0]
     assert not (tmp_path / "runs").exists()
+
+
+def test_each_file_counts_once_however_links_lead_to_it(tmp_path):
+    """A link back up the tree (a loop) and a second link to a file of the same class add nothing:
+    torchvision's ImageFolder listed the loop's files again at every depth until the path grew too
+    long. A link to a file elsewhere is listed, once."""
+    root = write_folder(tmp_path / "data", train=2, val=1)
+    ant = root / "train" / "ant"
+    (ant / "again").symlink_to(ant)  # a loop
+    (ant / "twice.png").symlink_to(ant / "0.png")
+    (tmp_path / "elsewhere").mkdir()
+    shutil.copy(ant / "1.png", tmp_path / "elsewhere" / "9.png")
+    (ant / "outside").symlink_to(tmp_path / "elsewhere")
+    facts = image_folder(str(root))
+    assert facts.images == {"train": 7, "val": 3}
+    assert [path for path, label in facts.samples["train"] if label == 0] == \
+        [str(ant / "0.png"), str(ant / "1.png"), str(ant / "outside" / "9.png")]
+    train, _ = load_datasets("imagefolder", str(root), 0, 0, 32)
+    assert len(train) == 7 and train.targets == [0, 0, 0, 1, 1, 2, 2]
 
 
 def test_a_png_without_its_end_that_pil_still_reads_is_read(tmp_path):
@@ -252,6 +287,54 @@ def test_a_training_crop_is_the_box_drawn_for_its_image_in_either_loader(folder,
             assert np.abs(image[1] - green[:, None])[1:-1, 1:-1].max() < 1.5, (epoch, index, box)
             boxes.append(box)
     assert len(set(boxes)) > 40  # the crops move, from image to image and from epoch to epoch
+
+
+def test_auto_pads_a_folder_up_to_64_pixels_and_takes_resized_crops_above(folder):
+    """--augment auto: CIFAR's pad-and-crop (by an eighth of the side) at an --image_size of 64 or
+    less, ImageNet's random resized crop above; --augment and --flip override it; the first line
+    names it; results.json's config records what ran."""
+    def chosen(*more) -> tuple:
+        cfg = parse_config(Config, ["--dataset", "imagefolder", "--data_dir", str(folder), *more])
+        info, augmentation = dataset_info(cfg), resolve_fast_path(cfg, CPU)
+        return info.crop, info.pad, info.flip, augmentation.augment, augmentation.flip
+
+    assert chosen("--image_size", "32") == ("pad", 4, True, "pad", True)
+    assert chosen("--image_size", "64") == ("pad", 8, True, "pad", True)
+    assert chosen("--image_size", "65") == ("resized", 8, True, "resized", True)
+    assert chosen() == ("resized", 28, True, "resized", True)  # 224 pixels
+    assert chosen("--image_size", "32", "--augment", "resized", "--no_flip")[3:] == \
+        ("resized", False)
+    assert chosen("--image_size", "32", "--no_augment")[3] == "off"
+    for dataset, flip in (("synthetic", True), ("mnist", False)):
+        cfg = parse_config(Config, ["--dataset", dataset])
+        assert (dataset_info(cfg).crop, dataset_info(cfg).pad, dataset_info(cfg).flip) == \
+            ("pad", 4, flip)
+
+
+@pytest.mark.parametrize("flip", [True, False])
+def test_a_small_folder_is_padded_and_cropped_alike_by_both_loaders(folder, flip):
+    """At 32 pixels each training image is its evaluation crop padded by 4 pixels and cut back to
+    32 at the offsets augmentation_draws gives for (seed, epoch, index), mirrored where the draw
+    says (never with --no_flip): the same pixels from both loaders, in two epochs."""
+    train, _ = load_datasets("imagefolder", str(folder), 0, 0, 32)
+    sampler = ShuffleSampler(24, shuffle=True, seed=3)
+    loaders = {kind: make_loader(kind, train, sampler, 8, CPU, train=True,
+                                 augment=Augmentation("pad", flip), num_workers=0, seed=3)
+               for kind in ("gpu", "torchvision")}
+    mirrored = 0
+    for epoch in (0, 1):
+        gpu, classic = (torch.cat([batch for batch, _ in at_epoch(loaders[kind], epoch)])
+                        for kind in ("gpu", "torchvision"))
+        assert (gpu - classic).abs().max() <= 2 ** -21
+        top, left, flipped = augmentation_draws(3, epoch, 24, flip, pad=4)
+        for image, index in zip(pixels(gpu).round().to(torch.uint8), list(sampler)):
+            padded = np.pad(np.asarray(evaluation_crop(train[index][0], 32)), ((4, 4), (4, 4),
+                                                                                 (0, 0)))
+            crop = padded[top[index]:top[index] + 32, left[index]:left[index] + 32]
+            crop = crop[:, ::-1] if flipped[index] else crop
+            assert np.array_equal(image.permute(1, 2, 0).numpy(), crop), (epoch, index)
+            mirrored += int(flipped[index])
+    assert (mirrored > 0) == flip
 
 
 def test_crop_boxes_are_randomresizedcrops_and_the_same_one_at_a_time():
