@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import shutil
 from pathlib import Path
 
@@ -464,6 +465,65 @@ def test_the_gpu_loader_takes_a_folder_that_fits_in_half_the_free_memory(folder,
                                          "take 0.133 MiB, more than the 0.133 MiB free on "
                                          "cuda:0: leave out --loader")
     assert resolve_fast_path(cfg, CPU).loader == "torchvision"
+
+
+# ----------------------------------------------------------------------------------- on a terminal
+def on_a_terminal(*args) -> tuple[int, str]:
+    """`python single_gpu/train.py args...` with its stdout on a pseudo-terminal, as a user at a
+    terminal runs it: (exit status, everything it wrote there, tqdm's bars included)."""
+    import fcntl
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    from conftest import REPO
+
+    main, terminal = pty.openpty()
+    # 24 rows of 150 columns: a new pseudo-terminal has 0, where tqdm draws nothing
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 150, 0, 0))
+    process = subprocess.Popen([sys.executable, str(REPO / "single_gpu/train.py"), *map(str, args)],
+                               stdout=terminal, stderr=terminal,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+    os.close(terminal)
+    written = b""
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # the terminal's other end closed: the process is done
+            break
+        if not chunk:
+            break
+        written += chunk
+    os.close(main)
+    return process.wait(timeout=300), written.decode(errors="replace")
+
+
+def test_on_a_terminal_the_test_pass_has_a_bar_and_eleven_classes_get_top5(tmp_path):
+    """A folder of 11 classes at 16 pixels, two epochs: each test pass is counted on a bar of its
+    own ("Test 1/2"), as each epoch's training is; its line and the last line give top-5 beside
+    top-1; the first line names the augmentation (pad-2 crop at 16 pixels)."""
+    root = tmp_path / "data"
+    for split, count in (("train", 2), ("val", 1)):
+        for label in range(11):
+            (root / split / f"c{label:02d}").mkdir(parents=True)
+            for i in range(count):
+                Image.fromarray(ramp(20, 20, blue=20 * label + i)).save(
+                    root / split / f"c{label:02d}" / f"{i}.png")
+    status, written = on_a_terminal(
+        "--dataset", "imagefolder", "--data_dir", root, "--image_size", "16", "--depth", "8",
+        "--alpha", "12", "--batch_size", "8", "--epochs", "2", "--warmup_steps", "1",
+        "--num_workers", "0", "--log_dir", tmp_path / "runs")
+    assert status == 0, written
+    assert "Epoch 1/2" in written and "Test 1/2" in written and "Test 2/2" in written
+    assert "augment pad-2 crop and flip" in written
+    lines = [line.strip("\r") for line in written.replace("\r", "\n").splitlines()]
+    tested = [line for line in lines if line.startswith("Epoch 2/2 test loss")]
+    assert tested and " (top-5 " in tested[0] and "(11 images)" in tested[0]
+    summary = read_results(tmp_path / "runs" / os.listdir(tmp_path / "runs")[0])["summary"]
+    assert summary["test_acc"] <= summary["test_acc_top5"] <= 1
+    assert any(line.startswith("best test acc ") and " (top-5 " in line for line in lines)
 
 
 # --------------------------------------------------------------------------------------------- runs
