@@ -467,6 +467,35 @@ def test_the_gpu_loader_takes_a_folder_that_fits_in_half_the_free_memory(folder,
     assert resolve_fast_path(cfg, CPU).loader == "torchvision"
 
 
+# ---------------------------------------------------------------------------------------- compare
+def test_compare_benchmarks_the_folders_own_images_through_a_training_runs_loader(folder,
+                                                                                  tmp_path):
+    """compare.py --dataset imagefolder without --epochs: its --benchmark runs read the folder (not
+    synthetic data), through the loader and workers a training run on this machine uses (the
+    torchvision loader on the CPU: decoding included), and the report's Data line names the folder
+    and its images. A --benchmark run of single_gpu, as compare.py starts one, here in-process."""
+    import compare
+    from comparison.report import model_line
+
+    argv = ["--dataset", "imagefolder", "--data_dir", str(folder), "--image_size", "32",
+            "--batch_size", "8", "--modes", "single_gpu"]
+    cc, train, group_flags, cuda = compare.configure(argv)
+    shared, _ = compare.plan_matrix(cc, train, group_flags, cuda)
+    assert "--benchmark" in shared and "--loader" not in shared and "--num_workers" not in shared
+    log_dir = tmp_path / "runs"
+    done = train_in_process("single_gpu/train.py", *shared, "--batch_size", "8", "--log_dir",
+                            log_dir, "--run_name", "benchmark", "--benchmark_steps", "4",
+                            "--warmup_steps", "1", "--num_workers", "0")
+    assert done.returncode == 0, done.stderr
+    results = read_results(log_dir / "benchmark")
+    assert (results["config"]["dataset"], results["config"]["loader"]) == ("imagefolder",
+                                                                           "torchvision")
+    assert results["summary"]["steps"] == 5 and "imagefolder" in done.stdout.splitlines()[0]
+    line = model_line(results["config"], [], 0)
+    assert (f"Data: the image folder {folder} (24 training and 15 validation images), 32×32 "
+            "images, 3 channels, 3 classes." in line), line
+
+
 # ----------------------------------------------------------------------------------- on a terminal
 def on_a_terminal(*args) -> tuple[int, str]:
     """`python single_gpu/train.py args...` with its stdout on a pseudo-terminal, as a user at a
