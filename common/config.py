@@ -449,8 +449,9 @@ class Config:
                                 "mnist and synthetic, and for imagefolder at an --image_size of "
                                 "64 or less, else resized", choices=AUGMENTS, no_flag="off")
     flip: bool | None = flag(None, "mirror half the training images left to right (default: on, "
-                                   "except for mnist; turn it off for digits, text and anything "
-                                   "else a mirror changes)")
+                                   "except for mnist and for imagefolder's pad crops: small "
+                                   "images are often digits, letters or icons, which a mirror "
+                                   "changes; give --flip for photographs)")
     # speed
     amp: str | None = flag(None, "autocast precision: bf16 (default on GPUs that have it), fp16 "
                                  "(with loss scaling; the default on older GPUs) or off (fp32; "

@@ -116,7 +116,9 @@ def dataset_info(cfg) -> DatasetInfo:
     classes = (len(image_folder(cfg.data_dir).classes) if cfg.dataset == "imagefolder"
                else info.classes)
     crop = cfg.augment if cfg.augment in CROPS else info.crop
-    flip = info.flip if cfg.flip is None else cfg.flip
+    # an image folder's default flip goes with its crop (at_size)
+    flip = (cfg.flip if cfg.flip is not None else crop == "resized" if cfg.dataset == "imagefolder"
+            else info.flip)
     return dataclasses.replace(info, classes=classes, crop=crop, flip=flip)
 
 
@@ -129,12 +131,16 @@ CROPS = ("pad", "resized")  # what --augment names besides auto and off
 def at_size(info: DatasetInfo, dataset: str, size: int) -> DatasetInfo:
     """A dataset's DatasetInfo at the image size `size`. An image folder is augmented at that
     size: --augment auto pads and crops it up to AUTO_PAD_MAX pixels (by an eighth of its side,
-    CIFAR's 4 of 32) and takes random resized crops above. The other datasets keep their recipe:
-    pad-4 crops at their own size, resized after."""
+    CIFAR's 4 of 32), unmirrored, and takes mirrored random resized crops above. Small images are
+    as often digits, letters, glyphs and icons, which a mirror turns into another class or none,
+    as photographs: on 8-pixel digits a PyramidNet-8 trained with mirrors reached 82 %, without
+    93 % (BENCHMARKS.md); --flip mirrors them. Photographs, large, are ImageNet's recipe. The other
+    datasets keep theirs: pad-4 crops at their own size, resized after (mirrored but for MNIST)."""
     if dataset != "imagefolder":
         return dataclasses.replace(info, size=size)
-    return dataclasses.replace(info, size=size, crop="pad" if size <= AUTO_PAD_MAX else "resized",
-                               pad=max(1, size // 8))
+    small = size <= AUTO_PAD_MAX
+    return dataclasses.replace(info, size=size, crop="pad" if small else "resized",
+                               flip=not small, pad=max(1, size // 8))
 
 
 def augmentation(cfg) -> Augmentation | None:

@@ -292,19 +292,23 @@ def test_a_training_crop_is_the_box_drawn_for_its_image_in_either_loader(folder,
 
 def test_auto_pads_a_folder_up_to_64_pixels_and_takes_resized_crops_above(folder):
     """--augment auto: CIFAR's pad-and-crop (by an eighth of the side) at an --image_size of 64 or
-    less, ImageNet's random resized crop above; --augment and --flip override it; the first line
-    names it; results.json's config records what ran."""
+    less, unmirrored (small images are often digits or letters), ImageNet's mirrored random resized
+    crop above; --augment and --flip override it, the flip's default following the crop;
+    resolve_fast_path makes the choice explicit, so results.json's config records what ran."""
     def chosen(*more) -> tuple:
         cfg = parse_config(Config, ["--dataset", "imagefolder", "--data_dir", str(folder), *more])
         info, augmentation = dataset_info(cfg), resolve_fast_path(cfg, CPU)
         return info.crop, info.pad, info.flip, augmentation.augment, augmentation.flip
 
-    assert chosen("--image_size", "32") == ("pad", 4, True, "pad", True)
-    assert chosen("--image_size", "64") == ("pad", 8, True, "pad", True)
+    assert chosen("--image_size", "32") == ("pad", 4, False, "pad", False)
+    assert chosen("--image_size", "64") == ("pad", 8, False, "pad", False)
     assert chosen("--image_size", "65") == ("resized", 8, True, "resized", True)
     assert chosen() == ("resized", 28, True, "resized", True)  # 224 pixels
+    assert chosen("--image_size", "32", "--augment", "resized")[3:] == ("resized", True)
     assert chosen("--image_size", "32", "--augment", "resized", "--no_flip")[3:] == \
         ("resized", False)
+    assert chosen("--image_size", "32", "--flip")[3:] == ("pad", True)
+    assert chosen("--augment", "pad")[3:] == ("pad", False)
     assert chosen("--image_size", "32", "--no_augment")[3] == "off"
     for dataset, flip in (("synthetic", True), ("mnist", False)):
         cfg = parse_config(Config, ["--dataset", dataset])
@@ -532,7 +536,7 @@ def on_a_terminal(*args) -> tuple[int, str]:
 def test_on_a_terminal_the_test_pass_has_a_bar_and_eleven_classes_get_top5(tmp_path):
     """A folder of 11 classes at 16 pixels, two epochs: each test pass is counted on a bar of its
     own ("Test 1/2"), as each epoch's training is; its line and the last line give top-5 beside
-    top-1; the first line names the augmentation (pad-2 crop at 16 pixels)."""
+    top-1; the first line names the augmentation (pad-2 crop at 16 pixels, not mirrored)."""
     root = tmp_path / "data"
     for split, count in (("train", 2), ("val", 1)):
         for label in range(11):
@@ -546,7 +550,7 @@ def test_on_a_terminal_the_test_pass_has_a_bar_and_eleven_classes_get_top5(tmp_p
         "--num_workers", "0", "--log_dir", tmp_path / "runs")
     assert status == 0, written
     assert "Epoch 1/2" in written and "Test 1/2" in written and "Test 2/2" in written
-    assert "augment pad-2 crop and flip" in written
+    assert "augment pad-2 crop, no flip" in written
     lines = [line.strip("\r") for line in written.replace("\r", "\n").splitlines()]
     tested = [line for line in lines if line.startswith("Epoch 2/2 test loss")]
     assert tested and " (top-5 " in tested[0] and "(11 images)" in tested[0]
