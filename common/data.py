@@ -134,7 +134,7 @@ def at_size(info: DatasetInfo, dataset: str, size: int) -> DatasetInfo:
     CIFAR's 4 of 32), unmirrored, and takes mirrored random resized crops above. Small images are
     as often digits, letters, glyphs and icons, which a mirror turns into another class or none,
     as photographs: on 8-pixel digits a PyramidNet-8 trained with mirrors reached 82 %, without
-    93 % (BENCHMARKS.md); --flip mirrors them. Photographs, large, are ImageNet's recipe. The other
+    94 % (BENCHMARKS.md); --flip mirrors them. Photographs, large, are ImageNet's recipe. The other
     datasets keep theirs: pad-4 crops at their own size, resized after (mirrored but for MNIST)."""
     if dataset != "imagefolder":
         return dataclasses.replace(info, size=size)
