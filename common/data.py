@@ -7,21 +7,24 @@ ShuffleSampler's order, and where a resumed epoch goes on); the process-group mo
 DistributedSampler's `set_epoch` before it, as DDP needs. Batches come out on the device,
 normalised, as (float images NCHW, int64 labels).
 
-The augmentation (pad-4 random crop, horizontal flip) is a function of (seed, epoch, image index),
-drawn for the whole dataset at once by `augmentation_draws`: an image is cropped and flipped alike
-in an epoch whatever the loader, the number of DataLoader workers or processes, or a resume in
-between. The two loaders' batches then differ only in the rounding of the normalisation, by at most
-one float32 ulp (2**-22 for values in [2, 4)). Images are stored at their own size (the synthetic
-set at 32 pixels at most); at another --image_size both loaders resize each augmented image with the
-same bilinear interpolation (`resized`), so that holds there too.
+The augmentation (--augment, --flip: an `Augmentation`; CIFAR's pad-4 random crop and horizontal
+flip by default) is a function of (seed, epoch, image index), drawn for the whole dataset at once by
+`augmentation_draws`: an image is cropped and flipped alike in an epoch whatever the loader, the
+number of DataLoader workers or processes, or a resume in between. The two loaders' batches then
+differ only in the rounding of the normalisation, by at most one float32 ulp (2**-22 for values in
+[2, 4)). Images are stored at their own size (the synthetic set at 32 pixels at most); at another
+--image_size both loaders resize each augmented image with the same bilinear interpolation
+(`resized`), so that holds there too.
 
-An image folder (--dataset imagefolder) is ImageNet's recipe instead: a random resized crop and a
-flip drawn from (seed, epoch, index) by `resized_crop_draws`, whose box in the original image's
-pixels (`crop_boxes`) is the same in both loaders; evaluation images are resized to image_size * 256
-// 224 and centre-cropped. The torchvision loader crops the decoded original with PIL; the gpu
-loader holds every image decoded once, squashed to a fixed stored side (`stored_side`), and crops
-the same box there (torchvision.ops.roi_align), so its crops are the same region of the same image
-at the stored resolution. Its evaluation images are PIL's, the same as the other's.
+An image folder (--dataset imagefolder) is evaluated as ImageNet is, its images resized to
+image_size * 256 // 224 and centre-cropped; up to 64 pixels (`at_size`) it trains on pad crops of
+those evaluation images, the same pixels in both loaders, and above on ImageNet's random resized
+crop and a flip drawn from (seed, epoch, index) by `resized_crop_draws`, whose box in the original
+image's pixels (`crop_boxes`) is the same in both loaders. The torchvision loader crops the decoded
+original with PIL; the gpu loader holds every image decoded once, squashed to a fixed stored side
+(`stored_side`), and crops the same box there (torchvision.ops.roi_align), so its crops are the
+same region of the same image at the stored resolution. Its evaluation images are PIL's, the same
+as the other's.
 """
 from __future__ import annotations
 

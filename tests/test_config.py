@@ -19,7 +19,8 @@ import common.logger
 import common.metrics
 from common.config import (AMPS, BASE_BATCH, NAME_MAX, PATH_MAX, REPO_ROOT,
                            SYNTHETIC_BYTES_PER_IMAGE, Config, UsageError, build_parser,
-                           check_domains, flag, missing_domains, parse_config, user_errors)
+                           as_today, check_domains, flag, missing_domains, parse_config,
+                           user_errors)
 from common.devices import cuda_devices, seed_everything
 from common.logger import MARKER, load_model_weights, resolve_run_dir
 from common.metrics import StepTimer, Sums, TrainMeter, evaluation_sums, window_sums
@@ -55,6 +56,17 @@ def test_defaults():
     assert cfg.data_dir == str(REPO_ROOT / "data") and cfg.log_dir == str(REPO_ROOT / "runs")
     assert REPO_ROOT == __import__("pathlib").Path(__file__).resolve().parents[1]
     assert BASE_BATCH == 128 and cfg.effective_lr() == 0.1
+
+
+@pytest.mark.parametrize("dataset, augment, crop, flip", [("imagefolder", True, "resized", True),
+                                                      ("mnist", True, "pad", False),
+                                                      ("cifar10", False, "off", True)])
+def test_a_config_written_before_augment_was_a_choice_reads_as_what_it_ran(dataset, augment, crop,
+                                                                           flip):
+    """A checkpoint's or results.json's config from when --augment was on or off, without --flip:
+    the crop it meant (an image folder's was the random resized crop) and the flip it had."""
+    today = as_today({"dataset": dataset, "augment": augment})
+    assert (today["augment"], today["flip"]) == (crop, flip)
 
 
 def test_bool_flags():
