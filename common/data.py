@@ -71,7 +71,7 @@ class DatasetInfo:
     std: tuple[float, ...]
     flip: bool
     # the training crop --augment auto chooses: pad (CIFAR's pad-and-crop) or resized (ImageNet's
-    # random resized crop); an image folder's depends on the image size (auto_crop)
+    # random resized crop); an image folder's depends on the image size (at_size)
     crop: str = "pad"
     pad: int = PAD  # pixels of padding around each image before its pad crop
 
@@ -119,9 +119,9 @@ def dataset_info(cfg) -> DatasetInfo:
     classes = (len(image_folder(cfg.data_dir).classes) if cfg.dataset == "imagefolder"
                else info.classes)
     crop = cfg.augment if cfg.augment in CROPS else info.crop
-    # an image folder's default flip goes with its crop (at_size)
-    flip = (cfg.flip if cfg.flip is not None else crop == "resized" if cfg.dataset == "imagefolder"
-            else info.flip)
+    flip = info.flip if cfg.flip is None else cfg.flip
+    if cfg.flip is None and cfg.dataset == "imagefolder":  # its flip goes with its crop (at_size)
+        flip = crop == "resized"
     return dataclasses.replace(info, classes=classes, crop=crop, flip=flip)
 
 
@@ -148,8 +148,8 @@ def at_size(info: DatasetInfo, dataset: str, size: int) -> DatasetInfo:
 
 def augmentation(cfg) -> Augmentation | None:
     """The augmentation of a run's training images (None: --augment off): --augment's crop (auto:
-    the dataset's at its image size, at_size) and --flip (default: the dataset's; never for
-    mnist)."""
+    the dataset's at its image size, at_size) and --flip (default: the dataset's, at_size: not for
+    mnist, nor for an image folder's pad crops)."""
     if _fields(cfg).augment in ("off", False):
         return None
     info = dataset_info(cfg)
