@@ -22,7 +22,8 @@
 Each configuration runs as its own subprocess, started as a user would start it (`python
 single_gpu/train.py`, `python data_parallel/train.py`, `torchrun dist_parallel/train.py`, `torchrun
 fsdp/train.py`), with the same model, data, global batch, learning rate and seed; by default in
-`--benchmark` mode (synthetic data, speed only). fsdp is in the default --modes where there are two
+`--benchmark` mode (speed only, on synthetic data; with --dataset imagefolder on the folder's own
+images, read as a training run reads them). fsdp is in the default --modes where there are two
 GPUs or more (one GPU has nothing to shard over); `--modes fsdp` runs it anywhere. Each run's
 results.json is read back and everything goes to `--out` (default results/<timestamp>): report.md
 (the model, the mode to use here and why, the table and what it says, first), results.csv, the
