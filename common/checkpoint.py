@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 from common.config import MODEL_FLAGS, Config, RunError, UsageError, as_today, file_system_error
+from common.data import explicit_augmentation
 from common.logger import fresh_restart, logged_curves, write_atomically
 from common.metrics import Sums
 from common.state import load_file, load_optimizer_state
@@ -209,7 +210,8 @@ def refuse_fresh_start(cfg: Config, run_dir: Path) -> None:
 def resumable(path: Path, cfg: Config) -> dict | None:
     """The checkpoint at `path` if this run could resume from it (it loads, fits these flags,
     and has training left); None if not. --amp not yet resolved for a device (a launcher, before
-    its workers) is not compared."""
+    its workers) is not compared; --augment and --flip are made what they stand for."""
+    cfg = explicit_augmentation(cfg)
     try:
         if cfg.amp is None:
             try:

@@ -156,6 +156,14 @@ def augmentation(cfg) -> Augmentation | None:
     return Augmentation(info.crop, info.flip)
 
 
+def explicit_augmentation(cfg):
+    """The Config `cfg` with --augment auto and --flip's default made the crop and the flip they
+    stand for at its image size: what results.json and a checkpoint record of a run."""
+    chosen = augmentation(cfg)
+    augment, flip = (chosen.crop, chosen.flip) if chosen else ("off", cfg.flip)
+    return dataclasses.replace(cfg, augment=augment, flip=flip)
+
+
 def describe_augmentation(cfg) -> str:
     """The augmentation a run applies, for its first line: `pad-4 crop and flip`, `random resized
     crop, no flip`, `off`."""

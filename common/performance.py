@@ -17,7 +17,7 @@ import torch
 
 from common.compiling import graph_entries, inductor_cache_path
 from common.config import Config, UsageError, compile_cache_folder
-from common.data import augmentation, dataset_info, loader_description, resolve_loader
+from common.data import dataset_info, explicit_augmentation, loader_description, resolve_loader
 from common.rules import alignment_refusal
 from models import PYRAMIDNET, build_model, model_refusal, on_meta
 
@@ -99,10 +99,9 @@ def resolve_fast_path(cfg: Config, device: torch.device) -> Config:
     # --loader, else gpu where the data fits on the device (common/data.py)
     loader = resolve_loader(cfg, device)
     # --augment auto and --flip made the crop and the flip they stand for at this image size
-    chosen = augmentation(cfg)
-    augment, flip = (chosen.crop, chosen.flip) if chosen else ("off", cfg.flip)
+    cfg = explicit_augmentation(cfg)
     return dataclasses.replace(cfg, amp=amp, channels_last=channels_last, align_channels=align,
-                               loader=loader, augment=augment, flip=flip,
+                               loader=loader,
                                compile_cache=cache if cfg.compile else cfg.compile_cache,
                                compile_mode=cfg.compile_mode or "default" if cfg.compile else None)
 

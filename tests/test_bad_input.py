@@ -499,8 +499,9 @@ def test_refused_launches_change_no_file_and_create_no_run_folder(refusals, work
 def test_load_checkpoint_requires_every_entry_a_run_writes(trained):
     """CONTENTS is what a real checkpoint holds (besides its format), each of its type."""
     state = torch.load(trained / "checkpoint.pt", map_location="cpu", weights_only=True)
-    # extended: optional (older checkpoints)
-    assert set(state) == {"format", "checksum", "extended", *CONTENTS}
+    # extended, best_epoch, best_acc_top5: optional (older checkpoints lack them)
+    assert set(state) == {"format", "checksum", "extended", "best_epoch", "best_acc_top5",
+                          *CONTENTS}
     assert state["checksum"] == checksum(state)
     assert all(isinstance(state[key], kind) for key, kind in CONTENTS.items())
 
@@ -541,7 +542,7 @@ def test_a_checkpoint_of_the_format_before_checksums_resumes_with_a_warning(trai
                "format": EARLIER_FORMAT}
     torch.save(earlier, tmp_path / "v1.pt")
     # as the run resolved it on the CPU
-    cfg = dataclasses.replace(parse_config(Config, TINY), amp="off")
+    cfg = dataclasses.replace(parse_config(Config, TINY), amp="off", augment="pad", flip=True)
     loaded = load_checkpoint(tmp_path / "v1.pt", cfg)
     assert loaded["step"] == state["step"] and "resumed unverified" in capsys.readouterr().err
 

@@ -24,8 +24,8 @@ from common.data import (DATASET_INFO, IMAGENET_MEAN, IMAGENET_STD, Augmentation
                          make_loader, resized, resized_crop_draws, resolve_loader, stored_side)
 from common.performance import describe_fast_path, flops_per_image, resolve_fast_path
 from comparison.verify import images_in_test_set, images_in_training_set
-from conftest import (at_epoch, read_results, refuse_in_process, run_script, train_in_process,
-                      two_at_a_time)
+from conftest import (at_epoch, read_results, read_scalars, refuse_in_process, run_script,
+                      train_in_process, two_at_a_time)
 
 CPU = torch.device("cpu")
 CLASSES = ("ant", "bee", "cat")
@@ -554,8 +554,11 @@ def test_on_a_terminal_the_test_pass_has_a_bar_and_eleven_classes_get_top5(tmp_p
     lines = [line.strip("\r") for line in written.replace("\r", "\n").splitlines()]
     tested = [line for line in lines if line.startswith("Epoch 2/2 test loss")]
     assert tested and " (top-5 " in tested[0] and "(11 images)" in tested[0]
-    summary = read_results(tmp_path / "runs" / os.listdir(tmp_path / "runs")[0])["summary"]
+    run_dir = tmp_path / "runs" / os.listdir(tmp_path / "runs")[0]
+    summary = read_results(run_dir)["summary"]
     assert summary["test_acc"] <= summary["test_acc_top5"] <= 1
+    top5 = read_scalars(run_dir)["test/acc_top5_pct"]
+    assert [value for _, value in top5][-1] == pytest.approx(100 * summary["test_acc_top5"])
     assert any(line.startswith("best test acc ") and " (top-5 " in line for line in lines)
 
 
