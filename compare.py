@@ -22,7 +22,8 @@
 Each configuration runs as its own subprocess, started as a user would start it (`python
 single_gpu/train.py`, `python data_parallel/train.py`, `torchrun dist_parallel/train.py`, `torchrun
 fsdp/train.py`), with the same model, data, global batch, learning rate and seed; by default in
-`--benchmark` mode (synthetic data, speed only). fsdp is in the default --modes where there are two
+`--benchmark` mode (speed only, on synthetic data; with --dataset imagefolder on the folder's own
+images, read as a training run reads them). fsdp is in the default --modes where there are two
 GPUs or more (one GPU has nothing to shard over); `--modes fsdp` runs it anywhere. Each run's
 results.json is read back and everything goes to `--out` (default results/<timestamp>): report.md
 (the model, the mode to use here and why, the table and what it says, first), results.csv, the
@@ -124,8 +125,9 @@ class CompareConfig:
                                  "into compute, communication hidden and exposed, data and "
                                  "optimizer; 0: off",
                               at_least=0)
-    epochs: int = flag(0, "0: --benchmark runs (synthetic data, speed only); N: train N epochs on "
-                          "--dataset and compare test accuracy too", at_least=0)
+    epochs: int = flag(0, "0: --benchmark runs (speed only, on synthetic data, or on an image "
+                          "folder's own images); N: train N epochs on --dataset and compare test "
+                          "accuracy too", at_least=0)
     batch_per_gpu: int | None = flag(None, "images per GPU in every run, so the global "
                                            "batch grows with the GPUs (weak scaling); "
                                            "instead of --batch_size", at_least=1)
@@ -349,7 +351,9 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
     pictures = write_plots(outcomes, out, device, cuda, projection if cuda else None, cores)
     write_csv(outcomes, out / "results.csv")
     profiled = cc.profile_steps if profiling_flag() else 0
-    what = (f"`--benchmark`: synthetic data, {config['warmup_steps']} untimed then "
+    source = ("the image folder's own images" if config["dataset"] == "imagefolder"
+              else "synthetic data")
+    what = (f"`--benchmark`: {source}, {config['warmup_steps']} untimed then "
             f"{config['benchmark_steps']} timed steps per run"
             + (f", then {profiled} profiled (not timed)" if profiled else "") if not cc.epochs
             else f"training for {cc.epochs} epochs on {config['dataset']}")
@@ -470,7 +474,10 @@ def configure(argv: list[str]) -> tuple[CompareConfig, dict, dict[str, list[str]
     if cc.verify:  # its own defaults first, so that compare.py's CPU defaults do not override them
         train = {**verify_defaults(cuda), **train}
     if not cuda:
-        train = {**CPU_DEFAULTS, **train}
+        # an image folder is read as a training run reads it: its default loader and workers
+        folder = train.get("dataset") == "imagefolder"
+        train = {**{k: v for k, v in CPU_DEFAULTS.items()
+                    if not (folder and k in ("loader", "num_workers"))}, **train}
     # GROUP_PASSED's fields, as parse() read them
     group_flags = {mode: config_argv(config_class("dist_parallel"),
                                      {k: v for k, v in group_only.items()

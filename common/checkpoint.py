@@ -39,7 +39,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from common.config import LATER_FLAGS, MODEL_FLAGS, Config, RunError, UsageError, file_system_error
+from common.config import MODEL_FLAGS, Config, RunError, UsageError, as_today, file_system_error
+from common.data import explicit_augmentation
 from common.logger import fresh_restart, logged_curves, write_atomically
 from common.metrics import Sums
 from common.state import load_file, load_optimizer_state
@@ -53,7 +54,7 @@ LAST, BEST, RESULTS, MODEL = "checkpoint.pt", "best.pt", "results.json", "model.
 # except that --epochs may grow (the run is extended: extends). Flags of logging, speed measurement
 # and hardware may change (a restart on other GPUs, a longer --max_steps).
 MUST_MATCH = (*MODEL_FLAGS, "synthetic_size", "batch_size", "epochs", "lr", "lr_warmup_epochs",
-              "momentum", "weight_decay", "nesterov", "shuffle", "augment", "seed", "amp")
+              "momentum", "weight_decay", "nesterov", "shuffle", "augment", "flip", "seed", "amp")
 
 
 # --------------------------------------------------------------------------------------- RNG states
@@ -209,7 +210,8 @@ def refuse_fresh_start(cfg: Config, run_dir: Path) -> None:
 def resumable(path: Path, cfg: Config) -> dict | None:
     """The checkpoint at `path` if this run could resume from it (it loads, fits these flags,
     and has training left); None if not. --amp not yet resolved for a device (a launcher, before
-    its workers) is not compared."""
+    its workers) is not compared; --augment and --flip are made what they stand for."""
+    cfg = explicit_augmentation(cfg)
     try:
         if cfg.amp is None:
             try:
@@ -264,8 +266,8 @@ def load_checkpoint(path: Path, cfg: Config) -> dict:
             raise UsageError(f"--resume: {path} has {'a damaged' if key in state else 'no'} "
                              f"{key!r} entry; use a {LAST} as a run wrote it, or start "
                              "afresh without --resume")
-    # a checkpoint from before a flag existed: its default
-    saved = {**LATER_FLAGS, **state["config"]}
+    # a checkpoint from before a flag existed: the value it trained with
+    saved = as_today(state["config"])
     absent = [name for name in MUST_MATCH if name not in saved]
     if absent:
         raise UsageError(f"--resume: {path} has no --{absent[0]} in its config; use a {LAST} as a "

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.errors import RunError, UsageError  # every module may import them from here too
-from common.folders import image_folder_refusal
+from common.folders import image_folder, image_folder_refusal
 from models.factory import PYRAMIDNET, unknown_model
 from models.pyramidnet import BLOCKS as MODEL_BLOCKS, check_arguments, parameters_at_least
 
@@ -52,6 +52,7 @@ MODEL_FLAGS = ("model", "depth", "alpha", "block", "width_multiple", "dataset", 
 # The model flags added after runs had been written: a config without one was written with its
 # default.
 LATER_FLAGS = {"model": "pyramidnet", "image_size": None}
+AUGMENTS = ("auto", "pad", "resized", "off")  # --augment (common/data.py: at_size, augmentation)
 INT_MAX = 2**63 - 1  # torch's largest integer: a count above it reaches no tensor and no C++ call
 # The weights are float32 in every mode (autocast computes in bf16/fp16 but keeps them so): SGD
 # hands the learning rate and the weight decay to its kernels as scalars of the weights' dtype, and
@@ -392,8 +393,9 @@ class Config:
     lr: float = flag(0.1, "learning rate per 128 images of global batch, scaled "
                           "linearly with --batch_size", above=0)
     # x steps: a float
-    lr_warmup_epochs: float = flag(5.0, "linear warm-up length when the global batch is above 128 "
-                                        "(at most a tenth of the run)", at_least=0, at_most=1e9)
+    lr_warmup_epochs: float = flag(5.0, "epochs of the linear warm-up of the rate at the start, "
+                                        "at every batch size (at most a tenth of the run; 0: "
+                                        "none)", at_least=0, at_most=1e9)
     # 1 and more: steps that never shrink
     momentum: float = flag(0.9, "SGD momentum", at_least=0, below=1)
     weight_decay: float = flag(1e-4, "L2 weight decay", at_least=0, at_most=FLOAT32_MAX)
@@ -439,9 +441,18 @@ class Config:
                                          "left to the process, at most 4",
                                    at_least=0, check=_worker_processes)
     shuffle: bool = flag(True, "reshuffling the training set every epoch")
-    augment: bool = flag(True, "augmentation: a pad-4 random crop and a horizontal flip of each "
-                               "training image (no flip for mnist; imagefolder: a random "
-                               "resized crop and a flip)")
+    augment: str = flag("auto", "the training images' random crop: pad (CIFAR's: the image padded "
+                                "by an eighth of its side, 4 pixels at 32, and cut back at a "
+                                "random place; for images of up to about 64 pixels), resized "
+                                "(ImageNet's: 8 %% to 100 %% of the area, resized to "
+                                "--image_size; for photographs of about 100 pixels and more), "
+                                "off (train on the evaluation images), or auto: pad for cifar10, "
+                                "mnist and synthetic, and for imagefolder at an --image_size of "
+                                "64 or less, else resized", choices=AUGMENTS, no_flag="off")
+    flip: bool | None = flag(None, "mirror half the training images left to right (default: on, "
+                                   "except for mnist and for imagefolder's pad crops: small "
+                                   "images are often digits, letters or icons, which a mirror "
+                                   "changes; give --flip for photographs)")
     # speed
     amp: str | None = flag(None, "autocast precision: bf16 (default on GPUs that have it), fp16 "
                                  "(with loss scaling; the default on older GPUs) or off (fp32; "
@@ -472,8 +483,10 @@ class Config:
     cudnn_benchmark_limit: int | None = flag(None, "cuDNN algorithms that autotuning tries per "
                                                    "convolution (torch's default: 10; 0: every "
                                                    "one)", at_least=0, at_most=10**6)
-    benchmark: bool = flag(False, "measure speed only: synthetic data, --warmup_steps untimed, "
-                                  "then --benchmark_steps timed steps (then --profile_steps "
+    benchmark: bool = flag(False, "measure speed only: synthetic data (an image folder's own "
+                                  "images, through the loader a training run uses, with "
+                                  "--dataset imagefolder), --warmup_steps untimed, then "
+                                  "--benchmark_steps timed steps (then --profile_steps "
                                   "profiled ones), no evaluation")
     benchmark_steps: int = flag(100, "timed optimizer steps of --benchmark", at_least=1)
     # hardware and reproducibility
@@ -697,6 +710,8 @@ def add_flags(parser: argparse.ArgumentParser, config_class: type[Config], skip=
         kind = hints[f.name]
         default = f.default if defaults else argparse.SUPPRESS
         short = [SHORT_FLAGS[f.name]] if f.name in SHORT_FLAGS else []  # -b, as ImageNet's
+        # a choice with a value that turns it off: --no_<name> stands for --<name> <that value>
+        off = meta.pop("no_flag", None)
         if kind is bool:
             name = f"--no_{f.name}" if f.default else f"--{f.name}"
             parser.add_argument(name, *short, dest=f.name,
@@ -716,6 +731,22 @@ def add_flags(parser: argparse.ArgumentParser, config_class: type[Config], skip=
             base = typing.get_args(base)[0]
         parser.add_argument(f"--{f.name}", *short, type=base, default=default, help=help_text,
                             **meta)
+        if off is not None:
+            parser.add_argument(f"--no_{f.name}", dest=f.name, action="store_const", const=off,
+                                default=default, help=f"the same as --{f.name} {off}")
+
+
+def as_today(config: dict) -> dict:
+    """A config a run wrote (a checkpoint's, a results.json's) in today's flags: a flag added since
+    at the value that ran then (LATER_FLAGS; --flip: on but for mnist), and --augment's on and off
+    of before as the crop it meant (an image folder's random resized crop, the others' pad
+    crop)."""
+    config = {**LATER_FLAGS, **config}
+    config.setdefault("flip", config.get("dataset") != "mnist")
+    if isinstance(config.get("augment"), bool):
+        crop = "resized" if config.get("dataset") == "imagefolder" else "pad"
+        config["augment"] = crop if config["augment"] else "off"
+    return config
 
 
 def config_argv(config_class: type[Config], values: dict) -> list[str]:
@@ -746,23 +777,28 @@ def parse_config(config_class: type[Config], argv=None, description: str = "") -
 
 
 def benchmark_config(cfg: Config, sized: bool = False) -> Config:
-    """--benchmark: synthetic data, exactly --warmup_steps + --benchmark_steps + --profile_steps
-    optimizer steps (the profiled ones last, untimed), no files but the run folder's results.json
-    and TensorBoard events. Enough epochs are allowed to reach the step count. `sized` (no
-    --synthetic_size given): the set holds only the images those steps draw, one epoch of them (at
-    most --synthetic_size's default), which is the run with that --synthetic_size: making 50,000
-    images for 80 steps of 256 took longer than the steps."""
+    """--benchmark: synthetic data, or an image folder's own images (read, decoded and augmented
+    as a training run reads them, so that the data wait is the user's), exactly --warmup_steps +
+    --benchmark_steps + --profile_steps optimizer steps (the profiled ones last, untimed), no files
+    but the run folder's results.json and TensorBoard events. Enough epochs are allowed to reach
+    the step count. `sized` (no --synthetic_size given): a synthetic set holds only the images
+    those steps draw, one epoch of them (at most --synthetic_size's default), which is the run
+    with that --synthetic_size: making 50,000 images for 80 steps of 256 took longer than the
+    steps."""
     steps = cfg.warmup_steps + cfg.benchmark_steps + cfg.profile_steps
     if steps > INT_MAX:
         profiled = f" and --profile_steps {cfg.profile_steps}" if cfg.profile_steps else ""
         raise UsageError(f"--warmup_steps {cfg.warmup_steps} plus --benchmark_steps "
                          f"{cfg.benchmark_steps}{profiled} is more steps than torch counts "
                          f"({INT_MAX}): give fewer")
-    images = cfg.synthetic_size
-    if sized:  # at least the flag's least (5: a test set of one image)
+    folder = cfg.dataset == "imagefolder"
+    images = image_folder(cfg.data_dir).images["train"] if folder else cfg.synthetic_size
+    if sized and not folder:  # at least the flag's least (5: a test set of one image)
         images = min(images, max(steps * cfg.batch_size, 5))
     steps_per_epoch = max(images // cfg.batch_size, 1)
-    return dataclasses.replace(cfg, dataset="synthetic", synthetic_size=images, max_steps=steps,
+    synthetic_size = cfg.synthetic_size if folder else images
+    return dataclasses.replace(cfg, dataset="imagefolder" if folder else "synthetic",
+                               synthetic_size=synthetic_size, max_steps=steps,
                                epochs=-(-steps // steps_per_epoch), save_model=False)
 
 

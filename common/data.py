@@ -7,21 +7,24 @@ ShuffleSampler's order, and where a resumed epoch goes on); the process-group mo
 DistributedSampler's `set_epoch` before it, as DDP needs. Batches come out on the device,
 normalised, as (float images NCHW, int64 labels).
 
-The augmentation (pad-4 random crop, horizontal flip) is a function of (seed, epoch, image index),
-drawn for the whole dataset at once by `augmentation_draws`: an image is cropped and flipped alike
-in an epoch whatever the loader, the number of DataLoader workers or processes, or a resume in
-between. The two loaders' batches then differ only in the rounding of the normalisation, by at most
-one float32 ulp (2**-22 for values in [2, 4)). Images are stored at their own size (the synthetic
-set at 32 pixels at most); at another --image_size both loaders resize each augmented image with the
-same bilinear interpolation (`resized`), so that holds there too.
+The augmentation (--augment, --flip: an `Augmentation`; CIFAR's pad-4 random crop and horizontal
+flip by default) is a function of (seed, epoch, image index), drawn for the whole dataset at once by
+`augmentation_draws`: an image is cropped and flipped alike in an epoch whatever the loader, the
+number of DataLoader workers or processes, or a resume in between. The two loaders' batches then
+differ only in the rounding of the normalisation, by at most one float32 ulp (2**-22 for values in
+[2, 4)). Images are stored at their own size (the synthetic set at 32 pixels at most); at another
+--image_size both loaders resize each augmented image with the same bilinear interpolation
+(`resized`), so that holds there too.
 
-An image folder (--dataset imagefolder) is ImageNet's recipe instead: a random resized crop and a
-flip drawn from (seed, epoch, index) by `resized_crop_draws`, whose box in the original image's
-pixels (`crop_boxes`) is the same in both loaders; evaluation images are resized to image_size * 256
-// 224 and centre-cropped. The torchvision loader crops the decoded original with PIL; the gpu
-loader holds every image decoded once, squashed to a fixed stored side (`stored_side`), and crops
-the same box there (torchvision.ops.roi_align), so its crops are the same region of the same image
-at the stored resolution. Its evaluation images are PIL's, the same as the other's.
+An image folder (--dataset imagefolder) is evaluated as ImageNet is, its images resized to
+image_size * 256 // 224 and centre-cropped; up to 64 pixels (`at_size`) it trains on pad crops of
+those evaluation images, the same pixels in both loaders, and above on ImageNet's random resized
+crop and a flip drawn from (seed, epoch, index) by `resized_crop_draws`, whose box in the original
+image's pixels (`crop_boxes`) is the same in both loaders. The torchvision loader crops the decoded
+original with PIL; the gpu loader holds every image decoded once, squashed to a fixed stored side
+(`stored_side`), and crops the same box there (torchvision.ops.roi_align), so its crops are the
+same region of the same image at the stored resolution. Its evaluation images are PIL's, the same
+as the other's.
 """
 from __future__ import annotations
 
@@ -44,6 +47,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from common.config import DATASETS, UsageError, physical_memory
 from common.folders import SPLITS, image_folder  # its layout (comparison/verify.py reads it here)
+from models.factory import torchvision
 
 PAD = 4  # pixels of zero padding around an image before its random crop
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
@@ -69,8 +73,21 @@ class DatasetInfo:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     flip: bool
-    # training crop: pad (pad-4 random crop, CIFAR's) or resized (random resized, ImageNet's)
+    # the training crop --augment auto chooses: pad (CIFAR's pad-and-crop) or resized (ImageNet's
+    # random resized crop); an image folder's depends on the image size (at_size)
     crop: str = "pad"
+    pad: int = PAD  # pixels of padding around each image before its pad crop
+
+
+@dataclass(frozen=True)
+class Augmentation:
+    """How a run augments its training images (--augment, --flip): the random crop, pad (CIFAR's:
+    the image padded by DatasetInfo.pad pixels on every side, then cut back to its own size at a
+    random place) or resized (ImageNet's: a random 8 % to 100 % of its area, resized to the image
+    size), and whether half the images are mirrored left to right. Drawn from (seed, epoch, image
+    index): the same in both loaders."""
+    crop: str
+    flip: bool
 
 
 DATASET_INFO = {
@@ -88,22 +105,76 @@ def _fields(cfg):
     (the config a results.json holds); a field left out has Config's default."""
     if not isinstance(cfg, dict):
         return cfg
-    from common.config import Config
+    from common.config import Config, as_today
 
     return types.SimpleNamespace(**{**{f.name: f.default for f in dataclasses.fields(Config)},
-                                    **cfg})
+                                    **as_today(cfg)})
 
 
 def dataset_info(cfg) -> DatasetInfo:
     """The DatasetInfo of the data a run's config (a Config, any object with its fields, or a dict
     of them) trains on: what the model is built for (channels, classes, image size) and how the
-    loaders normalise and augment it. An image folder's classes are its class folders
-    (`image_folder`, listed once per process)."""
+    loaders normalise and augment it (--augment's crop, --flip). An image folder's classes are its
+    class folders (`image_folder`, listed once per process)."""
     cfg = _fields(cfg)
-    info = DATASET_INFO[cfg.dataset]
+    size = image_size(cfg)
+    info = at_size(DATASET_INFO[cfg.dataset], cfg.dataset, size)
     classes = (len(image_folder(cfg.data_dir).classes) if cfg.dataset == "imagefolder"
                else info.classes)
-    return dataclasses.replace(info, size=image_size(cfg), classes=classes)
+    crop = cfg.augment if cfg.augment in CROPS else info.crop
+    flip = info.flip if cfg.flip is None else cfg.flip
+    if cfg.flip is None and cfg.dataset == "imagefolder":  # its flip goes with its crop (at_size)
+        flip = crop == "resized"
+    return dataclasses.replace(info, classes=classes, crop=crop, flip=flip)
+
+
+# --augment auto: CIFAR's pad-and-crop for an image folder at this --image_size or less (a random
+# resized crop of a small image keeps a few of its pixels), ImageNet's random resized crop above
+AUTO_PAD_MAX = 64
+CROPS = ("pad", "resized")  # what --augment names besides auto and off
+
+
+def at_size(info: DatasetInfo, dataset: str, size: int) -> DatasetInfo:
+    """A dataset's DatasetInfo at the image size `size`. An image folder is augmented at that
+    size: --augment auto pads and crops it up to AUTO_PAD_MAX pixels (by an eighth of its side,
+    CIFAR's 4 of 32), unmirrored, and takes mirrored random resized crops above. Small images are
+    as often digits, letters, glyphs and icons, which a mirror turns into another class or none,
+    as photographs: on 8-pixel digits a PyramidNet-8 trained with mirrors reached 82 %, without
+    94 % (BENCHMARKS.md); --flip mirrors them. Photographs, large, are ImageNet's recipe. The other
+    datasets keep theirs: pad-4 crops at their own size, resized after (mirrored but for MNIST)."""
+    if dataset != "imagefolder":
+        return dataclasses.replace(info, size=size)
+    small = size <= AUTO_PAD_MAX
+    return dataclasses.replace(info, size=size, crop="pad" if small else "resized",
+                               flip=not small, pad=max(1, size // 8))
+
+
+def augmentation(cfg) -> Augmentation | None:
+    """The augmentation of a run's training images (None: --augment off): --augment's crop (auto:
+    the dataset's at its image size, at_size) and --flip (default: the dataset's, at_size: not for
+    mnist, nor for an image folder's pad crops)."""
+    if _fields(cfg).augment in ("off", False):
+        return None
+    info = dataset_info(cfg)
+    return Augmentation(info.crop, info.flip)
+
+
+def explicit_augmentation(cfg):
+    """The Config `cfg` with --augment auto and --flip's default made the crop and the flip they
+    stand for at its image size: what results.json and a checkpoint record of a run."""
+    chosen = augmentation(cfg)
+    augment, flip = (chosen.crop, chosen.flip) if chosen else ("off", cfg.flip)
+    return dataclasses.replace(cfg, augment=augment, flip=flip)
+
+
+def describe_augmentation(cfg) -> str:
+    """The augmentation a run applies, for its first line: `pad-4 crop and flip`, `random resized
+    crop, no flip`, `off`."""
+    chosen = augmentation(cfg)
+    if chosen is None:
+        return "off"
+    crop = f"pad-{dataset_info(cfg).pad} crop" if chosen.crop == "pad" else "random resized crop"
+    return f"{crop} and flip" if chosen.flip else f"{crop}, no flip"
 
 
 def image_size(cfg) -> int:
@@ -188,6 +259,7 @@ def load_datasets(dataset: str, data_dir: str, synthetic_size: int, seed: int,
     if dataset not in DATASETS:
         raise UsageError(f"unknown dataset {dataset!r}: use "
                          f"{', '.join(DATASETS[:-1])} or {DATASETS[-1]}")
+    torchvision()  # imported first here leaving the environment as it was (models/factory.py)
     size = image_size or DATASET_INFO[dataset].size
     if dataset == "synthetic":
         return (SyntheticCIFAR(synthetic_size, seed, train=True, image_size=size),
@@ -272,10 +344,12 @@ TAIL = 4096  # bytes at the end of a PNG or JPEG where its end marker must be
 
 
 def unreadable(path: str) -> str | None:
-    """Why the image file `path` cannot be read (None: it can), found cheaply: PIL identifies it
-    from its first bytes, and a PNG or JPEG must end with its end marker (IEND, FFD9), which a file
-    cut short lacks. One that does not is decoded in full, and refused only if PIL cannot decode it
-    (a JPEG with data after its end, as some phones write, is read)."""
+    """Why the image file `path` cannot be read (None: it can), found to its end: PIL identifies it
+    from its first bytes; a PNG or JPEG, compressed, must end with its end marker (IEND, FFD9),
+    which a file cut short lacks, and one that does not is decoded in full, and refused only if PIL
+    cannot decode it (a JPEG with data after its end, as some phones write, is read). Every other
+    format the loader reads (BMP, PPM, PGM, TIFF, WebP) has no end marker, and is decoded in full:
+    for the uncompressed ones, a copy of their bytes."""
     from PIL import Image
 
     try:
@@ -286,7 +360,8 @@ def unreadable(path: str) -> str | None:
             tail = file.read()
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
         return _reason(error, path)
-    if {"PNG": b"IEND", "JPEG": b"\xff\xd9"}.get(kind, b"") in tail:
+    marker = {"PNG": b"IEND", "JPEG": b"\xff\xd9"}.get(kind)
+    if marker is not None and marker in tail:
         return None
     try:
         with Image.open(path) as image:
@@ -305,7 +380,8 @@ def _reason(error: Exception, path: str) -> str:
 def check_images(paths: list[str]) -> None:
     """Refuse the first of `paths` (in order) that cannot be read as an image, in one line, before
     anything is written: a file cut short, empty, or not an image. `unreadable` reads two small
-    pieces of each file, a few files at a time (they wait on the disk, not on a core)."""
+    pieces of each PNG or JPEG and decodes the other formats, a few files at a time (they wait on
+    the disk, or decode in PIL, which lets go of the GIL)."""
     # a task per 1024 files, not one per file
     parts = [paths[i:i + 1024] for i in range(0, len(paths), 1024)]
     with ThreadPoolExecutor(CHECK_THREADS) as pool:
@@ -332,36 +408,36 @@ def evaluation_crop(image, size: int):
 
 
 class FolderSplit(Dataset):
-    """One split of an image folder (train/ or val/), read by torchvision's
-    datasets.ImageFolder: [i] is (PIL RGB image, class index); .targets, .classes and .samples
-    are ImageFolder's, .info the run's DatasetInfo."""
+    """One split of an image folder (train/ or val/), its images as `image_folder` listed them
+    (ImageFolder's classes and order, each file once) and read as torchvision's ImageFolder reads
+    them (its default_loader: PIL, converted to RGB): [i] is (PIL RGB image, class index);
+    .samples, .targets and .classes as ImageFolder's, .info the run's DatasetInfo."""
 
     def __init__(self, folder: Path, info: DatasetInfo):
-        from torchvision import datasets
-
-        self.folder, self.info = datasets.ImageFolder(str(folder)), info
-        self.samples, self.targets, self.classes = (self.folder.samples, self.folder.targets,
-                                                    self.folder.classes)
+        facts = image_folder(str(folder.parent))
+        self.info, self.samples = info, list(facts.samples[folder.name])
+        self.targets, self.classes = [target for _, target in self.samples], list(facts.classes)
 
     def __len__(self):
         return len(self.samples)
 
     def __getitem__(self, index):
         from PIL import Image
+        from torchvision.datasets.folder import default_loader
 
+        path, target = self.samples[index]
         try:
-            return self.folder[index]
+            return default_loader(path), target
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
-            path = self.samples[index][0]
             raise UnreadableImage(f"{path} cannot be read as an image ({_reason(error, path)}): "
                                   "replace it with a readable image") from None
 
     def decoded(self, device: torch.device, augment: bool, num_workers: int | None):
         """Every image decoded once into uint8 (N, side, side, 3) on `device`, with the
-        originals' (width, height) (N, 2) on the host: for augmented training each image squashed
-        to side = stored_side(image_size) (the crops are drawn there, crop_boxes), else its
-        evaluation crop (side = image_size). Decoded by DataLoader workers, a slice at a time, so
-        the host never holds the whole set."""
+        originals' (width, height) (N, 2) on the host: for random resized crops (`augment`) each
+        image squashed to side = stored_side(image_size) (the crops are drawn there, crop_boxes),
+        else its evaluation crop (side = image_size), which pad crops cut. Decoded by DataLoader
+        workers, a slice at a time, so the host never holds the whole set."""
         side = stored_side(self.info.size) if augment else self.info.size
         images = torch.empty((len(self), side, side, 3), dtype=torch.uint8, device=device)
         sizes = torch.empty((len(self), 2), dtype=torch.int64)
@@ -405,7 +481,8 @@ class _Decoded(Dataset):
 
 def _image_folder_splits(data_dir: str, size: int) -> tuple[FolderSplit, FolderSplit]:
     facts = image_folder(data_dir)
-    info = dataclasses.replace(DATASET_INFO["imagefolder"], size=size, classes=len(facts.classes))
+    info = dataclasses.replace(at_size(DATASET_INFO["imagefolder"], "imagefolder", size),
+                               classes=len(facts.classes))
     splits = tuple(FolderSplit(Path(data_dir) / split, info) for split in SPLITS)
     for split in splits:
         check_images([path for path, _ in split.samples])
@@ -459,14 +536,14 @@ class EvalShard(Sampler[int]):
 
 # ---- augmentation: a function of (seed, epoch, image index), the same in both loaders ----
 
-def augmentation_draws(seed: int, epoch: int, size: int,
-                       flip: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def augmentation_draws(seed: int, epoch: int, size: int, flip: bool,
+                       pad: int = PAD) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(top, left, flip) of every image of a `size`-image dataset in epoch `epoch`: the offsets of
-    its crop (of the image's own size) from the image padded by PAD on every side, and whether the
+    its crop (of the image's own size) from the image padded by `pad` on every side, and whether the
     crop is mirrored (never where `flip` is False). Indexed by the dataset index: neither the
     loader, the worker, the rank nor a resume enters."""
     rng = np.random.default_rng([seed, epoch])
-    top, left = rng.integers(0, 2 * PAD + 1, (2, size))
+    top, left = rng.integers(0, 2 * pad + 1, (2, size))
     mirrored = rng.random(size) < 0.5 if flip else np.zeros(size, dtype=bool)
     return top, left, mirrored
 
@@ -513,14 +590,16 @@ def resized(images: torch.Tensor, size: int) -> torch.Tensor:
 # ---- loaders: iterate (images, labels) on the device; start_epoch; len = batches per epoch ----
 
 def make_loader(kind: str, dataset, sampler, batch_size: int, device: torch.device, *, train: bool,
-                augment: bool, num_workers: int | None, seed: int,
+                augment: Augmentation | bool | None, num_workers: int | None, seed: int,
                 memory_format=torch.contiguous_format):
     """The training loader drops its last partial batch, so every step has the full global batch
-    (and the same shapes, which cuDNN autotuning and torch.compile rely on). Batches come in
+    (and the same shapes, which cuDNN autotuning and torch.compile rely on), and augments its images
+    as `augment` says (a run's: `augmentation`; True: the dataset's own at its size, DatasetInfo's
+    crop and flip; None or False: not at all); an evaluation loader never augments. Batches come in
     `memory_format`. `num_workers` None: `default_num_workers()`. No loader depends on the rank: the
     sampler gives each rank its share."""
-    options = dict(batch_size=batch_size, device=device, augment=train and augment, drop_last=train,
-                   seed=seed, memory_format=memory_format)
+    options = dict(batch_size=batch_size, device=device, augment=augment if train else None,
+                   drop_last=train, seed=seed, memory_format=memory_format)
     if kind == "gpu":
         return DeviceLoader(dataset, sampler, num_workers=num_workers, **options)
     if kind == "torchvision":
@@ -535,11 +614,12 @@ _loader_notes: dict[tuple, str] = {}
 
 
 def folder_bytes(cfg) -> int:
-    """The bytes the gpu loader holds for an image folder (uint8): its training
-    images at stored_side(image_size) (image_size with --no_augment) and its
-    validation images at image_size."""
+    """The bytes the gpu loader holds for an image folder (uint8): its training images at
+    stored_side(image_size) for random resized crops (image_size otherwise) and its validation
+    images at image_size."""
     images, size = image_folder(cfg.data_dir).images, image_size(cfg)
-    train_side = stored_side(size) if cfg.augment else size
+    chosen = augmentation(cfg)
+    train_side = stored_side(size) if chosen and chosen.crop == "resized" else size
     return 3 * (images["train"] * train_side ** 2 + images["val"] * size ** 2)
 
 
@@ -569,19 +649,27 @@ def resolve_loader(cfg, device: torch.device) -> str:
     else:
         kind = "torchvision"
         note = f"the decoded images would take {_memory(need)}, more than half of the {where}"
-    _loader_notes[cfg.data_dir, image_size(cfg), cfg.augment, kind] = note
+    _loader_notes[cfg.data_dir, image_size(cfg), augmentation(cfg), kind] = note
     return kind
 
 
 def loader_description(cfg) -> str:
     """The loader a run uses, for its first line: `gpu loader`, with resolve_loader's reason for an
     image folder's."""
-    note = _loader_notes.get((cfg.data_dir, image_size(cfg), cfg.augment, cfg.loader))
+    note = _loader_notes.get((cfg.data_dir, image_size(cfg), augmentation(cfg), cfg.loader))
     return f"{cfg.loader} loader" + (f" ({note})" if note and cfg.dataset == "imagefolder" else "")
 
 
 def _memory(size: float) -> str:
     return f"{size / 2**30:,.3g} GiB" if size >= 2**30 else f"{size / 2**20:,.3g} MiB"
+
+
+def _chosen(augment: Augmentation | bool | None, info: DatasetInfo) -> Augmentation | None:
+    """A loader's `augment` as an Augmentation: True is the dataset's own at its size (its
+    DatasetInfo's crop and flip), None or False none."""
+    if augment is True:
+        return Augmentation(info.crop, info.flip)
+    return augment or None
 
 
 # DataLoader workers per training process by default: enough to keep up with CIFAR-sized images
@@ -639,20 +727,25 @@ class DeviceLoader:
                  num_workers=None, memory_format=torch.contiguous_format):
         self.sampler, self.batch_size, self.device = sampler, batch_size, device
         self.memory_format = memory_format
-        self.augment, self.drop_last, self.seed = augment, drop_last, seed
+        self.augment = augment = _chosen(augment, dataset.info)
+        self.drop_last, self.seed = drop_last, seed
         self.epoch, self.skip = 0, 0
-        self.size, self.flip, self.crop = dataset.info.size, dataset.info.flip, dataset.info.crop
+        self.size, self.pad = dataset.info.size, dataset.info.pad
+        self.crop = augment.crop if augment is not None else None
         # an image folder: decoded once, (width, height) of the originals kept
-        if self.crop == "resized":
-            images, self.originals = dataset.decoded(device, augment, num_workers)
+        if isinstance(dataset, FolderSplit):
+            images, self.originals = dataset.decoded(device, self.crop == "resized", num_workers)
         else:
             images = torch.as_tensor(np.asarray(dataset.data)).to(device)
             # (N, H, W, C) uint8; greyscale (N, H, W) gets C = 1
             images = images.reshape(*images.shape[:3], -1)
+            # stored at their own size: their random resized crops are drawn there
+            self.originals = torch.tensor([[images.shape[2], images.shape[1]]]).expand(len(images),
+                                                                                       2)
         self.height, self.width = images.shape[1], images.shape[2]
-        padded = augment and self.crop == "pad"
-        self.images = (torch.nn.functional.pad(images, (0, 0, PAD, PAD, PAD, PAD)) if padded
-                       else images)
+        pad = self.pad
+        self.images = (torch.nn.functional.pad(images, (0, 0, pad, pad, pad, pad))
+                       if self.crop == "pad" else images)
         self.labels = torch.as_tensor(dataset.targets, dtype=torch.int64).to(device)
         self.mean = torch.tensor(dataset.info.mean, device=device).view(1, -1, 1, 1) * 255
         self.std = torch.tensor(dataset.info.std, device=device).view(1, -1, 1, 1) * 255
@@ -691,7 +784,8 @@ class DeviceLoader:
 
     def _pad_draws(self):
         return tuple(torch.from_numpy(draw).to(self.device) for draw in
-                     augmentation_draws(self.seed, self.epoch, len(self.labels), self.flip))
+                     augmentation_draws(self.seed, self.epoch, len(self.labels), self.augment.flip,
+                                        self.pad))
 
     def _pad_crops(self, index, draws):
         """pad-4 random crops + horizontal flips of the images `index`, as row/column indices into
@@ -711,7 +805,8 @@ class DeviceLoader:
         image: each box crop_boxes's in its original's pixels (the torchvision
         loader's), scaled to the stored side."""
         area, aspect, down, across, mirrored = resized_crop_draws(self.seed, self.epoch,
-                                                                  len(self.labels), self.flip)
+                                                                  len(self.labels),
+                                                                  self.augment.flip)
         widths, heights = self.originals.numpy().T
         top, left, height, width = crop_boxes((area, aspect, down, across), widths, heights)
         across_scale, down_scale = self.width / widths, self.height / heights
@@ -772,8 +867,9 @@ class TorchvisionLoader:
         self.indices = _EpochIndices(sampler, batch_size)
         self.batches = len(sampler) // batch_size if drop_last else -(-len(sampler) // batch_size)
         self.loader = DataLoader(
-            _Transformed(dataset, seed, augment), batch_size=batch_size, sampler=self.indices,
-            num_workers=num_workers, drop_last=drop_last, pin_memory=device.type == "cuda",
+            _Transformed(dataset, seed, _chosen(augment, dataset.info)), batch_size=batch_size,
+            sampler=self.indices, num_workers=num_workers, drop_last=drop_last,
+            pin_memory=device.type == "cuda",
             persistent_workers=num_workers > 0,
             worker_init_fn=functools.partial(_leave_stopping_to_the_main_process, os.getpid()),
             # draws the workers' base seed: the global RNG is left alone
@@ -848,18 +944,20 @@ def _defer_worker_failures() -> None:
 
 
 class _Transformed(Dataset):
-    """The torchvision loader's dataset: item (epoch, index) is image `index` as a PIL image,
-    padded, cropped and flipped as `augmentation_draws` says for that epoch, then ToTensor and
-    Normalize; stored at another size than the run's, resized after the crop as the gpu loader
-    resizes (`resized`, then its normalisation). An image folder's: a random resized crop and flip
-    as `resized_crop_draws` and `crop_boxes` say, by PIL (torchvision's resized_crop, bilinear,
-    antialiased), or its evaluation crop. Each worker keeps the draws of the epoch it is in
+    """The torchvision loader's dataset: item (epoch, index) is image `index` as a PIL image (an
+    image folder's: its evaluation crop, but for random resized crops, cut from the original),
+    augmented as `augment` says for that epoch: padded, cropped and flipped as
+    `augmentation_draws` says, or a random resized crop and flip as `resized_crop_draws` and
+    `crop_boxes` say (torchvision's resized_crop, bilinear, antialiased); then ToTensor and
+    Normalize. Stored at another size than the run's, resized after the crop as the gpu loader
+    resizes (`resized`, then its normalisation). Each worker keeps the draws of the epoch it is in
     (persistent workers hold their own copy of this object)."""
 
-    def __init__(self, dataset, seed: int, augment: bool):
+    def __init__(self, dataset, seed: int, augment: Augmentation | None):
         from torchvision import transforms
 
         self.dataset, self.seed, self.augment, self.info = dataset, seed, augment, dataset.info
+        self.folder = isinstance(dataset, FolderSplit)
         normalize = transforms.Normalize(dataset.info.mean, dataset.info.std)
         self.normalise = transforms.Compose([transforms.ToTensor(), normalize])
         # the gpu loader's normalisation
@@ -875,18 +973,20 @@ class _Transformed(Dataset):
 
         epoch, index = item
         image, label = self.dataset[index]
-        if self.augment and epoch != self.epoch:
-            draw = resized_crop_draws if self.info.crop == "resized" else augmentation_draws
+        crop = self.augment.crop if self.augment is not None else None
+        if crop and epoch != self.epoch:
+            draw = resized_crop_draws if crop == "resized" else functools.partial(
+                augmentation_draws, pad=self.info.pad)
             self.epoch, self.draws = epoch, draw(self.seed, epoch, len(self.dataset),
-                                                 self.info.flip)
-        if self.info.crop == "resized":
-            image = (self._resized_crop(image, index) if self.augment
-                     else evaluation_crop(image, self.info.size))
-            return self.normalise(image), label
-        if self.augment:
+                                                 self.augment.flip)
+        if self.folder and crop != "resized":
+            image = evaluation_crop(image, self.info.size)
+        if crop == "resized":
+            image = self._resized_crop(image, index)
+        elif crop == "pad":
             top, left, flip = (int(draws[index]) for draws in self.draws)
             side = image.size[0]  # square, stored at its own size
-            image = functional.crop(functional.pad(image, PAD), top, left, side, side)
+            image = functional.crop(functional.pad(image, self.info.pad), top, left, side, side)
             image = functional.hflip(image) if flip else image
         if image.size[0] == self.info.size:
             return self.normalise(image), label

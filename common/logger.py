@@ -19,6 +19,7 @@ import torch
 
 from common.breakdown import TRACE_NAME
 from common.config import LATER_FLAGS, MODEL_FLAGS, Config, UsageError
+from common.data import dataset_info, describe_augmentation
 from common.metrics import Sums
 from common.optim import describe_lr
 from common.performance import describe_fast_path
@@ -29,7 +30,8 @@ SUMMARY_FIELDS = ("images_per_sec", "images_per_sec_per_gpu", "batch_time_p50", 
                   "data_wait_frac", "flops_per_image", "parameters", "mfu", "mfu_note",
                   "first_step_s", "compile_time_s", "compile_wait_s", "gpu_util_mean",
                   "peak_mem_gb", "peak_mem_reserved_gb", "train_loss", "train_acc", "test_loss",
-                  "test_acc", "test_images", "epoch_time_s", "epoch_time_note", "wall_time_s",
+                  "test_acc", "test_acc_top5", "test_images", "best_acc", "best_epoch",
+                  "epoch_time_s", "epoch_time_note", "wall_time_s",
                   "steps", "breakdown", "breakdown_slowest_rank", "breakdown_steps",
                   "breakdown_note")
 # What a resumed run reports of its last attempt alone: the figures of the hardware it ran on
@@ -478,15 +480,27 @@ def window_line(epoch: int, epochs: int, step: int, steps: int, loss: float, acc
 
 def start_line(mode: str, cfg: Config, placement: str, steps_per_epoch: int,
                run_dir: Path | None) -> str:
-    """The run's first line: `single_gpu: PyramidNet-110 alpha=270 basic, cifar10, global batch 128
-    on cuda:0 (amp bf16, channels_last); lr 0.1 ...; logs in runs/...`. `placement` says where the
-    batch goes. An evaluation (--evaluate) trains nothing and says so: no schedule, no epochs."""
+    """The run's first line: `single_gpu: PyramidNet-110 alpha=270 basic, cifar10, augment pad-4
+    crop and flip, global batch 128 on cuda:0 (amp bf16, channels_last); lr 0.1 ...; logs in
+    runs/...`. `placement` says where the batch goes. An evaluation (--evaluate) trains nothing and
+    says so: no schedule, no epochs."""
     if cfg.evaluate:
         return (f"{mode}: evaluating {cfg.evaluate}, {model_line(cfg)}, on {cfg.dataset}'s test "
                 f"set, every image once, batch {cfg.batch_size} {placement} "
                 f"({describe_fast_path(cfg)}); nothing is trained; results in {run_dir}")
-    return (f"{mode}: {model_line(cfg)}, {cfg.dataset}, global batch {cfg.batch_size} {placement} "
-            f"({describe_fast_path(cfg)}); {describe_lr(cfg, steps_per_epoch)}; logs in {run_dir}")
+    return (f"{mode}: {model_line(cfg)}, {cfg.dataset}, augment {describe_augmentation(cfg)}, "
+            f"global batch {cfg.batch_size} {placement} ({describe_fast_path(cfg)}); "
+            f"{describe_lr(cfg, steps_per_epoch)}; logs in {run_dir}")
+
+
+# top-5 accuracy is shown beside top-1 for more classes than this (with 10 or fewer it says little)
+TOP5_ABOVE = 10
+
+
+def shows_top5(cfg: Config) -> bool:
+    """Whether a run shows its top-5 test accuracy beside top-1: for more than TOP5_ABOVE
+    classes."""
+    return dataset_info(cfg).classes > TOP5_ABOVE
 
 
 def model_line(cfg: Config) -> str:
@@ -549,6 +563,11 @@ class Console:
         elif self.enabled:
             print(text, flush=True)
 
+    def counted(self, batches, description: str):
+        """`batches` (a loader) as they are iterated, counted on a bar of their own as an epoch's
+        training steps are (on a terminal, with `bar`): what an evaluation's progress shows."""
+        return _Counted(self, batches, description)
+
     def warn(self, text: str) -> None:
         if self.enabled:
             print(f"warning: {text}", file=sys.stderr, flush=True)
@@ -557,3 +576,23 @@ class Console:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+class _Counted:
+    """A loader whose batches a Console counts on a bar while they are iterated (Console.counted);
+    its len is the loader's."""
+
+    def __init__(self, console: Console, batches, description: str):
+        self.console, self.batches, self.description = console, batches, description
+
+    def __len__(self):
+        return len(self.batches)
+
+    def __iter__(self):
+        self.console.start(len(self.batches), self.description)
+        try:
+            for batch in self.batches:
+                yield batch
+                self.console.update()
+        finally:  # the bar goes, however the iteration ends (a stop signal, an error)
+            self.console.close()

@@ -17,15 +17,16 @@ from common.breakdown import StepProfiler, breakdown_line, slowest_rank, trace_t
 from common.checkpoint import (FORMAT, StopSignals, all_rng_states, extends, last_checkpoint_note,
                                restore_optimizer, set_rng_state)
 from common.config import Config, RunError
-from common.logger import (Console, RunLogger, device_scalars, percent, speed_line, window_line,
-                           window_scalars)
+from common.logger import (Console, RunLogger, device_scalars, percent, shows_top5, speed_line,
+                           window_line, window_scalars)
 from common.metrics import RunClock, StepTimer, Sums, TrainMeter, check_loss
 from common.optim import lr_factor
 from common.performance import flops_per_image, peak_tflops, speed_summary, window_mfu
 from common.state import all_finite, load_model_state, model_state, optimizer_state
 from common.telemetry import GpuTelemetry, MemoryHistory
 
-Test = tuple  # an evaluation: (loss, accuracy, images); (None, None, 0) before the first
+# an evaluation: (loss, accuracy, images, top-5 accuracy); (None, None, 0, None) before the first
+Test = tuple
 
 
 @dataclass
@@ -54,12 +55,15 @@ class Run:
     epoch: int = 0  # the epoch being trained (or to train next)
     batch: int = 0  # batches of that epoch done
     best_acc: float = -1.0  # the best test accuracy so far
+    best_epoch: int | None = None  # its epoch, counted from 1 as the log lines count them
+    best_acc_top5: float | None = None  # the top-5 accuracy of that evaluation
     stop: str | None = None  # the signal that asked the run to stop
     totals: Sums = field(default_factory=Sums)  # every log window of the run
     # the log windows of the epoch under way (or last done)
     epoch_sums: Sums = field(default_factory=Sums)
     gpu_util: list = field(default_factory=list)  # every window's utilisation of every GPU
-    test: Test = (None, None, 0)  # the last evaluation
+    test: Test = (None, None, 0, None)  # the last evaluation
+    tested_epoch: int | None = None  # its epoch, counted from 1
     # the last check that every rank holds the same weights (process groups)
     sync: dict | None = None
     # each time --epochs was raised: where, from and to
@@ -94,6 +98,16 @@ class Run:
         """The FLOPs of one training image, counted once (seconds for the full model): at the first
         log window where a peak makes them an MFU, else for results.json."""
         return flops_per_image(self.cfg)
+
+    @functools.cached_property
+    def top5(self) -> bool:
+        """Whether the run shows top-5 accuracy beside top-1 (more than 10 classes)."""
+        return shows_top5(self.cfg)
+
+    def accuracy(self, test: Test) -> str:
+        """`98.33%`, with `(top-5 99.72%)` where the run shows top-5."""
+        top5 = f" (top-5 {100 * test[3]:.2f}%)" if self.top5 and test[3] is not None else ""
+        return f"{100 * test[1]:.2f}%{top5}"
 
     @property
     def checkpoint_dir(self) -> Path | None:
@@ -159,20 +173,22 @@ class Run:
 
     def record_test(self, epoch: int, test: Test, epoch_seconds: float | None) -> None:
         """An epoch's test loss and accuracy, on the terminal and in TensorBoard."""
-        self.test = test
-        self.logger.scalars(self.step, {"test/loss": test[0], "test/acc_pct": percent(test[1])})
+        self.test, self.tested_epoch = test, epoch + 1
+        self.logger.scalars(self.step, {"test/loss": test[0], "test/acc_pct": percent(test[1]),
+                                        "test/acc_top5_pct": percent(test[3]) if self.top5
+                                        else None})
         timed = "time not known" if epoch_seconds is None else f"{epoch_seconds:.1f}s"
         batches = len(self.train_loader)
         # an epoch cut short by --max_steps
         cut = "" if self.batch == batches else f" ({self.batch} of {batches} batches)"
         self.console.line(f"Epoch {epoch + 1}/{self.cfg.epochs} test loss {test[0]:.3f} acc "
-                          f"{100 * test[1]:.2f}% ({test[2]} images) epoch {timed}{cut}")
+                          f"{self.accuracy(test)} ({test[2]} images) epoch {timed}{cut}")
 
     def record_evaluation(self, test: Test) -> None:
         """--evaluate's one evaluation of saved weights, said."""
         self.test = test
-        self.console.line(f"{self.cfg.evaluate}: test loss {test[0]:.4f} acc {100 * test[1]:.2f}% "
-                          f"({test[2]} images)")
+        self.console.line(f"{self.cfg.evaluate}: test loss {test[0]:.4f} acc "
+                          f"{self.accuracy(test)} ({test[2]} images)")
 
     def write_results(self, devices: int, peaks: dict, group: bool = False,
                       compile_waits: dict | None = None, profiles: dict | None = None):
@@ -194,7 +210,10 @@ class Run:
             "train_acc": self.epoch_sums.acc,
             "test_loss": self.test[0],
             "test_acc": self.test[1],
+            "test_acc_top5": self.test[3] if self.top5 else None,
             "test_images": self.test[2] or None,
+            "best_acc": self.best_acc if self.best_acc >= 0 else None,
+            "best_epoch": self.best_epoch,
             "epoch_time_s": self.clock.epoch_time(),  # with wall_time_s: over every attempt
             "epoch_time_note": self.epoch_time_note(),
             "wall_time_s": self.clock.wall_time(),
@@ -215,6 +234,8 @@ class Run:
                   for rank, result in profiles.items()]
         if not self.cfg.evaluate:  # an evaluation trains no step to time
             self.console.line(speed_line(summary))
+        if self.best_acc >= 0 and not self.cfg.evaluate:
+            self.console.line(self.reached_line(summary["wall_time_s"]))
         if summary["breakdown"]:
             slowest, steps = summary["breakdown_slowest_rank"], summary["breakdown_steps"]
             self.console.line(breakdown_line(summary["breakdown"], slowest, steps))
@@ -224,6 +245,17 @@ class Run:
             where = self.run_dir / "trace_rank*.json"
             self.console.line(f"profiler traces in {where} (Perfetto, chrome://tracing)")
         self.console.line(f"results in {path}")
+
+    def reached_line(self, wall_time: float) -> str:
+        """What the run reached, in one line: `best test acc 98.33% at epoch 12/15; last (epoch 15)
+        98.05%; wall time 3 min 12 s` (top-5 beside each where the run shows it)."""
+        best = self.accuracy((None, self.best_acc, 0, self.best_acc_top5))
+        last = (f"; last (epoch {self.tested_epoch}) {self.accuracy(self.test)}"
+                if self.tested_epoch is not None else "")
+        # a checkpoint written before runs kept the best's epoch: not known
+        epoch = (f"at epoch {self.best_epoch}/{self.cfg.epochs}" if self.best_epoch is not None
+                 else "(its epoch not known)")
+        return f"best test acc {best} {epoch}{last}; wall time {duration(wall_time)}"
 
     @staticmethod
     def breakdown_summary(profiles: dict) -> dict:
@@ -291,7 +323,8 @@ def checkpoint_state(run: Run, rng_states: list[dict]) -> dict:
     history = {**run.clock.state(epoch_done), "epoch_sums": epoch_sums.values}
     return {
         "format": FORMAT, "config": dataclasses.asdict(run.cfg), "epoch": epoch, "batch": batch,
-        "step": run.step, "best_acc": run.best_acc, "model": model_state(run.raw_model),
+        "step": run.step, "best_acc": run.best_acc, "best_epoch": run.best_epoch,
+        "best_acc_top5": run.best_acc_top5, "model": model_state(run.raw_model),
         "optimizer": optimizer_state(run.raw_model, run.optimizer),
         "scheduler": run.scheduler.state_dict(), "scaler": run.scaler.state_dict(),
         "rng": rng_states, "history": history, "extended": run.extended,
@@ -308,7 +341,8 @@ def save_checkpoint(run: Run, test_acc: float | None = None) -> Path | None:
         raise RunError(f"the weights are NaN/inf at step {run.step}: the training diverged; "
                        f"stopped without writing a checkpoint ({note}); try a lower --lr")
     best = test_acc is not None and test_acc > run.best_acc
-    run.best_acc = max(run.best_acc, test_acc if test_acc is not None else run.best_acc)
+    if best:
+        run.best_acc, run.best_epoch, run.best_acc_top5 = test_acc, run.epoch + 1, run.test[3]
     state = checkpoint_state(run, all_rng_states())
     return common.checkpoint.write_checkpoint(run.checkpoint_dir, state, best)  # the file
 
@@ -324,6 +358,8 @@ def restore(state: dict, run: Run, rank: int) -> None:
     run.batch = state["batch"]
     run.step = state["step"]
     run.best_acc = state["best_acc"]
+    # absent from checkpoints written before runs kept them: the best's epoch is then not known
+    run.best_epoch, run.best_acc_top5 = state.get("best_epoch"), state.get("best_acc_top5")
     run.extended = list(state.get("extended", []))
     if extends(state["config"], run.cfg):  # the schedule of the new --epochs, from this step on
         run.extended.append({"at_step": run.step, "epochs_from": state["config"]["epochs"],
@@ -338,3 +374,13 @@ def restore(state: dict, run: Run, rank: int) -> None:
     run.epoch_sums = Sums(history["epoch_sums"] if run.clock.attempts else None)  # epoch so far
     rng = state["rng"]
     set_rng_state(rng[rank] if rank < len(rng) else rng[0])
+
+
+def duration(seconds: float) -> str:
+    """`45.2 s`, `3 min 12 s`, `2 h 05 min`: a wall time as a reader takes it in."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes = int(seconds // 60)
+    if minutes < 60:
+        return f"{minutes} min {int(seconds % 60):02d} s"
+    return f"{minutes // 60} h {minutes % 60:02d} min"

@@ -194,15 +194,21 @@ def check_loss(sums: Sums, meter: TrainMeter, step: int, checkpoint: str) -> Non
                        f"({checkpoint}); try a lower --lr")
 
 
+TOP = 5  # top-5 accuracy: the label among the five highest logits
+
+
 @torch.no_grad()
 def evaluation_sums(model, loader, device: torch.device) -> torch.Tensor:
-    """[loss sum, correct, images] over every batch of `loader`, on the device, in float64."""
-    sums = torch.zeros(2, dtype=torch.float64, device=device)
+    """[loss sum, correct, correct in the top 5, images] over every batch of `loader`, on the
+    device, in float64: sums, so that a process group's all_reduce adds up every rank's shard."""
+    sums = torch.zeros(3, dtype=torch.float64, device=device)
     images = 0
     for batch_images, labels in loader:
         logits = model(batch_images)
         loss = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
-        sums += torch.stack([loss.double(), (logits.argmax(dim=1) == labels).sum().double()])
+        top = logits.topk(min(TOP, logits.shape[1]), dim=1).indices
+        sums += torch.stack([loss.double(), (logits.argmax(dim=1) == labels).sum().double(),
+                             (top == labels[:, None]).any(dim=1).sum().double()])
         images += labels.shape[0]
     return torch.cat([sums, sums.new_tensor([images])])
 

@@ -17,7 +17,8 @@ import torch
 
 from common.compiling import graph_entries, inductor_cache_path
 from common.config import Config, UsageError, compile_cache_folder
-from common.data import dataset_info, loader_description, resolve_loader
+from common.data import (dataset_info, explicit_augmentation, loader_description,
+                         resolve_loader)
 from common.rules import alignment_refusal, memory_snapshot_refusal
 from models import PYRAMIDNET, build_model, model_refusal, on_meta
 
@@ -122,6 +123,8 @@ def resolve_fast_path(cfg: Config, device: torch.device) -> Config:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache_path(cache)
     # --loader, else gpu where the data fits on the device (common/data.py)
     loader = resolve_loader(cfg, device)
+    # --augment auto and --flip made the crop and the flip they stand for at this image size
+    cfg = explicit_augmentation(cfg)
     return dataclasses.replace(cfg, amp=amp, channels_last=channels_last, align_channels=align,
                                loader=loader,
                                compile_cache=cache if cfg.compile else cfg.compile_cache,

@@ -182,9 +182,22 @@ def model_line(config: dict, outcomes: list[Outcome], parameters: int) -> str:
     figures = f"{fmt_count(parameters)} parameters" + (f", {fmt_flops(flops)} per image "
                                                        "(forward and backward)"
                                                       if flops else "")
-    return (f"Model: {model_title(config)}{origin}: {figures}. Data: {cfg.dataset}, "
+    return (f"Model: {model_title(config)}{origin}: {figures}. Data: {data_source(cfg)}, "
             f"{data.size}×{data.size} images, {data.channels} channel{'s' * (data.channels > 1)}, "
             f"{data.classes} classes.")
+
+
+def data_source(cfg) -> str:
+    """The data the runs read, as the Data line names it: the dataset, or an image folder with its
+    path and images (what --benchmark runs read too)."""
+    if cfg.dataset != "imagefolder":
+        return cfg.dataset
+    try:
+        images = image_folder(cfg.data_dir).images
+    except UsageError:  # gone since the runs read it: named alone
+        return f"the image folder {cfg.data_dir}"
+    return (f"the image folder {cfg.data_dir} ({images['train']:,} training and "
+            f"{images['val']:,} validation images)")
 
 
 def fmt_flops(flops: float) -> str:

@@ -45,7 +45,8 @@ import torch.nn.functional as F
 from torch.utils.data import DistributedSampler
 
 from common.config import Config, UsageError, config_argv
-from common.data import dataset_info, image_folder, image_size, load_datasets, make_loader
+from common.data import (augmentation, dataset_info, image_folder, image_size, load_datasets,
+                         make_loader)
 from common.devices import seed_everything
 from common.optim import build_optimizer, lr_schedule
 from common.performance import autocast, grad_scaler, memory_format, resolve_fast_path
@@ -103,8 +104,9 @@ def _train_reference(cfg: Config, world_size: int, device: torch.device) -> dict
         sampler = DistributedSampler(train_set, world_size, rank, shuffle=cfg.shuffle,
                                      seed=cfg.seed)
         loaders.append(make_loader(kind, train_set, sampler, cfg.batch_size // world_size, device,
-                                   train=True, augment=cfg.augment, num_workers=cfg.num_workers,
-                                   seed=cfg.seed, memory_format=memory_format(cfg)))
+                                   train=True, augment=augmentation(cfg),
+                                   num_workers=cfg.num_workers, seed=cfg.seed,
+                                   memory_format=memory_format(cfg)))
     model = build_model(cfg, dataset_info(cfg))
     model = model.to(device, memory_format=memory_format(cfg))
     optimizer = build_optimizer(model, cfg, device)

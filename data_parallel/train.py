@@ -27,7 +27,7 @@ from common.checkpoint import (StopSignals, check_fits, ended_line, has_ended, l
                                resume_checkpoint, stopped_line, until_stopped)
 from common.checkpoint import continue_flags  # the flags that continue a stopped run, quoted
 from common.config import Config, RunError, UsageError, parse_config, user_errors
-from common.data import (EvalShard, LoaderWorkerDied, dataset_info,
+from common.data import (EvalShard, LoaderWorkerDied, augmentation, dataset_info,
                          image_size, load_datasets, make_loader)
 from common.data import ShuffleSampler  # one process's order of every epoch
 from common.devices import seed_everything
@@ -71,7 +71,7 @@ def get_loaders(cfg: Config, device: torch.device):
                                         cfg.seed, image_size(cfg))
     batch = per_process_batch(cfg.batch_size, 1, len(train_set))  # one process: the whole batch
     kind = cfg.loader  # gpu, or torchvision: resolve_fast_path chose it for this device
-    options = dict(augment=cfg.augment, num_workers=cfg.num_workers, seed=cfg.seed,
+    options = dict(augment=augmentation(cfg), num_workers=cfg.num_workers, seed=cfg.seed,
                    memory_format=memory_format(cfg))
     train_sampler = ShuffleSampler(len(train_set), cfg.shuffle, cfg.seed)  # epoch: start_epoch's
     train_loader = make_loader(kind, train_set, train_sampler, batch, device, train=True, **options)
@@ -152,13 +152,13 @@ def log_window(run: Run, epoch: int, index: int) -> Sums:
 
 @torch.no_grad()
 def evaluate(cfg: Config, raw_model: torch.nn.Module, loader, device: torch.device, signals=None):
-    """Test loss and accuracy over every test image exactly once, and how many images that was;
-    with `signals` (--evaluate), a stop signal ends it between two batches."""
+    """Test loss and accuracy over every test image exactly once, how many images that was, and
+    the top-5 accuracy; with `signals` (--evaluate), a stop signal ends it between two batches."""
     raw_model.eval()
     with autocast(cfg, device):
         sums = evaluation_sums(raw_model, until_stopped(loader, signals), device)
-    loss_sum, correct, images = sums.tolist()
-    return loss_sum / images, correct / images, int(images)
+    loss_sum, correct, correct_top5, images = sums.tolist()
+    return loss_sum / images, correct / images, int(images), correct_top5 / images
 
 
 # ---------------------------------------------------------------------------------------- main loop
@@ -200,7 +200,8 @@ def train(run: Run, test_loader) -> None:
     """Every epoch left, each followed by an evaluation and a checkpoint; or --evaluate's one."""
     cfg = run.cfg
     if cfg.evaluate:
-        run.record_evaluation(evaluate(cfg, run.raw_model, test_loader, run.device, run.signals))
+        test_batches = run.console.counted(test_loader, "Test")  # a bar, as training's
+        run.record_evaluation(evaluate(cfg, run.raw_model, test_batches, run.device, run.signals))
         return
     for epoch in range(run.epoch, cfg.epochs):
         run.clock.start_epoch()
@@ -209,7 +210,8 @@ def train(run: Run, test_loader) -> None:
             return
         epoch_seconds = run.end_epoch()  # over every attempt; paused if --max_steps cut it short
         if not cfg.benchmark:  # --benchmark measures speed only: no evaluation, no checkpoint
-            test = evaluate(cfg, run.raw_model, test_loader, run.device)
+            test_batches = run.console.counted(test_loader, f"Test {epoch + 1}/{cfg.epochs}")
+            test = evaluate(cfg, run.raw_model, test_batches, run.device)
             run.record_test(epoch, test, epoch_seconds)
             save_checkpoint(run, test_acc=run.test[1])  # every rank: collectives inside, in a group
         if cfg.reached_max_steps(run.step):

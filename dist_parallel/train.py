@@ -32,7 +32,7 @@ from torch.utils.data import DistributedSampler
 from common.checkpoint import (StopSignals, check_fits, ended_line, has_ended, last_checkpoint_note,
                                resume_checkpoint, stopped_line, until_voted_stop)
 from common.config import Config, GroupConfig, RunError, flag, parse_config, user_errors
-from common.data import (EvalShard, LoaderWorkerDied, dataset_info,
+from common.data import (EvalShard, LoaderWorkerDied, augmentation, dataset_info,
                          image_size, load_datasets, make_loader)
 from common.devices import seed_everything
 from common.guards import (broadcast_from_rank0, compile_leader, local_rank0_first,
@@ -90,7 +90,7 @@ def get_loaders(cfg: Config, device: torch.device):
                                         cfg.seed, image_size(cfg))
     batch = per_process_batch(cfg.batch_size, dist.get_world_size(), len(train_set))  # split
     kind = cfg.loader  # gpu, or torchvision: resolve_fast_path chose it for this device
-    options = dict(augment=cfg.augment, num_workers=cfg.num_workers, seed=cfg.seed,
+    options = dict(augment=augmentation(cfg), num_workers=cfg.num_workers, seed=cfg.seed,
                    memory_format=memory_format(cfg))
     # each rank's share of every epoch (rank, world size: the group's), all from one shuffle
     train_sampler = DistributedSampler(train_set, shuffle=cfg.shuffle, seed=cfg.seed)
@@ -182,16 +182,16 @@ def log_window(run: Run, epoch: int, index: int) -> Sums:
 
 @torch.no_grad()
 def evaluate(cfg: Config, raw_model: torch.nn.Module, loader, device: torch.device, signals=None):
-    """Test loss and accuracy over every test image exactly once, and how many images that was;
-    with `signals` (--evaluate), a stop signal ends it between two batches."""
+    """Test loss and accuracy over every test image exactly once, how many images that was, and
+    the top-5 accuracy; with `signals` (--evaluate), a stop signal ends it between two batches."""
     raw_model.eval()
     for buffer in raw_model.buffers():  # not DDP's forward: a sync per batch, on unequal shards;
         dist.broadcast(buffer, src=0)  # rank 0's BatchNorm statistics: those of the saved weights
     with autocast(cfg, device):
         sums = evaluation_sums(raw_model, until_voted_stop(loader, signals, device), device)
     dist.all_reduce(sums)  # each rank evaluated its shard: summed, every test image counts once
-    loss_sum, correct, images = sums.tolist()
-    return loss_sum / images, correct / images, int(images)
+    loss_sum, correct, correct_top5, images = sums.tolist()
+    return loss_sum / images, correct / images, int(images), correct_top5 / images
 
 
 def by_rank(per_gpu: dict) -> dict:  # each rank's {gpu: value}, as {rank: value} on every rank
@@ -242,7 +242,8 @@ def train(run: Run, test_loader) -> None:
     """Every epoch left, each followed by an evaluation and a checkpoint; or --evaluate's one."""
     cfg = run.cfg
     if cfg.evaluate:
-        run.record_evaluation(evaluate(cfg, run.raw_model, test_loader, run.device, run.signals))
+        test_batches = run.console.counted(test_loader, "Test")  # a bar, as training's
+        run.record_evaluation(evaluate(cfg, run.raw_model, test_batches, run.device, run.signals))
         return
     for epoch in range(run.epoch, cfg.epochs):
         run.clock.start_epoch()
@@ -255,7 +256,8 @@ def train(run: Run, test_loader) -> None:
             # every rank: collectives inside; before evaluate(), which aligns the BatchNorm buffers
             run.sync = verify_sync(run.raw_model, cfg.sync_bn, is_main=dist.get_rank() == 0)
         if not cfg.benchmark:  # --benchmark measures speed only: no evaluation, no checkpoint
-            test = evaluate(cfg, run.raw_model, test_loader, run.device)
+            test_batches = run.console.counted(test_loader, f"Test {epoch + 1}/{cfg.epochs}")
+            test = evaluate(cfg, run.raw_model, test_batches, run.device)
             run.record_test(epoch, test, epoch_seconds)
             save_checkpoint(run, test_acc=run.test[1])  # every rank: collectives inside, in a group
         if cfg.reached_max_steps(run.step):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import functools
+import os
 
 import torch
 from torch import nn
@@ -25,12 +26,38 @@ from models.pyramidnet import pyramidnet
 PYRAMIDNET = "pyramidnet"
 
 
+@contextlib.contextmanager
+def environment_as_found():
+    """Whatever runs inside leaves os.environ as it found it. Importing torchvision imports
+    torch._dynamo, whose compiled-code cache (torch/_dynamo/package.py, DynamoCache) asks inductor
+    for its cache folder (torch/_inductor/runtime/cache_dir_utils.py, cache_dir), which sets
+    TORCHINDUCTOR_CACHE_DIR to torch's default, /tmp/torchinductor_<user>, for the rest of the
+    process and every process it starts: the suite would take it for the user's choice of a
+    compile cache (common.config.compile_cache_folder)."""
+    before = dict(os.environ)
+    try:
+        yield
+    finally:
+        for name in [name for name in os.environ if name not in before]:
+            del os.environ[name]
+        for name, value in before.items():
+            if os.environ.get(name) != value:
+                os.environ[name] = value
+
+
+def torchvision():
+    """The torchvision package, its first import leaving the environment as it was."""
+    with environment_as_found():
+        import torchvision
+
+    return torchvision
+
+
 @functools.cache
 def model_names() -> tuple[str, ...]:
     """Every name --model takes: pyramidnet, then torchvision's classification models."""
-    import torchvision
-
-    return (PYRAMIDNET, *sorted(torchvision.models.list_models(module=torchvision.models)))
+    models = torchvision().models
+    return (PYRAMIDNET, *sorted(models.list_models(module=models)))
 
 
 def unknown_model(name: str) -> str | None:
@@ -52,10 +79,8 @@ def build_model(cfg, data) -> nn.Module:
         return pyramidnet(cfg.depth, cfg.alpha, cfg.block, num_classes=data.classes,
                           in_channels=data.channels, width_multiple=cfg.width_multiple,
                           align_channels=cfg.align_channels)
-    import torchvision
-
-    return torchvision.models.get_model(cfg.model, weights=None, num_classes=data.classes,
-                                        **size_arguments(cfg.model, data.size))
+    return torchvision().models.get_model(cfg.model, weights=None, num_classes=data.classes,
+                                          **size_arguments(cfg.model, data.size))
 
 
 def size_arguments(name: str, size: int) -> dict:

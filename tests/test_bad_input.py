@@ -499,8 +499,9 @@ def test_refused_launches_change_no_file_and_create_no_run_folder(refusals, work
 def test_load_checkpoint_requires_every_entry_a_run_writes(trained):
     """CONTENTS is what a real checkpoint holds (besides its format), each of its type."""
     state = torch.load(trained / "checkpoint.pt", map_location="cpu", weights_only=True)
-    # extended: optional (older checkpoints)
-    assert set(state) == {"format", "checksum", "extended", *CONTENTS}
+    # extended, best_epoch, best_acc_top5: optional (older checkpoints lack them)
+    assert set(state) == {"format", "checksum", "extended", "best_epoch", "best_acc_top5",
+                          *CONTENTS}
     assert state["checksum"] == checksum(state)
     assert all(isinstance(state[key], kind) for key, kind in CONTENTS.items())
 
@@ -541,7 +542,7 @@ def test_a_checkpoint_of_the_format_before_checksums_resumes_with_a_warning(trai
                "format": EARLIER_FORMAT}
     torch.save(earlier, tmp_path / "v1.pt")
     # as the run resolved it on the CPU
-    cfg = dataclasses.replace(parse_config(Config, TINY), amp="off")
+    cfg = dataclasses.replace(parse_config(Config, TINY), amp="off", augment="pad", flip=True)
     loaded = load_checkpoint(tmp_path / "v1.pt", cfg)
     assert loaded["step"] == state["step"] and "resumed unverified" in capsys.readouterr().err
 
@@ -661,3 +662,38 @@ def test_only_an_old_rendezvous_file_is_refused(tmp_path):
     with pytest.raises(UsageError, match="left over"):
         check_rendezvous_file(path, timeout_s=30)
     assert path.read_bytes() == b"written by rank 1 of this launch"  # refused, not deleted
+
+
+def test_a_folder_of_one_class_and_a_truncated_bmp_are_refused_by_a_real_process(tmp_path):
+    """Two image folders a user could hand over, each refused in one line before anything is
+    written, by the script itself: one of a single class (a classifier needs two), and one whose BMP
+    was cut short (no end marker to look for: decoded to its end up front, where it used to pass
+    and stop the run at the step that read it)."""
+    from PIL import Image
+
+    from conftest import two_at_a_time
+
+    roots = {name: tmp_path / name for name in ("one_class", "truncated_bmp")}
+    for name, root in roots.items():
+        for split in ("train", "val"):
+            for label in ("cat",) if name == "one_class" else ("cat", "dog"):
+                (root / split / label).mkdir(parents=True)
+                for i in range(2):
+                    Image.new("RGB", (20, 20), (40 * i, 80, 120)).save(
+                        root / split / label / f"{i}.bmp")
+    cut = roots["truncated_bmp"] / "train" / "dog" / "1.bmp"
+    cut.write_bytes(cut.read_bytes()[:700])
+
+    def launch(name):
+        return run_script(SINGLE, "--dataset", "imagefolder", "--data_dir", roots[name],
+                          "--image_size", "16", "--depth", "8", "--alpha", "12", "--batch_size",
+                          "2", "--epochs", "1", "--num_workers", "0",
+                          "--log_dir", tmp_path / "runs", env=ONE_THREAD)
+
+    one_class, truncated = two_at_a_time(lambda: launch("one_class"),
+                                         lambda: launch("truncated_bmp"))
+    assert_refused(one_class, f"{roots['one_class'] / 'train'} has one class folder, cat: a "
+                              "classifier needs two classes or more")
+    assert_refused(truncated, f"{cut} cannot be read as an image (image file is truncated",
+                   "replace it with a readable image, or delete it")
+    assert not (tmp_path / "runs").exists()

@@ -891,11 +891,12 @@ def test_efficiency_is_speedup_over_gpus_on_one_gpu_too():
 def test_the_epoch_is_of_the_runs_own_training_set(tmp_path):
     """The epoch column times one epoch of the data the runs name: an image folder's 6 training
     images, the synthetic set's --synthetic_size, CIFAR-10's 50,000; the header says how many."""
-    for split, count in (("train", 6), ("val", 2)):
-        folder = tmp_path / split / "cat"
-        folder.mkdir(parents=True)
-        for i in range(count):
-            (folder / f"{i}.png").write_bytes(b"")
+    for split, count in (("train", 3), ("val", 1)):
+        for kind in ("cat", "dog"):  # two classes: a folder of one is refused
+            folder = tmp_path / split / kind
+            folder.mkdir(parents=True)
+            for i in range(count):
+                (folder / f"{i}.png").write_bytes(b"")
     cases = [({"dataset": "imagefolder", "data_dir": str(tmp_path)}, 6, "6 images", "0.047"),
              ({"dataset": "synthetic", "synthetic_size": 512}, 512, "512 images", "4.00"),
              ({"dataset": "cifar10"}, 50_000, "50,000 images", "390.6")]

@@ -19,7 +19,8 @@ import common.logger
 import common.metrics
 from common.config import (AMPS, BASE_BATCH, NAME_MAX, PATH_MAX, REPO_ROOT,
                            SYNTHETIC_BYTES_PER_IMAGE, Config, UsageError, build_parser,
-                           check_domains, flag, missing_domains, parse_config, user_errors)
+                           as_today, check_domains, flag, missing_domains, parse_config,
+                           user_errors)
 from common.devices import cuda_devices, seed_everything
 from common.logger import MARKER, load_model_weights, resolve_run_dir
 from common.metrics import StepTimer, Sums, TrainMeter, evaluation_sums, window_sums
@@ -48,7 +49,7 @@ def test_defaults():
     assert (cfg.epochs, cfg.max_steps, cfg.lr_warmup_epochs) == (300, 0, 5.0)
     assert (cfg.dataset, cfg.synthetic_size, cfg.loader, cfg.num_workers) == \
         ("cifar10", 50_000, None, None)
-    assert (cfg.shuffle, cfg.augment, cfg.progress) == (True, True, True)
+    assert (cfg.shuffle, cfg.augment, cfg.flip, cfg.progress) == (True, "auto", None, True)
     assert (cfg.save_model, cfg.overwrite, cfg.evaluate, cfg.run_name, cfg.gpu_devices) == \
         (False, False, None, None, None)
     assert (cfg.log_interval, cfg.warmup_steps, cfg.seed, cfg.deterministic) == (50, 10, 0, False)
@@ -57,11 +58,25 @@ def test_defaults():
     assert BASE_BATCH == 128 and cfg.effective_lr() == 0.1
 
 
+@pytest.mark.parametrize("dataset, augment, crop, flip", [("imagefolder", True, "resized", True),
+                                                      ("mnist", True, "pad", False),
+                                                      ("cifar10", False, "off", True)])
+def test_a_config_written_before_augment_was_a_choice_reads_as_what_it_ran(dataset, augment, crop,
+                                                                           flip):
+    """A checkpoint's or results.json's config from when --augment was on or off, without --flip:
+    the crop it meant (an image folder's was the random resized crop) and the flip it had."""
+    today = as_today({"dataset": dataset, "augment": augment})
+    assert (today["augment"], today["flip"]) == (crop, flip)
+
+
 def test_bool_flags():
     cfg = parse("--no_nesterov", "--no_shuffle", "--no_augment", "--no_progress", "--save_model",
                 "--overwrite")
     assert (cfg.nesterov, cfg.shuffle, cfg.augment, cfg.progress, cfg.save_model,
-            cfg.overwrite) == (False, False, False, False, True, True)
+            cfg.overwrite) == (False, False, "off", False, True, True)
+    # --no_augment stands for --augment off; --flip and --no_flip set a choice the run makes
+    assert (parse("--augment", "pad").augment, parse("--no_flip").flip,
+            parse("--flip").flip) == ("pad", False, True)
     # one form per bool
     for wrong in ("--nesterov", "--shuffle", "--no_save_model", "--no_overwrite"):
         with pytest.raises(UsageError, match=r"unrecognized arguments"):
@@ -229,7 +244,8 @@ DOMAINS = {
     "loader": (["gpu", "torchvision"], ["dali"]),
     "num_workers": (["0", "64"], ["-1", BIG, "1000000"]),  # a million processes: 10 TB at the least
     "shuffle": (["--no_shuffle"], []),
-    "augment": (["--no_augment"], []),
+    "augment": (["auto", "pad", "resized", "off", "--no_augment"], ["crop", "True"]),
+    "flip": (["--flip", "--no_flip"], []),
     # speed
     "amp": (list(AMPS), ["fp8"]),
     "channels_last": (["--channels_last", "--no_channels_last"], []),
@@ -511,12 +527,16 @@ def test_momentum_buffers_start_at_zero_in_the_parameters_layout():
     assert build_optimizer(model, cfg_for(momentum=0.0, nesterov=False), CPU).state == {}
 
 
-@pytest.mark.parametrize("batch", [32, 128])
-def test_no_warmup_at_or_below_the_base_batch(batch):
+@pytest.mark.parametrize("batch", [32, 128, 512])
+def test_the_rate_warms_up_at_every_batch(batch):
+    """A first epoch at the full rate blew the test loss of a ResNet on a small folder up to 8e4
+    (BENCHMARKS.md): the warm-up runs at every batch size, --lr_warmup_epochs 0 turns it off."""
     cfg = cfg_for(batch_size=batch, epochs=10)
-    assert warmup_steps(cfg, 20) == 0
-    assert lr_factor(0, cfg, 20) == 1.0 and lr_factor(1, cfg, 20) == 1.0
-    assert "warm-up" not in describe_lr(cfg, 20)
+    assert warmup_steps(cfg, 20) == 20  # a tenth of the 200 steps
+    assert lr_factor(0, cfg, 20) == pytest.approx(1 / 20) and lr_factor(19, cfg, 20) == 1.0
+    assert "linear warm-up over 20 steps" in describe_lr(cfg, 20)
+    off = cfg_for(batch_size=batch, epochs=10, lr_warmup_epochs=0)
+    assert warmup_steps(off, 20) == 0 and "warm-up" not in describe_lr(off, 20)
 
 
 @pytest.mark.parametrize("epochs, warmup_epochs, steps_per_epoch, expected", [
@@ -550,7 +570,8 @@ def test_step_decay_at_half_and_three_quarters():
     assert lr_factor(225 * spe - 1, cfg, spe) == pytest.approx(0.1)
     assert lr_factor(225 * spe, cfg, spe) == pytest.approx(0.01)
     assert lr_factor(300 * spe - 1, cfg, spe) == pytest.approx(0.01)
-    odd = cfg_for(epochs=5)  # 2.5 and 3.75: the rate drops at epoch index 3 and 4
+    # 2.5 and 3.75: the rate drops at epoch index 3 and 4
+    odd = cfg_for(epochs=5, lr_warmup_epochs=0)
     assert [lr_factor(e * 10, odd, 10) for e in range(5)] == pytest.approx([1, 1, 1, 0.1, 0.01])
     text = describe_lr(odd, 10)
     assert "after epochs 3 and 4" in text
@@ -816,8 +837,8 @@ def test_evaluation_sums_equals_a_manual_loop():
                torch.randint(10, (n,), generator=generator))
               for n in (5, 3, 1)]
     sums = evaluation_sums(model, loader, CPU)
-    assert sums.dtype == torch.float64 and sums.shape == (3,)
-    loss, correct, images = 0.0, 0, 0
+    assert sums.dtype == torch.float64 and sums.shape == (4,)
+    loss, correct, top5, images = 0.0, 0, 0, 0
     with torch.no_grad():
         for x, y in loader:
             # one image at a time: also checks the batch is summed, not averaged
@@ -825,15 +846,21 @@ def test_evaluation_sums_equals_a_manual_loop():
                 logits = model(x[i:i + 1])
                 loss += F.cross_entropy(logits, y[i:i + 1]).item()
                 correct += int(logits.argmax(1).item() == y[i].item())
+                # the label among the five largest logits: at most 4 others larger
+                top5 += int((logits[0] > logits[0, y[i]]).sum().item() < 5)
                 images += 1
     assert sums[0].item() == pytest.approx(loss, rel=1e-5)
-    assert sums[1].item() == correct and sums[2].item() == images == 9
+    assert sums[1].item() == correct and sums[3].item() == images == 9
+    assert sums[2].item() == top5 and correct <= top5 < images  # 9 images of 10 classes
+    # summed over shards, as a process group's all_reduce adds them: the whole set's sums
+    shards = [evaluation_sums(model, loader[:1], CPU), evaluation_sums(model, loader[1:], CPU)]
+    assert torch.equal(shards[0][1:] + shards[1][1:], sums[1:])
     assert torch.is_grad_enabled()  # evaluation_sums left grad mode as it was
 
 
 def test_evaluation_sums_of_an_empty_loader():
     sums = evaluation_sums(torch.nn.Linear(2, 2), [], CPU)
-    assert sums.dtype == torch.float64 and sums.tolist() == [0.0, 0.0, 0.0]
+    assert sums.dtype == torch.float64 and sums.tolist() == [0.0, 0.0, 0.0, 0.0]
 
 
 # ------------------------------------------------------------------------------------------- logger

@@ -466,14 +466,15 @@ def shown_commands() -> list[Shown]:
 
 @functools.cache
 def image_folder_standing_in() -> Path:
-    """An image folder of one class, one image in train/ and val/, for commands
-    that show a placeholder folder."""
+    """An image folder of two classes (a classifier needs two), one image each in train/ and val/,
+    for commands that show a placeholder folder."""
     from PIL import Image
 
     root = Path(tempfile.mkdtemp(prefix="docs-imagefolder-"))
     for split in ("train", "val"):
-        (root / split / "a").mkdir(parents=True)
-        Image.new("RGB", (8, 8)).save(root / split / "a" / "0.png")
+        for name in ("a", "b"):
+            (root / split / name).mkdir(parents=True)
+            Image.new("RGB", (8, 8)).save(root / split / name / "0.png")
     return root
 
 

@@ -8,6 +8,8 @@ import dataclasses
 import functools
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,8 +22,9 @@ from common.data import EvalShard, ShuffleSampler, load_datasets, make_loader
 from common.devices import seed_everything
 from common.performance import (autocast, describe_fast_path, flops_per_image, grad_scaler, mfu,
                                 peak_tflops, resolve_fast_path, speed_summary)
-from conftest import TINY, read_results, refuse_in_process, run_script
+from conftest import REPO, TINY, read_results, refuse_in_process, run_script
 from models import pyramidnet
+from models.factory import environment_as_found
 
 CPU = torch.device("cpu")
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
@@ -442,6 +445,31 @@ def test_compile_keeps_its_caches_where_the_next_run_finds_them(tmp_path, monkey
     cfg = resolve_fast_path(parse_config(Config, [*TINY, "--compile", "--log_dir", str(tmp_path)]),
                             CPU)
     assert cfg.compile_cache == str(tmp_path / "the user's")
+
+
+def test_a_torchvision_model_leaves_the_compile_cache_where_the_suite_puts_it(tmp_path):
+    """--model resnet18 without TORCHINDUCTOR_CACHE_DIR: the cache is <log_dir>/.compile_cache, as
+    for PyramidNet. Checking the model's name imports torchvision, which imports torch._dynamo,
+    whose import set TORCHINDUCTOR_CACHE_DIR to torch's /tmp/torchinductor_<user>: the run then
+    took that for the user's choice. A process of its own: the import is once per process."""
+    env = {name: value for name, value in os.environ.items()
+           if name != "TORCHINDUCTOR_CACHE_DIR"}  # this process imported torchvision long ago
+    done = subprocess.run(
+        [sys.executable, str(REPO / "single_gpu/train.py"), "--dataset", "synthetic",
+         "--synthetic_size", "64", "--batch_size", "32", "--model", "resnet18", "--image_size",
+         "32", "--compile", "--epochs", "0", "--log_dir", str(tmp_path), "--no_progress"],
+        env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    first = next(line for line in done.stdout.splitlines() if line.startswith("single_gpu:"))
+    assert f"compiled (cache cold: {tmp_path / '.compile_cache'})" in first, first
+
+
+def test_environment_as_found_undoes_what_an_import_sets(monkeypatch):
+    monkeypatch.setenv("SUITE_KEPT", "a")
+    with environment_as_found():
+        os.environ["SUITE_KEPT"], os.environ["SUITE_ADDED"] = "b", "c"
+        del os.environ["SUITE_KEPT"]
+    assert os.environ["SUITE_KEPT"] == "a" and "SUITE_ADDED" not in os.environ
 
 
 def test_profile_tool_splits_a_step_into_categories(tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import shutil
 from pathlib import Path
 
@@ -17,14 +18,14 @@ import torch
 from PIL import Image
 
 from common.config import Config, UsageError, parse_config
-from common.data import (DATASET_INFO, IMAGENET_MEAN, IMAGENET_STD, EvalShard, ShuffleSampler,
-                         SyntheticCIFAR, augmentation_draws, crop_boxes, dataset_info,
-                         evaluation_crop, image_folder, load_datasets, make_loader, resized,
-                         resized_crop_draws, resolve_loader, stored_side)
+from common.data import (DATASET_INFO, IMAGENET_MEAN, IMAGENET_STD, Augmentation, EvalShard,
+                         ShuffleSampler, SyntheticCIFAR, augmentation_draws, crop_boxes,
+                         dataset_info, evaluation_crop, folder_bytes, image_folder, load_datasets,
+                         make_loader, resized, resized_crop_draws, resolve_loader, stored_side)
 from common.performance import describe_fast_path, flops_per_image, resolve_fast_path
 from comparison.verify import images_in_test_set, images_in_training_set
-from conftest import (at_epoch, read_results, refuse_in_process, run_script, train_in_process,
-                      two_at_a_time)
+from conftest import (at_epoch, read_results, read_scalars, refuse_in_process, run_script,
+                      train_in_process, two_at_a_time)
 
 CPU = torch.device("cpu")
 CLASSES = ("ant", "bee", "cat")
@@ -126,8 +127,22 @@ def break_folder(root: Path, case: str) -> tuple[Path, str]:
         shutil.copytree(root / "val" / "cat", root / "val" / "dog")
         shutil.rmtree(root / "val" / "ant")
         return root, f"only {root / 'train'} has ant; only {root / 'val'} has dog"
+    if case == "one class":
+        for split in ("train", "val"):
+            shutil.rmtree(root / split / "bee")
+            shutil.rmtree(root / split / "cat")
+        return root, f"{root / 'train'} has one class folder, ant: a classifier needs two classes"
+    if case == "one file in two classes":
+        (root / "train" / "cat" / "ant0.png").symlink_to(root / "train" / "ant" / "0.png")
+        named = f"{root / 'train' / 'cat' / 'ant0.png'} and {root / 'train' / 'ant' / '0.png'}"
+        return root, f"{named} are one file (linked) in two classes"
     path = root / "train" / "bee" / "1.png"
-    if case == "truncated png":
+    if case.startswith("truncated "):  # cut in half: each format's reader meets its end early
+        kind = case.split()[1]
+        path = path.with_suffix(f".{kind}")
+        image = Image.open(root / "train" / "bee" / "1.png")
+        (root / "train" / "bee" / "1.png").unlink()
+        image.convert("L" if kind == "pgm" else "RGB").save(path)
         path.write_bytes(path.read_bytes()[:len(path.read_bytes()) // 2])
     elif case == "empty file":
         path.write_bytes(b"")
@@ -137,7 +152,9 @@ def break_folder(root: Path, case: str) -> tuple[Path, str]:
 
 
 BAD = ["no folder", "no train", "no val", "no class folders", "empty class", "other classes",
-       "truncated png", "empty file", "not an image"]
+       "one class", "one file in two classes", "truncated png", "truncated jpg", "truncated bmp",
+       "truncated tiff", "truncated webp", "truncated ppm", "truncated pgm", "empty file",
+       "not an image"]
 
 
 @pytest.mark.parametrize("case", BAD)
@@ -153,6 +170,25 @@ def test_each_bad_folder_is_one_line_that_names_it_and_nothing_is_written(tmp_pa
     assert named in lines[0], lines[0]
     assert any(advice in lines[0] for advice in ("give", "put", "remove", "replace")), lines[0]
     assert not (tmp_path / "runs").exists()
+
+
+def test_each_file_counts_once_however_links_lead_to_it(tmp_path):
+    """A link back up the tree (a loop) and a second link to a file of the same class add nothing:
+    torchvision's ImageFolder listed the loop's files again at every depth until the path grew too
+    long. A link to a file elsewhere is listed, once."""
+    root = write_folder(tmp_path / "data", train=2, val=1)
+    ant = root / "train" / "ant"
+    (ant / "again").symlink_to(ant)  # a loop
+    (ant / "twice.png").symlink_to(ant / "0.png")
+    (tmp_path / "elsewhere").mkdir()
+    shutil.copy(ant / "1.png", tmp_path / "elsewhere" / "9.png")
+    (ant / "outside").symlink_to(tmp_path / "elsewhere")
+    facts = image_folder(str(root))
+    assert facts.images == {"train": 7, "val": 3}
+    assert [path for path, label in facts.samples["train"] if label == 0] == \
+        [str(ant / "0.png"), str(ant / "1.png"), str(ant / "outside" / "9.png")]
+    train, _ = load_datasets("imagefolder", str(root), 0, 0, 32)
+    assert len(train) == 7 and train.targets == [0, 0, 0, 1, 1, 2, 2]
 
 
 def test_a_png_without_its_end_that_pil_still_reads_is_read(tmp_path):
@@ -236,8 +272,8 @@ def test_a_training_crop_is_the_box_drawn_for_its_image_in_either_loader(folder,
     gpu loader the image stored squashed to stored_side(32) = 36 pixels, with roi_align."""
     train, _ = load_datasets("imagefolder", str(folder), 0, 0, 32)
     sampler = ShuffleSampler(24, shuffle=True, seed=5)
-    loader = make_loader(kind, train, sampler, 8, CPU, train=True, augment=True, num_workers=0,
-                         seed=5)
+    loader = make_loader(kind, train, sampler, 8, CPU, train=True,
+                         augment=Augmentation("resized", flip=True), num_workers=0, seed=5)
     boxes = []
     for epoch in (0, 1):
         at_epoch(loader, epoch)
@@ -252,6 +288,58 @@ def test_a_training_crop_is_the_box_drawn_for_its_image_in_either_loader(folder,
             assert np.abs(image[1] - green[:, None])[1:-1, 1:-1].max() < 1.5, (epoch, index, box)
             boxes.append(box)
     assert len(set(boxes)) > 40  # the crops move, from image to image and from epoch to epoch
+
+
+def test_auto_pads_a_folder_up_to_64_pixels_and_takes_resized_crops_above(folder):
+    """--augment auto: CIFAR's pad-and-crop (by an eighth of the side) at an --image_size of 64 or
+    less, unmirrored (small images are often digits or letters), ImageNet's mirrored random resized
+    crop above; --augment and --flip override it, the flip's default following the crop;
+    resolve_fast_path makes the choice explicit, so results.json's config records what ran."""
+    def chosen(*more) -> tuple:
+        cfg = parse_config(Config, ["--dataset", "imagefolder", "--data_dir", str(folder), *more])
+        info, augmentation = dataset_info(cfg), resolve_fast_path(cfg, CPU)
+        return info.crop, info.pad, info.flip, augmentation.augment, augmentation.flip
+
+    assert chosen("--image_size", "32") == ("pad", 4, False, "pad", False)
+    assert chosen("--image_size", "64") == ("pad", 8, False, "pad", False)
+    assert chosen("--image_size", "65") == ("resized", 8, True, "resized", True)
+    assert chosen() == ("resized", 28, True, "resized", True)  # 224 pixels
+    assert chosen("--image_size", "32", "--augment", "resized")[3:] == ("resized", True)
+    assert chosen("--image_size", "32", "--augment", "resized", "--no_flip")[3:] == \
+        ("resized", False)
+    assert chosen("--image_size", "32", "--flip")[3:] == ("pad", True)
+    assert chosen("--augment", "pad")[3:] == ("pad", False)
+    assert chosen("--image_size", "32", "--no_augment")[3] == "off"
+    for dataset, flip in (("synthetic", True), ("mnist", False)):
+        cfg = parse_config(Config, ["--dataset", dataset])
+        assert (dataset_info(cfg).crop, dataset_info(cfg).pad, dataset_info(cfg).flip) == \
+            ("pad", 4, flip)
+
+
+@pytest.mark.parametrize("flip", [True, False])
+def test_a_small_folder_is_padded_and_cropped_alike_by_both_loaders(folder, flip):
+    """At 32 pixels each training image is its evaluation crop padded by 4 pixels and cut back to
+    32 at the offsets augmentation_draws gives for (seed, epoch, index), mirrored where the draw
+    says (never with --no_flip): the same pixels from both loaders, in two epochs."""
+    train, _ = load_datasets("imagefolder", str(folder), 0, 0, 32)
+    sampler = ShuffleSampler(24, shuffle=True, seed=3)
+    loaders = {kind: make_loader(kind, train, sampler, 8, CPU, train=True,
+                                 augment=Augmentation("pad", flip), num_workers=0, seed=3)
+               for kind in ("gpu", "torchvision")}
+    mirrored = 0
+    for epoch in (0, 1):
+        gpu, classic = (torch.cat([batch for batch, _ in at_epoch(loaders[kind], epoch)])
+                        for kind in ("gpu", "torchvision"))
+        assert (gpu - classic).abs().max() <= 2 ** -21
+        top, left, flipped = augmentation_draws(3, epoch, 24, flip, pad=4)
+        for image, index in zip(pixels(gpu).round().to(torch.uint8), list(sampler)):
+            padded = np.pad(np.asarray(evaluation_crop(train[index][0], 32)), ((4, 4), (4, 4),
+                                                                                 (0, 0)))
+            crop = padded[top[index]:top[index] + 32, left[index]:left[index] + 32]
+            crop = crop[:, ::-1] if flipped[index] else crop
+            assert np.array_equal(image.permute(1, 2, 0).numpy(), crop), (epoch, index)
+            mirrored += int(flipped[index])
+    assert (mirrored > 0) == flip
 
 
 def test_crop_boxes_are_randomresizedcrops_and_the_same_one_at_a_time():
@@ -359,9 +447,11 @@ def fake_gpu(monkeypatch, free: int) -> torch.device:
 
 def test_the_gpu_loader_takes_a_folder_that_fits_in_half_the_free_memory(folder, monkeypatch):
     cfg = parse_config(Config, ["--dataset", "imagefolder", "--data_dir", str(folder),
-                                "--image_size", "32"])
+                                "--image_size", "32", "--augment", "resized"])
     # the training images at 36 pixels, the validation ones at 32
     need = 3 * (24 * 36 * 36 + 15 * 32 * 32)
+    # pad crops are cut from the evaluation images: every image at 32 pixels
+    assert folder_bytes(dataclasses.replace(cfg, augment="pad")) == 3 * 39 * 32 * 32
     assert resolve_loader(cfg, CPU) == "torchvision"  # on the CPU, as before
     assert resolve_loader(dataclasses.replace(cfg, loader="gpu"), CPU) == "gpu"
     assert resolve_loader(cfg, fake_gpu(monkeypatch, 2 * need)) == "gpu"
@@ -379,6 +469,99 @@ def test_the_gpu_loader_takes_a_folder_that_fits_in_half_the_free_memory(folder,
                                          "take 0.133 MiB, more than the 0.133 MiB free on "
                                          "cuda:0: leave out --loader")
     assert resolve_fast_path(cfg, CPU).loader == "torchvision"
+
+
+# ---------------------------------------------------------------------------------------- compare
+def test_compare_benchmarks_the_folders_own_images_through_a_training_runs_loader(folder,
+                                                                                  tmp_path):
+    """compare.py --dataset imagefolder without --epochs: its --benchmark runs read the folder (not
+    synthetic data), through the loader and workers a training run on this machine uses (the
+    torchvision loader on the CPU: decoding included), and the report's Data line names the folder
+    and its images. A --benchmark run of single_gpu, as compare.py starts one, here in-process."""
+    import compare
+    from comparison.report import model_line
+
+    argv = ["--dataset", "imagefolder", "--data_dir", str(folder), "--image_size", "32",
+            "--batch_size", "8", "--modes", "single_gpu"]
+    cc, train, group_flags, cuda = compare.configure(argv)
+    shared, _ = compare.plan_matrix(cc, train, group_flags, cuda)
+    assert "--benchmark" in shared and "--loader" not in shared and "--num_workers" not in shared
+    log_dir = tmp_path / "runs"
+    done = train_in_process("single_gpu/train.py", *shared, "--batch_size", "8", "--log_dir",
+                            log_dir, "--run_name", "benchmark", "--benchmark_steps", "4",
+                            "--warmup_steps", "1", "--num_workers", "0")
+    assert done.returncode == 0, done.stderr
+    results = read_results(log_dir / "benchmark")
+    assert (results["config"]["dataset"], results["config"]["loader"]) == ("imagefolder",
+                                                                           "torchvision")
+    profiled = int(shared[shared.index("--profile_steps") + 1]) if "--profile_steps" in shared else 0
+    assert results["summary"]["steps"] == 5 + profiled  # the profiled steps come after the timed
+    assert "imagefolder" in done.stdout.splitlines()[0]
+    line = model_line(results["config"], [], 0)
+    assert (f"Data: the image folder {folder} (24 training and 15 validation images), 32×32 "
+            "images, 3 channels, 3 classes." in line), line
+
+
+# ----------------------------------------------------------------------------------- on a terminal
+def on_a_terminal(*args) -> tuple[int, str]:
+    """`python single_gpu/train.py args...` with its stdout on a pseudo-terminal, as a user at a
+    terminal runs it: (exit status, everything it wrote there, tqdm's bars included)."""
+    import fcntl
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    from conftest import REPO
+
+    main, terminal = pty.openpty()
+    # 24 rows of 150 columns: a new pseudo-terminal has 0, where tqdm draws nothing
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 150, 0, 0))
+    process = subprocess.Popen([sys.executable, str(REPO / "single_gpu/train.py"), *map(str, args)],
+                               stdout=terminal, stderr=terminal,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+    os.close(terminal)
+    written = b""
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # the terminal's other end closed: the process is done
+            break
+        if not chunk:
+            break
+        written += chunk
+    os.close(main)
+    return process.wait(timeout=300), written.decode(errors="replace")
+
+
+def test_on_a_terminal_the_test_pass_has_a_bar_and_eleven_classes_get_top5(tmp_path):
+    """A folder of 11 classes at 16 pixels, two epochs: each test pass is counted on a bar of its
+    own ("Test 1/2"), as each epoch's training is; its line and the last line give top-5 beside
+    top-1; the first line names the augmentation (pad-2 crop at 16 pixels, not mirrored)."""
+    root = tmp_path / "data"
+    for split, count in (("train", 2), ("val", 1)):
+        for label in range(11):
+            (root / split / f"c{label:02d}").mkdir(parents=True)
+            for i in range(count):
+                Image.fromarray(ramp(20, 20, blue=20 * label + i)).save(
+                    root / split / f"c{label:02d}" / f"{i}.png")
+    status, written = on_a_terminal(
+        "--dataset", "imagefolder", "--data_dir", root, "--image_size", "16", "--depth", "8",
+        "--alpha", "12", "--batch_size", "8", "--epochs", "2", "--warmup_steps", "1",
+        "--num_workers", "0", "--log_dir", tmp_path / "runs")
+    assert status == 0, written
+    assert "Epoch 1/2" in written and "Test 1/2" in written and "Test 2/2" in written
+    assert "augment pad-2 crop, no flip" in written
+    lines = [line.strip("\r") for line in written.replace("\r", "\n").splitlines()]
+    tested = [line for line in lines if line.startswith("Epoch 2/2 test loss")]
+    assert tested and " (top-5 " in tested[0] and "(11 images)" in tested[0]
+    run_dir = tmp_path / "runs" / os.listdir(tmp_path / "runs")[0]
+    summary = read_results(run_dir)["summary"]
+    assert summary["test_acc"] <= summary["test_acc_top5"] <= 1
+    top5 = read_scalars(run_dir)["test/acc_top5_pct"]
+    assert [value for _, value in top5][-1] == pytest.approx(100 * summary["test_acc_top5"])
+    assert any(line.startswith("best test acc ") and " (top-5 " in line for line in lines)
 
 
 # --------------------------------------------------------------------------------------------- runs

@@ -11,8 +11,9 @@ SUMMARY = {"images_per_sec", "images_per_sec_per_gpu", "batch_time_p50", "batch_
            "data_wait_frac", "flops_per_image", "parameters", "mfu", "mfu_note", "first_step_s",
            "compile_time_s", "compile_wait_s", "gpu_util_mean", "peak_mem_gb",
            "peak_mem_reserved_gb", "train_loss", "train_acc", "test_loss", "test_acc",
-           "test_images", "epoch_time_s", "epoch_time_note", "wall_time_s", "steps", "timed_steps",
-           "profiled_step_s", "profiled_steps", "breakdown", "breakdown_slowest_rank",
+           "test_acc_top5", "test_images", "best_acc", "best_epoch", "epoch_time_s",
+           "epoch_time_note", "wall_time_s", "steps", "timed_steps", "profiled_step_s",
+           "profiled_steps", "breakdown", "breakdown_slowest_rank",
            "breakdown_steps", "breakdown_note"}
 
 
@@ -34,6 +35,27 @@ def test_run_prints_the_seeds_log_line_and_a_test_line(trained):
     assert window and " acc " in window[0] and "img/s" in window[0] and " data " in window[0]
     assert any(line.startswith("Epoch 2/2 test loss") and "(51 images)" in line for line in lines)
     assert "lr 0.025 (= 0.1 per 128 images x global batch 32" in done.stdout
+
+
+def test_the_run_ends_by_saying_the_best_test_accuracy_its_epoch_the_last_and_the_time(trained):
+    """The last lines say what the run reached: the best of its epochs' test accuracies, the epoch
+    it came at, the last epoch's, the wall time; results.json keeps the best and its epoch (as the
+    log lines count, from 1), and best.pt holds that epoch's weights. Ten classes: no top-5."""
+    run_dir, done = trained
+    tested = [float(line.split(" acc ")[1].split("%")[0]) for line in done.stdout.splitlines()
+              if line.startswith("Epoch ") and " test loss " in line]
+    summary = read_results(run_dir)["summary"]
+    best = max(tested)
+    assert len(tested) == 2 and summary["best_epoch"] == tested.index(best) + 1
+    assert round(100 * summary["best_acc"], 2) == best and summary["test_acc_top5"] is None
+    reached = (f"best test acc {best:.2f}% at epoch {summary['best_epoch']}/2; last (epoch 2) "
+               f"{tested[1]:.2f}%; wall time ")
+    line = next(line for line in done.stdout.splitlines() if line.startswith("best test acc"))
+    assert line.startswith(reached) and line.endswith(" s"), line
+    assert done.stdout.splitlines()[-1].startswith("results in ")
+    checkpoint = torch.load(run_dir / "best.pt", weights_only=True)
+    assert (checkpoint["best_epoch"], checkpoint["best_acc"]) == (summary["best_epoch"],
+                                                                  summary["best_acc"])
 
 
 def test_results_json_has_every_summary_field(trained):

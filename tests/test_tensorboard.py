@@ -279,7 +279,9 @@ def test_the_docs_list_the_tags_a_run_writes(killed):
     written = set(read_scalars(killed.run_dir))
     for tag in written:
         assert any(re.fullmatch(regex, tag) for regex in pattern.values()), f"{tag}: not in docs"
-    without_gpu = {tag for tag in documented if "gpu/" not in tag and not tag.startswith("perf/")}
+    # top-5: for more than 10 classes (tests/test_imagefolder.py's run of 11 writes it)
+    without_gpu = {tag for tag in documented if "gpu/" not in tag and not tag.startswith("perf/")
+                   and tag != "test/acc_top5_pct"}
     for tag in without_gpu:
         assert any(re.fullmatch(pattern[tag], seen) for seen in written), f"{tag}: never written"
 
