@@ -23,7 +23,7 @@ from common.metrics import RunClock, StepTimer, Sums, TrainMeter, check_loss
 from common.optim import lr_factor
 from common.performance import flops_per_image, peak_tflops, speed_summary, window_mfu
 from common.state import all_finite, load_model_state, model_state, optimizer_state
-from common.telemetry import GpuTelemetry, MemoryHistory
+from common.telemetry import GpuTelemetry, MemoryHistory, peak_memory_gb
 
 # an evaluation: (loss, accuracy, images, top-5 accuracy); (None, None, 0, None) before the first
 Test = tuple
@@ -190,16 +190,32 @@ class Run:
         self.console.line(f"{self.cfg.evaluate}: test loss {test[0]:.4f} acc "
                           f"{self.accuracy(test)} ({test[2]} images)")
 
-    def write_results(self, devices: int, peaks: dict, group: bool = False,
-                      compile_waits: dict | None = None, profiles: dict | None = None):
+    def rank_record(self) -> dict:
+        """What results.json needs of this process in a process group, gathered once from every
+        rank: its GPU's peak memory ({gpu: Peak}, empty on the CPU), its wait for its node's first
+        compile, and its profiled steps (what StepProfiler.result() gives)."""
+        return {"peaks": peak_memory_gb(self.gpus),
+                "compile_wait": getattr(self.timer.compiling, "waited", None),
+                "profile": self.profiler.result()}
+
+    def write_results(self, devices: int, peaks: dict | None = None,
+                      records: list[dict] | None = None):
         """results.json: the run's speed over `devices` (GPUs or CPU processes), utilisation, peak
-        memory of each GPU (`peaks`: allocated and reserved), its last epoch's training and test
-        figures, its times, and in a process `group` the sync check (None where none was made) and
-        each rank's wait for its node's first compile (`compile_waits`, by rank); then its speed
-        line and where the results are. With --profile_steps, each rank's split of its profiled
-        steps (`profiles`: by rank, what StepProfiler.result() gives; this process's own by
-        default), their traces beside it."""
-        profiles = profiles if profiles is not None else {0: self.profiler.result()}
+        memory of each GPU (`peaks`: allocated and reserved, by GPU), its last epoch's training and
+        test figures, its times; then its speed line and where the results are. In a process group,
+        `records` holds every rank's rank_record(), in rank order: each rank's GPU's peak (by rank),
+        its wait for its node's first compile, and its profiled steps, and the summary adds the
+        sync check (None where none was made). With --profile_steps, each rank's split of its
+        profiled steps, their traces beside it."""
+        group = records is not None
+        records = records if group else [self.rank_record()]
+        if group:  # one GPU a rank: its peak by rank
+            peaks = {rank: peak for rank, record in enumerate(records)
+                     for peak in record["peaks"].values()}
+            compile_waits = {rank: record["compile_wait"] for rank, record in enumerate(records)}
+        else:
+            peaks, compile_waits = peaks or {}, None
+        profiles = {rank: record["profile"] for rank, record in enumerate(records)}
         summary = {
             **speed_summary(self.cfg, self.totals, self.timer, self.device, devices, compile_waits,
                             self.flops),

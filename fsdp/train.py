@@ -52,7 +52,6 @@ from common.performance import autocast, grad_scaler, memory_format, resolve_fas
 from common.rules import per_process_batch
 from common.state import model_state
 from common.sync_check import verify_sync
-from common.telemetry import peak_memory_gb
 from models import build_model, on_meta, repeated_blocks
 from models.aligned import weights_nhwc
 
@@ -328,12 +327,13 @@ def finish(run: Run) -> int:
         weights = model_state(run.raw_model)  # every rank: collectives inside, onto rank 0
         if dist.get_rank() == 0:  # rank 0 writes them
             run.console.line(f"weights saved to {run.logger.save_model(weights)}")
-    peaks = by_rank(peak_memory_gb(run.gpus))  # each rank's GPU, keyed by rank
-    waits = by_rank({0: getattr(run.timer.compiling, "waited", None)})  # for another's compile
-    profiles = by_rank({0: run.profiler.result()})  # each rank's profiled steps and trace, by rank
+    records = [None] * dist.get_world_size()  # each rank's peak memory, compile wait, profile
+    dist.all_gather_object(records, run.rank_record())  # every rank's, in rank order, once
     if dist.get_rank() == 0:  # rank 0 writes results.json and the traces, over all the ranks
-        run.write_results(dist.get_world_size(), peaks=peaks, group=True, compile_waits=waits,
-                          profiles=profiles)
+        run.write_results(dist.get_world_size(), records=records)
+    # robustness: no rank exits while gloo's threads still let go of the gathered tensors (torch
+    # 2.14 aborts a process whose interpreter is ending then: "terminate called")
+    dist.barrier()
     return 0
 
 

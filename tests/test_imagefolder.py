@@ -494,7 +494,9 @@ def test_compare_benchmarks_the_folders_own_images_through_a_training_runs_loade
     results = read_results(log_dir / "benchmark")
     assert (results["config"]["dataset"], results["config"]["loader"]) == ("imagefolder",
                                                                            "torchvision")
-    profiled = int(shared[shared.index("--profile_steps") + 1]) if "--profile_steps" in shared else 0
+    profiled = 0
+    if "--profile_steps" in shared:
+        profiled = int(shared[shared.index("--profile_steps") + 1])
     assert results["summary"]["steps"] == 5 + profiled  # the profiled steps come after the timed
     assert "imagefolder" in done.stdout.splitlines()[0]
     line = model_line(results["config"], [], 0)

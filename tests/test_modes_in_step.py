@@ -39,7 +39,8 @@ GROUP_CALLS = [
     "dist.destroy_process_group()",
     # one cold compile per node, its ranks waiting for it...
     "compile_leader(device, cfg.dist_timeout)",
-    "compile_waits=waits",  # ...and that wait reported apart from compile time
+    # ...and that wait reported apart from compile time, in each rank's one record
+    "dist.all_gather_object(records, run.rank_record())",
 ]
 MUST_SHOW = {
     "data_parallel/train.py": ["nn.DataParallel(AutocastForward(raw_model, cfg)"],
@@ -59,12 +60,13 @@ SAME_IN_GROUPS = ["setup", "get_loaders", "get_optimizer", "train_one_epoch", "l
 # Changed lines of code (added + removed) against single_gpu/train.py, measured when set, with a
 # little room: only a guard against drift. dist_parallel's are every step of DDP above, each with
 # its comment, the node's first compile, each rank's own log window gathered for TensorBoard's
-# rank/<r>/ tags, and each rank's --profile_steps split and trace gathered for results.json
-# (by_rank, as the peaks); fsdp's are those with fully_shard in place of DDP, its evaluation's
-# equal number of forward passes, the gathered weights, its compile with static shapes, its
-# convolution weights stored (out, kh, kw, in) under --channels_last, and the FSDP2
-# construction: built on the meta device, sharded, materialised, filled from rank 0.
-BUDGETS = {"data_parallel/train.py": 30, "dist_parallel/train.py": 143, "fsdp/train.py": 203}
+# rank/<r>/ tags, each rank's one record for results.json (its peak memory, compile wait and
+# --profile_steps split) gathered once, and the last barrier; fsdp's are those with fully_shard
+# in place of DDP, its evaluation's equal number of forward passes, the gathered weights, its
+# compile with static shapes, its convolution weights stored (out, kh, kw, in) under
+# --channels_last, and the FSDP2 construction: built on the meta device, sharded, materialised,
+# filled from rank 0.
+BUDGETS = {"data_parallel/train.py": 30, "dist_parallel/train.py": 145, "fsdp/train.py": 205}
 FSDP_AGAINST_DIST = 114
 
 
