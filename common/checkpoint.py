@@ -566,16 +566,16 @@ def _until_stopped(loader, signals: StopSignals):
         yield batch
 
 
-def until_voted_stop(loader, signals: StopSignals | None, device: torch.device):
+def until_any_rank_stopped(loader, signals: StopSignals | None, device: torch.device):
     """`loader`'s batches (this rank's evaluation shard) until a stop signal to any rank ends
     --evaluate: before each batch every rank votes, as many times on every rank (a shard may have a
     batch fewer), so that all stop at the same batch, together (stop_evaluation; rank 0 says it).
     Without `signals` (an epoch's evaluation, which its checkpoint follows), `loader` itself."""
-    return loader if signals is None else VotedStop(loader, signals, device)
+    return loader if signals is None else UntilAnyRankStopped(loader, signals, device)
 
 
-class VotedStop:
-    """until_voted_stop's batches: as long as the loader, every rank's
+class UntilAnyRankStopped:
+    """until_any_rank_stopped's batches: as long as the loader, every rank's
     vote taken before each batch."""
 
     def __init__(self, loader, signals: StopSignals, device: torch.device):

@@ -232,7 +232,7 @@ def broadcast_from_rank0(load):
 
 
 @contextlib.contextmanager
-def rank0_refusal_stops_all():
+def exit_together_if_rank0_refused():
     """Around what every rank does but only rank 0 can be refused at (it alone claims the run
     folder): a UsageError there is raised on every rank, so all of them exit instead of waiting for
     rank 0 at the next collective. Every rank: a collective (a broadcast) at the end."""

@@ -1,7 +1,7 @@
 """The workers of a process-group mode (dist_parallel, fsdp) and what starts them: the self-launch
 (`python train.py` without torchrun) through torch's own elastic launcher, which GPU each worker
 takes, workers that die with their launcher, the report of a clean stop, which the launcher cannot
-see for itself, and the safety net around the lines that join the process group (SafetyNet)."""
+see for itself, and the safety net around the lines that join the process group (CheckedLaunch)."""
 from __future__ import annotations
 
 import contextlib
@@ -232,7 +232,7 @@ def local_rank_of(rank: int, local_rank: int | None, gpus: int) -> int:
     return local_rank
 
 
-class SafetyNet:
+class CheckedLaunch:
     """What a process-group mode's setup() does only for when something goes wrong, beside the lines
     that join the group, which read as PyTorch's tutorial writes them: safe to skip on a first read.
 
@@ -241,7 +241,7 @@ class SafetyNet:
     worker can run with (check_launch), are refused in one line; `node_gpus` is this node's GPUs
     and `local_rank` this process's place among them (LOCAL_RANK, else RANK modulo the GPUs:
     local_rank_of), checked to have one of its own; `timeout` is --dist_timeout, how long a
-    collective may wait. Then `with net:` around init_process_group: NCCL's errors set to reach
+    collective may wait. Then `with launch:` around init_process_group: NCCL's errors set to reach
     the main thread, a store of this attempt's own after a torchrun restart (`store`;
     `init_method` is None then), and a failed rendezvous said in one line, with the fix for the
     failures users meet (a port in use, a master that cannot be reached, a file:// rendezvous
@@ -266,7 +266,7 @@ class SafetyNet:
         """--init_method (env://, tcp://HOST:PORT or file://PATH); None where `store` is."""
         return None if self.store else self.cfg.init_method
 
-    def __enter__(self) -> SafetyNet:
+    def __enter__(self) -> CheckedLaunch:
         nccl_error_handling(os.environ)  # before the group: a failed collective reaches this thread
         try:  # a store of this attempt's own: after a torchrun restart only
             self.store = store_of_this_attempt(self.cfg.init_method, self.rank, self.world_size,

@@ -11,7 +11,9 @@ single_gpu/train.py plus DDP's lines, each with its comment: the rank from the e
 process group, DistributedSampler, set_epoch, DDP, all-reduced sums, rank 0's files; without a GPU
 it trains on the CPU. `--batch_size` is the global batch, as in every mode. `python train.py --help`
 lists every flag. Read it in order: setup, data, model, optimizer, the loop (`train_one_epoch`),
-then `main`: prepare, train, finish.
+then `main`: prepare, train, finish. A comment that begins `robustness:` marks a line that is
+there so that a failure, a signal or a bad launch ends cleanly; `telemetry:`, one there to measure
+the run; `convenience:`, `python train.py` starting its own workers: skip those on a first read.
 """
 # ------------------------------------------------------------------------------------------ imports
 import gc
@@ -30,14 +32,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
 from common.checkpoint import (StopSignals, check_fits, ended_line, has_ended, last_checkpoint_note,
-                               resume_checkpoint, stopped_line, until_voted_stop)
+                               resume_checkpoint, stopped_line, until_any_rank_stopped)
 from common.config import Config, GroupConfig, RunError, flag, parse_config, user_errors
 from common.data import (EvalShard, LoaderWorkerDied, augmentation, dataset_info,
                          image_size, load_datasets, make_loader)
 from common.devices import seed_everything
 from common.guards import (broadcast_from_rank0, compile_leader, local_rank0_first,
-                           raise_group_failure, rank0_refusal_stops_all)
-from common.launcher import SafetyNet, self_launch, tell_self_launch_stopped
+                           raise_group_failure, exit_together_if_rank0_refused)
+from common.launcher import CheckedLaunch, self_launch, tell_self_launch_stopped
 from common.logger import Console, RunLogger, load_model_weights, resolve_run_dir, start_line
 from common.loop import Run, save_checkpoint
 from common.metrics import Sums, evaluation_sums, window_sums
@@ -66,18 +68,19 @@ def get_config(argv=None) -> Config:
 # -------------------------------------------------------------------------------------------- setup
 def setup(cfg: DistConfig):
     """The device to train on, and the CUDA ids it uses ([] on the CPU)."""
-    net = SafetyNet(cfg, MODE)  # bad launches in one line, restarts: safe to skip on a first read
+    launch = CheckedLaunch(cfg, MODE)  # robustness: a bad launch in one line; torchrun restarts
     rank = int(os.environ["RANK"])  # this process's place among all the job's processes
-    local_rank = net.local_rank  # its place on this node, its GPU: LOCAL_RANK, else RANK % GPUs
+    local_rank = launch.local_rank  # its place on this node: LOCAL_RANK (in a pod, RANK % GPUs)
     world_size = int(os.environ["WORLD_SIZE"])  # how many processes the job has
-    gpus = net.node_gpus[local_rank:local_rank + 1]  # the local_rank-th GPU, set before the group
+    gpus = launch.node_gpus[local_rank:local_rank + 1]  # the local_rank-th GPU, before the group
     if gpus:
         torch.cuda.set_device(gpus[0])
     backend = cfg.backend or ("nccl" if gpus else "gloo")
     bound_to = torch.device("cuda", gpus[0]) if backend == "nccl" else None  # NCCL: this GPU
-    with net:  # a failed rendezvous in one line; net.store: torchrun restarts only
-        dist.init_process_group(backend, init_method=net.init_method, store=net.store, rank=rank,
-                                world_size=world_size, timeout=net.timeout, device_id=bound_to)
+    with launch:  # robustness: a failed rendezvous in one line; a store of its own after a restart
+        dist.init_process_group(backend, init_method=launch.init_method, store=launch.store,
+                                rank=rank, world_size=world_size, timeout=launch.timeout,
+                                device_id=bound_to)
     device = torch.device("cuda", gpus[0]) if gpus else torch.device("cpu")
     return device, gpus
 
@@ -86,7 +89,7 @@ def setup(cfg: DistConfig):
 def get_loaders(cfg: Config, device: torch.device):
     with local_rank0_first():  # one download per node: the node's other ranks wait at a barrier
         train_set, test_set = load_datasets(cfg.dataset, cfg.data_dir, cfg.synthetic_size,
-                                        cfg.seed, image_size(cfg))
+                                            cfg.seed, image_size(cfg))
     batch = per_process_batch(cfg.batch_size, dist.get_world_size(), len(train_set))  # split
     kind = cfg.loader  # gpu, or torchvision: resolve_fast_path chose it for this device
     options = dict(augment=augmentation(cfg), num_workers=cfg.num_workers, seed=cfg.seed,
@@ -168,14 +171,14 @@ def train_one_epoch(run: Run, epoch: int) -> None:
 def log_window(run: Run, epoch: int, index: int) -> Sums:
     """Read the window's totals (one host sync), report them, and take note of a stop signal."""
     totals = window_sums(run.meter, run.timer)  # this window's figures, on the device
-    ranks = by_rank({0: Sums(totals.tolist())})  # each rank's own window (rank/<r>/ in TensorBoard)
+    ranks = gather_by_rank({0: Sums(totals.tolist())})  # telemetry: each rank's own, rank/<r>/
     dist.all_reduce(totals)  # every rank's loss, correct predictions, images and seconds, added up
     sums = Sums(totals.tolist()).mean_time(dist.get_world_size())  # each rank timed the same steps
-    stop = totals.new_tensor(run.signals.vote())  # 1 for the stop signal this rank received
-    dist.all_reduce(stop, op=dist.ReduceOp.MAX)  # a signal to any rank stops every rank
-    gpu = by_rank(run.telemetry.window())  # every rank's GPU, keyed by rank
+    gpu = gather_by_rank(run.telemetry.window())  # telemetry: every rank's GPU, keyed by rank
+    stop = totals.new_tensor(run.signals.vote())  # robustness: 1 for a stop signal to this rank
+    dist.all_reduce(stop, op=dist.ReduceOp.MAX)  # robustness: a signal to any rank stops them all
     run.record_window(epoch, index, sums, gpu, ranks)  # the totals, a NaN check, TensorBoard, log
-    run.stop = StopSignals.agreed(stop.tolist())  # the same signal on every rank
+    run.stop = StopSignals.agreed(stop.tolist())  # robustness: the same signal on every rank
     return sums
 
 
@@ -186,14 +189,17 @@ def evaluate(cfg: Config, raw_model: torch.nn.Module, loader, device: torch.devi
     raw_model.eval()
     for buffer in raw_model.buffers():  # not DDP's forward: a sync per batch, on unequal shards;
         dist.broadcast(buffer, src=0)  # rank 0's BatchNorm statistics: those of the saved weights
+    # robustness: --evaluate's stop signal to any rank ends every rank's at the same batch
+    batches = until_any_rank_stopped(loader, signals, device)
     with autocast(cfg, device):
-        sums = evaluation_sums(raw_model, until_voted_stop(loader, signals, device), device)
+        sums = evaluation_sums(raw_model, batches, device)
     dist.all_reduce(sums)  # each rank evaluated its shard: summed, every test image counts once
     loss_sum, correct, correct_top5, images = sums.tolist()
     return loss_sum / images, correct / images, int(images), correct_top5 / images
 
 
-def by_rank(per_gpu: dict) -> dict:  # each rank's {gpu: value}, as {rank: value} on every rank
+# telemetry: each rank's {gpu: value}, as {rank: value} on every rank
+def gather_by_rank(per_gpu: dict) -> dict:
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, per_gpu)  # one GPU per rank: one value each
     return {rank: value for rank, values in enumerate(gathered) for value in values.values()}
@@ -220,7 +226,7 @@ def prepare(cfg: DistConfig, started: float) -> tuple[Run | None, object]:
     optimizer, scheduler, scaler = get_optimizer(cfg, raw_model, device, len(train_loader))
     check_fits(checkpoint, raw_model, len(train_loader))  # refused before the run folder is claimed
     resumed_at = checkpoint["step"] if checkpoint else None  # where TensorBoard's curves go on
-    with rank0_refusal_stops_all():  # every rank: a broadcast inside; rank 0's logger writes
+    with exit_together_if_rank0_refused():  # robustness: a broadcast inside; rank 0's writes
         logger = RunLogger(run_dir, cfg, MODE, dist.get_world_size(), resumed_at)
     console = Console(is_main, bar=cfg.progress)
     if not gpus:  # said after every refusal: it never stands between a mistake and its error
@@ -232,7 +238,7 @@ def prepare(cfg: DistConfig, started: float) -> tuple[Run | None, object]:
                     scaler=scaler, logger=logger, console=console, run_dir=run_dir)
     if checkpoint:
         run.resume(checkpoint, rank=dist.get_rank())  # the same weights and position on every rank
-    if cfg.compile:  # every rank: collectives inside; one cold compile per node, the others wait
+    if cfg.compile:  # telemetry: one cold compile per node, the others' wait for it timed apart
         run.timer.compiling.follow(compile_leader(device, cfg.dist_timeout))
     return run, test_loader
 
@@ -251,8 +257,8 @@ def train(run: Run, test_loader) -> None:
         if run.stop:  # the stop checkpoint keeps the epoch's time so far, ended or not
             return
         epoch_seconds = run.end_epoch()  # over every attempt; paused if --max_steps cut it short
+        # telemetry: are the ranks' weights equal? Asked before evaluate() aligns the buffers
         if cfg.verify_sync or epoch + 1 == cfg.epochs or cfg.reached_max_steps(run.step):
-            # every rank: collectives inside; before evaluate(), which aligns the BatchNorm buffers
             run.sync = verify_sync(run.raw_model, cfg.sync_bn, is_main=dist.get_rank() == 0)
         if not cfg.benchmark:  # --benchmark measures speed only: no evaluation, no checkpoint
             test_batches = run.console.counted(test_loader, f"Test {epoch + 1}/{cfg.epochs}")
@@ -267,38 +273,36 @@ def finish(run: Run) -> int:
     """After the last step: a stop checkpoint, or the weights and the results; the exit status."""
     if run.stop:  # SIGTERM, SIGINT, SIGHUP or SIGUSR1: a checkpoint, then a clean exit
         path = save_checkpoint(run)  # every rank: collectives inside, in a group; rank 0 writes it
-        if dist.get_rank() == 0:  # to the self-launch, if that started this worker: what it left
+        if dist.get_rank() == 0:  # robustness: to the self-launch, if that started this worker
             tell_self_launch_stopped(run.step, path)
-        dist.barrier()  # no rank exits before rank 0 wrote it: a launcher may end the job then
+        dist.barrier()  # robustness: no rank exits before rank 0 wrote it (a launcher ends the job)
         run.console.line(stopped_line(run.stop, run.step, path, run.run_dir))
         return StopSignals.EXIT_CODES[run.stop]
     if run.cfg.save_model and not run.cfg.evaluate and dist.get_rank() == 0:  # rank 0 writes them
         run.console.line(f"weights saved to {run.logger.save_model(run.raw_model.state_dict())}")
-    records = [None] * dist.get_world_size()  # each rank's peak memory, compile wait, profile
-    dist.all_gather_object(records, run.rank_record())  # every rank's, in rank order, once
+    records = [None] * dist.get_world_size()  # telemetry: each rank's peak memory, compile wait,
+    dist.all_gather_object(records, run.rank_record())  # telemetry: ...profile, in rank order
     if dist.get_rank() == 0:  # rank 0 writes results.json and the traces, over all the ranks
         run.write_results(dist.get_world_size(), records=records)
-    # robustness: no rank exits while gloo's threads still let go of the gathered tensors (torch
-    # 2.14 aborts a process whose interpreter is ending then: "terminate called")
-    dist.barrier()
+    dist.barrier()  # robustness: gloo's threads let go of gathered tensors before the exit
     return 0
 
 
 def main(argv=None) -> int:
     started = time.perf_counter()
     cfg = get_config(argv)
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:  # `python train.py`: start the
-        return self_launch(cfg, __file__, argv, MODE)  # workers as torchrun would
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:  # convenience: `python train.py`
+        return self_launch(cfg, __file__, argv, MODE)  # starts the workers as torchrun would
     run, test_loader = prepare(cfg, started)
     if run is None:
         return 0
     try:
         train(run, test_loader)
         return finish(run)
-    except LoaderWorkerDied as died:  # the other ranks cannot stop with this one: no checkpoint
+    except LoaderWorkerDied as died:  # robustness: the others cannot stop with it: no checkpoint
         note = last_checkpoint_note(run.checkpoint_dir)
         raise RunError(f"rank {dist.get_rank()}: {died} at step {run.step}; {note}") from None
-    except RuntimeError as error:  # a collective whose peer died or stalled: one line, this rank's
+    except RuntimeError as error:  # robustness: a collective whose peer died or stalled: one line
         raise_group_failure(error, dist.get_rank(), run.step + 1)
         raise
     # ------------------------------------------------------------------------------------- teardown
@@ -312,5 +316,5 @@ if __name__ == "__main__":
             sys.exit(main())
         finally:  # always, even after an error, so that no rank is left holding the group
             if dist.is_initialized():
-                gc.collect()  # DDP's reducer first: alive, it keeps the group's threads past exit
-                dist.destroy_process_group()
+                gc.collect()  # robustness: the wrapped model lets go of the group first, so that
+                dist.destroy_process_group()  # the group's threads end before Python does

@@ -150,8 +150,9 @@ def evaluate(cfg: Config, raw_model: torch.nn.Module, loader, device: torch.devi
     """Test loss and accuracy over every test image exactly once, how many images that was, and
     the top-5 accuracy; with `signals` (--evaluate), a stop signal ends it between two batches."""
     raw_model.eval()
+    batches = until_stopped(loader, signals)  # --evaluate: a stop signal ends it between batches
     with autocast(cfg, device):
-        sums = evaluation_sums(raw_model, until_stopped(loader, signals), device)
+        sums = evaluation_sums(raw_model, batches, device)
     loss_sum, correct, correct_top5, images = sums.tolist()
     return loss_sum / images, correct / images, int(images), correct_top5 / images
 

@@ -335,7 +335,7 @@ def test_a_local_rank_past_the_nodes_gpus_is_refused(local_rank, gpus):
 
 
 def test_a_pod_without_local_rank_takes_its_own_gpu(monkeypatch):
-    """SafetyNet (what each process-group train.py makes first) in a PyTorchJob pod of one GPU:
+    """CheckedLaunch (what each process-group train.py makes first) in a PyTorchJob pod of one GPU:
     RANK 1, no LOCAL_RANK, one visible GPU. It was refused: "local rank 1 has no GPU of its own
     (1 available)"."""
     import common.launcher
@@ -346,11 +346,11 @@ def test_a_pod_without_local_rank_takes_its_own_gpu(monkeypatch):
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setattr(common.launcher, "cuda_devices", lambda *args, **kwargs: [0])
-    net = common.launcher.SafetyNet(get_config(["--backend", "gloo"]), "dist_parallel")
-    assert (net.node_gpus, net.local_rank) == ([0], 0)
+    launch = common.launcher.CheckedLaunch(get_config(["--backend", "gloo"]), "dist_parallel")
+    assert (launch.node_gpus, launch.local_rank) == ([0], 0)
     monkeypatch.setenv("LOCAL_RANK", "1")  # a launcher that said so: refused
     with pytest.raises(UsageError, match="local rank 1 has no GPU of its own"):
-        common.launcher.SafetyNet(get_config(["--backend", "gloo"]), "dist_parallel")
+        common.launcher.CheckedLaunch(get_config(["--backend", "gloo"]), "dist_parallel")
 
 
 # ---------------------------------------------------------- 4. the self-launch inside such a pod

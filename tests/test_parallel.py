@@ -38,7 +38,7 @@ What only multi-GPU hardware can prove, and these tests therefore do not:
   nccl` is only shown to be refused. Gloo's all-reduce is proven exact above; NCCL's
   (ring/tree order, fp32 sums) is not.
 - nn.DataParallel's scatter, replicas and gather over several GPUs: on the CPU it wraps nothing.
-- One GPU per rank: setup taking the LOCAL_RANK-th of `SafetyNet.node_gpus`,
+- One GPU per rank: setup taking the LOCAL_RANK-th of `CheckedLaunch.node_gpus`,
   `torch.cuda.set_device`, and per-rank telemetry.
 - A dead NCCL peer: that NCCL's watchdog, set to abort the communicators without killing the
   process, lets the main thread print its one line. Here only the setting is checked (and
