@@ -8,9 +8,10 @@
 #                      compiled and graphed step cold and warm (on the cache the cold run wrote)
 #   then, each as PARTS picks them:
 #   4. tests           the GPU tests (tests/gpu), compare.py's columns read from part 1's comparison
-#   5. fast_path_rest  the fast-path table's other rows and the two profiles
-#   6. verify_deterministic   `compare.py --verify --deterministic`, as part 2
-#   7. compare_repeat  `compare.py --repeat 3`, every mode, NCCL only
+#   5. memory_snapshot `fsdp/train.py --memory_snapshot 3` as docs/speed.md gives it, its file read back
+#   6. fast_path_rest  the fast-path table's other rows and the two profiles
+#   7. verify_deterministic   `compare.py --verify --deterministic`, as part 2
+#   8. compare_repeat  `compare.py --repeat 3`, every mode, NCCL only
 # It prints its plan first: each part with the minutes predicted for it on one H200 and when it should end.
 # Every part streams into OUT as it goes, so a time limit keeps every part and row that finished and the
 # running part's output: straight under OUT, at most 8 files, each written whole as soon as it is known:
@@ -21,7 +22,8 @@
 #   compare_report.md, compare_results.csv   part 1's report.md and results.csv
 #   verify.md         part 2's verdicts
 #   logs.tar.gz       OUT/work/parts/ packed after every part: each part's log, every run's log and
-#                     results.json, the pictures, the reports (the profilers' traces and weights left out)
+#                     results.json, the pictures, the reports (the profilers' traces, the weights and
+#                     the memory snapshot left out: their sizes are in the summary)
 # The parts work in OUT/work/parts/<part>/ and log into OUT/work/parts/logs/<part>.log: none of their files
 # lies less than three folders down, so OUT and the two levels below it hold only the 8 files above.
 # Each part is a process group of its own (benchmarks/jobs.sh): Ctrl-C, SIGTERM, SIGHUP or a `timeout`
@@ -33,7 +35,7 @@
 #   PYTHONUNBUFFERED=1 bash benchmarks/gpu_check.sh OUT
 #   PARTS="tests compare_repeat" COMPARE_ARGS="--repeat 3" bash benchmarks/gpu_check.sh OUT
 #
-# PARTS picks the parts (default: all seven, always in the order above); VERIFY_ARGS replaces --verify's model
+# PARTS picks the parts (default: all eight, always in the order above); VERIFY_ARGS replaces --verify's model
 # and data (default: PyramidNet-20 alpha=48 on 4,096 images); BENCHMARK_STEPS goes to fast_path.sh (default
 # 50 timed steps a row); COMPARE_ARGS replaces compare_repeat's arguments. A part that fails is named in
 # the summary, the others still run, and the exit status is 1. Without CUDA it says so in one line, exit 2.
@@ -45,28 +47,31 @@
 #   its steps (H100; the H200's 235 s for fast, unaligned, compiled_cold and part of compiled_warm fit
 #   about 30 s too); tests/gpu in 78 s (H100).
 # - So S = 30 s for a PyramidNet-110 process beyond its steps (imports, CUDA, the 60,000 synthetic images,
-#   cuDNN's autotuning, results.json). Assumed, not measured: a step at compare.py's batch 128 about 31 ms
+#   cuDNN's autotuning, results.json) when those were measured; a --benchmark run now generates only the
+#   images its steps draw (steps x batch: 14,464 for compare.py's runs, 20,480 for a fast-path row), about
+#   10 s less, so S = 20 s here. Assumed, not measured: a step at compare.py's batch 128 about 31 ms
 #   (128 / 4,679 images/s, plus 15 % for a smaller batch); 5 s a run for its 3 profiled steps and their
 #   trace; 5 s more for a run torchrun starts; 15 s of compare.py's own (its start, the projection, the
 #   pictures; 5 s on a 2-core CPU for the tiny model); 12 s for a process of PyramidNet-20 on 4,096
 #   images (S without most of the images' generation and autotuning), 18 s under torchrun; the warm
 #   compile 30 s; 3 s for fast_path.sh's table after each row.
 # - compare: single_gpu, data_parallel, dist_parallel over NCCL and over Gloo, 10 + 100 + 3 steps each:
-#   4 x (30 + 113 x 0.031 + 5) + 2 x 5 + 15 = 179 s, 3.0 min.
+#   4 x (20 + 113 x 0.031 + 5) + 2 x 5 + 15 = 139 s, 2.3 min.
 # - verify: 10 runs (4 training, 2 first halves, 2 resumed, 2 evaluations; 6 through torch's launcher):
 #   4 x 12 + 6 x 18 + 15 = 171 s, 2.9 min.
-# - fast_path: fast 30 + 80 x 0.0547 = 34 s, compiled_cold 30 + 109 + 80 x 0.0382 = 142 s, compiled_warm
-#   30 + 30 + 3 = 63 s, tables 9 s: 248 s, 4.1 min.
-# - So the first three end at about 10.2 minutes (with 0.2 for the start): over 9. Synthetic data sized to
-#   the steps a run takes (10 s of S) would bring them to about 9.0.
-# - tests 2.0 (78 s, and the tests added since); fast_path_rest 6.5 (9 processes of 30 s and their steps,
-#   the 2 profiles at 30 s each, 10 tables: 386 s); verify_deterministic 3.0 (verify's runs);
-#   compare_repeat 8.0 (12 runs of 30 + 43 x 0.031 + 5 s, 6 under torchrun, and 15 s).
+# - fast_path: fast 20 + 80 x 0.0547 = 24 s, compiled_cold 20 + 109 + 80 x 0.0382 = 132 s, compiled_warm
+#   20 + 30 + 3 = 53 s, tables 9 s: 218 s, 3.6 min.
+# - So the first three end at about 9.0 minutes (with 0.2 for the start).
+# - tests 2.0 (78 s, and the tests added since); memory_snapshot 0.7 (one fsdp process under torchrun,
+#   S + 5 s, its 10 + 5 steps, the first 3 recorded with a stack per allocation, and the file read back:
+#   about 40 s); fast_path_rest 4.8 (9 processes of 20 s and their steps, the 2 profiles at 30 s each,
+#   10 tables: 286 s); verify_deterministic 3.0 (verify's runs); compare_repeat 6.0 (12 runs of
+#   20 + 43 x 0.031 + 5 s, 6 under torchrun, and 15 s: 361 s).
 set -uo pipefail
 OUT=${1:?usage: bash benchmarks/gpu_check.sh OUT}
 [[ $OUT == /* ]] || OUT=$PWD/$OUT  # where it was started from
 cd "$(dirname "$0")/.." || exit 1
-ORDER="compare verify fast_path tests fast_path_rest verify_deterministic compare_repeat"
+ORDER="compare verify fast_path tests memory_snapshot fast_path_rest verify_deterministic compare_repeat"
 PARTS=${PARTS:-$ORDER}
 for name in $PARTS; do
     if [[ " $ORDER " != *" $name "* ]]; then
@@ -107,14 +112,15 @@ COMPARE_RUN_TIMEOUT=180
 VERIFY_RUN_TIMEOUT=90
 ROW_TIMEOUT=420
 # the minutes predicted for each part, in tenths (the header says how), and what each runs
-declare -A TENTHS=([compare]=30 [verify]=29 [fast_path]=41 [tests]=20 [fast_path_rest]=65
-                   [verify_deterministic]=30 [compare_repeat]=80)
+declare -A TENTHS=([compare]=23 [verify]=29 [fast_path]=36 [tests]=20 [memory_snapshot]=7
+                   [fast_path_rest]=48 [verify_deterministic]=30 [compare_repeat]=60)
 START_TENTHS=2
 declare -A WHAT=(
     [compare]="python compare.py: 4 runs of PyramidNet-110 alpha=270"
     [verify]="compare.py --verify, every mode, NCCL only: 10 runs of a small model"
     [fast_path]="fast_path.sh: $FIRST_ROWS ($BENCHMARK_STEPS timed steps)"
     [tests]="python -m pytest tests/gpu"
+    [memory_snapshot]="fsdp/train.py --memory_snapshot 3: the allocator's history, read back"
     [fast_path_rest]="fast_path.sh: the other 8 rows and 2 profiles"
     [verify_deterministic]="compare.py --verify --deterministic, as verify"
     [compare_repeat]="compare.py $COMPARE_ARGS")
@@ -166,7 +172,8 @@ part() {  # part NAME COMMAND...: the part as a job of its own, its outcome and 
 
 pack() {  # OUT/work/parts as it stands into OUT/logs.tar.gz, written whole
     tar czf "$WORK/logs/.packed" -C "$WORK" --exclude=./logs/.packed --exclude='trace_rank*.json' \
-        --exclude='*.pt' --exclude=.compile_cache . 2>/dev/null && mv "$WORK/logs/.packed" "$OUT/logs.tar.gz"
+        --exclude='*.pt' --exclude='*.pickle' --exclude=.compile_cache . 2>/dev/null \
+        && mv "$WORK/logs/.packed" "$OUT/logs.tar.gz"
 }
 
 stopped() {  # on the way out: a part under way stopped, and named so in the summary
@@ -192,6 +199,21 @@ compare_table() {  # compare_table FOLDER TITLE: a comparison's wall time and ta
     [ -f "$1/report.md" ] || return 0
     { echo "## $2"; grep -m1 " runs in " "$1/report.md"; echo; grep "^|" "$1/report.md" | head -20; echo
     } >> "$SUMMARY"
+}
+snapshot_read() {  # snapshot_read FILE: the snapshot's size, segments and events into the summary
+    { echo "## Memory snapshot (fsdp/train.py's first 3 steps, one GPU)"
+      if [ -s "$1" ]; then
+          echo "$(du -m "$1" | cut -f1) MB (left out of logs.tar.gz); torch.cuda._memory_viz stats:"
+          python -W ignore::RuntimeWarning -m torch.cuda._memory_viz stats "$1" | grep -E "^(segments|total_)"
+          python -c "import pickle, sys
+events = [e for trace in pickle.load(open(sys.argv[1], 'rb'))['device_traces'] for e in trace]
+print(len(events), 'events:', sum(e['action'] == 'alloc' for e in events), 'allocations,',
+      sum(e['action'] == 'free_completed' for e in events), 'frees')" "$1"
+      else
+          echo "FAILED: no snapshot at $1"
+          FAILED+=(memory_snapshot)
+      fi
+      echo; } >> "$SUMMARY" 2>&1
 }
 fast_path_rows() {  # fast_path_rows PART ROWS: fast_path.sh's rows into OUT/fast_path.md, a row at a time
     part "$1" env BENCHMARK_STEPS="$BENCHMARK_STEPS" ROWS="$2" ROW_TIMEOUT=$ROW_TIMEOUT \
@@ -236,6 +258,11 @@ if wanted tests; then
     part tests env "${given[@]}" python -m pytest -q -o addopts= -rA tests/gpu -p no:cacheprovider
     { echo "## Tests"; grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" "$WORK/logs/tests.log" | tail -40
       echo; } >> "$SUMMARY"
+fi
+if wanted memory_snapshot; then  # docs/speed.md's command on a real GPU, and what its file holds
+    part memory_snapshot python fsdp/train.py --benchmark --benchmark_steps 5 --memory_snapshot 3 \
+        --no_progress --log_dir "$WORK/memory_snapshot" --run_name memory_snapshot \
+        && snapshot_read "$WORK/memory_snapshot/memory_snapshot/memory_snapshot.pickle"
 fi
 if wanted fast_path_rest; then  # the rest of the table, and the profiles of the default step and of width8
     fast_path_rows fast_path_rest "$LATER_ROWS"

@@ -51,6 +51,16 @@ if script.endswith(("train.py", "compare.py")):
         with open(os.path.join(run, "results.json"), "w") as results:
             json.dump(dict(summary=summary, env=dict(gpus=[], torch="-", cuda=None, cudnn=None),
                            config=dict(amp="off", width_multiple=1, batch_size=256)), results)
+        if "--memory_snapshot" in args and not os.environ.get("NO_SNAPSHOT"):
+            import pickle  # the allocator's format: one 2 MiB segment, half of it allocated
+            block = dict(size=2 ** 20, requested_size=2 ** 20, frames=[])
+            segment = dict(total_size=2 ** 21, stream=0, blocks=[
+                {{**block, "state": "active_allocated"}}, {{**block, "state": "inactive"}}])
+            event = dict(addr=0, size=2 ** 20, stream=0, frames=[])
+            snapshot = dict(segments=[segment], device_traces=[[
+                {{**event, "action": "alloc"}}, {{**event, "action": "free_completed"}}]])
+            with open(os.path.join(run, "memory_snapshot.pickle"), "wb") as file:
+                pickle.dump(snapshot, file)
     sys.exit(0)
 os.execv(sys.executable, [sys.executable, *args])
 '''
@@ -213,7 +223,7 @@ def test_gpu_check_prints_its_plan_first_and_keeps_its_files_under_out(tmp_path,
     summary = (out / "summary.md").read_text()
     assert summary.startswith("# GPU check")
     assert summary.index("## Plan") < summary.index("- compare")
-    assert re.search(r"^- compare: ok in \d+ s \(predicted 3\.0 min\): `python compare.py --out "
+    assert re.search(r"^- compare: ok in \d+ s \(predicted 2\.3 min\): `python compare.py --out "
                      r"\S+ --run_timeout \d+`$", summary, re.MULTILINE)
     assert re.search(r"^- verify: ok in .*`python compare.py --verify --modes single_gpu "
                      r"data_parallel dist_parallel fsdp --backends nccl .* --run_timeout \d+ ",
@@ -226,6 +236,27 @@ def test_gpu_check_prints_its_plan_first_and_keeps_its_files_under_out(tmp_path,
     assert "a stand-in GPU" in summary  # the device, named once the plan is out
     listed = subprocess.run(["tar", "tzf", out / "logs.tar.gz"], capture_output=True, text=True)
     assert {"./logs/compare.log", "./logs/verify.log"} <= set(listed.stdout.split())
+
+
+@pytest.mark.parametrize("written", [True, False])
+def test_gpu_check_reads_the_memory_snapshot_back_or_fails_the_part(tmp_path, stand_in, written):
+    """The memory_snapshot part runs docs/speed.md's fsdp command, then reads its file with torch's
+    own reader (torch.cuda._memory_viz, the real one: only train.py is a stand-in here): its
+    segments and events into the summary; no file, and the part fails."""
+    out = tmp_path / "check"
+    env = {**stand_in, "PARTS": "memory_snapshot", **({} if written else {"NO_SNAPSHOT": "1"})}
+    done = subprocess.run(["bash", "benchmarks/gpu_check.sh", str(out)], cwd=REPO, text=True,
+                          env=env, capture_output=True, timeout=120)
+    summary = (out / "summary.md").read_text()
+    assert re.search(r"^- memory_snapshot: ok in .*`python fsdp/train.py --benchmark "
+                     r"--benchmark_steps 5 --memory_snapshot 3 ", summary, re.MULTILINE)
+    if written:
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "segments: 1\ntotal_reserved: 2.0MiB\ntotal_allocated: 1.0MiB" in summary
+        assert "2 events: 1 allocations, 1 frees" in summary
+    else:
+        assert done.returncode == 1
+        assert "FAILED: no snapshot at " in summary and "FAILED: memory_snapshot" in summary
 
 
 def test_gpu_check_stopped_in_a_fast_path_row_leaves_nothing_running(tmp_path, stand_in):
