@@ -4,7 +4,7 @@ so. compare.py's write_report lays the pages out; each room here holds one secti
 one idea the sections share. Import a name from its room: this file only maps them.
 
 Read from the ground up: each of the first seven imports only rooms above it; the sections import
-those, and no section another but recommendation.py (it names the model state as
+those, and no section here another but recommendation.py (it names the model state as
 projection_memory.py does).
 - outcome.py            what a run came to (Outcome), as comparison/runner.py hands it over
 - formatting.py         how a figure is written: mean ± std, per cent, bytes, counts, durations
@@ -19,7 +19,7 @@ The sections, as report.md shows them:
 - findings.py           what the table says, in sentences: verdict, noise floor, no gain, scaling,
                         spread, the runs that did not succeed
 - breakdown.py          ## Where a step goes: the split of the step (Split, step_split)
-- comparison/plots.py   ## Pictures (it draws from measured.py and breakdown.py)
+- comparison/plots.py   ## Pictures, the table's and the split's figures drawn
 - environment.py        ## Environment
 and as projection.md shows them (the cost models are comparison/projection.py):
 - projection_scaling.py ## Scaling past this machine

@@ -1,8 +1,9 @@
 """How the report writes a figure, in one place: a mean ± std over runs (`spread`, `fmt_spread`),
 the decimals of a step (`fine_digits`), a share in per cent, FLOPs, bytes in the unit that fits
-them, a count with K, M or B, a duration, and a list of names in a sentence ('a, b and c'). Every
-other room of the report formats through these, so a figure reads the same in the table, the
-sentences and projection.md."""
+them, a count with K, M or B, a duration, and a list of names in a sentence ('a, b and c'). The
+rooms that write a figure in one of these shapes import it from here, so it reads the same in the
+table, the sentences and projection.md; a plain figure ('43.6 ms') keeps its format where it is
+written."""
 from __future__ import annotations
 
 import statistics
