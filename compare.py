@@ -75,12 +75,20 @@ from comparison import environment as machine
 from comparison.matrix import (BACKENDS, GROUP_MODES, MODES, Cores,
                                check_runs, command, config_class, cores_here, plan)
 from comparison.projection import fsdp_units, gradient_bytes, memory_projection
-from comparison.report import (
-    EARLIER_PICTURES, PICTURES, TABLE_NOTE, Outcome, breakdown_section,
-    environment_section, fabric_of_runs, findings, fill_rows, fmt_seconds, groups, listed,
-    memory_section, model_line, model_title, oversubscription_title, projection_inputs,
-    projection_section, recommendation, run_config, table_header, table_row, untimed_note,
-    write_csv, write_file)
+from comparison.report.breakdown import breakdown_section
+from comparison.report.environment import environment_section
+from comparison.report.files import EARLIER_PICTURES, PICTURES, write_file
+from comparison.report.findings import findings, oversubscription_title, untimed_note
+from comparison.report.formatting import fmt_seconds, listed
+from comparison.report.measured import groups
+from comparison.report.model import model_line, model_title, run_config
+from comparison.report.outcome import Outcome
+from comparison.report.projection_memory import memory_section
+from comparison.report.projection_scaling import (fabric_of_runs, projection_inputs,
+                                                  projection_section)
+from comparison.report.recommendation import recommendation
+from comparison.report.results_table import TABLE_NOTE, table_header, table_row
+from comparison.report.rows import fill_rows, write_csv
 from comparison.runner import (
     run_all, signal_name, signal_of, signals_deferred, start, stop_signals)
 from comparison.verify import (DEFAULT_STEPS, Verification, defaults as verify_defaults,
@@ -302,7 +310,7 @@ def remove_earlier(out: Path) -> None:
             shutil.rmtree(path)  # which removes the links inside it, not what they point to
         elif name != MARKER and (path.is_symlink() or path.exists()):
             path.unlink()
-        for temporary in out.glob(f".{name}.*.tmp"):  # report.write_file's
+        for temporary in out.glob(f".{name}.*.tmp"):  # files.write_file's
             temporary.unlink()
 
 
@@ -319,7 +327,7 @@ def out_error(out: Path, error: OSError) -> str:
 def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bool, argv: list[str],
                  train: dict, env: dict, topology: str | None, elapsed: float) -> list[Path]:
     """The pictures, results.csv, projection.md, then report.md, each written whole or not at all
-    (report.write_file): a report.md that exists is complete."""
+    (files.write_file): a report.md that exists is complete."""
     fill_rows(outcomes, out)
     ok = [o for o in outcomes if o.status == "ok"]
     config = (ok[0].results["config"] if ok

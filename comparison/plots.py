@@ -6,14 +6,14 @@
   curves beside it;
 - step_breakdown.png: where a step goes, a stacked bar per configuration from the profiler's
   split (compute, exposed communication, data, optimizer, other; the communication hidden behind
-  compute hatched over the compute it overlapped, not added), drawn from report.step_split, the
+  compute hatched over the compute it overlapped, not added), drawn from breakdown.step_split, the
   function the report's split table and its sentences use;
 - memory_per_gpu.png: each GPU's peak memory, grouped per configuration (only when the runs
   measured it: GPUs).
 
 Each point or bar is its configuration's figure as the report's table has it, and its error bar
-the table's ±: images/s and scaling efficiency from report.Measured (the global batch ÷ the mean
-step, ± the step's std as the same share), the step's split from report.step_split (± the
+the table's ±: images/s and scaling efficiency from measured.Measured (the global batch ÷ the mean
+step, ± the step's std as the same share), the step's split from breakdown.step_split (± the
 profiled step's std, as the split's table), each GPU's memory from the runs' mean (± their std, as
 the table's memory cell). Each picture says how many runs it averages. Failed runs are left out.
 CPU runs with more processes than cores are shaded as oversubscribed. Every figure is built by a
@@ -35,8 +35,11 @@ from matplotlib.ticker import NullLocator
 
 from comparison.matrix import Cores
 from comparison.projection import FABRICS, projected_efficiency
-from comparison.report import (PART_NAMES, PICTURES, SPLIT_PARTS, groups, measured,
-                               memory_per_gpu_gb, step_split, write_file)
+from comparison.report.breakdown import PART_NAMES, step_split
+from comparison.report.files import PICTURES, write_file
+from comparison.report.measured import groups, measured
+from comparison.report.results_table import memory_per_gpu_gb
+from comparison.report.rows import SPLIT_PARTS
 
 PART_COLOURS = {"compute_ms": "#4c72b0", "comm_exposed_ms": "#dd5555", "data_ms": "#9a9a9a",
                 "optimizer_ms": "#55a868", "other_ms": "#e0c060"}
@@ -56,7 +59,7 @@ def label(o) -> str:
 
 def series(outcomes, figure) -> dict[str, dict[int, tuple[float, float]]]:
     """{line label: {GPU count: (figure, its ±)}} of each configuration that timed a step, as the
-    report's table has it: `figure(m)` of its report.Measured, ± the step's share of it (None:
+    report's table has it: `figure(m)` of its measured.Measured, ± the step's share of it (None:
     not measured, left out)."""
     lines: dict[str, dict[int, tuple[float, float]]] = {}
     for m in measured(outcomes):
@@ -207,11 +210,11 @@ def projected_curves(projection: dict) -> dict[tuple, list[str]]:
 
 def breakdown_figure(outcomes, device: str) -> Figure | None:
     """Where a step goes: a horizontal stacked bar per configuration (the report's order, first on
-    top) of the parts report.step_split gives, in ms per step (the mean over ranks of the profiled
-    steps), each part's value written on it where it is wide enough, the profiled step at the bar's
-    end (± its std over the runs); the communication hidden behind compute as a hatched outline
-    over the compute it overlapped, not added. A configuration that recorded no split keeps its
-    place, marked "not recorded". None where none recorded one."""
+    top) of the parts breakdown.step_split gives, in ms per step (the mean over ranks of the
+    profiled steps), each part's value written on it where it is wide enough, the profiled step at
+    the bar's end (± its std over the runs); the communication hidden behind compute as a hatched
+    outline over the compute it overlapped, not added. A configuration that recorded no split keeps
+    its place, marked "not recorded". None where none recorded one."""
     splits = [(m, step_split(m)) for m in measured(outcomes)]
     if not any(split for _, split in splits):
         return None
@@ -268,7 +271,7 @@ def memory_figure(outcomes, device: str) -> Figure | None:
     fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(groups) + 2), 4.5))
     names = []
     for x, group in enumerate(groups):
-        # each run's GPUs in order, as the table's memory cell reads them (report.memory_cell)
+        # each run's GPUs in order, as the table's memory cell reads them (results_table's)
         per_run = memory_per_gpu_gb([o.row for o in group])
         gpus = [str(i) for i in range(len(per_run[0]))]
         width = 0.8 / len(gpus)

@@ -32,7 +32,7 @@ from pathlib import Path
 from common.config import REPO_ROOT
 from common.launcher import killed_with
 from comparison.matrix import PlannedRun, run_environment
-from comparison.report import Outcome
+from comparison.report.outcome import Outcome
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
 STOP_GRACE_S = 60.0  # how long stopped runs get to checkpoint and exit before they are killed

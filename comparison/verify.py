@@ -51,7 +51,10 @@ from common.devices import seed_everything
 from common.optim import build_optimizer, lr_schedule
 from common.performance import autocast, grad_scaler, memory_format, resolve_fast_path
 from comparison.matrix import GROUP_MODES, PlannedRun, check_runs, command, cpu_threads
-from comparison.report import Outcome, fmt_seconds, model_title, write_file
+from comparison.report.files import write_file
+from comparison.report.formatting import fmt_seconds
+from comparison.report.model import model_title
+from comparison.report.outcome import Outcome
 from comparison.runner import run_all, signal_name, signals_deferred, start
 from models import build_model
 

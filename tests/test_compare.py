@@ -34,10 +34,14 @@ from comparison.matrix import Cores, PlannedRun, check_runs, plan
 from comparison.projection import (FABRICS, SYNC_ALLOWANCE, Fabric, ddp_buckets,
                                    exposed_communication, gradient_bytes, projected_efficiency,
                                    ring_allreduce_seconds)
-from comparison.report import (Outcome, fabric_of_runs, fill_rows, findings, fine_digits,
-                               fmt_bytes, fmt_count, fmt_flops, groups, memory_cell,
-                               oversubscription_title, projection_inputs, projection_section,
-                               table_header, table_row)
+from comparison.report.findings import findings, oversubscription_title
+from comparison.report.formatting import fine_digits, fmt_bytes, fmt_count, fmt_flops
+from comparison.report.measured import groups
+from comparison.report.outcome import Outcome
+from comparison.report.projection_scaling import (fabric_of_runs, projection_inputs,
+                                                  projection_section)
+from comparison.report.results_table import memory_cell, table_header, table_row
+from comparison.report.rows import fill_rows
 
 # One configuration (data_parallel) is made to fail mid-run from outside, by a sitecustomize module
 # that every Python process on PYTHONPATH imports: it raises in its second loss computation.

@@ -479,7 +479,7 @@ def test_compare_benchmarks_the_folders_own_images_through_a_training_runs_loade
     torchvision loader on the CPU: decoding included), and the report's Data line names the folder
     and its images. A --benchmark run of single_gpu, as compare.py starts one, here in-process."""
     import compare
-    from comparison.report import model_line
+    from comparison.report.model import model_line
 
     argv = ["--dataset", "imagefolder", "--data_dir", str(folder), "--image_size", "32",
             "--batch_size", "8", "--modes", "single_gpu"]

@@ -57,7 +57,7 @@ import pytest
 import torch
 
 import compare
-from comparison.report import Outcome
+from comparison.report.outcome import Outcome
 from comparison.verify import Verification, config_of, reference_training, summary_line
 from conftest import REPO, TINY, read_results, refuse_in_process, run_script
 

@@ -2,7 +2,7 @@
 outcomes (what fill_rows makes of the runs' results.json) and its axes are read before anything is
 saved. The real compare.py run, with a failed configuration, is in tests/test_compare.py.
 step_breakdown.png is held to the report's own sentences about the split of the step: one function
-(report.step_split) computes both."""
+(breakdown.step_split) computes both."""
 from __future__ import annotations
 
 import re
@@ -13,8 +13,11 @@ from matplotlib import pyplot as plt
 from comparison.matrix import Cores, PlannedRun
 from comparison.plots import (HIDDEN, PART_COLOURS, breakdown_figure, efficiency_figure, figures,
                               memory_figure, throughput_figure)
-from comparison.report import (SPLIT_PARTS, Outcome, breakdown_section, fill_rows, groups,
-                               measured, memory_cell, step_split, table_row)
+from comparison.report.breakdown import breakdown_section, step_split
+from comparison.report.measured import groups, measured
+from comparison.report.outcome import Outcome
+from comparison.report.results_table import memory_cell, table_row
+from comparison.report.rows import SPLIT_PARTS, fill_rows
 from conftest import REPO
 
 CPU_DEVICE = "CPU (test), no GPU"

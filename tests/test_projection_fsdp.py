@@ -18,8 +18,12 @@ from comparison.projection import (ASSUMED_GPU_BYTES, FABRICS, Fabric, ModelSize
                                    bytes_sent_per_gpu, fsdp_exposed, fsdp_projected_efficiency,
                                    fsdp_units, gradient_bytes, memory_per_gpu, memory_projection,
                                    model_size, ring_gather_seconds)
-from comparison.report import (Outcome, fill_rows, groups, memory_section, projection_inputs,
-                               projection_section, table_row)
+from comparison.report.measured import groups
+from comparison.report.outcome import Outcome
+from comparison.report.projection_memory import memory_section
+from comparison.report.projection_scaling import projection_inputs, projection_section
+from comparison.report.results_table import table_row
+from comparison.report.rows import fill_rows
 from conftest import REPO
 from models import pyramidnet
 

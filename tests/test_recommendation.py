@@ -12,8 +12,13 @@ from torch import nn
 
 from comparison.matrix import PlannedRun
 from comparison.projection import memory_projection
-from comparison.report import (Outcome, fill_rows, findings, groups, memory_section,
-                               recommendation, table_row)
+from comparison.report.findings import findings
+from comparison.report.measured import groups
+from comparison.report.outcome import Outcome
+from comparison.report.projection_memory import memory_section
+from comparison.report.recommendation import recommendation
+from comparison.report.results_table import table_row
+from comparison.report.rows import fill_rows
 from conftest import REPO
 
 SINGLE, DDP, GLOO = (("single_gpu", 1, None), ("dist_parallel", 2, "nccl"),

@@ -1,0 +1,243 @@
+"""report.md's `Recommendation:` line: the mode to use on this machine for this model, and why,
+from the table's figures (as Measured has them, told apart as noise.ties judges) and the model
+state each mode needs per GPU (the memory projection's arithmetic). `recommendation` lists its
+rules, in order: memory first (`memory_choice`), then speed (`speed_rules`)."""
+from __future__ import annotations
+
+from comparison.projection import MEMORY_GPU_COUNTS, memory_per_gpu
+from comparison.report.formatting import fmt_bytes, fmt_percent, listed
+from comparison.report.measured import UNITS, Measured, measured
+from comparison.report.noise import contenders, no_gain, noise_floor, ties
+from comparison.report.outcome import Outcome
+from comparison.report.projection_memory import STATE_PARTS
+
+
+MODE_NAMES = {"single_gpu": "single_gpu", "data_parallel": "data_parallel (nn.DataParallel)",
+              "dist_parallel": "dist_parallel (DDP)", "fsdp": "fsdp (FSDP2)"}
+# among modes whose speeds cannot be told apart: DDP first (WHY_DDP);
+# DataParallel last, PyTorch's own advice
+PREFERENCE = ("dist_parallel", "fsdp", "single_gpu", "data_parallel")
+WHY_DDP = ("DDP is the default where modes tie: PyTorch recommends it over DataParallel even on "
+           "one machine, it scales past one node, and FSDP spends traffic to save memory this "
+           "model does not need saved (docs/guide.md)")
+
+
+def recommendation(outcomes: list[Outcome], memory: dict) -> str:
+    """The report's `Recommendation:` line: the mode to use on this machine for this model, and why,
+    from the table's figures (images/s and speedup as Measured has them; two configurations told
+    apart only where their images/s ranges, mean ± std, do not overlap and differ by more than the
+    noise floor, as the verdict judges: `ties`; data_parallel on the CPU, which wraps nothing, not
+    among them: `contenders`) and the model state each mode needs per GPU (memory_projection's
+    arithmetic). A mode that was run and timed no step (failed, stopped, not reached: lost_mode)
+    is never recommended, and is named for what happened to it. The rules, in order:
+
+    1. Memory: where DDP's model state outgrows one GPU (the projection), or a dist_parallel run
+       ran out of memory, fsdp, on the fewest GPUs that hold the state; none of these modes where
+       FSDP does not hold it on 64 GPUs, or where fsdp was run and failed.
+    2. No configuration timed a step: nothing to choose by.
+    3. A configuration with one run: no spread was measured, so no mode is shown faster:
+       dist_parallel, the default (WHY_DDP).
+    4. The fastest configuration's range above every other's: its mode. data_parallel is
+       recommended over dist_parallel only so, on measured cause; dist_parallel that was not run
+       is still the default.
+    5. Otherwise the modes that tie with the fastest: the first of them in PREFERENCE
+       (dist_parallel where it is among them, data_parallel only where it ties with nothing
+       else), the rest named.
+    Where dist_parallel was run and timed no step, rules 3 to 5 choose among the modes measured,
+    in PREFERENCE. A parallel mode recommended whose every configuration showed no gain over one
+    GPU (no_gain) says so; one some of whose runs failed says how many. On the CPU, a sentence on
+    what CPU processes standing in for GPUs can and cannot tell."""
+    timed, unit = measured(outcomes), UNITS[outcomes[0].run.unit]
+    text = (memory_choice(outcomes, memory, unit)
+            or speed_choice(timed, memory, unit, outcomes))
+    if outcomes[0].run.unit == "cpu":
+        text += (" On this CPU-only machine each \"GPU\" is a CPU process with one thread: its "
+                 "figures show the modes' mechanics (processes over gloo, the split batch, each "
+                 "wrapper's own cost), not what GPUs would gain, nor NCCL, nor GPU memory "
+                 "(projected, not measured); run compare.py on GPUs to choose for them.")
+    return "Recommendation: " + text
+
+
+def lost_mode(outcomes: list[Outcome], mode: str) -> str | None:
+    """Why `mode`, which the comparison ran, timed no step: 'dist_parallel (DDP) failed here
+    (`03-dist_parallel-2gpu-nccl-r1`: exit status 1: ...; its log `logs/...`)', or was stopped,
+    was not run (compare.py stopped first), timed no step; None where it timed a step, or was not
+    among the modes run."""
+    runs = [o for o in outcomes if o.run.mode == mode]
+    if not runs or any(o.status == "ok" and o.row["images_per_sec"] is not None for o in runs):
+        return None
+    first = next((o for o in runs if o.status != "ok"), runs[0])
+    how = {"failed": "failed", "interrupted": "was stopped", "not run": "was not run",
+           "ok": "timed no step"}[first.status]
+    error = first.error or "it ended within its --warmup_steps"
+    log = f"; its log `{first.row['log']}`" if first.row.get("log") else ""
+    return f"{MODE_NAMES[mode]} {how} here (`{first.run.name}`: {error}{log})"
+
+
+def state_per_gpu(memory: dict, gpus: int, mode: str, reshard: bool = True) -> float:
+    """Bytes per GPU of the runs' model state under `mode` (projection.memory_per_gpu)."""
+    return sum(memory_per_gpu(memory["models"][0], gpus, mode, reshard, memory["amp"],
+                              memory["momentum"]).values())
+
+
+def capacity_text(memory: dict) -> str:
+    """The GPU memory the state is weighed against: "its 79.2 GiB", or "an
+    assumed 80.0 GiB" (no GPU here)."""
+    return f"{'an assumed' if memory['assumed'] else 'its'} {fmt_bytes(memory['gpu_bytes'])}"
+
+
+def fits_text(memory: dict) -> str:
+    """The model state under DDP on one GPU, named as projection.md names it."""
+    assumed = " (assumed: no GPU here)" if memory["assumed"] else ""
+    return (f"the model state under DDP, {fmt_bytes(state_per_gpu(memory, 1, 'dist_parallel'))} "
+            f"per GPU ({STATE_PARTS}; projection.md), fits one GPU of "
+            f"{fmt_bytes(memory['gpu_bytes'])}{assumed}")
+
+
+def memory_choice(outcomes: list[Outcome], memory: dict, unit: tuple[str, str]) -> str | None:
+    """Rule 1 of recommendation(): fsdp where DDP cannot hold the model state; None where it can."""
+    ddp = state_per_gpu(memory, 1, "dist_parallel")
+    ran_out = [o for o in outcomes if o.run.mode == "dist_parallel" and o.status == "failed"
+               and "out of memory" in (o.error or "").lower()
+               and not any(p.status == "ok" and p.run.mode == o.run.mode
+                           and p.run.gpus == o.run.gpus for p in outcomes)]
+    if ddp <= memory["gpu_bytes"] and not ran_out:
+        return None
+    fsdp = measured([o for o in outcomes if o.run.mode == "fsdp"])
+    lost = lost_mode(outcomes, "fsdp")
+    if ran_out:
+        why = (f"dist_parallel ran out of memory (`{ran_out[0].run.name}`, its log in "
+               f"`{ran_out[0].row.get('log') or 'logs/'}`)")
+        if lost:
+            return (f"none of the modes run here: {why}, and {lost}: see what stopped it in its "
+                    "log, and run compare.py again.")
+        where = (f"fsdp ran ({fsdp[0].name()}, {fsdp[0].images_per_sec:,.0f} images/s)" if fsdp else
+                 "fsdp shards the model state over the GPUs: add it to --modes")
+        return f"fsdp (FSDP2): {why} and {where}."
+    gpus = memory["runs_fsdp_gpus"][True]
+    need = (f"under DDP each GPU would need {fmt_bytes(ddp)} for the model state alone "
+            f"({STATE_PARTS}), more than {capacity_text(memory)}")
+    if gpus is None:
+        most = MEMORY_GPU_COUNTS[-1]
+        return (f"none of these modes: {need}, and FSDP on {most} GPUs still "
+                f"{fmt_bytes(state_per_gpu(memory, most, 'fsdp'))} each (projection.md); a smaller "
+                "model, or a parallelism this suite does not have (tensor, pipeline).")
+    each = fmt_bytes(state_per_gpu(memory, gpus, "fsdp"))
+    if lost:
+        return (f"none of the modes run here: {need}; FSDP would hold it on {gpus} GPUs or more "
+                f"({each} each), but {lost}: see what stopped it in its log, and run compare.py "
+                "again.")
+    return (f"fsdp (FSDP2): {need}; FSDP holds it on {gpus} GPUs or more ({each} each, resharding "
+            "after forward), activations on top (projection.md).")
+
+
+def speed_text(m: Measured, unit: tuple[str, str]) -> str:
+    """A configuration's speed as the table has it: its speedup over one GPU,
+    else its images/s (mean ± std)."""
+    if m.speedup is not None and m.run.mode != "single_gpu":
+        return f"{m.speedup_cell()} one {unit[0]}"
+    return f"{m.speed()} images/s"
+
+
+def caveats(mode: str, timed: list[Measured], outcomes: list[Outcome], floor,
+            unit: tuple[str, str]) -> str:
+    """What the recommendation adds of the mode it chose: that none of its configurations gained
+    over one GPU (no_gain), and how many of its runs did not succeed."""
+    text = ""
+    ones = [m for m in timed if m.run.mode == mode]
+    lacking = [(m, why) for m, why in no_gain(timed, floor) if m.run.mode == mode]
+    if mode != "single_gpu" and ones and len(lacking) == len(ones):
+        named = "; ".join(f"{m.name()} at {speed_text(m, unit)} ({why})" for m, why in lacking)
+        text += f" No gain over one {unit[0]} was measured here: {named}."
+    runs = [o for o in outcomes if o.run.mode == mode]
+    failed = [o for o in runs if o.status != "ok"]
+    if failed:
+        text += (f" {len(failed)} of its {len(runs)} runs did not succeed "
+                 f"({listed([f'`{o.run.name}`' for o in failed])}: below).")
+    return text
+
+
+def speed_choice(timed: list[Measured], memory: dict, unit: tuple[str, str],
+                 outcomes: list[Outcome]) -> str:
+    """Rules 2 to 5 of recommendation(), the model state fitting one GPU under DDP."""
+    text, mode = speed_rules(timed, memory, unit, outcomes)
+    return text + (caveats(mode, timed, outcomes, noise_floor(timed), unit) if mode else "")
+
+
+def speed_rules(timed: list[Measured], memory: dict, unit: tuple[str, str],
+                outcomes: list[Outcome]) -> tuple[str, str | None]:
+    """Rules 2 to 5 of recommendation(): the text, and the mode it recommends (None: none)."""
+    if not timed:
+        return ("none: no run timed a step, so nothing was measured to choose by (the failed "
+                "runs are listed below).", None)
+    fits = fits_text(memory)
+    ranked = contenders(timed)  # data_parallel on the CPU is single_gpu's computation
+    lost = lost_mode(outcomes, "dist_parallel")
+    if not ranked:
+        if lost:
+            return (f"none: {fits}, but only data_parallel on the CPU timed a step, which is "
+                    f"single_gpu's computation there, and {lost}.", None)
+        return (f"dist_parallel (DDP), not run here (add it to --modes): {fits}; only "
+                "data_parallel on the CPU timed a step, which is single_gpu's computation there, "
+                f"and {WHY_DDP}.", "dist_parallel")
+    best, others = ranked[0], ranked[1:]
+    ddp = next((m for m in ranked if m.run.mode == "dist_parallel"), None)
+    not_run = "" if ddp else ", not run here (add it to --modes)"
+    floor = noise_floor(timed)
+
+    def default(why: str, among: list[Measured]) -> tuple[str, str]:
+        """DDP, the default (WHY_DDP); where DDP was run and timed no step, the first mode of
+        `among` in PREFERENCE, DDP named for what happened to it."""
+        if lost is None:
+            return f"dist_parallel (DDP){not_run}: {fits}; {why}, and {WHY_DDP}.", "dist_parallel"
+        modes = {m.run.mode for m in among}
+        chosen = next(mode for mode in PREFERENCE if mode in modes)
+        return (f"{MODE_NAMES[chosen]}: {fits}; {why}; {lost}, so it is not recommended, and "
+                f"among the modes measured {chosen} comes first in the order used where modes tie "
+                "(fsdp, single_gpu, then data_parallel, which PyTorch advises against: "
+                "docs/guide.md).", chosen)
+
+    if not others:
+        return default(f"only {best.name()} timed a step ({speed_text(best, unit)}), nothing to "
+                       "compare", ranked)
+    if any(len(m.rows) < 2 for m in ranked):
+        return default("one run per configuration measures no spread, so no mode is shown faster "
+                       f"than another ({best.name()} was fastest in its run, "
+                       f"{speed_text(best, unit)}; `--repeat 3` measures the spread)", ranked)
+    tied = [best, *[m for m in others if ties(best, m, floor)]]
+    within = f" by more than the {fmt_percent(floor[0])} noise floor" if floor else ""
+    if len(tied) == 1:
+        beyond = (f"its range (mean ± std over {len(best.rows)} runs) above every other "
+                  f"configuration's{within}")
+        if best.run.mode == "dist_parallel":
+            return (f"dist_parallel (DDP): {fits}, and DDP was fastest: {best.name()} at "
+                    f"{speed_text(best, unit)}, {beyond}.", "dist_parallel")
+        if best.run.mode == "fsdp":
+            return (f"fsdp (FSDP2): fastest, {best.name()} at {speed_text(best, unit)}, {beyond}, "
+                    f"DDP's included, though {fits}.", "fsdp")
+        if best.run.mode == "single_gpu":
+            return ("single_gpu: faster than every parallel configuration here "
+                    f"({speed_text(best, unit)}, {beyond}): for this model and batch the parallel "
+                    "modes cost this machine more than they bring; with more GPUs or a larger "
+                    "batch, dist_parallel (DDP).", "single_gpu")
+        fastest = (f"data_parallel (nn.DataParallel): fastest, {best.name()} at "
+                   f"{speed_text(best, unit)}, {beyond}")
+        if lost:
+            return f"{fastest}; {lost}, so it is not recommended.", "data_parallel"
+        if ddp is None:
+            return default(f"data_parallel was fastest ({speed_text(best, unit)}) but "
+                           "dist_parallel was not measured beside it", ranked)
+        return (f"{fastest}, dist_parallel's ({speed_text(ddp, unit)}) included: the measured "
+                "cause to prefer it on this machine; DDP still scales past one node "
+                "(docs/guide.md).", "data_parallel")
+    modes = [m.run.mode for m in tied]
+    chosen = next(mode for mode in PREFERENCE if mode in modes)
+    ranges = "; ".join(f"{m.name()} {m.speed()}" for m in tied)
+    noise = f" or lie within the {fmt_percent(floor[0])} noise floor" if floor else ""
+    tie = (f"no difference measurable between {listed([m.name() for m in tied])}: their images/s "
+           f"(mean ± std over the repeats) overlap{noise} ({ranges}), so any of them")
+    if ddp is None or chosen == "dist_parallel":
+        return default(tie, tied)
+    return (f"{MODE_NAMES[chosen]}: {tie}; dist_parallel was slower beyond the "
+            f"spread{within} ({ddp.name()} at {speed_text(ddp, unit)}), the measured cause "
+            f"to prefer {chosen} here.", chosen)
