@@ -39,8 +39,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from common.config import MODEL_FLAGS, Config, RunError, UsageError, as_today, file_system_error
+from common.config import MODEL_FLAGS, Config, RunError, UsageError, as_today
 from common.data import explicit_augmentation
+from common.errors import file_system_error
 from common.logger import fresh_restart, logged_curves, write_atomically
 from common.metrics import Sums
 from common.state import load_file, load_optimizer_state

@@ -45,7 +45,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from common.config import DATASETS, UsageError, physical_memory
+from common.config import DATASETS, UsageError
+from common.domains import physical_memory
 from common.folders import SPLITS, image_folder  # its layout (comparison/verify.py reads it here)
 from models.factory import torchvision
 

@@ -15,8 +15,8 @@ import re
 
 import torch
 
-from common.compiling import graph_entries, inductor_cache_path
-from common.config import Config, UsageError, compile_cache_folder
+from common.compiling import compile_cache_folder, graph_entries, inductor_cache_path
+from common.config import Config, UsageError
 from common.data import (dataset_info, explicit_augmentation, loader_description,
                          resolve_loader)
 from common.rules import alignment_refusal, memory_snapshot_refusal

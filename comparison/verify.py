@@ -44,7 +44,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DistributedSampler
 
-from common.config import Config, UsageError, config_argv
+from common.command_line import config_argv
+from common.config import Config, UsageError
 from common.data import (augmentation, dataset_info, image_folder, image_size, load_datasets,
                          make_loader)
 from common.devices import seed_everything

@@ -26,12 +26,13 @@ from torch import nn
 from common.checkpoint import (StopSignals, check_fits, ended_line, has_ended, last_checkpoint_note,
                                resume_checkpoint, stopped_line, until_stopped)
 from common.checkpoint import continue_flags  # the flags that continue a stopped run, quoted
-from common.config import Config, RunError, UsageError, parse_config, user_errors
+from common.config import Config, RunError, UsageError, parse_config
 from common.data import (EvalShard, LoaderWorkerDied, augmentation, dataset_info,
                          image_size, load_datasets, make_loader)
 from common.data import ShuffleSampler  # one process's order of every epoch
 from common.devices import seed_everything
 from common.devices import cuda_devices, one_process  # one process, and the GPUs it drives
+from common.errors import user_errors
 from common.logger import Console, RunLogger, load_model_weights, resolve_run_dir, start_line
 from common.loop import Run, save_checkpoint
 from common.metrics import Sums, evaluation_sums, window_sums

@@ -31,10 +31,11 @@ from torch.utils.data import DistributedSampler
 
 from common.checkpoint import (StopSignals, check_fits, ended_line, has_ended, last_checkpoint_note,
                                resume_checkpoint, stopped_line, until_voted_stop)
-from common.config import Config, GroupConfig, RunError, flag, parse_config, user_errors
+from common.config import Config, GroupConfig, RunError, flag, parse_config
 from common.data import (EvalShard, LoaderWorkerDied, augmentation, dataset_info,
                          image_size, load_datasets, make_loader)
 from common.devices import seed_everything
+from common.errors import user_errors
 from common.guards import (broadcast_from_rank0, compile_leader, local_rank0_first,
                            raise_group_failure, rank0_refusal_stops_all)
 from common.launcher import SafetyNet, self_launch, tell_self_launch_stopped
