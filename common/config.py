@@ -22,7 +22,7 @@ from models.factory import PYRAMIDNET, unknown_model
 from models.pyramidnet import BLOCKS as MODEL_BLOCKS, check_arguments, parameters_at_least
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# their shapes and statistics: common/datasets.py
+# their shapes and statistics: common/data.py
 DATASETS = ("cifar10", "mnist", "synthetic", "imagefolder")
 LOADERS = ("gpu", "torchvision")
 AMPS = ("bf16", "fp16", "off")

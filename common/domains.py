@@ -19,7 +19,7 @@ from common.errors import NAME_MAX, PATH_MAX, UsageError
 
 INT_MAX = 2**63 - 1  # torch's largest integer: a count above it reaches no tensor and no C++ call
 # SyntheticCIFAR keeps its images as bytes, 3 x 32 x 32 each (it makes them a few at a time,
-# common/datasets.py): a lower bound of the memory --synthetic_size asks for.
+# common/data.py): a lower bound of the memory --synthetic_size asks for.
 SYNTHETIC_BYTES_PER_IMAGE = 3 * 32 * 32
 # the kernel's own views: nothing can be created there, not even by root
 PSEUDO_FILESYSTEMS = ("/proc", "/sys")

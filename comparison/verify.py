@@ -46,8 +46,10 @@ from torch.utils.data import DistributedSampler
 
 from common.command_line import config_argv
 from common.config import Config, UsageError
-from common.data import (augmentation, dataset_info, image_folder, image_size, load_datasets,
-                         make_loader)
+from common.augmentation import augmentation
+from common.data import dataset_info, image_size, load_datasets
+from common.folders import image_folder
+from common.loaders import make_loader
 from common.devices import seed_everything
 from common.optim import build_optimizer, lr_schedule
 from common.performance import autocast, grad_scaler, memory_format, resolve_fast_path
