@@ -84,8 +84,9 @@ from comparison.report import (
     write_csv, write_file)
 from comparison.runner import (
     run_all, signal_name, signal_of, signals_deferred, start, stop_signals)
-from comparison.verify import (DEFAULT_STEPS, Verification, defaults as verify_defaults,
-                               images_in_test_set, images_in_training_set)
+from comparison.verify import Verification
+from comparison.verify_plan import (DEFAULT_STEPS, defaults as verify_defaults, images_in_test_set,
+                                    images_in_training_set)
 from models import PYRAMIDNET
 
 # ------------------------------------------------------------------------------------------- config

@@ -26,7 +26,7 @@ from common.folders import evaluation_crop, image_folder, stored_side
 from common.loaders import folder_bytes, make_loader, resolve_loader
 from common.performance import describe_fast_path, flops_per_image, resolve_fast_path
 from common.samplers import EvalShard, ShuffleSampler
-from comparison.verify import images_in_test_set, images_in_training_set
+from comparison.verify_plan import images_in_test_set, images_in_training_set
 from conftest import (at_epoch, read_results, read_scalars, refuse_in_process, run_script,
                       train_in_process, two_at_a_time)
 
