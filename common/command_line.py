@@ -16,7 +16,6 @@ import typing
 
 from common.errors import UsageError
 
-
 # The short forms of PyTorch's ImageNet example (pytorch/examples, imagenet/main.py) whose flag
 # means the same here, so that its commands paste: -b the global batch (its total batch of a
 # node), -j the loader's worker processes (here each training process's), -a the model by

@@ -1,5 +1,6 @@
-"""torch.compile's side of a run, the same in every mode: where inductor's caches go and whether
-they hold compiled graphs, and the time a run spends compiling (and recording CUDA graphs), measured
+"""torch.compile's side of a run, the same in every mode: where inductor's caches go, whether that
+folder can be used (refused before a run starts: compile_cache_refusal) and whether it holds
+compiled graphs, and the time a run spends compiling (and recording CUDA graphs), measured
 by torch's own compile callbacks. In a process group, the ranks of a node that compile the same
 graphs (CPU processes, or ranks sharing a GPU) can wait for its first rank to compile each graph,
 then read it from the cache: one cold compile per node (common/guards.py, compile_leader, finds the
