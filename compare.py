@@ -65,9 +65,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # `python compare.py` 
 
 import torch
 
-from common.config import (REPO_ROOT, AMPS, Config, HelpFormatter, UsageError, _OneLineParser,
-                           add_flags, check_domains, config_argv, file_system_problem, flag,
-                           parse_config, user_errors)
+from common.command_line import HelpFormatter, _OneLineParser, add_flags, config_argv
+from common.config import REPO_ROOT, AMPS, Config, UsageError, flag, parse_config
+from common.domains import check_domains
+from common.errors import file_system_problem, user_errors
 from common import performance
 from common.data import dataset_info, load_datasets
 from common.rules import machine_refusal
@@ -91,8 +92,9 @@ from comparison.report.results_table import TABLE_NOTE, table_header, table_row
 from comparison.report.rows import fill_rows, write_csv
 from comparison.runner import (
     run_all, signal_name, signal_of, signals_deferred, start, stop_signals)
-from comparison.verify import (DEFAULT_STEPS, Verification, defaults as verify_defaults,
-                               images_in_test_set, images_in_training_set)
+from comparison.verify import Verification
+from comparison.verify_plan import (DEFAULT_STEPS, defaults as verify_defaults, images_in_test_set,
+                                    images_in_training_set)
 from models import PYRAMIDNET
 
 # ------------------------------------------------------------------------------------------- config

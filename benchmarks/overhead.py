@@ -25,11 +25,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 import torch.nn.functional as F
 
-from common.config import CHECKS, Config, UsageError, config_argv, flag, parse_config, user_errors
-from common.data import ShuffleSampler, dataset_info, load_datasets, make_loader
+from common.command_line import config_argv
+from common.config import Config, UsageError, flag, parse_config
+from common.domains import CHECKS
+from common.errors import user_errors
+from common.data import dataset_info, load_datasets
 from common.devices import seed_everything
+from common.loaders import make_loader
 from common.optim import build_optimizer
 from common.performance import autocast, memory_format, resolve_fast_path
+from common.samplers import ShuffleSampler
 from models import build_model
 
 DEFAULTS = ["--dataset", "synthetic", "--synthetic_size", "512", "--depth", "8", "--alpha", "12",

@@ -35,7 +35,9 @@ import torch.nn.functional as F
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from common.config import CHECKS, Config, UsageError, flag, parse_config, user_errors
+from common.config import Config, UsageError, flag, parse_config
+from common.domains import CHECKS
+from common.errors import user_errors
 from common.data import dataset_info
 from common.devices import seed_everything
 from common.performance import (autocast, memory_format, model_on_meta, peak_tflops,

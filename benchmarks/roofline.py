@@ -52,7 +52,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
-from common.config import AMPS, Config, UsageError, check_domains, flag
+from common.config import AMPS, Config, UsageError, flag
+from common.domains import check_domains
 from common.performance import MIG_NOTE, by_gpu_name, table_peaks
 from models.pyramidnet import check_arguments
 
@@ -322,7 +323,7 @@ class RooflineConfig:
 
 
 def main(argv=None) -> None:
-    from common.config import build_parser
+    from common.command_line import build_parser
     from models import pyramidnet
 
     cfg = RooflineConfig(**vars(build_parser(RooflineConfig, __doc__).parse_args(argv)))
@@ -354,7 +355,7 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    from common.config import user_errors
+    from common.errors import user_errors
 
     with user_errors():
         main()

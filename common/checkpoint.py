@@ -14,7 +14,7 @@ the run resuming it is refused in one line naming the entry, before anything is 
 (save_checkpoint, restore) takes the training loop's state, and lives beside it in common/loop.py.
 
 Resuming restores all of it, and the loaders skip the batches the epoch had already consumed. Their
-crops and flips are a function of (seed, epoch, image index) alone (common/data.py), so the
+crops and flips are a function of (seed, epoch, image index) alone (common/augmentation.py), so the
 remaining images are augmented as before whatever the loader and the number of DataLoader workers,
 and a resumed run ends with the weights the uninterrupted run would have had: bit for bit with one
 or two processes (on the CPU, or with --deterministic). With more, the first step after a resume
@@ -39,8 +39,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from common.config import MODEL_FLAGS, Config, RunError, UsageError, as_today, file_system_error
-from common.data import explicit_augmentation
+from common.augmentation import explicit_augmentation
+from common.config import MODEL_FLAGS, Config, RunError, UsageError, as_today
+from common.errors import file_system_error
 from common.logger import fresh_restart, logged_curves, write_atomically
 from common.metrics import Sums
 from common.state import load_file, load_optimizer_state

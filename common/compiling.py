@@ -1,5 +1,6 @@
-"""torch.compile's side of a run, the same in every mode: where inductor's caches go and whether
-they hold compiled graphs, and the time a run spends compiling (and recording CUDA graphs), measured
+"""torch.compile's side of a run, the same in every mode: where inductor's caches go, whether that
+folder can be used (refused before a run starts: compile_cache_refusal) and whether it holds
+compiled graphs, and the time a run spends compiling (and recording CUDA graphs), measured
 by torch's own compile callbacks. In a process group, the ranks of a node that compile the same
 graphs (CPU processes, or ranks sharing a GPU) can wait for its first rank to compile each graph,
 then read it from the cache: one cold compile per node (common/guards.py, compile_leader, finds the
@@ -17,12 +18,13 @@ node's first rank (`compile_wait_s`, apart).
 from __future__ import annotations
 
 import datetime
+import hashlib
 import os
+import shlex
 import shutil
+import tempfile
 import time
 from pathlib import Path
-
-from common.config import compile_cache_alias, splits_apart
 
 # Where a compile looks for what an earlier one left (torch/_inductor/codecache.py,
 # FxGraphCache._get_tmp_dir_for_key: fxgraph/<key[1:3]>/<key>/<entry>;
@@ -33,9 +35,90 @@ from common.config import compile_cache_alias, splits_apart
 GRAPH_ENTRIES = ("fxgraph/*/*/*", "aotautograd/*/*")
 
 
+def compile_cache_folder(cfg) -> str:
+    """Where torch.compile's caches go: --compile_cache, else the TORCHINDUCTOR_CACHE_DIR the user
+    set, else <log_dir>/.compile_cache."""
+    return (cfg.compile_cache or os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+            or str(Path(cfg.log_dir) / ".compile_cache"))
+
+
+def splits_apart(path: str) -> bool:
+    """Whether `path` would not reach the C++ compiler whole. Inductor's C++ builder
+    (torch/_inductor/cpp_builder.py, CppBuilder) writes the source and output files, which lie in
+    the compile cache, into its command line unquoted (only -I and -L paths are quoted) and splits
+    that line with shlex.split: a space, tab, quote or backslash in the path cuts it in two ("g++:
+    fatal error: input file '/a' is the same as output file"; an odd quote makes shlex raise)."""
+    try:
+        return shlex.split(path) != [path]
+    except ValueError:  # "No closing quotation"
+        return True
+
+
+def compile_cache_alias(folder: str) -> Path:
+    """A path without spaces that leads to the compile cache `folder` (whose own path
+    splits apart): a symbolic link in this user's own folder of the temporary folder,
+    named after the cache's real path."""
+    real = os.path.realpath(folder)
+    name = hashlib.sha256(os.fsencode(real)).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"pytorch-multigpu-{os.getuid()}" / name
+
+
+def _first_existing(path: Path) -> Path:
+    while not (path.exists() or path.is_symlink()) and path != path.parent:
+        path = path.parent
+    return path
+
+
+def compile_cache_refusal(cfg) -> str | None:
+    """Why the compile cache cannot be used, in one line (None when it can), checked before anything
+    is written: a file, a symbolic link that leads nowhere, a folder that cannot be written
+    (read-only, not this user's), or a path the C++ compiler cannot be given that no alias can stand
+    in for. Said with where the path came from."""
+    folder = Path(compile_cache_folder(cfg))
+    give = "give a --compile_cache folder"
+    if cfg.compile_cache:
+        name = f"--compile_cache {folder}"
+    elif os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        name = f"the compile cache {folder} (from TORCHINDUCTOR_CACHE_DIR)"
+    else:
+        name = f"the compile cache {folder} (--compile_cache's default, under --log_dir)"
+        give = "give a --log_dir or --compile_cache folder"
+    existing = _first_existing(folder)
+    if existing.is_symlink() and not existing.exists():
+        where = "" if existing == folder else f": {existing}"
+        return (f"{name}{where} is a symbolic link to {os.readlink(existing)}, which does not "
+                "exist: create that folder, or give another --compile_cache")
+    if not existing.is_dir():
+        where = "" if existing == folder else f": {existing}"
+        return f"{name}{where} is a file, not a folder: {give}"
+    # the kernel's answer: a read-only mount, permissions
+    if not os.access(existing, os.W_OK | os.X_OK):
+        read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
+        why = "is on a read-only file system" if read_only else "cannot be written by this user"
+        return f"{name}: {existing} {why}: {give} that can be written"
+    if not splits_apart(os.path.abspath(folder)):
+        return None
+    alias = compile_cache_alias(str(folder))  # where a link will stand in for it
+    if splits_apart(str(alias)):
+        return (f"{name} has a space (or a quote or backslash) in its path, which inductor's C++ "
+                f"builder cuts apart, and so does the temporary folder {alias.parent.parent} that "
+                "would hold a link to it: give a --compile_cache path without them")
+    links = alias.parent
+    if (links.is_symlink()
+            or links.exists() and (not links.is_dir() or links.stat().st_uid != os.getuid())):
+        return (f"{name} has a space in its path, and {links}, where a link without one would "
+                "stand in for it, is not a folder of this user's: remove it, or give a "
+                "--compile_cache path without spaces")
+    if not os.access(_first_existing(links), os.W_OK | os.X_OK):
+        return (f"{name} has a space in its path, and {links.parent}, where a link "
+                "without one would stand in for it, cannot be written: give a "
+                "--compile_cache path without spaces")
+    return None
+
+
 def inductor_cache_path(folder: str) -> str:
     """The path inductor is given for the compile cache `folder`: the folder itself, or where its
-    path would not reach the C++ compiler whole (config.splits_apart), a link to it without
+    path would not reach the C++ compiler whole (splits_apart), a link to it without
     spaces (compile_cache_alias)."""
     path = os.path.abspath(folder)
     return str(compile_cache_alias(folder)) if splits_apart(path) else path

@@ -1,19 +1,25 @@
-"""An image folder's layout (DIR/train/<class>/* and DIR/val/<class>/*, as torchvision's
-ImageFolder reads it), listed once per process without opening an image: what Config's checks
-refuse before a run starts, and what common/data.py's loaders read. Listed as ImageFolder lists it
-(its classes, extensions and order, symbolic links followed), except that each file is listed once
-however many links lead to it, and a link back up the tree is followed once, where ImageFolder
-walks it round until the path grows too long (a class of 12 images listed as 252)."""
+"""An image folder (--dataset imagefolder: DIR/train/<class>/* and DIR/val/<class>/*, as
+torchvision's ImageFolder reads it): its layout, listed once per process without opening an image
+(what Config's checks refuse before a run starts); every image checked readable before a run
+starts (`check_images`); its splits read as ImageFolder reads them (`FolderSplit`); and its
+evaluation images, resized and centre-cropped as ImageNet's (`evaluation_crop`). Listed as
+ImageFolder lists it (its classes, extensions and order, symbolic links followed), except that each
+file is listed once however many links lead to it, and a link back up the tree is followed once,
+where ImageFolder walks it round until the path grows too long (a class of 12 images listed as
+252)."""
 from __future__ import annotations
 
 import functools
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from torch.utils.data import Dataset
 
 from common.errors import UsageError
+from common.workers import UnreadableImage
 from models.factory import torchvision
 
 SPLITS = {"train": "training", "val": "validation"}  # the folders, and what each one holds
@@ -133,3 +139,99 @@ def image_folder_refusal(data_dir: str) -> str | None:
     except UsageError as error:
         return str(error)
     return None
+
+
+# ---- its images: checked before a run, read by both loaders ----
+
+CHECK_THREADS = 16  # files read at once by check_images: the reads wait on the disk, not on a core
+TAIL = 4096  # bytes at the end of a PNG or JPEG where its end marker must be
+
+
+def unreadable(path: str) -> str | None:
+    """Why the image file `path` cannot be read (None: it can), found to its end: PIL identifies it
+    from its first bytes; a PNG or JPEG, compressed, must end with its end marker (IEND, FFD9),
+    which a file cut short lacks, and one that does not is decoded in full, and refused only if PIL
+    cannot decode it (a JPEG with data after its end, as some phones write, is read). Every other
+    format the loader reads (BMP, PPM, PGM, TIFF, WebP) has no end marker, and is decoded in full:
+    for the uncompressed ones, a copy of their bytes."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:  # reads the header only
+            kind = image.format
+        with open(path, "rb") as file:
+            file.seek(max(0, os.path.getsize(path) - TAIL))
+            tail = file.read()
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
+        return _reason(error, path)
+    marker = {"PNG": b"IEND", "JPEG": b"\xff\xd9"}.get(kind)
+    if marker is not None and marker in tail:
+        return None
+    try:
+        with Image.open(path) as image:
+            image.load()
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
+        return _reason(error, path)
+    return None
+
+
+def _reason(error: Exception, path: str) -> str:
+    """PIL's words for why `path` could not be read, without the path (the line names it once)."""
+    text = " ".join(str(error).replace(repr(path), "").replace(path, "").split()).strip(" :")
+    return text[:160] or type(error).__name__
+
+
+def check_images(paths: list[str]) -> None:
+    """Refuse the first of `paths` (in order) that cannot be read as an image, in one line, before
+    anything is written: a file cut short, empty, or not an image. `unreadable` reads two small
+    pieces of each PNG or JPEG and decodes the other formats, a few files at a time (they wait on
+    the disk, or decode in PIL, which lets go of the GIL)."""
+    # a task per 1024 files, not one per file
+    parts = [paths[i:i + 1024] for i in range(0, len(paths), 1024)]
+    with ThreadPoolExecutor(CHECK_THREADS) as pool:
+        checked = pool.map(lambda part: [unreadable(path) for path in part], parts)
+        for part, reasons in zip(parts, checked):
+            bad = next(((path, why) for path, why in zip(part, reasons) if why), None)
+            if bad:
+                raise UsageError(f"--dataset imagefolder: {bad[0]} cannot be read as an image "
+                                 f"({bad[1]}): replace it with a readable image, or delete it")
+
+
+def stored_side(size: int) -> int:
+    """The side at which the gpu loader stores an image folder's training images: the evaluation's
+    resize (image_size * 256 // 224, 256 for 224), where the random resized crops are drawn."""
+    return size * 256 // 224
+
+
+def evaluation_crop(image, size: int):
+    """An image folder's evaluation image: the PIL image resized (its shorter side to image_size *
+    256 // 224, bilinear with antialiasing) and centre-cropped to size x size."""
+    from torchvision.transforms import functional
+
+    return functional.center_crop(functional.resize(image, stored_side(size)), [size, size])
+
+
+class FolderSplit(Dataset):
+    """One split of an image folder (train/ or val/), its images as `image_folder` listed them
+    (ImageFolder's classes and order, each file once) and read as torchvision's ImageFolder reads
+    them (its default_loader: PIL, converted to RGB): [i] is (PIL RGB image, class index);
+    .samples, .targets and .classes as ImageFolder's, .info the run's DatasetInfo."""
+
+    def __init__(self, folder: Path, info):
+        facts = image_folder(str(folder.parent))
+        self.info, self.samples = info, list(facts.samples[folder.name])
+        self.targets, self.classes = [target for _, target in self.samples], list(facts.classes)
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, index):
+        from PIL import Image
+        from torchvision.datasets.folder import default_loader
+
+        path, target = self.samples[index]
+        try:
+            return default_loader(path), target
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
+            raise UnreadableImage(f"{path} cannot be read as an image ({_reason(error, path)}): "
+                                  "replace it with a readable image") from None

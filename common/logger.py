@@ -17,9 +17,10 @@ from pathlib import Path
 
 import torch
 
+from common.augmentation import describe_augmentation
 from common.breakdown import TRACE_NAME
 from common.config import LATER_FLAGS, MODEL_FLAGS, Config, UsageError
-from common.data import dataset_info, describe_augmentation
+from common.data import dataset_info
 from common.metrics import Sums
 from common.optim import describe_lr
 from common.performance import describe_fast_path

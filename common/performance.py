@@ -15,10 +15,11 @@ import re
 
 import torch
 
-from common.compiling import graph_entries, inductor_cache_path
-from common.config import Config, UsageError, compile_cache_folder
-from common.data import (dataset_info, explicit_augmentation, loader_description,
-                         resolve_loader)
+from common.augmentation import explicit_augmentation
+from common.compiling import compile_cache_folder, graph_entries, inductor_cache_path
+from common.config import Config, UsageError
+from common.data import dataset_info
+from common.loaders import loader_description, resolve_loader
 from common.rules import alignment_refusal, memory_snapshot_refusal
 from models import PYRAMIDNET, build_model, model_refusal, on_meta
 
@@ -121,7 +122,7 @@ def resolve_fast_path(cfg: Config, device: torch.device) -> Config:
     cache = compile_cache_folder(cfg)
     if cfg.compile:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache_path(cache)
-    # --loader, else gpu where the data fits on the device (common/data.py)
+    # --loader, else gpu where the data fits on the device (common/loaders.py)
     loader = resolve_loader(cfg, device)
     # --augment auto and --flip made the crop and the flip they stand for at this image size
     cfg = explicit_augmentation(cfg)

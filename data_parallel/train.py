@@ -23,15 +23,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from common.augmentation import augmentation
 from common.checkpoint import (StopSignals, check_fits, ended_line, has_ended, last_checkpoint_note,
                                resume_checkpoint, stopped_line, until_stopped)
 from common.checkpoint import continue_flags  # the flags that continue a stopped run, quoted
-from common.config import Config, RunError, UsageError, parse_config, user_errors
-from common.data import (EvalShard, LoaderWorkerDied, augmentation, dataset_info,
-                         image_size, load_datasets, make_loader)
-from common.data import ShuffleSampler  # one process's order of every epoch
+from common.config import Config, parse_config
+from common.data import dataset_info, image_size, load_datasets
 from common.devices import seed_everything
 from common.devices import cuda_devices, one_process  # one process, and the GPUs it drives
+from common.errors import RunError, UsageError, user_errors
+from common.loaders import make_loader
 from common.logger import Console, RunLogger, load_model_weights, resolve_run_dir, start_line
 from common.loop import Run, save_checkpoint
 from common.metrics import Sums, evaluation_sums, window_sums
@@ -39,7 +40,10 @@ from common.optim import build_optimizer, lr_schedule
 from common.performance import autocast, grad_scaler, memory_format, resolve_fast_path
 from common.performance import AutocastForward  # the replica threads need autocast in the forward
 from common.rules import compiled_replicas_refusal, per_process_batch, uneven_batch_refusal
+from common.samplers import EvalShard
+from common.samplers import ShuffleSampler  # one process's order of every epoch
 from common.telemetry import peak_memory_gb
+from common.workers import LoaderWorkerDied
 from models import build_model
 
 MODE = "data_parallel"

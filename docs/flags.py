@@ -55,7 +55,7 @@ def _docstring(script: str) -> str:
 
 def parser_of(script: str) -> argparse.ArgumentParser:
     """The parser `script` reads its command line with, built as the script builds it."""
-    from common.config import build_parser
+    from common.command_line import build_parser
 
     if script == "compare.py":
         import compare
@@ -110,7 +110,7 @@ def anchor(heading: str) -> str:
 
 def render() -> str:
     """The whole of docs/flags.md as it should be now."""
-    from common.config import SHORT_FLAGS
+    from common.command_line import SHORT_FLAGS
 
     short = ", ".join(f"`{flag}`" for flag in SHORT_FLAGS.values())
     sections = [HEADER.format(columns=COLUMNS, short=short),

@@ -38,23 +38,27 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.utils.data import DistributedSampler
 
+from common.augmentation import augmentation
 from common.checkpoint import (StopSignals, check_fits, ended_line, has_ended, last_checkpoint_note,
                                resume_checkpoint, stopped_line, until_any_rank_stopped)
-from common.config import Config, GroupConfig, RunError, flag, parse_config, user_errors
-from common.data import (EvalShard, LoaderWorkerDied, augmentation, dataset_info,
-                         image_size, load_datasets, make_loader)
+from common.config import Config, GroupConfig, flag, parse_config
+from common.data import dataset_info, image_size, load_datasets
 from common.devices import seed_everything
+from common.errors import RunError, user_errors
 from common.guards import (broadcast_from_rank0, compile_leader, local_rank0_first,
                            raise_group_failure, exit_together_if_rank0_refused)
 from common.launcher import CheckedLaunch, self_launch, tell_self_launch_stopped
+from common.loaders import make_loader
 from common.logger import Console, RunLogger, load_model_weights, resolve_run_dir, start_line
 from common.loop import Run, save_checkpoint
 from common.metrics import Sums, evaluation_sums, window_sums
 from common.optim import build_optimizer, lr_schedule
 from common.performance import autocast, grad_scaler, memory_format, resolve_fast_path
 from common.rules import per_process_batch
+from common.samplers import EvalShard
 from common.state import model_state
 from common.sync_check import verify_sync
+from common.workers import LoaderWorkerDied
 from models import build_model, on_meta, repeated_blocks
 from models.aligned import weights_nhwc
 

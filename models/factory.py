@@ -33,7 +33,7 @@ def environment_as_found():
     for its cache folder (torch/_inductor/runtime/cache_dir_utils.py, cache_dir), which sets
     TORCHINDUCTOR_CACHE_DIR to torch's default, /tmp/torchinductor_<user>, for the rest of the
     process and every process it starts: the suite would take it for the user's choice of a
-    compile cache (common.config.compile_cache_folder)."""
+    compile cache (common.compiling.compile_cache_folder)."""
     before = dict(os.environ)
     try:
         yield

@@ -56,7 +56,7 @@ def refuse_in_process(script: str, *args) -> subprocess.CompletedProcess:
     stdout and stderr captured): the user's path without the ~3 s of starting Python and
     importing torch. Only for launches that stop before training; a few of every kind are
     also run as real subprocesses."""
-    from common.config import user_errors
+    from common.errors import user_errors
 
     module = importlib.import_module(script.removesuffix(".py").replace("/", "."))
     out, err = io.StringIO(), io.StringIO()

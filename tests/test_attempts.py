@@ -311,7 +311,7 @@ def test_an_interval_checkpoint_holds_the_figures_of_every_step(tmp_path):
 def test_a_dead_loader_worker_checkpoint_holds_the_figures_of_every_step(tmp_path):
     """A DataLoader worker found dead before step 4 (a window every 2 steps): the run stops with a
     checkpoint at step 3 whose figures include step 3, as a signal's would."""
-    from common.data import LoaderWorkerDied
+    from common.workers import LoaderWorkerDied
     from common.metrics import StepTimer
 
     timed = StepTimer.timed

@@ -46,7 +46,8 @@ import pytest
 import torch
 
 from common.checkpoint import CONTENTS, EARLIER_FORMAT, checksum, load_checkpoint
-from common.config import NAME_MAX, Config, UsageError, parse_config
+from common.config import Config, UsageError, parse_config
+from common.errors import NAME_MAX
 from common.guards import check_rendezvous_file
 from common.logger import MARKER
 from common.metrics import TrainMeter

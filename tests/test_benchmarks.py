@@ -16,7 +16,7 @@ from torch import nn
 
 import benchmarks.roofline as roofline_module
 from benchmarks.roofline import KERNEL_US, Op, roofline, share_of_roofline, step_ops
-from common.config import missing_domains
+from common.domains import missing_domains
 from conftest import REPO, refuse_in_process, run_script
 from models import pyramidnet
 

@@ -27,7 +27,8 @@ from conftest import REPO, run_script
 
 import compare
 from models import pyramidnet
-from common.config import UsageError, missing_domains
+from common.config import UsageError
+from common.domains import missing_domains
 from comparison import environment as machine
 from comparison import runner
 from comparison.matrix import Cores, PlannedRun, check_runs, plan

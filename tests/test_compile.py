@@ -36,7 +36,8 @@ import torch.distributed as dist
 
 import compare
 from common.compiling import CompileClock, graph_entries, inductor_cache_path, open_compile_cache
-from common.config import Config, UsageError, compile_cache_alias, parse_config, splits_apart
+from common.compiling import compile_cache_alias, splits_apart
+from common.config import Config, UsageError, parse_config
 from common.performance import describe_fast_path, resolve_fast_path
 from common.rules import CUDA_GRAPH_MODES, FIRST_BUCKET_BYTES, compile_refusal, launch_refusal
 from comparison.matrix import PlannedRun, check_runs, config_class

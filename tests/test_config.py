@@ -15,12 +15,14 @@ import torch
 import torch.nn.functional as F
 
 import common.config
+import common.domains
 import common.logger
 import common.metrics
-from common.config import (AMPS, BASE_BATCH, NAME_MAX, PATH_MAX, REPO_ROOT,
-                           SYNTHETIC_BYTES_PER_IMAGE, Config, UsageError, build_parser,
-                           as_today, check_domains, flag, missing_domains, parse_config,
-                           user_errors)
+from common.command_line import build_parser
+from common.config import (AMPS, BASE_BATCH, REPO_ROOT, Config, UsageError, as_today, flag,
+                           parse_config)
+from common.domains import SYNTHETIC_BYTES_PER_IMAGE, check_domains, missing_domains
+from common.errors import NAME_MAX, PATH_MAX, user_errors
 from common.devices import cuda_devices, seed_everything
 from common.logger import MARKER, load_model_weights, resolve_run_dir
 from common.metrics import StepTimer, Sums, TrainMeter, evaluation_sums, window_sums
@@ -439,7 +441,9 @@ def test_sizes_beyond_the_machines_memory_are_refused_naming_them(monkeypatch):
     """On a machine of 2 GiB: the largest --synthetic_size that fits is accepted and the next
     refused with the largest; PyramidNet-110 alpha 270 (114 MB of weights) is accepted, alpha 2,700
     (9 GiB) refused. Nothing is allocated to find out."""
-    monkeypatch.setattr(common.config, "physical_memory", lambda: 2**31)
+    # read by --synthetic_size's domain (common/domains.py) and by Config's check of the weights
+    for module in (common.domains, common.config):
+        monkeypatch.setattr(module, "physical_memory", lambda: 2**31)
     most = 2**31 // SYNTHETIC_BYTES_PER_IMAGE
     assert parse("--synthetic_size", str(most)).synthetic_size == most
     with pytest.raises(UsageError, match=f"--synthetic_size must be at most {most} images "
@@ -451,7 +455,8 @@ def test_sizes_beyond_the_machines_memory_are_refused_naming_them(monkeypatch):
                                          r"--alpha or --width_multiple"):
         parse("--alpha", "2700")
     # the system does not say: no refusal
-    monkeypatch.setattr(common.config, "physical_memory", lambda: None)
+    for module in (common.domains, common.config):
+        monkeypatch.setattr(module, "physical_memory", lambda: None)
     assert parse("--alpha", "1e7", "--synthetic_size", str(10**13)).alpha == 1e7
 
 

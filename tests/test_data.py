@@ -1,5 +1,6 @@
-"""common/data.py: the synthetic set, CIFAR-10 reading (on a fixture in the real
-format), samplers and loaders."""
+"""The data path: the synthetic set and CIFAR-10 reading (common/data.py; CIFAR-10 on a fixture in
+the real format), samplers (common/samplers.py), the two loaders and their workers
+(common/loaders.py, gpu_loader.py, torchvision_loader.py, workers.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -24,11 +25,15 @@ import torchvision.datasets.cifar
 import torchvision.datasets.utils
 from torch.utils.data import DistributedSampler
 
+from common import workers
+from common.augmentation import augmentation_draws
 from common.config import UsageError
-from common import data
-from common.data import (CIFAR10_MEAN, CIFAR10_STD, DATASET_INFO, DeviceLoader, EvalShard,
-                         LoaderWorkerDied, ShuffleSampler, SyntheticCIFAR, TorchvisionLoader,
-                         augmentation_draws, default_num_workers, load_datasets, make_loader)
+from common.data import CIFAR10_MEAN, CIFAR10_STD, DATASET_INFO, SyntheticCIFAR, load_datasets
+from common.gpu_loader import DeviceLoader
+from common.loaders import make_loader
+from common.samplers import EvalShard, ShuffleSampler
+from common.torchvision_loader import TorchvisionLoader
+from common.workers import LoaderWorkerDied, default_num_workers
 
 from conftest import at_epoch
 
@@ -498,7 +503,7 @@ def test_too_many_workers_are_warned_of_once_per_run_when_training_starts(monkey
     """More workers than cores, asked for: one line from the first process when the first batch is
     asked for (after every refusal), instead of torch's warning per loader and per rank."""
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
-    monkeypatch.setattr(data, "_warned", set())
+    monkeypatch.setattr(workers, "_warned", set())
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     monkeypatch.setenv("WORLD_SIZE", "1")
     loaders = [make_loader("torchvision", SyntheticCIFAR(8, seed=0, train=False), EvalShard(8), 4,
@@ -510,7 +515,7 @@ def test_too_many_workers_are_warned_of_once_per_run_when_training_starts(monkey
     lines = capsys.readouterr().err.splitlines()
     assert (len(lines) == 1 and lines[0].startswith("warning: --num_workers 2")
             and "1 usable cores" in lines[0])
-    monkeypatch.setattr(data, "_warned", set())
+    monkeypatch.setattr(workers, "_warned", set())
     monkeypatch.setenv("RANK", "1")  # every other rank is silent
     collect(loaders[0])
     assert capsys.readouterr().err == ""

@@ -18,10 +18,12 @@ import torch
 
 import common.performance as performance
 from common.config import Config, UsageError, parse_config
-from common.data import EvalShard, ShuffleSampler, load_datasets, make_loader
+from common.data import load_datasets
 from common.devices import seed_everything
+from common.loaders import make_loader
 from common.performance import (autocast, describe_fast_path, flops_per_image, grad_scaler, mfu,
                                 peak_tflops, resolve_fast_path, speed_summary)
+from common.samplers import EvalShard, ShuffleSampler
 from conftest import REPO, TINY, read_results, refuse_in_process, run_script
 from models import pyramidnet
 from models.factory import environment_as_found

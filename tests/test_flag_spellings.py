@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from common.config import SHORT_FLAGS, Config, parse_config
+from common.command_line import SHORT_FLAGS
+from common.config import Config, parse_config
 from conftest import REPO
 
 sys.path.insert(0, str(REPO / "docs"))
@@ -23,7 +24,7 @@ SCRIPTS = [*flags_page.SCRIPTS, "benchmarks/overhead.py"]
 def parser_of(script: str) -> argparse.ArgumentParser:
     if script == "benchmarks/overhead.py":  # not on the page: its flags are train.py's and a few
         from benchmarks import overhead
-        from common.config import build_parser
+        from common.command_line import build_parser
 
         return build_parser(overhead.OverheadConfig, overhead.__doc__)
     return flags_page.parser_of(script)

@@ -18,12 +18,15 @@ import torch
 from PIL import Image
 
 from common.config import Config, UsageError, parse_config
-from common.data import (DATASET_INFO, IMAGENET_MEAN, IMAGENET_STD, Augmentation, EvalShard,
-                         ShuffleSampler, SyntheticCIFAR, augmentation_draws, crop_boxes,
-                         dataset_info, evaluation_crop, folder_bytes, image_folder, load_datasets,
-                         make_loader, resized, resized_crop_draws, resolve_loader, stored_side)
+from common.augmentation import (Augmentation, augmentation_draws, crop_boxes, resized,
+                                 resized_crop_draws)
+from common.data import (DATASET_INFO, IMAGENET_MEAN, IMAGENET_STD, SyntheticCIFAR, dataset_info,
+                         load_datasets)
+from common.folders import evaluation_crop, image_folder, stored_side
+from common.loaders import folder_bytes, make_loader, resolve_loader
 from common.performance import describe_fast_path, flops_per_image, resolve_fast_path
-from comparison.verify import images_in_test_set, images_in_training_set
+from common.samplers import EvalShard, ShuffleSampler
+from comparison.verify_plan import images_in_test_set, images_in_training_set
 from conftest import (at_epoch, read_results, read_scalars, refuse_in_process, run_script,
                       train_in_process, two_at_a_time)
 

@@ -28,8 +28,9 @@ import torch
 
 import compare
 from common.checkpoint import continue_flags, load_checkpoint, stopped_line, write_checkpoint
-from common.config import MODEL_FLAGS, Config, RunError, UsageError, file_system_error, user_errors
+from common.config import MODEL_FLAGS, Config, RunError, UsageError
 from common.data import load_datasets
+from common.errors import file_system_error, user_errors
 from common.logger import load_model_weights, resolve_run_dir, write_atomically
 from conftest import (TINY, read_results, read_scalars, refuse_in_process, run_script,
                       train_in_process)

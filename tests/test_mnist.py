@@ -17,8 +17,10 @@ import torchvision.datasets.utils
 from torch.utils.flop_counter import FlopCounterMode
 
 from common.config import DATASETS, Config, UsageError, parse_config
-from common.data import DATASET_INFO, EvalShard, ShuffleSampler, load_datasets, make_loader
+from common.data import DATASET_INFO, load_datasets
+from common.loaders import make_loader
 from common.performance import flops_per_image
+from common.samplers import EvalShard, ShuffleSampler
 from conftest import TINY, at_epoch, read_results, run_script
 from models import pyramidnet
 from test_bad_input import assert_refused, no_network

@@ -8,8 +8,8 @@ beside the run folders it judged:
   dist_parallel end with bit-identical weights, losses and accuracies;
 - two DDP processes compute what a single process computes when it averages the losses of the two
   per-rank shares of every global batch, each share normalised by BatchNorm alone
-  (comparison.verify.reference_training, the reference the verification itself uses): bit-identical,
-  as halving and a sum of two are exact;
+  (comparison.verify_reference.reference_training, the reference the verification itself uses):
+  bit-identical, as halving and a sum of two are exact;
 - the ranks end with bit-identical parameters and differing BatchNorm statistics;
 - evaluation is exact for 1, 2 and 3 processes (53 test images, which neither 2 nor 3 divides), and
   the test numbers a 2-process run reports are those of the weights it saves;
@@ -58,7 +58,9 @@ import torch
 
 import compare
 from comparison.report.outcome import Outcome
-from comparison.verify import Verification, config_of, reference_training, summary_line
+from comparison.verify import Verification, summary_line
+from comparison.verify_checks import config_of
+from comparison.verify_reference import reference_training
 from conftest import REPO, TINY, read_results, refuse_in_process, run_script
 
 pytestmark = pytest.mark.second_tier  # the longest scenarios: `python -m pytest -q -m second_tier`
@@ -192,9 +194,9 @@ def test_the_reference_reproduces_a_one_process_run(verified):
 def test_two_processes_match_the_single_process_reference(verified):
     """DDP over 2 gloo processes, 12 steps: every parameter equals, bit for bit, a single process
     averaging the two ranks' share losses, each share normalised by BatchNorm alone (check 2,
-    computed by compare.py with comparison.verify.reference_training). So the gradient all-reduce
-    averages exactly the ranks' gradients, and each rank saw its DistributedSampler share. Buffers
-    are not compared: each rank's running statistics come from its own share."""
+    computed by compare.py with comparison.verify_reference.reference_training). So the gradient
+    all-reduce averages exactly the ranks' gradients, and each rank saw its DistributedSampler
+    share. Buffers are not compared: each rank's running statistics come from its own share."""
     _, out = verified
     row = checks(out)[1]
     assert row["verdict"] == "pass" and row["runs"].startswith(f"`{RUNS['ddp2']}`")

@@ -23,8 +23,9 @@ from torch import nn
 from torch.utils.data import DistributedSampler
 
 from common.config import UsageError
-from common.data import load_datasets, make_loader
+from common.data import load_datasets
 from common.guards import check_master_address, nccl_error_handling
+from common.loaders import make_loader
 from common.sync_check import check_sync, verify_sync
 from conftest import REPO, TINY, at_epoch, read_results
 

@@ -15,7 +15,8 @@ import benchmarks.profile_step as profile_step
 from benchmarks.profile_step import (ProfileConfig, achieved, breakdown, category, conv_pass,
                                      conv_passes, device_times, is_conv_layout, summary)
 from benchmarks.roofline import Op, bandwidth_tbs, roofline, share_of_roofline, step_ops
-from common.config import Config, UsageError, missing_domains, parse_config
+from common.config import Config, UsageError, parse_config
+from common.domains import missing_domains
 from common.performance import flops_per_image
 from conftest import refuse_in_process
 from models import pyramidnet

@@ -34,7 +34,9 @@ import torch
 from common.checkpoint import (LAST, load_checkpoint, restore_optimizer, rng_state, set_rng_state,
                                write_checkpoint)
 from common.config import Config, UsageError, parse_config
-from common.data import ShuffleSampler, load_datasets, make_loader
+from common.data import load_datasets
+from common.loaders import make_loader
+from common.samplers import ShuffleSampler
 from conftest import REPO, TINY, at_epoch, refuse_in_process, run_script, two_at_a_time
 from models import pyramidnet
 

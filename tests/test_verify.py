@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import compare
-from comparison.verify import BITWISE, ROUNDING
+from comparison.verify_checks import BITWISE, ROUNDING
 from conftest import REPO
 
 

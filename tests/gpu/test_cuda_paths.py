@@ -30,12 +30,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from common.augmentation import crop_boxes, resized_crop_draws
 from common.config import Config, parse_config
-from common.data import (EvalShard, ShuffleSampler, crop_boxes, load_datasets, make_loader,
-                         resized_crop_draws)
+from common.data import load_datasets
 from common.devices import seed_everything
+from common.loaders import make_loader
 from common.metrics import StepTimer
 from common.performance import autocast, peak_tflops, resolve_fast_path
+from common.samplers import EvalShard, ShuffleSampler
 from common.telemetry import GIB, GpuTelemetry, peak_memory_gb
 from conftest import REPO, TINY, at_epoch, read_results, read_scalars
 from models import pyramidnet

@@ -1,0 +1,383 @@
+"""The checks of compare.py --verify, each judging the outcomes of the runs a Plan
+(comparison/verify_plan.py) made and the files in their run folders: a `Row` per check with the
+figure it measured, its tolerance and its verdict, and the tolerances themselves with the reason for
+each."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from common.config import Config
+from comparison.matrix import GROUP_MODES
+from comparison.report.outcome import Outcome
+from comparison.verify_plan import (Group, Launch, Plan, Setting, evaluation_counts,
+                                    images_in_test_set)
+from comparison.verify_reference import reference_training
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    value: float  # the largest difference that passes; 0: bitwise
+    text: str     # as the table shows it
+    why: str      # one sentence, for the notes under the table
+
+
+BITWISE = Tolerance(0.0, "0 (bitwise)", "the runs do the same float operations in the same "
+                                        "order: every bit agrees")
+# Where two runs round differently somewhere (the order of a sum, another kernel), SGD carries the
+# difference forward and amplifies it. Measured on the CPU, 24 steps of the CPU default (tiny model,
+# batch 32, 266 images, 3 epochs): 4 ranks against their reference 5.2e-6, a 4-rank run resumed at
+# step 12 against the uninterrupted one 2.4e-7 (the only difference: the order in which the
+# all-reduce adds the ranks' gradients); one process on 1 thread against 2 threads (every
+# convolution adds in another order) 7.5e-4 in fp32 and 2.5e-3 under bf16 autocast. The errors these
+# checks are there to catch measured 5.1e-4 (a step left out), 4.5e-3 (BatchNorm over the whole
+# batch instead of each rank's share), 1.8e-2 (another data order), 2.0e-2 (no augmentation) and
+# 4.4e-2 (gradients summed, not averaged).
+SUMMATION_ORDER = Tolerance(
+    1e-4, "1e-4", "with more than two ranks the all-reduce adds the ranks' gradients in another "
+                  "order than autograd in the reference, and in another order again in a resumed "
+                  "run's first step (DDP lays out its gradient buckets anew once per process, in "
+                  "the order the gradients arrived); 24 fp32 steps of 4 ranks on the CPU differ by "
+                  "up to 5.2e-6, and a step left out by 5.1e-4")
+ROUNDING = {
+    "off": Tolerance(5e-3, "5e-3", "the runs may take other kernels (on GPUs cuDNN autotunes per "
+                                   "process, some backward kernels add with atomics, a rank's "
+                                   "smaller batch takes other kernels, and convolutions round to "
+                                   "TF32's 10 bits; --compile fuses each wrapper's graph its own "
+                                   "way); on the CPU, other summation orders in every "
+                                   "convolution move 24 fp32 steps by 7.5e-4. Set from that and "
+                                   "reasoning, not measured on a GPU"),
+    "half": Tolerance(2e-2, "2e-2", "the runs may take other kernels (on GPUs cuDNN autotunes per "
+                                    "process, some backward kernels add with atomics, a rank's "
+                                    "smaller batch takes other kernels; --compile fuses each "
+                                    "wrapper's graph its own way) and autocast rounds activations "
+                                    "to 8 (bf16) or 11 (fp16) bits; on the CPU, other summation "
+                                    "orders under bf16 autocast move 24 steps by 2.5e-3. Set from "
+                                    "that and reasoning, not measured on a GPU"),
+}
+
+
+@dataclass(frozen=True)
+class EvaluationTolerance:
+    accuracy: float  # the largest difference in test accuracy (a fraction) that passes
+    loss: float      # the largest relative difference in test loss that passes
+    text: str
+    why: str
+
+
+EXACT_EVALUATION = EvaluationTolerance(
+    0.0, 1e-6, "accuracy 0, loss 1e-6 relative; images exact",
+    "on the CPU in fp32 an image's logits do not depend on the batch it is in: the accuracy is "
+    "exact, and the loss differs only in the order its float64 sums are added. Every test image is "
+    "counted once, by every count")
+ROUNDED_EVALUATION = EvaluationTolerance(
+    0.005, 1e-3, "accuracy 0.5 points, loss 1e-3 relative; images exact",
+    "on GPUs (and under autocast) an image in a batch of another size may take another kernel, "
+    "whose logits differ in their last bits: enough to change the prediction of an image whose two "
+    "best classes are that close. Set from reasoning, not measured on a GPU. Every test image is "
+    "counted once, by every count")
+
+
+@dataclass
+class Row:
+    check: str
+    runs: str
+    measured: str
+    tolerance: str
+    verdict: str  # pass, FAIL or not run
+    why: str = ""  # FAIL: what failed; not run: why not
+    figures: dict = field(default_factory=dict)  # the figures unrounded, for verify.json
+
+
+class Checks(Plan):
+    """The checks of a Plan: `judge` makes a Row of every check of every setting from the runs'
+    outcomes; the other methods are the checks and the tolerances they hold the runs to. They read
+    what the Plan set: its settings, processes, halfway step, device and run folder, and its cache
+    of reference_training's weights."""
+
+    def judge(self, outcomes: dict[str, Outcome]) -> list[Row]:
+        """A row per check of every setting, from the runs' outcomes and the files in their run
+        folders: check 1, then checks 2 to 5 of each mode with a process group (SyncBatchNorm's
+        beside dist_parallel's check 2)."""
+        rows = []
+        for setting in self.settings:
+            ours = [self.one_device(setting, outcomes)]
+            for mode in GROUP_MODES:
+                ours.append(self.against_reference(setting, mode, outcomes))
+                if mode == "dist_parallel":
+                    ours.append(self.sync_batchnorm(setting, outcomes))
+                ours += [self.evaluation(setting, mode, outcomes),
+                         self.ranks_in_sync(setting, mode, outcomes),
+                         self.resumed(setting, mode, outcomes)]
+            if len(self.settings) > 1:
+                for row in ours:
+                    row.check = f"[{setting.label()}] {row.check}"
+            rows += ours
+        return rows
+
+    def exact(self) -> bool:
+        """Whether runs that do the same computation do the same float operations: on the
+        CPU, or with --deterministic on GPUs, and never with --compile (which fuses each
+        wrapper's graph its own way)."""
+        return (not self.cuda or self.deterministic) and not self.compiled
+
+    def rounding(self, setting: Setting) -> Tolerance:
+        """The tolerance of runs that round differently: on the CPU in fp32 only the order of the
+        gradient sums differs; elsewhere the kernels may, and the compute dtype says by how much."""
+        if not self.cuda and self.amp_of(setting) == "off" and not self.compiled:
+            return SUMMATION_ORDER
+        return ROUNDING["off" if self.amp_of(setting) == "off" else "half"]
+
+    def all_reduce_order(self, setting: Setting) -> Tolerance:
+        """The tolerance of runs that differ only in the order the all-reduce adds the ranks'
+        gradients (checks 2 and 5). Two ranks: none, as a sum of two is the same in either order
+        and the halving of each gradient (DDP's before its all-reduce, FSDP's before its
+        reduce-scatter) is exact (measured on the CPU: 0; on GPUs, with --deterministic,
+        reasoned). More ranks: rounding."""
+        return BITWISE if self.exact() and self.processes <= 2 else self.rounding(setting)
+
+    def amp_of(self, setting: Setting) -> str:
+        return setting.amp or ("off" if not self.cuda else "bf16")
+
+    def weights(self, launch: Launch) -> dict[str, torch.Tensor]:
+        return torch.load(self.out / "runs" / launch.run_dir / "model.pt", map_location="cpu",
+                          weights_only=True)
+
+    CHECK_1 = "1. one device: every mode ends with the same weights"
+
+    def one_device(self, setting: Setting, outcomes: dict[str, Outcome]) -> Row:
+        runs = list(setting.one_device.values())
+        if len(runs) < 2:
+            return Row(self.CHECK_1, "—", "—", "—", "not run",
+                       "--modes selects fewer than two modes")
+        tolerance = BITWISE if self.exact() else self.rounding(setting)
+        failure = failed(outcomes, runs)
+        if failure:
+            return fail(self.CHECK_1, runs, tolerance, failure)
+        first, others = runs[0], runs[1:]
+        reference = self.weights(first)
+        differences = {launch.run.mode: max_difference(self.weights(launch), reference)
+                       for launch in others}
+        measured = max(differences.values())
+        figure = ("max abs difference of every weight and BatchNorm statistic "
+                  f"from {first.run.mode}: "
+                  + ", ".join(f"{mode} {value:.3g}" for mode, value in differences.items()))
+        passed = measured <= tolerance.value
+        if tolerance is BITWISE:  # then what the runs report must agree exactly too
+            keys = ("train_loss", "train_acc", "test_loss", "test_acc", "steps")
+            summaries = [outcomes[launch.name].results["summary"] for launch in runs]
+            differ = [key for key in keys
+                      if any(s[key] != summaries[0][key] for s in summaries[1:])]
+            figure += "; reported " + (f"{', '.join(differ)} differ" if differ else
+                                       "train loss and accuracy, test loss "
+                                       "and accuracy, steps equal")
+            passed = passed and not differ
+        return Row(self.CHECK_1, names(runs), figure, tolerance.text, verdict(passed),
+                   figures={"max_abs_difference": differences, "tolerance": tolerance.value})
+
+    def check_2(self, mode: str) -> str:
+        return f"2. {mode} on {self.processes} processes ends where reference_training ends"
+
+    def against_reference(self, setting: Setting, mode: str, outcomes: dict[str, Outcome]) -> Row:
+        group = setting.groups.get(mode)
+        if group is None:
+            return not_run(self.check_2(mode), mode)
+        tolerance = self.all_reduce_order(setting)
+        failure = failed(outcomes, [group.trained])
+        if failure:
+            return fail(self.check_2(mode), [group.trained], tolerance, failure)
+        reference = self.reference(outcomes[group.trained.name].results["config"])
+        if isinstance(reference, str):  # out of memory, say: the check cannot be made here
+            return fail(self.check_2(mode), [group.trained], tolerance,
+                        f"reference_training failed: {reference}")
+        measured = max_difference(reference, self.weights(group.trained), list(reference))
+        return Row(self.check_2(mode), f"{names([group.trained])}, "
+                                       "reference_training in this process",
+                   f"max abs difference of every parameter: {measured:.3g}", tolerance.text,
+                   verdict(measured <= tolerance.value), figures={"max_abs_difference": measured,
+                                                                  "tolerance": tolerance.value})
+
+    def reference(self, saved: dict) -> dict[str, torch.Tensor] | str:
+        """reference_training of a run's config, computed once for every mode that trained
+        under it (the modes' own flags aside, their configs agree); the first line of its error
+        when it could not be computed."""
+        cfg = config_of(saved)
+        if cfg not in self.references:
+            device = torch.device("cuda", 0) if self.cuda else torch.device("cpu")
+            try:
+                self.references[cfg] = reference_training(cfg, self.processes, device)
+            except RuntimeError as error:
+                text = str(error).strip()
+                self.references[cfg] = text.splitlines()[0] if text else type(error).__name__
+        return self.references[cfg]
+
+    def sync_batchnorm(self, setting: Setting, outcomes: dict[str, Outcome]) -> Row:
+        title = f"2. with SyncBatchNorm, {self.processes} processes end where 1 process ends"
+        if setting.sync_bn is None:
+            return Row(title, "—", "—", "—", "not run", setting.sync_bn_not_run)
+        one = setting.one_device["dist_parallel"]
+        tolerance = self.rounding(setting)
+        failure = failed(outcomes, [setting.sync_bn, one])
+        if failure:
+            return fail(title, [setting.sync_bn, one], tolerance, failure)
+        measured = max_difference(self.weights(setting.sync_bn), self.weights(one))
+        return Row(title, names([setting.sync_bn, one]),
+                   f"max abs difference of every weight and BatchNorm statistic: {measured:.3g}",
+                   tolerance.text, verdict(measured <= tolerance.value),
+                   figures={"max_abs_difference": measured, "tolerance": tolerance.value})
+
+    def check_3(self, mode: str, group: Group | None) -> str:
+        planned = evaluation_counts(self.processes, self.cuda, mode == self.evaluates_on_three)
+        counts = sorted({*(group.evaluations if group else planned), self.processes})
+        return (f"3. {mode}: evaluation by {', '.join(map(str, counts))} processes, the "
+                "same accuracy and loss")
+
+    def evaluation(self, setting: Setting, mode: str, outcomes: dict[str, Outcome]) -> Row:
+        group = setting.groups.get(mode)
+        if group is None:
+            return not_run(self.check_3(mode, group), mode)
+        exact = not self.cuda and self.amp_of(setting) == "off"
+        tolerance = EXACT_EVALUATION if exact else ROUNDED_EVALUATION
+        # the --evaluate launches, then the N-process run's own end-of-run
+        # evaluation of the weights it saved
+        runs = [*((f"{count} (--evaluate)", launch) for count, launch in group.evaluations.items()),
+                (f"{self.processes} (the run's own)", group.trained)]
+        failure = failed(outcomes, [launch for _, launch in runs])
+        if failure:
+            return fail(self.check_3(mode, group), [launch for _, launch in runs], tolerance,
+                        failure)
+        results = {what: outcomes[launch.name].results["summary"] for what, launch in runs}
+        images = {what: summary["test_images"] for what, summary in results.items()}
+        expected = images_in_test_set(outcomes[group.trained.name].results["config"])
+        base = results[runs[0][0]]  # one process: single_gpu --evaluate
+        acc_difference = max(abs(r["test_acc"] - base["test_acc"]) for r in results.values())
+        loss_difference = max(abs(r["test_loss"] - base["test_loss"]) / abs(base["test_loss"])
+                              for r in results.values())
+        counted = all(count == expected for count in images.values())
+        figure = (f"test accuracy {100 * base['test_acc']:.2f} %, largest difference "
+                  f"{100 * acc_difference:.3g} points; loss {base['test_loss']:.4f}, largest "
+                  f"relative difference {loss_difference:.2g}; "
+                  + (f"each counted all {expected} test images" if counted else
+                     "images counted: " + ", ".join(f"{images[w]} by {w}" for w in images)
+                     + f" of {expected}"))
+        passed = (acc_difference <= tolerance.accuracy and loss_difference <= tolerance.loss
+                  and counted)
+        return Row(self.check_3(mode, group), names(launch for _, launch in runs), figure,
+                   tolerance.text, verdict(passed),
+                   figures={"test_acc": {w: r["test_acc"] for w, r in results.items()},
+                            "test_loss": {w: r["test_loss"] for w, r in results.items()},
+                            "images": images, "test_images": expected})
+
+    def check_4(self, mode: str) -> str:
+        whole = " (gathered whole from the slices)" if mode == "fsdp" else ""
+        return f"4. {mode}: parameters identical on every rank{whole} (the end-of-run sync check)"
+
+    def ranks_in_sync(self, setting: Setting, mode: str, outcomes: dict[str, Outcome]) -> Row:
+        group = setting.groups.get(mode)
+        if group is None:
+            return not_run(self.check_4(mode), mode)
+        if self.processes == 1:
+            return Row(self.check_4(mode), "—", "—", "—", "not run",
+                       "N is 1: one rank has nothing to differ from")
+        extra = (setting.sync_bn,) if mode == "dist_parallel" else ()
+        runs = [run for run in (group.trained, group.first_half, group.resumed, *extra) if run]
+        failure = failed(outcomes, runs)
+        if failure:
+            return fail(self.check_4(mode), runs, BITWISE, failure)
+        summaries = {run.name: outcomes[run.name].results["summary"] for run in runs}
+        apart = [name for name, summary in summaries.items()
+                 if summary["params_in_sync"] is not True]
+        buffers = max(summary["buffers_max_abs_diff"] for summary in summaries.values())
+        figure = (f"parameters identical on all {self.processes} ranks in "
+                  f"{len(runs) - len(apart)} of {len(runs)} runs"
+                  + (f" (not in {', '.join(apart)})" if apart else "")
+                  + f"; BatchNorm statistics differ by up to {buffers:.3g}"
+                  + (" (each rank's BatchNorm sees its own share)" if buffers else ""))
+        return Row(self.check_4(mode), names(runs), figure, BITWISE.text, verdict(not apart),
+                   figures={"params_in_sync": {n: s["params_in_sync"]
+                                               for n, s in summaries.items()},
+                            "buffers_max_abs_diff": buffers})
+
+    def check_5(self, mode: str, group: Group | None = None) -> str:
+        how = " without resharding (ZeRO-2)" if mode == "fsdp" else ""
+        if group is not None and group.resumes != mode:
+            return (f"5. {mode}: {group.resumes}'s run stopped at step {self.halfway}, continued "
+                    f"by {mode}{how}, ends where {mode}'s uninterrupted run ends")
+        return (f"5. {mode}: stopped at step {self.halfway} and resumed{how}, the run ends where "
+                f"the uninterrupted one ends")
+
+    def resumed(self, setting: Setting, mode: str, outcomes: dict[str, Outcome]) -> Row:
+        group = setting.groups.get(mode)
+        if group is None:
+            return not_run(self.check_5(mode), mode)
+        first_half = setting.groups[group.resumes].first_half
+        runs = [first_half, group.resumed, group.trained]
+        return self.continued(self.check_5(mode, group), runs, group.resumed, group.trained,
+                              "the halves self-launched with --resume auto, the "
+                              "uninterrupted run under torchrun",
+                              setting, outcomes)
+
+    def continued(self, title: str, runs: list[Launch], resumed: Launch, uninterrupted: Launch,
+                  how: str, setting: Setting, outcomes: dict[str, Outcome]) -> Row:
+        """A run that resumed halfway against the run that was not stopped: the
+        same weights and statistics."""
+        tolerance = self.all_reduce_order(setting)
+        failure = failed(outcomes, runs)
+        if failure:
+            return fail(title, runs, tolerance, failure)
+        said = f"resumed at step {self.halfway} "
+        if said not in outcomes[resumed.name].log.read_text(errors="replace"):
+            return fail(title, runs, tolerance, f"{resumed.name} did not say '{said.strip()}': it "
+                                                "did not continue the first half")
+        measured = max_difference(self.weights(resumed), self.weights(uninterrupted))
+        return Row(title, names(runs),
+                   f"max abs difference of every weight and BatchNorm statistic: {measured:.3g} "
+                   f"({how})", tolerance.text, verdict(measured <= tolerance.value),
+                   figures={"max_abs_difference": measured, "tolerance": tolerance.value})
+
+
+def config_of(saved: dict) -> Config:
+    """The Config a run recorded in its results.json (its own flags beyond Config's left out)."""
+    names = {f.name for f in dataclasses.fields(Config)}
+    return Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()
+                     if k in names})
+
+
+def max_difference(ours: dict, theirs: dict, names=None) -> float:
+    """The largest absolute difference over the tensors `names` (default: all of `ours`); inf where
+    a tensor is missing or has another shape."""
+    names = list(ours) if names is None else names
+    if any(n not in theirs or theirs[n].shape != ours[n].shape for n in names):
+        return math.inf
+    return max(((ours[n].double() - theirs[n].double()).abs().max().item()
+                if ours[n].numel() else 0.0 for n in names), default=0.0)
+
+
+def names(launches) -> str:
+    return ", ".join(f"`{launch.name}`" for launch in launches)
+
+
+def verdict(passed: bool) -> str:
+    return "pass" if passed else "FAIL"
+
+
+def failed(outcomes: dict[str, Outcome], launches) -> str | None:
+    """What stops a check: the first run it needs that did not
+    succeed, with its error and its log."""
+    for launch in launches:
+        outcome = outcomes[launch.name]
+        if outcome.status != "ok":
+            log = f" (log: `logs/{launch.name}.log`)" if outcome.log else ""
+            return f"`{launch.name}` {outcome.status}: {outcome.error}{log}"
+    return None
+
+
+def not_run(check: str, mode: str) -> Row:
+    return Row(check, "—", "—", "—", "not run", f"--modes leaves out {mode}")
+
+
+def fail(check: str, launches, tolerance, failure: str) -> Row:
+    return Row(check, names(launches), "—", tolerance.text, "FAIL", failure)
