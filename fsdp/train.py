@@ -280,7 +280,7 @@ def prepare(cfg: FsdpConfig, started: float) -> tuple[Run | None, object]:
     optimizer, scheduler, scaler = get_optimizer(cfg, raw_model, device, len(train_loader))
     check_fits(checkpoint, raw_model, len(train_loader))  # refused before the run folder is claimed
     resumed_at = checkpoint["step"] if checkpoint else None  # where TensorBoard's curves go on
-    with exit_together_if_rank0_refused():  # robustness: a broadcast inside; rank 0's writes
+    with exit_together_if_rank0_refused():  # robustness: rank 0's refusal ends every rank
         logger = RunLogger(run_dir, cfg, MODE, dist.get_world_size(), resumed_at)
     console = Console(is_main, bar=cfg.progress)
     if not gpus:  # said after every refusal: it never stands between a mistake and its error
