@@ -11,6 +11,7 @@ the middle of a compile of minutes does, with a child that ignores it too. Every
 fast-path table among it, is the real python."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -126,10 +127,21 @@ def stop(script: subprocess.Popen, seconds: float = 60) -> tuple[int, str, float
 
 def time_out(timeout: subprocess.Popen, seconds: float = 60) -> tuple[int, str, float]:
     """The limit of `timeout` reached now (its alarm): it sends SIGTERM to the script and its
-    process group. The exit status, the output, and the seconds the script took to end."""
+    process group. The exit status, the output, and the seconds the script took to end. A script
+    that has not ended after `seconds` fails the test with what still runs of its session (each
+    process with its group and state), then is killed whole."""
     began = time.monotonic()
     os.kill(timeout.pid, signal.SIGALRM)
-    output, _ = timeout.communicate(timeout=seconds)
+    try:
+        output, _ = timeout.communicate(timeout=seconds)
+    except subprocess.TimeoutExpired as late:
+        left = subprocess.run(["ps", "-o", "pid,pgid,stat,args", "--sid", str(timeout.pid)],
+                              capture_output=True, text=True).stdout
+        for group in {int(line.split()[1]) for line in left.splitlines()[1:]}:
+            with contextlib.suppress(ProcessLookupError):  # ended meanwhile
+                os.killpg(group, signal.SIGKILL)
+        timeout.communicate()
+        pytest.fail(f"still running {seconds} s after timeout's alarm:\n{left}\n{late.output}")
     return timeout.returncode, output, time.monotonic() - began
 
 
