@@ -268,6 +268,12 @@ class CheckedLaunch:
 
     def __enter__(self) -> CheckedLaunch:
         nccl_error_handling(os.environ)  # before the group: a failed collective reaches this thread
+        # torch.distributed.nn's functions take the default group as their default argument when
+        # first imported (torchvision and torch.compile import it): imported after the group is
+        # made, they hold it past destroy_process_group, its gloo threads live on into Python's
+        # exit, and torch 2.14 aborts a rank there ("terminate called without an active
+        # exception", exit -6). Imported now, they hold None.
+        import torch.distributed.nn  # noqa: F401
         try:  # a store of this attempt's own: after a torchrun restart only
             self.store = store_of_this_attempt(self.cfg.init_method, self.rank, self.world_size,
                                                self.timeout)

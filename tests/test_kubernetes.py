@@ -353,6 +353,37 @@ def test_a_pod_without_local_rank_takes_its_own_gpu(monkeypatch):
         common.launcher.CheckedLaunch(get_config(["--backend", "gloo"]), "dist_parallel")
 
 
+# A rank that joined the group, imported what a run imports after it (torchvision, as get_loaders
+# does), destroyed it and dropped every reference of its own: is the group gone?
+GROUP_FREED = """
+import gc, os, socket, sys, weakref
+sys.path.insert(0, sys.argv[1])
+with socket.socket() as free:
+    free.bind(("127.0.0.1", 0))
+    port = str(free.getsockname()[1])
+os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+import torch.distributed as dist
+from dist_parallel.train import get_config, setup
+setup(get_config(["--backend", "gloo"]))
+import torchvision
+group = weakref.ref(dist.group.WORLD)
+dist.destroy_process_group()
+gc.collect()
+print("freed" if group() is None else "alive")
+"""
+
+
+def test_destroy_process_group_frees_the_group_before_python_exits():
+    """A pod's rank 1 that trained to its end exited -6 ("terminate called without an active
+    exception", torch 2.14.1), and Kubernetes restarts a pod that fails: torch.distributed.nn,
+    imported by torchvision after init_process_group, took the group as its functions' default
+    argument and kept it, and its gloo threads, alive into Python's exit. CheckedLaunch imports it
+    before the group is made, so destroy_process_group frees the group."""
+    done = subprocess.run([sys.executable, "-c", GROUP_FREED, str(REPO)], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.stdout.split()[-1:] == ["freed"], done.stdout + done.stderr
+
+
 # ---------------------------------------------------------- 4. the self-launch inside such a pod
 def self_launch(tmp_path: Path, env: dict[str, str], timeout: int) -> subprocess.CompletedProcess:
     """`python dist_parallel/train.py --nproc_per_node 2` (no torchrun) in a pod's environment."""
