@@ -198,23 +198,24 @@ class Run:
                 "compile_wait": getattr(self.timer.compiling, "waited", None),
                 "profile": self.profiler.result()}
 
-    def write_results(self, devices: int, peaks: dict | None = None,
-                      records: list[dict] | None = None):
+    def write_results(self, devices: int, records: list[dict] | None = None):
         """results.json: the run's speed over `devices` (GPUs or CPU processes), utilisation, peak
-        memory of each GPU (`peaks`: allocated and reserved, by GPU), its last epoch's training and
-        test figures, its times; then its speed line and where the results are. In a process group,
-        `records` holds every rank's rank_record(), in rank order: each rank's GPU's peak (by rank),
-        its wait for its node's first compile, and its profiled steps, and the summary adds the
-        sync check (None where none was made). With --profile_steps, each rank's split of its
-        profiled steps, their traces beside it."""
+        memory of each GPU (allocated and reserved), its last epoch's training and test figures,
+        its times; then its speed line and where the results are. One process: its own
+        rank_record(), its GPUs' peaks by GPU. In a process group, `records` holds every rank's
+        rank_record(), in rank order: each rank's GPU's peak (by rank), its wait for its node's
+        first compile, and its profiled steps, and the summary adds the sync check (None where
+        none was made). With --profile_steps, each rank's split of its profiled steps, their
+        traces beside it."""
         group = records is not None
         records = records if group else [self.rank_record()]
         if group:  # one GPU a rank: its peak by rank
             peaks = {rank: peak for rank, record in enumerate(records)
                      for peak in record["peaks"].values()}
             compile_waits = {rank: record["compile_wait"] for rank, record in enumerate(records)}
-        else:
-            peaks, compile_waits = peaks or {}, None
+        else:  # one process, every GPU it drives: by GPU
+            peaks = records[0]["peaks"]
+            compile_waits = None
         profiles = {rank: record["profile"] for rank, record in enumerate(records)}
         summary = {
             **speed_summary(self.cfg, self.totals, self.timer, self.device, devices, compile_waits,

@@ -42,7 +42,6 @@ from common.performance import AutocastForward  # the replica threads need autoc
 from common.rules import compiled_replicas_refusal, per_process_batch, uneven_batch_refusal
 from common.samplers import EvalShard
 from common.samplers import ShuffleSampler  # one process's order of every epoch
-from common.telemetry import peak_memory_gb
 from common.workers import LoaderWorkerDied
 from models import build_model
 
@@ -231,7 +230,7 @@ def finish(run: Run) -> int:
         return StopSignals.EXIT_CODES[run.stop]
     if run.cfg.save_model and not run.cfg.evaluate:
         run.console.line(f"weights saved to {run.logger.save_model(run.raw_model.state_dict())}")
-    run.write_results(devices=max(len(run.gpus), 1), peaks=peak_memory_gb(run.gpus))  # every GPU
+    run.write_results(devices=max(len(run.gpus), 1))  # every GPU it drives
     return 0
 
 

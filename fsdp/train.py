@@ -341,7 +341,6 @@ def finish(run: Run) -> int:
     dist.all_gather_object(records, run.rank_record())  # telemetry: ...profile, in rank order
     if dist.get_rank() == 0:  # rank 0 writes results.json and the traces, over all the ranks
         run.write_results(dist.get_world_size(), records=records)
-    dist.barrier()  # robustness: gloo's threads let go of gathered tensors before the exit
     return 0
 
 

@@ -39,7 +39,6 @@ from common.performance import autocast, grad_scaler, memory_format, resolve_fas
 from common.rules import per_process_batch
 from common.samplers import EvalShard
 from common.samplers import ShuffleSampler  # one process's order of every epoch
-from common.telemetry import peak_memory_gb
 from common.workers import LoaderWorkerDied
 from models import build_model
 
@@ -226,7 +225,7 @@ def finish(run: Run) -> int:
         return StopSignals.EXIT_CODES[run.stop]
     if run.cfg.save_model and not run.cfg.evaluate:
         run.console.line(f"weights saved to {run.logger.save_model(run.raw_model.state_dict())}")
-    run.write_results(devices=1, peaks=peak_memory_gb(run.gpus))
+    run.write_results(devices=1)
     return 0
 
 

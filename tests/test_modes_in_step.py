@@ -61,7 +61,7 @@ SAME_IN_GROUPS = ["setup", "get_loaders", "get_optimizer", "train_one_epoch", "l
 # little room: only a guard against drift. dist_parallel's are every step of DDP above, each with
 # its comment, the node's first compile, each rank's own log window gathered for TensorBoard's
 # rank/<r>/ tags, each rank's one record for results.json (its peak memory, compile wait and
-# --profile_steps split) gathered once, and the last barrier; fsdp's are those with fully_shard
+# --profile_steps split) gathered once; fsdp's are those with fully_shard
 # in place of DDP, its evaluation's equal number of forward passes, the gathered weights, its
 # compile with static shapes, its convolution weights stored (out, kh, kw, in) under
 # --channels_last, and the FSDP2 construction: built on the meta device, sharded, materialised,
