@@ -7,6 +7,7 @@ import importlib
 import io
 import json
 import os
+import socket
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +30,13 @@ def run_script(script: str, *args, cwd=REPO, timeout=300, env=None) -> subproces
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run([sys.executable, str(REPO / script), *map(str, args)], cwd=cwd,
                           env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def free_port() -> int:
+    """A TCP port on the loopback that no process holds now (a rendezvous's, say)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def at_epoch(loader, epoch: int, skip: int = 0):

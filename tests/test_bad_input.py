@@ -51,7 +51,7 @@ from common.errors import NAME_MAX
 from common.guards import check_rendezvous_file
 from common.logger import MARKER
 from common.metrics import TrainMeter
-from conftest import REPO, TINY, read_results, refuse_in_process, run_script
+from conftest import REPO, TINY, free_port, read_results, refuse_in_process, run_script
 from models import pyramidnet
 from test_data import write_cifar10
 
@@ -88,12 +88,6 @@ def assert_refused(done: subprocess.CompletedProcess, *named: str, code: int = 2
     for text in named:
         assert text in lines[0], (text, lines[0])
     return lines[0]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def no_network() -> dict[str, str]:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import copy
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -40,7 +39,7 @@ import yaml
 
 from common.config import UsageError
 from common.launcher import local_rank_of
-from conftest import REPO, TINY, read_results
+from conftest import REPO, TINY, free_port, read_results
 
 MANIFESTS = REPO / "kubernetes"
 TRAIN_ARGS = [*TINY, "--backend", "gloo"]
@@ -53,12 +52,6 @@ TRAINJOB_RESERVED = {"PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_M
 
 def load(name: str) -> list[dict]:
     return list(yaml.safe_load_all((MANIFESTS / name).read_text()))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ------------------------------------------------------------------------- 1. the operators' models
@@ -356,12 +349,8 @@ def test_a_pod_without_local_rank_takes_its_own_gpu(monkeypatch):
 # A rank that joined the group, imported what a run imports after it (torchvision, as get_loaders
 # does), destroyed it and dropped every reference of its own: is the group gone?
 GROUP_FREED = """
-import gc, os, socket, sys, weakref
+import gc, sys, weakref
 sys.path.insert(0, sys.argv[1])
-with socket.socket() as free:
-    free.bind(("127.0.0.1", 0))
-    port = str(free.getsockname()[1])
-os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
 import torch.distributed as dist
 from dist_parallel.train import get_config, setup
 setup(get_config(["--backend", "gloo"]))
@@ -379,8 +368,10 @@ def test_destroy_process_group_frees_the_group_before_python_exits():
     imported by torchvision after init_process_group, took the group as its functions' default
     argument and kept it, and its gloo threads, alive into Python's exit. CheckedLaunch imports it
     before the group is made, so destroy_process_group frees the group."""
+    rank0_of_one = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-c", GROUP_FREED, str(REPO)], capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          text=True, timeout=120, env={**os.environ, **rank0_of_one})
     assert done.stdout.split()[-1:] == ["freed"], done.stdout + done.stderr
 
 

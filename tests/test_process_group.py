@@ -10,7 +10,6 @@ import contextlib
 import io
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ from common.data import load_datasets
 from common.guards import check_master_address, nccl_error_handling
 from common.loaders import make_loader
 from common.sync_check import check_sync, verify_sync
-from conftest import REPO, TINY, at_epoch, read_results
+from conftest import REPO, TINY, at_epoch, free_port, read_results
 
 pytestmark = pytest.mark.second_tier  # the longest scenarios: `python -m pytest -q -m second_tier`
 
@@ -58,12 +57,6 @@ def _wait(process: subprocess.Popen, timeout: float) -> int | str:
         return process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         return "timed out"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------------------------------- two nodes

@@ -37,7 +37,8 @@ from common.config import Config, UsageError, parse_config
 from common.data import load_datasets
 from common.loaders import make_loader
 from common.samplers import ShuffleSampler
-from conftest import REPO, TINY, at_epoch, refuse_in_process, run_script, two_at_a_time
+from conftest import (REPO, TINY, at_epoch, free_port, refuse_in_process, run_script,
+                      two_at_a_time)
 from models import pyramidnet
 
 pytestmark = pytest.mark.second_tier  # the longest scenarios: `python -m pytest -q -m second_tier`
@@ -357,7 +358,7 @@ def test_a_rank_that_raises_does_not_leave_the_other_hanging(tmp_path):
     """Two processes started by hand (no torchrun to clean up after them): rank 1 raises in its 3rd
     forward pass; rank 0, waiting in the gradient all-reduce, must exit by itself with a line
     naming its rank and the step."""
-    port = _free_port()
+    port = free_port()
     processes = []
     for rank in range(2):
         env = {**os.environ, **ONE_THREAD, "PYTHONUNBUFFERED": "1", "RANK": str(rank),
@@ -375,14 +376,6 @@ def test_a_rank_that_raises_does_not_leave_the_other_hanging(tmp_path):
     errors = [line for line in outputs[0][1].splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "rank 0 stopped at step 3" in errors[0], outputs[0][1]
     assert "Traceback" not in outputs[0][1]
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------------------------------- 5. atomic

@@ -34,8 +34,8 @@ import torch
 
 from common.checkpoint import LAST, STOPPED, TRAINING, StopSignals, tell_self_launch, until_stopped
 from common.launcher import failure_line, stop_line, tell_self_launch_stopped
-from conftest import REPO, TINY, refuse_in_process
-from test_reliability import _free_port, read_until, session_alive, start, wait_for
+from conftest import REPO, TINY, free_port, refuse_in_process
+from test_reliability import read_until, session_alive, start, wait_for
 
 pytestmark = pytest.mark.second_tier  # the longest scenarios: `python -m pytest -q -m second_tier`
 
@@ -100,7 +100,7 @@ def by_hand(script: str, flags: list, tmp_path: Path, fault: dict, timeout: floa
     """Two ranks of `script` started by hand (no launcher to clean up after them)
     under tests/fault_injection.py with `fault`'s variables; their (exit status,
     stdout, stderr), within `timeout`."""
-    port = _free_port()
+    port = free_port()
     processes = []
     for rank in range(2):
         env = {**os.environ, **ONE_THREAD, "PYTHONUNBUFFERED": "1", "RANK": str(rank),
