@@ -1,13 +1,13 @@
 # shellcheck shell=bash
-# The steps of benchmarks/fast_path.sh (its rows) and benchmarks/gpu_check.sh (its parts), each a job
-# of its own process group, so that whatever stops a script stops everything it started. Sourced by
-# both scripts; tests/test_benchmark_scripts.py drives these functions with small CPU commands.
+# The steps of benchmarks/fast_path.sh (its rows) and benchmarks/gpu_check.sh (its parts), each a
+# job of its own process group, so that whatever stops a script stops everything it started. Sourced
+# by both scripts; tests/test_benchmark_scripts.py drives these functions with small CPU commands.
 #
 #   job_run LIMIT_S COMMAND...   COMMAND as a job in its own process group; its exit status, 124 if
 #                                it was stopped at LIMIT_S seconds (0: no limit). Whatever it leaves
-#                                in its group when it ends is killed.
+#                                in its group when it ends is killed, and gone when job_run returns.
 #   job_stop                     SIGTERM to the running job's whole group, then SIGKILL to what is
-#                                left of it after JOB_GRACE_S seconds (default 20)
+#                                left of it after JOB_GRACE_S seconds (default 20), until it is gone
 #
 # A script sources this file and stops its job on the way out, however it ends:
 #   trap job_stop EXIT; trap 'exit 130' INT; trap 'exit 143' TERM; trap 'exit 129' HUP
@@ -36,7 +36,7 @@ job_run() {
     wait "$JOB" 2>/dev/null  # (the shell's own "Killed" line left out: the caller says what ended)
     code=$?
     job_end_watchdog
-    kill -KILL -- "-$JOB" 2>/dev/null  # what the job left running in its group
+    job_kill "$JOB"  # what the job left running in its group
     JOB="" WATCHDOG=""
     if [ "$limit" -gt 0 ] && [ $((SECONDS - started)) -ge "$limit" ]; then
         return 124  # as `timeout` says it
@@ -61,6 +61,15 @@ job_running() {  # job_running GROUP: whether a process of the group still runs 
     return 1
 }
 
+job_kill() {  # job_kill GROUP: SIGKILL to the group, and back once none of it runs (at most 10 s)
+    kill -KILL -- "-$1" 2>/dev/null
+    local tenths=0  # a process ends some time after its SIGKILL, once it is scheduled to
+    while job_running "$1" && [ "$tenths" -lt 100 ]; do
+        sleep 0.1
+        tenths=$((tenths + 1))
+    done
+}
+
 job_end_watchdog() {
     [ -n "$WATCHDOG" ] || return 0
     kill -KILL -- "-$WATCHDOG" 2>/dev/null
@@ -77,7 +86,7 @@ job_stop() {
         sleep 0.1
         tenths=$((tenths + 1))
     done
-    kill -KILL -- "-$JOB" 2>/dev/null
+    job_kill "$JOB"
     wait "$JOB" 2>/dev/null  # its end, told here rather than by the shell as "Killed"
     JOB="" WATCHDOG=""
 }
