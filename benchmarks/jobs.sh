@@ -23,7 +23,7 @@ WATCHDOG=       # the process group of the job's time limit, if it has one
 JOB_GRACE_S=${JOB_GRACE_S:-20}
 
 job_run() {
-    local limit=$1 started=$SECONDS code
+    local limit=$1 started=$SECONDS code took
     shift
     set -m  # job control, for the moment of the start: the job is put in a process group of its own
     "$@" &
@@ -35,10 +35,11 @@ job_run() {
     set +m  # and off again, so that the script's own commands stay in its group (Ctrl-C reaches it)
     wait "$JOB" 2>/dev/null  # (the shell's own "Killed" line left out: the caller says what ended)
     code=$?
+    took=$((SECONDS - started))  # the job's own time, before its leftovers are killed
     job_end_watchdog
     job_kill "$JOB"  # what the job left running in its group
     JOB="" WATCHDOG=""
-    if [ "$limit" -gt 0 ] && [ $((SECONDS - started)) -ge "$limit" ]; then
+    if [ "$limit" -gt 0 ] && [ "$took" -ge "$limit" ]; then
         return 124  # as `timeout` says it
     fi
     return "$code"
