@@ -23,7 +23,7 @@ WATCHDOG=       # the process group of the job's time limit, if it has one
 JOB_GRACE_S=${JOB_GRACE_S:-20}
 
 job_run() {
-    local limit=$1 started=$SECONDS code took
+    local limit=$1 started=${EPOCHREALTIME//[!0-9]/} code took  # microseconds (bash 5)
     shift
     set -m  # job control, for the moment of the start: the job is put in a process group of its own
     "$@" &
@@ -35,21 +35,19 @@ job_run() {
     set +m  # and off again, so that the script's own commands stay in its group (Ctrl-C reaches it)
     wait "$JOB" 2>/dev/null  # (the shell's own "Killed" line left out: the caller says what ended)
     code=$?
-    took=$((SECONDS - started))  # the job's own time, before its leftovers are killed
+    took=$((${EPOCHREALTIME//[!0-9]/} - started))  # its own time, before its leftovers are killed
     job_end_watchdog
     job_kill "$JOB"  # what the job left running in its group
     JOB="" WATCHDOG=""
-    if [ "$limit" -gt 0 ] && [ "$took" -ge "$limit" ]; then
-        return 124  # as `timeout` says it
+    if [ "$limit" -gt 0 ] && [ "$took" -ge $((limit * 1000000)) ]; then
+        return 124  # as `timeout` says it (SECONDS, in whole seconds, could say so early)
     fi
     return "$code"
 }
 
 job_watchdog() {  # job_watchdog GROUP LIMIT_S: stop the group once LIMIT_S seconds have passed
     sleep "$2"
-    kill -TERM -- "-$1" 2>/dev/null
-    sleep "$JOB_GRACE_S"
-    kill -KILL -- "-$1" 2>/dev/null
+    job_term "$1"
 }
 
 job_running() {  # job_running GROUP: whether a process of the group still runs (a zombie does not)
@@ -62,13 +60,23 @@ job_running() {  # job_running GROUP: whether a process of the group still runs 
     return 1
 }
 
-job_kill() {  # job_kill GROUP: SIGKILL to the group, and back once none of it runs (at most 10 s)
-    kill -KILL -- "-$1" 2>/dev/null
-    local tenths=0  # a process ends some time after its SIGKILL, once it is scheduled to
-    while job_running "$1" && [ "$tenths" -lt 100 ]; do
+job_gone() {  # job_gone GROUP TENTHS: back once none of the group runs, or after TENTHS tenths of s
+    local tenths=0
+    while job_running "$1" && [ "$tenths" -lt "$2" ]; do
         sleep 0.1
         tenths=$((tenths + 1))
     done
+}
+
+job_term() {  # job_term GROUP: SIGTERM to the group, then job_kill after JOB_GRACE_S at most
+    kill -TERM -- "-$1" 2>/dev/null
+    job_gone "$1" $((JOB_GRACE_S * 10))
+    job_kill "$1"
+}
+
+job_kill() {  # job_kill GROUP: SIGKILL to the group, and back once none of it runs (at most 10 s)
+    kill -KILL -- "-$1" 2>/dev/null
+    job_gone "$1" 100  # a process ends some time after its SIGKILL, once it is scheduled to
 }
 
 job_end_watchdog() {
@@ -81,13 +89,7 @@ job_end_watchdog() {
 job_stop() {
     job_end_watchdog
     [ -n "$JOB" ] || return 0
-    kill -TERM -- "-$JOB" 2>/dev/null
-    local tenths=0
-    while job_running "$JOB" && [ "$tenths" -lt $((JOB_GRACE_S * 10)) ]; do
-        sleep 0.1
-        tenths=$((tenths + 1))
-    done
-    job_kill "$JOB"
+    job_term "$JOB"
     wait "$JOB" 2>/dev/null  # its end, told here rather than by the shell as "Killed"
     JOB="" WATCHDOG=""
 }

@@ -169,6 +169,13 @@ def test_a_job_past_its_limit_is_stopped_and_its_group_killed():
     assert not running(int(child))
 
 
+def test_a_job_that_ends_before_its_limit_is_not_said_to_have_reached_it():
+    """Half a second under a 1 s limit, five times: bash's SECONDS (whole seconds) read 1 for
+    about half of such jobs, which job_run then reported as stopped at its limit."""
+    done = jobs("for _ in 1 2 3 4 5; do job_run 1 sleep 0.5; echo $?; done")
+    assert done.stdout.split() == ["0"] * 5, done.stdout + done.stderr
+
+
 def test_a_stop_ends_the_running_job_with_everything_in_its_group(tmp_path):
     """The trap the scripts set: SIGTERM to the script reaches the job (which ignores it) and
     its child through job_stop, SIGKILL after the grace."""
