@@ -242,7 +242,9 @@ def prepare(cfg: DistConfig, started: float) -> tuple[Run | None, object]:
                     scaler=scaler, logger=logger, console=console, run_dir=run_dir)
     if checkpoint:
         run.resume(checkpoint, rank=dist.get_rank())  # the same weights and position on every rank
-    if cfg.compile:  # telemetry: one cold compile per node, the others' wait for it timed apart
+    # telemetry: one cold compile per node, the others' wait for it timed apart; every rank
+    # calls it (collectives inside)
+    if cfg.compile:
         run.timer.compiling.follow(compile_leader(device, cfg.dist_timeout))
     return run, test_loader
 
@@ -261,7 +263,8 @@ def train(run: Run, test_loader) -> None:
         if run.stop:  # the stop checkpoint keeps the epoch's time so far, ended or not
             return
         epoch_seconds = run.end_epoch()  # over every attempt; paused if --max_steps cut it short
-        # telemetry: are the ranks' weights equal? Asked before evaluate() aligns the buffers
+        # telemetry: are the ranks' weights equal? Every rank asks (collectives inside), before
+        # evaluate() aligns the BatchNorm buffers
         if cfg.verify_sync or epoch + 1 == cfg.epochs or cfg.reached_max_steps(run.step):
             run.sync = verify_sync(run.raw_model, cfg.sync_bn, is_main=dist.get_rank() == 0)
         if not cfg.benchmark:  # --benchmark measures speed only: no evaluation, no checkpoint
@@ -284,8 +287,8 @@ def finish(run: Run) -> int:
         return StopSignals.EXIT_CODES[run.stop]
     if run.cfg.save_model and not run.cfg.evaluate and dist.get_rank() == 0:  # rank 0 writes them
         run.console.line(f"weights saved to {run.logger.save_model(run.raw_model.state_dict())}")
-    records = [None] * dist.get_world_size()  # telemetry: each rank's peak memory, compile wait,
-    dist.all_gather_object(records, run.rank_record())  # telemetry: ...profile, in rank order
+    records = [None] * dist.get_world_size()  # telemetry: one record per rank, in rank order
+    dist.all_gather_object(records, run.rank_record())  # telemetry: peaks, compile wait, profile
     if dist.get_rank() == 0:  # rank 0 writes results.json and the traces, over all the ranks
         run.write_results(dist.get_world_size(), records=records)
     return 0

@@ -292,7 +292,9 @@ def prepare(cfg: FsdpConfig, started: float) -> tuple[Run | None, object]:
                     scaler=scaler, logger=logger, console=console, run_dir=run_dir)
     if checkpoint:
         run.resume(checkpoint, rank=dist.get_rank())  # the same weights and position on every rank
-    if cfg.compile:  # telemetry: one cold compile per node, the others' wait for it timed apart
+    # telemetry: one cold compile per node, the others' wait for it timed apart; every rank
+    # calls it (collectives inside)
+    if cfg.compile:
         run.timer.compiling.follow(compile_leader(device, cfg.dist_timeout))
     return run, test_loader
 
@@ -311,7 +313,8 @@ def train(run: Run, test_loader) -> None:
         if run.stop:  # the stop checkpoint keeps the epoch's time so far, ended or not
             return
         epoch_seconds = run.end_epoch()  # over every attempt; paused if --max_steps cut it short
-        # telemetry: are the ranks' weights equal? Asked before evaluate() aligns the buffers
+        # telemetry: are the ranks' weights equal? Every rank asks (collectives inside), before
+        # evaluate() aligns the BatchNorm buffers
         if cfg.verify_sync or epoch + 1 == cfg.epochs or cfg.reached_max_steps(run.step):
             # False: no SyncBatchNorm under FSDP
             run.sync = verify_sync(run.raw_model, False, is_main=dist.get_rank() == 0)
@@ -337,8 +340,8 @@ def finish(run: Run) -> int:
         weights = model_state(run.raw_model)  # every rank: collectives inside, onto rank 0
         if dist.get_rank() == 0:  # rank 0 writes them
             run.console.line(f"weights saved to {run.logger.save_model(weights)}")
-    records = [None] * dist.get_world_size()  # telemetry: each rank's peak memory, compile wait,
-    dist.all_gather_object(records, run.rank_record())  # telemetry: ...profile, in rank order
+    records = [None] * dist.get_world_size()  # telemetry: one record per rank, in rank order
+    dist.all_gather_object(records, run.rank_record())  # telemetry: peaks, compile wait, profile
     if dist.get_rank() == 0:  # rank 0 writes results.json and the traces, over all the ranks
         run.write_results(dist.get_world_size(), records=records)
     return 0
