@@ -50,14 +50,18 @@ wanted() { [ "$ROWS" = all ] || [[ " $ROWS " == *" $1 "* ]]; }
 run() { local name=$1 script=$2; shift 2; wanted "$name" || return 0
         local shown="$*"  # the compile cache as CACHE: a temporary folder, gone at the end
         echo "== $name: python $script ${COMMON[*]} ${shown//"$CACHE"/CACHE}"
-        job_run "$ROW_TIMEOUT" python "$script" "${COMMON[@]}" --run_name "$name" "$@"
-        ended "$name" $?; }
-ended() {  # ended NAME STATUS: a row that failed is named, and the table written again
-    [ "$2" -eq 0 ] || FAILED+=("$1")
-    [ "$2" -ne 124 ] || echo "$1: stopped after ROW_TIMEOUT=$ROW_TIMEOUT s"
+        row "$name" python "$script" "${COMMON[@]}" --run_name "$name" "$@"; }
+row() {  # row NAME COMMAND...: COMMAND as a job; a row that failed is named, the table written again
+    local name=$1 code
+    shift
+    job_run "$ROW_TIMEOUT" "$@"
+    code=$?
+    [ "$code" -eq 0 ] || FAILED+=("$name")
+    [ "$code" -ne 124 ] || echo "$name: stopped after ROW_TIMEOUT=$ROW_TIMEOUT s"
     write_table; }
 write_table() {  # the table written whole or not at all: a row stopped meanwhile leaves the last one
-    table > "$OUT/.table.tmp" && mv "$OUT/.table.tmp" "$SUMMARY"
+    local written="${SUMMARY%/*}/.${SUMMARY##*/}.tmp"  # beside SUMMARY: the move is one rename
+    table > "$written" && mv "$written" "$SUMMARY"
     WRITTEN=1; }
 WRITTEN=0
 table() {  # the table of every run under OUT, and the rows that failed
@@ -150,12 +154,9 @@ if [ "${COMPILE:-1}" = all ]; then
     run compiled      single_gpu/train.py --compile --compile_cache "$CACHE"
 fi
 if wanted profile; then
-    job_run "$ROW_TIMEOUT" python benchmarks/profile_step.py --batch_size 256 "${@:2}" \
-        --out "$OUT/profile.json"
-    ended profile $?
-    job_run "$ROW_TIMEOUT" python benchmarks/profile_step.py --batch_size 256 "${@:2}" \
+    row profile python benchmarks/profile_step.py --batch_size 256 "${@:2}" --out "$OUT/profile.json"
+    row profile_width8 python benchmarks/profile_step.py --batch_size 256 "${@:2}" \
         --width_multiple 8 --out "$OUT/profile_width8.json"
-    ended profile_width8 $?
 fi
 [ "$WRITTEN" = 1 ] || write_table  # no row ran: the table of the runs OUT holds already
 cat "$SUMMARY"

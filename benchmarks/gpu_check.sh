@@ -227,10 +227,10 @@ VERSIONS=$(python -c "import torch, torchvision; print(torch.cuda.get_device_nam
 torch.__version__, 'torchvision', torchvision.__version__, 'CUDA', torch.version.cuda, 'cuDNN', \
 torch.backends.cudnn.version(), 'NCCL', '.'.join(map(str, torch.cuda.nccl.version())))" 2>&1 | tail -n 2)
 { nvidia-smi; nvidia-smi topo -m; echo "$VERSIONS"; echo "CPU cores: $(nproc)"; } > "$OUT/environment.txt" 2>&1
-{ echo "## Parts"; echo; echo "$VERSIONS" | paste -sd ';' - | sed 's/;/; /'
-  echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null \
-      || echo ' (with changes)')"
-  echo; } >> "$SUMMARY"
+DEVICE="$(echo "$VERSIONS" | paste -sd ';' - | sed 's/;/; /')
+commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null \
+    || echo ' (with changes)')"  # the device, torch, CUDA and commit: in the summary's start and end
+{ echo "## Parts"; echo; echo "$DEVICE"; echo; } >> "$SUMMARY"
 
 # ------------------------------------------------------------------------------------------ the parts
 if wanted compare; then
@@ -283,7 +283,6 @@ if wanted compare_repeat; then
 fi
 
 # ------------------------------------------------------------------------------------------ the end
-DEVICE=$(sed -n '/^## Parts/,/^commit/p' "$SUMMARY" | tail -n +3)  # the device, torch, CUDA and commit
 { echo; [ ${#FAILED[@]} -eq 0 ] && echo "every part passed" || echo "FAILED: ${FAILED[*]}"
   echo; echo "## For BENCHMARKS.md"; echo; echo "$DEVICE"
   grep -v "^ \|^  \|top kernels" "$OUT/fast_path.md" 2>/dev/null | grep -B2 -A20 "^| run" | head -24

@@ -253,6 +253,8 @@ def test_gpu_check_prints_its_plan_first_and_keeps_its_files_under_out(tmp_path,
     assert not [path for path in [*out.glob("*/*"), *out.glob("*/*/*")] if not path.is_dir()]
     assert "Plan: the minutes" in (out / "gpu_check.log").read_text()
     assert "a stand-in GPU" in summary  # the device, named once the plan is out
+    for_benchmarks = summary.split("## For BENCHMARKS.md")[1]  # and again, with the commit
+    assert "a stand-in GPU" in for_benchmarks and "\ncommit " in for_benchmarks
     listed = subprocess.run(["tar", "tzf", out / "logs.tar.gz"], capture_output=True, text=True)
     assert {"./logs/compare.log", "./logs/verify.log"} <= set(listed.stdout.split())
 
