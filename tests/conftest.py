@@ -39,6 +39,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def running(pid: int) -> bool:
+    """Whether the process runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def at_epoch(loader, epoch: int, skip: int = 0):
     """`loader` set to epoch `epoch` from its batch `skip` on, as every train.py's loop sets it:
     the sampler's order of the epoch (an evaluation shard has none), then the loader's

@@ -24,7 +24,7 @@ import pytest
 
 import compare
 from common import performance
-from conftest import REPO
+from conftest import REPO, running
 
 STAND_IN = f'''#!{sys.executable}
 import json, os, signal, subprocess, sys, time
@@ -76,14 +76,6 @@ def stand_in(tmp_path_factory) -> dict:
     (folder / "python").chmod(0o755)
     return {**os.environ, "PATH": f"{folder}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1",
             "JOB_GRACE_S": str(GRACE_S)}
-
-
-def running(pid: int) -> bool:
-    """Whether the process runs (a zombie, ended but not yet reaped, does not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
 
 
 def group_members(group: int) -> list[int]:

@@ -29,7 +29,7 @@ import compare
 from comparison import matrix
 from comparison.runner import Stopped, stop_signals
 from comparison.verify import Verification
-from conftest import REPO
+from conftest import REPO, running
 from test_reliability import descendants, wait_for
 
 pytestmark = pytest.mark.second_tier  # the longest scenarios: `python -m pytest -q -m second_tier`
@@ -53,15 +53,7 @@ def training(log: Path) -> bool:
 
 def alive(pids: list[int]) -> list[int]:
     """Those of `pids` still running (a zombie has ended: it only waits to be reaped)."""
-    running = []
-    for pid in pids:
-        try:
-            state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state != "Z":
-            running.append(pid)
-    return running
+    return [pid for pid in pids if running(pid)]
 
 
 def end_all(process: subprocess.Popen, pids: list[int]) -> None:

@@ -33,7 +33,7 @@ from common.checkpoint import refuse_fresh_start
 from common.config import Config, UsageError, parse_config
 from common.logger import LOCK, MARKER, RunLogger, claim_run_dir, write_atomically
 from conftest import (REPO, TINY, read_results, read_scalars, refuse_in_process, run_script,
-                      train_in_process)
+                      running, train_in_process)
 
 SINGLE, DIST, FSDP = "single_gpu/train.py", "dist_parallel/train.py", "fsdp/train.py"
 
@@ -157,7 +157,7 @@ def test_a_folder_in_use_is_refused_and_the_lock_dies_with_its_process(tmp_path)
             assert (run_dir / "events.out.tfevents.1").read_text() == "{}"
         holder.kill()
         holder.wait()
-        assert _alive(worker_pid)  # the forked worker outlives its process for a while
+        assert running(worker_pid)  # the forked worker outlives its process for a while
         claim_run_dir(run_dir,
                       Config(log_dir=str(tmp_path), run_name="busy", overwrite=True)).close()
     finally:
@@ -193,19 +193,12 @@ def test_a_killed_agent_takes_its_workers_with_it(tmp_path):
     agent.kill()
     agent.communicate()
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(_alive(pid) for pid in workers):
+    while time.monotonic() < deadline and any(running(pid) for pid in workers):
         time.sleep(0.05)
-    alive = [pid for pid in workers if _alive(pid)]
+    alive = [pid for pid in workers if running(pid)]
     for pid in alive:
         os.kill(pid, signal.SIGKILL)
     assert alive == [], "the workers outlived their launcher"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 # ------------------------------------------------------------------------------------ 5. temp files
