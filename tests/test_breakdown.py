@@ -36,9 +36,16 @@ def range_(name: str, ts: float, dur: float, cat: str = "user_annotation", where
     return {**event, "args": args} if args else event
 
 
-def launch(correlation: int, ts: float) -> dict:
-    """A kernel's launch on the training thread (cudaLaunchKernel, its correlation id)."""
-    return range_("cudaLaunchKernel", ts, 1, cat="cuda_runtime", correlation=correlation, cbid=211)
+def launch(correlation: int, ts: float, where=MAIN, name="cudaLaunchKernel",
+           cat="cuda_runtime") -> dict:
+    """A kernel's launch with its correlation id: by default on the training thread through the
+    CUDA runtime; on another host thread, through the driver, or a copy's when asked."""
+    return range_(name, ts, 1, cat=cat, where=where, correlation=correlation)
+
+
+def op(name: str, ts: float, dur: float, where=MAIN) -> dict:
+    """An operator on a host thread, as torch.profiler records it."""
+    return range_(name, ts, dur, cat="cpu_op", where=where)
 
 
 def kernel(name: str, correlation: int, ts: float, dur: float, stream: int = 7, device: int = 0,
@@ -110,16 +117,6 @@ def test_data_parallel_copies_between_gpus_are_communication():
 AUTOGRAD = dict(pid=100, tid=102)  # autograd's thread for the GPU, where backward's hooks run
 
 
-def op(name: str, ts: float, dur: float, where=MAIN) -> dict:
-    return range_(name, ts, dur, cat="cpu_op", where=where)
-
-
-def launch_on(where: dict, correlation: int, ts: float, name="cudaLaunchKernel",
-              cat="cuda_runtime") -> dict:
-    """A launch on another host thread (or through the driver, or a copy's)."""
-    return range_(name, ts, 1, cat=cat, where=where, correlation=correlation)
-
-
 def test_fsdp_copies_in_and_out_of_its_collectives_are_communication():
     """FSDP2 on a GPU (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py): before a block's
     forward, fsdp::all_gather_copy_in copies the local shards into the all-gather's input (a
@@ -142,13 +139,13 @@ def test_fsdp_copies_in_and_out_of_its_collectives_are_communication():
         kernel("at::native::detail::split_with_sizes_copy_out_contiguous_no_cast_kernel(char**, "
                "char**, long*, long*, long*, long, long)", 3, 45, 10),
         launch(4, 26), kernel("sm90_xmma_fprop_implicit_gemm_f32f32_tf32f32_f32", 4, 55, 65),
-        op("fsdp::chunk_cat", 100, 4, where=AUTOGRAD), launch_on(AUTOGRAD, 5, 101),
+        op("fsdp::chunk_cat", 100, 4, where=AUTOGRAD), launch(5, 101, where=AUTOGRAD),
         kernel("at::native::detail::chunk_cat_cuda_kernel(char**, char*, long*, long*, long*, "
                "long*, long*, long*, long, long, bool)", 5, 120, 10),
-        op("c10d::_reduce_scatter_base_", 105, 2, where=AUTOGRAD), launch_on(AUTOGRAD, 6, 106),
+        op("c10d::_reduce_scatter_base_", 105, 2, where=AUTOGRAD), launch(6, 106, where=AUTOGRAD),
         kernel("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 6,
                130, 20, stream=21),
-        launch_on(AUTOGRAD, 7, 108), kernel("sm90_xmma_dgrad_implicit_gemm_f32", 7, 130, 10),
+        launch(7, 108, where=AUTOGRAD), kernel("sm90_xmma_dgrad_implicit_gemm_f32", 7, 130, 10),
         range_("Optimizer.step#SGD.step", 150, 40), launch(8, 155),
         kernel("void at::native::multi_tensor_apply_kernel<>", 8, 160, 10),
     )
@@ -166,14 +163,14 @@ def test_gloos_copies_of_cuda_tensors_to_the_host_and_back_are_communication():
     launches in the data wait stays data."""
     events = trace(
         range_("data wait 5", 0, 10), range_("train step 5", 10, 140),  # 0 to 150 us
-        launch_on(MAIN, 1, 2, name="cudaMemcpyAsync"),
+        launch(1, 2, where=MAIN, name="cudaMemcpyAsync"),
         kernel("Memcpy HtoD (Pinned -> Device)", 1, 3, 5, cat="gpu_memcpy"),  # the batch
         launch(2, 12), kernel("sm90_xmma_dgrad_implicit_gemm_f32", 2, 15, 40),
         op("c10d::allreduce_", 50, 5, where=AUTOGRAD),
-        launch_on(AUTOGRAD, 3, 51, name="cudaMemcpyAsync"),
+        launch(3, 51, where=AUTOGRAD, name="cudaMemcpyAsync"),
         kernel("Memcpy DtoH (Device -> Pinned)", 3, 55, 10, stream=30, cat="gpu_memcpy"),
         range_("gloo:all_reduce", 60, 40, where=GLOO),
-        launch_on(GLOO, 4, 98, name="cudaMemcpyAsync"),
+        launch(4, 98, where=GLOO, name="cudaMemcpyAsync"),
         kernel("Memcpy HtoD (Pinned -> Device)", 4, 100, 10, stream=30, cat="gpu_memcpy"),
         range_("Optimizer.step#SGD.step", 115, 20), launch(5, 116),
         kernel("void at::native::multi_tensor_apply_kernel<>", 5, 120, 10),
@@ -193,7 +190,7 @@ def test_a_kernel_is_tied_to_its_launch_by_the_cuda_runtime_or_driver_only():
     events = trace(
         range_("data wait 2", 0, 20), range_("train step 2", 20, 80),
         range_("Optimizer.step#SGD.step", 60, 30),
-        launch_on(MAIN, 1, 65, name="cuLaunchKernel", cat="cuda_driver"),
+        launch(1, 65, where=MAIN, name="cuLaunchKernel", cat="cuda_driver"),
         kernel("triton_per_fused_add_mul_0", 1, 70, 20),
         range_("Stream Wait Event", 5, 0, cat="cuda_sync", where=dict(pid=0, tid=7),
                correlation=1),  # not a launch
@@ -210,16 +207,16 @@ def test_a_cpu_step_is_split_from_its_threads():
     range that is none (FSDP's). A collective's call on the training thread is communication."""
     events = trace(
         range_("data wait 4", 0, 10), range_("train step 4", 10, 190),  # 0 to 200 us
-        range_("aten::conv2d", 12, 40, cat="cpu_op"),
-        range_("aten::mkldnn_convolution", 14, 36, cat="cpu_op"),
-        range_("aten::empty", 15, 2, cat="cpu_op"),  # inside: the convolution's own time counts
-        range_("autograd::engine::evaluate_function: ConvolutionBackward0", 60, 40, cat="cpu_op"),
-        range_("c10d::allreduce_", 70, 5, cat="cpu_op"),  # DDP's call from its hook
+        op("aten::conv2d", 12, 40),
+        op("aten::mkldnn_convolution", 14, 36),
+        op("aten::empty", 15, 2),  # inside: the convolution's own time counts
+        op("autograd::engine::evaluate_function: ConvolutionBackward0", 60, 40),
+        op("c10d::allreduce_", 70, 5),  # DDP's call from its hook
         range_("gloo:all_reduce", 75, 60, cat="gloo", where=GLOO),  # exposed 100-122, 130-135
         range_("FSDP::post_backward_reduce (0)", 120, 40),  # no operator: it waits
-        range_("aten::div_", 122, 8, cat="cpu_op"),
+        op("aten::div_", 122, 8),
         range_("Optimizer.step#SGD.step", 170, 20),
-        range_("aten::add_", 172, 10, cat="cpu_op"),
+        op("aten::add_", 172, 10),
     )
     (step,) = step_breakdowns(events)
     assert step == pytest.approx(in_ms(step_ms=200, compute_ms=83, comm_ms=65, comm_exposed_ms=32,
@@ -252,9 +249,9 @@ def test_an_epoch_end_is_no_step_and_steps_are_averaged():
         range_("train step 1", 0, 50),  # its wait was not recorded
         range_("data wait 2", 60, 10), range_("train step 2", 70, 30),
         range_("data wait 3", 110, 5),  # the epoch's end
-        range_("aten::conv2d", 120, 500, cat="cpu_op"),  # the evaluation
+        op("aten::conv2d", 120, 500),  # the evaluation
         range_("data wait 3", 700, 20), range_("train step 3", 720, 60),
-        range_("aten::conv2d", 730, 40, cat="cpu_op"),
+        op("aten::conv2d", 730, 40),
     )
     steps = step_breakdowns(events)
     assert [step["step_ms"] for step in steps] == pytest.approx([0.04, 0.08])
