@@ -317,12 +317,9 @@ def timeout_of(argv: list[str], cuda=True, flops=1e9) -> int:
     cc = compare.resolve(cc, train, cuda, 1, group_only)
     if not cc.verify:
         compare.plan_matrix(cc, train, {}, cuda)  # which sets the runs' --epochs, as in compare.py
-    performance_flops = performance.flops_per_image
-    performance.flops_per_image = lambda cfg: flops
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(performance, "flops_per_image", lambda cfg: flops)
         return compare.run_timeout(cc, train, cuda)
-    finally:
-        performance.flops_per_image = performance_flops
 
 
 def test_run_timeout_on_gpus_is_sized_to_the_runs_steps_and_model():
