@@ -1,0 +1,621 @@
+"""runkit: what every train.py here needs and no lesson teaches, in one file that imports nothing
+of this repository: copy it beside a train.py. It takes numbers, dicts, tensors, modules and
+paths, never a train.py's flags. `progress` is a train.py's dict of epoch, batch, step,
+best_acc, best_epoch and tested_step: what a checkpoint keeps of the loop.
+
+    ArgumentParser, count, number, refuse_if   mistakes in one line (UsageError: exit 2)
+    UsageError, RunError, one_line_errors      ... and a run that failed (RunError: exit 1)
+    StopSignals, stopped_line                  SIGTERM/INT/HUP/USR1: stop at the next window
+    cuda_device, workers                       the GPU or the CPU; DataLoader workers that fit
+    check_image_folder, synthetic_images       an image folder refused in one line; offline data
+    Augmented(dataset, transform, seed)        each image's crop drawn from (seed, epoch, index)
+    claim_run_folder(folder, resume, ...)      the run's folder, made or continued, locked
+    checkpoint_to_resume, has_ended            what --resume means, loaded and checked
+    save_checkpoint, rng_states, set_rng_state atomic, with the SHA-256 of its contents
+    load_weights(model, path)                  --evaluate's weights
+    StepTimer, GpuMonitor, peak_memory_gb      step time on the device's clock; NVML; the peaks
+    RunLog(run_dir, config, checkpoint)        the console, TensorBoard, results.json
+    speed_summary, flops_per_image, peak_tflops  images/s and MFU, FLOPs counted on the model
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import json
+import math
+import os
+import platform
+import secrets
+import shutil
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+FORMAT = "pytorch-multigpu checkpoint v3"  # v3: each part's state dict, the progress a dict
+MARKER, LOCK = ".pytorch-multigpu-run", ".lock"  # what makes a folder a run's; its writer's lock
+WINDOW = ("loss_sum", "correct", "images", "timed_steps", "step_seconds", "data_seconds")
+IMAGES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")  # ImageFolder's
+
+
+# ------------------------------------------------------------------------------- errors and flags
+class UsageError(Exception):
+    """A mistake the user can fix; a group's ranks all meet it, a `rank_specific` one each rank."""
+
+    def __init__(self, message: str, rank_specific: bool = False):
+        super().__init__(message)
+        self.rank_specific = rank_specific
+
+
+class RunError(Exception):
+    """A run that cannot go on: a loss that turned NaN, a process group that broke."""
+
+
+@contextlib.contextmanager
+def one_line_errors():
+    """Around main(): a UsageError, a RunError, a file system's refusal, Ctrl-C: one line."""
+    try:
+        yield
+    except UsageError as error:
+        if error.rank_specific or os.environ.get("LOCAL_RANK", "0") == "0":
+            print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except (RunError, PermissionError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except OSError as error:
+        if error.filename is None or error.errno is None:
+            raise
+        print(f"error: {error.filename}: {error.strerror}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """Mistakes in one line; --help: the docstring as written, the defaults; no abbreviations."""
+
+    class Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+        pass
+
+    def __init__(self, **kwargs):
+        super().__init__(formatter_class=self.Help, allow_abbrev=False, **kwargs)
+
+    def error(self, message: str):
+        raise UsageError(f"{message} (see --help)")
+
+
+def count(least: int, most: float = math.inf):
+    """An argparse type: a whole number from `least` to `most`."""
+    def whole_number(text: str) -> int:
+        if not least <= int(text) <= most:
+            raise ValueError(text)
+        return int(text)
+    return whole_number
+
+
+def number(least=-math.inf, above=-math.inf, below=math.inf):
+    """An argparse type: a finite number, at least `least`, above `above` and below `below`."""
+    def finite_number(text: str) -> float:
+        if not (least <= float(text) < below and float(text) > above):
+            raise ValueError(text)
+        return float(text)
+    return finite_number
+
+
+def refuse_if(checks) -> None:
+    """The first (refused, why) of `checks` that is refused, as a UsageError."""
+    why = next((why for refused, why in checks if refused), None)
+    if why:
+        raise UsageError(why)
+
+
+# --------------------------------------------------------------------------- signals and devices
+class StopSignals:
+    """SIGTERM (SLURM, torchrun, kill), SIGINT (Ctrl-C), SIGHUP (a closed terminal), SIGUSR1
+    (SLURM's warning before a time limit) set `received`: the loop stops at its next window."""
+
+    NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "SIGINT", signal.SIGHUP: "SIGHUP",
+             signal.SIGUSR1: "SIGUSR1"}
+    CODES = {name: 128 + number for number, name in NAMES.items()}  # as if killed by it
+
+    def __init__(self):
+        self.received: str | None = None
+        self.previous = {number: signal.signal(number, self._handle) for number in self.NAMES}
+
+    def _handle(self, number, frame):
+        if self.received == "SIGINT" and number == signal.SIGINT:
+            raise KeyboardInterrupt
+        if number == signal.SIGHUP:  # the terminal is gone: a line printed there would fail
+            for fd in (1, 2):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+        self.received = self.received or self.NAMES[number]
+
+    def restore(self) -> None:
+        for number, handler in self.previous.items():
+            signal.signal(number, handler)
+
+
+def stopped_line(signal_name: str, step: int, checkpoint: Path | None) -> str:
+    if checkpoint is None:
+        return f"stopped by {signal_name} at step {step}; a --benchmark run keeps no checkpoint"
+    return (f"stopped by {signal_name} at step {step}; checkpoint {checkpoint}: continue with "
+            f"--resume auto --run_name {checkpoint.parent.name}")
+
+
+def cuda_device(index: int) -> torch.device:
+    """cuda:<index>, or the CPU on a machine without CUDA."""
+    if not torch.cuda.is_available():
+        print("warning: no CUDA GPU found: running on the CPU", file=sys.stderr)
+        return torch.device("cpu")
+    if index >= torch.cuda.device_count():
+        raise UsageError(f"--gpu_devices: there is no GPU {index} (GPUs 0-"
+                         f"{torch.cuda.device_count() - 1} are visible)", rank_specific=True)
+    return torch.device("cuda", index)
+
+
+def workers(given: int | None, processes: int) -> int:
+    """DataLoader workers a process: `given` (at most twice the cores: each is a process of its
+    own), or the process's share of the cores less one for itself, at most 4."""
+    cores = len(os.sched_getaffinity(0))
+    if given is not None and given > 2 * cores:
+        raise UsageError(f"-j {given}: {processes} process(es) on {cores} cores can run about "
+                         f"{cores // processes} workers each: give at most {2 * cores}")
+    return given if given is not None else max(0, min(4, cores // processes - 1))
+
+
+# ------------------------------------------------------------------------------------------- data
+def check_image_folder(root: Path) -> None:
+    """What ImageFolder takes in silence or with a traceback, refused in one line."""
+    splits = [root / "train", root / "val"]
+    missing = next((split for split in splits if not split.is_dir()), None)
+    if missing is not None:
+        raise UsageError(f"--dataset imagefolder: {missing} is not a folder: put the images in "
+                         f"{root}/train/<class>/ and {root}/val/<class>/")
+    for split in splits:
+        dangling = [path for path in split.iterdir() if path.is_symlink() and not path.exists()]
+        if dangling:
+            raise UsageError(f"{dangling[0]} is a link to {os.readlink(dangling[0])}, which is "
+                             "not there: mend or remove it")
+    classes = [sorted(path.name for path in split.iterdir() if path.is_dir()) for split in splits]
+    if classes[0] != classes[1] or len(classes[0]) < 2:
+        raise UsageError(f"--dataset imagefolder: train/ has the classes {classes[0][:5]} and val/ "
+                         f"{classes[1][:5]}: give both the same class folders, two at least")
+    empty = next((split / name for split in splits for name in classes[0] if not any(
+        path.suffix.lower() in IMAGES for path in (split / name).rglob("*"))), None)
+    if empty is not None:
+        raise UsageError(f"--dataset imagefolder: {empty} holds no image ({', '.join(IMAGES)})")
+
+
+def synthetic_images(count: int, seed: int, split: str, classes: int = 10, side: int = 32):
+    """(uint8 images, labels), offline: each class a smooth random pattern, each image its class's
+    with random contrast, brightness and noise."""
+    patterns = torch.rand(classes, 3, 4, 4, generator=torch.Generator().manual_seed(seed))
+    patterns = torch.nn.functional.interpolate(patterns, size=side, mode="bilinear")
+    draws = torch.Generator().manual_seed(2 * seed + (1 if split == "train" else 2))
+    labels = torch.randint(classes, (count,), generator=draws)
+    contrast = 0.6 + 0.4 * torch.rand(count, 1, 1, 1, generator=draws)
+    brightness = 0.2 * torch.rand(count, 1, 1, 1, generator=draws) - 0.1
+    noise = 0.4 * torch.randn(count, 3, side, side, generator=draws)
+    images = (patterns[labels] - 0.5) * contrast + 0.5 + brightness + noise
+    return images.clamp(0, 1).mul(255).round().to(torch.uint8), labels
+
+
+class Augmented(torch.utils.data.Dataset):
+    """dataset[i] through `transform`, drawing from (seed, epoch, i): the same crop whichever worker,
+    rank or resumed run loads it. set_epoch before an epoch's iterator (its workers copy it)."""
+
+    def __init__(self, dataset, transform, seed: int):
+        self.dataset, self.transform, self.seed, self.epoch = dataset, transform, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        image, label = self.dataset[index]
+        with torch.random.fork_rng(devices=[]):  # the caller's generator is left as it was
+            key = f"{self.seed}/{self.epoch}/{index}".encode()
+            torch.manual_seed(int.from_bytes(hashlib.blake2b(key, digest_size=7).digest(), "big"))
+            return self.transform(image), int(label)
+
+
+# -------------------------------------------------------------------------- run folder, checkpoints
+_held = []  # the run folder's lock, open for as long as this process runs
+
+
+def claim_run_folder(folder: Path, resume, overwrite: bool) -> Path:
+    """The run's `folder`, made anew (continued by `resume`; a run's emptied by `overwrite`) and
+    locked: this process's alone."""
+    if folder.is_symlink() or folder.exists() and not folder.is_dir():
+        raise UsageError(f"{folder} is a link or a file, not a run folder: give another "
+                         "--run_name")
+    if folder.is_dir() and not (resume or overwrite):
+        raise UsageError(f"run folder {folder} exists already: give another --run_name, add "
+                         "--overwrite, or continue it with --resume auto")
+    if folder.is_dir() and any(folder.iterdir()) and not (folder / MARKER).is_file():
+        raise UsageError(f"{folder} is not a run folder (it has no {MARKER}): it is left as it "
+                         "is; give another --run_name")
+    try:
+        folder.mkdir(parents=True, exist_ok=bool(resume or overwrite))
+    except FileExistsError:
+        raise UsageError(f"run folder {folder} was made by another run a moment ago: give "
+                         "another --run_name") from None
+    lock = open(folder / LOCK, "a+")
+    try:
+        fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a POSIX lock: it dies with its process
+    except (BlockingIOError, PermissionError):
+        lock.seek(0)
+        raise UsageError(f"run folder {folder} is in use by a run still running (pid "
+                         f"{lock.read().strip()}): wait for it, or give another --run_name") from None
+    except OSError:  # a file system without locks (some NFS mounts): the exclusive mkdir guards
+        pass
+    lock.truncate(0)
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    _held.append(lock)
+    (folder / MARKER).write_text("A run folder of pytorch-multigpu: --overwrite may empty it.\n")
+    for path in folder.iterdir():  # a killed writer's temporary files; --overwrite: all but these
+        if path.name.endswith(".tmp") or overwrite and path.name not in (LOCK, MARKER):
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    return folder
+
+
+def default_run_name(mode: str, gpus: int) -> str:
+    """<mode>-<n>gpu-<date>-<time>-<pid>: two runs started in one second differ."""
+    return f"{mode}-{gpus or 'cpu'}{'gpu' * bool(gpus)}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+
+
+def checkpoint_to_resume(resume: str | None, folder: Path, config: dict, must_match) -> dict | None:
+    """The checkpoint --resume names, read with weights_only=True and checked (format, checksum,
+    the flags in `must_match`); None: a fresh start. `auto`: `folder`'s, if any, never replacing
+    an earlier run's results or weights."""
+    if resume is None:
+        return None
+    path = folder / "checkpoint.pt" if resume == "auto" else Path(resume)
+    earlier = [name for name in ("results.json", "best.pt", "model.pt") if (folder / name).exists()]
+    if resume == "auto" and not path.exists():
+        refuse_if([(earlier, f"--resume auto: {folder} has no checkpoint.pt but an earlier run's "
+                    f"{earlier[:1]}: give another --run_name, or --overwrite to start afresh")])
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # missing, cut short, or another kind of file
+        raise UsageError(f"--resume: {path} is no intact checkpoint; give the checkpoint.pt a run "
+                         "wrote (the last one stays until a new one is whole)") from None
+    given = state.get("format") if isinstance(state, dict) else None
+    refuse_if([
+        (given != FORMAT, f"--resume: {path} is in the format {given!r}; this version reads "
+         f"{FORMAT!r} only (a model.pt holds weights: give it to --evaluate); start afresh"),
+        (state.get("checksum") != checksum({k: v for k, v in state.items() if k != "checksum"}),
+         f"--resume: {path} is damaged: its contents do not match their checksum; resume from "
+         "another copy, or start afresh")])
+    differ = [f"--{name} {state['config'].get(name)} (now {config.get(name)})"
+              for name in must_match if state["config"].get(name) != config.get(name)]
+    refuse_if([(differ, f"--resume: {path} was written by another run: {', '.join(differ)}; "
+                "resume with the flags it was written with")])
+    return {**state, "file": str(path)}
+
+
+def has_ended(checkpoint: dict | None, epochs: int, max_steps: int) -> bool:
+    """Whether `checkpoint` has all its steps trained and evaluated; said in one line."""
+    progress = (checkpoint or {}).get("progress")
+    ended = progress is not None and progress["tested_step"] == progress["step"] and (
+        progress["epoch"] >= epochs or 0 < max_steps <= progress["step"])
+    if ended:
+        print(f"{checkpoint['file']}: this run has ended (step {progress['step']}): nothing left "
+              "to train; a larger --epochs or --max_steps trains on", flush=True)
+    return ended
+
+
+def checksum(value, digest=None) -> str:
+    """SHA-256 of every tensor's bytes and every value: torch.load checks none."""
+    digest = digest or hashlib.sha256()
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu().contiguous()
+        digest.update(f"tensor {tensor.dtype} {tuple(tensor.shape)};".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
+    elif isinstance(value, (dict, list, tuple)):
+        items = sorted(value.items(), key=repr) if isinstance(value, dict) else enumerate(value)
+        digest.update(f"{type(value).__name__} {len(value)};".encode())
+        for key, item in items:
+            checksum(key, digest)
+            checksum(item, digest)
+    else:  # str, int, float (its repr is exact), bool, None
+        digest.update(f"{type(value).__name__} {value!r};".encode())
+    return digest.hexdigest()
+
+
+def write_atomically(path: Path, write) -> Path:
+    """write(file) into a temporary file, fsync, rename: never half a file."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        with open(temporary, "wb") as file:
+            write(file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except OSError as error:  # named by the file it is about, not by its stand-in
+        raise OSError(error.errno, error.strerror, str(path)) from None
+    finally:
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
+    return path
+
+
+def save_checkpoint(path: Path, state: dict) -> Path:
+    """`state` sealed with its format and checksum, atomically; NaN weights never replace good."""
+    if not all(value.isfinite().all() for value in state["model"].values()
+               if value.is_floating_point()):
+        raise RunError(f"the weights are NaN/inf at step {state['progress']['step']}: the training "
+                       f"diverged; {path} is left as it was; try a lower --lr")
+    sealed = {**state, "format": FORMAT}
+    sealed["checksum"] = checksum(sealed)
+    return write_atomically(path, lambda file: torch.save(sealed, file))
+
+
+def rng_states() -> dict:
+    """This process's torch and CUDA generators: the only ones training draws from."""
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+    return {"torch": torch.get_rng_state(), "cuda": cuda}
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"][:torch.cuda.device_count()])
+
+
+def load_weights(path: str, load) -> None:
+    """A model.pt's or a checkpoint's weights handed to `load` (a model's load_state_dict), or
+    a refusal in one line."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = state.get("model", state)
+        load({key.removeprefix("module."): value for key, value in state.items()})
+    except Exception as error:
+        raise UsageError(f"--evaluate: {path} holds no weights of this model "
+                         f"({str(error).splitlines()[0][:100]}): give a model.pt or checkpoint.pt "
+                         "a run of these model flags wrote") from None
+
+
+# ---------------------------------------------------------------------------- timing and telemetry
+class StepTimer:
+    """Step time and data wait on the device's clock (CUDA events; perf_counter on the CPU), read
+    once a window. Untimed: the first `warmup_steps` (autotuning, compiling) and those from
+    profile=(first step, trace path) on, recorded by torch.profiler. The peak memory is reset
+    after the warm-up; snapshot=(N, path): the allocator's history of the first N steps."""
+
+    def __init__(self, device: torch.device, warmup_steps: int, profile=None, snapshot=None):
+        self.device, self.cuda, self.warmup_steps = device, device.type == "cuda", warmup_steps
+        self.steps, self.pending, self.step_seconds, self.first_step_s = 0, [], [], None
+        self.profile, self.snapshot, self.profiler = profile, snapshot, None
+        if snapshot:
+            torch.cuda.memory._record_memory_history(max_entries=100_000)
+
+    def mark(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def timed(self, batches):
+        """`batches`, each marked when it is asked for and when it is there."""
+        iterator = iter(batches)
+        while True:
+            if self.profile and self.steps + 1 == self.profile[0] and self.profiler is None:
+                activities = [torch.profiler.ProfilerActivity.CPU] + [
+                    torch.profiler.ProfilerActivity.CUDA] * self.cuda
+                self.profiler = torch.profiler.profile(activities=activities)
+                self.profiler.start()
+            start, self.asked = self.mark(), time.perf_counter()
+            batch = next(iterator, None)
+            if batch is None:
+                return
+            self.marks = (start, self.mark())
+            yield batch
+
+    def step_done(self) -> None:
+        self.steps += 1
+        done = self.mark()
+        if self.steps == 1 and self.cuda:
+            torch.cuda.synchronize(self.device)
+        self.first_step_s = self.first_step_s or time.perf_counter() - self.asked
+        if self.steps == self.warmup_steps and self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        if self.snapshot and self.steps == self.snapshot[0]:
+            torch.cuda.memory._dump_snapshot(str(self.snapshot[1]))
+            torch.cuda.memory._record_memory_history(enabled=None)
+        if self.steps > self.warmup_steps and self.profiler is None:
+            self.pending.append((*self.marks, done))
+
+    def window(self) -> list[float]:
+        """[timed steps, their seconds, of which waiting for data] since the last call: one sync."""
+        if self.pending and self.cuda:
+            self.pending[-1][2].synchronize()
+        seconds = (lambda a, b: a.elapsed_time(b) / 1e3) if self.cuda else (lambda a, b: b - a)
+        steps = [seconds(start, done) for start, _, done in self.pending]
+        data = sum(seconds(start, ready) for start, ready, _ in self.pending)
+        self.step_seconds, self.pending = self.step_seconds + steps, []
+        return [float(len(steps)), sum(steps), data]
+
+    def close(self) -> None:
+        """The profiled steps' trace written, for Perfetto and comparison/'s split of the step."""
+        if self.profiler is not None:
+            self.profiler.stop()
+            self.profiler.export_chrome_trace(str(self.profile[1]))
+
+
+class GpuMonitor:
+    """window(): {CUDA index: (utilisation %, memory GiB)}, means of NVML's readings every 0.1 s
+    ("a kernel ran", not efficiency); found by UUID, right under CUDA_VISIBLE_DEVICES."""
+
+    def __init__(self, gpus):
+        self.gpus, self.sums, self.lock, self.handles = list(gpus), {}, threading.Lock(), {}
+        self.stopped = threading.Event()
+        with contextlib.suppress(Exception):  # no driver or no library: no readings
+            import pynvml
+
+            pynvml.nvmlInit() if self.gpus else None
+            for gpu in self.gpus:
+                uuid = str(torch.cuda.get_device_properties(gpu).uuid)
+                self.handles[gpu] = pynvml.nvmlDeviceGetHandleByUUID(
+                    uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}")
+            self.nvml = pynvml
+        if self.handles:
+            threading.Thread(target=self._sample, name="gpu-monitor", daemon=True).start()
+
+    def _sample(self):
+        while not self.stopped.wait(0.1):
+            for gpu, handle in self.handles.items():
+                with contextlib.suppress(Exception), self.lock:
+                    util = self.nvml.nvmlDeviceGetUtilizationRates(handle).gpu
+                    used = self.nvml.nvmlDeviceGetMemoryInfo(handle).used / 2**30
+                    u, m, n = self.sums.get(gpu, (0.0, 0.0, 0))
+                    self.sums[gpu] = (u + util, m + used, n + 1)
+
+    def window(self) -> dict:
+        with self.lock:
+            sums, self.sums = self.sums, {}
+        return {gpu: (sums[gpu][0] / sums[gpu][2], sums[gpu][1] / sums[gpu][2]) if gpu in sums
+                else (None, None) for gpu in self.gpus}
+
+    def close(self) -> None:
+        self.stopped.set()
+
+
+def peak_memory_gb(gpus) -> dict:
+    """{CUDA index: [allocated, reserved]}: the caching allocator's high-water marks, in GiB."""
+    return {str(gpu): [torch.cuda.max_memory_allocated(gpu) / 2**30,
+                       torch.cuda.max_memory_reserved(gpu) / 2**30] for gpu in gpus}
+
+
+# ------------------------------------------------------------------------------------------ run log
+class RunLog:
+    """The main process's lines, TensorBoard scalars (flushed: a killed run keeps them) and
+    results.json; `totals` adds up every window. No folder: nothing (every rank but 0)."""
+
+    def __init__(self, run_dir: Path | None, config: dict, checkpoint: dict | None = None):
+        self.run_dir, self.config, self.writer, self.last_test = run_dir, config, None, {}
+        self.totals = [0.0] * len(WINDOW)
+        if run_dir is not None:
+            from tensorboardX import SummaryWriter
+
+            purge = checkpoint["progress"]["step"] + 1 if checkpoint else None
+            self.writer = SummaryWriter(str(run_dir), purge_step=purge, flush_secs=3600)
+            self.writer.add_text("config", json.dumps(config, indent=1), purge or 0)
+
+    def line(self, text: str) -> None:
+        if self.run_dir is not None:
+            print(text, flush=True)
+
+    def scalars(self, step: int, values: dict) -> None:
+        if self.writer is not None:
+            for tag, value in values.items():
+                if value is not None:
+                    self.writer.add_scalar(tag, value, step)
+            self.writer.flush()
+
+    def window(self, step: int, sums: list, global_batch: int, where: str, **more) -> None:
+        """A window's sums (WINDOW) on TensorBoard with `more` and in a line; NaN ends the run."""
+        self.totals = [a + b for a, b in zip(self.totals, sums)]
+        loss_sum, correct, images, steps, seconds, data = sums
+        if not math.isfinite(loss_sum):
+            raise RunError(f"the training loss became NaN/inf by step {step}: stopped, the last "
+                           "checkpoint as it was; try a lower --lr")
+        timed = {"time/step_s": seconds / steps, "time/data_wait_s": data / steps,
+                 "time/data_wait_pct": 100 * data / seconds,
+                 "throughput/images_per_s": global_batch * steps / seconds} if steps else {}
+        self.scalars(step, {"train/loss": loss_sum / images, "train/acc_pct": 100 * correct /
+                            images, **timed, **more})
+        timing = (f"batch {seconds / steps:.3f}s data {100 * data / seconds:.1f}% "
+                  f"{global_batch * steps / seconds:.0f} img/s" if steps else "warming up")
+        self.line(f"{where} loss {loss_sum / images:.3f} acc {100 * correct / images:.2f}% {timing}")
+
+    def tested(self, test: dict, progress: dict, batches: int, epochs: int) -> bool:
+        """An evaluation, said and into `progress` (a whole epoch: as the next one's start);
+        whether it is the best so far."""
+        self.last_test, progress["tested_step"] = test, progress["step"]
+        best = progress["best_acc"] is None or test["test_acc"] > progress["best_acc"]
+        if best:
+            progress.update(best_acc=test["test_acc"], best_epoch=progress["epoch"] + 1)
+        self.scalars(progress["step"], {"test/loss": test["test_loss"],
+                                        "test/acc_pct": 100 * test["test_acc"]})
+        cut = "" if progress["batch"] == batches else f" ({progress['batch']}/{batches} batches)"
+        self.line(f"Epoch {progress['epoch'] + 1}/{epochs} test loss {test['test_loss']:.3f} acc "
+                  f"{100 * test['test_acc']:.2f}% ({test['test_images']} images){cut}")
+        if progress["batch"] == batches:
+            progress.update(epoch=progress["epoch"] + 1, batch=0)
+        return best
+
+    def results(self, summary: dict, **extra) -> None:
+        """<run folder>/results.json: `extra`, the config, the environment, `summary`."""
+        if self.run_dir is None:
+            return
+        env = {"torch": torch.__version__, "cuda": torch.version.cuda, "host": platform.node(),
+               "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+               "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count()}
+        text = json.dumps({**extra, "config": self.config, "env": env, "summary": summary},
+                          indent=2).encode()
+        path = write_atomically(self.run_dir / "results.json", lambda file: file.write(text))
+        self.line(f"results in {path}")
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def speed_summary(totals: list, timer: StepTimer, global_batch: int, devices: int, flops: int,
+                  peak: tuple) -> dict:
+    """results.json's speed figures from the run's windows, its timer and `peak` (for MFU)."""
+    _, _, _, steps, seconds, data = totals
+    rate = global_batch * steps / seconds if steps else None
+    p50, p90 = np.percentile(timer.step_seconds, [50, 90]).tolist() if steps else (None, None)
+    mfu = rate / devices * flops / (peak[0] * 1e12) if rate and peak[0] else None
+    return {"images_per_sec": rate, "images_per_sec_per_gpu": rate and rate / devices,
+            "batch_time_p50": p50, "batch_time_p90": p90, "timed_steps": int(steps),
+            "data_wait_frac": data / seconds if steps else None, "flops_per_image": flops,
+            "mfu": mfu, "mfu_note": None if mfu else peak[1] or "no timed steps",
+            "first_step_s": timer.first_step_s}
+
+
+# ------------------------------------------------------------------------------------- model facts
+def flops_per_image(model: torch.nn.Module, images: torch.Tensor) -> int:
+    """One training image's FLOPs, forward and backward, counted by FlopCounterMode on `model`
+    itself (in eval mode: no statistic moves), before it is wrapped or sharded."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    training = model.training
+    with FlopCounterMode(display=False) as counter:
+        model.eval()(images).float().sum().backward()
+    model.train(training).zero_grad(set_to_none=True)
+    return counter.get_total_flops() // len(images)
+
+
+# Dense peak TFLOP/s (bf16/fp16, fp32), NVIDIA's datasheets (SXM unless named; no sparsity)
+PEAK_TFLOPS = {"H100 PCIe": (756.5, 51.2), "H100 NVL": (835.5, 60.0), "H200 NVL": (835.5, 60.0),
+               "GH200": (989.4, 66.9), "H100": (989.4, 66.9), "H200": (989.4, 66.9),
+               "GB200": (2500.0, 80.0), "B200": (2250.0, 75.0), "A100": (312.0, 19.5),
+               "L40S": (362.05, 91.6), "L4": (121.0, 30.3), "A10": (125.0, 31.2)}
+
+
+def peak_tflops(device: torch.device, amp: str) -> tuple[float | None, str | None]:
+    """(the GPU's dense peak TFLOP/s for `amp`, why there is none)."""
+    if device.type != "cuda":
+        return None, "CPU: MFU is measured against a GPU's peak"
+    words = torch.cuda.get_device_name(device).replace("-", " ").split()
+    if "MIG" in words:
+        return None, "a MIG slice: a fraction of the chip, whose peak is not known"
+    peaks = next((peaks for key, peaks in PEAK_TFLOPS.items()
+                  if all(word in words for word in key.split())), None)
+    return (peaks[amp == "off"], None) if peaks else (None, f"no peak known for {' '.join(words)}")
