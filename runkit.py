@@ -150,6 +150,42 @@ def stopped_line(signal_name: str, step: int, checkpoint: Path | None) -> str:
             f"--resume auto --run_name {checkpoint.parent.name}")
 
 
+def check_launch_environment() -> None:
+    """The variables a launcher sets (torchrun, srun, a Kubernetes operator, or by hand): one that
+    no process could run with is refused in one line naming it."""
+    given = {name: os.environ[name] for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                                 "LOCAL_WORLD_SIZE", "MASTER_PORT") if name in os.environ}
+    bad = next((f"{name}={value!r}" for name, value in given.items() if not value.isdigit()), None)
+    refuse_if([(bad, f"{bad}: a launcher sets it to a whole number from 0; mend the launch"),
+               (given.get("WORLD_SIZE") == "0", "WORLD_SIZE=0: a job has a process at least")])
+    refuse_if([(int(given["RANK"]) >= int(given.get("WORLD_SIZE", 1)), f"RANK={given['RANK']} is "
+                f"not below WORLD_SIZE={given.get('WORLD_SIZE')}: give each process its own")])
+
+
+GROUP_WORDS = ("closed by peer", "connection reset", "broken pipe", "timed out", "timeout",
+               "nccl", "gloo", "watchdog", "process group")  # a collective whose peer is gone
+
+
+def raise_group_failure(error: BaseException, step: int) -> None:
+    """A collective that failed because a peer died or stalled, as one line naming this rank and
+    the step (a traceback would say nothing); any other error is left to its caller."""
+    text = " ".join(str(error).split())[:200]
+    if isinstance(error, torch.distributed.DistError) or any(word in text.lower()
+                                                             for word in GROUP_WORDS):
+        raise RunError(f"rank {os.environ.get('RANK')} stopped at step {step}: the process group "
+                       f"failed ({text}); another rank died or stalled, and its own output says "
+                       "why") from None
+
+
+@contextlib.contextmanager
+def group_failure_in_one_line():
+    try:
+        yield
+    except (RuntimeError, torch.distributed.DistError) as error:
+        raise_group_failure(error, step=0)
+        raise
+
+
 def cuda_device(index: int) -> torch.device:
     """cuda:<index>, or the CPU on a machine without CUDA."""
     if not torch.cuda.is_available():
@@ -161,10 +197,10 @@ def cuda_device(index: int) -> torch.device:
     return torch.device("cuda", index)
 
 
-def workers(given: int | None, processes: int) -> int:
+def workers(given: int | None) -> int:
     """DataLoader workers a process: `given` (at most twice the cores: each is a process of its
     own), or the process's share of the cores less one for itself, at most 4."""
-    cores = len(os.sched_getaffinity(0))
+    cores, processes = len(os.sched_getaffinity(0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     if given is not None and given > 2 * cores:
         raise UsageError(f"-j {given}: {processes} process(es) on {cores} cores can run about "
                          f"{cores // processes} workers each: give at most {2 * cores}")
@@ -449,6 +485,10 @@ class StepTimer:
         self.step_seconds, self.pending = self.step_seconds + steps, []
         return [float(len(steps)), sum(steps), data]
 
+    def profiled_steps(self) -> list | None:
+        """[first, last]: the steps of this attempt torch.profiler recorded (never timed)."""
+        return [self.profile[0], self.steps] if self.profiler is not None else None
+
     def close(self) -> None:
         """The profiled steps' trace written, for Perfetto and comparison/'s split of the step."""
         if self.profiler is not None:
@@ -462,6 +502,7 @@ class GpuMonitor:
 
     def __init__(self, gpus):
         self.gpus, self.sums, self.lock, self.handles = list(gpus), {}, threading.Lock(), {}
+        self.run = [0.0, 0]  # every reading's utilisation, and how many
         self.stopped = threading.Event()
         with contextlib.suppress(Exception):  # no driver or no library: no readings
             import pynvml
@@ -487,8 +528,14 @@ class GpuMonitor:
     def window(self) -> dict:
         with self.lock:
             sums, self.sums = self.sums, {}
+            for gpu, (u, _, n) in sums.items():
+                self.run[0], self.run[1] = self.run[0] + u, self.run[1] + n
         return {gpu: (sums[gpu][0] / sums[gpu][2], sums[gpu][1] / sums[gpu][2]) if gpu in sums
                 else (None, None) for gpu in self.gpus}
+
+    def mean(self) -> float | None:
+        """The mean utilisation of every reading of the run, every GPU's."""
+        return self.run[0] / self.run[1] if self.run[1] else None
 
     def close(self) -> None:
         self.stopped.set()
@@ -507,7 +554,7 @@ class RunLog:
 
     def __init__(self, run_dir: Path | None, config: dict, checkpoint: dict | None = None):
         self.run_dir, self.config, self.writer, self.last_test = run_dir, config, None, {}
-        self.totals = [0.0] * len(WINDOW)
+        self.totals, self.epoch, self.epoch_totals = [0.0] * len(WINDOW), None, [0.0] * len(WINDOW)
         if run_dir is not None:
             from tensorboardX import SummaryWriter
 
@@ -526,10 +573,14 @@ class RunLog:
                     self.writer.add_scalar(tag, value, step)
             self.writer.flush()
 
-    def window(self, step: int, sums: list, global_batch: int, where: str, **more) -> None:
+    def window(self, step: int, epoch: int, sums: list, global_batch: int, where: str,
+               **more) -> None:
         """A window's sums (WINDOW) on TensorBoard with `more` and in a line; NaN ends the run."""
         self.totals = [a + b for a, b in zip(self.totals, sums)]
-        loss_sum, correct, images, steps, seconds, data = sums
+        if epoch != self.epoch:
+            self.epoch, self.epoch_totals = epoch, [0.0] * len(WINDOW)
+        self.epoch_totals = [a + b for a, b in zip(self.epoch_totals, sums)]
+        loss_sum, correct, images, steps, seconds, data = sums[:len(WINDOW)]
         if not math.isfinite(loss_sum):
             raise RunError(f"the training loss became NaN/inf by step {step}: stopped, the last "
                            "checkpoint as it was; try a lower --lr")
@@ -575,10 +626,24 @@ class RunLog:
             self.writer.close()
 
 
-def speed_summary(totals: list, timer: StepTimer, global_batch: int, devices: int, flops: int,
-                  peak: tuple) -> dict:
+def describe(config: dict) -> str:
+    """What a run trains, for its first line."""
+    model = (f"PyramidNet-{config['depth']} a={config['alpha']:g}" if config["model"] ==
+             "pyramidnet" else config["model"])
+    crop = "no augmentation" if config["augment"] == "off" else (
+        f"{config['augment']} crop" + " and flip" * config["flip"])
+    return (f"{model} at {config['image_size']} px, {config['dataset']}, {crop}, global batch "
+            f"{config['batch_size']}, lr {config['lr'] * config['batch_size'] / 128:g}, amp "
+            f"{config['amp']}" + ", channels_last" * config["channels_last"]
+            + ", compiled" * config["compile"])
+
+
+def speed_summary(log: RunLog, timer: StepTimer, global_batch: int, devices: int, flops: int,
+                  peak: tuple, monitor: GpuMonitor, gpus) -> dict:
     """results.json's speed figures from the run's windows, its timer and `peak` (for MFU)."""
-    _, _, _, steps, seconds, data = totals
+    _, _, _, steps, seconds, data = log.totals
+    loss_sum, correct, images = log.epoch_totals[:3]
+    peaks = list(peak_memory_gb(gpus).values())
     rate = global_batch * steps / seconds if steps else None
     p50, p90 = np.percentile(timer.step_seconds, [50, 90]).tolist() if steps else (None, None)
     mfu = rate / devices * flops / (peak[0] * 1e12) if rate and peak[0] else None
@@ -586,7 +651,12 @@ def speed_summary(totals: list, timer: StepTimer, global_batch: int, devices: in
             "batch_time_p50": p50, "batch_time_p90": p90, "timed_steps": int(steps),
             "data_wait_frac": data / seconds if steps else None, "flops_per_image": flops,
             "mfu": mfu, "mfu_note": None if mfu else peak[1] or "no timed steps",
-            "first_step_s": timer.first_step_s}
+            "first_step_s": timer.first_step_s, "gpu_util_mean": monitor.mean(),
+            "peak_mem_gb": max((p[0] for p in peaks), default=None),
+            "peak_mem_reserved_gb": max((p[1] for p in peaks), default=None),
+            "train_loss": loss_sum / images if images else None,
+            "train_acc": correct / images if images else None,
+            "profiled_steps": timer.profiled_steps()}
 
 
 # ------------------------------------------------------------------------------------- model facts

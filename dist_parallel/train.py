@@ -9,8 +9,9 @@ r"""Train PyramidNet on CIFAR-10 with DistributedDataParallel: a process a GPU, 
     python train.py --evaluate ../runs/<run>/model.pt   # the test loss and accuracy of weights
 
 single_gpu/train.py plus DDP's lines, each commented; what keeps a group sane on bad days (the
-stop vote, rank 0's refusal, a broken group in one line, one download a node, `python train.py`
-starting its workers) is fenced at the end: skip it at first. It runs from itself and two files, runkit.py (checkpoints, stop signals, the run log, the step
+stop vote, rank 0's refusal, one download a node, `python train.py` starting its workers) is
+fenced at the end: skip it at first.
+It runs from itself and two files, runkit.py (checkpoints, stop signals, the run log, the step
 timer) and models/pyramidnet.py: copied side by side into another project, the three run as
 they are; put your model in get_model and your data in get_datasets. Without a GPU it trains on
 the CPU. --batch_size is the global batch in every mode. Read it top to bottom.
@@ -55,64 +56,47 @@ def get_args(argv=None) -> argparse.Namespace:
     short forms); a mistake is one line."""
     parser = runkit.ArgumentParser(description=__doc__)
     add, count, number = parser.add_argument, runkit.count, runkit.number
-    add("-b", "--batch_size", "--batch-size", type=count(1), default=128,
-        help="GLOBAL batch: images a step, over every GPU")
+    add("-b", "--batch_size", "--batch-size", type=count(1), default=128, help="GLOBAL batch")
     add("--epochs", type=count(0), default=300)
-    add("--max_steps", "--max-steps", type=count(0), default=0, help="at most; 0: no limit")
+    add("--max_steps", "--max-steps", type=count(0), default=0, help="at most (0: no limit)")
     add("--lr", type=number(above=0), default=0.1, help="per 128 images of the global batch")
-    add("--lr_warmup_epochs", "--lr-warmup-epochs", type=number(least=0), default=5.0,
-        help="the rate's linear warm-up, at most a tenth of the run")
+    add("--lr_warmup_epochs", "--lr-warmup-epochs", type=number(least=0), default=5.0)
     add("--momentum", type=number(least=0, below=1), default=0.9)
-    add("--wd", "--weight_decay", "--weight-decay", dest="weight_decay", type=number(least=0),
-        default=1e-4)
+    add("--weight_decay", "--weight-decay", "--wd", type=number(least=0), default=1e-4)
     add("--no_nesterov", "--no-nesterov", dest="nesterov", action="store_false")
-    add("-a", "--arch", "--model", dest="model", default="pyramidnet",
-        help="pyramidnet, or a torchvision classifier (resnet50, vit_b_16...)")
-    add("--depth", type=count(1), default=110, help="PyramidNet's: 6n+2, 9n+2 for bottlenecks")
+    add("-a", "--model", "--arch", default="pyramidnet", help="or torchvision's")
+    add("--depth", type=count(1), default=110, help="PyramidNet's: 6n+2 (9n+2: bottleneck)")
     add("--alpha", type=number(above=0), default=270.0, help="PyramidNet's widening")
     add("--block", choices=("basic", "bottleneck"), default="basic")
-    add("--dataset", choices=("cifar10", "mnist", "synthetic", "imagefolder"), default="cifar10",
-        help="imagefolder: --data_dir/train/<class>/* and --data_dir/val/<class>/*")
-    add("--data_dir", "--data-dir", default=str(REPO / "data"))
-    add("--image_size", "--image-size", type=count(8, 4096), default=None,
-        help="default: the dataset's; 224 for a folder and for torchvision's models")
-    add("--synthetic_size", "--synthetic-size", type=count(5), default=50_000,
-        help="training images; the test set is a fifth of it")
-    add("-j", "--workers", "--num_workers", "--num-workers", dest="num_workers", type=count(0),
-        default=None, help="DataLoader workers (default: this process's cores less one, <= 4)")
+    add("--dataset", choices=("cifar10", "mnist", "synthetic", "imagefolder"), default="cifar10")
+    add("--data_dir", "--data-dir", default=str(REPO / "data"), help="imagefolder: train/, val/")
+    add("--image_size", "--image-size", type=count(8, 4096), help="default: the dataset's")
+    add("--synthetic_size", "--synthetic-size", type=count(5), default=50_000)
+    add("-j", "--num_workers", "--num-workers", "--workers", type=count(0))
     add("--no_shuffle", "--no-shuffle", dest="shuffle", action="store_false")
-    add("--augment", choices=("auto", "pad", "resized", "off"), default="auto",
-        help="the crop: CIFAR's pad, ImageNet's resized; auto: resized above 64 px")
-    add("--flip", action=argparse.BooleanOptionalAction, default=None,
-        help="default: on, but for MNIST and the pad crops of a folder (digits, icons)")
-    add("--amp", choices=tuple(AMP), default=None, help="default: bf16 on a GPU, off on the CPU")
-    add("--channels_last", "--channels-last", action=argparse.BooleanOptionalAction,
-        default=None, help="NHWC, as tensor cores prefer (default: on a GPU)")
-    add("--compile", action="store_true", help="torch.compile; its first steps are not timed")
+    add("--augment", choices=("auto", "pad", "resized", "off"), default="auto")
+    add("--flip", action=argparse.BooleanOptionalAction, help="default: not for digits, icons")
+    add("--amp", choices=tuple(AMP), help="default: bf16 on a GPU, off on the CPU")
+    add("--channels_last", "--channels-last", action=argparse.BooleanOptionalAction)
+    add("--compile", action="store_true", help="torch.compile (its first steps: not timed)")
     add("--compile_mode", "--compile-mode", default="default",
         choices=("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune"))
-    add("--benchmark", action="store_true", help="speed only: --warmup_steps, then "
-        "--benchmark_steps timed ones on synthetic data (a folder's own images); no files")
+    add("--benchmark", action="store_true", help="speed only: --benchmark_steps timed steps")
     add("--benchmark_steps", "--benchmark-steps", type=count(1), default=100)
-    add("--gpu_devices", "--gpu-devices", type=count(0), nargs="+", default=None,
-        help="the CUDA ids to use (default: every GPU, one a process)")
-    add("--seed", type=count(0, 2**32 - 1), default=0, help="the weights, order and crops")
+    add("--gpu_devices", "--gpu-devices", type=count(0), nargs="+", help="CUDA ids")
+    add("--seed", type=count(0, 2**32 - 1), default=0)
     add("--deterministic", action="store_true", help="the same bits every run, slower")
-    add("--log_dir", "--log-dir", default=str(REPO / "runs"), help="runs go to its <run_name>/")
-    add("--run_name", "--run-name", default=None, help="default: <mode>-<n>gpu-<time>-<pid>")
+    add("--log_dir", "--log-dir", default=str(REPO / "runs"))
+    add("--run_name", "--run-name", help="default: <mode>-<n>gpu-<time>-<pid>")
     add("--overwrite", action="store_true", help="empty the run folder of this name first")
-    add("-p", "--print-freq", "--log_interval", "--log-interval", dest="log_interval",
-        type=count(1), default=50, help="steps a log window (a line, TensorBoard points)")
+    add("-p", "--log_interval", "--log-interval", "--print-freq", type=count(1), default=50)
     add("--warmup_steps", "--warmup-steps", type=count(0), default=10, help="not timed")
-    add("--profile_steps", "--profile-steps", type=count(0), default=0,
-        help="the run's last N steps recorded by torch.profiler, never timed")
-    add("--memory_snapshot", "--memory-snapshot", type=count(0), default=0,
-        help="GPUs: the CUDA allocator's history of the first N steps")
+    add("--profile_steps", "--profile-steps", type=count(0), default=0, help="torch.profiler's")
+    add("--memory_snapshot", "--memory-snapshot", type=count(0), default=0, help="steps; GPUs")
     add("--save_model", "--save-model", action="store_true", help="<run folder>/model.pt")
-    add("--checkpoint_interval", "--checkpoint-interval", type=count(0), default=0,
-        help="a checkpoint every N steps as well as at every epoch's end")
-    add("--resume", default=None, help="a checkpoint.pt, or auto: this --run_name's, if any")
-    add("-e", "--evaluate", default=None, metavar="PATH", help="the weights to evaluate")
+    add("--checkpoint_interval", "--checkpoint-interval", type=count(0), default=0)
+    add("--resume", help="a checkpoint.pt, or auto: this --run_name's, if any")
+    add("-e", "--evaluate", metavar="PATH", help="evaluate these weights, then exit")
     add("--backend", choices=("nccl", "gloo"), default=None, help="default: nccl with CUDA")
     add("--sync_bn", "--sync-bn", action="store_true", help="BatchNorm over the global batch")
     add("--bucket_cap_mb", "--bucket-cap-mb", type=number(above=0), default=25.0,
@@ -142,7 +126,7 @@ def get_args(argv=None) -> argparse.Namespace:
 def setup(args) -> torch.device:
     """This process's place in the job (from the environment torchrun sets), its device (a GPU of
     its own, or the CPU) and the process group it joins; the fast path's defaults for it."""
-    check_launch_environment()  # robustness: a launcher's variable that cannot be, in one line
+    runkit.check_launch_environment()  # robustness: a launcher's variable that cannot be: a line
     rank = int(os.environ["RANK"])  # this process's place among all the job's processes
     world_size = int(os.environ["WORLD_SIZE"])  # how many processes the job has
     gpus = args.gpu_devices or list(range(torch.cuda.device_count()))  # this node's GPUs
@@ -151,7 +135,7 @@ def setup(args) -> torch.device:
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.set_device(device)  # a GPU a process, before the group: NCCL binds to it
-    with group_failure_in_one_line(step=0):  # robustness: a rendezvous that cannot succeed
+    with runkit.group_failure_in_one_line():  # robustness: a rendezvous that cannot succeed
         dist.init_process_group(args.backend or ("nccl" if cuda else "gloo"), rank=rank,
                                 world_size=world_size, device_id=device if cuda else None,
                                 timeout=datetime.timedelta(seconds=args.dist_timeout))
@@ -193,9 +177,9 @@ def get_datasets(args):
 
 
 def get_loaders(args, train_set, test_set, device: torch.device):
-    """DataLoaders of augmented, normalised batches: each rank's share of the training set,
-    reshuffled every epoch from --seed, the last partial batch dropped so that every step has the
-    whole batch; each rank's share of the test set, every image once in all."""
+    """DataLoaders of augmented, normalised batches: the training set reshuffled every epoch from
+    --seed, the last partial batch dropped so that every step has the whole batch; every test
+    image counted once."""
     side, _, mean, std = IMAGES[args.dataset]
     size, tensor = args.image_size, [T.ToImage(), T.ToDtype(torch.float32, scale=True),
                                      T.Normalize(mean, std)]
@@ -229,7 +213,7 @@ def data_defaults(args, train_images: int) -> None:
         args.flip = args.dataset != "mnist" and (args.dataset != "imagefolder" or
                                                  args.augment == "resized")
     args.flip = args.flip and args.augment != "off"
-    args.num_workers = runkit.workers(args.num_workers, int(os.environ["LOCAL_WORLD_SIZE"]))
+    args.num_workers = runkit.workers(args.num_workers)  # a share of this node's cores
     runkit.refuse_if([(args.batch_size % dist.get_world_size(), f"--batch_size {args.batch_size} "
                        f"does not split over {dist.get_world_size()} processes: give a multiple"),
                       (args.batch_size > train_images, f"--batch_size {args.batch_size} is more "
@@ -341,9 +325,9 @@ def log_window(run, epoch: int) -> None:
     dist.all_reduce(sums)  # every rank's sums added up, and its stop vote (robustness)
     sums[3:6] /= dist.get_world_size()  # every rank timed the same steps: their mean
     run.sums.zero_()
-    gpus = {f"rank/{dist.get_rank()}/gpu/util_pct": util for util, _ in run.monitor.window().values()}
+    gpus = {f"gpu/{i}/util_pct": util for i, (util, _) in run.monitor.window().items()}
     where = f"Epoch {epoch + 1}/{run.args.epochs} [{run.progress['batch']}/{len(run.train_loader)}]"
-    run.log.window(run.progress["step"], sums[:6].tolist(), run.args.batch_size, where,
+    run.log.window(run.progress["step"], epoch, sums.tolist(), run.args.batch_size, where,
                    **{"train/lr": run.scheduler.get_last_lr()[0], **gpus})
     run.stop = agreed(sums[6:].tolist())  # robustness: a signal to any rank stops every rank
 
@@ -397,16 +381,6 @@ def restore(run, checkpoint: dict) -> None:
 
 
 # ---------------------------------------------------------------------------------------- main loop
-def describe(args) -> str:
-    """What the run trains, for its first line."""
-    model = f"PyramidNet-{args.depth} a={args.alpha:g}" if args.model == "pyramidnet" else args.model
-    crop = f"{args.augment} crop{' and flip' if args.flip else ''}" if args.augment != "off" else \
-        "no augmentation"
-    return (f"{model} at {args.image_size} px, {args.dataset}, {crop}, global batch "
-            f"{args.batch_size}, lr {args.lr * args.batch_size / 128:g}, amp {args.amp}"
-            f"{', channels_last' if args.channels_last else ''}{', compiled' * args.compile}")
-
-
 def main(argv=None) -> int:
     started = time.perf_counter()
     args = get_args(argv)
@@ -449,8 +423,8 @@ def main(argv=None) -> int:
             run.log.line(f"{args.evaluate}: test loss {test['test_loss']:.4f} acc "
                          f"{100 * test['test_acc']:.2f}% ({test['test_images']} images)")
             return run.log.results(test, mode=MODE, world_size=dist.get_world_size()) or 0
-        run.log.line(f"{MODE}: {describe(args)}, {len(train_loader)} steps an epoch on {device}; "
-                     f"logs in {run_dir}")
+        run.log.line(f"{MODE} on {device}: {runkit.describe(vars(args))}, "
+                     f"{len(train_loader)} steps an epoch; logs in {run_dir}")
         for epoch in range(run.progress["epoch"], args.epochs):
             train_one_epoch(run, epoch)
             if run.stop:  # SIGTERM, SIGINT, SIGHUP, SIGUSR1: a checkpoint, then a clean exit
@@ -466,8 +440,8 @@ def main(argv=None) -> int:
                 break
         if args.save_model and is_main:  # the weights alone, for --evaluate or your own code
             torch.save(raw_model.state_dict(), run_dir / "model.pt")
-        summary = runkit.speed_summary(run.log.totals, run.timer, args.batch_size, dist.get_world_size(),
-                                       flops=flops, peak=runkit.peak_tflops(device, args.amp))
+        summary = runkit.speed_summary(run.log, run.timer, args.batch_size, dist.get_world_size(), flops,
+                                       runkit.peak_tflops(device, args.amp), run.monitor, gpus)
         summary.update(parameters=sum(p.numel() for p in raw_model.parameters()),
                        wall_time_s=time.perf_counter() - started, **run.progress, **run.log.last_test)
         peaks = [None] * dist.get_world_size()  # each rank's GPU's peak memory, by rank
@@ -477,7 +451,7 @@ def main(argv=None) -> int:
         return 0
     # ------------------------------------------------------------------------------------- teardown
     except (RuntimeError, dist.DistError) as error:  # robustness: a peer that died, in one line
-        group_failure(error, run.progress["step"])
+        runkit.raise_group_failure(error, run.progress["step"])
         raise
     finally:
         run.signals.restore()
@@ -503,10 +477,6 @@ def in_sync(raw_model: torch.nn.Module) -> dict:
 
 # ====================================================================================== robustness
 # What keeps a process group sane on bad days. Nothing here is DDP's lesson: skip it at first.
-GROUP_WORDS = ("closed by peer", "connection reset", "broken pipe", "timed out", "timeout",
-               "nccl", "gloo", "watchdog", "process group")  # a collective whose peer is gone
-
-
 def vote(signals: runkit.StopSignals) -> list[float]:
     """This rank's stop vote: one entry a signal, 1 for the one it received."""
     return [float(signals.received == name) for name in signals.NAMES.values()]
@@ -516,39 +486,6 @@ def agreed(votes) -> str | None:
     """The signal every rank stops for, from the votes added up over the ranks."""
     return next((name for name, vote in zip(runkit.StopSignals.NAMES.values(), votes) if vote),
                 None)
-
-
-def check_launch_environment() -> None:
-    """The variables a launcher sets (torchrun, srun, a Kubernetes operator, or by hand), each
-    refused in one line naming it when no process could run with it."""
-    env = os.environ
-    numbers = {name: env.get(name) for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
-                                                "LOCAL_WORLD_SIZE", "MASTER_PORT") if name in env}
-    bad = next((name for name, value in numbers.items() if not value.isdigit()), None)
-    runkit.refuse_if([
-        (bad, f"{bad}={numbers.get(bad)!r}: a launcher sets it to a whole number from 0"),
-        (not bad and int(numbers.get("WORLD_SIZE", 1)) < 1, "WORLD_SIZE=0: a job has a process"),
-        (not bad and int(numbers["RANK"]) >= int(numbers.get("WORLD_SIZE", 1)), f"RANK="
-         f"{numbers.get('RANK')} is outside the job's WORLD_SIZE={numbers.get('WORLD_SIZE')}")])
-
-
-def group_failure(error: Exception, step: int) -> None:
-    """A collective that failed because a peer died or stalled: one line naming this rank and
-    the step, where a traceback would say nothing; any other error is left as it is."""
-    text = " ".join(str(error).split())[:200]
-    if isinstance(error, dist.DistError) or any(word in text.lower() for word in GROUP_WORDS):
-        raise runkit.RunError(f"rank {os.environ['RANK']} stopped at step {step}: the process group "
-                              f"failed ({text}); another rank died or stalled, and its own output "
-                              "says why") from None
-
-
-@contextlib.contextmanager
-def group_failure_in_one_line(step: int):
-    try:
-        yield
-    except (RuntimeError, dist.DistError) as error:
-        group_failure(error, step)
-        raise
 
 
 def on_rank_0(read, *args):
