@@ -439,6 +439,10 @@ def test_overwrite_replaces_the_earlier_comparison_and_nothing_else(comparison, 
     out = tmp_path / "out"
     shutil.copytree(earlier, out, symlinks=True)
     (out / "notes.md").write_text("mine")
+    # the user's own, beside the earlier comparison's run folders: kept
+    (out / "runs" / "notes.txt").write_text("mine")
+    (out / "runs" / "baseline").mkdir()
+    (out / "runs" / "baseline" / "results.json").write_text("{}")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (elsewhere / "keep.txt").write_text("kept")
@@ -451,7 +455,10 @@ def test_overwrite_replaces_the_earlier_comparison_and_nothing_else(comparison, 
     assert code == 0, printed.out + printed.err
     run = "01-single_gpu-1cpu-r1"
     assert [(row["run"], row["status"]) for row in csv_rows(out)] == [(run, "ok")]
-    assert [path.name for path in (out / "runs").iterdir()] == [run]
+    assert sorted(path.name for path in (out / "runs").iterdir()) == [run, "baseline",
+                                                                      "notes.txt"]
+    assert (out / "runs" / "notes.txt").read_text() == "mine"
+    assert (out / "runs" / "baseline" / "results.json").read_text() == "{}"
     assert [path.name for path in (out / "logs").iterdir()] == [f"{run}.log"]
     assert [path.name for path in elsewhere.iterdir()] == ["keep.txt"]
     assert (out / "notes.md").read_text() == "mine"
@@ -473,6 +480,31 @@ def test_overwrite_counts_projection_md_among_compares_own_files(tmp_path):
         (tmp_path / name).write_text("earlier")
     compare.remove_earlier(tmp_path)
     assert sorted(path.name for path in tmp_path.iterdir()) == [compare.MARKER, "notes.md"]
+
+
+def test_overwrite_removes_only_compares_runs_and_logs_in_runs_and_logs(tmp_path):
+    """In runs/ and logs/ --overwrite removes what compare.py's runs wrote there (each run's
+    folder, the comparison's and --verify's, its log, the runs' compile cache), and nothing a user
+    put beside them; a name a run takes is compare.py's wherever a run is planned."""
+    runs = plan(("single_gpu", "dist_parallel", "fsdp"), (2,), ("gloo",), (None, "bf16"),
+                (False, True), 2, False, 32, None, (True, False))
+    names = [run.name for run in runs] + ["05-dist_parallel-2cpu-gloo-first_half",
+                                          "07-fsdp-1cpu-gloo-amp_off-resumed_from_dist_parallel"]
+    for name in names:
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / "results.json").write_text("{}")
+        (tmp_path / "logs").mkdir(exist_ok=True)
+        (tmp_path / "logs" / f"{name}.log").write_text("$ torchrun ...")
+    (tmp_path / "runs" / ".compile_cache" / "fxgraph").mkdir(parents=True)
+    mine = ["runs/notes.txt", "runs/01-single_gpu-1cpu-r1.txt", "runs/baseline/results.json",
+            "logs/notes.txt", "logs/01-single_gpu-1cpu-r1", "runs/single_gpu-cpu-20260101"]
+    for path in mine:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("mine")
+    compare.remove_earlier(tmp_path)
+    left = sorted(str(path.relative_to(tmp_path)) for path in tmp_path.rglob("*")
+                  if path.is_file())
+    assert left == sorted(mine)
 
 
 def test_overwrite_refuses_a_folder_compare_did_not_write(tmp_path, capsys):
