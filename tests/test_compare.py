@@ -579,6 +579,83 @@ def test_a_disk_that_fills_during_the_runs_is_one_line_and_no_report(comparison,
     assert files == [compare.MARKER, "filler"]
 
 
+class RunAtSpeed:
+    """Stands in for a run's process (subprocess.Popen, as the runner calls it): the module's
+    comparison ran its mode already (its data_parallel failed: single_gpu's one-process run stands
+    in), and that run's folder is copied into place with the images/s `speeds` gives its mode, as
+    its results.json would have them."""
+
+    EARLIER = {"single_gpu": "01-single_gpu-1cpu-r1", "data_parallel": "01-single_gpu-1cpu-r1",
+               "dist_parallel": "03-dist_parallel-2cpu-gloo-r1"}
+
+    def __init__(self, earlier: Path, argv: list[str], speeds: dict[str, float]):
+        log_dir = Path(argv[argv.index("--log_dir") + 1])
+        name = argv[argv.index("--run_name") + 1]
+        mode = next(mode for mode in self.EARLIER if f"{mode}/train.py" in " ".join(argv))
+        shutil.copytree(earlier / "runs" / self.EARLIER[mode], log_dir / name,
+                        ignore=shutil.ignore_patterns("trace_rank*.json"))
+        results = json.loads((log_dir / name / "results.json").read_text())
+        results["summary"]["images_per_sec"] = speeds[mode]
+        (log_dir / name / "results.json").write_text(json.dumps(results))
+        self.pid, self.returncode = -1, 0
+
+    def poll(self):
+        return self.returncode
+
+    def wait(self, timeout=None):
+        return self.returncode
+
+
+def report_at_speeds(earlier: Path, out: Path, speeds: dict[str, float], monkeypatch,
+                     *flags: str) -> str:
+    """report.md of `python compare.py --out OUT --benchmark_steps 8 FLAGS`, each run at `speeds`
+    (RunAtSpeed)."""
+    monkeypatch.setattr(runner.subprocess, "Popen",
+                        lambda argv, **kwargs: RunAtSpeed(earlier, argv, speeds))
+    assert compare.main(["--out", str(out), "--benchmark_steps", "8", *flags]) == 0
+    return (out / "report.md").read_text()
+
+
+def test_the_report_names_a_mode_slower_beyond_the_floor_slower_and_does_not_recommend_it(
+        comparison, tmp_path, monkeypatch, capsys):
+    """As a user met it with resnet18 at 32 px: one run each, data_parallel (single_gpu's
+    computation on the CPU) 11 % from single_gpu, DDP at 0.75× one process. report.md judges by
+    the floor it states: single_gpu fastest beyond it, DDP named slower with the table's figure,
+    and single_gpu recommended."""
+    report = report_at_speeds(comparison[1], tmp_path / "out", {
+        "single_gpu": 100.0, "data_parallel": 90.0, "dist_parallel": 75.0}, monkeypatch)
+    table = table_figures(report)
+    assert table["dist_parallel"][8] == "0.75×" and table["data_parallel"][7] == "90"
+    lines = report.splitlines()
+    advice = next(text for text in lines if text.startswith("Recommendation: "))
+    assert advice.startswith("Recommendation: single_gpu: faster than every parallel "
+                             "configuration here (100 images/s, more than the 11 % noise floor "
+                             "above every other configuration's images/s, one run each), each of "
+                             "them slower: dist_parallel on 2 CPU processes (gloo) at 0.75× one "
+                             "CPU process;"), advice
+    assert "- **Noise floor: 11 %.**" in report and "cannot be told apart" not in report
+    assert next(text for text in lines if text.startswith("- **Slower than one CPU")) == (
+        "- **Slower than one CPU process:** dist_parallel on 2 CPU processes (gloo) at 0.75× one "
+        "CPU process (more than the 11 % noise floor below 1×): the parallelism cost more here "
+        "than it brought.")
+
+
+def test_the_report_of_data_parallel_and_ddp_alone_names_both_timings(comparison, tmp_path,
+                                                                     monkeypatch, capsys):
+    """`--modes data_parallel dist_parallel` on the CPU: the table shows both timings, and so do
+    the sentences and the recommendation; none says only dist_parallel timed a step."""
+    report = report_at_speeds(comparison[1], tmp_path / "out", {
+        "data_parallel": 253.0, "dist_parallel": 362.0}, monkeypatch,
+        "--modes", "data_parallel", "dist_parallel")
+    table = table_figures(report)
+    assert [table["data_parallel"][7], table["dist_parallel"][7]] == ["253", "362"]
+    assert "nly dist_parallel" not in report and "timed a step (362" not in report
+    assert ("- **dist_parallel on 2 CPU processes (gloo) is the only configuration ranked** (362 "
+            "images/s): data_parallel on 1 CPU process timed a step too (253 images/s)") in report
+    advice = next(text for text in report.splitlines() if text.startswith("Recommendation: "))
+    assert "data_parallel on 1 CPU process, 253 images/s, is single_gpu's computation" in advice
+
+
 # --- the projection -------------------------------------------------------------------------------
 
 def test_ring_allreduce_cost_follows_the_nccl_tests_definition():
@@ -752,9 +829,11 @@ def test_the_sentences_tell_a_difference_within_the_spread_from_one_beyond_it():
                         "1.93× the next fastest, single_gpu at 620 ± 20; its range (mean ± std "
                         "over 3 runs) lies above every other's.")
     assert apart[1].startswith("- **Noise floor: the spread of the repeats,** up to 4.2 %")
+    assert apart[2] == ("- **Faster than one GPU:** dist_parallel on 2 GPUs (nccl) at 1.93 ± 0.08× "
+                        "one GPU (its range above single_gpu's 1.00 ± 0.03×).")
     assert ("97 % for dist_parallel (nccl); each GPU with 64 images, as many as single_gpu."
-            in apart[2])
-    assert apart[3] == ("- **Spread:** no two configurations' images/s overlap (mean ± std over "
+            in apart[3])
+    assert apart[4] == ("- **Spread:** no two configurations' images/s overlap (mean ± std over "
                         "their runs): every difference above is larger than the run-to-run "
                         "spread, as far as 3 runs each can tell.")
     speeds = {single: [600, 640, 620], nccl: [1150, 1250, 1200], gloo: [1180, 1300, 1240]}
@@ -763,7 +842,7 @@ def test_the_sentences_tell_a_difference_within_the_spread_from_one_beyond_it():
                         "cannot be told apart:** their images/s (mean ± std over 3 runs) overlap: "
                         "dist_parallel on 2 GPUs (gloo) 1,238 ± 60; dist_parallel on 2 GPUs "
                         "(nccl) 1,199 ± 50.")
-    assert close[3] == ("- **Within the run-to-run spread** (3 runs each): dist_parallel on 2 GPUs "
+    assert close[4] == ("- **Within the run-to-run spread** (3 runs each): dist_parallel on 2 GPUs "
                         "(gloo) at 1,238 ± 60 images/s and dist_parallel on 2 GPUs (nccl) at "
                         "1,199 ± 50. Their images/s (mean ± std) overlap: the difference between "
                         "them cannot be told from run-to-run noise.")
