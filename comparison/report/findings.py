@@ -8,8 +8,8 @@ from __future__ import annotations
 from comparison.matrix import Cores
 from comparison.report.formatting import fmt_percent, listed
 from comparison.report.measured import UNITS, Measured, measured
-from comparison.report.noise import (against_one, contenders, noise_floor, overlap, run_counts,
-                                     ties, wraps_nothing)
+from comparison.report.noise import (against_one, contenders, noise_floor, outrun, overlap,
+                                     run_counts, tie_group, wraps_nothing)
 from comparison.report.outcome import Outcome
 
 
@@ -90,15 +90,18 @@ def verdict_line(timed: list[Measured]) -> str:
         return (f"- {which} measures no run-to-run spread, so no difference between them is shown "
                 "to be more than noise (`--repeat 3` measures it). Images/s in their runs, fastest "
                 f"first: {figures}.")
-    tied = [first, *[m for m in ranked[1:] if ties(first, m, floor)]]
+    tied, outran = tie_group(ranked, floor)
     if len(tied) > 1:
         figures = "; ".join(f"{m.name()} {m.speed()}" for m in tied)
         within = f" or lie within the {fmt_percent(floor[0])} noise floor" if floor else ""
         spread = (f"one run each, their images/s lie within the {fmt_percent(floor[0])} noise "
                   "floor" if len(once) == len(ranked) else
                   f"their images/s (mean ± std over {run_counts(ranked)} runs) overlap{within}")
+        below = "".join(f" {m.name()} ({m.speed()}) is not told from {first.name()} either, but "
+                        f"lies below {outrun(m, ranked, floor).name()} beyond the noise."
+                        for m in outran)
         return (f"- **{listed([m.name() for m in tied])} cannot be told apart:** {spread}: "
-                f"{figures}.")
+                f"{figures}.{below}")
     second = ranked[1]
     text = (f"- **Fastest: {first.name()}**, {first.speed()} images/s: "
             f"{first.images_per_sec / second.images_per_sec:.2f}× the next fastest, "

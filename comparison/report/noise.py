@@ -3,8 +3,8 @@ recommendation: the modes ranked (`contenders`, data_parallel on the CPU aside: 
 nothing), two ranges of images/s that overlap (`overlap`), the noise floor that two
 configurations doing the same computation measured (`noise_floor`), whether a pair can be judged
 at all (`judged`: repeats, or a floor), the pairs that cannot be told apart (`ties`) or can
-(`beyond`), and each parallel configuration against one GPU: faster, a tie or slower
-(`against_one`)."""
+(`beyond`, `outrun`), the configurations that tie with the fastest (`tie_group`), and each
+parallel configuration against one GPU: faster, a tie or slower (`against_one`)."""
 from __future__ import annotations
 
 from comparison.report.formatting import fmt_percent
@@ -59,6 +59,25 @@ def ties(a: Measured, b: Measured, floor: tuple | None) -> bool:
 def beyond(faster: Measured, slower: Measured, floor: tuple | None) -> bool:
     """Whether `faster` measured more images/s than `slower` beyond the noise (not ties)."""
     return faster.images_per_sec > slower.images_per_sec and not ties(faster, slower, floor)
+
+
+def outrun(m: Measured, ranked: list[Measured], floor: tuple | None) -> Measured | None:
+    """The fastest of `ranked` that measured more images/s than `m` beyond the noise (beyond);
+    None where none did."""
+    return next((other for other in ranked if beyond(other, m, floor)), None)
+
+
+def tie_group(ranked: list[Measured], floor: tuple | None) -> tuple[list, list]:
+    """The configurations that cannot be told from the fastest of `ranked` (ties), and those of
+    them that another configuration outran beyond the noise (outrun: one within a wide range of
+    the fastest can lie below a narrow one's), which are not of the group; no two of the group
+    can be told apart. Where every one but the fastest was outran, they stay in the group: none
+    of them is told from the fastest."""
+    close = [m for m in ranked[1:] if ties(ranked[0], m, floor)]
+    outran = [m for m in close if outrun(m, ranked, floor) is not None]
+    if len(outran) == len(close):
+        return [ranked[0], *close], []
+    return [ranked[0], *[m for m in close if m not in outran]], outran
 
 
 def apart_why(m: Measured, other: Measured, floor: tuple | None, than: str) -> str:

@@ -8,8 +8,8 @@ from __future__ import annotations
 from comparison.projection import MEMORY_GPU_COUNTS, memory_per_gpu
 from comparison.report.formatting import fmt_bytes, fmt_percent, listed
 from comparison.report.measured import UNITS, Measured, measured
-from comparison.report.noise import (against_one, apart_why, beyond, contenders, noise_floor, ties,
-                                     wraps_nothing)
+from comparison.report.noise import (against_one, apart_why, contenders, noise_floor, outrun,
+                                     tie_group, wraps_nothing)
 from comparison.report.outcome import Outcome
 from comparison.report.projection_memory import STATE_PARTS
 
@@ -169,17 +169,13 @@ def caveats(mode: str, timed: list[Measured], outcomes: list[Outcome], floor,
     return text
 
 
-def outrun(m: Measured, ranked: list[Measured], floor) -> Measured | None:
-    """The fastest configuration that measured more images/s than `m` beyond the noise (beyond);
-    None where none did."""
-    return next((other for other in ranked if beyond(other, m, floor)), None)
-
-
-def slower_text(m: Measured, faster: Measured, floor, unit: tuple[str, str]) -> str:
-    """'dist_parallel on 2 GPUs (nccl) at 0.86 ± 0.04× one GPU, its range below single_gpu (1,390 ±
-    10 images/s)': `m` against `faster`, which outran it (outrun)."""
-    return (f"{m.name()} at {speed_text(m, unit)}, "
-            + apart_why(m, faster, floor, f"{faster.name()} ({faster.speed()} images/s)"))
+def slower_text(m: Measured, ranked: list[Measured], floor, unit: tuple[str, str]) -> str:
+    """'dist_parallel on 2 GPUs (nccl) was slower beyond the noise (0.86 ± 0.04× one GPU, its
+    range below single_gpu (1,390 ± 10 images/s))': `m` against the fastest that outran it
+    (noise.outrun)."""
+    faster = outrun(m, ranked, floor)
+    return (f"{m.name()} was slower beyond the noise ({speed_text(m, unit)}, "
+            + apart_why(m, faster, floor, f"{faster.name()} ({faster.speed()} images/s)") + ")")
 
 
 def beyond_all(best: Measured, ranked: list[Measured], floor) -> str:
@@ -244,8 +240,8 @@ def speed_rules(timed: list[Measured], memory: dict, unit: tuple[str, str],
                        f"than another ({best.name()} was fastest in its run, "
                        f"{speed_text(best, unit)}{also}; `--repeat 3` measures the spread)",
                        ranked)
-    close = [m for m in others if ties(best, m, floor)]
-    if not close:
+    tied, outran = tie_group(ranked, floor)
+    if len(tied) == 1:
         above = beyond_all(best, ranked, floor)
         if best.run.mode == "dist_parallel":
             return (f"dist_parallel (DDP): {fits}, and DDP was fastest: {best.name()} at "
@@ -254,7 +250,8 @@ def speed_rules(timed: list[Measured], memory: dict, unit: tuple[str, str],
             return (f"fsdp (FSDP2): fastest, {best.name()} at {speed_text(best, unit)}, {above}, "
                     f"DDP's included, though {fits}.", "fsdp")
         if best.run.mode == "single_gpu":
-            slower = "; ".join(f"{m.name()} at {speed_text(m, unit)}" for m in others)
+            slower = "; ".join(f"{m.name()} at {speed_text(m, unit)}" for m in others
+                               if m.run.mode != "single_gpu")
             return ("single_gpu: faster than every parallel configuration here "
                     f"({speed_text(best, unit)}, {above}), each of them slower: {slower}; for "
                     "this model and batch the parallel modes cost this machine more than they "
@@ -269,18 +266,16 @@ def speed_rules(timed: list[Measured], memory: dict, unit: tuple[str, str],
         return (f"{fastest}, dist_parallel's ({speed_text(ddp, unit)}) included: the measured "
                 "cause to prefer it on this machine; DDP still scales past one node "
                 "(docs/guide.md).", "data_parallel")
-    return tie_rule(best, close, ranked, floor, unit, ddp, default)
+    return tie_rule(tied, outran, ranked, floor, unit, ddp, default)
 
 
-def tie_rule(best: Measured, close: list[Measured], ranked: list[Measured], floor,
+def tie_rule(tied: list[Measured], outran: list[Measured], ranked: list[Measured], floor,
              unit: tuple[str, str], ddp: Measured | None, default) -> tuple[str, str]:
-    """Rule 5 of recommendation(): the configurations within the noise of the fastest (`close`)
-    tie with it; the first mode in PREFERENCE among those that no configuration outran (a
-    configuration within the noise of the fastest can still lie beyond the noise of another's),
-    each that one did named."""
-    tied = [best, *close]
-    candidates = [m for m in tied if outrun(m, ranked, floor) is None]
-    chosen = next(mode for mode in PREFERENCE if mode in {m.run.mode for m in candidates})
+    """Rule 5 of recommendation(): the configurations that cannot be told from the fastest
+    (noise.tie_group: `tied`), the first of their modes in PREFERENCE; those within the noise of
+    the fastest that another outran (`outran`), and dist_parallel where it is not among them,
+    named slower."""
+    chosen = next(mode for mode in PREFERENCE if mode in {m.run.mode for m in tied})
     ranges = "; ".join(f"{m.name()} {m.speed()}" for m in tied)
     if all(len(m.rows) < 2 for m in ranked):
         how = f"lie within the {fmt_percent(floor[0])} noise floor, one run each"
@@ -289,12 +284,9 @@ def tie_rule(best: Measured, close: list[Measured], ranked: list[Measured], floo
                + (f" or lie within the {fmt_percent(floor[0])} noise floor" if floor else ""))
     tie = (f"no difference measurable between {listed([m.name() for m in tied])}: their images/s "
            f"{how} ({ranges}), so any of them")
-    for m in tied:
-        faster = outrun(m, ranked, floor)
-        tie += f", but {slower_text(m, faster, floor, unit)}" if faster else ""
+    slower = [*outran, *([ddp] if ddp is not None and chosen != "dist_parallel"
+                         and ddp not in tied and ddp not in outran else [])]
+    tie += "".join(f"; {slower_text(m, ranked, floor, unit)}" for m in slower)
     if ddp is None or chosen == "dist_parallel":
-        return default(tie, candidates)
-    slower = ("" if ddp in tied else "; dist_parallel was slower beyond the noise "
-              f"({slower_text(ddp, outrun(ddp, ranked, floor), floor, unit)})")
-    return (f"{MODE_NAMES[chosen]}: {tie}{slower}, the measured cause to prefer {chosen} here.",
-            chosen)
+        return default(tie, tied)
+    return (f"{MODE_NAMES[chosen]}: {tie}, the measured cause to prefer {chosen} here.", chosen)
