@@ -35,9 +35,9 @@ thread per process standing in for a GPU.
 
 `--out` is compare.py's: before any run it writes its marker there (MARKER), so that a folder it
 cannot write is refused at once. `--overwrite` replaces only a folder that holds the marker, and
-only the files compare.py writes. Ctrl-C, SIGTERM, SIGHUP and SIGUSR1 stop every run and still write
-the report, the interrupted run marked as such; a kill -9 of compare.py kills its runs too
-(comparison/runner.py).
+only the files compare.py writes (in runs/ and logs/, its runs' folders and logs). Ctrl-C,
+SIGTERM, SIGHUP and SIGUSR1 stop every run and still write the report, the interrupted run marked
+as such; a kill -9 of compare.py kills its runs too (comparison/runner.py).
 
 `--verify` runs, instead of the comparison, the checks the tests run on the CPU
 (comparison/verify.py): the modes end with the same weights on one device, N processes with what one
@@ -73,7 +73,7 @@ from common import performance
 from common.data import dataset_info, load_datasets
 from common.rules import machine_refusal
 from comparison import environment as machine
-from comparison.matrix import (BACKENDS, GROUP_MODES, MODES, Cores,
+from comparison.matrix import (BACKENDS, GROUP_MODES, MODES, RUN_NAME, Cores,
                                check_runs, command, config_class, cores_here, plan)
 from comparison.projection import fsdp_units, gradient_bytes, memory_projection
 from comparison.report.breakdown import breakdown_section
@@ -249,7 +249,11 @@ def resolve(cc: CompareConfig, train: dict, cuda: bool, gpus_here: int,
 MARKER = ".pytorch-multigpu-comparison"  # written first into every --out; --overwrite looks for it
 # what compare.py writes into --out: what --overwrite removes there, and nothing else
 WRITTEN = (MARKER, "report.md", "projection.md", "results.csv", *PICTURES, *EARLIER_PICTURES,
-           "verify.md", "verify.json", "logs", "runs")
+           "verify.md", "verify.json")
+# and in these folders, each run's own (matrix.RUN_NAME and this ending); the runs' compile cache
+# (--compile without --compile_cache: <log_dir>/.compile_cache) in runs/
+RUN_FILES = {"logs": ".log", "runs": ""}
+COMPILE_CACHE = ".compile_cache"
 
 
 def output_folder(cc: CompareConfig) -> Path:
@@ -295,8 +299,8 @@ def prepare_output(out: Path, argv: list[str]) -> None:
         out.mkdir(parents=True, exist_ok=True)
         write_file(out / MARKER, marker.encode())
         remove_earlier(out)
-        (out / "logs").mkdir()
-        (out / "runs").mkdir()
+        for folder in RUN_FILES:  # kept where a user's own files are in it
+            (out / folder).mkdir(exist_ok=True)
     except OSError as error:
         if made:
             shutil.rmtree(out, ignore_errors=True)
@@ -305,15 +309,37 @@ def prepare_output(out: Path, argv: list[str]) -> None:
 
 def remove_earlier(out: Path) -> None:
     """An earlier comparison's files (WRITTEN, the new MARKER aside) and the temporary files of a
-    write it did not finish. A symbolic link among them is removed, never followed."""
+    write it did not finish; in logs/ and runs/ its runs' logs and folders (RUN_FILES) and their
+    compile cache, a user's own files beside them kept. logs/ or runs/ as a symbolic link
+    (compare.py makes none) is removed, and a link among the rest too, never followed."""
     for name in WRITTEN:
-        path = out / name
-        if name != MARKER and path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)  # which removes the links inside it, not what they point to
-        elif name != MARKER and (path.is_symlink() or path.exists()):
-            path.unlink()
+        if name != MARKER:
+            remove(out / name)
         for temporary in out.glob(f".{name}.*.tmp"):  # files.write_file's
             temporary.unlink()
+    for folder in RUN_FILES:
+        if (out / folder).is_symlink():
+            (out / folder).unlink()
+        elif (out / folder).is_dir():
+            for path in (out / folder).iterdir():
+                if runs_own(folder, path.name):
+                    remove(path)
+
+
+def runs_own(folder: str, name: str) -> bool:
+    """Whether a run of compare.py's wrote `name` into its `folder` (logs or runs): a run's log or
+    folder, named as the matrix names runs (RUN_FILES), or the runs' compile cache."""
+    ending = RUN_FILES[folder]
+    return (name.endswith(ending) and RUN_NAME.fullmatch(name.removesuffix(ending)) is not None
+            or folder == "runs" and name == COMPILE_CACHE)
+
+
+def remove(path: Path) -> None:
+    """A file or a folder and all it holds; a symbolic link removed, not what it points to."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)  # which removes the links inside it, not what they point to
+    elif path.is_symlink() or path.exists():
+        path.unlink()
 
 
 def out_error(out: Path, error: OSError) -> str:
