@@ -12,6 +12,7 @@ fast-path table among it, is the real python."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -49,9 +50,14 @@ if script.endswith(("train.py", "compare.py")):
         os.makedirs(run, exist_ok=True)
         summary = dict(images_per_sec=100.0, mfu=None, compile_time_s=None, peak_mem_gb=None,
                        batch_time_p50=0.01, batch_time_p90=0.01, data_wait_frac=0.0)
+        gpus = [os.environ["STAND_IN_GPU"]] if "STAND_IN_GPU" in os.environ else []
         with open(os.path.join(run, "results.json"), "w") as results:
-            json.dump(dict(summary=summary, env=dict(gpus=[], torch="-", cuda=None, cudnn=None),
+            json.dump(dict(summary=summary, env=dict(gpus=gpus, torch="-", cuda=None, cudnn=None),
                            config=dict(amp="off", width_multiple=1, batch_size=256)), results)
+        if "--compile_cache" in args:  # a compiled graph, where inductor keeps one
+            graph = os.path.join(args[args.index("--compile_cache") + 1], "fxgraph", "ab", "key")
+            os.makedirs(graph, exist_ok=True)
+            open(os.path.join(graph, "entry"), "w").close()
         if "--memory_snapshot" in args and not os.environ.get("NO_SNAPSHOT"):
             import pickle  # the allocator's format: one 2 MiB segment, half of it allocated
             block = dict(size=2 ** 20, requested_size=2 ** 20, frames=[])
@@ -210,6 +216,45 @@ def test_fast_path_names_a_row_stopped_at_its_limit(tmp_path, stand_in):
     assert "unaligned: stopped after ROW_TIMEOUT=2 s" in done.stdout
     assert "failed: unaligned" in (out / "summary.txt").read_text()
     assert not any(running(int(pid)) for pid in pids.read_text().split())
+
+
+def test_fast_path_refuses_a_kept_compile_cache_that_would_make_compiled_cold_warm(tmp_path,
+                                                                                   stand_in):
+    """COMPILE_CACHE keeps the compiled rows' cache for a later call's compiled_warm; a cold row on
+    a cache that holds files already would not be cold: refused in one line, nothing written."""
+    out, cache = tmp_path / "fast_path", tmp_path / "cache"
+    (cache / "fxgraph").mkdir(parents=True)
+    env = {**stand_in, "ROWS": "fast compiled_cold", "COMPILE_CACHE": str(cache)}
+    done = subprocess.run(["bash", "benchmarks/fast_path.sh", str(out)], cwd=REPO, env=env,
+                          text=True, capture_output=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == "" and done.stderr.count("\n") == 1
+    assert f"error: COMPILE_CACHE {cache} already holds files" in done.stderr
+    assert not out.exists()
+    done = subprocess.run(["bash", "benchmarks/fast_path.sh", str(out)], cwd=REPO, text=True,
+                          env={**env, "ROWS": "compiled_warm"}, capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr  # the warm row reads it, and keeps it
+    assert "| compiled_warm | 100 |" in done.stdout and (cache / "fxgraph").is_dir()
+
+
+def test_fast_path_computes_a_rows_bound_once_and_keeps_it_beside_the_runs(tmp_path, stand_in):
+    """The table is written after every row; each row's roofline bound took torch's import and
+    a recorded step (about 13 s a row on the GPU machine). A bound kept in OUT/.bounds.json is
+    read, not computed: here one made up for the stand-in's GPU, which no table of peaks
+    knows, so that only the kept bound can give the table its lines and shares."""
+    out = tmp_path / "fast_path"
+    out.mkdir()
+    key = json.dumps(["a kept GPU", None, None, None, None, 1, None, "off", 256])
+    bound = {"peak_tflops": 1, "bandwidth_tbs": 2, "kernel_us": 3, "lines": ["a kept bound"],
+             "op_by_op_images_per_sec": 400.0, "training_fused_images_per_sec": 200.0}
+    (out / ".bounds.json").write_text(json.dumps({key: bound}))
+    env = {**stand_in, "ROWS": "fast unaligned", "STAND_IN_GPU": "a kept GPU"}
+    done = subprocess.run(["bash", "benchmarks/fast_path.sh", str(out)], cwd=REPO, env=env,
+                          text=True, capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    table = (out / "summary.txt").read_text()
+    assert "\n  a kept bound\n" in table
+    assert "| fast | 100 | 1.000 | 10.0 | 10.0 | 0.00 | - | - | 25.0 | 50.0 | - |" in table
+    assert json.loads((out / ".bounds.json").read_text()) == {key: bound}
 
 
 # ------------------------------------------------------------------------------------ gpu_check.sh
