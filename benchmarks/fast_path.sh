@@ -18,8 +18,8 @@
 # every run under OUT, so a second call into the same OUT adds its rows to the first's table. The
 # summary gives each row's images/s as a share of two of benchmarks/roofline.py's bounds for its own
 # model: op by op (no kernel cost) and fused as training BatchNorm allows, each bound computed once for
-# each model, GPU, precision and batch and kept in OUT/.bounds.json (a bound takes seconds, about 13 on
-# the GPU machine; the table without one a fraction of a second).
+# each model, GPU, precision and batch and kept in OUT/.bounds.json (a bound takes seconds: about 13 on
+# the GPU machine by estimate, 21.7 on a busy 2-core CPU; the table without one, 0.2).
 # The table is written again after every row (into SUMMARY, default OUT/summary.txt), so a run stopped
 # part-way keeps every row it finished; it is printed at the end. Each row is a process group of its own
 # (benchmarks/jobs.sh): Ctrl-C, SIGTERM, SIGHUP or a `timeout` stops the running row (SIGTERM, then SIGKILL
@@ -91,7 +91,7 @@ runs = {name: found[name] for name in sorted(found, key=lambda n: order.index(n)
 fast = runs["fast"]["summary"]["images_per_sec"] if "fast" in runs else None
 env = next(iter(runs.values()))["env"] if runs else None
 # The bounds already computed, kept beside the runs: a bound takes torch's import and a step recorded
-# op by op (about 13 s on the GPU machine), and the table is written again after every row
+# op by op (seconds: the header), and the table is written again after every row
 known = out / ".bounds.json"
 bounds = json.loads(known.read_text()) if known.is_file() else {}
 MODEL = ("model", "depth", "alpha", "block", "width_multiple", "dataset", "amp", "batch_size")

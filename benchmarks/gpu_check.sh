@@ -59,7 +59,8 @@
 #   steps take about 60 s: about 30 s a process beyond its steps, the table written after it included
 #   (H100; the H200's 235 s for fast, unaligned, compiled_cold and part of compiled_warm fit about 30 s
 #   too); tests/gpu in 78 s (H100). The table then computed the roofline's bounds each time it was
-#   written, about 13 s; it now computes a bound once and keeps it (a table takes under a second).
+#   written, about 13 s (an estimate, never timed alone there; 21.7 s on a busy 2-core CPU); it now
+#   computes a bound once and keeps it (a table then takes 0.2 s).
 # - So S = 20 s for a PyramidNet-110 process beyond its steps (imports, CUDA, the synthetic images, cuDNN's
 #   autotuning, results.json): the 30 s less the table's 13 s, plus a little, the images it generates now
 #   fewer (only those its steps draw: 14,464 for compare.py's runs, 20,480 for a fast-path row).

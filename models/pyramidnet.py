@@ -100,8 +100,9 @@ def add_shortcut(residual: torch.Tensor, x: torch.Tensor, stride: int) -> torch.
     """The block's output: `residual` plus the paper's identity shortcut (2x2 average pooling where
     the block downsamples, zero channels appended to the residual's width), added in place into
     the residual's first channels (ShortcutSum); under torch.compile the padded sum itself, which
-    inductor compiles into one kernel, no padded copy either, and which trains bit for bit as the
-    compiled ShortcutSum did (BENCHMARKS.md)."""
+    inductor compiles into one kernel, no padded copy either: in fp32 it trains bit for bit as the
+    compiled ShortcutSum did, in bf16 within bf16's rounding of it, as far as either is from eager
+    (BENCHMARKS.md)."""
     if stride != 1:
         x = F.avg_pool2d(x, kernel_size=2, stride=2, ceil_mode=True)
     if torch.compiler.is_compiling():
