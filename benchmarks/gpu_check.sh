@@ -326,7 +326,7 @@ print(len(events), 'events:', sum(e['action'] == 'alloc' for e in events), 'allo
       echo; } >> "$SUMMARY" 2>&1
 }
 verify_both() {  # the two --verify runs side by side, each line marked with its run; the first failure's status
-    local plain deterministic code=0
+    local plain deterministic code=0 second
     # shellcheck disable=SC2086
     (python compare.py --verify --modes $ALL_MODES --backends nccl $VERIFY_ARGS \
          --run_timeout $VERIFY_RUN_TIMEOUT --out "$WORK/verify" 2>&1 | sed -u 's/^/[verify] /'
@@ -339,7 +339,9 @@ verify_both() {  # the two --verify runs side by side, each line marked with its
      exit "${PIPESTATUS[0]}") &
     deterministic=$!
     wait "$plain" || code=$?
-    wait "$deterministic" || [ "$code" -ne 0 ] || code=$?
+    wait "$deterministic"
+    second=$?
+    [ "$code" -ne 0 ] || code=$second
     return "$code"
 }
 fast_path_rows() {  # fast_path_rows PART ROWS: fast_path.sh's rows into OUT/fast_path.md, a row at a time,

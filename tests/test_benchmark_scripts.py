@@ -71,6 +71,8 @@ if script.endswith(("train.py", "compare.py")):
                 {{**event, "action": "alloc"}}, {{**event, "action": "free_completed"}}]])
             with open(os.path.join(run, "memory_snapshot.pickle"), "wb") as file:
                 pickle.dump(snapshot, file)
+    if name in os.environ.get("FAIL", "").split():
+        sys.exit(print(name, "fails") or 3)
     if script.endswith("compare.py"):  # the lines of its report that gpu_check.sh reads
         out = args[args.index("--out") + 1]
         os.makedirs(out, exist_ok=True)
@@ -349,6 +351,20 @@ def test_gpu_check_runs_both_verifications_side_by_side_and_gives_both_verdicts(
     assert "compare: `python compare.py` - 4 runs in 2 min 10 s" in tail
     assert "--verify: passed: all 1 checks\n--verify: 4 runs in 2 min 10 s" in tail
     assert "--verify --deterministic: passed: all 1 checks" in tail
+
+
+def test_gpu_check_names_the_verify_part_failed_when_one_of_its_runs_fails(tmp_path, stand_in):
+    """--deterministic fails (exit 3) while the plain run passes: the part fails with the failed
+    run's status, and the plain run's verdict is kept."""
+    out = tmp_path / "check"
+    done = gpu_check(out, stand_in, PARTS="verify", FAIL="verify_deterministic",
+                     KEEP=str(tmp_path / "keep"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    summary = (out / "summary.md").read_text()
+    assert re.search(r"^- verify: FAILED \(exit 3\) in", summary, re.MULTILINE)
+    assert "FAILED: verify" in summary
+    assert "[deterministic] verify_deterministic fails" in done.stdout
+    assert "--verify: passed: all 1 checks" in for_benchmarks(out)
 
 
 def test_gpu_check_skips_a_part_that_would_end_past_its_deadline_and_names_it(tmp_path,
