@@ -78,7 +78,7 @@
 #   4 x 12 + 6 x 18 + 15 = 171 s alone; --deterministic's 3.0 min (its slower kernels), side by side
 #   3.3 min.
 # - fast 3 + 20 + 80 x 0.0547 + 13 (the first bound) = 40 s, 0.7 min; compiled_cold 3 + 20 + 109 + 80 x
-#   0.0382 + 1 = 136 s, 2.3 min (on an H100, with its 150 s, 2.9); compiled_warm 3 + 20 + 30 + 3 + 1 = 57 s,
+#   0.0382 + 1 = 136 s, 2.3 min (on an H100, with its 150 s, 3.0); compiled_warm 3 + 20 + 30 + 3 + 1 = 57 s,
 #   1.0 min.
 # - So call 1 ends at about 8.8 minutes with its start (0.2), inside DEADLINE_S's 9.0: a margin of 0.2.
 #   Where compare or verify take longer (their runs were never timed on a GPU), compiled_cold is skipped
