@@ -15,8 +15,8 @@
 # A lease of a GPU comes as calls of at most 10 minutes, so the parts come in two calls, the second run at
 # once on the still-warm machine:
 #   CALL=1   compare verify fast compiled_cold
-#   CALL=2   compiled_warm, what call 1 skipped or left unfinished, then memory_snapshot tests fast_path_rest
-#            compare_repeat, as its DEADLINE_S allows
+#   CALL=2   compiled_warm and what call 1 skipped or left unfinished, then memory_snapshot tests
+#            fast_path_rest compare_repeat, as its DEADLINE_S allows (every call in the order above)
 # (PARTS="..." picks parts instead; neither: every part.) What call 2 needs of call 1 lies in KEEP (default
 # runs/gpu_check in the repository, which the device machine keeps between calls; OUT is emptied): the
 # compile cache, call 1's fast-path rows and the parts it left. CALL=1 empties those first.
