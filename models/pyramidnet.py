@@ -99,9 +99,17 @@ class Bottleneck(nn.Module):
 def add_shortcut(residual: torch.Tensor, x: torch.Tensor, stride: int) -> torch.Tensor:
     """The block's output: `residual` plus the paper's identity shortcut (2x2 average pooling where
     the block downsamples, zero channels appended to the residual's width), added in place into
-    the residual's first channels (ShortcutSum)."""
+    the residual's first channels (ShortcutSum); under torch.compile the padded sum itself, which
+    inductor compiles into one kernel, no padded copy either: in fp32 it trains bit for bit as the
+    compiled ShortcutSum did, in bf16 within bf16's rounding of it, as far as either is from eager
+    (BENCHMARKS.md)."""
     if stride != 1:
         x = F.avg_pool2d(x, kernel_size=2, stride=2, ceil_mode=True)
+    if torch.compiler.is_compiling():
+        # compiled, the padded sum as the paper writes it: inductor fuses the pad into the addition
+        # (no copy either), and a graph without a custom autograd Function is one AOTAutograd's
+        # cache keeps (its check refuses autograd_function_apply): a warm compile skips tracing
+        return residual + F.pad(x, (0, 0, 0, 0, 0, residual.shape[1] - x.shape[1]))
     return ShortcutSum.apply(residual, x)
 
 
