@@ -17,7 +17,7 @@ from pathlib import Path
 from common.checkpoint import (LAST, STOP_REPORT, STOPPED, TRAINING, StopSignals, continue_flags,
                                last_checkpoint_note, refuse_fresh_start, silence_lost_outputs,
                                tell_self_launch)
-from common.config import UsageError
+from common.config import UsageError, workers_refusal
 from common.devices import cuda_devices
 from common.guards import (check_launch, check_master_address, nccl_error_handling,
                            rendezvous_error, store_of_this_attempt)
@@ -343,6 +343,9 @@ def self_launch(cfg, script: str, argv, mode: str) -> int:
         raise UsageError(f"--nproc_per_node {nproc} is more than the {len(gpus)} GPUs "
                          "available: one process per GPU")
     check_launch(cfg, mode, nproc)
+    refusal = workers_refusal(cfg, nproc)  # --num_workers in each of the nproc workers
+    if refusal:
+        raise UsageError(refusal)
     run_dir = resolve_run_dir(cfg, mode, nproc)
     refuse_fresh_start(cfg, run_dir)  # in one line before any worker starts (and is restarted)
     # share the cores

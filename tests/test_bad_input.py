@@ -47,6 +47,7 @@ import torch
 
 from common.checkpoint import CONTENTS, EARLIER_FORMAT, checksum, load_checkpoint
 from common.config import Config, UsageError, parse_config
+from common.domains import most_worker_processes
 from common.errors import NAME_MAX
 from common.guards import check_rendezvous_file
 from common.launch_env import (AgentLaunch, agent_launch, local_rank, processes_on_this_node,
@@ -68,6 +69,8 @@ FIRST_ATTEMPT_NOTES = ("left in the run folder by a first attempt that died "
 # itself names --dataset synthetic).
 CIFAR = ("--dataset", "cifar10", "--depth", "8", "--alpha", "12", "--batch_size", "4", "--epochs",
          "1", "--max_steps", "1", "--loader", "gpu", "--num_workers", "0", "--warmup_steps", "0")
+# --num_workers's most with two training processes on this node (TINY's batch of 32-pixel images)
+MOST_WORKERS_FOR_2 = most_worker_processes(2, 16 * 3 * 32 * 32 * 4)[0]
 # torch's C++ logging (glog format) and the C++ stack it may print: not the product's lines.
 TORCH_LOG = re.compile(r"\[[EWIF]\d{4} \d\d:\d\d:\d\d\.\d+ \S+:\d+\] |Exception raised from |frame "
                        r"#\d+: |<omitting python frames>$|$")
@@ -276,6 +279,13 @@ REFUSALS = [
     Refusal("max-restarts-negative", DIST, ("--max_restarts=-1",),
             ("--max_restarts", "at least 0")),
     Refusal("bucket-cap-nan", DIST, ("--bucket_cap_mb", "nan"), ("--bucket_cap_mb", "not nan")),
+    # -j 1000 meant as -j 10: forked a thousand workers, and the memory ran out
+    Refusal("num-workers-past-the-machine", SINGLE, ("-j", "1000"),
+            ("--num_workers 1000", "at most", "per usable core", "leave --num_workers out"),
+            as_a_user=True),
+    Refusal("num-workers-past-the-machine-for-2-workers", DIST,
+            ("--nproc_per_node", "2", "-j", str(MOST_WORKERS_FOR_2 + 1)),
+            (f"at most {MOST_WORKERS_FOR_2} per training process", "shared by 2")),
     Refusal("synthetic-size-beyond-memory", DATA, ("--synthetic_size", str(10**13)),
             ("--synthetic_size", "images on this machine")),
     Refusal("model-beyond-memory", DIST, ("--alpha", "1e7"), ("--alpha 1e+07", "smaller --depth")),
