@@ -197,12 +197,14 @@ def build_compare_parser() -> _OneLineParser:
 def parse(argv=None) -> tuple[CompareConfig, dict, dict]:
     """compare.py's own flags, the train.py flags given (passed to every run) and the process-group
     modes' own flags given (passed to their runs: GROUP_PASSED)."""
-    args = vars(build_compare_parser().parse_args(argv))
+    parser = build_compare_parser()
+    args = vars(parser.parse_args(argv))
     own = {f.name: args.pop(f.name) for f in dataclasses.fields(CompareConfig)}
     for name in ("modes", "gpu_counts", "backends", "amp", "sync_bn", "reshard_after_forward"):
         own[name] = tuple(dict.fromkeys(own[name])) if own[name] is not None else None
     group_only = {name: args.pop(name) for name in GROUP_PASSED if name in args}
-    return CompareConfig(**own), args, group_only
+    with parser.spelled_as_typed():  # a refusal names the flags as the user typed them
+        return CompareConfig(**own), args, group_only
 
 
 def resolve(cc: CompareConfig, train: dict, cuda: bool, gpus_here: int,

@@ -334,15 +334,17 @@ def as_today(config: dict) -> dict:
 
 def parse_config(config_class: type[Config], argv=None, description: str = "") -> Config:
     """Command-line flags -> a validated, frozen config."""
-    args = vars(build_parser(config_class, description).parse_args(argv))
+    parser = build_parser(config_class, description)
+    args = vars(parser.parse_args(argv))
     if args["gpu_devices"] is not None:
         args["gpu_devices"] = tuple(args["gpu_devices"])
-    cfg = config_class(**args)  # checks every value (check_domains and __post_init__)
-    if not cfg.benchmark:
-        return cfg
-    given = _OneLineParser()  # the flags given: those parsed without defaults
-    add_flags(given, config_class, defaults=False)
-    return benchmark_config(cfg, "synthetic_size" not in vars(given.parse_args(argv)))
+    with parser.spelled_as_typed():  # a refusal names the flags as the user typed them
+        cfg = config_class(**args)  # checks every value (check_domains and __post_init__)
+        if not cfg.benchmark:
+            return cfg
+        given = _OneLineParser()  # the flags given: those parsed without defaults
+        add_flags(given, config_class, defaults=False)
+        return benchmark_config(cfg, "synthetic_size" not in vars(given.parse_args(argv)))
 
 
 def benchmark_config(cfg: Config, sized: bool = False) -> Config:

@@ -321,9 +321,11 @@ def argv_for(name: str, value) -> list[str]:
 
 def test_a_negative_number_argparse_takes_for_a_flag_is_explained():
     """argparse reads -1e-4 and -inf as flags, not values: the line says how to give them."""
-    with pytest.raises(UsageError, match=r"--weight_decay: expected one argument \(a value that "
-                                         r"starts with - goes after =, as in --flag=-value\)"):
+    with pytest.raises(UsageError, match=r"--weight_decay: expected one argument \(-1e-4 starts "
+                                         r"with -, which argparse takes for a flag: give it after "
+                                         r"=, as in --weight_decay=-1e-4\)"):
         parse("--weight_decay", "-1e-4")
+    assert parse("--weight_decay=-0").weight_decay == 0
 
 
 def shown(value) -> str | None:
