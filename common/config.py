@@ -310,13 +310,15 @@ class GroupConfig(Config):
     verify_sync: bool = flag(False, "check every epoch, not only at the end, that all "
                                     "ranks hold the same weights")
     nproc_per_node: int | None = flag(None, "without torchrun: workers to start "
-                                            "(default: one per GPU)", at_least=1)
+                                            "(default: one per GPU); under torchrun, give "
+                                            "torchrun's own", at_least=1)
     dist_timeout: float = flag(600.0, "seconds a collective (or joining the group) may wait "
                                       "for the other ranks before the run ends with an "
                                       "error instead of hanging", above=0, at_most=1e9)
     max_restarts: int = flag(0, "started without torchrun: restart the workers up to N "
                                 "times after a failure (with --resume auto they continue "
-                                "from the last checkpoint)", at_least=0)
+                                "from the last checkpoint); under torchrun, give torchrun's "
+                                "own", at_least=0)
 
 
 def as_today(config: dict) -> dict:

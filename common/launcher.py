@@ -21,7 +21,7 @@ from common.config import UsageError, workers_refusal
 from common.devices import cuda_devices
 from common.guards import (check_launch, check_master_address, nccl_error_handling,
                            rendezvous_error, store_of_this_attempt)
-from common.launch_env import AgentLaunch, agent_launch, worker_launch
+from common.launch_env import AgentLaunch, WorkerLaunch, agent_launch, worker_launch
 from common.logger import resolve_run_dir
 
 def die_with_launcher() -> None:
@@ -255,6 +255,7 @@ class CheckedLaunch:
         # set by torchrun (or by hand): each variable checked, a bad one said in one line
         self.launch = worker_launch(env_rendezvous=cfg.init_method == "env://")
         self.rank, self.world_size = self.launch.rank, self.launch.world_size
+        refuse_self_launch_flags(cfg, self.launch)  # --nproc_per_node: the self-launch's alone
         check_master_address(self.launch)  # a loopback master across nodes
         check_launch(cfg, mode, self.world_size)  # no worker can run it: one line
         self.node_gpus = node_gpus(cfg.gpu_devices, cfg.backend)
@@ -291,6 +292,32 @@ class CheckedLaunch:
     def failed(self, error: Exception) -> UsageError:
         """Joining the group failed on this rank: the line that says why (others may not fail)."""
         return rendezvous_error(error, self.cfg.init_method, self.launch, self.cfg.dist_timeout)
+
+
+def refuse_self_launch_flags(cfg, launch: WorkerLaunch) -> None:
+    """--nproc_per_node and --max_restarts say how many workers `python train.py` starts without
+    torchrun, and how often it restarts them: they take effect in the self-launch's workers only
+    (which know it by STOP_REPORT). A worker that torchrun, or the user by hand, started would
+    ignore them, and its run record them as if they had: refused in one line, with the way."""
+    if os.environ.get(STOP_REPORT):  # a worker of the self-launch: they took effect
+        return
+    given = {flag: value for flag, value in (("nproc_per_node", cfg.nproc_per_node),
+                                             ("max-restarts", cfg.max_restarts or None))
+             if value is not None}
+    if not given:
+        return
+    flags = " and ".join(f"--{flag.replace('-', '_')} {value}" for flag, value in given.items())
+    one = len(given) == 1
+    if launch.by_torchrun:
+        torchrun = " ".join(f"--{flag} {value}" for flag, value in given.items())
+        who, way = "torchrun", (f"give torchrun {torchrun} before train.py, and leave "
+                                f"{'it' if one else 'them'} out after it")
+    else:
+        who, way = ("hand (RANK and WORLD_SIZE are set)",
+                    f"leave {'it' if one else 'them'} out: each such process is one worker")
+    raise UsageError(f"{flags} {'is' if one else 'are'} for `python train.py` without torchrun, "
+                     f"which starts its own workers, and this process was started by {who}, "
+                     f"where {'it' if one else 'they'} would be ignored: {way}")
 
 
 # torchrun's variables that stay the user's choice in the self-launch: how the agent passes

@@ -414,6 +414,11 @@ REFUSALS = [
             shell=by_hand(0, "29500", world_size=0)),
     Refusal("launch-rank-empty", FSDP, (), ("RANK='' in the environment",),
             shell=by_hand("", "29500", world_size=1)),
+    # the self-launch's flags in a process it did not start: ignored there, yet recorded (a real
+    # torchrun: test_torchrun_with_the_self_launchs_flags_is_refused_once)
+    Refusal("self-launch-flag-by-hand", DIST, ("--nproc_per_node", "2", "--dist_timeout", "5"),
+            ("--nproc_per_node 2 is for `python train.py` without torchrun", "started by hand",
+             "leave it out"), shell=by_hand(1, "1")),
     Refusal("launch-rank-past-the-job", FSDP, (),
             ("RANK='2' in the environment", "WORLD_SIZE=2", "from 0 to 1"),
             shell=by_hand(2, "29500")),
@@ -601,6 +606,27 @@ def test_torchrun_starting_single_gpu_twice_is_refused_once(tmp_path):
     assert done.returncode != 0 and len(errors) == 1, done.stdout + done.stderr
     assert ("trains in one process and torchrun started 2" in errors[0]
             and "dist_parallel" in errors[0])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_torchrun_with_the_self_launchs_flags_is_refused_once(tmp_path):
+    """`torchrun ... dist_parallel/train.py --nproc_per_node 2 --max_restarts 1`: the flags of
+    `python train.py`'s own launch, which torchrun's workers ignored and their run recorded as
+    if they had taken effect. Refused in one line, said once, that gives torchrun's own flags;
+    nothing is written."""
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc_per_node", "1", str(REPO / DIST), *TINY, "--log_dir",
+                           str(tmp_path), "--run_name", "ignored", "--nproc_per_node", "2",
+                           "--max_restarts", "1"],
+                          cwd=REPO, env={**os.environ, **ONE_THREAD}, capture_output=True,
+                          text=True, timeout=120)
+    errors = [line for line in (done.stdout + done.stderr).splitlines()
+              if line.startswith("error: ")]
+    assert done.returncode != 0 and errors == [
+        "error: --nproc_per_node 2 and --max_restarts 1 are for `python train.py` without "
+        "torchrun, which starts its own workers, and this process was started by torchrun, where "
+        "they would be ignored: give torchrun --nproc_per_node 2 --max-restarts 1 before train.py, "
+        "and leave them out after it"], done.stdout + done.stderr
     assert list(tmp_path.iterdir()) == []
 
 
