@@ -18,6 +18,7 @@ from common.checkpoint import (LAST, STOP_REPORT, STOPPED, TRAINING, StopSignals
                                last_checkpoint_note, refuse_fresh_start, silence_lost_outputs,
                                tell_self_launch)
 from common.config import UsageError, workers_refusal
+from common.errors import plural
 from common.devices import cuda_devices
 from common.guards import (check_launch, check_master_address, nccl_error_handling,
                            rendezvous_error, store_of_this_attempt)
@@ -367,7 +368,7 @@ def self_launch(cfg, script: str, argv, mode: str) -> int:
     gpus = node_gpus(cfg.gpu_devices, cfg.backend)
     nproc = cfg.nproc_per_node or len(gpus) or 1
     if gpus and nproc > len(gpus):
-        raise UsageError(f"--nproc_per_node {nproc} is more than the {len(gpus)} GPUs "
+        raise UsageError(f"--nproc_per_node {nproc} is more than the {plural(len(gpus), 'GPU')} "
                          "available: one process per GPU")
     check_launch(cfg, mode, nproc)
     refusal = workers_refusal(cfg, nproc)  # --num_workers in each of the nproc workers

@@ -11,6 +11,7 @@ import sys
 import threading
 import warnings
 
+from common.errors import plural
 from common.launch_env import processes_on_this_node
 
 
@@ -64,8 +65,9 @@ def say_once_if_too_many(num_workers: int) -> None:
             or os.environ.get("RANK", "0") != "0"):
         return
     _warned.add("workers")
-    print(f"warning: --num_workers {num_workers} in each of {processes} process(es) is more than "
-          f"the {cores} usable cores: the workers will compete with training for them; leave "
+    each = f" in each of {processes} processes" if processes > 1 else ""
+    print(f"warning: --num_workers {num_workers}{each} is more than the "
+          f"{plural(cores, 'usable core')}: the workers will compete with training for them; leave "
           "--num_workers out to fit the machine",
           file=sys.stderr, flush=True)
 
