@@ -68,7 +68,7 @@ import torch
 from common.command_line import HelpFormatter, _OneLineParser, add_flags, config_argv
 from common.config import REPO_ROOT, AMPS, Config, UsageError, flag, parse_config
 from common.domains import check_domains
-from common.errors import file_system_problem, user_errors
+from common.errors import file_system_problem, plural, user_errors
 from common import performance
 from common.data import dataset_info, load_datasets
 from common.rules import machine_refusal
@@ -197,12 +197,14 @@ def build_compare_parser() -> _OneLineParser:
 def parse(argv=None) -> tuple[CompareConfig, dict, dict]:
     """compare.py's own flags, the train.py flags given (passed to every run) and the process-group
     modes' own flags given (passed to their runs: GROUP_PASSED)."""
-    args = vars(build_compare_parser().parse_args(argv))
+    parser = build_compare_parser()
+    args = vars(parser.parse_args(argv))
     own = {f.name: args.pop(f.name) for f in dataclasses.fields(CompareConfig)}
     for name in ("modes", "gpu_counts", "backends", "amp", "sync_bn", "reshard_after_forward"):
         own[name] = tuple(dict.fromkeys(own[name])) if own[name] is not None else None
     group_only = {name: args.pop(name) for name in GROUP_PASSED if name in args}
-    return CompareConfig(**own), args, group_only
+    with parser.spelled_as_typed():  # a refusal names the flags as the user typed them
+        return CompareConfig(**own), args, group_only
 
 
 def resolve(cc: CompareConfig, train: dict, cuda: bool, gpus_here: int,
@@ -415,9 +417,9 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
         f"# {modes}: {model_name} on {device}{oversubscription_title(outcomes, cores)}",
         "",
         f"`{shlex.join(['python', 'compare.py', *argv])}` — {datetime.now():%Y-%m-%d %H:%M}, "
-        f"{len(outcomes)} runs in {fmt_seconds(elapsed)}; {what}; the same seed ({config['seed']}) "
-        f"and learning rate rule (--lr {config['lr']:g} per 128 images of global batch) in "
-        "every run.",
+        f"{plural(len(outcomes), 'run')} in {fmt_seconds(elapsed)}; {what}; the same seed "
+        f"({config['seed']}) and learning rate rule (--lr {config['lr']:g} per 128 images of "
+        "global batch) in every run.",
         "",
         model_line(config, outcomes, sum(p.numel() for p in model.parameters())),
         "",
@@ -646,7 +648,7 @@ def run_matrix(cc: CompareConfig, argv: list[str], train: dict, shared: list[str
     signal if one stopped compare.py."""
     env, topology = machine.environment(), machine.topology()
     device = device_name(env, cuda)
-    print(f"compare: {len(runs)} runs on {device} -> {out}; each stopped after "
+    print(f"compare: {plural(len(runs), 'run')} on {device} -> {out}; each stopped after "
           f"{cc.run_timeout} s (--run_timeout)", flush=True)
     warning = oversubscription_warning(runs, cores_here())
     if warning:
@@ -674,7 +676,7 @@ def run_matrix(cc: CompareConfig, argv: list[str], train: dict, shared: list[str
     signum = signum if signum is not None else next(iter(received), None)
     failed = sum(o.status != "ok" for o in outcomes)
     written = ", ".join(str(p.relative_to(out)) for p in paths)
-    unsuccessful = f"; {failed} of {len(outcomes)} runs did not succeed (see report.md)"
+    unsuccessful = f"; {failed} of {plural(len(outcomes), 'run')} did not succeed (see report.md)"
     stopped = f"; compare.py was interrupted by {signal_name(signum)}" if signum else ""
     print(f"wrote {written} in {out}{unsuccessful if failed else ''}{stopped}", flush=True)
     if signum is not None:
