@@ -35,9 +35,9 @@ thread per process standing in for a GPU.
 
 `--out` is compare.py's: before any run it writes its marker there (MARKER), so that a folder it
 cannot write is refused at once. `--overwrite` replaces only a folder that holds the marker, and
-only the files compare.py writes. Ctrl-C, SIGTERM, SIGHUP and SIGUSR1 stop every run and still write
-the report, the interrupted run marked as such; a kill -9 of compare.py kills its runs too
-(comparison/runner.py).
+only the files compare.py writes (in runs/ and logs/, its runs' folders and logs). Ctrl-C,
+SIGTERM, SIGHUP and SIGUSR1 stop every run and still write the report, the interrupted run marked
+as such; a kill -9 of compare.py kills its runs too (comparison/runner.py).
 
 `--verify` runs, instead of the comparison, the checks the tests run on the CPU
 (comparison/verify.py): the modes end with the same weights on one device, N processes with what one
@@ -68,12 +68,12 @@ import torch
 from common.command_line import HelpFormatter, _OneLineParser, add_flags, config_argv
 from common.config import REPO_ROOT, AMPS, Config, UsageError, flag, parse_config
 from common.domains import check_domains
-from common.errors import file_system_problem, user_errors
+from common.errors import file_system_problem, plural, user_errors
 from common import performance
 from common.data import dataset_info, load_datasets
 from common.rules import machine_refusal
 from comparison import environment as machine
-from comparison.matrix import (BACKENDS, GROUP_MODES, MODES, Cores,
+from comparison.matrix import (BACKENDS, GROUP_MODES, MODES, RUN_NAME, Cores,
                                check_runs, command, config_class, cores_here, plan)
 from comparison.projection import fsdp_units, gradient_bytes, memory_projection
 from comparison.report.breakdown import breakdown_section
@@ -197,12 +197,14 @@ def build_compare_parser() -> _OneLineParser:
 def parse(argv=None) -> tuple[CompareConfig, dict, dict]:
     """compare.py's own flags, the train.py flags given (passed to every run) and the process-group
     modes' own flags given (passed to their runs: GROUP_PASSED)."""
-    args = vars(build_compare_parser().parse_args(argv))
+    parser = build_compare_parser()
+    args = vars(parser.parse_args(argv))
     own = {f.name: args.pop(f.name) for f in dataclasses.fields(CompareConfig)}
     for name in ("modes", "gpu_counts", "backends", "amp", "sync_bn", "reshard_after_forward"):
         own[name] = tuple(dict.fromkeys(own[name])) if own[name] is not None else None
     group_only = {name: args.pop(name) for name in GROUP_PASSED if name in args}
-    return CompareConfig(**own), args, group_only
+    with parser.spelled_as_typed():  # a refusal names the flags as the user typed them
+        return CompareConfig(**own), args, group_only
 
 
 def resolve(cc: CompareConfig, train: dict, cuda: bool, gpus_here: int,
@@ -249,7 +251,11 @@ def resolve(cc: CompareConfig, train: dict, cuda: bool, gpus_here: int,
 MARKER = ".pytorch-multigpu-comparison"  # written first into every --out; --overwrite looks for it
 # what compare.py writes into --out: what --overwrite removes there, and nothing else
 WRITTEN = (MARKER, "report.md", "projection.md", "results.csv", *PICTURES, *EARLIER_PICTURES,
-           "verify.md", "verify.json", "logs", "runs")
+           "verify.md", "verify.json")
+# and in these folders, each run's own (matrix.RUN_NAME and this ending); the runs' compile cache
+# (--compile without --compile_cache: <log_dir>/.compile_cache) in runs/
+RUN_FILES = {"logs": ".log", "runs": ""}
+COMPILE_CACHE = ".compile_cache"
 
 
 def output_folder(cc: CompareConfig) -> Path:
@@ -295,8 +301,8 @@ def prepare_output(out: Path, argv: list[str]) -> None:
         out.mkdir(parents=True, exist_ok=True)
         write_file(out / MARKER, marker.encode())
         remove_earlier(out)
-        (out / "logs").mkdir()
-        (out / "runs").mkdir()
+        for folder in RUN_FILES:  # kept where a user's own files are in it
+            (out / folder).mkdir(exist_ok=True)
     except OSError as error:
         if made:
             shutil.rmtree(out, ignore_errors=True)
@@ -305,15 +311,37 @@ def prepare_output(out: Path, argv: list[str]) -> None:
 
 def remove_earlier(out: Path) -> None:
     """An earlier comparison's files (WRITTEN, the new MARKER aside) and the temporary files of a
-    write it did not finish. A symbolic link among them is removed, never followed."""
+    write it did not finish; in logs/ and runs/ its runs' logs and folders (RUN_FILES) and their
+    compile cache, a user's own files beside them kept. logs/ or runs/ as a symbolic link
+    (compare.py makes none) is removed, and a link among the rest too, never followed."""
     for name in WRITTEN:
-        path = out / name
-        if name != MARKER and path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)  # which removes the links inside it, not what they point to
-        elif name != MARKER and (path.is_symlink() or path.exists()):
-            path.unlink()
+        if name != MARKER:
+            remove(out / name)
         for temporary in out.glob(f".{name}.*.tmp"):  # files.write_file's
             temporary.unlink()
+    for folder in RUN_FILES:
+        if (out / folder).is_symlink():
+            (out / folder).unlink()
+        elif (out / folder).is_dir():
+            for path in (out / folder).iterdir():
+                if runs_own(folder, path.name):
+                    remove(path)
+
+
+def runs_own(folder: str, name: str) -> bool:
+    """Whether a run of compare.py's wrote `name` into its `folder` (logs or runs): a run's log or
+    folder, named as the matrix names runs (RUN_FILES), or the runs' compile cache."""
+    ending = RUN_FILES[folder]
+    return (name.endswith(ending) and RUN_NAME.fullmatch(name.removesuffix(ending)) is not None
+            or folder == "runs" and name == COMPILE_CACHE)
+
+
+def remove(path: Path) -> None:
+    """A file or a folder and all it holds; a symbolic link removed, not what it points to."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)  # which removes the links inside it, not what they point to
+    elif path.is_symlink() or path.exists():
+        path.unlink()
 
 
 def out_error(out: Path, error: OSError) -> str:
@@ -389,9 +417,9 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
         f"# {modes}: {model_name} on {device}{oversubscription_title(outcomes, cores)}",
         "",
         f"`{shlex.join(['python', 'compare.py', *argv])}` — {datetime.now():%Y-%m-%d %H:%M}, "
-        f"{len(outcomes)} runs in {fmt_seconds(elapsed)}; {what}; the same seed ({config['seed']}) "
-        f"and learning rate rule (--lr {config['lr']:g} per 128 images of global batch) in "
-        "every run.",
+        f"{plural(len(outcomes), 'run')} in {fmt_seconds(elapsed)}; {what}; the same seed "
+        f"({config['seed']}) and learning rate rule (--lr {config['lr']:g} per 128 images of "
+        "global batch) in every run.",
         "",
         model_line(config, outcomes, sum(p.numel() for p in model.parameters())),
         "",
@@ -620,7 +648,7 @@ def run_matrix(cc: CompareConfig, argv: list[str], train: dict, shared: list[str
     signal if one stopped compare.py."""
     env, topology = machine.environment(), machine.topology()
     device = device_name(env, cuda)
-    print(f"compare: {len(runs)} runs on {device} -> {out}; each stopped after "
+    print(f"compare: {plural(len(runs), 'run')} on {device} -> {out}; each stopped after "
           f"{cc.run_timeout} s (--run_timeout)", flush=True)
     warning = oversubscription_warning(runs, cores_here())
     if warning:
@@ -648,7 +676,7 @@ def run_matrix(cc: CompareConfig, argv: list[str], train: dict, shared: list[str
     signum = signum if signum is not None else next(iter(received), None)
     failed = sum(o.status != "ok" for o in outcomes)
     written = ", ".join(str(p.relative_to(out)) for p in paths)
-    unsuccessful = f"; {failed} of {len(outcomes)} runs did not succeed (see report.md)"
+    unsuccessful = f"; {failed} of {plural(len(outcomes), 'run')} did not succeed (see report.md)"
     stopped = f"; compare.py was interrupted by {signal_name(signum)}" if signum else ""
     print(f"wrote {written} in {out}{unsuccessful if failed else ''}{stopped}", flush=True)
     if signum is not None:

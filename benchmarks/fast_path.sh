@@ -8,12 +8,18 @@
 # tries every algorithm), classic (fp32, NCHW, torchvision's DataLoader, unaligned), data_parallel and
 # dist_parallel on the one GPU, width8 (a wider model); with COMPILE=1 (the default) compiled_cold and
 # compiled_warm (--compile --compile_mode reduce-overhead: CUDA graphs; the first run with an empty compile
-# cache, the second with the first's), and with COMPILE=all compiled (--compile, default mode) too. Then the
-# profile of the fast path (by category, by convolution pass and stage, against the roofline) and of width8.
+# cache, the second with the first's), and with COMPILE=all compiled (--compile, default mode) too. Their
+# cache is a temporary folder removed at the end, or COMPILE_CACHE=FOLDER, kept: a later call's
+# compiled_warm row alone (ROWS=compiled_warm) then reads what an earlier call's compiled_cold wrote;
+# compiled_cold refuses a COMPILE_CACHE that holds files already (it would not be cold), in one line,
+# before anything is written. Then the profile of the fast path (by category, by convolution pass and
+# stage, against the roofline) and of width8.
 # ROWS="fast classic ... profile" runs only the rows named (and the profiles with "profile"); the summary covers
 # every run under OUT, so a second call into the same OUT adds its rows to the first's table. The
 # summary gives each row's images/s as a share of two of benchmarks/roofline.py's bounds for its own
-# model: op by op (no kernel cost) and fused as training BatchNorm allows.
+# model: op by op (no kernel cost) and fused as training BatchNorm allows, each bound computed once for
+# each model, GPU, precision and batch and kept in OUT/.bounds.json (a bound takes seconds: about 13 on
+# the GPU machine by estimate, 21.7 on a busy 2-core CPU; the table without one, 0.2).
 # The table is written again after every row (into SUMMARY, default OUT/summary.txt), so a run stopped
 # part-way keeps every row it finished; it is printed at the end. Each row is a process group of its own
 # (benchmarks/jobs.sh): Ctrl-C, SIGTERM, SIGHUP or a `timeout` stops the running row (SIGTERM, then SIGKILL
@@ -31,13 +37,24 @@ if ! python -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/d
          "fast_path.sh measures one; on a CPU, python single_gpu/train.py --benchmark runs" >&2
     exit 2
 fi
+ROWS=${ROWS:-all}
+wanted() { [ "$ROWS" = all ] || [[ " $ROWS " == *" $1 "* ]]; }
+compiled_rows() {
+    [ "${COMPILE:-1}" != 0 ] && { wanted compiled_cold || wanted compiled_warm || wanted compiled; }; }
+if compiled_rows && wanted compiled_cold && [ -n "${COMPILE_CACHE:-}" ] \
+        && [ -n "$(ls -A "$COMPILE_CACHE" 2>/dev/null)" ]; then
+    echo "error: COMPILE_CACHE $COMPILE_CACHE already holds files, and compiled_cold compiles on an empty" \
+         "cache: remove them, or give another folder" >&2
+    exit 2
+fi
 mkdir -p "$OUT" || exit 1
 SUMMARY=${SUMMARY:-$OUT/summary.txt}
 ROW_TIMEOUT=${ROW_TIMEOUT:-0}
 # shellcheck source=benchmarks/jobs.sh
 . benchmarks/jobs.sh
-CACHE=
-trap 'job_stop; rm -rf "$CACHE"' EXIT  # the running row stopped, and the compile cache removed
+CACHE=      # the compiled rows' compile cache
+TEMPORARY=  # the same, when it is a temporary folder of this script's
+trap 'job_stop; rm -rf "$TEMPORARY"' EXIT  # the running row stopped, and a temporary cache removed
 trap 'exit 130' INT
 trap 'exit 143' TERM
 trap 'exit 129' HUP
@@ -45,10 +62,8 @@ STEPS=${BENCHMARK_STEPS:-200}
 COMMON=(--benchmark --batch_size 256 --warmup_steps 30 --benchmark_steps "$STEPS" --log_interval 50
         --no_progress --log_dir "$OUT" --overwrite "${@:2}")
 FAILED=()
-ROWS=${ROWS:-all}
-wanted() { [ "$ROWS" = all ] || [[ " $ROWS " == *" $1 "* ]]; }
 run() { local name=$1 script=$2; shift 2; wanted "$name" || return 0
-        local shown="$*"  # the compile cache as CACHE: a temporary folder, gone at the end
+        local shown="$*"  # the compile cache as CACHE
         echo "== $name: python $script ${COMMON[*]} ${shown//"$CACHE"/CACHE}"
         row "$name" python "$script" "${COMMON[@]}" --run_name "$name" "$@"; }
 row() {  # row NAME COMMAND...: COMMAND as a job; a row that failed is named, the table written again
@@ -66,13 +81,8 @@ write_table() {  # the table written whole or not at all: a row stopped meanwhil
 WRITTEN=0
 table() {  # the table of every run under OUT, and the rows that failed
     python - "$OUT" "${FAILED[@]}" <<'PY'
-import json, sys
+import json, os, sys
 from pathlib import Path
-sys.path.insert(0, ".")
-import torch
-from benchmarks.roofline import bandwidth_tbs, bound_lines, roofline, step_ops
-from common.performance import table_peaks
-from compare import model_on_meta  # the runs' model, from their config
 out, failed = Path(sys.argv[1]), sys.argv[2:]
 order = ["fast", "unaligned", "align16", "align32", "cudnn_limit0", "classic", "data_parallel", "dist_parallel",
          "width8", "compiled_cold", "compiled_warm", "compiled"]
@@ -80,22 +90,43 @@ found = {p.parent.name: json.loads(p.read_text()) for p in out.glob("*/results.j
 runs = {name: found[name] for name in sorted(found, key=lambda n: order.index(n) if n in order else 99)}
 fast = runs["fast"]["summary"]["images_per_sec"] if "fast" in runs else None
 env = next(iter(runs.values()))["env"] if runs else None
-bounds = {}
+# The bounds already computed, kept beside the runs: a bound takes torch's import and a step recorded
+# op by op (seconds: the header), and the table is written again after every row
+known = out / ".bounds.json"
+bounds = json.loads(known.read_text()) if known.is_file() else {}
+MODEL = ("model", "depth", "alpha", "block", "width_multiple", "dataset", "amp", "batch_size")
 
 
 def bound_of(cfg):
-    """The roofline of a run's own model (its --width_multiple) at its precision, None off the GPU table."""
+    """The roofline of a run's own model (its --width_multiple) at its precision and the lines that
+    describe it, None off the GPU table; computed once for each model, GPU, precision and batch."""
     gpu = env["gpus"][0] if env and env["gpus"] else ""
+    key = json.dumps([gpu, *(cfg.get(name) for name in MODEL)])
+    if key not in bounds:
+        bounds[key] = compute_bound(cfg, gpu)
+        written = known.with_name(f".bounds.{os.getpid()}.tmp")  # written whole: one rename
+        written.write_text(json.dumps(bounds))
+        written.replace(known)
+    return bounds[key]
+
+
+def compute_bound(cfg, gpu):
+    if not gpu:  # no GPU, no peak: nothing to import
+        return None
+    sys.path.insert(0, ".")
+    import torch
+    from benchmarks.roofline import bandwidth_tbs, bound_lines, roofline, step_ops
+    from common.performance import table_peaks
+    from compare import model_on_meta  # the runs' model, from their config
     peaks, tbs = table_peaks(gpu), bandwidth_tbs(gpu)
     if not (peaks and tbs):
         return None
     amp = cfg["amp"]
-    key = (cfg["width_multiple"], amp)
-    if key not in bounds:
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp, torch.float32)
-        ops = step_ops(model_on_meta(cfg), cfg["batch_size"], (3, 32, 32), 10, dtype)
-        bounds[key] = roofline(ops, cfg["batch_size"], peaks[amp if amp != "off" else "tf32"], tbs)
-    return bounds[key]
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp, torch.float32)
+    ops = step_ops(model_on_meta(cfg), cfg["batch_size"], (3, 32, 32), 10, dtype)
+    bound = roofline(ops, cfg["batch_size"], peaks[amp if amp != "off" else "tf32"], tbs)
+    return {**{key: value for key, value in bound.items() if key != "categories"},
+            "lines": bound_lines(bound)}
 
 
 if env:
@@ -106,7 +137,7 @@ if env:
               f"({first['peak_tflops']:g} TFLOP/s, {first['bandwidth_tbs']:g} TB/s, "
               f"{first['kernel_us']:g} us a kernel; benchmarks/roofline.py); the table gives each "
               f"row's images/s as a % of two of its own model's bounds at its own precision:")
-        print("\n".join(f"  {line}" for line in bound_lines(first)))
+        print("\n".join(f"  {line}" for line in first["lines"]))
 print("| run | images/s | x fast | batch p50 ms | p90 ms | data wait % | peak GB alloc (reserved) | MFU % "
       "| % of op-by-op bound | % of training-fused bound | compile s |")
 print("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -130,11 +161,15 @@ if failed:
 PY
 }
 
-# An empty compile cache for the compiled rows (the first compiled run is cold, the second warm),
-# made only for them and removed when the script ends, however it ends
-compiled_rows() { wanted compiled_cold || wanted compiled_warm || wanted compiled; }
-if [ "${COMPILE:-1}" != 0 ] && compiled_rows; then
-    CACHE=$(mktemp -d) || exit 1
+# The compile cache of the compiled rows (the first compiled run is cold, the second warm): COMPILE_CACHE,
+# kept, or an empty folder made only for them and removed when the script ends, however it ends
+if compiled_rows && [ -n "${COMPILE_CACHE:-}" ]; then
+    CACHE=$COMPILE_CACHE
+    mkdir -p "$CACHE" || exit 1
+    echo "CACHE: $CACHE (COMPILE_CACHE), the compiled rows' torch.compile cache, kept at the end"
+elif compiled_rows; then
+    TEMPORARY=$(mktemp -d) || exit 1
+    CACHE=$TEMPORARY
     echo "CACHE: a temporary folder for the compiled rows' torch.compile cache, removed at the end"
 fi
 run fast            single_gpu/train.py

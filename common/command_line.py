@@ -4,13 +4,16 @@ itself: common/domains.py). A bool that defaults to False becomes `--name`; one 
 True becomes `--no_name`, its help naming what it turns off ("turn off the paper's Nesterov
 momentum (on by default)"); an optional bool (None: the run decides) gets both. Every long flag is
 also accepted with hyphens, and a few with the short form of PyTorch's ImageNet example
-(SHORT_FLAGS). A mistake is one line (UsageError), and --help prints the script's docstring as
-written (HelpFormatter). `config_argv` writes the flags that set given values: the parser's
-inverse. common/config.py's parse_config builds a Config with them."""
+(SHORT_FLAGS). A mistake is one line (UsageError) that names each flag as the user typed it, and
+--help prints the script's docstring as written (HelpFormatter). `config_argv` writes the flags
+that set given values: the parser's inverse. common/config.py's parse_config builds a Config with
+them."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import re
 import sys
 import typing
 
@@ -20,21 +23,33 @@ from common.errors import UsageError
 # means the same here, so that its commands paste: -b the global batch (its total batch of a
 # node), -j the loader's worker processes (here each training process's), -a the model by
 # torchvision's name (its --arch), -p the steps between two log lines (its --print-freq), -e an
-# evaluation only (here of the weights whose path follows it; its -e evaluates the --resume
-# checkpoint).
+# evaluation only (here of the weights whose path follows it; its -e is a switch that evaluates
+# the --resume checkpoint, and -e alone is refused here saying so: MISSING_VALUES).
 SHORT_FLAGS = {"batch_size": "-b", "num_workers": "-j", "model": "-a", "log_interval": "-p",
                "evaluate": "-e"}
 
 
+# What a flag's missing value is, where that is not plain: -e is a switch in PyTorch's ImageNet
+# example and takes the weights' path here
+MISSING_VALUES = {
+    "evaluate": "the path of the weights to evaluate after {flag}, a model.pt (--save_model) or "
+                "a checkpoint.pt, as in {flag} runs/<run>/model.pt (PyTorch's ImageNet example's "
+                "-e is a switch that evaluates its --resume checkpoint: here give that checkpoint "
+                "after {flag}, without --resume)",
+}
+
+
 class _OneLineParser(argparse.ArgumentParser):
-    """argparse prints usage plus the error; here a mistake is one line that says what to do.
-    Every long flag is also accepted with hyphens for its underscores (`--batch-size`,
-    `--no-nesterov`), as PyTorch's ImageNet example and timm write them; --help shows the
-    underscores only."""
+    """argparse prints usage plus the error; here a mistake is one line that says what to do, and
+    names each flag as the user typed it. Every long flag is also accepted with hyphens for its
+    underscores (`--batch-size`, `--no-nesterov`), as PyTorch's ImageNet example and timm write
+    them; --help shows the underscores only."""
 
     def parse_known_args(self, args=None, namespace=None):
-        given = sys.argv[1:] if args is None else list(args)
-        return super().parse_known_args(self.with_underscores(given), namespace)
+        self._given = list(sys.argv[1:] if args is None else args)
+        self._typed = {}  # a flag as argparse is given it -> as the user typed it
+        self._parsed = self.with_underscores(self._given)
+        return super().parse_known_args(self._parsed, namespace)
 
     def with_underscores(self, args: list) -> list:
         """`args` with each hyphenated long flag written as the parser knows it (`--batch-size 64`
@@ -51,13 +66,67 @@ class _OneLineParser(argparse.ArgumentParser):
                 underscored = "--" + name[2:].replace("-", "_")
                 if any(option.startswith(underscored) for option in known):
                     arg = underscored + equals + value
+                    getattr(self, "_typed", {})[underscored] = name
             written.append(arg)
         return written
 
+    def as_typed(self, message: str) -> str:
+        """`message` with every flag the user typed with hyphens named as typed (`--no-flip`, not
+        the `--no_flip` argparse and the config know)."""
+        for flag, typed in getattr(self, "_typed", {}).items():
+            message = re.sub(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", typed, message)
+        return message
+
+    @contextlib.contextmanager
+    def spelled_as_typed(self):
+        """Around what checks the parsed values (a config's domains and rules): a UsageError names
+        the flags as the user typed them."""
+        try:
+            yield
+        except UsageError as error:
+            raise UsageError(self.as_typed(str(error)), error.rank_specific) from None
+
     def error(self, message):
-        if message.endswith("expected one argument"):  # argparse takes -1e-4 or -inf for a flag
-            message += " (a value that starts with - goes after =, as in --flag=-value)"
-        raise UsageError(f"{message} (see --help)")
+        missing = re.fullmatch(r"argument (\S+): expected one argument", message)
+        if missing:
+            message = self._without_value(missing[1].split("/"), message)
+        raise UsageError(f"{self.as_typed(message)} (see --help)")
+
+    def _without_value(self, names: list[str], message: str) -> str:
+        """What to say of a flag among `names` given without its value: the value the user gave
+        starts with - (-1e-4, -inf), which argparse takes for a flag, or there is none."""
+        typed, abbreviated, after = self._flag_and_next(names)
+        if after is not None and after.startswith("-") and not self._is_flag(after):
+            return (f"{message} ({after} starts with -, which argparse takes for a flag: give it "
+                    f"after =, as in {typed}={after})")
+        dest = self._option_string_actions[names[0]].dest
+        what = MISSING_VALUES.get(dest, "its value after {flag}").format(flag=typed)
+        flag = "/".join(names)
+        return f"argument {f'{typed} ({flag})' if abbreviated else flag}: give {what}"
+
+    def _flag_and_next(self, names: list[str]) -> tuple[str, bool, str | None]:
+        """The flag among `names` as the user typed it, given without a value (none follows, or
+        what follows starts with -), whether it is an abbreviation, and what follows it."""
+        longs = [name for name in names if name.startswith("--")]
+        for index, arg in enumerate(self._parsed):
+            if arg == "--":
+                break
+            if not isinstance(arg, str) or "=" in arg:
+                continue
+            abbreviated = (arg not in names and arg.startswith("--") and len(arg) > 2
+                           and any(name.startswith(arg) for name in longs))
+            after = self._given[index + 1] if index + 1 < len(self._given) else None
+            if (arg in names or abbreviated) and (after is None or str(after).startswith("-")):
+                return str(self._given[index]), abbreviated, None if after is None else str(after)
+        return names[0], False, None
+
+    def _is_flag(self, arg: str) -> bool:
+        """Whether argparse takes `arg` for one of this parser's flags (or an abbreviation of one,
+        or a short flag with its value attached, `-b64`)."""
+        if arg.startswith("--"):
+            name = "--" + arg.partition("=")[0][2:].replace("-", "_")
+            return any(option.startswith(name) for option in self._option_string_actions)
+        return arg[:2] in self._option_string_actions
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):

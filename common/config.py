@@ -14,10 +14,12 @@ from pathlib import Path
 
 from common.command_line import _OneLineParser, add_flags, build_parser
 from common.compiling import compile_cache_refusal
-from common.domains import INT_MAX, check_domains, gib, physical_memory
+from common.domains import (INT_MAX, check_domains, gib, physical_memory,
+                            worker_processes_refusal)
 # every module may import the two errors from here too (RunError is handed on)
 from common.errors import RunError, UsageError  # noqa: F401
 from common.folders import image_folder, image_folder_refusal
+from common.launch_env import processes_on_this_node
 from models.factory import PYRAMIDNET, unknown_model
 from models.pyramidnet import BLOCKS as MODEL_BLOCKS, check_arguments, parameters_at_least
 
@@ -114,8 +116,9 @@ class Config:
                                          "(torchvision loader); default: what fits this "
                                          "machine: the usable cores shared among the "
                                          "node's training processes, one of each share "
-                                         "left to the process, at most 4",
-                                   at_least=0, check="worker_processes")
+                                         "left to the process, at most 4; refused past 4 a "
+                                         "usable core, or what the memory holds",
+                                   at_least=0)  # and what the machine holds: workers_refusal
     shuffle: bool = flag(True, "reshuffling the training set every epoch")
     augment: str = flag("auto", "the training images' random crop: pad (CIFAR's: the image padded "
                                 "by an eighth of its side, 4 pixels at 32, and cut back at a "
@@ -241,6 +244,9 @@ class Config:
         for ok, message in checks:
             if not ok:
                 raise UsageError(message)
+        refusal = workers_refusal(self, processes_on_this_node())  # before any worker forks
+        if refusal:
+            raise UsageError(refusal)
         refusal = compile_cache_refusal(self) if self.compile else None
         if refusal:
             raise UsageError(refusal)
@@ -281,6 +287,20 @@ class Config:
         return 0 < self.max_steps <= step
 
 
+def workers_refusal(cfg: Config, processes: int) -> str | None:
+    """--num_workers past what this machine can hold with `processes` training processes on this
+    node (common/domains.py, worker_processes_refusal), or None (its default fits by itself). Each
+    worker prepares batches of the process's share of --batch_size: float32 images of 3 channels at
+    the run's side, at most: --image_size, else 32 for CIFAR-10, MNIST (28) and PyramidNet's
+    synthetic images, else 224 (an image folder's, a torchvision model's: common/data.py)."""
+    if cfg.num_workers is None:
+        return None
+    small = cfg.dataset in ("cifar10", "mnist") or (cfg.dataset == "synthetic"
+                                                     and cfg.model == PYRAMIDNET)
+    side, batch = cfg.image_size or (32 if small else 224), -(-cfg.batch_size // processes)
+    return worker_processes_refusal(cfg.num_workers, processes, batch * 3 * side * side * 4)
+
+
 # the flags of every mode with a process group: dist_parallel's and fsdp's
 @dataclass(frozen=True)
 class GroupConfig(Config):
@@ -290,13 +310,15 @@ class GroupConfig(Config):
     verify_sync: bool = flag(False, "check every epoch, not only at the end, that all "
                                     "ranks hold the same weights")
     nproc_per_node: int | None = flag(None, "without torchrun: workers to start "
-                                            "(default: one per GPU)", at_least=1)
+                                            "(default: one per GPU); under torchrun, give "
+                                            "torchrun's own", at_least=1)
     dist_timeout: float = flag(600.0, "seconds a collective (or joining the group) may wait "
                                       "for the other ranks before the run ends with an "
                                       "error instead of hanging", above=0, at_most=1e9)
     max_restarts: int = flag(0, "started without torchrun: restart the workers up to N "
                                 "times after a failure (with --resume auto they continue "
-                                "from the last checkpoint)", at_least=0)
+                                "from the last checkpoint); under torchrun, give torchrun's "
+                                "own", at_least=0)
 
 
 def as_today(config: dict) -> dict:
@@ -314,15 +336,17 @@ def as_today(config: dict) -> dict:
 
 def parse_config(config_class: type[Config], argv=None, description: str = "") -> Config:
     """Command-line flags -> a validated, frozen config."""
-    args = vars(build_parser(config_class, description).parse_args(argv))
+    parser = build_parser(config_class, description)
+    args = vars(parser.parse_args(argv))
     if args["gpu_devices"] is not None:
         args["gpu_devices"] = tuple(args["gpu_devices"])
-    cfg = config_class(**args)  # checks every value (check_domains and __post_init__)
-    if not cfg.benchmark:
-        return cfg
-    given = _OneLineParser()  # the flags given: those parsed without defaults
-    add_flags(given, config_class, defaults=False)
-    return benchmark_config(cfg, "synthetic_size" not in vars(given.parse_args(argv)))
+    with parser.spelled_as_typed():  # a refusal names the flags as the user typed them
+        cfg = config_class(**args)  # checks every value (check_domains and __post_init__)
+        if not cfg.benchmark:
+            return cfg
+        given = _OneLineParser()  # the flags given: those parsed without defaults
+        add_flags(given, config_class, defaults=False)
+        return benchmark_config(cfg, "synthetic_size" not in vars(given.parse_args(argv)))
 
 
 def benchmark_config(cfg: Config, sized: bool = False) -> Config:

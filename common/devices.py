@@ -24,7 +24,8 @@ def cuda_devices(requested, *, default_all: bool, shared: bool = False,
                          f"GPU once{sharing_hint}")
     missing = [i for i in requested if not 0 <= i < count]
     if missing:
-        seen = f"GPUs 0-{count - 1} are visible" if count else "this machine has no CUDA GPU"
+        seen = (f"GPUs 0-{count - 1} are visible" if count > 1 else "only GPU 0 is visible"
+                if count else "this machine has no CUDA GPU")
         hint = "list only visible ids" if count else "leave out --gpu_devices to run on the CPU"
         raise UsageError(f"--gpu_devices: there is no GPU {missing[0]} ({seen}); {hint}")
     return list(requested)

@@ -1,6 +1,7 @@
 """The domain of every flag's value, and the check that holds a config to it: a number's bounds, a
 choice's choices, and the checks of a string (a path, a folder a run writes into, a run name, a
-rendezvous) or of a count this machine must hold (synthetic images, worker processes). `flag`
+rendezvous) or of a count this machine must hold (synthetic images; worker processes, which
+depend on the batch too: worker_processes_refusal, a rule of the config). `flag`
 (common/config.py) gives a field its domain; `check_domains`, which any frozen config dataclass
 calls first thing in __post_init__, refuses the first value outside it in one line that names the
 flag, the value and what to give instead."""
@@ -131,27 +132,62 @@ def _synthetic_images(size: int) -> str | None:
             f"{gib(memory)} of memory)")
 
 
-# a DataLoader worker's own memory at the least (measured: 10 MiB, forked, idle)
-WORKER_BYTES = 10 * 2**20
+# DataLoader worker processes: a usable core runs one of them at a time, and past this many a core
+# the others only wait for it (an -j 1000 meant as -j 10 forks a thousand processes, and the memory
+# runs out before the first batch)
+WORKERS_PER_CORE = 4
+# The memory each --num_workers takes at the least: a worker of the training loader and one of the
+# test loader, both kept between epochs (persistent_workers), measured as their own memory
+# (smaps_rollup's Private_Clean + Private_Dirty) on CIFAR-sized images: 93 MiB for the training
+# loader's, 13 MiB for the test loader's; and the batches each prepares ahead (prefetch_factor).
+WORKER_PAIR_BYTES = 100 * 2**20
+BATCHES_AHEAD = 2  # DataLoader's prefetch_factor, per worker
 
 
-def _worker_processes(count: int) -> str | None:
-    """DataLoader workers are processes: no more than the machine's
-    memory and process limit can hold."""
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity: taskset, a SLURM or container cpuset)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def most_worker_processes(processes: int, batch_bytes: int) -> tuple[int, str, str]:
+    """The most DataLoader workers per training process (--num_workers) this machine holds, with
+    `processes` training processes on this node, each loading batches of `batch_bytes`: at most
+    WORKERS_PER_CORE a usable core, what the memory holds (WORKER_PAIR_BYTES and the batches ahead,
+    per --num_workers), and what this user may start. (The most, why, what else to give.)"""
     import resource
 
-    memory = physical_memory()
-    limits = [resource.getrlimit(resource.RLIMIT_NPROC)[0]]
-    limits += [memory // WORKER_BYTES] if memory is not None else []
-    most = min(limit for limit in limits if limit != resource.RLIM_INFINITY) if limits else None
-    if most is None or count <= most:
+    cores, memory = usable_cores(), physical_memory()
+    shared = f", shared by {processes} training processes" if processes > 1 else ""
+    each = WORKER_PAIR_BYTES + 2 * BATCHES_AHEAD * batch_bytes
+    limits = [(WORKERS_PER_CORE * cores // processes,
+               f"{WORKERS_PER_CORE} per usable core: {cores} cores{shared}; past that they only "
+               "wait for a core", "")]
+    if memory is not None:
+        limits.append((memory // each // processes,
+                       f"each --num_workers is two workers, the training loader's and the test "
+                       f"loader's, about {each / 2**20:,.0f} MiB with the batches they prepare "
+                       f"ahead; {gib(memory)} of memory{shared}", ", a smaller --batch_size"))
+    user_processes = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+    if user_processes != resource.RLIM_INFINITY:
+        limits.append((user_processes // 2 // processes,
+                       f"each --num_workers is two processes, and this user may start "
+                       f"{user_processes} (ulimit -u){shared}", ""))
+    return min(limits)
+
+
+def worker_processes_refusal(workers: int, processes: int, batch_bytes: int) -> str | None:
+    """What is wrong with `workers` DataLoader workers per training process (--num_workers) past
+    most_worker_processes, or None where the machine holds them."""
+    most, why, or_else = most_worker_processes(processes, batch_bytes)
+    if workers <= most:
         return None
-    return f"at most {most} worker processes on this machine (each is a process of at least 10 MiB)"
+    return (f"--num_workers {workers} is more DataLoader worker processes than this machine can "
+            f"hold: at most {most} per training process here ({why}); give fewer{or_else}, or "
+            "leave --num_workers out to fit the machine")
 
 
 CHECKS = {"folder": _folder, "file": _path, "file_or_auto": _file_or_auto, "name": _folder_name,
-          "rendezvous": _rendezvous, "synthetic_images": _synthetic_images,
-          "worker_processes": _worker_processes}
+          "rendezvous": _rendezvous, "synthetic_images": _synthetic_images}
 
 
 def _number(value, kind: type, domain: dict) -> str | None:

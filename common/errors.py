@@ -1,8 +1,9 @@
 """The errors a run ends with in one line, without a traceback, and the one place that says them
 (`user_errors`): a mistake the user can fix (UsageError), a run that cannot go on (RunError), a file
 system that refuses a read or a write for a reason the user can mend (FILE_SYSTEM_ERRORS), and
-Ctrl-C. A leaf module: every other one may import it (common/config.py gives UsageError and
-RunError under its own name too)."""
+Ctrl-C; and a count in a message said with its noun, one in the singular (`plural`). A leaf module:
+every other one may import it (common/config.py gives UsageError and RunError under its own name
+too)."""
 from __future__ import annotations
 
 import contextlib
@@ -21,6 +22,14 @@ def _path_limit(name: str, default: int) -> int:
 
 
 NAME_MAX, PATH_MAX = _path_limit("PC_NAME_MAX", 255), _path_limit("PC_PATH_MAX", 4096)
+
+
+def plural(count: int, noun: str) -> str:
+    """`count` and its noun, in the singular for one, as a message says them: "1 image",
+    "2 images", "4 processes", "1 usable core"."""
+    if count == 1:
+        return f"1 {noun}"
+    return f"{count} {noun}{'es' if noun.endswith(('s', 'x', 'ch', 'sh')) else 's'}"
 
 
 class UsageError(Exception):

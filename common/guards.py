@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import ipaddress
-import os
 import socket
 import sys
 import time
@@ -16,29 +15,15 @@ import torch
 import torch.distributed as dist
 
 from common.config import RunError, UsageError
+from common import launch_env
+from common.launch_env import WorkerLaunch
 from common.rules import refuse_launch
 
 
-@contextlib.contextmanager
-def launch_variables():
-    """Around reading RANK, LOCAL_RANK and WORLD_SIZE: one that is
-    not a whole number is one line."""
-    try:
-        yield
-    except ValueError:
-        raise UsageError("RANK, LOCAL_RANK and WORLD_SIZE must be whole numbers",
-                         rank_specific=True) from None
-
-
-def check_launch(cfg, mode: str, world_size: int, rank: int = 0) -> None:
-    """What can be refused before the process group is joined: `rank` outside the job, a
-    rendezvous that cannot work, and `refuse_launch`'s rules. The self-launch checks
-    first, then every worker again."""
-    if not 0 <= rank < world_size:
-        raise UsageError(f"RANK {rank} is outside 0..WORLD_SIZE-1 "
-                         f"({world_size - 1}); set RANK per process",
-                         rank_specific=True)
-    check_master_address()
+def check_launch(cfg, mode: str, world_size: int) -> None:
+    """What can be refused before the process group is joined: a rendezvous that cannot work, and
+    `refuse_launch`'s rules. The self-launch checks first, then every worker again (after its
+    launch variables: common/launch_env.py)."""
     if cfg.init_method.startswith("file://"):
         check_rendezvous_file(Path(cfg.init_method[len("file://"):]), cfg.dist_timeout)
     refuse_launch(mode, world_size, cuda=torch.cuda.is_available(), batch_size=cfg.batch_size,
@@ -48,18 +33,16 @@ def check_launch(cfg, mode: str, world_size: int, rank: int = 0) -> None:
                   memory_snapshot=cfg.memory_snapshot)
 
 
-def check_master_address(environ=os.environ) -> None:
+def check_master_address(launch: WorkerLaunch) -> None:
     """A loopback MASTER_ADDR with more than one node makes every other node look for the
     master on itself. Set by hand, it is refused. Under torchrun it came from the rendezvous
     (the first agent's own name, or --local_addr), which cannot tell two agents on one host
     from two hosts: rank 0 warns instead."""
-    address = environ.get("MASTER_ADDR", "")
-    world_size = int(environ.get("WORLD_SIZE", 1))
-    nodes = world_size // max(int(environ.get("LOCAL_WORLD_SIZE", world_size)), 1)
+    address, nodes = launch.master_addr or "", launch.nodes
     if nodes <= 1 or not _is_loopback(address):
         return
-    if "TORCHELASTIC_RUN_ID" in environ:
-        if environ.get("RANK") == "0":
+    if launch.by_torchrun:
+        if launch.rank == 0:
             print(f"warning: MASTER_ADDR is {address} for a job on {nodes} nodes: fine on "
                   "one host; across machines give torchrun --local_addr <reachable "
                   "address> on the first node", file=sys.stderr)
@@ -104,31 +87,31 @@ def nccl_error_handling(environ) -> None:
         environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "2"
 
 
-def store_of_this_attempt(init_method: str, rank: int, world_size: int,
+def store_of_this_attempt(init_method: str, launch: WorkerLaunch,
                           timeout: datetime.timedelta) -> dist.Store | None:
     """Under torchrun, the store at MASTER_ADDR:MASTER_PORT outlives a restart of the workers, and
     with it the keys the previous attempt's process group wrote (gloo's peer addresses): a restarted
     worker could read a dead peer's address. Each attempt gets keys of its own, under
     TORCHELASTIC_RESTART_COUNT. None outside torchrun or with another rendezvous than env://
     (init_process_group then rendezvouses itself)."""
-    if init_method != "env://" or "TORCHELASTIC_RESTART_COUNT" not in os.environ:
+    if init_method != "env://" or launch.restart is None:
         return None
-    agent_hosts_it = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
-                          is_master=rank == 0 and not agent_hosts_it, timeout=timeout)
-    return dist.PrefixStore(f"attempt_{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
+    store = dist.TCPStore(launch.master_addr, launch.master_port, launch.world_size,
+                          is_master=launch.rank == 0 and not launch.agent_store, timeout=timeout)
+    return dist.PrefixStore(f"attempt_{launch.restart}", store)
 
 
-def rendezvous_error(error: Exception, init_method: str, rank: int, timeout_s: float) -> UsageError:
+def rendezvous_error(error: Exception, init_method: str, launch: WorkerLaunch,
+                     timeout_s: float) -> UsageError:
     """Joining the group failed on this rank: the line that says why, printed by
     this rank (others may not fail)."""
-    return UsageError(_rendezvous_advice(" ".join(str(error).split()), init_method, rank,
+    return UsageError(_rendezvous_advice(" ".join(str(error).split()), init_method, launch,
                                          timeout_s),
                       rank_specific=True)
 
 
-def _rendezvous_advice(text: str, init_method: str, rank: int, timeout_s: float) -> str:
-    host, port = os.environ.get("MASTER_ADDR", "?"), os.environ.get("MASTER_PORT", "?")
+def _rendezvous_advice(text: str, init_method: str, launch: WorkerLaunch, timeout_s: float) -> str:
+    rank, host, port = launch.rank, launch.master_addr or "?", launch.master_port or "?"
     if init_method.startswith("tcp://"):
         host, _, port = init_method[len("tcp://"):].rpartition(":")
     if "EADDRINUSE" in text or "address already in use" in text.lower():
@@ -178,7 +161,8 @@ def raise_group_failure(error: BaseException, rank: int, step: int) -> None:
 def local_rank0_first():
     """The body runs first on each node's local rank 0 (a download, say), then on the others, which
     find its files: the others wait at a barrier that local rank 0 reaches after the body."""
-    local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank()))
+    local_rank = launch_env.local_rank()  # checked by CheckedLaunch; None: a pod's only process
+    local_rank = dist.get_rank() if local_rank is None else local_rank
     if local_rank != 0:
         dist.barrier()
     yield
@@ -196,7 +180,7 @@ def compile_leader(device: torch.device, timeout_s: float) -> tuple | None:
     read what cuda:0 compiled. Returns (a store on the first rank's loopback, whether this rank is
     the first, `timeout_s`), or None where this rank compiles alone (a launch by hand says nothing
     of its node). Two all_gather_object calls: every rank makes them."""
-    node = os.environ.get("GROUP_RANK")  # set by torchrun's agent: the node its workers share
+    node = launch_env.torchrun_node()  # GROUP_RANK, torchrun's: the node its workers share
     place = None if node is None else (node, socket.gethostname(), str(device))
     places = [None] * dist.get_world_size()
     dist.all_gather_object(places, place)

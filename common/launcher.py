@@ -17,10 +17,12 @@ from pathlib import Path
 from common.checkpoint import (LAST, STOP_REPORT, STOPPED, TRAINING, StopSignals, continue_flags,
                                last_checkpoint_note, refuse_fresh_start, silence_lost_outputs,
                                tell_self_launch)
-from common.config import UsageError
+from common.config import UsageError, workers_refusal
+from common.errors import plural
 from common.devices import cuda_devices
-from common.guards import (check_launch, launch_variables, nccl_error_handling, rendezvous_error,
-                           store_of_this_attempt)
+from common.guards import (check_launch, check_master_address, nccl_error_handling,
+                           rendezvous_error, store_of_this_attempt)
+from common.launch_env import AgentLaunch, WorkerLaunch, agent_launch, worker_launch
 from common.logger import resolve_run_dir
 
 def die_with_launcher() -> None:
@@ -63,28 +65,29 @@ def killed_with(parent: int):
 
 
 def launch_workers(script: str, argv: list[str], nproc: int, max_restarts: int = 0,
-                   run_dir: Path | None = None) -> int:
+                   run_dir: Path | None = None, agent: AgentLaunch | None = None) -> int:
     """Start `nproc` workers of `script` on this machine through torch's elastic launcher, exactly
     as `torchrun --standalone --nproc_per_node nproc --max-restarts max_restarts script argv` would
     (a free port, c10d rendezvous; after a worker fails, the whole group is restarted up to
     max_restarts times), and say in one line how they ended when they did not all succeed
     (stop_line, failure_line). SIGUSR1 is passed on to the workers with SIGTERM, SIGINT, SIGHUP and
     SIGQUIT (torch's agent would die of it, its workers with it), and the workers have
-    SHUTDOWN_TIMEOUT_S to stop cleanly after one."""
+    SHUTDOWN_TIMEOUT_S to stop cleanly after one, unless the user chose otherwise (`agent`: the
+    agent's variables, agent_launch)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
+    agent = agent or agent_launch()
     with own_topology():  # one node, standalone: what the flags say, not an agent's PET_*
         parser = get_args_parser()
     args = parser.parse_args(["--standalone", f"--nproc_per_node={nproc}",
                               f"--max-restarts={max_restarts}", script, *argv])
     # not in old torch
-    if hasattr(args, "signals_to_handle") and "PET_SIGNALS_TO_HANDLE" not in os.environ:
+    if hasattr(args, "signals_to_handle") and agent.signals is None:
         # unless the user chose (torchrun --signals-to-handle's variable)
         args.signals_to_handle = AGENT_SIGNALS
-    if (getattr(args, "shutdown_timeout", 0) is None
-        and "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in os.environ):
+    if getattr(args, "shutdown_timeout", 0) is None and not agent.shutdown_timeout:
         # unless the user chose (its variable, or PET_SHUTDOWN_TIMEOUT)
         args.shutdown_timeout = SHUTDOWN_TIMEOUT_S
     agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
@@ -237,8 +240,9 @@ class CheckedLaunch:
     that join the group, which read as PyTorch's tutorial writes them: safe to skip on a first read.
 
     Made first, before setup() reads the environment: this worker dies with its torchrun agent
-    (die_with_launcher); RANK, LOCAL_RANK and WORLD_SIZE that are not whole numbers, and what no
-    worker can run with (check_launch), are refused in one line; `node_gpus` is this node's GPUs
+    (die_with_launcher); every variable its launcher set is read and checked (`launch`:
+    common/launch_env.py), and a bad one, a loopback master across nodes, and what no worker can
+    run with (check_launch) are refused in one line; `node_gpus` is this node's GPUs
     and `local_rank` this process's place among them (LOCAL_RANK, else RANK modulo the GPUs:
     local_rank_of), checked to have one of its own; `timeout` is --dist_timeout, how long a
     collective may wait. Then `with launch:` around init_process_group: NCCL's errors set to reach
@@ -249,14 +253,16 @@ class CheckedLaunch:
 
     def __init__(self, cfg, mode: str):
         die_with_launcher()  # a killed torchrun agent takes this worker with it: no orphan
-        with launch_variables():  # set by torchrun (or by hand); not whole numbers: one line
-            self.rank = int(os.environ["RANK"])
-            given = os.environ.get("LOCAL_RANK")  # none in a PyTorchJob pod of one process
-            given = None if given is None else int(given)
-            self.world_size = int(os.environ["WORLD_SIZE"])
-        check_launch(cfg, mode, self.world_size, self.rank)  # no worker can run it: one line
+        # set by torchrun (or by hand): each variable checked, a bad one said in one line
+        self.launch = worker_launch(env_rendezvous=cfg.init_method == "env://")
+        self.rank, self.world_size = self.launch.rank, self.launch.world_size
+        refuse_self_launch_flags(cfg, self.launch)  # --nproc_per_node: the self-launch's alone
+        check_master_address(self.launch)  # a loopback master across nodes
+        check_launch(cfg, mode, self.world_size)  # no worker can run it: one line
         self.node_gpus = node_gpus(cfg.gpu_devices, cfg.backend)
-        self.local_rank = local_rank_of(self.rank, given, len(self.node_gpus))  # one GPU each
+        # LOCAL_RANK: none in a PyTorchJob pod of one process
+        self.local_rank = local_rank_of(self.rank, self.launch.local_rank,
+                                        len(self.node_gpus))  # one GPU each
         self.cfg = cfg
         self.timeout = datetime.timedelta(seconds=cfg.dist_timeout)  # a longer wait fails
         self.store = None
@@ -275,8 +281,7 @@ class CheckedLaunch:
         # exception", exit -6). Imported now, they hold None.
         import torch.distributed.nn  # noqa: F401
         try:  # a store of this attempt's own: after a torchrun restart only
-            self.store = store_of_this_attempt(self.cfg.init_method, self.rank, self.world_size,
-                                               self.timeout)
+            self.store = store_of_this_attempt(self.cfg.init_method, self.launch, self.timeout)
         except (RuntimeError, ValueError) as error:  # the rendezvous's first step
             raise self.failed(error) from None
         return self
@@ -287,7 +292,33 @@ class CheckedLaunch:
 
     def failed(self, error: Exception) -> UsageError:
         """Joining the group failed on this rank: the line that says why (others may not fail)."""
-        return rendezvous_error(error, self.cfg.init_method, self.rank, self.cfg.dist_timeout)
+        return rendezvous_error(error, self.cfg.init_method, self.launch, self.cfg.dist_timeout)
+
+
+def refuse_self_launch_flags(cfg, launch: WorkerLaunch) -> None:
+    """--nproc_per_node and --max_restarts say how many workers `python train.py` starts without
+    torchrun, and how often it restarts them: they take effect in the self-launch's workers only
+    (which know it by STOP_REPORT). A worker that torchrun, or the user by hand, started would
+    ignore them, and its run record them as if they had: refused in one line, with the way."""
+    if os.environ.get(STOP_REPORT):  # a worker of the self-launch: they took effect
+        return
+    given = {flag: value for flag, value in (("nproc_per_node", cfg.nproc_per_node),
+                                             ("max-restarts", cfg.max_restarts or None))
+             if value is not None}
+    if not given:
+        return
+    flags = " and ".join(f"--{flag.replace('-', '_')} {value}" for flag, value in given.items())
+    one = len(given) == 1
+    if launch.by_torchrun:
+        torchrun = " ".join(f"--{flag} {value}" for flag, value in given.items())
+        who, way = "torchrun", (f"give torchrun {torchrun} before train.py, and leave "
+                                f"{'it' if one else 'them'} out after it")
+    else:
+        who, way = ("hand (RANK and WORLD_SIZE are set)",
+                    f"leave {'it' if one else 'them'} out: each such process is one worker")
+    raise UsageError(f"{flags} {'is' if one else 'are'} for `python train.py` without torchrun, "
+                     f"which starts its own workers, and this process was started by {who}, "
+                     f"where {'it' if one else 'they'} would be ignored: {way}")
 
 
 # torchrun's variables that stay the user's choice in the self-launch: how the agent passes
@@ -311,37 +342,43 @@ def own_topology():
         os.environ.update(hidden)
 
 
-def check_one_node(environ=os.environ) -> None:
+def check_one_node(agent: AgentLaunch) -> None:
     """The self-launch trains on this node alone: in a job whose agents were told of several
     nodes (PET_NNODES, as a Kubeflow TrainJob or PyTorchJob sets it for torchrun: "2", or
     "MIN:MAX"), each node would train a job of its own, into the same run folder. Refused in one
     line, with torchrun, which joins the nodes, as the way."""
-    nodes = environ.get("PET_NNODES", "")
-    most = nodes.rpartition(":")[2]
-    if most.isdigit() and int(most) > 1:
-        raise UsageError(f"PET_NNODES={nodes} in the environment (a Kubeflow TrainJob or "
-                         f"PyTorchJob sets it for torchrun) makes this a job of {most} nodes, and "
+    if agent.nodes is not None and agent.nodes > 1:
+        raise UsageError(f"PET_NNODES={os.environ['PET_NNODES']} in the environment (a Kubeflow "
+                         f"TrainJob or PyTorchJob sets it for torchrun) makes this a job of "
+                         f"{agent.nodes} nodes, and "
                          "`python train.py` starts workers on this node only: start it with "
                          "torchrun, which reads PET_* (`torchrun train.py ...`), or unset "
                          "PET_NNODES to train on this node alone")
 
 
 def self_launch(cfg, script: str, argv, mode: str) -> int:
-    """`python train.py` without torchrun: refuse what can be refused, then start one
-    worker per GPU (or --nproc_per_node CPU workers) as `torchrun --standalone` would, on this node
-    only, whatever PET_* variables an agent left in the environment; each worker runs `script`
-    again."""
-    check_one_node()  # an operator's job of several nodes: torchrun's, in one line
+    """`python train.py` without torchrun (neither RANK nor WORLD_SIZE set): refuse what can be
+    refused, then start one worker per GPU (or --nproc_per_node CPU workers) as `torchrun
+    --standalone` would, on this node only, whatever PET_* variables an agent left in the
+    environment; each worker runs `script` again."""
+    if "RANK" in os.environ or "WORLD_SIZE" in os.environ:  # one without the other: a launch by
+        worker_launch(env_rendezvous=False)  # hand half made, refused naming the one missing
+    agent = agent_launch()  # the variables torch's agent reads, checked
+    check_one_node(agent)  # an operator's job of several nodes: torchrun's, in one line
     gpus = node_gpus(cfg.gpu_devices, cfg.backend)
     nproc = cfg.nproc_per_node or len(gpus) or 1
     if gpus and nproc > len(gpus):
-        raise UsageError(f"--nproc_per_node {nproc} is more than the {len(gpus)} GPUs "
+        raise UsageError(f"--nproc_per_node {nproc} is more than the {plural(len(gpus), 'GPU')} "
                          "available: one process per GPU")
     check_launch(cfg, mode, nproc)
+    refusal = workers_refusal(cfg, nproc)  # --num_workers in each of the nproc workers
+    if refusal:
+        raise UsageError(refusal)
     run_dir = resolve_run_dir(cfg, mode, nproc)
     refuse_fresh_start(cfg, run_dir)  # in one line before any worker starts (and is restarted)
     # share the cores
     os.environ.setdefault("OMP_NUM_THREADS", str(max((os.cpu_count() or 1) // nproc, 1)))
     return launch_workers(script, sys.argv[1:] if argv is None else [str(arg) for arg in argv],
                           nproc, cfg.max_restarts,
-                          run_dir if cfg.run_name else None)  # a default name is the worker's
+                          run_dir if cfg.run_name else None,  # a default name is the worker's
+                          agent)

@@ -17,6 +17,7 @@ from common.breakdown import StepProfiler, breakdown_line, slowest_rank, trace_t
 from common.checkpoint import (FORMAT, StopSignals, all_rng_states, extends, last_checkpoint_note,
                                restore_optimizer, set_rng_state)
 from common.config import Config, RunError
+from common.errors import plural
 from common.logger import (Console, RunLogger, device_scalars, percent, shows_top5, speed_line,
                            window_line, window_scalars)
 from common.metrics import RunClock, StepTimer, Sums, TrainMeter, check_loss
@@ -182,13 +183,13 @@ class Run:
         # an epoch cut short by --max_steps
         cut = "" if self.batch == batches else f" ({self.batch} of {batches} batches)"
         self.console.line(f"Epoch {epoch + 1}/{self.cfg.epochs} test loss {test[0]:.3f} acc "
-                          f"{self.accuracy(test)} ({test[2]} images) epoch {timed}{cut}")
+                          f"{self.accuracy(test)} ({plural(test[2], 'image')}) epoch {timed}{cut}")
 
     def record_evaluation(self, test: Test) -> None:
         """--evaluate's one evaluation of saved weights, said."""
         self.test = test
         self.console.line(f"{self.cfg.evaluate}: test loss {test[0]:.4f} acc "
-                          f"{self.accuracy(test)} ({test[2]} images)")
+                          f"{self.accuracy(test)} ({plural(test[2], 'image')})")
 
     def rank_record(self) -> dict:
         """What results.json needs of this process in a process group, gathered once from every

@@ -8,6 +8,7 @@ import hashlib
 import torch
 import torch.distributed as dist
 
+from common.errors import plural
 from common.state import is_sharded, whole
 
 
@@ -48,7 +49,7 @@ def check_sync(raw_model: torch.nn.Module) -> dict:
 def describe_sync(report: dict, sync_bn: bool) -> str:
     whole = ", each gathered whole from its slices," if report.get("sharded") else ""
     params = (f"all {report['params']} parameter tensors{whole} identical on "
-              f"{report['ranks']} ranks"
+              f"{plural(report['ranks'], 'rank')}"
               if report["params_in_sync"] else
               f"parameters differ between ranks: {', '.join(report['mismatched'][:5])}"
               f"{' ...' if len(report['mismatched']) > 5 else ''}")

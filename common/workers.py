@@ -11,6 +11,9 @@ import sys
 import threading
 import warnings
 
+from common.errors import plural
+from common.launch_env import processes_on_this_node
+
 
 class LoaderWorkerDied(RuntimeError):
     """A DataLoader worker process ended (killed by the OOM killer, say):
@@ -40,16 +43,12 @@ def default_num_workers() -> int:
     which is one node), less one core of each share for the process itself, at most MAX_WORKERS.
     Never above the usable cores, where the DataLoader warns of too many workers. 2 cores: 1 worker
     for one process, none for two."""
-    cores, processes = _usable_cores(), _processes_on_this_node()
+    cores, processes = _usable_cores(), processes_on_this_node()
     return max(0, min(MAX_WORKERS, cores // processes - 1))
 
 
 def _usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def _processes_on_this_node() -> int:
-    return max(int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1"))), 1)
 
 
 # torch's DataLoader warns of more workers than cores in every process, for every loader
@@ -61,13 +60,14 @@ _warned: set[str] = set()  # what this process has warned of
 
 
 def say_once_if_too_many(num_workers: int) -> None:
-    cores, processes = _usable_cores(), _processes_on_this_node()
+    cores, processes = _usable_cores(), processes_on_this_node()
     if (num_workers * processes <= cores or "workers" in _warned
             or os.environ.get("RANK", "0") != "0"):
         return
     _warned.add("workers")
-    print(f"warning: --num_workers {num_workers} in each of {processes} process(es) is more than "
-          f"the {cores} usable cores: the workers will compete with training for them; leave "
+    each = f" in each of {processes} processes" if processes > 1 else ""
+    print(f"warning: --num_workers {num_workers}{each} is more than the "
+          f"{plural(cores, 'usable core')}: the workers will compete with training for them; leave "
           "--num_workers out to fit the machine",
           file=sys.stderr, flush=True)
 

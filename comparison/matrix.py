@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,9 @@ GROUP_MODES = ("dist_parallel", "fsdp")
 BACKENDS = ("nccl", "gloo")
 # the rest take Config as it is
 CONFIG_CLASSES = {"dist_parallel": "DistConfig", "fsdp": "FsdpConfig"}
+# a run's name as PlannedRun.name makes it ('03-dist_parallel-2gpu-nccl-r1', --verify's
+# '05-fsdp-2cpu-gloo-first_half'): its folder in runs/ and its log in logs/ are compare.py's
+RUN_NAME = re.compile(rf"\d{{2,}}-({'|'.join(MODES)})-\d+(gpu|cpu)(-[a-z0-9_]+)+")
 
 
 @functools.cache

@@ -42,7 +42,10 @@ example and timm write them: `--batch-size 64` is `--batch_size 64`, `--no-neste
 {short}
 are that example's, where the flag means the same here: the global batch, each training process's
 loader workers, the model by torchvision's name, the steps between two log lines, and an
-evaluation of the weights whose path follows `-e`.
+evaluation of the weights whose path follows `-e` (that example's `-e` is a switch that evaluates
+its `--resume` checkpoint: here give the checkpoint's path to `-e`; `-e` alone is refused, saying
+so). A message names a flag as it was typed. A value that starts with `-` (`-1e-4`) goes after `=`,
+as in `--weight_decay=-1e-4`: argparse takes it for a flag otherwise.
 """
 
 

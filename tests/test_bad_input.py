@@ -47,8 +47,11 @@ import torch
 
 from common.checkpoint import CONTENTS, EARLIER_FORMAT, checksum, load_checkpoint
 from common.config import Config, UsageError, parse_config
+from common.domains import most_worker_processes
 from common.errors import NAME_MAX
 from common.guards import check_rendezvous_file
+from common.launch_env import (AgentLaunch, agent_launch, local_rank, processes_on_this_node,
+                               torchrun_node, worker_launch)
 from common.logger import MARKER
 from common.metrics import TrainMeter
 from conftest import REPO, TINY, free_port, read_results, refuse_in_process, run_script
@@ -66,6 +69,8 @@ FIRST_ATTEMPT_NOTES = ("left in the run folder by a first attempt that died "
 # itself names --dataset synthetic).
 CIFAR = ("--dataset", "cifar10", "--depth", "8", "--alpha", "12", "--batch_size", "4", "--epochs",
          "1", "--max_steps", "1", "--loader", "gpu", "--num_workers", "0", "--warmup_steps", "0")
+# --num_workers's most with two training processes on this node (TINY's batch of 32-pixel images)
+MOST_WORKERS_FOR_2 = most_worker_processes(2, 16 * 3 * 32 * 32 * 4)[0]
 # torch's C++ logging (glog format) and the C++ stack it may print: not the product's lines.
 TORCH_LOG = re.compile(r"\[[EWIF]\d{4} \d\d:\d\d:\d\d\.\d+ \S+:\d+\] |Exception raised from |frame "
                        r"#\d+: |<omitting python frames>$|$")
@@ -197,11 +202,12 @@ class Refusal:
         return env if self.network else {**env, **no_network()}
 
 
-def by_hand(rank: int, port: str) -> tuple:
-    """The environment of one dist_parallel process of a 2-process job
-    started by hand, without torchrun."""
-    return (("RANK", str(rank)), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1"),
-            ("MASTER_PORT", port))
+def by_hand(rank: int, port: str, world_size: int = 2, **more: str) -> tuple:
+    """The environment of one dist_parallel process of a `world_size`-process job started by hand,
+    without torchrun, with the `more` variables (any of them in place of its own)."""
+    given = {"RANK": str(rank), "WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
+             "MASTER_PORT": port, **more}
+    return tuple(given.items())
 
 
 CHECKPOINT = "{work}/runs/a/checkpoint.pt"
@@ -273,6 +279,13 @@ REFUSALS = [
     Refusal("max-restarts-negative", DIST, ("--max_restarts=-1",),
             ("--max_restarts", "at least 0")),
     Refusal("bucket-cap-nan", DIST, ("--bucket_cap_mb", "nan"), ("--bucket_cap_mb", "not nan")),
+    # -j 1000 meant as -j 10: forked a thousand workers, and the memory ran out
+    Refusal("num-workers-past-the-machine", SINGLE, ("-j", "1000"),
+            ("--num_workers 1000", "at most", "per usable core", "leave --num_workers out"),
+            as_a_user=True),
+    Refusal("num-workers-past-the-machine-for-2-workers", DIST,
+            ("--nproc_per_node", "2", "-j", str(MOST_WORKERS_FOR_2 + 1)),
+            (f"at most {MOST_WORKERS_FOR_2} per training process", "shared by 2")),
     Refusal("synthetic-size-beyond-memory", DATA, ("--synthetic_size", str(10**13)),
             ("--synthetic_size", "images on this machine")),
     Refusal("model-beyond-memory", DIST, ("--alpha", "1e7"), ("--alpha 1e+07", "smaller --depth")),
@@ -372,6 +385,43 @@ REFUSALS = [
     Refusal("rendezvous-stale-file", DIST,
             ("--init_method", "file://{work}/inputs/rdzv", "--dist_timeout", "30"),
             ("left over", "delete"), env=by_hand(0, "{closed_port}")),
+    # 11b: a variable a launcher sets (torchrun, a PyTorchJob, or the user's shell), empty, not a
+    # whole number or out of its range: named with its value, before any int() or rendezvous (each
+    # variable's cases: test_each_bad_launch_variable_is_named_with_its_value). As real processes:
+    # a traceback, an unnamed MASTER_PORT, a LOCAL_RANK that trained, a half-set launch that started
+    # a worker; the rest in this process (--dist_timeout bounds a rendezvous they once waited for)
+    Refusal("launch-local-world-size-empty", DIST, (),
+            ("LOCAL_WORLD_SIZE='' in the environment", "processes on this node", "unset it"),
+            env=by_hand(0, "{closed_port}", world_size=1, LOCAL_WORLD_SIZE="")),
+    Refusal("launch-master-port-not-a-port", DIST, (),
+            ("MASTER_PORT='abc' in the environment", "a TCP port", "e.g. 29500"),
+            env=by_hand(0, "abc", world_size=1)),
+    Refusal("launch-local-rank-negative", DIST, (),
+            ("LOCAL_RANK='-1' in the environment", "(here only 0)"),
+            env=by_hand(0, "{closed_port}", world_size=1, LOCAL_RANK="-1")),
+    Refusal("launch-world-size-without-rank", DIST, (), ("RANK is not set but WORLD_SIZE is",),
+            env=(("WORLD_SIZE", "2"),)),
+    Refusal("launch-local-rank-past-the-node", DIST, ("--dist_timeout", "5"),
+            ("LOCAL_RANK='2' in the environment", "LOCAL_WORLD_SIZE=2", "from 0 to 1"),
+            shell=by_hand(2, "29500", world_size=4, LOCAL_WORLD_SIZE="2", LOCAL_RANK="2")),
+    Refusal("self-launch-agent-timeout-not-a-number", DIST, ("--nproc_per_node", "1"),
+            ("PET_SHUTDOWN_TIMEOUT='abc' in the environment", "whole number of seconds"),
+            shell=(("PET_SHUTDOWN_TIMEOUT", "abc"),)),
+    Refusal("launch-local-world-size-not-a-number", DIST, (),
+            ("LOCAL_WORLD_SIZE='abc' in the environment", "processes on this node"),
+            shell=by_hand(0, "29500", world_size=1, LOCAL_WORLD_SIZE="abc")),
+    Refusal("launch-world-size-0", DIST, (), ("WORLD_SIZE='0' in the environment", "1 or more"),
+            shell=by_hand(0, "29500", world_size=0)),
+    Refusal("launch-rank-empty", FSDP, (), ("RANK='' in the environment",),
+            shell=by_hand("", "29500", world_size=1)),
+    # the self-launch's flags in a process it did not start: ignored there, yet recorded (a real
+    # torchrun: test_torchrun_with_the_self_launchs_flags_is_refused_once)
+    Refusal("self-launch-flag-by-hand", DIST, ("--nproc_per_node", "2", "--dist_timeout", "5"),
+            ("--nproc_per_node 2 is for `python train.py` without torchrun", "started by hand",
+             "leave it out"), shell=by_hand(1, "1")),
+    Refusal("launch-rank-past-the-job", FSDP, (),
+            ("RANK='2' in the environment", "WORLD_SIZE=2", "from 0 to 1"),
+            shell=by_hand(2, "29500")),
 ]
 
 
@@ -559,6 +609,27 @@ def test_torchrun_starting_single_gpu_twice_is_refused_once(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_torchrun_with_the_self_launchs_flags_is_refused_once(tmp_path):
+    """`torchrun ... dist_parallel/train.py --nproc_per_node 2 --max_restarts 1`: the flags of
+    `python train.py`'s own launch, which torchrun's workers ignored and their run recorded as
+    if they had taken effect. Refused in one line, said once, that gives torchrun's own flags;
+    nothing is written."""
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc_per_node", "1", str(REPO / DIST), *TINY, "--log_dir",
+                           str(tmp_path), "--run_name", "ignored", "--nproc_per_node", "2",
+                           "--max_restarts", "1"],
+                          cwd=REPO, env={**os.environ, **ONE_THREAD}, capture_output=True,
+                          text=True, timeout=120)
+    errors = [line for line in (done.stdout + done.stderr).splitlines()
+              if line.startswith("error: ")]
+    assert done.returncode != 0 and errors == [
+        "error: --nproc_per_node 2 and --max_restarts 1 are for `python train.py` without "
+        "torchrun, which starts its own workers, and this process was started by torchrun, where "
+        "they would be ignored: give torchrun --nproc_per_node 2 --max-restarts 1 before train.py, "
+        "and leave them out after it"], done.stdout + done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 # -------------------------------------------------------------------------------------- resume auto
 def test_resume_auto_without_a_checkpoint_is_a_fresh_start(first_start):
     """--resume auto --run_name a, where a/ exists without a checkpoint, is not an
@@ -657,6 +728,111 @@ def test_only_an_old_rendezvous_file_is_refused(tmp_path):
     with pytest.raises(UsageError, match="left over"):
         check_rendezvous_file(path, timeout_s=30)
     assert path.read_bytes() == b"written by rank 1 of this launch"  # refused, not deleted
+
+
+# -------------------------------------------------------------------------------- launch variables
+ONE_BY_HAND = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+BAD_LAUNCHES = [  # (the variables changed, what the line must say)
+    ({"WORLD_SIZE": ""}, "WORLD_SIZE='' in the environment is not the job's number of processes"),
+    ({"WORLD_SIZE": "two"}, "WORLD_SIZE='two'"),
+    ({"WORLD_SIZE": "-1"}, "WORLD_SIZE='-1'"),
+    ({"WORLD_SIZE": "0"}, "WORLD_SIZE='0'"),  # it blamed RANK
+    ({"WORLD_SIZE": None}, "WORLD_SIZE is not set but RANK is"),
+    ({"RANK": None}, "RANK is not set but WORLD_SIZE is"),
+    ({"RANK": "1.0"}, "RANK='1.0'"),
+    ({"RANK": "1"}, "RANK='1' in the environment is not this process's place among the job's "
+                    "WORLD_SIZE=1 (here only 0)"),
+    ({"RANK": "-1"}, "RANK='-1'"),
+    ({"LOCAL_RANK": "-1"}, "LOCAL_RANK='-1'"),  # the CPU, or another rank's GPU
+    ({"LOCAL_RANK": ""}, "LOCAL_RANK=''"),
+    ({"LOCAL_RANK": "1"}, "LOCAL_RANK='1' in the environment is not this process's place among "
+                          "its node's WORLD_SIZE=1"),
+    ({"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "2"},
+     "LOCAL_RANK='2' in the environment is not this process's place among its node's "
+     "LOCAL_WORLD_SIZE=2 (a whole number from 0 to 1)"),
+    ({"LOCAL_WORLD_SIZE": ""}, "LOCAL_WORLD_SIZE=''"),  # a traceback, int('')
+    ({"LOCAL_WORLD_SIZE": "abc"}, "LOCAL_WORLD_SIZE='abc'"),
+    ({"LOCAL_WORLD_SIZE": "0"}, "LOCAL_WORLD_SIZE='0'"),
+    ({"LOCAL_WORLD_SIZE": "2"}, "LOCAL_WORLD_SIZE='2' in the environment is not the number of "
+                                "processes on this node, of the job's WORLD_SIZE=1"),
+    ({"GROUP_RANK": "node0"}, "GROUP_RANK='node0'"),
+    ({"TORCHELASTIC_RESTART_COUNT": "x"}, "TORCHELASTIC_RESTART_COUNT='x'"),
+    ({"MASTER_PORT": "abc"}, "MASTER_PORT='abc' in the environment is not a TCP port"),  # unnamed
+    ({"MASTER_PORT": "65536"}, "MASTER_PORT='65536'"),
+    ({"MASTER_PORT": "0"}, "MASTER_PORT='0'"),
+    ({"MASTER_PORT": None}, "MASTER_PORT is not set, and --init_method env:// reads it"),
+    ({"MASTER_ADDR": ""}, "MASTER_ADDR='' in the environment is not a host name or IP address"),
+    ({"MASTER_ADDR": None, "MASTER_PORT": None}, "MASTER_ADDR and MASTER_PORT are not set"),
+]
+
+
+def with_changes(base: dict, changes: dict) -> dict:
+    return {name: value for name, value in {**base, **changes}.items() if value is not None}
+
+
+@pytest.mark.parametrize("changes, named", BAD_LAUNCHES, ids=lambda case: ascii(case)[:40])
+def test_each_bad_launch_variable_is_named_with_its_value(changes, named):
+    """Each variable a launcher sets, as a process-group worker reads it (CheckedLaunch, in one
+    place: common/launch_env.py): a bad value is one line that names the variable, its value, its
+    range and what to do, said by the process whose environment it is."""
+    with pytest.raises(UsageError) as error:
+        worker_launch(with_changes(ONE_BY_HAND, changes))
+    message = str(error.value)
+    assert named in message and "\n" not in message and error.value.rank_specific, message
+    assert any(advice in message for advice in ("set ", "give ", "unset")), message
+
+
+def test_good_launch_variables_are_read_as_the_launchers_mean_them():
+    """torchrun's set, a PyTorchJob pod's (no LOCAL_RANK), and a rendezvous that is not env://
+    (MASTER_* are not read)."""
+    torchrun = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
+                "GROUP_RANK": "1", "MASTER_ADDR": "node0", "MASTER_PORT": "29500",
+                "TORCHELASTIC_RUN_ID": "job", "TORCHELASTIC_RESTART_COUNT": "2",
+                "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    launch = worker_launch(torchrun)
+    assert (launch.rank, launch.world_size, launch.local_rank, launch.local_world_size,
+            launch.node, launch.nodes, launch.master_addr, launch.master_port, launch.restart,
+            launch.agent_store, launch.by_torchrun) == (5, 8, 1, 4, 1, 2, "node0", 29500, 2,
+                                                        True, True)
+    pod = worker_launch({"RANK": "3", "WORLD_SIZE": "4", "MASTER_ADDR": "job-master-0",
+                         "MASTER_PORT": "23456"})
+    assert (pod.local_rank, pod.local_world_size, pod.nodes, pod.restart) == (None, None, 1, None)
+    assert worker_launch({"RANK": "0", "WORLD_SIZE": "2"}, env_rendezvous=False).master_port is None
+    # read alone once the group is made (a group made by hand, in a test, has neither)
+    assert (local_rank({}), torchrun_node({}), local_rank(torchrun), torchrun_node(torchrun)) == \
+        (None, None, 1, 1)
+
+
+@pytest.mark.parametrize("variables, named", [
+    ({"PET_NNODES": "abc"}, "PET_NNODES='abc'"),
+    ({"PET_NNODES": "0"}, "PET_NNODES='0'"),
+    ({"PET_NNODES": "1:"}, "PET_NNODES='1:'"),
+    ({"PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGBOGUS"}, "SIGBOGUS is no signal"),
+    ({"PET_SIGNALS_TO_HANDLE": ""}, "an empty name is no signal"),
+    ({"PET_SHUTDOWN_TIMEOUT": "abc"}, "PET_SHUTDOWN_TIMEOUT='abc'"),  # torchrun's usage text
+    ({"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "-5"}, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT='-5'"),  # traceback
+], ids=lambda case: ascii(case)[:40])
+def test_the_self_launchs_agent_variables_are_checked(variables, named):
+    """What `python train.py` hands torch's agent from the environment: a bad value is one line
+    before any worker starts, where the agent printed its usage text, a traceback, or a warning
+    and then passed no signal on. Good values pass, as Kubeflow writes them."""
+    with pytest.raises(UsageError, match=re.escape(named)):
+        agent_launch(variables)
+    agent = agent_launch({"PET_NNODES": "1:3", "PET_SIGNALS_TO_HANDLE": "SIGTERM, SIGUSR1",
+                          "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "60"})
+    assert (agent.nodes, agent.shutdown_timeout) == (3, True)
+    assert agent_launch({}) == AgentLaunch(nodes=None, signals=None, shutdown_timeout=False)
+
+
+def test_a_one_process_mode_shares_the_cores_by_valid_variables_only(monkeypatch):
+    """single_gpu and data_parallel do not read the launch variables but for the cores their loader
+    workers share: some other job's bad LOCAL_WORLD_SIZE in the shell counts as one process, where
+    it was a traceback."""
+    for bad in ("", "abc", "0", "-2"):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", bad)
+        assert processes_on_this_node() == 1
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    assert processes_on_this_node() == 3
 
 
 def test_a_folder_of_one_class_and_a_truncated_bmp_are_refused_by_a_real_process(tmp_path):

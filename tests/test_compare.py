@@ -439,6 +439,10 @@ def test_overwrite_replaces_the_earlier_comparison_and_nothing_else(comparison, 
     out = tmp_path / "out"
     shutil.copytree(earlier, out, symlinks=True)
     (out / "notes.md").write_text("mine")
+    # the user's own, beside the earlier comparison's run folders: kept
+    (out / "runs" / "notes.txt").write_text("mine")
+    (out / "runs" / "baseline").mkdir()
+    (out / "runs" / "baseline" / "results.json").write_text("{}")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (elsewhere / "keep.txt").write_text("kept")
@@ -451,7 +455,10 @@ def test_overwrite_replaces_the_earlier_comparison_and_nothing_else(comparison, 
     assert code == 0, printed.out + printed.err
     run = "01-single_gpu-1cpu-r1"
     assert [(row["run"], row["status"]) for row in csv_rows(out)] == [(run, "ok")]
-    assert [path.name for path in (out / "runs").iterdir()] == [run]
+    assert sorted(path.name for path in (out / "runs").iterdir()) == [run, "baseline",
+                                                                      "notes.txt"]
+    assert (out / "runs" / "notes.txt").read_text() == "mine"
+    assert (out / "runs" / "baseline" / "results.json").read_text() == "{}"
     assert [path.name for path in (out / "logs").iterdir()] == [f"{run}.log"]
     assert [path.name for path in elsewhere.iterdir()] == ["keep.txt"]
     assert (out / "notes.md").read_text() == "mine"
@@ -473,6 +480,31 @@ def test_overwrite_counts_projection_md_among_compares_own_files(tmp_path):
         (tmp_path / name).write_text("earlier")
     compare.remove_earlier(tmp_path)
     assert sorted(path.name for path in tmp_path.iterdir()) == [compare.MARKER, "notes.md"]
+
+
+def test_overwrite_removes_only_compares_runs_and_logs_in_runs_and_logs(tmp_path):
+    """In runs/ and logs/ --overwrite removes what compare.py's runs wrote there (each run's
+    folder, the comparison's and --verify's, its log, the runs' compile cache), and nothing a user
+    put beside them; a name a run takes is compare.py's wherever a run is planned."""
+    runs = plan(("single_gpu", "dist_parallel", "fsdp"), (2,), ("gloo",), (None, "bf16"),
+                (False, True), 2, False, 32, None, (True, False))
+    names = [run.name for run in runs] + ["05-dist_parallel-2cpu-gloo-first_half",
+                                          "07-fsdp-1cpu-gloo-amp_off-resumed_from_dist_parallel"]
+    for name in names:
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / "results.json").write_text("{}")
+        (tmp_path / "logs").mkdir(exist_ok=True)
+        (tmp_path / "logs" / f"{name}.log").write_text("$ torchrun ...")
+    (tmp_path / "runs" / ".compile_cache" / "fxgraph").mkdir(parents=True)
+    mine = ["runs/notes.txt", "runs/01-single_gpu-1cpu-r1.txt", "runs/baseline/results.json",
+            "logs/notes.txt", "logs/01-single_gpu-1cpu-r1", "runs/single_gpu-cpu-20260101"]
+    for path in mine:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("mine")
+    compare.remove_earlier(tmp_path)
+    left = sorted(str(path.relative_to(tmp_path)) for path in tmp_path.rglob("*")
+                  if path.is_file())
+    assert left == sorted(mine)
 
 
 def test_overwrite_refuses_a_folder_compare_did_not_write(tmp_path, capsys):
@@ -545,6 +577,83 @@ def test_a_disk_that_fills_during_the_runs_is_one_line_and_no_report(comparison,
     assert err.startswith(f"error: cannot write --out {out} (") and "No space left" in err, err
     files = sorted(path.name for path in out.iterdir() if path.is_file())
     assert files == [compare.MARKER, "filler"]
+
+
+class RunAtSpeed:
+    """Stands in for a run's process (subprocess.Popen, as the runner calls it): the module's
+    comparison ran its mode already (its data_parallel failed: single_gpu's one-process run stands
+    in), and that run's folder is copied into place with the images/s `speeds` gives its mode, as
+    its results.json would have them."""
+
+    EARLIER = {"single_gpu": "01-single_gpu-1cpu-r1", "data_parallel": "01-single_gpu-1cpu-r1",
+               "dist_parallel": "03-dist_parallel-2cpu-gloo-r1"}
+
+    def __init__(self, earlier: Path, argv: list[str], speeds: dict[str, float]):
+        log_dir = Path(argv[argv.index("--log_dir") + 1])
+        name = argv[argv.index("--run_name") + 1]
+        mode = next(mode for mode in self.EARLIER if f"{mode}/train.py" in " ".join(argv))
+        shutil.copytree(earlier / "runs" / self.EARLIER[mode], log_dir / name,
+                        ignore=shutil.ignore_patterns("trace_rank*.json"))
+        results = json.loads((log_dir / name / "results.json").read_text())
+        results["summary"]["images_per_sec"] = speeds[mode]
+        (log_dir / name / "results.json").write_text(json.dumps(results))
+        self.pid, self.returncode = -1, 0
+
+    def poll(self):
+        return self.returncode
+
+    def wait(self, timeout=None):
+        return self.returncode
+
+
+def report_at_speeds(earlier: Path, out: Path, speeds: dict[str, float], monkeypatch,
+                     *flags: str) -> str:
+    """report.md of `python compare.py --out OUT --benchmark_steps 8 FLAGS`, each run at `speeds`
+    (RunAtSpeed)."""
+    monkeypatch.setattr(runner.subprocess, "Popen",
+                        lambda argv, **kwargs: RunAtSpeed(earlier, argv, speeds))
+    assert compare.main(["--out", str(out), "--benchmark_steps", "8", *flags]) == 0
+    return (out / "report.md").read_text()
+
+
+def test_the_report_names_a_mode_slower_beyond_the_floor_slower_and_does_not_recommend_it(
+        comparison, tmp_path, monkeypatch, capsys):
+    """As a user met it with resnet18 at 32 px: one run each, data_parallel (single_gpu's
+    computation on the CPU) 11 % from single_gpu, DDP at 0.75× one process. report.md judges by
+    the floor it states: single_gpu fastest beyond it, DDP named slower with the table's figure,
+    and single_gpu recommended."""
+    report = report_at_speeds(comparison[1], tmp_path / "out", {
+        "single_gpu": 100.0, "data_parallel": 90.0, "dist_parallel": 75.0}, monkeypatch)
+    table = table_figures(report)
+    assert table["dist_parallel"][8] == "0.75×" and table["data_parallel"][7] == "90"
+    lines = report.splitlines()
+    advice = next(text for text in lines if text.startswith("Recommendation: "))
+    assert advice.startswith("Recommendation: single_gpu: faster than every parallel "
+                             "configuration here (100 images/s, more than the 11 % noise floor "
+                             "above every other configuration's images/s, one run each), each of "
+                             "them slower: dist_parallel on 2 CPU processes (gloo) at 0.75× one "
+                             "CPU process;"), advice
+    assert "- **Noise floor: 11 %.**" in report and "cannot be told apart" not in report
+    assert next(text for text in lines if text.startswith("- **Slower than one CPU")) == (
+        "- **Slower than one CPU process:** dist_parallel on 2 CPU processes (gloo) at 0.75× one "
+        "CPU process (more than the 11 % noise floor below 1×): the parallelism cost more here "
+        "than it brought.")
+
+
+def test_the_report_of_data_parallel_and_ddp_alone_names_both_timings(comparison, tmp_path,
+                                                                     monkeypatch, capsys):
+    """`--modes data_parallel dist_parallel` on the CPU: the table shows both timings, and so do
+    the sentences and the recommendation; none says only dist_parallel timed a step."""
+    report = report_at_speeds(comparison[1], tmp_path / "out", {
+        "data_parallel": 253.0, "dist_parallel": 362.0}, monkeypatch,
+        "--modes", "data_parallel", "dist_parallel")
+    table = table_figures(report)
+    assert [table["data_parallel"][7], table["dist_parallel"][7]] == ["253", "362"]
+    assert "nly dist_parallel" not in report and "timed a step (362" not in report
+    assert ("- **dist_parallel on 2 CPU processes (gloo) is the only configuration ranked** (362 "
+            "images/s): data_parallel on 1 CPU process timed a step too (253 images/s)") in report
+    advice = next(text for text in report.splitlines() if text.startswith("Recommendation: "))
+    assert "data_parallel on 1 CPU process, 253 images/s, is single_gpu's computation" in advice
 
 
 # --- the projection -------------------------------------------------------------------------------
@@ -720,9 +829,11 @@ def test_the_sentences_tell_a_difference_within_the_spread_from_one_beyond_it():
                         "1.93× the next fastest, single_gpu at 620 ± 20; its range (mean ± std "
                         "over 3 runs) lies above every other's.")
     assert apart[1].startswith("- **Noise floor: the spread of the repeats,** up to 4.2 %")
+    assert apart[2] == ("- **Faster than one GPU:** dist_parallel on 2 GPUs (nccl) at 1.93 ± 0.08× "
+                        "one GPU (its range above single_gpu's 1.00 ± 0.03×).")
     assert ("97 % for dist_parallel (nccl); each GPU with 64 images, as many as single_gpu."
-            in apart[2])
-    assert apart[3] == ("- **Spread:** no two configurations' images/s overlap (mean ± std over "
+            in apart[3])
+    assert apart[4] == ("- **Spread:** no two configurations' images/s overlap (mean ± std over "
                         "their runs): every difference above is larger than the run-to-run "
                         "spread, as far as 3 runs each can tell.")
     speeds = {single: [600, 640, 620], nccl: [1150, 1250, 1200], gloo: [1180, 1300, 1240]}
@@ -731,7 +842,7 @@ def test_the_sentences_tell_a_difference_within_the_spread_from_one_beyond_it():
                         "cannot be told apart:** their images/s (mean ± std over 3 runs) overlap: "
                         "dist_parallel on 2 GPUs (gloo) 1,238 ± 60; dist_parallel on 2 GPUs "
                         "(nccl) 1,199 ± 50.")
-    assert close[3] == ("- **Within the run-to-run spread** (3 runs each): dist_parallel on 2 GPUs "
+    assert close[4] == ("- **Within the run-to-run spread** (3 runs each): dist_parallel on 2 GPUs "
                         "(gloo) at 1,238 ± 60 images/s and dist_parallel on 2 GPUs (nccl) at "
                         "1,199 ± 50. Their images/s (mean ± std) overlap: the difference between "
                         "them cannot be told from run-to-run noise.")

@@ -24,6 +24,7 @@ from common.config import (AMPS, BASE_BATCH, REPO_ROOT, Config, UsageError, as_t
 from common.domains import SYNTHETIC_BYTES_PER_IMAGE, check_domains, missing_domains
 from common.errors import NAME_MAX, PATH_MAX, user_errors
 from common.devices import cuda_devices, seed_everything
+from common.workers import default_num_workers
 from common.logger import MARKER, load_model_weights, resolve_run_dir
 from common.metrics import StepTimer, Sums, TrainMeter, evaluation_sums, window_sums
 from common.optim import build_optimizer, describe_lr, lr_factor, lr_schedule, warmup_steps
@@ -210,6 +211,8 @@ def path_of(size: int) -> str:
 # the longest --log_dir: room below it for the run folder and a file
 FOLDER_ROOM = PATH_MAX - 2 * (NAME_MAX + 1)
 BIG = str(2**63)  # one past torch's largest integer
+# --num_workers's edge on this machine: one training process, the default batch of 32-pixel images
+MOST_WORKERS = common.domains.most_worker_processes(1, Config().batch_size * 3 * 32 * 32 * 4)[0]
 # Every flag's domain at its edges: field -> (values accepted, values refused). A value is the
 # flag's argument, a tuple of them (nargs), or, starting with "--", a whole command line (a bool's
 # flag, or a value with the flags it needs). Refusals of a rule between fields name the flag too
@@ -244,7 +247,8 @@ DOMAINS = {
     "image_size": (["8", "224", "4096"], ["7", "0", "4097"]),
     "synthetic_size": (["5"], ["4", "0", "-1", str(10**13)]),  # 10**13: 246 PB while generated
     "loader": (["gpu", "torchvision"], ["dali"]),
-    "num_workers": (["0", "64"], ["-1", BIG, "1000000"]),  # a million processes: 10 TB at the least
+    # the most this machine holds (4 a core, at the default batch), and a million: 100 TB at least
+    "num_workers": (["0", str(MOST_WORKERS)], ["-1", BIG, str(MOST_WORKERS + 1), "1000000"]),
     "shuffle": (["--no_shuffle"], []),
     "augment": (["auto", "pad", "resized", "off", "--no_augment"], ["crop", "True"]),
     "flip": (["--flip", "--no_flip"], []),
@@ -317,9 +321,11 @@ def argv_for(name: str, value) -> list[str]:
 
 def test_a_negative_number_argparse_takes_for_a_flag_is_explained():
     """argparse reads -1e-4 and -inf as flags, not values: the line says how to give them."""
-    with pytest.raises(UsageError, match=r"--weight_decay: expected one argument \(a value that "
-                                         r"starts with - goes after =, as in --flag=-value\)"):
+    with pytest.raises(UsageError, match=r"--weight_decay: expected one argument \(-1e-4 starts "
+                                         r"with -, which argparse takes for a flag: give it after "
+                                         r"=, as in --weight_decay=-1e-4\)"):
         parse("--weight_decay", "-1e-4")
+    assert parse("--weight_decay=-0").weight_decay == 0
 
 
 def shown(value) -> str | None:
@@ -458,6 +464,36 @@ def test_sizes_beyond_the_machines_memory_are_refused_naming_them(monkeypatch):
     for module in (common.domains, common.config):
         monkeypatch.setattr(module, "physical_memory", lambda: None)
     assert parse("--alpha", "1e7", "--synthetic_size", str(10**13)).alpha == 1e7
+
+
+def test_num_workers_is_bounded_by_the_cores_and_the_memory_of_the_machine(monkeypatch):
+    """-j 1000, meant as -j 10, forked a thousand workers and the machine ran out of memory: past
+    what the machine holds --num_workers is refused in one line that says the most and why, before
+    anything forks. On 16 usable cores and 32 GiB: -j 16 (a worker a core) and up to 64 pass, 65 is
+    refused by the cores, and four training processes on the node share them; ImageNet-sized
+    batches of 256 images (2 x 154 MB ahead per worker) are held by the memory first, with a
+    smaller --batch_size named. The default fits every machine."""
+    monkeypatch.setattr(common.domains, "usable_cores", lambda: 16)
+    monkeypatch.setattr(common.domains, "physical_memory", lambda: 32 * 2**30)
+    assert parse("-j", "16").num_workers == 16 and parse("-j", "64").num_workers == 64
+    with pytest.raises(UsageError, match=r"^--num_workers 1000 is more DataLoader worker processes "
+                                         r"than this machine can hold: at most 64 per training "
+                                         r"process here \(4 per usable core: 16 cores;"):
+        parse("-j", "1000")
+    with pytest.raises(UsageError, match=r"at most 64 per"):
+        parse("-j", "65")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # a torchrun worker of four on the node
+    with pytest.raises(UsageError, match=r"at most 16 per training process here \(4 per usable "
+                                         r"core: 16 cores, shared by 4 training processes"):
+        parse("-j", "17")
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    imagenet = ("--dataset", "synthetic", "--model", "resnet50", "--batch_size", "256")
+    with pytest.raises(UsageError, match=r"at most 47 per training process here \(each "
+                                         r"--num_workers is two workers.*about 688 MiB.*32 GiB "
+                                         r"of memory\); give fewer, a smaller --batch_size"):
+        parse(*imagenet, "-j", "48")
+    assert parse(*imagenet, "-j", "47").num_workers == 47
+    assert common.domains.worker_processes_refusal(default_num_workers(), 1, 2**20) is None
 
 
 @pytest.mark.parametrize("depth, alpha, block, width_multiple", [

@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from common.command_line import SHORT_FLAGS
-from common.config import Config, parse_config
-from conftest import REPO
+from common.config import Config, UsageError, parse_config
+from conftest import REPO, refuse_in_process
 
 sys.path.insert(0, str(REPO / "docs"))
 import flags as flags_page  # docs/flags.py: the parsers the scripts use
@@ -123,8 +123,57 @@ def test_a_mistyped_hyphenated_flag_is_named_as_typed():
     done = subprocess.run([sys.executable, str(REPO / "compare.py"), "--gpu-counts", "0"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr == \
-        "error: --gpu_counts must be a whole number at least 1, not 0\n", done.stderr
+        "error: --gpu-counts must be a whole number at least 1, not 0\n", done.stderr
     done = subprocess.run([sys.executable, str(REPO / "single_gpu" / "train.py"),
                            "--batch-sise", "64"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr == \
         "error: unrecognized arguments: --batch-sise 64 (see --help)\n", done.stderr
+
+
+@pytest.mark.parametrize("argv, said", [
+    # argparse knows the flag by its underscores: the line names it as typed
+    (["--no-flip=x"], "argument --no-flip: ignored explicit argument 'x'"),
+    (["--no-nesterov=1"], "argument --no-nesterov: ignored explicit argument '1'"),
+    (["--no-", "1"], "ambiguous option: --no- could match --no_nesterov"),
+    (["--batch-size", "x"], "argument --batch-size/-b: invalid int value: 'x'"),
+    # the config's domains and rules too
+    (["--lr-warmup-epochs=-1"], "--lr-warmup-epochs must be a finite number at least 0"),
+    (["--batch-size", "8", "--lr", "1e300"], "--lr 1e+300 at --batch-size 8 is a learning rate"),
+    # a value that starts with -: the hint names the flag and the value
+    (["--weight-decay", "-1e-4"], "(-1e-4 starts with -, which argparse takes for a flag: give it "
+                                  "after =, as in --weight-decay=-1e-4)"),
+    (["--run_name", "-x"], "as in --run_name=-x"),
+    # no value at all: no word of =-value, but what to give
+    (["--batch-size"], "argument --batch-size/-b: give its value after --batch-size (see --help)"),
+    (["-b", "-j", "2"], "argument --batch_size/-b: give its value after -b (see --help)"),
+    (["--batch-s"], "argument --batch-s (--batch_size/-b): give its value after --batch-s"),
+])
+def test_a_flag_is_named_as_typed_and_a_missing_value_said_as_it_is(argv, said):
+    with pytest.raises(UsageError) as error:
+        parse_config(Config, argv)
+    assert said in str(error.value), str(error.value)
+    assert "--flag=-value" not in str(error.value)
+
+
+@pytest.mark.parametrize("argv", [["-e"], ["-a", "resnet18", "--resume", "ckpt.pt", "-e"],
+                                  ["-e", "--resume", "ckpt.pt"]])
+def test_e_alone_as_in_the_imagenet_example_says_it_takes_the_weights_path(argv):
+    """PyTorch's ImageNet example's `-e` is a switch that evaluates its --resume checkpoint; here
+    -e takes the weights' path. Given alone, as there, it is refused in one line that says so and
+    what to give, not argparse's "expected one argument" with a hint about values that start with
+    -."""
+    done = refuse_in_process("single_gpu/train.py", *argv)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("error: argument --evaluate/-e: give the path of the weights to "
+                                  "evaluate after -e, a model.pt (--save_model) or a "
+                                  "checkpoint.pt, as in -e runs/<run>/model.pt (PyTorch's "
+                                  "ImageNet example's -e is a switch that evaluates its --resume "
+                                  "checkpoint: here give that checkpoint after -e"), done.stderr
+
+
+def test_e_alone_is_refused_by_the_script_itself():
+    done = subprocess.run([sys.executable, str(REPO / "dist_parallel" / "train.py"), "-e"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.startswith(
+        "error: argument --evaluate/-e: give the path of the weights"), done.stderr
+    assert done.stderr.count("\n") == 1 and "=-value" not in done.stderr, done.stderr

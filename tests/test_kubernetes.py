@@ -338,6 +338,8 @@ def test_a_pod_without_local_rank_takes_its_own_gpu(monkeypatch):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("MASTER_ADDR", "pytorchjob-master-0")  # as the operator sets them
+    monkeypatch.setenv("MASTER_PORT", "23456")
     monkeypatch.setattr(common.launcher, "cuda_devices", lambda *args, **kwargs: [0])
     launch = common.launcher.CheckedLaunch(get_config(["--backend", "gloo"]), "dist_parallel")
     assert (launch.node_gpus, launch.local_rank) == ([0], 0)

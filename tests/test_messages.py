@@ -30,8 +30,9 @@ import compare
 from common.checkpoint import continue_flags, load_checkpoint, stopped_line, write_checkpoint
 from common.config import MODEL_FLAGS, Config, RunError, UsageError
 from common.data import load_datasets
-from common.errors import file_system_error, user_errors
+from common.errors import file_system_error, plural, user_errors
 from common.logger import load_model_weights, resolve_run_dir, write_atomically
+from common.sync_check import describe_sync
 from conftest import (TINY, read_results, read_scalars, refuse_in_process, run_script,
                       train_in_process)
 from models import pyramidnet
@@ -147,6 +148,38 @@ def test_a_raw_pickle_is_refused_without_torchs_protocol_warning(tmp_path, proto
             torch.load(raw, weights_only=True)
     assert any("pickle protocol" in str(w.message) for w in caught)
 
+
+
+# ------------------------------------------------------------------------------------------ counts
+def test_a_count_of_one_is_said_in_the_singular():
+    assert [plural(n, noun) for n, noun in ((1, "image"), (2, "image"), (0, "run"), (1, "process"),
+                                            (4, "process"), (3, "batch"), (1, "usable core"))] == \
+        ["1 image", "2 images", "0 runs", "1 process", "4 processes", "3 batches", "1 usable core"]
+
+
+def test_a_test_set_of_one_image_and_a_group_of_one_rank_are_said_so(tmp_path):
+    """The smallest synthetic set (5 images: a test set of 1) said "(1 images)"; a process group of
+    one rank (dist_parallel with --nproc_per_node 1, as benchmarks/fast_path.sh runs it) "identical
+    on 1 ranks"; the self-launch on a node of one GPU "the 1 GPUs available"."""
+    done = train_in_process(SINGLE, *TINY, "--synthetic_size", "5", "--batch_size", "4",
+                            "--max_steps", "1", "--log_dir", tmp_path, "--run_name", "one",
+                            "--no_progress")
+    assert done.returncode == 0, done.stdout + done.stderr
+    epoch = next(line for line in done.stdout.splitlines() if line.startswith("Epoch 1/1 test"))
+    assert "(1 image) epoch" in epoch, epoch
+    report = {"params_in_sync": True, "params": 4, "ranks": 1, "buffers_max_abs_diff": 0.0}
+    assert "identical on 1 rank" in describe_sync(report, sync_bn=False)
+    assert "identical on 2 ranks" in describe_sync({**report, "ranks": 2}, sync_bn=False)
+
+
+def test_the_self_launch_past_a_nodes_one_gpu_says_one_gpu(monkeypatch):
+    import common.launcher
+    from dist_parallel.train import get_config
+
+    monkeypatch.setattr(common.launcher, "node_gpus", lambda *args: [0])
+    with pytest.raises(UsageError, match=r"^--nproc_per_node 2 is more than the 1 GPU available: "):
+        common.launcher.self_launch(get_config(["--nproc_per_node", "2"]), "train.py", [],
+                                    "dist_parallel")
 
 
 # -------------------------------------------------------------------------------------------

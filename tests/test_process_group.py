@@ -24,6 +24,7 @@ from torch.utils.data import DistributedSampler
 from common.config import UsageError
 from common.data import load_datasets
 from common.guards import check_master_address, nccl_error_handling
+from common.launch_env import worker_launch
 from common.loaders import make_loader
 from common.sync_check import check_sync, verify_sync
 from conftest import REPO, TINY, at_epoch, free_port, read_results
@@ -102,13 +103,14 @@ def test_a_loopback_master_address_is_refused_only_across_nodes():
     """MASTER_ADDR 127.0.0.1 with 4 processes, 2 per node (2 nodes) would leave the second
     node waiting for a master on itself: refused, naming the address and the node count. With
     all 4 on one node it is right."""
-    across_nodes = {"MASTER_ADDR": "127.0.0.1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}
+    across_nodes = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "RANK": "0",
+                    "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}
     with pytest.raises(UsageError, match=r"127\.0\.0\.1.*2 nodes"):
-        check_master_address(across_nodes)
-    check_master_address({**across_nodes, "LOCAL_WORLD_SIZE": "4"})
-    check_master_address({**across_nodes, "MASTER_ADDR": "10.1.2.3"})
+        check_master_address(worker_launch(across_nodes))
+    check_master_address(worker_launch({**across_nodes, "LOCAL_WORLD_SIZE": "4"}))
+    check_master_address(worker_launch({**across_nodes, "MASTER_ADDR": "10.1.2.3"}))
     with pytest.raises(UsageError):
-        check_master_address({**across_nodes, "MASTER_ADDR": "localhost"})
+        check_master_address(worker_launch({**across_nodes, "MASTER_ADDR": "localhost"}))
 
 
 def test_nccl_errors_reach_the_main_thread():

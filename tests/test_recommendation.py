@@ -5,6 +5,7 @@ tests/test_compare.py, on its comparison."""
 from __future__ import annotations
 
 import re
+import statistics
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from torch import nn
 from comparison.matrix import PlannedRun
 from comparison.projection import memory_projection
 from comparison.report.findings import findings
-from comparison.report.measured import groups
+from comparison.report.measured import groups, measured
 from comparison.report.outcome import Outcome
 from comparison.report.projection_memory import memory_section
 from comparison.report.recommendation import recommendation
@@ -102,8 +103,9 @@ def test_one_run_each_shows_no_mode_faster_so_ddp_is_the_default():
     assert text.startswith("Recommendation: dist_parallel (DDP): the model state under DDP, "
                            "11.6 MiB per GPU")
     assert ("one run per configuration measures no spread, so no mode is shown faster than "
-            "another (data_parallel on 2 GPUs was fastest in its run, 2.17× one GPU; `--repeat "
-            "3` measures the spread)") in text
+            "another (data_parallel on 2 GPUs was fastest in its run, 2.17× one GPU, and "
+            "dist_parallel on 2 GPUs (nccl) 2.00× one GPU in its, slower in one run, which no "
+            "noise measured here confirms or rules out; `--repeat 3` measures the spread)") in text
 
 
 def test_data_parallel_only_on_measured_cause():
@@ -125,8 +127,9 @@ def test_data_parallel_only_on_measured_cause():
     # where they tie, the simpler mode
     assert tied.startswith("Recommendation: single_gpu: no difference measurable between "
                            "data_parallel on 2 GPUs and single_gpu")
-    assert ("dist_parallel was slower beyond the spread (dist_parallel on 2 GPUs (nccl) "
-            "at 0.86 ± 0.04× one GPU)") in tied, tied
+    assert ("dist_parallel on 2 GPUs (nccl) was slower beyond the noise (0.86 ± 0.04× one GPU, "
+            "its range below data_parallel on 2 GPUs (1,405 ± 15 images/s)), the measured cause "
+            "to prefer single_gpu here.") in tied, tied
 
 
 def test_fsdp_or_one_gpu_when_it_is_faster_beyond_the_spread():
@@ -245,7 +248,7 @@ def test_two_configurations_of_the_same_computation_state_the_noise_floor():
     """On one CPU process single_gpu and data_parallel do the same computation: their 82 and 112
     images/s (repeats of 21 and 3 spread) are a floor no difference under which is shown. The
     report states it where it was measured, and judges by it: DDP at 1.2× one process, within
-    the floor, is no gain, and is not called fastest."""
+    the floor, ties with one process, and is not called fastest."""
     outcomes = made({SINGLE: [61, 103, 82], DP1: [109, 115, 112], GLOO: [98, 100, 99]}, unit="cpu")
     text = said(outcomes)
     floor = next(line for line in text.splitlines() if line.startswith("- **Noise floor"))
@@ -253,9 +256,9 @@ def test_two_configurations_of_the_same_computation_state_the_noise_floor():
     assert re.search(r"measured [\d,]+ ± \d+ and 112 ± 3 images/s", floor), floor
     assert re.search(r"(\d+) % apart", floor) and "differences of less than" in floor, floor
     assert "**Fastest" not in text
-    assert "- **No gain:** dist_parallel on 2 CPU processes (gloo)" in text
+    assert "- **Tied with one CPU process:** dist_parallel on 2 CPU processes (gloo)" in text
     advice = line(outcomes, state(None))
-    assert "No gain over one CPU process" in advice and "noise floor" in advice
+    assert "It ties with one CPU process" in advice and "noise floor" in advice
 
 
 def test_repeats_state_the_spread_they_measured():
@@ -269,17 +272,18 @@ def test_no_floor_is_claimed_where_none_was_measured():
     assert "Noise floor" not in text and "cannot be told apart: one run each" in text
 
 
-def test_a_parallel_mode_whose_range_includes_one_gpus_is_no_gain():
-    """DDP at 1.02 ± 0.05× one GPU: no gain, in the sentences and the recommendation, which still
+def test_a_parallel_mode_whose_range_includes_one_gpus_ties_with_it():
+    """DDP at 1.02 ± 0.05× one GPU: a tie, in the sentences and the recommendation, which still
     names DDP only as the default among modes that tie, with that said."""
     outcomes = made({SINGLE: [600, 610, 620], DDP: [590, 650, 620]})
     text = said(outcomes)
-    assert "- **No gain:** dist_parallel on 2 GPUs (nccl) at 1.0" in text
-    assert "its range includes 1× single_gpu's" in text
+    assert "- **Tied with one GPU:** dist_parallel on 2 GPUs (nccl) at 1.0" in text
+    assert "(its range includes 1×)" in text
     advice = line(outcomes)
-    assert "No gain over one GPU" in advice and "dist_parallel on 2 GPUs (nccl) at 1.0" in advice
-    # beyond it: no such line
-    assert "No gain" not in said(made({SINGLE: [600, 640, 620], DDP: [1150, 1250, 1200]}))
+    assert "It ties with one GPU" in advice and "dist_parallel on 2 GPUs (nccl) at 1.0" in advice
+    # beyond it: faster, and no tie said
+    beyond = said(made({SINGLE: [600, 640, 620], DDP: [1150, 1250, 1200]}))
+    assert "Tied with" not in beyond and "- **Faster than one GPU:** dist_parallel" in beyond
 
 
 @pytest.mark.parametrize("status, error, named", [
@@ -320,3 +324,153 @@ def test_the_memory_figures_of_the_report_and_the_projection_are_each_named():
     assert f"{ddp} per GPU under DDP" in page, page
     assert re.search(r"at most [\d.]+ [KMG]iB per GPU in any setting, DDP or FSDP on 1 to 64 GPUs "
                      r"\((FSDP|DDP)[^)]* on \d+ GPU", page), page
+
+
+# --- judged with the noise floor the run measured ----------------------------------------------
+# On the CPU single_gpu and data_parallel on 1 process do the same computation: their gap is the
+# floor. Each scenario as a report met it, one run each unless repeated.
+
+def sentence(outcomes, lead: str) -> str | None:
+    return next((text for text in findings(outcomes) if text.startswith(lead)), None)
+
+
+def test_a_mode_slower_beyond_the_floor_is_named_slower_and_not_recommended():
+    """resnet18 at 32 px on two CPU processes: DDP at 0.75× one process, one run each, beside an
+    11 % floor. The verdict names single_gpu fastest beyond the floor, a sentence names DDP
+    slower, and the recommendation is single_gpu, naming DDP's figure as the table has it."""
+    outcomes = made({SINGLE: [100], DP1: [90], GLOO: [75]}, unit="cpu")
+    verdict = findings(outcomes)[0]
+    assert verdict.startswith("- **Fastest: single_gpu**, 100 images/s: 1.33× the next fastest, "
+                              "dist_parallel on 2 CPU processes (gloo) at 75"), verdict
+    assert "more than the 11 % noise floor" in verdict and "one run each" in verdict, verdict
+    slower = sentence(outcomes, "- **Slower than one CPU process:**")
+    assert slower is not None and slower.startswith(
+        "- **Slower than one CPU process:** dist_parallel on 2 CPU processes (gloo) at 0.75× one "
+        "CPU process (more than the 11 % noise floor below 1×)"), findings(outcomes)
+    text = line(outcomes, state(None))
+    assert text.startswith("Recommendation: single_gpu: faster than every parallel "
+                           "configuration here"), text
+    assert f"dist_parallel on 2 CPU processes (gloo) at {speedup_cell(outcomes, 'dist_parallel')}"\
+           " one CPU process" in text and "slower" in text, text
+    assert "no mode is shown faster" not in text
+
+
+def test_a_mode_within_the_floor_ties_and_is_said_to_tie_not_to_gain_nothing():
+    """DDP at 1.05× one process within a 14 % floor: neither faster nor slower, as far as the run
+    can tell; said as a tie, in the sentences and the recommendation, never "no gain"."""
+    outcomes = made({SINGLE: [100], DP1: [88], GLOO: [105]}, unit="cpu")
+    text = said(outcomes)
+    assert "No gain" not in text and "no gain" not in text, text
+    assert findings(outcomes)[0].startswith(
+        "- **dist_parallel on 2 CPU processes (gloo) and single_gpu cannot be told apart:**")
+    assert "lie within the 14 % noise floor" in findings(outcomes)[0]
+    tied = sentence(outcomes, "- **Tied with one CPU process:**")
+    assert tied is not None and tied.startswith(
+        "- **Tied with one CPU process:** dist_parallel on 2 CPU processes (gloo) at 1.05× one CPU "
+        "process (within the 14 % noise floor of 1×)"), text
+    advice = line(outcomes, state(None))
+    assert advice.startswith("Recommendation: dist_parallel (DDP): "), advice
+    assert "No gain" not in advice and "no gain" not in advice, advice
+    assert ("It ties with one CPU process: dist_parallel on 2 CPU processes (gloo) at 1.05× one "
+            "CPU process (within the 14 % noise floor of 1×)") in advice, advice
+
+
+def test_one_run_each_beside_a_floor_is_judged_by_the_floor():
+    """DDP at 2.13× one process, one run each, beside a 23 % floor: faster, named so; not
+    "cannot be told apart: one run each" beside the floor the same report states."""
+    outcomes = made({SINGLE: [100], DP1: [123], GLOO: [213]}, unit="cpu")
+    text = said(outcomes)
+    assert "cannot be told apart" not in text and "- **Noise floor: 23 %.**" in text, text
+    assert findings(outcomes)[0].startswith("- **Fastest: dist_parallel on 2 CPU processes "
+                                            "(gloo)**, 213 images/s: 2.13× the next fastest")
+    assert sentence(outcomes, "- **Faster than one CPU process:** dist_parallel on 2 CPU "
+                              "processes (gloo) at 2.13× one CPU process") is not None, text
+    advice = line(outcomes, state(None))
+    assert advice.startswith("Recommendation: dist_parallel (DDP): "), advice
+    assert "DDP was fastest: dist_parallel on 2 CPU processes (gloo) at 2.13× one CPU" in advice
+    assert "more than the 23 % noise floor" in advice and "no mode is shown faster" not in advice
+
+
+def test_data_parallel_on_the_cpu_beside_ddp_alone_is_named_with_its_timing():
+    """`--modes data_parallel dist_parallel` on the CPU: both timed a step, as the table shows;
+    neither the sentences nor the recommendation say that only dist_parallel did."""
+    outcomes = made({DP1: [253], GLOO: [362]}, unit="cpu")
+    text = said(outcomes) + "\n" + line(outcomes, state(None))
+    assert "Only dist_parallel" not in text and "only dist_parallel" not in text, text
+    verdict = findings(outcomes)[0]
+    assert "data_parallel on 1 CPU process timed a step too (253 images/s)" in verdict, verdict
+    assert "dist_parallel on 2 CPU processes (gloo)" in verdict and "362" in verdict
+    assert "data_parallel on 1 CPU process, 253 images/s," in line(outcomes, state(None))
+
+
+def test_a_mode_tied_with_the_fastest_but_slower_than_another_beyond_the_floor_is_not_chosen():
+    """FSDP, the fastest, has a range wide enough to overlap both one process's and DDP's, but DDP
+    lies below one process beyond the floor: the tie is FSDP's and single_gpu's; DDP is named
+    slower, in the verdict and the recommendation, and not recommended."""
+    outcomes = made({SINGLE: [99, 100, 101], DP1: [95, 95.1, 94.9], GLOO: [89, 90, 91],
+                     ("fsdp", 2, "gloo"): [80, 110, 140]}, unit="cpu")
+    assert findings(outcomes)[0] == (
+        "- **fsdp on 2 CPU processes (gloo) and single_gpu cannot be told apart:** their images/s "
+        "(mean ± std over 3 runs) overlap or lie within the 5.3 % noise floor: fsdp on 2 CPU "
+        "processes (gloo) 104 ± 30; single_gpu 100 ± 1. dist_parallel on 2 CPU processes (gloo) "
+        "(90 ± 1) is not told from fsdp on 2 CPU processes (gloo) either, but lies below "
+        "single_gpu beyond the noise.")
+    advice = line(outcomes, state(None))
+    assert advice.startswith("Recommendation: fsdp (FSDP2): no difference measurable between fsdp "
+                             "on 2 CPU processes (gloo) and single_gpu: "), advice
+    assert ("; dist_parallel on 2 CPU processes (gloo) was slower beyond the noise (0.90 ± 0.01× "
+            "one CPU process, its range below single_gpu (100 ± 1 images/s), by more than the "
+            "5.3 % noise floor), the measured cause to prefer fsdp here.") in advice, advice
+    assert sentence(outcomes, "- **Slower than one CPU process:** dist_parallel on 2 CPU "
+                              "processes (gloo) at 0.90") is not None, said(outcomes)
+
+
+SCENARIOS = [  # (speeds, unit): every kind of verdict, with and without a floor
+    ({SINGLE: [100], DP1: [90], GLOO: [75]}, "cpu"),
+    ({SINGLE: [100], DP1: [88], GLOO: [105]}, "cpu"),
+    ({SINGLE: [100], DP1: [123], GLOO: [213]}, "cpu"),
+    ({SINGLE: [100], DP1: [95], GLOO: [80], ("fsdp", 2, "gloo"): [103]}, "cpu"),
+    ({SINGLE: [61, 103, 82], DP1: [109, 115, 112], GLOO: [98, 100, 99]}, "cpu"),
+    ({SINGLE: [99, 100, 101], DP1: [95, 95.1, 94.9], GLOO: [79, 80, 81],
+      ("fsdp", 2, "gloo"): [76, 101, 126]}, "cpu"),
+    ({SINGLE: [99, 100, 101], DP1: [95, 95.1, 94.9], GLOO: [89, 90, 91],
+      ("fsdp", 2, "gloo"): [80, 110, 140]}, "cpu"),
+    ({SINGLE: [600, 640, 620], DDP: [400, 410, 405]}, "gpu"),
+    ({SINGLE: [600, 640, 620], DP1: [610, 630, 620], DDP: [500, 510, 505], FSDP: [900, 910, 905]},
+     "gpu"),
+]
+
+
+def images_per_sec_range(values: list[float]) -> tuple[float, float, float]:
+    """A configuration's images/s and its range as docs/comparing.md defines them: the global batch
+    ÷ the mean step of its runs, ± the step's std as the same share (any batch: it cancels)."""
+    steps = [1 / value for value in values]
+    mean = statistics.fmean(steps)
+    share = statistics.stdev(steps) / mean if len(steps) > 1 else 0.0
+    return 1 / mean, (1 - share) / mean, (1 + share) / mean
+
+
+@pytest.mark.parametrize("speeds, unit", SCENARIOS)
+def test_every_mode_slower_than_one_gpu_beyond_the_noise_is_said_so_wherever_it_is_named(speeds,
+                                                                                       unit):
+    """Judged here from the figures alone: a parallel configuration whose images/s lie below
+    single_gpu's by more than the floor (and, repeated, whose range lies below single_gpu's) is
+    named slower in the sentences, and the recommendation that names its mode says so."""
+    outcomes = made(speeds, unit)
+    figures = {setting: images_per_sec_range(values) for setting, values in speeds.items()}
+    pair = sorted([figures[SINGLE][0], figures[DP1][0]]) if DP1 in speeds else None
+    floor = pair[1] / pair[0] - 1 if pair else None  # the faster ÷ the slower, less 1
+    advice = line(outcomes, state(None if unit == "cpu" else 80 * 2**30))
+    one = "CPU process" if unit == "cpu" else "GPU"
+    slower = sentence(outcomes, f"- **Slower than one {one}:**")
+    names = {m.run.setting[:3]: m.name() for m in measured(outcomes)}
+    for setting, values in speeds.items():
+        if setting[0] == "single_gpu" or setting == DP1 and unit == "cpu":
+            continue
+        (speed, _, high), (single, low, _) = figures[setting], figures[SINGLE]
+        below = high < low if len(values) > 1 and len(speeds[SINGLE]) > 1 else floor is not None
+        if not (below and (floor is None or single / speed - 1 > floor)):
+            continue
+        assert slower is not None and names[setting] in slower, findings(outcomes)
+        if advice.startswith(f"Recommendation: {setting[0]}"):
+            assert "slower" in advice and names[setting] in advice, advice

@@ -12,12 +12,13 @@ projection_memory.py does).
 - model.py              what the runs trained: the title's model, the `Model: ... Data:` line
 - rows.py               each run's results.csv row, and results.csv itself
 - measured.py           a configuration's speed, every figure made from one statistic: its step
-- noise.py              when two configurations can be told apart: overlap, noise floor, no gain
+- noise.py              when two configurations can be told apart: overlap, noise floor, ties,
+                        each parallel one against one GPU (faster, a tie, slower)
 The sections, as report.md shows them:
 - recommendation.py     the `Recommendation:` line, its rules in order
 - results_table.py      ## Results: the table, one row per configuration
-- findings.py           what the table says, in sentences: verdict, noise floor, no gain, scaling,
-                        spread, the runs that did not succeed
+- findings.py           what the table says, in sentences: verdict, noise floor, faster, tied or
+                        slower than one GPU, scaling, spread, the runs that did not succeed
 - breakdown.py          ## Where a step goes: the split of the step (Split, step_split)
 - comparison/plots.py   ## Pictures, the table's and the split's figures drawn
 - environment.py        ## Environment

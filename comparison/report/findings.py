@@ -8,8 +8,8 @@ from __future__ import annotations
 from comparison.matrix import Cores
 from comparison.report.formatting import fmt_percent, listed
 from comparison.report.measured import UNITS, Measured, measured
-from comparison.report.noise import (contenders, no_gain, noise_floor, overlap, run_counts, ties,
-                                     wraps_nothing)
+from comparison.report.noise import (against_one, contenders, noise_floor, outrun, overlap,
+                                     run_counts, tie_group, wraps_nothing)
 from comparison.report.outcome import Outcome
 
 
@@ -17,17 +17,18 @@ def findings(outcomes: list[Outcome], cores: Cores | None = None) -> list[str]:
     """What the table says, as a list of sentences computed from its figures: runs with more
     processes than cores (their figures measure contention), whether the fastest configuration can
     be told apart from the rest (and by how much), DataParallel on the CPU (which wraps nothing),
-    the difference this run can resolve (noise_line), the parallel configurations no faster than
-    one GPU (no_gain_line), the scaling efficiency at the most GPUs run, which configurations the
-    run-to-run spread cannot tell apart, and the runs that failed and why (each with its log).
-    `cores`: the CPU cores the runs shared (None: not known, nothing said of them)."""
+    the difference this run can resolve (noise_line), each parallel configuration faster than one
+    GPU, tied with it or slower (against_one_lines), the scaling efficiency at the most GPUs run,
+    which configurations the run-to-run spread cannot tell apart, and the runs that failed and why
+    (each with its log). `cores`: the CPU cores the runs shared (None: not known, nothing said of
+    them)."""
     timed = measured(outcomes)
     crowded = oversubscription_line(outcomes, cores)
     if not timed:
         nothing = "- **No run timed a step**, so there is nothing to compare."
         return [line for line in (crowded, nothing) if line] + failures(outcomes)
     lines = [crowded, verdict_line(timed), wraps_nothing_line(timed), noise_line(timed),
-             no_gain_line(timed), scaling_line(timed, cores), spread_line(timed)]
+             *against_one_lines(timed), scaling_line(timed, cores), spread_line(timed)]
     return [line for line in lines if line] + failures(outcomes)
 
 
@@ -59,20 +60,29 @@ def oversubscription_title(outcomes: list[Outcome], cores: Cores | None) -> str:
 
 
 def verdict_line(timed: list[Measured]) -> str:
-    """The first thing the table says: the fastest configuration, named only where its range of
-    images/s (mean ± std over its runs, as the table shows it) lies above every other's; otherwise
-    which configurations cannot be told apart, and why (one run each measures no spread; or their
-    ranges overlap)."""
+    """The first thing the table says: the fastest configuration, named only where it lies above
+    every other beyond the noise (noise.ties: its range of images/s, mean ± std over its runs as
+    the table shows it, above every other's, and by more than the noise floor where one was
+    measured; with one run, by the floor alone); otherwise which configurations cannot be told
+    apart, and why (one run each and no floor measures no noise; or their ranges overlap or lie
+    within the floor)."""
     ranked = contenders(timed)
     if not ranked:
         return ("- **Nothing to rank:** only data_parallel on the CPU timed a step, and without "
                 "GPUs it is single_gpu's computation.")
-    first = ranked[0]
+    first, floor = ranked[0], noise_floor(timed)
     if len(ranked) == 1:
+        aside = [m for m in timed if wraps_nothing(m)]
+        if aside:
+            too = listed([f"{m.name()} timed a step too ({m.speed()} images/s)" for m in aside])
+            return (f"- **{first.name()} is the only configuration ranked** ({first.speed()} "
+                    f"images/s): {too}, but without GPUs it is single_gpu's computation (below), "
+                    "not a mode to rank it against; single_gpu in --modes gives the speedup and "
+                    "the noise floor.")
         return (f"- **Only {first.name()} timed a step** ({first.speed()} images/s): nothing to "
                 "compare it with.")
     once = [m for m in ranked if len(m.rows) < 2]
-    if once:
+    if once and floor is None:
         figures = "; ".join(f"{m.name()} {m.speed()}" for m in ranked)
         apart = "**The configurations cannot be told apart"
         which = (f"{apart}: one run each**" if len(once) == len(ranked) else
@@ -80,13 +90,18 @@ def verdict_line(timed: list[Measured]) -> str:
         return (f"- {which} measures no run-to-run spread, so no difference between them is shown "
                 "to be more than noise (`--repeat 3` measures it). Images/s in their runs, fastest "
                 f"first: {figures}.")
-    runs, floor = run_counts(ranked), noise_floor(timed)
-    tied = [first, *[m for m in ranked[1:] if ties(first, m, floor)]]
+    tied, outran = tie_group(ranked, floor)
     if len(tied) > 1:
         figures = "; ".join(f"{m.name()} {m.speed()}" for m in tied)
         within = f" or lie within the {fmt_percent(floor[0])} noise floor" if floor else ""
-        return (f"- **{listed([m.name() for m in tied])} cannot be told apart:** their images/s "
-                f"(mean ± std over {runs} runs) overlap{within}: {figures}.")
+        spread = (f"one run each, their images/s lie within the {fmt_percent(floor[0])} noise "
+                  "floor" if len(once) == len(ranked) else
+                  f"their images/s (mean ± std over {run_counts(ranked)} runs) overlap{within}")
+        below = "".join(f" {m.name()} ({m.speed()}) is not told from {first.name()} either, but "
+                        f"lies below {outrun(m, ranked, floor).name()} beyond the noise."
+                        for m in outran)
+        return (f"- **{listed([m.name() for m in tied])} cannot be told apart:** {spread}: "
+                f"{figures}.{below}")
     second = ranked[1]
     text = (f"- **Fastest: {first.name()}**, {first.speed()} images/s: "
             f"{first.images_per_sec / second.images_per_sec:.2f}× the next fastest, "
@@ -95,12 +110,25 @@ def verdict_line(timed: list[Measured]) -> str:
     if first.run.mode != "single_gpu" and single is not None and single is not second:
         text += (f", and {first.images_per_sec / single.images_per_sec:.2f}× {single.name()} at "
                  f"{single.speed()} (the speedup column)")
-    text += f"; its range (mean ± std over {runs} runs) lies above every other's"
-    if floor:
-        text += f", by more than the {fmt_percent(floor[0])} noise floor"
+    text += "; " + above_every_other(ranked, floor, "lies ")
     if first.run.mode == "single_gpu":
         return text + f": no parallel mode beat one {UNITS[first.run.unit][0]} here."
     return text + "."
+
+
+def above_every_other(ranked: list[Measured], floor: tuple | None, verb: str = "") -> str:
+    """How the fastest of `ranked` lies above the rest (ties judged it so): 'its range (mean ± std
+    over 3 runs) lies above every other's, by more than the 14 % noise floor'; with one run of
+    some, 'it lies more than the 11 % noise floor above every other's (one run each: the floor
+    tells them apart)'."""
+    once = [m for m in ranked if len(m.rows) < 2]
+    if not once:
+        return (f"its range (mean ± std over {run_counts(ranked)} runs) {verb}above every other's"
+                + (f", by more than the {fmt_percent(floor[0])} noise floor" if floor else ""))
+    each = ("one run each" if len(once) == len(ranked) else
+            f"{listed([m.name() for m in once])} timed one run only")
+    return (f"it {verb}more than the {fmt_percent(floor[0])} noise floor above every other's "
+            f"({each}: the floor tells them apart)")
 
 
 def wraps_nothing_line(timed: list[Measured]) -> str | None:
@@ -192,14 +220,25 @@ def noise_line(timed: list[Measured]) -> str | None:
             f"recommendation judge so. {runs}")
 
 
-def no_gain_line(timed: list[Measured]) -> str | None:
-    """The parallel configurations no faster than one GPU (no_gain), named as such."""
-    found = no_gain(timed, noise_floor(timed))
+def against_one_lines(timed: list[Measured]) -> list[str]:
+    """Each parallel configuration against one GPU (against_one), a sentence per kind: faster
+    beyond the noise, tied with it (neither a gain nor a loss shown), slower beyond the noise."""
+    found = against_one(timed, noise_floor(timed))
     if not found:
-        return None
+        return []
     unit = UNITS[found[0][0].run.unit][0]
-    named = "; ".join(f"{m.name()} at {m.speedup_cell()} one {unit} ({why})" for m, why in found)
-    return (f"- **No gain:** {named}: no faster than one {unit}, as far as this run can tell.")
+    says = {"faster": (f"Faster than one {unit}", "."),
+            "tie": (f"Tied with one {unit}", f": neither faster nor slower than one {unit}, as "
+                                             "far as this run can tell."),
+            "slower": (f"Slower than one {unit}", ": the parallelism cost more here than it "
+                                                "brought.")}
+    lines = []
+    for verdict, (lead, end) in says.items():
+        named = "; ".join(f"{m.name()} at {m.speedup_cell()} one {unit} ({why})"
+                          for m, kind, why in found if kind == verdict)
+        if named:
+            lines.append(f"- **{lead}:** {named}{end}")
+    return lines
 
 
 def failures(outcomes: list[Outcome]) -> list[str]:

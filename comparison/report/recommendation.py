@@ -1,5 +1,6 @@
 """report.md's `Recommendation:` line: the mode to use on this machine for this model, and why,
-from the table's figures (as Measured has them, told apart as noise.ties judges) and the model
+from the table's figures (as Measured has them, told apart as noise.ties judges, with the noise
+floor the run measured) and the model
 state each mode needs per GPU (the memory projection's arithmetic). `recommendation` lists its
 rules, in order: memory first (`memory_choice`), then speed (`speed_rules`)."""
 from __future__ import annotations
@@ -7,7 +8,8 @@ from __future__ import annotations
 from comparison.projection import MEMORY_GPU_COUNTS, memory_per_gpu
 from comparison.report.formatting import fmt_bytes, fmt_percent, listed
 from comparison.report.measured import UNITS, Measured, measured
-from comparison.report.noise import contenders, no_gain, noise_floor, ties
+from comparison.report.noise import (against_one, apart_why, contenders, noise_floor, outrun,
+                                     tie_group, wraps_nothing)
 from comparison.report.outcome import Outcome
 from comparison.report.projection_memory import STATE_PARTS
 
@@ -25,31 +27,34 @@ WHY_DDP = ("DDP is the default where modes tie: PyTorch recommends it over DataP
 def recommendation(outcomes: list[Outcome], memory: dict) -> str:
     """The report's `Recommendation:` line: the mode to use on this machine for this model, and why,
     from the table's figures (images/s and speedup as Measured has them; two configurations told
-    apart only where their images/s ranges, mean ± std, do not overlap and differ by more than the
-    noise floor, as the verdict judges: `ties`; data_parallel on the CPU, which wraps nothing, not
-    among them: `contenders`) and the model state each mode needs per GPU (memory_projection's
-    arithmetic). A mode that was run and timed no step (failed, stopped, not reached: lost_mode)
-    is never recommended, and is named for what happened to it. The rules, in order:
+    apart only as the verdict tells them apart, noise.ties: their images/s ranges, mean ± std, do
+    not overlap and differ by more than the noise floor the run measured; with one run, by that
+    floor alone; data_parallel on the CPU, which wraps nothing, not among them: `contenders`) and
+    the model state each mode needs per GPU (memory_projection's arithmetic). A mode that was run
+    and timed no step (failed, stopped, not reached: lost_mode) is never recommended, and is named
+    for what happened to it. The rules, in order:
 
     1. Memory: where DDP's model state outgrows one GPU (the projection), or a dist_parallel run
        ran out of memory, fsdp, on the fewest GPUs that hold the state; none of these modes where
        FSDP does not hold it on 64 GPUs, or where fsdp was run and failed.
     2. No configuration timed a step: nothing to choose by.
-    3. A configuration with one run: no spread was measured, so no mode is shown faster:
-       dist_parallel, the default (WHY_DDP).
-    4. The fastest configuration's range above every other's: its mode. data_parallel is
+    3. A configuration with one run and no noise floor measured: nothing measured the noise, so
+       no mode is shown faster: dist_parallel, the default (WHY_DDP).
+    4. The fastest configuration beyond the noise of every other: its mode. data_parallel is
        recommended over dist_parallel only so, on measured cause; dist_parallel that was not run
        is still the default.
-    5. Otherwise the modes that tie with the fastest: the first of them in PREFERENCE
-       (dist_parallel where it is among them, data_parallel only where it ties with nothing
-       else), the rest named.
+    5. Otherwise the modes that tie with the fastest and that no configuration outran beyond the
+       noise: the first of them in PREFERENCE (dist_parallel where it is among them,
+       data_parallel only where it ties with nothing else), the rest named.
     Where dist_parallel was run and timed no step, rules 3 to 5 choose among the modes measured,
-    in PREFERENCE. A parallel mode recommended whose every configuration showed no gain over one
-    GPU (no_gain) says so; one some of whose runs failed says how many. On the CPU, a sentence on
-    what CPU processes standing in for GPUs can and cannot tell."""
+    in PREFERENCE. The mode recommended says which of its configurations were slower than one GPU
+    beyond the noise, and, where none of them was faster, which tied with it (noise.against_one);
+    where some of its runs failed, how many. On the CPU, a sentence on what CPU processes standing
+    in for GPUs can and cannot tell."""
     timed, unit = measured(outcomes), UNITS[outcomes[0].run.unit]
-    text = (memory_choice(outcomes, memory, unit)
-            or speed_choice(timed, memory, unit, outcomes))
+    text, mode = (memory_choice(outcomes, memory, unit)
+                  or speed_rules(timed, memory, unit, outcomes))
+    text += caveats(mode, timed, outcomes, noise_floor(timed), unit) if mode else ""
     if outcomes[0].run.unit == "cpu":
         text += (" On this CPU-only machine each \"GPU\" is a CPU process with one thread: its "
                  "figures show the modes' mechanics (processes over gloo, the split batch, each "
@@ -94,8 +99,10 @@ def fits_text(memory: dict) -> str:
             f"{fmt_bytes(memory['gpu_bytes'])}{assumed}")
 
 
-def memory_choice(outcomes: list[Outcome], memory: dict, unit: tuple[str, str]) -> str | None:
-    """Rule 1 of recommendation(): fsdp where DDP cannot hold the model state; None where it can."""
+def memory_choice(outcomes: list[Outcome], memory: dict,
+                  unit: tuple[str, str]) -> tuple[str, str | None] | None:
+    """Rule 1 of recommendation(): fsdp where DDP cannot hold the model state, the text and the
+    mode it recommends (None: none); None where DDP can hold it."""
     ddp = state_per_gpu(memory, 1, "dist_parallel")
     ran_out = [o for o in outcomes if o.run.mode == "dist_parallel" and o.status == "failed"
                and "out of memory" in (o.error or "").lower()
@@ -110,10 +117,10 @@ def memory_choice(outcomes: list[Outcome], memory: dict, unit: tuple[str, str]) 
                f"`{ran_out[0].row.get('log') or 'logs/'}`)")
         if lost:
             return (f"none of the modes run here: {why}, and {lost}: see what stopped it in its "
-                    "log, and run compare.py again.")
+                    "log, and run compare.py again.", None)
         where = (f"fsdp ran ({fsdp[0].name()}, {fsdp[0].images_per_sec:,.0f} images/s)" if fsdp else
                  "fsdp shards the model state over the GPUs: add it to --modes")
-        return f"fsdp (FSDP2): {why} and {where}."
+        return f"fsdp (FSDP2): {why} and {where}.", "fsdp"
     gpus = memory["runs_fsdp_gpus"][True]
     need = (f"under DDP each GPU would need {fmt_bytes(ddp)} for the model state alone "
             f"({STATE_PARTS}), more than {capacity_text(memory)}")
@@ -121,14 +128,14 @@ def memory_choice(outcomes: list[Outcome], memory: dict, unit: tuple[str, str]) 
         most = MEMORY_GPU_COUNTS[-1]
         return (f"none of these modes: {need}, and FSDP on {most} GPUs still "
                 f"{fmt_bytes(state_per_gpu(memory, most, 'fsdp'))} each (projection.md); a smaller "
-                "model, or a parallelism this suite does not have (tensor, pipeline).")
+                "model, or a parallelism this suite does not have (tensor, pipeline).", None)
     each = fmt_bytes(state_per_gpu(memory, gpus, "fsdp"))
     if lost:
         return (f"none of the modes run here: {need}; FSDP would hold it on {gpus} GPUs or more "
                 f"({each} each), but {lost}: see what stopped it in its log, and run compare.py "
-                "again.")
+                "again.", None)
     return (f"fsdp (FSDP2): {need}; FSDP holds it on {gpus} GPUs or more ({each} each, resharding "
-            "after forward), activations on top (projection.md).")
+            "after forward), activations on top (projection.md).", "fsdp")
 
 
 def speed_text(m: Measured, unit: tuple[str, str]) -> str:
@@ -141,14 +148,19 @@ def speed_text(m: Measured, unit: tuple[str, str]) -> str:
 
 def caveats(mode: str, timed: list[Measured], outcomes: list[Outcome], floor,
             unit: tuple[str, str]) -> str:
-    """What the recommendation adds of the mode it chose: that none of its configurations gained
-    over one GPU (no_gain), and how many of its runs did not succeed."""
+    """What the recommendation adds of the mode it chose (noise.against_one): each of its
+    configurations slower than one GPU beyond the noise; where none of them was faster, those
+    that tied with it; and how many of its runs did not succeed."""
     text = ""
-    ones = [m for m in timed if m.run.mode == mode]
-    lacking = [(m, why) for m, why in no_gain(timed, floor) if m.run.mode == mode]
-    if mode != "single_gpu" and ones and len(lacking) == len(ones):
-        named = "; ".join(f"{m.name()} at {speed_text(m, unit)} ({why})" for m, why in lacking)
-        text += f" No gain over one {unit[0]} was measured here: {named}."
+    ones = [found for found in against_one(timed, floor) if found[0].run.mode == mode]
+    gained = any(verdict == "faster" for _, verdict, _ in ones)
+    for kind, lead, end in (("slower", f"It was slower than one {unit[0]} here", "."),
+                            ("tie", f"It ties with one {unit[0]}", f": neither faster nor "
+                                    f"slower than one {unit[0]}, as far as this run can tell.")):
+        named = "; ".join(f"{m.name()} at {speed_text(m, unit)} ({why})"
+                          for m, verdict, why in ones if verdict == kind)
+        if named and not (kind == "tie" and gained):
+            text += f" {lead}: {named}{end}"
     runs = [o for o in outcomes if o.run.mode == mode]
     failed = [o for o in runs if o.status != "ok"]
     if failed:
@@ -157,16 +169,31 @@ def caveats(mode: str, timed: list[Measured], outcomes: list[Outcome], floor,
     return text
 
 
-def speed_choice(timed: list[Measured], memory: dict, unit: tuple[str, str],
-                 outcomes: list[Outcome]) -> str:
-    """Rules 2 to 5 of recommendation(), the model state fitting one GPU under DDP."""
-    text, mode = speed_rules(timed, memory, unit, outcomes)
-    return text + (caveats(mode, timed, outcomes, noise_floor(timed), unit) if mode else "")
+def slower_text(m: Measured, ranked: list[Measured], floor, unit: tuple[str, str]) -> str:
+    """'dist_parallel on 2 GPUs (nccl) was slower beyond the noise (0.86 ± 0.04× one GPU, its
+    range below single_gpu (1,390 ± 10 images/s))': `m` against the fastest that outran it
+    (noise.outrun)."""
+    faster = outrun(m, ranked, floor)
+    return (f"{m.name()} was slower beyond the noise ({speed_text(m, unit)}, "
+            + apart_why(m, faster, floor, f"{faster.name()} ({faster.speed()} images/s)") + ")")
+
+
+def beyond_all(best: Measured, ranked: list[Measured], floor) -> str:
+    """How the fastest lies above every other configuration, judged as ties judges it."""
+    once = [m for m in ranked if len(m.rows) < 2]
+    if once:
+        each = "one run each" if len(once) == len(ranked) else "some of them run once"
+        return (f"more than the {fmt_percent(floor[0])} noise floor above every other "
+                f"configuration's images/s, {each}")
+    return (f"its range (mean ± std over {len(best.rows)} runs) above every other "
+            "configuration's" + (f" by more than the {fmt_percent(floor[0])} noise floor"
+                                 if floor else ""))
 
 
 def speed_rules(timed: list[Measured], memory: dict, unit: tuple[str, str],
                 outcomes: list[Outcome]) -> tuple[str, str | None]:
-    """Rules 2 to 5 of recommendation(): the text, and the mode it recommends (None: none)."""
+    """Rules 2 to 5 of recommendation(), the model state fitting one GPU under DDP: the text, and
+    the mode it recommends (None: none)."""
     if not timed:
         return ("none: no run timed a step, so nothing was measured to choose by (the failed "
                 "runs are listed below).", None)
@@ -198,30 +225,39 @@ def speed_rules(timed: list[Measured], memory: dict, unit: tuple[str, str],
                 "docs/guide.md).", chosen)
 
     if not others:
+        aside = "".join(f"; {m.name()}, {m.speed()} images/s, is single_gpu's computation here"
+                        for m in timed if wraps_nothing(m))
+        if aside:
+            return default(f"the only configuration ranked is {best.name()} "
+                           f"({speed_text(best, unit)}{aside}, not a mode to rank it against; "
+                           "single_gpu in --modes gives the speedup and the noise floor)", ranked)
         return default(f"only {best.name()} timed a step ({speed_text(best, unit)}), nothing to "
-                       "compare", ranked)
-    if any(len(m.rows) < 2 for m in ranked):
+                       "compare it with", ranked)
+    if floor is None and any(len(m.rows) < 2 for m in ranked):
+        also = (f", and {ddp.name()} {speed_text(ddp, unit)} in its, slower in one run, which no "
+                "noise measured here confirms or rules out" if ddp not in (None, best) else "")
         return default("one run per configuration measures no spread, so no mode is shown faster "
                        f"than another ({best.name()} was fastest in its run, "
-                       f"{speed_text(best, unit)}; `--repeat 3` measures the spread)", ranked)
-    tied = [best, *[m for m in others if ties(best, m, floor)]]
-    within = f" by more than the {fmt_percent(floor[0])} noise floor" if floor else ""
+                       f"{speed_text(best, unit)}{also}; `--repeat 3` measures the spread)",
+                       ranked)
+    tied, outran = tie_group(ranked, floor)
     if len(tied) == 1:
-        beyond = (f"its range (mean ± std over {len(best.rows)} runs) above every other "
-                  f"configuration's{within}")
+        above = beyond_all(best, ranked, floor)
         if best.run.mode == "dist_parallel":
             return (f"dist_parallel (DDP): {fits}, and DDP was fastest: {best.name()} at "
-                    f"{speed_text(best, unit)}, {beyond}.", "dist_parallel")
+                    f"{speed_text(best, unit)}, {above}.", "dist_parallel")
         if best.run.mode == "fsdp":
-            return (f"fsdp (FSDP2): fastest, {best.name()} at {speed_text(best, unit)}, {beyond}, "
+            return (f"fsdp (FSDP2): fastest, {best.name()} at {speed_text(best, unit)}, {above}, "
                     f"DDP's included, though {fits}.", "fsdp")
         if best.run.mode == "single_gpu":
+            slower = "; ".join(f"{m.name()} at {speed_text(m, unit)}" for m in others
+                               if m.run.mode != "single_gpu")
             return ("single_gpu: faster than every parallel configuration here "
-                    f"({speed_text(best, unit)}, {beyond}): for this model and batch the parallel "
-                    "modes cost this machine more than they bring; with more GPUs or a larger "
-                    "batch, dist_parallel (DDP).", "single_gpu")
+                    f"({speed_text(best, unit)}, {above}), each of them slower: {slower}; for "
+                    "this model and batch the parallel modes cost this machine more than they "
+                    "bring; with more GPUs or a larger batch, dist_parallel (DDP).", "single_gpu")
         fastest = (f"data_parallel (nn.DataParallel): fastest, {best.name()} at "
-                   f"{speed_text(best, unit)}, {beyond}")
+                   f"{speed_text(best, unit)}, {above}")
         if lost:
             return f"{fastest}; {lost}, so it is not recommended.", "data_parallel"
         if ddp is None:
@@ -230,14 +266,27 @@ def speed_rules(timed: list[Measured], memory: dict, unit: tuple[str, str],
         return (f"{fastest}, dist_parallel's ({speed_text(ddp, unit)}) included: the measured "
                 "cause to prefer it on this machine; DDP still scales past one node "
                 "(docs/guide.md).", "data_parallel")
-    modes = [m.run.mode for m in tied]
-    chosen = next(mode for mode in PREFERENCE if mode in modes)
+    return tie_rule(tied, outran, ranked, floor, unit, ddp, default)
+
+
+def tie_rule(tied: list[Measured], outran: list[Measured], ranked: list[Measured], floor,
+             unit: tuple[str, str], ddp: Measured | None, default) -> tuple[str, str]:
+    """Rule 5 of recommendation(): the configurations that cannot be told from the fastest
+    (noise.tie_group: `tied`), the first of their modes in PREFERENCE; those within the noise of
+    the fastest that another outran (`outran`), and dist_parallel where it is not among them,
+    named slower."""
+    chosen = next(mode for mode in PREFERENCE if mode in {m.run.mode for m in tied})
     ranges = "; ".join(f"{m.name()} {m.speed()}" for m in tied)
-    noise = f" or lie within the {fmt_percent(floor[0])} noise floor" if floor else ""
+    if all(len(m.rows) < 2 for m in ranked):
+        how = f"lie within the {fmt_percent(floor[0])} noise floor, one run each"
+    else:
+        how = ("(mean ± std over the repeats) overlap"
+               + (f" or lie within the {fmt_percent(floor[0])} noise floor" if floor else ""))
     tie = (f"no difference measurable between {listed([m.name() for m in tied])}: their images/s "
-           f"(mean ± std over the repeats) overlap{noise} ({ranges}), so any of them")
+           f"{how} ({ranges}), so any of them")
+    slower = [*outran, *([ddp] if ddp is not None and chosen != "dist_parallel"
+                         and ddp not in tied and ddp not in outran else [])]
+    tie += "".join(f"; {slower_text(m, ranked, floor, unit)}" for m in slower)
     if ddp is None or chosen == "dist_parallel":
         return default(tie, tied)
-    return (f"{MODE_NAMES[chosen]}: {tie}; dist_parallel was slower beyond the "
-            f"spread{within} ({ddp.name()} at {speed_text(ddp, unit)}), the measured cause "
-            f"to prefer {chosen} here.", chosen)
+    return (f"{MODE_NAMES[chosen]}: {tie}, the measured cause to prefer {chosen} here.", chosen)
