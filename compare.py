@@ -523,7 +523,7 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
         *pictures_section(outcomes, pictures),
         "",
         "Every run's figures, unrounded, are in `results.csv`; its log in `logs/`, its run folder "
-        "(results.json, TensorBoard events) in `runs/`.",
+        "(results.json, TensorBoard events, each rank's profiler trace) in `runs/`.",
         "",
         "How to read this report: `docs/comparing.md` in the repository, section \"Reading the "
         "report\" (what each column means, and why GPU utilisation is not efficiency).",

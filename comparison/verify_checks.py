@@ -216,7 +216,7 @@ class Checks(Plan):
                    figures={"max_abs_difference": measured, "tolerance": tolerance.value})
 
     def check_3(self, mode: str, group: Group | None) -> str:
-        planned = evaluation_counts(self.processes, self.cuda, mode == self.evaluates_on_three)
+        planned = evaluation_counts(self.processes, self.cuda)
         counts = sorted({*(group.evaluations if group else planned), self.processes})
         return (f"3. {mode}: evaluation by {', '.join(map(str, counts))} processes, the "
                 "same accuracy and loss, every test image counted once")
@@ -258,9 +258,9 @@ class Checks(Plan):
                             "images": images, "test_images": expected})
 
     def check_4(self, mode: str) -> str:
-        whole = " (each rank's slices of the same tensors)" if mode == "fsdp" else ""
-        return (f"4. {mode}: parameters identical on every rank{whole} (results.json's "
-                "params_in_sync)")
+        slices = "; fsdp's ranks hold slices of the same tensors" if mode == "fsdp" else ""
+        return (f"4. {mode}: parameters identical on every rank (results.json's "
+                f"params_in_sync{slices})")
 
     def ranks_in_sync(self, setting: Setting, mode: str, outcomes: dict[str, Outcome]) -> Row:
         group = setting.groups.get(mode)
@@ -281,8 +281,9 @@ class Checks(Plan):
         figure = (f"parameters identical on all {self.processes} ranks in "
                   f"{len(runs) - len(apart)} of {len(runs)} runs"
                   + (f" (not in {', '.join(apart)})" if apart else "")
-                  + f"; BatchNorm statistics differ by up to {buffers:.3g}"
-                  + (" (each rank's BatchNorm sees its own share)" if buffers else ""))
+                  + (f"; BatchNorm statistics differ by up to {buffers:.3g} (each rank's "
+                     "BatchNorm sees its own share)" if buffers else
+                     "; BatchNorm statistics identical too"))
         return Row(self.check_4(mode), names(runs), figure, BITWISE.text, verdict(not apart),
                    figures={"params_in_sync": {n: r.get("params_in_sync")
                                                for n, r in records.items()},
@@ -316,8 +317,9 @@ class Checks(Plan):
         measured = max_difference(self.state(group.resumed), self.state(group.trained))
         return Row(title, names(runs),
                    f"max abs difference of every weight, BatchNorm statistic and momentum: "
-                   f"{measured:.3g} (the halves self-launched, the second with --resume auto from "
-                   f"step {first}; the uninterrupted run under torchrun)", tolerance.text,
+                   f"{measured:.3g} (the halves self-launched, the second with --resume auto, "
+                   f"its first step logged {first}, past step {self.halfway}; the uninterrupted "
+                   "run under torchrun)", tolerance.text,
                    verdict(measured <= tolerance.value),
                    figures={"max_abs_difference": measured, "tolerance": tolerance.value,
                             "continued_from_step": first})

@@ -106,10 +106,6 @@ class Plan:
         self.group_flags, self.batch, self.values = group_flags, batch, values
         self.deterministic, self.compiled = bool(values["deterministic"]), bool(values["compile"])
         self.launches: dict[tuple, Launch] = {}
-        # on the CPU, 3 processes evaluate too: fsdp's, where it runs (dist_parallel's
-        # evaluation is the same lines without the empty batches that keep fsdp's ranks
-        # in step), else dist_parallel's
-        self.evaluates_on_three = "fsdp" if "fsdp" in cc.modes else "dist_parallel"
         backends = cc.backends if any(mode in cc.modes for mode in GROUP_MODES) else (None,)
         self.settings = [self._plan(amp, backend, "on" in cc.sync_bn) for amp in cc.amp
                          for backend in backends]
@@ -186,7 +182,7 @@ class Plan:
         group = Group(trained, first_half)
         model = str(self.out / "runs" / trained.run_dir / "checkpoint.pt")
         # N: the run's own
-        for processes in evaluation_counts(n, self.cuda, mode == self.evaluates_on_three):
+        for processes in evaluation_counts(n, self.cuda):
             by = "single_gpu" if processes == 1 else mode
             group.evaluations[processes] = self._add(
                 by, processes, backend if processes > 1 else None, amp, "evaluate",
@@ -223,9 +219,9 @@ def images_in_test_set(values: dict) -> int:
     return model_shapes.test_images(values) or 0
 
 
-def evaluation_counts(n: int, cuda: bool, three: bool = True) -> list[int]:
-    """The --evaluate launches: 1 process (single_gpu) and 2; on the CPU, with `three`, 3 as well,
-    which divides neither the CPU default's batch (32) nor its test set (53). N processes is the
-    trained run's own evaluation. On GPUs no more than N: NCCL takes one GPU per rank."""
-    counts = {1, 2} | (set() if cuda or not three else {3})
+def evaluation_counts(n: int, cuda: bool) -> list[int]:
+    """The --evaluate launches: 1 process (single_gpu) and 2; on the CPU 3 as well, which divides
+    neither the CPU default's batch (32) nor its test set (53). N processes is the trained run's
+    own evaluation. On GPUs no more than N: NCCL takes one GPU per rank."""
+    counts = {1, 2} | (set() if cuda else {3})
     return sorted(c for c in counts if c == 1 or c != n and (not cuda or c < n))
