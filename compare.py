@@ -52,6 +52,7 @@ import argparse
 import dataclasses
 import math
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -157,23 +158,40 @@ PASSED_ON = ("Any other flag is a train.py flag (`python single_gpu/train.py --h
 def count(least: int):
     """An argparse type: a whole number, at least `least`."""
     def whole_number(text: str) -> int:
-        if int(text) < least:
-            raise ValueError(text)
+        if not text.strip().isdigit() or int(text) < least:
+            raise argparse.ArgumentTypeError(f"{text} is not a whole number of {least} or more")
         return int(text)
-    whole_number.__name__ = "a whole number" + (f" of {least} or more" if least else "")
     return whole_number
 
 
 def positive(text: str) -> float:
-    if not (math.isfinite(float(text)) and float(text) > 0):
-        raise ValueError(text)
-    return float(text)
+    """An argparse type: a finite number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"invalid {text}: give a number above 0")
+    return value
 
 
 class Parser(argparse.ArgumentParser):
-    """A mistake in compare.py's flags is one line (a UsageError); no abbreviations."""
+    """A mistake in compare.py's flags is one line (a UsageError) naming the flag as it was typed;
+    no abbreviations."""
+
+    typed: list[str] = []
+
+    def parse_known_args(self, args=None, namespace=None):
+        self.typed = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str):
+        def as_typed(match: re.Match) -> str:
+            spellings = match.group(1).split("/")
+            typed = {token.split("=")[0] for token in self.typed}
+            return f"argument {next((s for s in spellings if s in typed), spellings[0])}:"
+
+        message = re.sub(r"argument (-[\w-]+(?:/-[\w-]+)+):", as_typed, message)
         raise UsageError(f"{message} (see python compare.py --help)")
 
 
