@@ -12,7 +12,7 @@
     python compare.py --modes dist_parallel fsdp --reshard_after_forward on off
     # train for 30 epochs and compare test accuracy too
     python compare.py --epochs 30 --dataset cifar10
-    # any model/data flag of train.py goes to every run
+    # any flag compare.py does not take is a train.py flag, given to every run
     python compare.py --depth 56 --alpha 84
     # any classification model torchvision lists
     python compare.py --model resnet50 --image_size 224
@@ -24,8 +24,11 @@ single_gpu/train.py`, `python data_parallel/train.py`, `torchrun dist_parallel/t
 fsdp/train.py`), with the same model, data, global batch, learning rate and seed; by default in
 `--benchmark` mode (speed only, on synthetic data; with --dataset imagefolder on the folder's own
 images, read as a training run reads them). fsdp is in the default --modes where there are two
-GPUs or more (one GPU has nothing to shard over); `--modes fsdp` runs it anywhere. Each run's
-results.json is read back and everything goes to `--out` (default results/<timestamp>): report.md
+GPUs or more (one GPU has nothing to shard over); `--modes fsdp` runs it anywhere. Every run's
+command line is read by its own train file's parser before any run starts (comparison/
+train_files.py): a refusal there, or of the matrix's rules (comparison/rules.py), is one line and
+nothing runs. Each run is read back from its run folder (results.json, each rank's profiler trace)
+and everything goes to `--out` (default results/<timestamp>): report.md
 (the model, the mode to use here and why, the table and what it says, first), results.csv, the
 plots, each run's log and run folder, and projection.md: projections past this machine (DDP's and
 FSDP's scaling, and the memory per GPU of this model, and of wider ones for PyramidNet). A model
@@ -40,9 +43,10 @@ SIGTERM, SIGHUP and SIGUSR1 stop every run and still write the report, the inter
 as such; a kill -9 of compare.py kills its runs too (comparison/runner.py).
 
 `--verify` runs, instead of the comparison, the checks the tests run on the CPU
-(comparison/verify.py): the modes end with the same weights on one device, N processes with what one
-process computes from the same shares, the evaluation is exact for any number of processes, the
-ranks stay in sync, and a resumed run ends where an uninterrupted one ends. Each check's figure,
+(comparison/verify.py), comparing the runs' checkpoints with one another: the modes end with the
+same weights and momentum on one device, DDP and FSDP on N processes end alike, the evaluation is
+exact for any number of processes, the ranks stay in sync, and a resumed run ends where an
+uninterrupted one ends. Each check's figure,
 tolerance and verdict go to verify.md (and verify.json); a failed check makes the exit status
 non-zero and is named in the last line.
 """

@@ -1063,3 +1063,25 @@ def test_a_failed_launch_is_named_by_the_error_a_rank_raised(tmp_path):
     assert runner.last_error(log) == "error: --data_dir /nowhere is not a folder"
     log.write_text("something went wrong\n" + "-" * 60 + "\n")
     assert runner.last_error(log) == "something went wrong"
+
+
+def test_the_comparison_reads_runs_through_their_files_and_imports_nothing_of_the_training_path():
+    """compare.py and comparison/ import nothing of common/, models/, runkit.py or a train file: a
+    train file is loaded from its path for its parser alone, in comparison/train_files.py, the one
+    module that loads one (read from the source, so that no import can hide it)."""
+    import ast
+
+    sources = [REPO / "compare.py", *sorted((REPO / "comparison").rglob("*.py"))]
+    training_path = ("common", "models", "runkit", "pyramidnet", "single_gpu", "data_parallel",
+                     "dist_parallel", "fsdp")
+    loaders = []
+    for path in sources:
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                assert name.split(".")[0] not in training_path, (path, name)
+            if isinstance(node, ast.Attribute) and node.attr == "spec_from_file_location":
+                loaders.append(path.relative_to(REPO))
+    assert loaders == [Path("comparison/train_files.py")]
