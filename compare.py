@@ -302,6 +302,9 @@ def train_values(train: list[str]) -> dict:
     try:
         return vars(train_files.parse("single_gpu", train))
     except UsageError as refusal:
+        if "unrecognized arguments" not in str(refusal):
+            raise UsageError(f"{refusal} (single_gpu/train.py's parser, reading the flags "
+                             "compare.py passes to every run)") from None
         raise UsageError(f"{refusal}: compare.py passes every flag it does not know to every "
                          "train.py (python compare.py --help, python single_gpu/train.py "
                          "--help)") from None
@@ -705,9 +708,13 @@ def check_dataset(cc: CompareConfig, train: list[str]) -> None:
             kind(root, train=train_split, download=True)
     except (OSError, RuntimeError) as error:  # no network (URLError is an OSError), a bad file
         reason = " ".join(str(error).split())[:120] or type(error).__name__
-        raise UsageError(f"--dataset {dataset} is not in --data_dir {root} and cannot be "
-                         f"downloaded here ({reason}): put it there, or give --dataset "
-                         "synthetic") from None
+        raise UsageError(f"--dataset {dataset}: {Path(root) / DATASET_FILES[dataset]} is not "
+                         f"there and cannot be downloaded here ({reason}): put it there, or give "
+                         "--dataset synthetic") from None
+
+
+# what torchvision reads of each dataset it downloads, in --data_dir
+DATASET_FILES = {"cifar10": "cifar-10-python.tar.gz", "mnist": "MNIST/raw"}
 
 
 def plan_matrix(cc: CompareConfig, train: list[str], group_flags: dict[str, list[str]],

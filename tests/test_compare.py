@@ -383,6 +383,13 @@ def test_sizes_and_counts_are_written_in_units_that_fit():
     (["--learning_rate", "0.1"], "unrecognized arguments: --learning_rate 0.1: compare.py passes "
                                  "every flag it does not know to every train.py"),
     (["--modes", "dist_parallel", "--bucket_cap_mb", "0"], "argument --bucket_cap_mb: invalid"),
+    (["--modes", "single_gpu", "--compile_mode", "reduce-overhead"],
+     "--compile_mode needs --compile (single_gpu/train.py's parser"),
+    # torch.compile's limits (tests/test_compile.py has why), in compare.py's matrix
+    (["--modes", "fsdp", "--compile", "--compile_mode", "max-autotune"],
+     "--compile_mode max-autotune captures CUDA graphs"),
+    (["--modes", "dist_parallel", "--compile", "--bucket_cap_mb", "0.5"],
+     "--bucket_cap_mb 0.5 with --compile: compiled DDP needs buckets"),
     (["--epochs", "1", "--model", "resnet18", "--dataset", "mnist"],
      "--model resnet18 takes 3-channel images"),
     (["--model", "vit_b_16", "--image_size", "40"], "--model vit_b_16 cannot take 40x40 images"),
@@ -397,6 +404,16 @@ def test_a_matrix_that_cannot_run_is_refused_before_anything_starts(argv, messag
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
     assert not out.exists()
+
+
+def test_a_mistake_is_said_once_inside_a_job_too(tmp_path, capsys, monkeypatch):
+    """RANK and LOCAL_RANK in the user's shell (inside a job, say) change nothing: compare.py is
+    no rank, and says its mistake."""
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(SystemExit) as exit_:
+        compare.main(["--out", str(tmp_path / "out"), "--repeat", "0"])
+    assert exit_.value.code == 2 and capsys.readouterr().err.startswith("error: argument --repeat")
 
 
 def test_every_flag_of_compare_has_a_domain():
@@ -1085,3 +1102,69 @@ def test_the_comparison_reads_runs_through_their_files_and_imports_nothing_of_th
             if isinstance(node, ast.Attribute) and node.attr == "spec_from_file_location":
                 loaders.append(path.relative_to(REPO))
     assert loaders == [Path("comparison/train_files.py")]
+
+
+@pytest.mark.parametrize("dataset, named",
+                         [("cifar10", "cifar-10-python.tar.gz"), ("mnist", "MNIST/raw")])
+def test_a_dataset_it_cannot_get_is_refused_once_before_any_run(tmp_path, monkeypatch, capsys,
+                                                               offline, dataset, named):
+    """A dataset the runs would train on, not in --data_dir and not to be downloaded: one line
+    before any run, naming what is missing (it used to start every configuration, each failing
+    alike after its own download attempt)."""
+    def no_run(*args, **kwargs):
+        raise AssertionError("a run was started")
+
+    monkeypatch.setattr(compare, "start", no_run)
+    out, data = tmp_path / "out", tmp_path / "data"
+    with pytest.raises(SystemExit) as exit_status:
+        compare.main(["--epochs", "1", "--dataset", dataset, "--data_dir", str(data), "--out",
+                      str(out)])
+    err = capsys.readouterr().err
+    assert exit_status.value.code == 2 and err.count("\n") == 1 and err.startswith("error: "), err
+    assert named in err and "--dataset synthetic" in err and not out.exists(), err
+
+
+def test_the_short_forms_reach_every_run():
+    """compare.py passes the train files' flags on as typed: -b is the global batch of every run
+    (the train file's own parser reads it), written once in each run's command line as
+    --batch_size; -e, an evaluation, is compare.py's own to set, and refused."""
+    cc, train, group_flags, cuda = compare.configure(["-b", "64", "-j", "0", "--gpu_counts", "2"])
+    shared, runs = compare.plan_matrix(cc, train, group_flags, cuda, Path("/nowhere"))
+    assert {run.batch_size for run in runs} == {64}
+    flags = compare.run_flags(runs[-1], shared, group_flags, Path("/nowhere"), cuda)
+    assert "-b" not in flags and flags.count("--batch_size") == 1
+    assert flags[flags.index("--batch_size") + 1] == "64"
+    with pytest.raises(UsageError, match="-e is compare.py's to set for every run"):
+        compare.configure(["-e", "weights.pt"])
+
+
+def test_an_image_folder_is_benchmarked_on_its_own_images(tmp_path):
+    """compare.py --dataset imagefolder without --epochs: its --benchmark runs read the folder
+    (not synthetic data), through the workers a training run on this machine takes (no
+    --num_workers 0 of compare's CPU defaults), and the report's Data line names the folder and its
+    images. A --benchmark run of single_gpu, as compare.py starts one."""
+    from PIL import Image
+
+    from comparison.report.model import model_line
+
+    for split, count in (("train", 12), ("val", 4)):
+        for kind, colour in (("red", (200, 30, 30)), ("blue", (30, 30, 200))):
+            (tmp_path / "images" / split / kind).mkdir(parents=True)
+            for i in range(count):
+                Image.new("RGB", (12, 12), colour).save(tmp_path / "images" / split / kind /
+                                                        f"{i}.png")
+    folder = tmp_path / "images"
+    cc, train, group_flags, cuda = compare.configure(
+        ["--dataset", "imagefolder", "--data_dir", str(folder), "--image_size", "8",
+         "--batch_size", "8", "--modes", "single_gpu"])
+    shared, runs = compare.plan_matrix(cc, train, group_flags, cuda, tmp_path)
+    assert "--benchmark" in shared and "--num_workers" not in shared
+    flags = compare.run_flags(runs[0], shared, group_flags, tmp_path / "runs", cuda)
+    done = run_script("single_gpu/train.py", *flags, "--benchmark_steps", "2", "--warmup_steps",
+                      "1", "--profile_steps", "0", "--num_workers", "0")
+    assert done.returncode == 0, done.stderr
+    results = json.loads((tmp_path / "runs" / runs[0].name / "results.json").read_text())
+    assert results["config"]["dataset"] == "imagefolder"
+    line = model_line(results["config"], [], 0)
+    assert (f"Data: the image folder {folder} (24 training and 8 validation images), 8×8 "
+            "images, 3 channels, 2 classes." in line), line
