@@ -5,13 +5,14 @@ then changed in how it computes and stores, never in what it is.
     mask_padded_gradients(model, optimizer)                    # before every optimizer step
     paper_optimizer_state(model, optimizer)                    # its state_dict: paper's shapes
 
-- The shortcut added in place (`ShortcutSum`): a block's output is its residual with the shortcut
-  added into its first channels, the sum the paper's padded identity makes without a padded copy of
-  the shortcut forward, nor a sliced copy of its gradient backward. Each block keeps its layers: its
-  class becomes a subclass whose forward differs in that sum only (fully_shard turns a module into
-  an FSDPModule the same way, by its __class__). Under torch.compile the padded sum itself, which
-  inductor fuses into one kernel, no copy either, and which AOTAutograd's cache keeps (a custom
-  autograd Function makes it bypass the cache: a warm compile would trace the model again).
+- The shortcut added in place (`ShortcutSum`), and the ReLUs: a block's output is its residual
+  with the shortcut added into its first channels, the sum the paper's padded identity makes
+  without a padded copy of the shortcut forward, nor a sliced copy of its gradient backward. Each
+  block keeps its layers: its class becomes a subclass whose forward differs in those only
+  (fully_shard turns a module into an FSDPModule the same way, by its __class__). Under
+  torch.compile the padded sum itself, which inductor fuses into one kernel, no copy either, and
+  which AOTAutograd's cache keeps (a custom autograd Function makes it bypass the cache: a warm
+  compile would trace the model again).
 - Channels stored aligned (`align_channels`, align > 1): every activation stored at a channel count
   rounded up to a multiple of `align`, the extra channels exactly zero, so that cuDNN gets
   tensor-core shapes without padding them itself on every call. The weights that touch them are
@@ -93,21 +94,22 @@ def shortcut_in_place(residual: torch.Tensor, x: torch.Tensor, stride: int) -> t
 
 
 class InPlaceBasicBlock(BasicBlock):
-    """models/pyramidnet.py's BasicBlock, its forward but for the sum."""
+    """models/pyramidnet.py's BasicBlock, its forward but for the sum and its ReLU in place (the
+    BatchNorm before it saves its input, not its output)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.conv1(self.bn1(x))
-        out = self.conv2(F.relu(self.bn2(out)))
+        out = self.conv2(F.relu(self.bn2(out), inplace=True))
         return shortcut_in_place(self.bn3(out), x, self.stride)
 
 
 class InPlaceBottleneck(Bottleneck):
-    """models/pyramidnet.py's Bottleneck, its forward but for the sum."""
+    """models/pyramidnet.py's Bottleneck, its forward but for the sum and its ReLUs in place."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.conv1(self.bn1(x))
-        out = self.conv2(F.relu(self.bn2(out)))
-        out = self.conv3(F.relu(self.bn3(out)))
+        out = self.conv2(F.relu(self.bn2(out), inplace=True))
+        out = self.conv3(F.relu(self.bn3(out), inplace=True))
         return shortcut_in_place(self.bn4(out), x, self.stride)
 
 
