@@ -253,14 +253,15 @@ def paper_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) ->
     save, load = optimizer.state_dict, optimizer.load_state_dict
 
     def state_dict() -> dict:
-        state = save()
+        state = save()  # each parameter's entry is the optimizer's own dict: new ones here
+        entries = {}
         for index, entry in state["state"].items():
             shape = shapes.get(id(params[index]))
-            for key, value in entry.items():
-                if shape is not None and torch.is_tensor(value) and value.shape != shape:
-                    entry[key] = value[paper_part(shape)].clone(
-                        memory_format=torch.contiguous_format)
-        return state
+            entries[index] = {key: value[paper_part(shape)].clone(
+                memory_format=torch.contiguous_format) if shape is not None
+                and torch.is_tensor(value) and value.shape != shape else value
+                for key, value in entry.items()}
+        return {**state, "state": entries}
 
     def load_state_dict(state: dict) -> None:
         entries = {}
