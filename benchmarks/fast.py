@@ -15,7 +15,8 @@ The mode comes first; every flag but those below is the train.py's (`python <mod
   DataLoaders handed to benchmarks/gpu_loader.py, which holds the dataset on the device and gives
   the same batches in the same order, bit for bit on the CPU (each crop drawn from the seed, the
   epoch and the image's index, as runkit.Augmented draws it): no workers, no host round trip.
-  The synthetic set, CIFAR-10 and MNIST, at their own size, --augment pad or off.
+  The synthetic set, CIFAR-10 and MNIST, at their own size, --augment pad or off (by default, the
+  train.py's DataLoader for the rest, said in a line; given, the rest refused).
 - --align_channels N (default 8 with CUDA; 0, off, without, under fsdp and with --sync_bn):
   PyramidNet's activations stored at channel counts rounded up to a multiple of N, the extra
   channels zero, the model the paper's (benchmarks/aligned.py).
@@ -101,6 +102,7 @@ def resolve(options, args, cuda: bool) -> None:
          f"leave it out with --model {args.model}"),
         (options.compile_cache and not args.compile, "--compile_cache keeps what --compile "
          "compiles: give --compile too")])
+    options.chosen = options.loader is not None  # given: refused where the data does not suit it
     options.loader = options.loader or ("gpu" if cuda else "torchvision")
     if options.align_channels is None:
         options.align_channels = 8 if cuda and fits else 0
@@ -173,13 +175,20 @@ def use_fast_path(module: types.ModuleType, options) -> None:
         if options.loader != "gpu":
             return train_loader, test_loader
         side, _, mean, std = module.IMAGES[args.dataset]
-        runkit.refuse_if([
+        unsuited = [
             (args.dataset == "imagefolder", "--loader gpu holds the synthetic set, CIFAR-10 and "
              "MNIST: give --loader torchvision for an image folder"),
             (args.image_size != side, f"--loader gpu gives {args.dataset}'s images at their own "
              f"{side} px: give --loader torchvision for --image_size {args.image_size}"),
             (args.augment == "resized", "--loader gpu crops as --augment pad does: give "
-             "--loader torchvision for --augment resized")])
+             "--loader torchvision for --augment resized")]
+        why = next((why for unfit, why in unsuited if unfit), None)
+        if why and not options.chosen:  # its default: the train file's own DataLoader then
+            args.loader = "torchvision"
+            if os.environ.get("RANK", "0") == "0":
+                print(f"fast path: the torchvision loader ({why.split(':')[0]})", flush=True)
+            return train_loader, test_loader
+        runkit.refuse_if([(why, why)])
         pad = side // 8 if args.augment == "pad" else None  # get_loaders' RandomCrop padding
         return (DeviceLoader(train_loader, device, pad=pad, flip=args.flip, mean=mean, std=std),
                 DeviceLoader(test_loader, device, pad=None, flip=False, mean=mean, std=std))

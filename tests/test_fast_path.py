@@ -186,3 +186,22 @@ def test_the_defaults_are_the_fast_paths_on_a_gpu_and_the_plain_files_on_the_cpu
         options = fast.parse([module.MODE])[0]
         fast.resolve(options, module.get_args([]), cuda)
         assert (options.loader, options.align_channels) == expected, (module.MODE, cuda)
+
+
+def test_its_default_loader_leaves_what_it_cannot_hold_to_the_train_files_own(capsys):
+    """On a GPU the gpu loader is the default, not a demand: another --image_size (or an image
+    folder, --augment resized) trains on the train file's DataLoader, said in a line and recorded;
+    given, it is refused (above)."""
+    single = fast.train_file("single_gpu")
+    options, rest = fast.parse(["single_gpu", *TINY, "--image_size", "40"])
+    fast.resolve(options, single.get_args(rest), cuda=True)
+    assert options.loader == "gpu"
+    fast.use_fast_path(single, options)
+    args = single.get_args(rest)
+    train_set, test_set, _ = single.get_datasets(args)
+    single.data_defaults(args, len(train_set))
+    loaders = single.get_loaders(args, train_set, test_set, torch.device("cpu"))
+    assert all(isinstance(loader, torch.utils.data.DataLoader) for loader in loaders)
+    assert args.loader == "torchvision"  # results.json's config says so
+    assert "fast path: the torchvision loader (--loader gpu gives synthetic's images at their " \
+        "own 32 px)" in capsys.readouterr().out
