@@ -89,7 +89,8 @@
 #   and call 2 runs it before compiled_warm.
 # - memory_snapshot 0.7 (one fsdp process under torchrun, S + 5 s, its 10 + 5 steps, the first 3 recorded
 #   with a stack per allocation, symbolized with TORCH_SYMBOLIZE_MODE=fast, and the file read back: about
-#   40 s); tests 2.0 (78 s, and the tests added since); fast_path_rest 4.9 (8 processes of 21 s and their
+#   40 s); tests 2.5 (78 s, and the tests added since: the fast path's three runs, one of them compiled beside
+#   the plain compiled run, assumed 30 s more); fast_path_rest 4.9 (8 processes of 21 s and their
 #   80 steps, 52 s, the 2 profiles at 30 s each, width8's bound 13 s, and fast_path.sh's start: 296 s);
 #   compare_repeat 6.0 (12 runs of 20 + 43 x 0.031 + 5 s, 6 under torchrun, and 15 s: 361 s). fast_path_rest
 #   has a ninth row since (plain: the lesson's single_gpu/train.py, 21 s and its 80 steps, 4 s) and two
@@ -153,7 +154,7 @@ VERIFY_RUN_TIMEOUT=90
 ROW_TIMEOUT=420
 # the minutes predicted for each part, in tenths (the header says how), and what each runs
 declare -A TENTHS=([compare]=23 [verify]=33 [fast]=7 [compiled_cold]=23 [compiled_warm]=10 [memory_snapshot]=7
-                   [tests]=20 [fast_path_rest]=58 [compare_repeat]=60)
+                   [tests]=25 [fast_path_rest]=58 [compare_repeat]=60)
 START_TENTHS=2
 declare -A WHAT=(
     [compare]="python compare.py: 4 runs of PyramidNet-110 alpha=270"
