@@ -51,7 +51,9 @@ GROUPS = ("dist_parallel", "fsdp")  # a process a GPU, started as their train.py
 
 
 def get_parser() -> runkit.ArgumentParser:
-    parser = runkit.ArgumentParser(description=__doc__, prog="fast.py")
+    parser = runkit.ArgumentParser(description=__doc__, prog="fast.py", usage="fast.py "
+                                   "{single_gpu,data_parallel,dist_parallel,fsdp} [these flags] "
+                                   "[the mode's train.py flags]")
     add, count = parser.add_argument, runkit.count
     parser.add_argument("mode", choices=MODES, help="the train.py to run: <mode>/train.py")
     add("--loader", choices=("gpu", "torchvision"), help="default: gpu with CUDA")
