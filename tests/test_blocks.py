@@ -1,13 +1,23 @@
-"""models.repeated_blocks: the blocks FSDP shards one at a time (fsdp/train.py) and the projection's
-FSDP units (comparison/projection.py), found by one rule for any model. Every model here is built on
-the meta device: the rule reads the structure only."""
+"""fsdp/train.py's repeated_blocks: the blocks FSDP shards one at a time, found by one rule for
+any model: a child of a Sequential or ModuleList that holds weights, inside no other block, whose
+class another block shares. Every model here is built on the meta device: the rule reads the
+structure only."""
 from __future__ import annotations
 
+import pytest
 import torch
 import torchvision
 from torch import nn
 
-from models import pyramidnet, repeated_blocks
+from benchmarks.aligned import fast_pyramidnet
+from benchmarks.fast import train_file
+from pyramidnet import PyramidNet
+
+repeated_blocks = train_file("fsdp").repeated_blocks
+NESTED = pytest.mark.xfail(strict=True, reason="fsdp/train.py's repeated_blocks takes blocks "
+                           "inside blocks too (ResNet's downsample, ViT's MLP layers), which it "
+                           "then shards after their block: fully_shard fails on resnet18 (a "
+                           "TypeError from DeviceMesh, mesh_dim_names None)")
 
 
 def block_names(model: nn.Module) -> list[str]:
@@ -17,7 +27,7 @@ def block_names(model: nn.Module) -> list[str]:
 
 def test_pyramidnets_blocks_are_its_residual_blocks_one_per_stage_or_many():
     with torch.device("meta"):
-        tiny, full = pyramidnet(8, 12, "basic"), pyramidnet(110, 270, "basic", align_channels=8)
+        tiny, full = PyramidNet(8, 12, "basic"), fast_pyramidnet(110, 270, "basic", align=8)
     # one per stage: repeated across the stages
     assert block_names(tiny) == ["layer1.0", "layer2.0", "layer3.0"]
     assert block_names(full) == [f"layer{stage}.{i}" for stage in (1, 2, 3) for i in range(18)]
@@ -25,6 +35,7 @@ def test_pyramidnets_blocks_are_its_residual_blocks_one_per_stage_or_many():
     assert repeated_blocks(full) == [*full.layer1, *full.layer2, *full.layer3]
 
 
+@NESTED
 def test_resnets_blocks_are_its_basic_blocks_with_their_downsample_inside():
     with torch.device("meta"):
         model = torchvision.models.resnet18()
@@ -32,6 +43,7 @@ def test_resnets_blocks_are_its_basic_blocks_with_their_downsample_inside():
     assert {type(block).__name__ for block in repeated_blocks(model)} == {"BasicBlock"}
 
 
+@NESTED
 def test_vits_blocks_are_its_encoder_blocks_and_its_classifier_is_the_roots():
     """Linear layers repeat inside every EncoderBlock's MLP, and once in the heads: inside blocks
     they do not count, so the head, alone outside them, stays with the root (with the patch
