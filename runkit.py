@@ -63,7 +63,8 @@ def one_line_errors():
     try:
         yield
     except UsageError as error:
-        if error.rank_specific or os.environ.get("LOCAL_RANK", "0") == "0":
+        once = "TORCHELASTIC_RUN_ID" not in os.environ or os.environ.get("LOCAL_RANK") == "0"
+        if error.rank_specific or once:  # torchrun's workers all meet it: said once a node
             print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
     except (RunError, PermissionError) as error:
@@ -89,6 +90,8 @@ class ArgumentParser(argparse.ArgumentParser):
         super().__init__(formatter_class=self.Help, allow_abbrev=False, **kwargs)
 
     def error(self, message: str):
+        if message.endswith("expected one argument"):  # -e alone, or a value that starts with -
+            message += " (its value after it: -e PATH; --lr=-1 for one that starts with -)"
         raise UsageError(f"{message} (see --help)")
 
 
@@ -143,23 +146,38 @@ class StopSignals:
             signal.signal(number, handler)
 
 
-def stopped_line(signal_name: str, step: int, checkpoint: Path | None) -> str:
+def stopped_line(signal_name: str, progress: dict, batches: int, checkpoint: Path | None) -> str:
+    """Where a stopped run is, and how to go on; a stop after the epoch's last step leaves its
+    evaluation (and the results, at the run's end) to the resume."""
+    owed = " (the epoch trained, its evaluation owed)" * (progress["batch"] == batches)
     if checkpoint is None:
-        return f"stopped by {signal_name} at step {step}; a --benchmark run keeps no checkpoint"
-    return (f"stopped by {signal_name} at step {step}; checkpoint {checkpoint}: continue with "
-            f"--resume auto --run_name {checkpoint.parent.name}")
+        return f"stopped by {signal_name} at step {progress['step']}; a --benchmark run keeps none"
+    return (f"stopped by {signal_name} at step {progress['step']}{owed}; checkpoint {checkpoint}: "
+            f"continue with --resume auto --run_name {checkpoint.parent.name}")
 
 
 def check_launch_environment() -> None:
     """The variables a launcher sets (torchrun, srun, a Kubernetes operator, or by hand): one that
-    no process could run with is refused in one line naming it."""
-    given = {name: os.environ[name] for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
-                                                 "LOCAL_WORLD_SIZE", "MASTER_PORT") if name in os.environ}
-    bad = next((f"{name}={value!r}" for name, value in given.items() if not value.isdigit()), None)
-    refuse_if([(bad, f"{bad}: a launcher sets it to a whole number from 0; mend the launch"),
-               (given.get("WORLD_SIZE") == "0", "WORLD_SIZE=0: a job has a process at least")])
-    refuse_if([(int(given["RANK"]) >= int(given.get("WORLD_SIZE", 1)), f"RANK={given['RANK']} is "
-                f"not below WORLD_SIZE={given.get('WORLD_SIZE')}: give each process its own")])
+    no process could run with is refused in one line naming it. A worker of torch's agent dies with
+    it (Linux's parent-death signal): a `kill -9` of torchrun leaves no orphan training on."""
+    if "TORCHELASTIC_RESTART_COUNT" in os.environ and sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    env = os.environ
+    numbers = [name for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                 "MASTER_PORT") if name in env]
+    bad = next((name for name in numbers if not env[name].isdigit()), None)
+    refuse_if([(bad, f"{bad}={env.get(bad or '')!r}: a launcher sets it to a whole number; mend it"),
+               (("RANK" in env) != ("WORLD_SIZE" in env), "RANK and WORLD_SIZE go together: set "
+                "both (a process's place, the job's processes), or neither"),
+               (not env.get("MASTER_ADDR"), "MASTER_ADDR is not set: the host of rank 0, which "
+                "every process reaches (torchrun sets it)")])
+    rank, world, local = (int(env.get(name, 0)) for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+    refuse_if([(not 0 <= rank < world, f"RANK={rank} is outside WORLD_SIZE={world}: each process "
+                "a place from 0 to WORLD_SIZE-1"),
+               (local >= int(env.get("LOCAL_WORLD_SIZE", world)), f"LOCAL_RANK={local} is outside "
+                f"LOCAL_WORLD_SIZE={env.get('LOCAL_WORLD_SIZE')}: this node's processes")])
 
 
 GROUP_WORDS = ("closed by peer", "connection reset", "broken pipe", "timed out", "timeout",
@@ -276,8 +294,8 @@ def claim_run_folder(folder: Path, resume, overwrite: bool) -> Path:
         raise UsageError(f"{folder} is a link or a file, not a run folder: give another "
                          "--run_name")
     if folder.is_dir() and not (resume or overwrite):
-        raise UsageError(f"run folder {folder} exists already: give another --run_name, add "
-                         "--overwrite, or continue it with --resume auto")
+        raise UsageError(f"run folder {folder} exists already: give another --run_name, or "
+                         "--overwrite to empty it (--resume auto continues a training run)")
     if folder.is_dir() and any(folder.iterdir()) and not (folder / MARKER).is_file():
         raise UsageError(f"{folder} is not a run folder (it has no {MARKER}): it is left as it "
                          "is; give another --run_name")
@@ -303,6 +321,9 @@ def claim_run_folder(folder: Path, resume, overwrite: bool) -> Path:
     for path in folder.iterdir():  # a killed writer's temporary files; --overwrite: all but these
         if path.name.endswith(".tmp") or overwrite and path.name not in (LOCK, MARKER):
             shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    best = Path(resume).with_name("best.pt") if resume not in (None, "auto") else None
+    if best and best.is_file() and best.parent.resolve() != folder.resolve():
+        shutil.copyfile(best, folder / "best.pt")  # a checkpoint continued elsewhere: its best too
     return folder
 
 
@@ -427,15 +448,17 @@ def load_weights(path: str, load) -> None:
 # ---------------------------------------------------------------------------- timing and telemetry
 class StepTimer:
     """Step time and data wait on the device's clock (CUDA events; perf_counter on the CPU), read
-    once a window. Untimed: the first `warmup_steps` (autotuning, compiling) and those from
-    profile=(first step, trace path) on, recorded by torch.profiler. The peak memory is reset
-    after the warm-up; snapshot=(N, path): the allocator's history of the first N steps."""
+    once a window. Untimed: this attempt's first `warmup_steps` (autotuning, compiling), and the
+    steps profile=(first, last, trace path) of the run, which torch.profiler records, each in a
+    "step N" range. The peak memory is reset after the warm-up. snapshot=(N, path): the CUDA
+    allocator's history of the run's first N steps, for pytorch.org/memory_viz."""
 
-    def __init__(self, device: torch.device, warmup_steps: int, profile=None, snapshot=None):
+    def __init__(self, device: torch.device, warmup_steps: int, step: int, profile=None,
+                 snapshot=None):
         self.device, self.cuda, self.warmup_steps = device, device.type == "cuda", warmup_steps
-        self.steps, self.pending, self.step_seconds, self.first_step_s = 0, [], [], None
-        self.profile, self.snapshot, self.profiler = profile, snapshot, None
-        if snapshot:
+        self.step, self.steps, self.pending, self.step_seconds = step, 0, [], []
+        self.profile, self.snapshot, self.profiler, self.first_step_s = profile, snapshot, None, None
+        if snapshot and step < snapshot[0]:
             torch.cuda.memory._record_memory_history(max_entries=100_000)
 
     def mark(self):
@@ -449,11 +472,14 @@ class StepTimer:
         """`batches`, each marked when it is asked for and when it is there."""
         iterator = iter(batches)
         while True:
-            if self.profile and self.steps + 1 == self.profile[0] and self.profiler is None:
-                activities = [torch.profiler.ProfilerActivity.CPU] + [
-                    torch.profiler.ProfilerActivity.CUDA] * self.cuda
-                self.profiler = torch.profiler.profile(activities=activities)
+            if self.profile and self.step + 1 == self.profile[0]:
+                self.profiler = torch.profiler.profile(activities=[
+                    torch.profiler.ProfilerActivity.CPU, *[torch.profiler.ProfilerActivity.CUDA]
+                    * self.cuda])
                 self.profiler.start()
+            if self.profiler is not None:
+                self.range = torch.profiler.record_function(f"step {self.step + 1}")
+                self.range.__enter__()
             start, self.asked = self.mark(), time.perf_counter()
             batch = next(iterator, None)
             if batch is None:
@@ -462,18 +488,29 @@ class StepTimer:
             yield batch
 
     def step_done(self) -> None:
-        self.steps += 1
-        done = self.mark()
+        self.step, self.steps, done = self.step + 1, self.steps + 1, self.mark()
         if self.steps == 1 and self.cuda:
             torch.cuda.synchronize(self.device)
         self.first_step_s = self.first_step_s or time.perf_counter() - self.asked
         if self.steps == self.warmup_steps and self.cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
-        if self.snapshot and self.steps == self.snapshot[0]:
-            torch.cuda.memory._dump_snapshot(str(self.snapshot[1]))
-            torch.cuda.memory._record_memory_history(enabled=None)
-        if self.steps > self.warmup_steps and self.profiler is None:
+        if self.snapshot and self.step == self.snapshot[0]:
+            self.dump_snapshot()
+        if self.profiler is None and self.steps > self.warmup_steps:
             self.pending.append((*self.marks, done))
+        elif self.profiler is not None:
+            self.range.__exit__(None, None, None)
+            if self.step == self.profile[1]:  # the trace, for Perfetto and comparison/'s split
+                self.profiler.stop()
+                self.profiler.export_chrome_trace(str(self.profile[2]))
+                self.profile, self.profiler = (*self.profile[:2], None), None
+
+    def dump_snapshot(self) -> None:
+        torch.cuda.memory._dump_snapshot(str(self.snapshot[1]))
+        torch.cuda.memory._record_memory_history(enabled=None)
+        print(f"memory snapshot of {self.step} steps: {self.snapshot[1]} (open it in "
+              "pytorch.org/memory_viz)", flush=True)
+        self.snapshot = None
 
     def window(self) -> list[float]:
         """[timed steps, their seconds, of which waiting for data] since the last call: one sync."""
@@ -485,15 +522,14 @@ class StepTimer:
         self.step_seconds, self.pending = self.step_seconds + steps, []
         return [float(len(steps)), sum(steps), data]
 
-    def profiled_steps(self) -> list | None:
-        """[first, last]: the steps of this attempt torch.profiler recorded (never timed)."""
-        return [self.profile[0], self.steps] if self.profiler is not None else None
-
     def close(self) -> None:
-        """The profiled steps' trace written, for Perfetto and comparison/'s split of the step."""
+        """A run that ended before its snapshot's or its profile's last step: what they hold."""
+        if self.snapshot and self.steps:
+            self.dump_snapshot()
         if self.profiler is not None:
             self.profiler.stop()
-            self.profiler.export_chrome_trace(str(self.profile[1]))
+            self.profiler.export_chrome_trace(str(self.profile[2]))
+            self.profile = (*self.profile[:2], None)
 
 
 class GpuMonitor:
@@ -614,6 +650,7 @@ class RunLog:
         if self.run_dir is None:
             return
         env = {"torch": torch.__version__, "cuda": torch.version.cuda, "host": platform.node(),
+               "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
                "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
                "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count()}
         text = json.dumps({**extra, "config": self.config, "env": env, "summary": summary},
@@ -656,10 +693,17 @@ def speed_summary(log: RunLog, timer: StepTimer, global_batch: int, devices: int
             "peak_mem_reserved_gb": max((p[1] for p in peaks), default=None),
             "train_loss": loss_sum / images if images else None,
             "train_acc": correct / images if images else None,
-            "profiled_steps": timer.profiled_steps()}
+            "profiled_steps": list(timer.profile[:2]) if timer.profile else None}
 
 
 # ------------------------------------------------------------------------------------- model facts
+def parameter_count(model: torch.nn.Module) -> int:
+    """The model's parameters as its state dict holds them (a fast path may store them padded)."""
+    state = model.state_dict()
+    return sum(state[name].numel() for name, _ in model.named_parameters())
+
+
+
 def flops_per_image(model: torch.nn.Module, images: torch.Tensor) -> int:
     """One training image's FLOPs, forward and backward, counted by FlopCounterMode on `model`
     itself (in eval mode: no statistic moves), before it is wrapped or sharded."""
@@ -672,11 +716,12 @@ def flops_per_image(model: torch.nn.Module, images: torch.Tensor) -> int:
     return counter.get_total_flops() // len(images)
 
 
-# Dense peak TFLOP/s (bf16/fp16, fp32), NVIDIA's datasheets (SXM unless named; no sparsity)
-PEAK_TFLOPS = {"H100 PCIe": (756.5, 51.2), "H100 NVL": (835.5, 60.0), "H200 NVL": (835.5, 60.0),
-               "GH200": (989.4, 66.9), "H100": (989.4, 66.9), "H200": (989.4, 66.9),
-               "GB200": (2500.0, 80.0), "B200": (2250.0, 75.0), "A100": (312.0, 19.5),
-               "L40S": (362.05, 91.6), "L4": (121.0, 30.3), "A10": (125.0, 31.2)}
+# Dense peak TFLOP/s (bf16/fp16, TF32: --amp off computes in TF32 on a GPU), from NVIDIA's
+# datasheets (SXM unless named; no sparsity)
+PEAK_TFLOPS = {"H100 PCIe": (756.5, 378.0), "H100 NVL": (835.5, 417.5), "H200 NVL": (835.5, 417.5),
+               "GH200": (989.4, 494.7), "H100": (989.4, 494.7), "H200": (989.4, 494.7),
+               "GB200": (2500.0, 1250.0), "B200": (2250.0, 1125.0), "A100": (312.0, 156.0),
+               "L40S": (362.05, 183.0), "L4": (121.0, 60.0), "A10": (125.0, 62.5)}
 
 
 def peak_tflops(device: torch.device, amp: str) -> tuple[float | None, str | None]:

@@ -95,8 +95,11 @@ def get_args(argv=None) -> argparse.Namespace:
     runkit.refuse_if([
         (args.resume and args.overwrite, "--resume continues a run and --overwrite empties it"),
         (args.resume == "auto" and not args.run_name, "--resume auto needs --run_name NAME"),
-        (args.evaluate and (args.resume or args.benchmark), "--evaluate trains nothing: leave "
-         "out --resume and --benchmark"),
+        (args.evaluate and (args.resume or args.benchmark or args.memory_snapshot or
+                            args.profile_steps), "--evaluate trains nothing: leave out --resume, "
+         "--benchmark, --memory_snapshot and --profile_steps"),
+        (args.augment == "off" and args.flip, "--flip mirrors training images and --augment off "
+         "trains on them as they are: give one of them"),
         (args.compile_mode != "default" and not args.compile, "--compile_mode needs --compile"),
         (args.model != "pyramidnet" and args.model not in torchvision.models.list_models(
             module=torchvision.models), f"--model {args.model} is no torchvision classifier")])
@@ -384,21 +387,24 @@ def main(argv=None) -> int:
     run_dir = runkit.claim_run_folder(folder, args.resume, args.overwrite)
     gpus = args.gpu_devices if device.type == "cuda" else []
     last = min(args.epochs * len(train_loader), args.max_steps or math.inf)  # the run's last step
-    profile = (last - args.profile_steps + 1, folder / "trace_rank0.json")  # after the timed ones
-    snapshot = (args.memory_snapshot, folder / "memory_snapshot.pickle")  # its first N steps
+    trace = folder / "trace_rank0.json"  # the run's last --profile_steps, after the timed ones
+    profile = (last - args.profile_steps + 1, last, trace) if args.profile_steps else None
+    snapshot = (args.memory_snapshot, folder / "memory_snapshot.pickle") if is_main else None
     run = SimpleNamespace(  # what the loop carries from step to step; a checkpoint keeps progress
         args=args, device=device, model=model, raw_model=raw_model, train_loader=train_loader,
         optimizer=optimizer, scheduler=scheduler, scaler=scaler, stop=None,
         log=runkit.RunLog(run_dir if is_main else None, vars(args), checkpoint),
-        timer=runkit.StepTimer(device, args.warmup_steps, args.profile_steps and profile,
-                               args.memory_snapshot and snapshot),
+        timer=runkit.StepTimer(device, args.warmup_steps, checkpoint and checkpoint["progress"][
+            "step"] or 0, profile, snapshot if args.memory_snapshot else None),
         monitor=runkit.GpuMonitor(gpus), signals=runkit.StopSignals(),
         sums=torch.zeros(3, dtype=torch.float64, device=device),  # the window's, on the device
         progress=dict(epoch=0, batch=0, step=0, best_acc=None, best_epoch=None, tested_step=None))
     try:
         if checkpoint is not None:
             restore(run, checkpoint)
-        if args.evaluate:  # saved weights, evaluated alone
+            run.log.line(f"resumed at step {run.progress['step']} from {checkpoint['file']}")
+        if args.evaluate:  # saved weights, evaluated alone; a signal ends it: nothing to keep
+            run.signals.restore()
             runkit.load_weights(args.evaluate, raw_model.load_state_dict)
             test = evaluate(args, raw_model, test_loader, device)
             run.log.line(f"{args.evaluate}: test loss {test['test_loss']:.4f} acc "
@@ -410,7 +416,7 @@ def main(argv=None) -> int:
             train_one_epoch(run, epoch)
             if run.stop:  # SIGTERM, SIGINT, SIGHUP, SIGUSR1: a checkpoint, then a clean exit
                 path = save_checkpoint(run)
-                run.log.line(runkit.stopped_line(run.stop, run.progress["step"], path))
+                run.log.line(runkit.stopped_line(run.stop, run.progress, len(train_loader), path))
                 return runkit.StopSignals.CODES[run.stop]
             if not args.benchmark:  # --benchmark measures speed only: no evaluation, no files
                 test = evaluate(args, raw_model, test_loader, device)
@@ -422,7 +428,7 @@ def main(argv=None) -> int:
             torch.save(raw_model.state_dict(), run_dir / "model.pt")
         summary = runkit.speed_summary(run.log, run.timer, args.batch_size, max(len(gpus), 1), flops,
                                        runkit.peak_tflops(device, args.amp), run.monitor, gpus)
-        summary.update(parameters=sum(p.numel() for p in raw_model.parameters()),
+        summary.update(parameters=runkit.parameter_count(raw_model),
                        wall_time_s=time.perf_counter() - started, **run.progress, **run.log.last_test)
         run.log.results(summary, mode=MODE, world_size=1,
                         peak_mem_gb_per_gpu=runkit.peak_memory_gb(gpus))

@@ -111,8 +111,11 @@ def get_args(argv=None) -> argparse.Namespace:
     runkit.refuse_if([
         (args.resume and args.overwrite, "--resume continues a run and --overwrite empties it"),
         (args.resume == "auto" and not args.run_name, "--resume auto needs --run_name NAME"),
-        (args.evaluate and (args.resume or args.benchmark), "--evaluate trains nothing: leave "
-         "out --resume and --benchmark"),
+        (args.evaluate and (args.resume or args.benchmark or args.memory_snapshot or
+                            args.profile_steps), "--evaluate trains nothing: leave out --resume, "
+         "--benchmark, --memory_snapshot and --profile_steps"),
+        (args.augment == "off" and args.flip, "--flip mirrors training images and --augment off "
+         "trains on them as they are: give one of them"),
         (args.compile_mode != "default" and not args.compile, "--compile_mode needs --compile"),
         (args.model != "pyramidnet" and args.model not in torchvision.models.list_models(
             module=torchvision.models), f"--model {args.model} is no torchvision classifier")])
@@ -135,6 +138,12 @@ def setup(args) -> torch.device:
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.set_device(device)  # a GPU a process, before the group: NCCL binds to it
+    runkit.refuse_if([(args.sync_bn and not cuda, "--sync_bn needs GPUs (SyncBatchNorm refuses "
+                       "CPU modules)"), (args.backend == "nccl" and not cuda, "--backend nccl "
+                       "needs GPUs: give --backend gloo"), (args.compile and args.bucket_cap_mb < 1,
+                       "--bucket_cap_mb under compile: at least 1 (DDPOptimizer's first bucket)"),
+                      (launched_by_hand(args), "--nproc_per_node and --max_restarts are the self-"
+                       "launch's: under torchrun give its own --nproc-per-node, --max-restarts")])
     with runkit.group_failure_in_one_line():  # robustness: a rendezvous that cannot succeed
         dist.init_process_group(args.backend or ("nccl" if cuda else "gloo"), rank=rank,
                                 world_size=world_size, device_id=device if cuda else None,
@@ -403,21 +412,24 @@ def main(argv=None) -> int:
     run_dir = on_rank_0(runkit.claim_run_folder, folder, args.resume, args.overwrite)
     gpus = [device.index] if device.type == "cuda" else []
     last = min(args.epochs * len(train_loader), args.max_steps or math.inf)  # the run's last step
-    profile = (last - args.profile_steps + 1, folder / f"trace_rank{dist.get_rank()}.json")  # after the timed ones
-    snapshot = (args.memory_snapshot, folder / "memory_snapshot.pickle")  # its first N steps
+    trace = folder / f"trace_rank{dist.get_rank()}.json"  # the run's last --profile_steps, after the timed ones
+    profile = (last - args.profile_steps + 1, last, trace) if args.profile_steps else None
+    snapshot = (args.memory_snapshot, folder / "memory_snapshot.pickle") if is_main else None
     run = SimpleNamespace(  # what the loop carries from step to step; a checkpoint keeps progress
         args=args, device=device, model=model, raw_model=raw_model, train_loader=train_loader,
         optimizer=optimizer, scheduler=scheduler, scaler=scaler, stop=None,
         log=runkit.RunLog(run_dir if is_main else None, vars(args), checkpoint),
-        timer=runkit.StepTimer(device, args.warmup_steps, args.profile_steps and profile,
-                               args.memory_snapshot and snapshot),
+        timer=runkit.StepTimer(device, args.warmup_steps, checkpoint and checkpoint["progress"][
+            "step"] or 0, profile, snapshot if args.memory_snapshot else None),
         monitor=runkit.GpuMonitor(gpus), signals=runkit.StopSignals(),
         sums=torch.zeros(3, dtype=torch.float64, device=device),  # the window's, on the device
         progress=dict(epoch=0, batch=0, step=0, best_acc=None, best_epoch=None, tested_step=None))
     try:
         if checkpoint is not None:
             restore(run, checkpoint)
-        if args.evaluate:  # saved weights, evaluated alone
+            run.log.line(f"resumed at step {run.progress['step']} from {checkpoint['file']}")
+        if args.evaluate:  # saved weights, evaluated alone; a signal ends it: nothing to keep
+            run.signals.restore()
             runkit.load_weights(args.evaluate, raw_model.load_state_dict)
             test = evaluate(args, raw_model, test_loader, device)
             run.log.line(f"{args.evaluate}: test loss {test['test_loss']:.4f} acc "
@@ -429,7 +441,7 @@ def main(argv=None) -> int:
             train_one_epoch(run, epoch)
             if run.stop:  # SIGTERM, SIGINT, SIGHUP, SIGUSR1: a checkpoint, then a clean exit
                 path = save_checkpoint(run)
-                run.log.line(runkit.stopped_line(run.stop, run.progress["step"], path))
+                run.log.line(runkit.stopped_line(run.stop, run.progress, len(train_loader), path))
                 dist.barrier()  # no rank exits before rank 0 wrote it: a launcher ends the job
                 return runkit.StopSignals.CODES[run.stop]
             if not args.benchmark:  # --benchmark measures speed only: no evaluation, no files
@@ -442,7 +454,7 @@ def main(argv=None) -> int:
             torch.save(raw_model.state_dict(), run_dir / "model.pt")
         summary = runkit.speed_summary(run.log, run.timer, args.batch_size, dist.get_world_size(), flops,
                                        runkit.peak_tflops(device, args.amp), run.monitor, gpus)
-        summary.update(parameters=sum(p.numel() for p in raw_model.parameters()),
+        summary.update(parameters=runkit.parameter_count(raw_model),
                        wall_time_s=time.perf_counter() - started, **run.progress, **run.log.last_test)
         peaks = [None] * dist.get_world_size()  # each rank's GPU's peak memory, by rank
         dist.all_gather_object(peaks, runkit.peak_memory_gb(gpus))
@@ -515,7 +527,13 @@ def one_download_a_node():
         dist.barrier()
 
 
-def launch_workers(args) -> int:
+def launched_by_hand(args) -> bool:
+    """Whether --nproc_per_node or --max_restarts reached a worker the self-launch did not start."""
+    given = args.nproc_per_node is not None or args.max_restarts
+    return given and "RANK" in os.environ and "PYTORCH_MULTIGPU_SELF_LAUNCH" not in os.environ
+
+
+def launch_workers(args, command: list[str] | None = None) -> int:
     """convenience: `python train.py` without torchrun starts a worker a GPU (--nproc_per_node
     CPU workers without one) on this node, each running this file as `torchrun --standalone`
     would. A stop or a usage error its workers said is its exit status; any other failure,
@@ -530,9 +548,11 @@ def launch_workers(args) -> int:
         raise runkit.UsageError(f"--nproc_per_node {nproc}: this node has {gpus} GPUs; one a "
                                 "process")
     os.environ.setdefault("OMP_NUM_THREADS", str(max((os.cpu_count() or 1) // nproc, 1)))
+    os.environ["PYTORCH_MULTIGPU_SELF_LAUNCH"] = "1"  # its workers may take these two flags
     launch = get_args_parser().parse_args([
         "--standalone", f"--nproc_per_node={nproc}", f"--max-restarts={args.max_restarts}",
-        "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", __file__, *sys.argv[1:]])
+        "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
+        *(command or [__file__, *sys.argv[1:]])])
     try:
         run(launch)
     except SignalException as stop:  # passed on to the workers, which stopped with a checkpoint

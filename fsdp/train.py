@@ -120,8 +120,11 @@ def get_args(argv=None) -> argparse.Namespace:
     runkit.refuse_if([
         (args.resume and args.overwrite, "--resume continues a run and --overwrite empties it"),
         (args.resume == "auto" and not args.run_name, "--resume auto needs --run_name NAME"),
-        (args.evaluate and (args.resume or args.benchmark), "--evaluate trains nothing: leave "
-         "out --resume and --benchmark"),
+        (args.evaluate and (args.resume or args.benchmark or args.memory_snapshot or
+                            args.profile_steps), "--evaluate trains nothing: leave out --resume, "
+         "--benchmark, --memory_snapshot and --profile_steps"),
+        (args.augment == "off" and args.flip, "--flip mirrors training images and --augment off "
+         "trains on them as they are: give one of them"),
         (args.compile_mode != "default" and not args.compile, "--compile_mode needs --compile"),
         (args.model != "pyramidnet" and args.model not in torchvision.models.list_models(
             module=torchvision.models), f"--model {args.model} is no torchvision classifier")])
@@ -144,6 +147,12 @@ def setup(args) -> torch.device:
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.set_device(device)  # a GPU a process, before the group: NCCL binds to it
+    runkit.refuse_if([(args.backend == "nccl" and not cuda, "--backend nccl "
+                       "needs GPUs: give --backend gloo"), (args.compile_mode in (
+                       "reduce-overhead", "max-autotune"), "CUDA graphs cannot keep FSDP2's "
+                       "gathered weights: give --compile_mode default or ...-no-cudagraphs"),
+                      (launched_by_hand(args), "--nproc_per_node and --max_restarts are the self-"
+                       "launch's: under torchrun give its own --nproc-per-node, --max-restarts")])
     with runkit.group_failure_in_one_line():  # robustness: a rendezvous that cannot succeed
         dist.init_process_group(args.backend or ("nccl" if cuda else "gloo"), rank=rank,
                                 world_size=world_size, device_id=device if cuda else None,
@@ -258,6 +267,8 @@ def get_model(args, classes: int, device: torch.device):
         full_state_dict=True, broadcast_from_rank0=True))  # slice of rank 0's tensors
     model = raw_model  # sharded in place: the same module
     if args.compile:  # compiled at the first step; raw_model (evaluation, saving) stays eager
+        # TorchDynamo does not trace FSDP2's hooks: a graph a block, each its own width
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         model = torch.compile(model, mode=args.compile_mode, dynamic=False)
     return model, raw_model, flops
 
@@ -424,21 +435,24 @@ def main(argv=None) -> int:
     run_dir = on_rank_0(runkit.claim_run_folder, folder, args.resume, args.overwrite)
     gpus = [device.index] if device.type == "cuda" else []
     last = min(args.epochs * len(train_loader), args.max_steps or math.inf)  # the run's last step
-    profile = (last - args.profile_steps + 1, folder / f"trace_rank{dist.get_rank()}.json")  # after the timed ones
-    snapshot = (args.memory_snapshot, folder / "memory_snapshot.pickle")  # its first N steps
+    trace = folder / f"trace_rank{dist.get_rank()}.json"  # the run's last --profile_steps, after the timed ones
+    profile = (last - args.profile_steps + 1, last, trace) if args.profile_steps else None
+    snapshot = (args.memory_snapshot, folder / "memory_snapshot.pickle") if is_main else None
     run = SimpleNamespace(  # what the loop carries from step to step; a checkpoint keeps progress
         args=args, device=device, model=model, raw_model=raw_model, train_loader=train_loader,
         optimizer=optimizer, scheduler=scheduler, scaler=scaler, stop=None,
         log=runkit.RunLog(run_dir if is_main else None, vars(args), checkpoint),
-        timer=runkit.StepTimer(device, args.warmup_steps, args.profile_steps and profile,
-                               args.memory_snapshot and snapshot),
+        timer=runkit.StepTimer(device, args.warmup_steps, checkpoint and checkpoint["progress"][
+            "step"] or 0, profile, snapshot if args.memory_snapshot else None),
         monitor=runkit.GpuMonitor(gpus), signals=runkit.StopSignals(),
         sums=torch.zeros(3, dtype=torch.float64, device=device),  # the window's, on the device
         progress=dict(epoch=0, batch=0, step=0, best_acc=None, best_epoch=None, tested_step=None))
     try:
         if checkpoint is not None:
             restore(run, checkpoint)
-        if args.evaluate:  # saved weights, evaluated alone
+            run.log.line(f"resumed at step {run.progress['step']} from {checkpoint['file']}")
+        if args.evaluate:  # saved weights, evaluated alone; a signal ends it: nothing to keep
+            run.signals.restore()
             runkit.load_weights(args.evaluate, lambda state: set_model_state_dict(
                 raw_model, state, options=WHOLE))  # each rank its slice
             test = evaluate(args, raw_model, test_loader, device)
@@ -451,7 +465,7 @@ def main(argv=None) -> int:
             train_one_epoch(run, epoch)
             if run.stop:  # SIGTERM, SIGINT, SIGHUP, SIGUSR1: a checkpoint, then a clean exit
                 path = save_checkpoint(run)
-                run.log.line(runkit.stopped_line(run.stop, run.progress["step"], path))
+                run.log.line(runkit.stopped_line(run.stop, run.progress, len(train_loader), path))
                 dist.barrier()  # no rank exits before rank 0 wrote it: a launcher ends the job
                 return runkit.StopSignals.CODES[run.stop]
             if not args.benchmark:  # --benchmark measures speed only: no evaluation, no files
@@ -464,7 +478,7 @@ def main(argv=None) -> int:
             torch.save(raw_model.state_dict(), run_dir / "model.pt")
         summary = runkit.speed_summary(run.log, run.timer, args.batch_size, dist.get_world_size(), flops,
                                        runkit.peak_tflops(device, args.amp), run.monitor, gpus)
-        summary.update(parameters=sum(p.numel() for p in raw_model.parameters()),
+        summary.update(parameters=runkit.parameter_count(raw_model),
                        wall_time_s=time.perf_counter() - started, **run.progress, **run.log.last_test)
         peaks = [None] * dist.get_world_size()  # each rank's GPU's peak memory, by rank
         dist.all_gather_object(peaks, runkit.peak_memory_gb(gpus))
@@ -491,7 +505,9 @@ def repeated_blocks(model: torch.nn.Module) -> list:
                 for child in module.children() if next(child.parameters(), None) is not None
                 and not isinstance(child, (torch.nn.Sequential, torch.nn.ModuleList))]
     kinds = [type(child) for child in children]
-    return [child for child in children if kinds.count(type(child)) > 1]
+    blocks = [child for child in children if kinds.count(type(child)) > 1]
+    inner = {id(sub) for block in blocks for sub in block.modules() if sub is not block}
+    return [block for block in blocks if id(block) not in inner]  # those inside no other
 
 
 def as_many_batches(loader: DataLoader, device: torch.device):
@@ -579,7 +595,13 @@ def one_download_a_node():
         dist.barrier()
 
 
-def launch_workers(args) -> int:
+def launched_by_hand(args) -> bool:
+    """Whether --nproc_per_node or --max_restarts reached a worker the self-launch did not start."""
+    given = args.nproc_per_node is not None or args.max_restarts
+    return given and "RANK" in os.environ and "PYTORCH_MULTIGPU_SELF_LAUNCH" not in os.environ
+
+
+def launch_workers(args, command: list[str] | None = None) -> int:
     """convenience: `python train.py` without torchrun starts a worker a GPU (--nproc_per_node
     CPU workers without one) on this node, each running this file as `torchrun --standalone`
     would. A stop or a usage error its workers said is its exit status; any other failure,
@@ -594,9 +616,11 @@ def launch_workers(args) -> int:
         raise runkit.UsageError(f"--nproc_per_node {nproc}: this node has {gpus} GPUs; one a "
                                 "process")
     os.environ.setdefault("OMP_NUM_THREADS", str(max((os.cpu_count() or 1) // nproc, 1)))
+    os.environ["PYTORCH_MULTIGPU_SELF_LAUNCH"] = "1"  # its workers may take these two flags
     launch = get_args_parser().parse_args([
         "--standalone", f"--nproc_per_node={nproc}", f"--max-restarts={args.max_restarts}",
-        "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", __file__, *sys.argv[1:]])
+        "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
+        *(command or [__file__, *sys.argv[1:]])])
     try:
         run(launch)
     except SignalException as stop:  # passed on to the workers, which stopped with a checkpoint
