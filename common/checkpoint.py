@@ -233,6 +233,10 @@ CONTENTS = {"config": dict, "epoch": int, "batch": int, "step": int, "best_acc":
             "history": dict}
 # v1 checkpoints lack it: the results then cover the last attempt alone
 NOT_IN_EARLIER_FORMAT = ("history",)
+# What a checkpoint keeps of the attempt that trained, where the run's end is owed
+# (Run.attempt_figures)
+ATTEMPT_ENTRIES = {"mode", "devices", "summary", "peak_mem_gb_per_gpu",
+                   "peak_mem_reserved_gb_per_gpu", "env", "traces"}
 
 
 def load_checkpoint(path: Path, cfg: Config) -> dict:
@@ -316,6 +320,12 @@ def misfit_entry(state: dict, cfg: Config) -> str | None:
     if "extended" in state:  # absent from checkpoints written before runs could be extended
         checks.append(("extended", _is_extensions(state["extended"]),
                        "not a list of the run's extensions"))
+    # absent from checkpoints written before a stop could leave an epoch's end owed
+    checks.append(("end_owed", isinstance(state.get("end_owed", False), bool), "not true or false"))
+    attempt = state.get("trained_attempt")
+    checks.append(("trained_attempt", attempt is None or isinstance(attempt, dict)
+                   and ATTEMPT_ENTRIES <= attempt.keys() and isinstance(attempt["summary"], dict),
+                   "not an attempt's figures"))
     return next((f"{name!r} entry ({why})" for name, holds, why in checks if not holds), None)
 
 
@@ -404,7 +414,9 @@ def check_fits(state: dict | None, raw_model: torch.nn.Module, steps_per_epoch: 
             refuse(state, "its 'optimizer' entry does not fit this model: parameter "
                           f"{index}'s momentum is {tuple(momentum.shape)} where the "
                           f"parameter is {shapes[index]}")
-    if state["batch"] >= steps_per_epoch:
+    # an epoch whose end a stop left owed is kept at its last batch
+    last = steps_per_epoch if state.get("end_owed") else steps_per_epoch - 1
+    if state["batch"] > last:
         refuse(state, f"its 'batch' entry ({state['batch']}) lies past the end of this run's epoch "
                       f"of {steps_per_epoch} batches")
 
@@ -415,10 +427,13 @@ def refuse(state: dict, why: str):
 
 
 def has_ended(state: dict | None, cfg: Config) -> bool:
-    """A checkpoint with nothing left to train under this config: every epoch done, or
-    --max_steps reached (a ceiling, so a lower --max_steps on resume ends the run too); or a
-    finished run without its checkpoint."""
+    """A checkpoint with nothing left to do under this config: every epoch done, or --max_steps
+    reached (a ceiling, so a lower --max_steps on resume ends the run too), and no epoch's end
+    owed (a stop at its last window leaves its evaluation, and at the run's end its results, to
+    the resume); or a finished run without its checkpoint."""
     if state is None:
+        return False
+    if state.get("end_owed"):
         return False
     return (state.get("finished") or state["epoch"] >= cfg.epochs
             or cfg.reached_max_steps(state["step"]))
@@ -440,12 +455,15 @@ def ended_line(state: dict, cfg: Config) -> str:
             f"train; its folder is left as it is ({more}, with --resume auto)")
 
 
-def stopped_line(signal_name: str, step: int, path: Path | None, run_dir: Path | None) -> str:
-    """What a run stopped by a signal says: where its checkpoint is and how to continue. A
+def stopped_line(signal_name: str, step: int, path: Path | None, run_dir: Path | None,
+                 owed: str | None = None) -> str:
+    """What a run stopped by a signal says: where its checkpoint is and how to continue, and what
+    of an epoch's end the resume owes first (`owed`: stopped at the epoch's last window). A
     --benchmark run writes none (it measures speed only): nothing to continue."""
     if path is None:
         return f"stopped by {signal_name} at step {step}; a --benchmark run keeps no checkpoint"
-    return (f"stopped by {signal_name} at step {step}; checkpoint {path}: continue with "
+    owed = f" ({owed})" if owed else ""
+    return (f"stopped by {signal_name} at step {step}{owed}; checkpoint {path}: continue with "
             f"{continue_flags(run_dir)}")
 
 
