@@ -622,15 +622,19 @@ class UntilAnyRankStopped:
                 yield batch
 
 
+# what to do after a stop during --evaluate: the same command again, into the same folder
+EVALUATE_AGAIN = "to evaluate, run the same command with --overwrite"
+
+
 def stop_evaluation(signal_name: str, done: int, total: int, says: bool) -> SystemExit:
     """--evaluate stopped by `signal_name` after `done` of `total` batches: one line (by the process
     that `says` it, which tells a self-launch too), and the exit to raise, with the status of a stop
     by that signal (nothing is written)."""
-    if says:
+    if says:  # its run folder holds what the evaluation wrote so far: --overwrite replaces it
         print(f"stopped by {signal_name} during the evaluation, after {done} of {total} batches: "
-              "no results written; run it again to evaluate", flush=True)
+              f"no results written; {EVALUATE_AGAIN}", flush=True)
         tell_self_launch(STOPPED, f"during the evaluation, after {done} of {total} "
-                                  "batches\nno results written")
+                                  f"batches\nno results written; {EVALUATE_AGAIN}")
     return SystemExit(StopSignals.EXIT_CODES[signal_name])
 
 

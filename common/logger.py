@@ -94,8 +94,10 @@ def resolve_run_dir(cfg: Config, mode: str, gpu_count: int) -> Path:
                              f"{shlex.quote(own.name)} --log_dir {shlex.quote(str(own.parent))} to "
                              "continue in the checkpoint's own folder)")
     elif run_dir.exists() and not (cfg.overwrite or cfg.resume):
-        raise UsageError(f"run folder {run_dir} exists already: choose another --run_name, add "
-                         "--overwrite, or continue it with --resume auto")
+        then = "choose another --run_name or add --overwrite"
+        if not (cfg.evaluate or cfg.benchmark):  # --resume continues training, which they do not
+            then = "choose another --run_name, add --overwrite, or continue it with --resume auto"
+        raise UsageError(f"run folder {run_dir} exists already: {then}")
     if run_dir.is_dir() and not is_run_folder(run_dir, earlier_runs=not cfg.overwrite):
         flag_given = "--overwrite only replaces" if cfg.overwrite else "--resume only continues"
         raise UsageError(f"{run_dir} is not a run folder (it has no {MARKER}): "

@@ -21,7 +21,9 @@ launcher that says in one line what happened to its workers.
    checkpoints and exits 128 + the signal, saying what is owed, and the command it prints
    evaluates the epoch first, best.pt and results.json (the speed of the attempt that trained)
    then written as an unstopped run writes them; single_gpu as the issue ran it (--max_steps),
-   single_gpu and data_parallel at an epoch's end, dist_parallel and fsdp on two processes.
+   single_gpu and data_parallel at an epoch's end, dist_parallel and fsdp on two processes;
+5. an evaluation stopped by a signal suggests a command that evaluates (the same one with
+   --overwrite), and the same command as it was is refused with a line that offers it.
 """
 from __future__ import annotations
 
@@ -133,7 +135,7 @@ def test_evaluate_in_a_group_stops_every_rank_at_the_same_batch(script, weights,
     assert [code for code, _, _ in ranks] == [143, 143], ranks
     said = [line for line in ranks[0][1].splitlines() if line.startswith("stopped by")]
     assert said == ["stopped by SIGTERM during the evaluation, after 3 of 16 batches: no results "
-                    "written; run it again to evaluate"], ranks[0]
+                    "written; to evaluate, run the same command with --overwrite"], ranks[0]
     assert "stopped" not in ranks[1][1] and "Traceback" not in ranks[0][2] + ranks[1][2]
     assert not (tmp_path / "by_hand" / "results.json").exists()
 
@@ -421,3 +423,24 @@ def test_a_stop_in_a_groups_last_window_is_finished_by_the_resume(script, tmp_pa
     assert results["summary"]["images_per_sec"] > 0 and results["summary"]["best_epoch"] == 1
     assert (tmp_path / "by_hand" / "best.pt").exists()
 
+
+# ------------------------------------------------------------- 5. after a stop during --evaluate
+def test_the_command_a_stopped_evaluation_suggests_evaluates(weights, tmp_path):
+    """SIGTERM during --evaluate's third batch, into a named folder: the line says to run the same
+    command with --overwrite, which evaluates; the same command as it was is refused with a line
+    that offers --overwrite and not --resume auto, which --evaluate refuses (both used to be
+    refused: "run it again" met the folder the stopped evaluation had made, and the refusal
+    offered --resume auto)."""
+    flags = [*EVALUATE, "--evaluate", weights, "--log_dir", tmp_path, "--run_name", "ev"]
+    stopped = under_fault("single_gpu/train.py", flags,
+                          {"FAULT_STEP": "3", "FAULT_SIGNAL": "SIGTERM"})
+    assert stopped.returncode == 143, stopped.stdout + stopped.stderr
+    assert stopped.stdout.splitlines()[-1] == (
+        "stopped by SIGTERM during the evaluation, after 3 of 16 batches: no results written; "
+        "to evaluate, run the same command with --overwrite")
+    again = refuse_in_process("single_gpu/train.py", *flags)
+    assert again.returncode == 2 and "--overwrite" in again.stderr, again.stderr
+    assert "--resume" not in again.stderr
+    evaluated = train_in_process("single_gpu/train.py", *flags, "--overwrite")
+    assert evaluated.returncode == 0, evaluated.stdout + evaluated.stderr
+    assert read_results(tmp_path / "ev")["summary"]["test_images"] == 512
