@@ -124,6 +124,37 @@ def write_checkpoint(run_dir: Path | None, state: dict, best: bool) -> Path | No
     return path
 
 
+def carry_best(state: dict, run_dir: Path) -> tuple[bool, str]:
+    """The best.pt of the run that `state` (a checkpoint resumed) continues, into its folder
+    `run_dir`: a run resumed from a checkpoint file into a new folder copies the best.pt beside
+    that file when it holds the best epoch `state` names, so that the folder's best.pt holds the
+    best its results report. Whether the folder holds it then (True also where there is no best
+    yet), and what to say of it (empty: nothing)."""
+    if state["best_acc"] < 0 or (run_dir / BEST).is_file():
+        return True, ""
+    source = Path(state["file"]).parent / BEST
+    best = f"the best epoch's weights (epoch {state.get('best_epoch')})"
+    if source.parent.resolve() == run_dir.resolve():
+        return False, f"; {best} are not here: this folder's {BEST} is gone"
+    try:
+        saved = load_file(source)
+        holds = (saved["best_acc"], saved.get("best_epoch")) == \
+            (state["best_acc"], state.get("best_epoch"))
+    except Exception:  # missing, or not a checkpoint: nothing to carry
+        holds = False
+    if not holds:
+        return False, f"; {best} are in no {BEST}: {source} does not hold them"
+    try:
+        with open(source, "rb") as kept:
+            write_atomically(run_dir / BEST, lambda f: shutil.copyfileobj(kept, f))
+    except OSError as error:
+        line = file_system_error(error)
+        if line is None:
+            raise
+        raise RunError(f"could not write {line}") from None
+    return True, f"; {BEST} (epoch {state.get('best_epoch')}) copied from {source}"
+
+
 def continue_flags(run_dir: Path) -> str:
     """The flags that continue the run in `run_dir`, to add to the command that started it, ready to
     paste: the run's name quoted where a shell would split it."""

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 import common.checkpoint
 from common.breakdown import StepProfiler, breakdown_line, slowest_rank, trace_text
-from common.checkpoint import (FORMAT, StopSignals, all_rng_states, extends,
+from common.checkpoint import (FORMAT, StopSignals, all_rng_states, carry_best, extends,
                                last_checkpoint_note, restore_optimizer, set_rng_state)
 from common.config import Config, RunError
 from common.logger import (Console, RunLogger, device_scalars, percent, shows_top5, speed_line,
@@ -72,6 +72,9 @@ class Run:
     extended: list = field(default_factory=list)
     # the position (epoch, batch) where the last epoch's end (its evaluation) ran: see end_owed
     ended_at: tuple | None = None
+    # whether the run folder's best.pt holds the best epoch's weights (False: resumed from a
+    # checkpoint file whose folder's best.pt could not be carried into this one)
+    best_kept: bool = True
     # results.json's figures of the attempt that trained (attempt_figures), kept by the checkpoint
     # of a stop that left an epoch's end owed: reported where this attempt trains no step
     trained_attempt: dict | None = None
@@ -147,11 +150,15 @@ class Run:
         restore(checkpoint, self, rank)
         # --profile_steps: the run's last steps, counted from where this attempt starts
         self.profiler.plan(self.step, self.cfg.last_step(len(self.train_loader)))
+        # the best.pt of the run continued, into this folder (main process)
+        best = ""
+        if self.run_dir is not None:
+            self.best_kept, best = carry_best(checkpoint, self.run_dir)
         owed = (": its training was done, its evaluation was not: evaluating it"
                 if self.end_owed else "")
         self.console.line(f"resumed at step {self.step} (epoch {self.epoch + 1}, batch "
                           f"{self.batch}) from "
-                          f"{checkpoint['file']}{self.extension_note(checkpoint)}{owed}")
+                          f"{checkpoint['file']}{self.extension_note(checkpoint)}{best}{owed}")
 
     def extension_note(self, checkpoint: dict) -> str:
         """What a resume that raised --epochs says of the schedule (restore):
@@ -319,6 +326,8 @@ class Run:
         # a checkpoint written before runs kept the best's epoch: not known
         epoch = (f"at epoch {self.best_epoch}/{self.cfg.epochs}" if self.best_epoch is not None
                  else "(its epoch not known)")
+        if not self.best_kept:  # resumed from another folder's checkpoint, without its best.pt
+            epoch += " (no best.pt here holds it)"
         return f"best test acc {best} {epoch}{last}; wall time {duration(wall_time)}"
 
     @staticmethod
@@ -413,6 +422,7 @@ def save_checkpoint(run: Run, test_acc: float | None = None) -> Path | None:
     best = test_acc is not None and test_acc > run.best_acc
     if best:
         run.best_acc, run.best_epoch, run.best_acc_top5 = test_acc, run.epoch + 1, run.test[3]
+        run.best_kept = True
     trained_attempt = None
     if run.end_owed and not run.cfg.benchmark:  # the same on every rank: all gather, or none
         in_group = dist.is_available() and dist.is_initialized()
