@@ -307,11 +307,12 @@ def train(run: Run, test_loader) -> None:
         run.record_evaluation(evaluate(cfg, run.raw_model, test_batches, run.device, run.signals))
         return
     for epoch in range(run.epoch, cfg.epochs):
-        run.clock.start_epoch()
-        run.train_loader.sampler.set_epoch(epoch)  # this epoch's shuffle, the same on every rank
-        train_one_epoch(run, epoch)
-        if run.stop:  # the stop checkpoint keeps the epoch's time so far, ended or not
-            return
+        if not run.end_owed:  # else a stop at its last window left it trained but not ended
+            run.clock.start_epoch()
+            run.train_loader.sampler.set_epoch(epoch)  # this epoch's shuffle, alike on every rank
+            train_one_epoch(run, epoch)
+            if run.stop:  # the stop checkpoint keeps the epoch's time so far, ended or not
+                return
         epoch_seconds = run.end_epoch()  # over every attempt; paused if --max_steps cut it short
         # telemetry: are the ranks' weights equal? Every rank asks (collectives inside), before
         # evaluate() aligns the BatchNorm buffers
@@ -334,7 +335,7 @@ def finish(run: Run) -> int:
         if dist.get_rank() == 0:  # robustness: to the self-launch, if that started this worker
             tell_self_launch_stopped(run.step, path)
         dist.barrier()  # robustness: no rank exits before rank 0 wrote it (a launcher ends the job)
-        run.console.line(stopped_line(run.stop, run.step, path, run.run_dir))
+        run.console.line(stopped_line(run.stop, run.step, path, run.run_dir, run.owed))
         return StopSignals.EXIT_CODES[run.stop]
     if run.cfg.save_model and not run.cfg.evaluate:
         weights = model_state(run.raw_model)  # every rank: collectives inside, onto rank 0

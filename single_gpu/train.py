@@ -203,10 +203,11 @@ def train(run: Run, test_loader) -> None:
         run.record_evaluation(evaluate(cfg, run.raw_model, test_batches, run.device, run.signals))
         return
     for epoch in range(run.epoch, cfg.epochs):
-        run.clock.start_epoch()
-        train_one_epoch(run, epoch)
-        if run.stop:  # the stop checkpoint keeps the epoch's time so far, ended or not
-            return
+        if not run.end_owed:  # else a stop at its last window left it trained but not ended
+            run.clock.start_epoch()
+            train_one_epoch(run, epoch)
+            if run.stop:  # the stop checkpoint keeps the epoch's time so far, ended or not
+                return
         epoch_seconds = run.end_epoch()  # over every attempt; paused if --max_steps cut it short
         if not cfg.benchmark:  # --benchmark measures speed only: no evaluation, no checkpoint
             test_batches = run.console.counted(test_loader, f"Test {epoch + 1}/{cfg.epochs}")
@@ -221,7 +222,7 @@ def finish(run: Run) -> int:
     """After the last step: a stop checkpoint, or the weights and the results; the exit status."""
     if run.stop:  # SIGTERM, SIGINT, SIGHUP or SIGUSR1: a checkpoint, then a clean exit
         path = save_checkpoint(run)  # every rank: collectives inside, in a group; rank 0 writes it
-        run.console.line(stopped_line(run.stop, run.step, path, run.run_dir))
+        run.console.line(stopped_line(run.stop, run.step, path, run.run_dir, run.owed))
         return StopSignals.EXIT_CODES[run.stop]
     if run.cfg.save_model and not run.cfg.evaluate:
         run.console.line(f"weights saved to {run.logger.save_model(run.raw_model.state_dict())}")

@@ -45,7 +45,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.checkpoint import CONTENTS, EARLIER_FORMAT, checksum, load_checkpoint
+from common.checkpoint import CONTENTS, EARLIER_FORMAT, checksum, load_checkpoint, misfit_entry
 from common.config import Config, UsageError, parse_config
 from common.domains import most_worker_processes
 from common.errors import NAME_MAX
@@ -544,9 +544,10 @@ def test_refused_launches_change_no_file_and_create_no_run_folder(refusals, work
 def test_load_checkpoint_requires_every_entry_a_run_writes(trained):
     """CONTENTS is what a real checkpoint holds (besides its format), each of its type."""
     state = torch.load(trained / "checkpoint.pt", map_location="cpu", weights_only=True)
-    # extended, best_epoch, best_acc_top5: optional (older checkpoints lack them)
+    # extended, best_epoch, best_acc_top5, end_owed, trained_attempt: optional (older
+    # checkpoints lack them)
     assert set(state) == {"format", "checksum", "extended", "best_epoch", "best_acc_top5",
-                          *CONTENTS}
+                          "end_owed", "trained_attempt", *CONTENTS}
     assert state["checksum"] == checksum(state)
     assert all(isinstance(state[key], kind) for key, kind in CONTENTS.items())
 
@@ -576,6 +577,16 @@ def test_a_checkpoint_without_an_entry_is_refused_naming_it(trained, tmp_path, e
         load_checkpoint(path, Config())
     message = str(error.value)
     assert "\n" not in message and str(path) in message and named in message, message
+
+
+@pytest.mark.parametrize("entry, value", [("end_owed", "yes"), ("trained_attempt", []),
+                                          ("trained_attempt", {"summary": {}})])
+def test_a_damaged_entry_of_a_stop_at_a_last_window_is_named(trained, entry, value):
+    """What a stop at an epoch's last window adds to its checkpoint (the end owed, the figures of
+    the attempt that trained), damaged: named, as every entry is, before restore() reads it."""
+    state = torch.load(trained / "checkpoint.pt", map_location="cpu", weights_only=True)
+    assert misfit_entry(state, Config()) is None
+    assert misfit_entry({**state, entry: value}, Config()).startswith(f"{entry!r} entry")
 
 
 def test_a_checkpoint_of_the_format_before_checksums_resumes_with_a_warning(trained, tmp_path,
