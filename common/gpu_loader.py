@@ -145,7 +145,11 @@ def decoded(split: FolderSplit, device: torch.device, augment: bool, num_workers
     images = torch.empty((len(split), side, side, 3), dtype=torch.uint8, device=device)
     sizes = torch.empty((len(split), 2), dtype=torch.int64)
     workers = default_num_workers() if num_workers is None else num_workers
-    decoding = DataLoader(_Decoded(split, side, augment), batch_size=64, num_workers=workers)
+    # its own generator: a DataLoader draws its workers' base seed from the global RNG otherwise,
+    # and the model built after the data would start from other weights than with the
+    # torchvision loader on the same --seed (decoding draws nothing at random)
+    decoding = DataLoader(_Decoded(split, side, augment), batch_size=64, num_workers=workers,
+                          generator=torch.Generator())
     start = 0
     for pixels, originals, errors in decoding:
         bad = next((error for error in errors if error), None)

@@ -254,6 +254,29 @@ def test_both_loaders_give_the_same_evaluation_images(folder):
     assert stored_side(32) == 36 and stored_side(224) == 256
 
 
+@pytest.mark.parametrize("dataset", ["imagefolder", "synthetic"])
+def test_both_loaders_start_the_model_from_the_same_weights_on_one_seed(folder, tmp_path, dataset):
+    """train.py seeds, builds its loaders, then its model: a loader that drew from the global RNG
+    on the way (the gpu loader's decoding of a folder, by a DataLoader without a generator of its
+    own) would change the initial weights. With one --seed, the same weights whichever loader."""
+    from single_gpu.train import get_config, prepare
+
+    data = (["--data_dir", folder, "--image_size", "32"] if dataset == "imagefolder"
+            else ["--synthetic_size", "48"])
+
+    def initial_weights(loader: str) -> dict:
+        cfg = get_config([str(flag) for flag in flags(
+            folder, tmp_path, "--dataset", dataset, *data, "--loader", loader, "--run_name",
+            loader)])
+        run, _ = prepare(cfg, 0.0)
+        run.close()
+        return run.raw_model.state_dict()
+
+    gpu, torchvision = initial_weights("gpu"), initial_weights("torchvision")
+    assert gpu.keys() == torchvision.keys()
+    assert all(torch.equal(gpu[name], torchvision[name]) for name in gpu)
+
+
 def crop_expected(width: int, height: int, box, mirrored: bool,
                   size: int) -> tuple[np.ndarray, np.ndarray]:
     """The red and green of a size x size crop of a ramp image at `box` (top, left, height,
