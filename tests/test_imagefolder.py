@@ -9,7 +9,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import re
 import shutil
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -234,6 +236,26 @@ def test_an_image_that_fails_only_when_decoded_stops_the_run_naming_it(tmp_path)
             and "--resume auto" in lines[-1])
     assert ("Traceback" not in stopped.stderr
             and (tmp_path / "runs" / "run" / "checkpoint.pt").is_file())
+
+
+def test_a_worker_killed_while_the_gpu_loader_decodes_the_folder_is_one_line(tmp_path,
+                                                                            monkeypatch):
+    """The gpu loader's decoding workers, ended by the OOM killer (SIGKILL, each at its first
+    image here): the run says so in one line before it trains, exit 1, no traceback."""
+    import common.gpu_loader
+
+    def killed(self, index):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    monkeypatch.setattr(common.gpu_loader._Decoded, "__getitem__", killed)
+    root = write_folder(tmp_path / "data")
+    done = train_in_process("single_gpu/train.py", *flags(root, tmp_path / "runs", "--loader",
+                                                          "gpu", "--num_workers", "2"))
+    lines = done.stderr.splitlines()
+    assert done.returncode == 1 and len(lines) == 1, done.stderr
+    assert re.fullmatch(r"error: --dataset imagefolder: DataLoader worker \(pid \d+\) is killed "
+                        r"by signal: Killed while decoding the images: run it again, with a "
+                        r"smaller --num_workers if the machine ran out of memory", lines[0])
 
 
 # -------------------------------------------------------------------------------------- the loaders
