@@ -417,23 +417,32 @@ def test_one_process_has_one_rank_and_no_communication(tmp_path):
 
 
 def test_the_profiled_steps_come_after_the_timed_ones_and_are_never_timed(tmp_path, monkeypatch):
-    """A real run whose profiled steps are each made 0.4 s slower (a sleep while the profiler
-    records, as its own host cost would): the speed figures time the 4 steps after the 2 warm-up
-    steps, the profiler records the 3 after those, and no figure of the timed steps holds any of
-    that time, while the run's own clock sees it in the profiled steps. (Until the profiled steps
-    came after the timed ones, the default --profile_steps recorded the first timed steps.)"""
+    """A real run whose step timer's clock moves on by an hour in each profiled step, while the
+    profiler records it (as the profiler's own host cost would move it, by less): the speed
+    figures time the 4 steps after the 2 warm-up steps, the profiler records the 3 after those,
+    and no figure of the timed steps holds any of those hours, while the run's own clock sees them
+    in the profiled steps. A clock moved by the test, not a sleep: on a loaded machine a timed
+    step may take long, never an hour. (Until the profiled steps came after the timed ones, the
+    default --profile_steps recorded the first timed steps.)"""
     import time
 
     import common.breakdown
+    import common.metrics
 
-    ready, delay = common.breakdown.StepProfiler.ready, 0.4
+    ready, hour, later = common.breakdown.StepProfiler.ready, 3600.0, [0.0]
 
-    def slow_while_recording(profiler, step):
+    class Clock:  # common.metrics' time.perf_counter, later by an hour for each profiled step
+        @staticmethod
+        def perf_counter() -> float:
+            return time.perf_counter() + later[0]
+
+    def an_hour_while_recording(profiler, step):
         ready(profiler, step)
         if profiler.open:  # step `step` is being recorded
-            time.sleep(delay)
+            later[0] += hour
 
-    monkeypatch.setattr(common.breakdown.StepProfiler, "ready", slow_while_recording)
+    monkeypatch.setattr(common.metrics, "time", Clock)
+    monkeypatch.setattr(common.breakdown.StepProfiler, "ready", an_hour_while_recording)
     done = train_in_process("single_gpu/train.py", *TINY, "--benchmark", "--warmup_steps", 2,
                             "--benchmark_steps", 4, "--profile_steps", 3, "--log_interval", 50,
                             "--log_dir", tmp_path, "--run_name", "apart")
@@ -442,9 +451,11 @@ def test_the_profiled_steps_come_after_the_timed_ones_and_are_never_timed(tmp_pa
     summary = results["summary"]
     assert summary["steps"] == results["config"]["max_steps"] == 9  # 2 + 4 + 3
     assert summary["timed_steps"] == [3, 6] and summary["profiled_steps"] == [7, 9]
+    assert later == [3 * hour] and summary["breakdown_steps"] == 3
     mean_timed = 32 / summary["images_per_sec"]
-    assert max(mean_timed, summary["batch_time_p90"]) < delay / 2, summary
-    assert summary["profiled_step_s"] > delay and summary["breakdown"]["0"]["step_ms"] > 1e3 * delay
+    # the 4 timed steps together: less than one of the hours
+    assert 4 * mean_timed < hour and summary["batch_time_p90"] < hour, summary
+    assert summary["profiled_step_s"] > hour  # each profiled step: its hour and its work
     names = {event.get("name") for event in
              json.loads((tmp_path / "apart" / "trace_rank0.json").read_text())["traceEvents"]}
     recorded = {name for name in names if name and name.startswith("train step ")}

@@ -34,6 +34,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import common.compiling
 import compare
 from common.compiling import CompileClock, graph_entries, inductor_cache_path, open_compile_cache
 from common.compiling import compile_cache_alias, splits_apart
@@ -307,16 +308,31 @@ def test_fsdp_compiles_every_block_with_static_shapes(monkeypatch, tmp_path):
 
 
 # ---------------------------------------------------------------- 7. the node's first rank compiles
-def test_a_rank_waits_for_its_leaders_compile_and_the_wait_is_not_compile_time(clock, tmp_path):
+class Stopwatch:
+    """common.compiling's time: its perf_counter reads seconds the test moves on by hand (a clock a
+    loaded machine cannot slow); `read` is set at each reading."""
+
+    def __init__(self):
+        self.now, self.read = 0.0, threading.Event()
+
+    def perf_counter(self) -> float:
+        self.read.set()
+        return self.now
+
+
+def test_a_rank_waits_for_its_leaders_compile_and_the_wait_is_not_compile_time(clock, tmp_path,
+                                                                               monkeypatch):
     """Two clocks on one store, as two ranks of a node: the follower's compilation waits until the
     leader's of the same key is over (it then reads the cache), and the wait is counted apart from
     its compile time. CUDA graphs are recorded by every rank itself: no wait. A key the leader never
     posts ends the waiting (the follower compiles alone) after the timeout."""
+    watch = Stopwatch()
+    monkeypatch.setattr(common.compiling, "time", watch)
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     client = dist.TCPStore("127.0.0.1", server.port, is_master=False)
     leader, follower = clock(tmp_path / "cache"), clock(tmp_path / "cache")
-    leader.follow((server, True, 10.0))
-    follower.follow((client, False, 10.0))
+    leader.follow((server, True, 60.0))
+    follower.follow((client, False, 60.0))
 
     def follower_compiles():
         follower._start(event("DYNAMO"))
@@ -324,17 +340,20 @@ def test_a_rank_waits_for_its_leaders_compile_and_the_wait_is_not_compile_time(c
 
     waiting = threading.Thread(target=follower_compiles)
     waiting.start()
-    time.sleep(0.2)
+    assert watch.read.wait(60)  # the follower has begun: it waits for the leader's key
+    watch.now += 0.2
     leader._start(event("DYNAMO"))
-    time.sleep(0.3)  # the leader's cold compile
+    watch.now += 0.3  # the leader's cold compile
     leader._end(event("DYNAMO"))
-    waiting.join(10)
+    waiting.join(60)
     assert not waiting.is_alive()
-    assert (follower.waited >= 0.45 and follower.seconds < 0.1 and leader.seconds >= 0.3
-            and leader.waited == 0)
+    assert follower.waited == pytest.approx(0.5) and follower.seconds == pytest.approx(0)
+    assert leader.seconds == pytest.approx(0.3) and leader.waited == 0
     follower._start(event("CUDAGRAPH_RECORDING"))
+    watch.now += 0.1
     follower._end(event("CUDAGRAPH_RECORDING"))
-    assert follower.waited < 0.6  # recording: not waited for
+    # recording: not waited for, its own time
+    assert follower.waited == pytest.approx(0.5) and follower.seconds == pytest.approx(0.1)
     follower.follow((client, False, 0.2))
     follower._start(event("LAZY_BACKWARD"))  # never compiled by the leader
     follower._end(event("LAZY_BACKWARD"))
@@ -342,18 +361,21 @@ def test_a_rank_waits_for_its_leaders_compile_and_the_wait_is_not_compile_time(c
 
 
 # ------------------------------------------------------------------------------ 8. what is measured
-def test_compile_time_is_the_time_inside_torchs_compile_callbacks(clock):
+def test_compile_time_is_the_time_inside_torchs_compile_callbacks(clock, monkeypatch):
     """Every trigger torch times (a frame compiled, a backward compiled at its first
     backward, a CUDA graph recorded) counts; what happens between them (the first runs of the
     kernels, cuDNN's autotuning) does not. A real capture with AOTAutograd: the forward and
     the lazily compiled backward."""
-    timed = clock()
-    for trigger in ("DYNAMO", "LAZY_BACKWARD", "CUDAGRAPH_RECORDING"):
-        timed._start(event(trigger))
-        time.sleep(0.05)
-        timed._end(event(trigger))
-        time.sleep(0.1)  # not compiling
-    assert 0.15 <= timed.seconds < 0.25 and timed.events == 3
+    watch = Stopwatch()
+    with monkeypatch.context() as patch:
+        patch.setattr(common.compiling, "time", watch)
+        timed = clock()
+        for trigger in ("DYNAMO", "LAZY_BACKWARD", "CUDAGRAPH_RECORDING"):
+            timed._start(event(trigger))
+            watch.now += 0.05
+            timed._end(event(trigger))
+            watch.now += 0.1  # not compiling
+    assert timed.seconds == pytest.approx(0.15) and timed.events == 3
     real = clock()
     model = torch.nn.Linear(3, 2)
     torch.compile(model, backend="aot_eager")(torch.ones(4, 3)).sum().backward()
