@@ -408,8 +408,8 @@ def test_gpu_check_stopped_packs_what_finished_with_its_lines_for_benchmarks(tmp
     while not (out / "work" / "parts" / "verify" / "verify.md").exists():
         assert time.monotonic() < deadline, "the plain --verify never ended"
         time.sleep(0.1)
-    code, output, seconds = stop(script)
-    assert code == 143 and seconds < GRACE_S + 25, output  # its parts' grace is JOB_GRACE_S + 5
+    code, output = stop(script)  # within stop()'s 60 s: its parts' grace is JOB_GRACE_S + 5
+    assert code == 143, output
     assert not any(running(pid) for pid in members) and not group_members(members[0])
     summary = (out / "summary.md").read_text()
     assert "- compare: ok in" in summary
