@@ -124,6 +124,37 @@ def write_checkpoint(run_dir: Path | None, state: dict, best: bool) -> Path | No
     return path
 
 
+def carry_best(state: dict, run_dir: Path) -> tuple[bool, str]:
+    """The best.pt of the run that `state` (a checkpoint resumed) continues, into its folder
+    `run_dir`: a run resumed from a checkpoint file into a new folder copies the best.pt beside
+    that file when it holds the best epoch `state` names, so that the folder's best.pt holds the
+    best its results report. Whether the folder holds it then (True also where there is no best
+    yet), and what to say of it (empty: nothing)."""
+    if state["best_acc"] < 0 or (run_dir / BEST).is_file():
+        return True, ""
+    source = Path(state["file"]).parent / BEST
+    best = f"the best epoch's weights (epoch {state.get('best_epoch')})"
+    if source.parent.resolve() == run_dir.resolve():
+        return False, f"; {best} are not here: this folder's {BEST} is gone"
+    try:
+        saved = load_file(source)
+        holds = (saved["best_acc"], saved.get("best_epoch")) == \
+            (state["best_acc"], state.get("best_epoch"))
+    except Exception:  # missing, or not a checkpoint: nothing to carry
+        holds = False
+    if not holds:
+        return False, f"; {best} are in no {BEST}: {source} does not hold them"
+    try:
+        with open(source, "rb") as kept:
+            write_atomically(run_dir / BEST, lambda f: shutil.copyfileobj(kept, f))
+    except OSError as error:
+        line = file_system_error(error)
+        if line is None:
+            raise
+        raise RunError(f"could not write {line}") from None
+    return True, f"; {BEST} (epoch {state.get('best_epoch')}) copied from {source}"
+
+
 def continue_flags(run_dir: Path) -> str:
     """The flags that continue the run in `run_dir`, to add to the command that started it, ready to
     paste: the run's name quoted where a shell would split it."""
@@ -233,6 +264,10 @@ CONTENTS = {"config": dict, "epoch": int, "batch": int, "step": int, "best_acc":
             "history": dict}
 # v1 checkpoints lack it: the results then cover the last attempt alone
 NOT_IN_EARLIER_FORMAT = ("history",)
+# What a checkpoint keeps of the attempt that trained, where the run's end is owed
+# (Run.attempt_figures)
+ATTEMPT_ENTRIES = {"mode", "devices", "summary", "peak_mem_gb_per_gpu",
+                   "peak_mem_reserved_gb_per_gpu", "env", "traces"}
 
 
 def load_checkpoint(path: Path, cfg: Config) -> dict:
@@ -316,6 +351,12 @@ def misfit_entry(state: dict, cfg: Config) -> str | None:
     if "extended" in state:  # absent from checkpoints written before runs could be extended
         checks.append(("extended", _is_extensions(state["extended"]),
                        "not a list of the run's extensions"))
+    # absent from checkpoints written before a stop could leave an epoch's end owed
+    checks.append(("end_owed", isinstance(state.get("end_owed", False), bool), "not true or false"))
+    attempt = state.get("trained_attempt")
+    checks.append(("trained_attempt", attempt is None or isinstance(attempt, dict)
+                   and ATTEMPT_ENTRIES <= attempt.keys() and isinstance(attempt["summary"], dict),
+                   "not an attempt's figures"))
     return next((f"{name!r} entry ({why})" for name, holds, why in checks if not holds), None)
 
 
@@ -404,7 +445,9 @@ def check_fits(state: dict | None, raw_model: torch.nn.Module, steps_per_epoch: 
             refuse(state, "its 'optimizer' entry does not fit this model: parameter "
                           f"{index}'s momentum is {tuple(momentum.shape)} where the "
                           f"parameter is {shapes[index]}")
-    if state["batch"] >= steps_per_epoch:
+    # an epoch whose end a stop left owed is kept at its last batch
+    last = steps_per_epoch if state.get("end_owed") else steps_per_epoch - 1
+    if state["batch"] > last:
         refuse(state, f"its 'batch' entry ({state['batch']}) lies past the end of this run's epoch "
                       f"of {steps_per_epoch} batches")
 
@@ -415,10 +458,13 @@ def refuse(state: dict, why: str):
 
 
 def has_ended(state: dict | None, cfg: Config) -> bool:
-    """A checkpoint with nothing left to train under this config: every epoch done, or
-    --max_steps reached (a ceiling, so a lower --max_steps on resume ends the run too); or a
-    finished run without its checkpoint."""
+    """A checkpoint with nothing left to do under this config: every epoch done, or --max_steps
+    reached (a ceiling, so a lower --max_steps on resume ends the run too), and no epoch's end
+    owed (a stop at its last window leaves its evaluation, and at the run's end its results, to
+    the resume); or a finished run without its checkpoint."""
     if state is None:
+        return False
+    if state.get("end_owed"):
         return False
     return (state.get("finished") or state["epoch"] >= cfg.epochs
             or cfg.reached_max_steps(state["step"]))
@@ -440,12 +486,15 @@ def ended_line(state: dict, cfg: Config) -> str:
             f"train; its folder is left as it is ({more}, with --resume auto)")
 
 
-def stopped_line(signal_name: str, step: int, path: Path | None, run_dir: Path | None) -> str:
-    """What a run stopped by a signal says: where its checkpoint is and how to continue. A
+def stopped_line(signal_name: str, step: int, path: Path | None, run_dir: Path | None,
+                 owed: str | None = None) -> str:
+    """What a run stopped by a signal says: where its checkpoint is and how to continue, and what
+    of an epoch's end the resume owes first (`owed`: stopped at the epoch's last window). A
     --benchmark run writes none (it measures speed only): nothing to continue."""
     if path is None:
         return f"stopped by {signal_name} at step {step}; a --benchmark run keeps no checkpoint"
-    return (f"stopped by {signal_name} at step {step}; checkpoint {path}: continue with "
+    owed = f" ({owed})" if owed else ""
+    return (f"stopped by {signal_name} at step {step}{owed}; checkpoint {path}: continue with "
             f"{continue_flags(run_dir)}")
 
 
@@ -604,15 +653,19 @@ class UntilAnyRankStopped:
                 yield batch
 
 
+# what to do after a stop during --evaluate: the same command again, into the same folder
+EVALUATE_AGAIN = "to evaluate, run the same command with --overwrite"
+
+
 def stop_evaluation(signal_name: str, done: int, total: int, says: bool) -> SystemExit:
     """--evaluate stopped by `signal_name` after `done` of `total` batches: one line (by the process
     that `says` it, which tells a self-launch too), and the exit to raise, with the status of a stop
     by that signal (nothing is written)."""
-    if says:
+    if says:  # its run folder holds what the evaluation wrote so far: --overwrite replaces it
         print(f"stopped by {signal_name} during the evaluation, after {done} of {total} batches: "
-              "no results written; run it again to evaluate", flush=True)
+              f"no results written; {EVALUATE_AGAIN}", flush=True)
         tell_self_launch(STOPPED, f"during the evaluation, after {done} of {total} "
-                                  "batches\nno results written")
+                                  f"batches\nno results written; {EVALUATE_AGAIN}")
     return SystemExit(StopSignals.EXIT_CODES[signal_name])
 
 

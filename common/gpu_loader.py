@@ -12,10 +12,10 @@ from torch.utils.data import DataLoader, Dataset
 
 from common.augmentation import (augmentation_draws, crop_boxes, loader_augmentation, resized,
                                  resized_crop_draws)
-from common.errors import UsageError
+from common.errors import RunError, UsageError
 from common.folders import FolderSplit, evaluation_crop, stored_side
 from common.samplers import follow_epoch
-from common.workers import UnreadableImage, default_num_workers
+from common.workers import UnreadableImage, default_num_workers, worker_death
 
 
 class DeviceLoader:
@@ -140,20 +140,35 @@ def decoded(split: FolderSplit, device: torch.device, augment: bool, num_workers
     on `device`, with the originals' (width, height) (N, 2) on the host: for random resized crops
     (`augment`) each image squashed to side = stored_side(image_size) (the crops are drawn there,
     crop_boxes), else its evaluation crop (side = image_size), which pad crops cut. Decoded by
-    DataLoader workers, a slice at a time, so the host never holds the whole set."""
+    DataLoader workers, a slice at a time, so the host never holds the whole set; a worker that dies
+    meanwhile ends the run in one line (RunError)."""
     side = stored_side(split.info.size) if augment else split.info.size
     images = torch.empty((len(split), side, side, 3), dtype=torch.uint8, device=device)
     sizes = torch.empty((len(split), 2), dtype=torch.int64)
     workers = default_num_workers() if num_workers is None else num_workers
-    decoding = DataLoader(_Decoded(split, side, augment), batch_size=64, num_workers=workers)
-    start = 0
-    for pixels, originals, errors in decoding:
-        bad = next((error for error in errors if error), None)
-        if bad:
-            raise UsageError(bad)
-        images[start:start + len(pixels)] = pixels.to(device)
-        sizes[start:start + len(pixels)] = originals
-        start += len(pixels)
+    # its own generator: a DataLoader draws its workers' base seed from the global RNG otherwise,
+    # and the model built after the data would start from other weights than with the
+    # torchvision loader on the same --seed (decoding draws nothing at random)
+    decoding = DataLoader(_Decoded(split, side, augment), batch_size=64, num_workers=workers,
+                          generator=torch.Generator())
+    start, batches = 0, None
+    try:
+        batches = iter(decoding)
+        for pixels, originals, errors in batches:
+            bad = next((error for error in errors if error), None)
+            if bad:
+                raise UsageError(bad)
+            images[start:start + len(pixels)] = pixels.to(device)
+            sizes[start:start + len(pixels)] = originals
+            start += len(pixels)
+    except UsageError:
+        raise
+    except Exception as error:  # a worker that is gone, whatever the DataLoader raised for it
+        death = worker_death(error, batches)
+        if death is None:
+            raise
+        raise RunError(f"--dataset imagefolder: {death} while decoding the images: run it again, "
+                       "with a smaller --num_workers if the machine ran out of memory") from None
     return images, sizes
 
 

@@ -94,8 +94,10 @@ def resolve_run_dir(cfg: Config, mode: str, gpu_count: int) -> Path:
                              f"{shlex.quote(own.name)} --log_dir {shlex.quote(str(own.parent))} to "
                              "continue in the checkpoint's own folder)")
     elif run_dir.exists() and not (cfg.overwrite or cfg.resume):
-        raise UsageError(f"run folder {run_dir} exists already: choose another --run_name, add "
-                         "--overwrite, or continue it with --resume auto")
+        then = "choose another --run_name or add --overwrite"
+        if not (cfg.evaluate or cfg.benchmark):  # --resume continues training, which they do not
+            then = "choose another --run_name, add --overwrite, or continue it with --resume auto"
+        raise UsageError(f"run folder {run_dir} exists already: {then}")
     if run_dir.is_dir() and not is_run_folder(run_dir, earlier_runs=not cfg.overwrite):
         flag_given = "--overwrite only replaces" if cfg.overwrite else "--resume only continues"
         raise UsageError(f"{run_dir} is not a run folder (it has no {MARKER}): "
@@ -308,9 +310,11 @@ class RunLogger:
                 self._write(Event(step=step, summary=scalar(tag, value)))
         self.events.flush()
 
-    def write_results(self, summary: dict, attempts: int | None, **extra) -> Path | None:
+    def write_results(self, summary: dict, attempts: int | None, env: dict | None = None,
+                      **extra) -> Path | None:
         """results.json. `attempts`: those whose work the run kept, this one included (None: not
-        known). A resumed run's `resumed` names the figures that are its last attempt's alone."""
+        known). A resumed run's `resumed` names the figures that are its last attempt's alone.
+        `env`: where the figures were measured (None: here, now)."""
         assert set(SUMMARY_FIELDS) <= \
             set(summary), f"summary lacks {set(SUMMARY_FIELDS) - set(summary)}"
         if self.run_dir is None:
@@ -321,8 +325,8 @@ class RunLogger:
             resumed = {"attempts": attempts, "from_step": self.resumed_step,
                        "last_attempt_only": list(last_only)}
         results = {"mode": self.mode, "world_size": self.world_size,
-                   "config": dataclasses.asdict(self.cfg), "env": environment(), "summary": summary,
-                   "resumed": resumed, **extra}
+                   "config": dataclasses.asdict(self.cfg), "env": env or environment(),
+                   "summary": summary, "resumed": resumed, **extra}
         path = self.run_dir / "results.json"
         write_atomically(path, lambda f: f.write(json.dumps(results, indent=2).encode()))
         return path

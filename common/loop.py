@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 import common.checkpoint
 from common.breakdown import StepProfiler, breakdown_line, slowest_rank, trace_text
-from common.checkpoint import (FORMAT, StopSignals, all_rng_states, extends, last_checkpoint_note,
-                               restore_optimizer, set_rng_state)
+from common.checkpoint import (FORMAT, StopSignals, all_rng_states, carry_best, extends,
+                               last_checkpoint_note, restore_optimizer, set_rng_state)
 from common.config import Config, RunError
 from common.errors import plural
 from common.logger import (Console, RunLogger, device_scalars, percent, shows_top5, speed_line,
@@ -24,7 +26,7 @@ from common.metrics import RunClock, StepTimer, Sums, TrainMeter, check_loss
 from common.optim import lr_factor
 from common.performance import flops_per_image, peak_tflops, speed_summary, window_mfu
 from common.state import all_finite, load_model_state, model_state, optimizer_state
-from common.telemetry import GpuTelemetry, MemoryHistory, peak_memory_gb
+from common.telemetry import GpuTelemetry, MemoryHistory, environment, peak_memory_gb
 
 # an evaluation: (loss, accuracy, images, top-5 accuracy); (None, None, 0, None) before the first
 Test = tuple
@@ -69,6 +71,14 @@ class Run:
     sync: dict | None = None
     # each time --epochs was raised: where, from and to
     extended: list = field(default_factory=list)
+    # the position (epoch, batch) where the last epoch's end (its evaluation) ran: see end_owed
+    ended_at: tuple | None = None
+    # whether the run folder's best.pt holds the best epoch's weights (False: resumed from a
+    # checkpoint file whose folder's best.pt could not be carried into this one)
+    best_kept: bool = True
+    # results.json's figures of the attempt that trained (attempt_figures), kept by the checkpoint
+    # of a stop that left an epoch's end owed: reported where this attempt trains no step
+    trained_attempt: dict | None = None
 
     @classmethod
     def start(cls, cfg: Config, device: torch.device, gpus: list[int], started: float,
@@ -116,14 +126,40 @@ class Run:
         --benchmark (it measures speed only)."""
         return None if self.cfg.benchmark else self.run_dir
 
+    @property
+    def end_owed(self) -> bool:
+        """Whether the epoch under way has no step left to train (its last batch done, or
+        --max_steps reached) and its end has not run yet: the evaluation, its checkpoint and
+        best.pt, and at the run's end results.json. A stop signal at the epoch's last log window
+        leaves the run there; its checkpoint says so, and the attempt that resumes it begins
+        with that end instead of a step."""
+        trained = (self.batch == len(self.train_loader)
+                   or self.cfg.reached_max_steps(self.step))
+        return trained and self.ended_at != (self.epoch, self.batch)
+
+    @property
+    def owed(self) -> str | None:
+        """What a stop here leaves owed (end_owed), in the words of its line; None: nothing."""
+        if not self.end_owed:
+            return None
+        if self.epoch + 1 >= self.cfg.epochs or self.cfg.reached_max_steps(self.step):
+            return "the training done, its evaluation and results owed"
+        return f"epoch {self.epoch + 1} trained, its evaluation owed"
+
     def resume(self, checkpoint: dict, rank: int) -> None:
         """Everything of `checkpoint` into the run (this rank's RNG), said once."""
         restore(checkpoint, self, rank)
         # --profile_steps: the run's last steps, counted from where this attempt starts
         self.profiler.plan(self.step, self.cfg.last_step(len(self.train_loader)))
+        # the best.pt of the run continued, into this folder (main process)
+        best = ""
+        if self.run_dir is not None:
+            self.best_kept, best = carry_best(checkpoint, self.run_dir)
+        owed = (": its training was done, its evaluation was not: evaluating it"
+                if self.end_owed else "")
         self.console.line(f"resumed at step {self.step} (epoch {self.epoch + 1}, batch "
                           f"{self.batch}) from "
-                          f"{checkpoint['file']}{self.extension_note(checkpoint)}")
+                          f"{checkpoint['file']}{self.extension_note(checkpoint)}{best}{owed}")
 
     def extension_note(self, checkpoint: dict) -> str:
         """What a resume that raised --epochs says of the schedule (restore):
@@ -170,6 +206,7 @@ class Run:
         steps: no evaluation is recorded."""
         if self.epoch + 1 >= self.cfg.epochs or self.cfg.reached_max_steps(self.step):
             self.profiler.stop()
+        self.ended_at = (self.epoch, self.batch)
         return self.clock.end_epoch(whole=self.batch == len(self.train_loader))
 
     def record_test(self, epoch: int, test: Test, epoch_seconds: float | None) -> None:
@@ -199,15 +236,13 @@ class Run:
                 "compile_wait": getattr(self.timer.compiling, "waited", None),
                 "profile": self.profiler.result()}
 
-    def write_results(self, devices: int, records: list[dict] | None = None):
-        """results.json: the run's speed over `devices` (GPUs or CPU processes), utilisation, peak
-        memory of each GPU (allocated and reserved), its last epoch's training and test figures,
-        its times; then its speed line and where the results are. One process: its own
-        rank_record(), its GPUs' peaks by GPU. In a process group, `records` holds every rank's
-        rank_record(), in rank order: each rank's GPU's peak (by rank), its wait for its node's
-        first compile, and its profiled steps, and the summary adds the sync check (None where
-        none was made). With --profile_steps, each rank's split of its profiled steps, their
-        traces beside it."""
+    def attempt_figures(self, devices: int, records: list[dict] | None = None) -> dict:
+        """What results.json reports of this attempt alone: the speed over `devices` (GPUs or CPU
+        processes), utilisation and peak memory of each GPU (allocated and reserved) of the
+        hardware it ran on, its timed and profiled steps, and `env`; each rank's profiler trace
+        is written beside them. One process: its own rank_record(), its GPUs' peaks by GPU. In
+        a process group, `records` holds every rank's rank_record(), in rank order: each rank's
+        GPU's peak (by rank), its wait for its node's first compile, and its profiled steps."""
         group = records is not None
         records = records if group else [self.rank_record()]
         if group:  # one GPU a rank: its peak by rank
@@ -224,6 +259,32 @@ class Run:
             "gpu_util_mean": sum(self.gpu_util) / len(self.gpu_util) if self.gpu_util else None,
             "peak_mem_gb": max((peak.allocated for peak in peaks.values()), default=None),
             "peak_mem_reserved_gb": max((peak.reserved for peak in peaks.values()), default=None),
+            "timed_steps": self.timed_steps(),
+            # the profiled steps by the run's own clock (this process's), never in the figures above
+            "profiled_step_s": (sum(self.timer.profiled_seconds) / len(self.timer.profiled_seconds)
+                                if self.timer.profiled_seconds else None),
+            **self.breakdown_summary(profiles)}
+        traces = [self.logger.write_trace(rank, trace_text(result))
+                  for rank, result in profiles.items()]
+        return {"mode": self.logger.mode, "devices": devices, "summary": summary,
+                "peak_mem_gb_per_gpu": {str(i): peak.allocated for i, peak in peaks.items()},
+                "peak_mem_reserved_gb_per_gpu": {str(i): peak.reserved
+                                                 for i, peak in peaks.items()},
+                "env": environment(), "traces": any(traces)}
+
+    def write_results(self, devices: int, records: list[dict] | None = None):
+        """results.json: this attempt's figures (attempt_figures: `devices`, `records`), or, where
+        this attempt trained no step but only finished the run (the end a stop left owed), those
+        of the attempt that trained, kept by its checkpoint; the run's last epoch's training and
+        test figures, its best, its times; then its speed line and where the results are. In a
+        process group the summary adds the sync check (None where none was made). With
+        --profile_steps, each rank's split of its profiled steps, their traces beside it."""
+        group = records is not None
+        kept = self.trained_attempt
+        attempt = (kept if kept and not self.totals.images and kept["mode"] == self.logger.mode
+                   and kept["devices"] == devices else self.attempt_figures(devices, records))
+        summary = {
+            **attempt["summary"],
             "train_loss": self.epoch_sums.loss,
             "train_acc": self.epoch_sums.acc,
             "test_loss": self.test[0],
@@ -235,21 +296,14 @@ class Run:
             "epoch_time_s": self.clock.epoch_time(),  # with wall_time_s: over every attempt
             "epoch_time_note": self.epoch_time_note(),
             "wall_time_s": self.clock.wall_time(),
-            "steps": self.step,
-            "timed_steps": self.timed_steps(),
-            # the profiled steps by the run's own clock (this process's), never in the figures above
-            "profiled_step_s": (sum(self.timer.profiled_seconds) / len(self.timer.profiled_seconds)
-                                if self.timer.profiled_seconds else None),
-            **self.breakdown_summary(profiles)}
+            "steps": self.step}
         if group:
             summary["params_in_sync"] = (self.sync or {}).get("params_in_sync")
             summary["buffers_max_abs_diff"] = (self.sync or {}).get("buffers_max_abs_diff")
         path = self.logger.write_results(
-            summary, self.clock.attempts, extended=self.extended or None,
-            peak_mem_gb_per_gpu={str(i): peak.allocated for i, peak in peaks.items()},
-            peak_mem_reserved_gb_per_gpu={str(i): peak.reserved for i, peak in peaks.items()})
-        traces = [self.logger.write_trace(rank, trace_text(result))
-                  for rank, result in profiles.items()]
+            summary, self.clock.attempts, extended=self.extended or None, env=attempt["env"],
+            peak_mem_gb_per_gpu=attempt["peak_mem_gb_per_gpu"],
+            peak_mem_reserved_gb_per_gpu=attempt["peak_mem_reserved_gb_per_gpu"])
         if not self.cfg.evaluate:  # an evaluation trains no step to time
             self.console.line(speed_line(summary))
         if self.best_acc >= 0 and not self.cfg.evaluate:
@@ -259,7 +313,7 @@ class Run:
             self.console.line(breakdown_line(summary["breakdown"], slowest, steps))
         if summary["breakdown_note"]:
             self.console.line(f"profile: {summary['breakdown_note']}")
-        if any(traces):
+        if attempt["traces"]:
             where = self.run_dir / "trace_rank*.json"
             self.console.line(f"profiler traces in {where} (Perfetto, chrome://tracing)")
         self.console.line(f"results in {path}")
@@ -273,6 +327,8 @@ class Run:
         # a checkpoint written before runs kept the best's epoch: not known
         epoch = (f"at epoch {self.best_epoch}/{self.cfg.epochs}" if self.best_epoch is not None
                  else "(its epoch not known)")
+        if not self.best_kept:  # resumed from another folder's checkpoint, without its best.pt
+            epoch += " (no best.pt here holds it)"
         return f"best test acc {best} {epoch}{last}; wall time {duration(wall_time)}"
 
     @staticmethod
@@ -327,18 +383,20 @@ class Run:
 
 
 # -------------------------------------------------------------------------------------- checkpoints
-def checkpoint_state(run: Run, rng_states: list[dict]) -> dict:
+def checkpoint_state(run: Run, rng_states: list[dict], trained_attempt: dict | None) -> dict:
     """The checkpoint of `run` (the training loop's state) at its current position; `rng_states` is
-    one entry per rank. A finished epoch is stored as the start of the next one. The weights and the
-    optimizer's state are whole tensors in every mode (under FSDP gathered onto rank 0, every rank
-    taking part: common/state.py)."""
-    epoch, batch = run.epoch, run.batch
-    epoch_done = batch == len(run.train_loader)
+    one entry per rank. A finished epoch is stored as the start of the next one; one whose end is
+    owed (Run.end_owed: a stop at its last window) as it is, `end_owed` marked, with the figures of
+    the attempt that trained it (`trained_attempt`, for the results of an attempt that resumes it
+    only to end the run). The weights and the optimizer's state are whole tensors in every mode
+    (under FSDP gathered onto rank 0, every rank taking part: common/state.py)."""
+    epoch, batch, end_owed = run.epoch, run.batch, run.end_owed
+    epoch_done = batch == len(run.train_loader) and not end_owed
     if epoch_done:
         epoch, batch = epoch + 1, 0
     # what the run's results need of the attempts so far: the seconds, and the epoch's log windows
     epoch_sums = Sums() if epoch_done else run.epoch_sums
-    history = {**run.clock.state(epoch_done), "epoch_sums": epoch_sums.values}
+    history = {**run.clock.state(), "epoch_sums": epoch_sums.values}
     return {
         "format": FORMAT, "config": dataclasses.asdict(run.cfg), "epoch": epoch, "batch": batch,
         "step": run.step, "best_acc": run.best_acc, "best_epoch": run.best_epoch,
@@ -346,14 +404,18 @@ def checkpoint_state(run: Run, rng_states: list[dict]) -> dict:
         "optimizer": optimizer_state(run.raw_model, run.optimizer),
         "scheduler": run.scheduler.state_dict(), "scaler": run.scaler.state_dict(),
         "rng": rng_states, "history": history, "extended": run.extended,
+        "end_owed": end_owed, "trained_attempt": trained_attempt,
     }
 
 
 def save_checkpoint(run: Run, test_acc: float | None = None) -> Path | None:
     """Check that the weights are finite, then write the run's checkpoint (main process only), and
     best.pt too when the epoch's `test_acc` is the best so far. Weights that turned NaN/inf stop the
-    run instead: the last good checkpoint is never replaced by a diverged one. In a process group
-    every rank must call it (RNG states are gathered from all of them)."""
+    run instead: the last good checkpoint is never replaced by a diverged one. A checkpoint that
+    leaves the epoch's end owed (a stop at its last window) keeps this attempt's figures, for the
+    results of an attempt that resumes it only to end the run: that one trains no step to measure.
+    In a process group every rank must call it (RNG states, and those figures, are gathered from
+    all of them)."""
     if not all_finite(run.raw_model):  # every rank's verdict, combined (FSDP: each holds a slice)
         note = last_checkpoint_note(run.checkpoint_dir)
         raise RunError(f"the weights are NaN/inf at step {run.step}: the training diverged; "
@@ -361,8 +423,25 @@ def save_checkpoint(run: Run, test_acc: float | None = None) -> Path | None:
     best = test_acc is not None and test_acc > run.best_acc
     if best:
         run.best_acc, run.best_epoch, run.best_acc_top5 = test_acc, run.epoch + 1, run.test[3]
-    state = checkpoint_state(run, all_rng_states())
+        run.best_kept = True
+    trained_attempt = None
+    if run.end_owed and not run.cfg.benchmark:  # the same on every rank: all gather, or none
+        in_group = dist.is_available() and dist.is_initialized()
+        records = every_rank(run.rank_record()) if in_group else None
+        # what the global batch is split over, as write_results is told it
+        devices = max(len(run.gpus), 1) * (dist.get_world_size() if in_group else 1)
+        if run.checkpoint_dir is not None:  # the process that writes it
+            # as results.json will hold them: plain values, which a weights-only load reads
+            trained_attempt = json.loads(json.dumps(run.attempt_figures(devices, records)))
+    state = checkpoint_state(run, all_rng_states(), trained_attempt)
     return common.checkpoint.write_checkpoint(run.checkpoint_dir, state, best)  # the file
+
+
+def every_rank(record: dict) -> list[dict]:
+    """`record` of every rank of the process group, in rank order (gathered)."""
+    records = [None] * dist.get_world_size()
+    dist.all_gather_object(records, record)
+    return records
 
 
 def restore(state: dict, run: Run, rank: int) -> None:
@@ -379,6 +458,9 @@ def restore(state: dict, run: Run, rank: int) -> None:
     # absent from checkpoints written before runs kept them: the best's epoch is then not known
     run.best_epoch, run.best_acc_top5 = state.get("best_epoch"), state.get("best_acc_top5")
     run.extended = list(state.get("extended", []))
+    # a stop at an epoch's last window left its end owed (the position is then that window's:
+    # Run.end_owed), with the figures of the attempt that trained
+    run.trained_attempt = state.get("trained_attempt")
     if extends(state["config"], run.cfg):  # the schedule of the new --epochs, from this step on
         run.extended.append({"at_step": run.step, "epochs_from": state["config"]["epochs"],
                              "epochs_to": run.cfg.epochs})

@@ -322,14 +322,12 @@ class RunClock:
         known = [seconds for seconds in self.epoch_times if seconds is not None]
         return sum(known) / len(known) if known else None
 
-    def state(self, epoch_done: bool) -> dict:
-        """The run's seconds so far, for a checkpoint. `epoch_done`: the epoch under way has ended
-        (the checkpoint stores the start of the next one), end_epoch() called or not."""
-        epoch_times, under_way = list(self.epoch_times), self._under_way()
-        if epoch_done and self.epoch_started is not None:  # stopped at the epoch's last window
-            epoch_times, under_way = epoch_times + [under_way], 0.0
+    def state(self) -> dict:
+        """The run's seconds so far, for a checkpoint: the epochs ended, and the seconds so far of
+        the epoch under way (none at an epoch's start; all of them where a stop at its last window
+        left its end owed), which the attempt that resumes it goes on with."""
         return {"attempts": self.attempts, "wall_time_s": self.wall_time(),
-                "epoch_times_s": epoch_times, "epoch_time_s": under_way}
+                "epoch_times_s": list(self.epoch_times), "epoch_time_s": self._under_way()}
 
     def load(self, history: dict | None, epoch: int, batch: int) -> None:
         """A checkpoint's seconds, as the earlier attempts' share of this run; the checkpoint

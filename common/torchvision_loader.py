@@ -16,7 +16,8 @@ from common.augmentation import (Augmentation, augmentation_draws, crop_boxes, l
 from common.folders import FolderSplit, evaluation_crop
 from common.samplers import follow_epoch
 from common.workers import (LoaderWorkerDied, default_num_workers, defer_worker_failures,
-                            leave_stopping_to_the_main_process, say_once_if_too_many)
+                            leave_stopping_to_the_main_process, say_once_if_too_many,
+                            worker_death)
 
 
 class TorchvisionLoader:
@@ -59,6 +60,7 @@ class TorchvisionLoader:
         from torch.utils.data._utils.signal_handling import _error_if_any_worker_fails
 
         say_once_if_too_many(self.num_workers)
+        batches = None
         try:
             batches = iter(self.loader)
             defer_worker_failures()
@@ -67,11 +69,13 @@ class TorchvisionLoader:
                        labels.to(self.device, non_blocking=True))
                 # a worker that died during the step just taken: raised here
                 _error_if_any_worker_fails()
-        except RuntimeError as error:  # the DataLoader's own words for a worker that is gone
-            if not str(error).startswith("DataLoader worker (pid"):
+        except LoaderWorkerDied:  # an image a worker could not decode (UnreadableImage)
+            raise
+        except Exception as error:  # a worker that is gone, whatever the DataLoader raised for it
+            death = worker_death(error, self.loader._iterator if batches is None else batches)
+            if death is None:
                 raise
-            message = " ".join(str(error).split()).split(". ")[0].rstrip(".")
-            raise LoaderWorkerDied(message) from None
+            raise LoaderWorkerDied(death) from None
 
 
 class _Transformed(Dataset):

@@ -1,14 +1,16 @@
 """DataLoader's worker processes: how many a training process starts by default
 (`default_num_workers`), and the one warning when more are asked for than there are cores; what a
 worker does with a stop signal (it leaves stopping to the main process); and how a worker's death
-reaches the run (`LoaderWorkerDied`: it stops as if asked to; `UnreadableImage`). The torchvision
-loader's workers decode and augment every batch; the gpu loader's decode an image folder once."""
+reaches the run (`worker_death`, whatever the DataLoader raised for it; `LoaderWorkerDied`: it stops
+as if asked to; `UnreadableImage`). The torchvision loader's workers decode and augment every
+batch; the gpu loader's decode an image folder once."""
 from __future__ import annotations
 
 import os
 import signal
 import sys
 import threading
+import time
 import warnings
 
 from common.errors import plural
@@ -31,6 +33,49 @@ class UnreadableImage(LoaderWorkerDied):
         if "Original Traceback" in message:
             message = message.rstrip().splitlines()[-1].split(f"{type(self).__name__}: ", 1)[-1]
         super().__init__(message)
+
+
+# torch's words for an error a worker raised itself, re-raised in the main process
+_RAISED_IN_A_WORKER = "in DataLoader worker process"
+
+
+def worker_death(error: Exception, batches) -> str | None:
+    """The line for a worker's death if `error`, raised while the DataLoader iterator `batches` ran,
+    came of one, in torch's words ("DataLoader worker (pid N) is killed by signal: Killed"); None
+    where no worker has ended: the error is its own. What the DataLoader raises depends on when the
+    worker died (killed by the out-of-memory killer, at any moment): torch's RuntimeError once it
+    finds the worker dead, but a ConnectionResetError, ConnectionRefusedError or EOFError where it
+    was fetching a batch the worker sent (the file descriptor of its shared memory, from the
+    worker's multiprocessing.resource_sharer) as the worker's threads ended: before the worker can
+    be waited for, which torch's own checks need. So for any error but one a worker raised itself,
+    a worker is given torch's status interval (5 s) to be found ended: its sentinel is ready once
+    its last thread has ended."""
+    from multiprocessing.connection import wait
+
+    from torch.utils.data._utils import MP_STATUS_CHECK_INTERVAL
+
+    workers = list(getattr(batches, "_workers", ()))  # a multi-process iterator's processes
+    within = 0.0 if _RAISED_IN_A_WORKER in str(error) else MP_STATUS_CHECK_INTERVAL
+    deadline = time.monotonic() + within
+    while workers:
+        ended = wait([worker.sentinel for worker in workers],
+                     timeout=max(0.0, deadline - time.monotonic()))
+        if not ended:
+            return None
+        for worker in [worker for worker in workers if worker.sentinel in ended]:
+            worker.join()  # ended: reaped now, for its exit code
+            if worker.exitcode != 0:  # 0: shut down by the DataLoader itself
+                return _ended(worker.pid, worker.exitcode)
+            workers.remove(worker)
+    return None
+
+
+def _ended(pid: int, exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        return f"DataLoader worker (pid {pid}) is killed by signal: {signal.strsignal(-exitcode)}"
+    if exitcode is not None:
+        return f"DataLoader worker (pid {pid}) exited unexpectedly with exit code {exitcode}"
+    return f"DataLoader worker (pid {pid}) ended unexpectedly"  # reaped by another: how is unknown
 
 
 # DataLoader workers per training process by default: enough to keep up with CIFAR-sized images

@@ -1,8 +1,9 @@
 """A train.py run with one rank made to fail: `python tests/fault_injection.py SCRIPT flags...` runs
-SCRIPT as `__main__`, except that on rank FAULT_RANK the loss function raises on its FAULT_STEP-th
-call (a forward pass mid-training, or a batch of --evaluate's evaluation); with FAULT_SIGNAL (a
-name: SIGTERM), that call sends this process the signal instead, as `kill` would, and goes on. The
-product carries no fault hooks; the failure is injected from outside, as a test would."""
+SCRIPT as `__main__`, except that on rank FAULT_RANK (a process without RANK, single_gpu say, is
+rank 0) the loss function raises on its FAULT_STEP-th call (a forward pass mid-training, or a batch
+of --evaluate's evaluation); with FAULT_SIGNAL (a name: SIGTERM), that call sends this process the
+signal instead, as `kill` would, and goes on. The product carries no fault hooks; the failure is
+injected from outside, as a test would."""
 import os
 import runpy
 import signal
@@ -10,7 +11,7 @@ import sys
 
 import torch.nn.functional as F
 
-if os.environ.get("RANK") == os.environ["FAULT_RANK"]:
+if os.environ.get("RANK", "0") == os.environ["FAULT_RANK"]:
     real_cross_entropy, calls = F.cross_entropy, []
 
     def failing_cross_entropy(*args, **kwargs):

@@ -72,7 +72,7 @@ def test_each_epoch_counts_once_whatever_the_attempts(monkeypatch):
     fake.now = 3
     assert first.end_epoch(whole=False) == 3
     fake.now = 4
-    one = first.state(epoch_done=False)
+    one = first.state()
     assert (one["epoch_times_s"], one["epoch_time_s"], one["wall_time_s"]) == ([], 3, 4)
     assert first.epoch_time() is None  # no whole epoch
     # attempt 2, a larger --max_steps: 2 s more of epoch 1, cut again
@@ -81,14 +81,14 @@ def test_each_epoch_counts_once_whatever_the_attempts(monkeypatch):
     second.start_epoch()
     fake.now = 12
     assert second.end_epoch(whole=False) == 5
-    two = second.state(epoch_done=False)
+    two = second.state()
     assert (two["epoch_times_s"], two["epoch_time_s"], two["attempts"]) == ([], 5, 2)
     # attempt 3: 1 s more, a checkpoint (--checkpoint_interval), then 1 s that a kill -9 loses
     fake.now = 20
     third = attempt(fake, two, 0, 5)
     third.start_epoch()
     fake.now = 21
-    three = third.state(epoch_done=False)
+    three = third.state()
     assert three["epoch_time_s"] == 6
     # attempt 4 resumes that checkpoint: epoch 1 ends after 2 s more (8 s
     # in all), epoch 2 is cut after 1 s
@@ -97,22 +97,26 @@ def test_each_epoch_counts_once_whatever_the_attempts(monkeypatch):
     fourth.start_epoch()
     fake.now = 32
     assert fourth.end_epoch(whole=True) == 8
-    assert fourth.state(epoch_done=True)["epoch_times_s"] == [8]
+    assert fourth.state()["epoch_times_s"] == [8]
     fourth.start_epoch()
     fake.now = 33
     assert fourth.end_epoch(whole=False) == 1
-    four = fourth.state(epoch_done=False)
+    four = fourth.state()
     assert (four["epoch_times_s"], four["epoch_time_s"]) == ([8], 1)
     assert fourth.epoch_time() == 8  # the whole epoch alone
-    # attempt 5: SIGTERM at epoch 2's last window (3 s more): the stop checkpoint ends the epoch
+    # attempt 5: SIGTERM at epoch 2's last window (3 s more): the stop checkpoint leaves the
+    # epoch's end owed, its 4 s under way
     fake.now = 40
     fifth = attempt(fake, four, 1, 4)
     fifth.start_epoch()
     fake.now = 43
-    five = fifth.state(epoch_done=True)
-    assert (five["epoch_times_s"], five["epoch_time_s"], five["attempts"]) == ([8, 4], 0, 5)
-    # attempt 6 finds both epochs done, once each
-    sixth = attempt(fake, five, 2, 0)
+    five = fifth.state()
+    assert (five["epoch_times_s"], five["epoch_time_s"], five["attempts"]) == ([8], 4, 5)
+    # attempt 6 resumes at that last batch and ends the epoch without training: both epochs
+    # done, once each
+    fake.now = 50
+    sixth = attempt(fake, five, 1, 8)
+    assert sixth.end_epoch(whole=True) == 4
     assert sixth.epoch_times == [8, 4] and sixth.epoch_time() == 6
     # the wall time: each attempt up to the checkpoint the next resumed from
     # (attempt 3's to its checkpoint)

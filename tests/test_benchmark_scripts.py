@@ -125,21 +125,20 @@ def wait_for(pids: Path, script: subprocess.Popen, seconds: float = 120) -> list
     return [int(pid) for pid in pids.read_text().split()]
 
 
-def stop(script: subprocess.Popen, seconds: float = 60) -> tuple[int, str, float]:
+def stop(script: subprocess.Popen, seconds: float = 60) -> tuple[int, str]:
     """SIGTERM to the script's whole process group, as `timeout` and a terminal's Ctrl-C send
-    it: the exit status, the output, and the seconds it took to end."""
-    began = time.monotonic()
+    it: the exit status and the output. A script that has not ended after `seconds` (its jobs
+    sleep for minutes, deaf to SIGTERM) fails the test."""
     os.killpg(script.pid, signal.SIGTERM)
     output, _ = script.communicate(timeout=seconds)
-    return script.returncode, output, time.monotonic() - began
+    return script.returncode, output
 
 
-def time_out(timeout: subprocess.Popen, seconds: float = 60) -> tuple[int, str, float]:
+def time_out(timeout: subprocess.Popen, seconds: float = 60) -> tuple[int, str]:
     """The limit of `timeout` reached now (its alarm): it sends SIGTERM to the script and its
-    process group. The exit status, the output, and the seconds the script took to end. A script
-    that has not ended after `seconds` fails the test with what still runs of its session (each
-    process with its group and state), then is killed whole."""
-    began = time.monotonic()
+    process group. The exit status and the output. A script that has not ended after `seconds`
+    fails the test with what still runs of its session (each process with its group and state),
+    then is killed whole."""
     os.kill(timeout.pid, signal.SIGALRM)
     try:
         output, _ = timeout.communicate(timeout=seconds)
@@ -151,7 +150,7 @@ def time_out(timeout: subprocess.Popen, seconds: float = 60) -> tuple[int, str, 
                 os.killpg(group, signal.SIGKILL)
         timeout.communicate()
         pytest.fail(f"still running {seconds} s after timeout's alarm:\n{left}\n{late.output}")
-    return timeout.returncode, output, time.monotonic() - began
+    return timeout.returncode, output
 
 
 # ----------------------------------------------------------------------------------------- jobs.sh
@@ -174,7 +173,8 @@ def test_a_job_past_its_limit_is_stopped_and_its_group_killed():
     done = jobs("SECONDS=0; job_run 1 bash -c 'trap \"\" TERM; sleep 300 & echo $!; sleep 300'\n"
                 'echo "status $? after $SECONDS s"', env={"JOB_GRACE_S": "1"})
     child, _, status, _, seconds, _ = done.stdout.split()
-    assert status == "124" and 2 <= int(seconds) <= 10, done.stdout + done.stderr
+    # its limit and its grace waited for: no sooner (jobs() stops a hang)
+    assert status == "124" and int(seconds) >= 2, done.stdout + done.stderr
     assert not running(int(child))
 
 
@@ -193,8 +193,8 @@ def test_a_stop_ends_the_running_job_with_everything_in_its_group(tmp_path):
                     f"job_run 0 bash -c 'trap \"\" TERM; sleep 300 & echo $$ $! > {pids}; "
                     "sleep 300'"], {**os.environ, "JOB_GRACE_S": "1"})
     members = wait_for(pids, script, 30)
-    code, output, seconds = stop(script)
-    assert code == 143 and seconds < 10, output
+    code, output = stop(script)
+    assert code == 143, output
     assert not any(running(pid) for pid in members) and not group_members(members[0])
 
 
@@ -210,9 +210,9 @@ def test_fast_path_stopped_midway_keeps_its_finished_rows_and_leaves_nothing_run
     members = wait_for(pids, script)
     table = (out / "summary.txt").read_text()
     assert "| fast | 100 |" in table and "| unaligned |" not in table  # the first row, at once
-    code, output, seconds = time_out(script)
+    code, output = time_out(script)
     assert code == 124, output  # timeout's own status: it stopped the script
-    assert seconds < GRACE_S + 10 and not any(running(pid) for pid in members), output
+    assert not any(running(pid) for pid in members), output
     assert not group_members(members[0])
     assert "| fast | 100 |" in (out / "summary.txt").read_text()
 
@@ -407,8 +407,8 @@ def test_gpu_check_stopped_packs_what_finished_with_its_lines_for_benchmarks(tmp
     while not (out / "work" / "parts" / "verify" / "verify.md").exists():
         assert time.monotonic() < deadline, "the plain --verify never ended"
         time.sleep(0.1)
-    code, output, seconds = stop(script)
-    assert code == 143 and seconds < GRACE_S + 25, output  # its parts' grace is JOB_GRACE_S + 5
+    code, output = stop(script)  # within stop()'s 60 s: its parts' grace is JOB_GRACE_S + 5
+    assert code == 143, output
     assert not any(running(pid) for pid in members) and not group_members(members[0])
     summary = (out / "summary.md").read_text()
     assert "- compare: ok in" in summary
@@ -479,8 +479,8 @@ def test_gpu_check_stopped_in_a_fast_path_row_leaves_nothing_running(tmp_path, s
            "PIDS": str(pids), "KEEP": str(tmp_path / "keep")}
     script = start(["bash", "benchmarks/gpu_check.sh", str(out)], env)
     members = wait_for(pids, script)
-    code, output, seconds = stop(script)
-    assert code == 143 and seconds < GRACE_S + 20, output
+    code, output = stop(script)
+    assert code == 143, output
     assert not any(running(pid) for pid in members) and not group_members(members[0])
     summary = (out / "summary.md").read_text()
     assert "- compare: ok in" in summary and "- fast: ok in" in summary

@@ -9,7 +9,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import re
 import shutil
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -236,6 +238,26 @@ def test_an_image_that_fails_only_when_decoded_stops_the_run_naming_it(tmp_path)
             and (tmp_path / "runs" / "run" / "checkpoint.pt").is_file())
 
 
+def test_a_worker_killed_while_the_gpu_loader_decodes_the_folder_is_one_line(tmp_path,
+                                                                            monkeypatch):
+    """The gpu loader's decoding workers, ended by the OOM killer (SIGKILL, each at its first
+    image here): the run says so in one line before it trains, exit 1, no traceback."""
+    import common.gpu_loader
+
+    def killed(self, index):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    monkeypatch.setattr(common.gpu_loader._Decoded, "__getitem__", killed)
+    root = write_folder(tmp_path / "data")
+    done = train_in_process("single_gpu/train.py", *flags(root, tmp_path / "runs", "--loader",
+                                                          "gpu", "--num_workers", "2"))
+    lines = done.stderr.splitlines()
+    assert done.returncode == 1 and len(lines) == 1, done.stderr
+    assert re.fullmatch(r"error: --dataset imagefolder: DataLoader worker \(pid \d+\) is killed "
+                        r"by signal: Killed while decoding the images: run it again, with a "
+                        r"smaller --num_workers if the machine ran out of memory", lines[0])
+
+
 # -------------------------------------------------------------------------------------- the loaders
 def test_both_loaders_give_the_same_evaluation_images(folder):
     """Evaluation: resize to image_size * 256 // 224, centre crop, by PIL in both
@@ -252,6 +274,29 @@ def test_both_loaders_give_the_same_evaluation_images(folder):
     assert torch.equal(pixels(gpu).round().permute(0, 2, 3, 1).to(torch.uint8),
                        torch.from_numpy(expected))
     assert stored_side(32) == 36 and stored_side(224) == 256
+
+
+@pytest.mark.parametrize("dataset", ["imagefolder", "synthetic"])
+def test_both_loaders_start_the_model_from_the_same_weights_on_one_seed(folder, tmp_path, dataset):
+    """train.py seeds, builds its loaders, then its model: a loader that drew from the global RNG
+    on the way (the gpu loader's decoding of a folder, by a DataLoader without a generator of its
+    own) would change the initial weights. With one --seed, the same weights whichever loader."""
+    from single_gpu.train import get_config, prepare
+
+    data = (["--data_dir", folder, "--image_size", "32"] if dataset == "imagefolder"
+            else ["--synthetic_size", "48"])
+
+    def initial_weights(loader: str) -> dict:
+        cfg = get_config([str(flag) for flag in flags(
+            folder, tmp_path, "--dataset", dataset, *data, "--loader", loader, "--run_name",
+            loader)])
+        run, _ = prepare(cfg, 0.0)
+        run.close()
+        return run.raw_model.state_dict()
+
+    gpu, torchvision = initial_weights("gpu"), initial_weights("torchvision")
+    assert gpu.keys() == torchvision.keys()
+    assert all(torch.equal(gpu[name], torchvision[name]) for name in gpu)
 
 
 def crop_expected(width: int, height: int, box, mirrored: bool,

@@ -3,7 +3,8 @@
 1. single_gpu stopped by --max_steps mid-epoch (the torchvision loader's workers augmenting) and
    resumed from its checkpoint's path ends bit-identical to an uninterrupted run; the restored
    optimizer is the one the resuming run built (fused or not), its buffers laid out like the
-   parameters, whatever the memory format and device of the run that wrote the checkpoint;
+   parameters, whatever the memory format and device of the run that wrote the checkpoint; a run
+   resumed into a new folder carries the best.pt its results name, or says that none holds it;
 2. torchrun --max-restarts 1 with 2 workers, one killed with SIGKILL after the first
    checkpoint: the group restarts, resumes from the checkpoint by itself, and ends
    bit-identical to the uninterrupted run;
@@ -37,8 +38,8 @@ from common.config import Config, UsageError, parse_config
 from common.data import load_datasets
 from common.loaders import make_loader
 from common.samplers import ShuffleSampler
-from conftest import (REPO, TINY, at_epoch, free_port, refuse_in_process, run_script,
-                      two_at_a_time)
+from conftest import (REPO, TINY, at_epoch, free_port, read_results, refuse_in_process, run_script,
+                      train_in_process, two_at_a_time)
 from models import pyramidnet
 
 pytestmark = pytest.mark.second_tier  # the longest scenarios: `python -m pytest -q -m second_tier`
@@ -174,6 +175,35 @@ def test_resume_by_path_into_a_new_run_folder(tmp_path, uninterrupted, interval_
     assert torch.load(interval_run / LAST, weights_only=True)["step"] == 13
     run_ok(SINGLE, tmp_path, "second", *LONGER, *TORCHVISION, "--resume", interval_run / LAST)
     assert_bit_identical(weights(tmp_path / "second"), uninterrupted["single"])
+
+
+def test_a_run_resumed_into_a_new_folder_carries_the_best_epochs_weights(tmp_path):
+    """`--resume PATH --run_name new`: the new folder's results name the best epoch of the whole
+    run, whose weights are in the first folder's best.pt when no later epoch beats it (here a best
+    of 100% at step 4). The resume copies that best.pt into the new folder (which used to have no
+    best.pt while its results and last line named a best epoch); where the first folder has none,
+    the resume and the last line say that no best.pt there holds it."""
+    flags = [*TINY, "--epochs", "2", "--no_progress", "--log_dir", tmp_path]
+    assert train_in_process(SINGLE, *flags, "--run_name", "first", "--max_steps", 4).returncode == 0
+    state = torch.load(tmp_path / "first" / LAST, weights_only=True)
+    write_checkpoint(tmp_path / "first", {**state, "best_acc": 1.0}, best=True)  # unbeatable
+    resumed = train_in_process(SINGLE, *flags, "--run_name", "new", "--resume",
+                               tmp_path / "first" / LAST)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"best.pt (epoch 1) copied from {tmp_path / 'first' / 'best.pt'}" in resumed.stdout
+    assert ((tmp_path / "new" / "best.pt").read_bytes()
+            == (tmp_path / "first" / "best.pt").read_bytes())
+    summary = read_results(tmp_path / "new")["summary"]
+    assert (summary["best_acc"], summary["best_epoch"]) == (1.0, 1)
+    assert "best test acc 100.00% at epoch 1/2; last" in resumed.stdout, resumed.stdout
+
+    (tmp_path / "first" / "best.pt").unlink()
+    resumed = train_in_process(SINGLE, *flags, "--run_name", "other", "--resume",
+                               tmp_path / "first" / LAST)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "the best epoch's weights (epoch 1) are in no best.pt" in resumed.stdout
+    assert not (tmp_path / "other" / "best.pt").exists()
+    assert "at epoch 1/2 (no best.pt here holds it); last" in resumed.stdout, resumed.stdout
 
 
 def test_checkpoint_holds_every_state_and_loads_weights_only(interval_run):

@@ -15,7 +15,15 @@ launcher that says in one line what happened to its workers.
    failed); the self-launch's usage error exits 2 whatever torch's agent did to the other workers;
    a worker killed by a signal (TORCH_DISTRIBUTED_DEBUG=DETAIL makes DDP's constructor die of
    SIGSEGV on torch 2.14.1) is named with its signal; a stop before training began says so; its
-   workers get 90 s to stop cleanly.
+   workers get 90 s to stop cleanly;
+4. a stop at an epoch's last log window, where no step is left to train, keeps everything (it
+   used to lose the epoch's evaluation, and at the run's end its results.json for good): the run
+   checkpoints and exits 128 + the signal, saying what is owed, and the command it prints
+   evaluates the epoch first, best.pt and results.json (the speed of the attempt that trained)
+   then written as an unstopped run writes them; single_gpu as the issue ran it (--max_steps),
+   single_gpu and data_parallel at an epoch's end, dist_parallel and fsdp on two processes;
+5. an evaluation stopped by a signal suggests a command that evaluates (the same one with
+   --overwrite), and the same command as it was is refused with a line that offers it.
 """
 from __future__ import annotations
 
@@ -34,7 +42,8 @@ import torch
 
 from common.checkpoint import LAST, STOPPED, TRAINING, StopSignals, tell_self_launch, until_stopped
 from common.launcher import failure_line, stop_line, tell_self_launch_stopped
-from conftest import REPO, TINY, free_port, refuse_in_process
+from conftest import (REPO, TINY, free_port, read_results, refuse_in_process, run_script,
+                      train_in_process)
 from test_reliability import read_until, session_alive, start, wait_for
 
 pytestmark = pytest.mark.second_tier  # the longest scenarios: `python -m pytest -q -m second_tier`
@@ -126,7 +135,7 @@ def test_evaluate_in_a_group_stops_every_rank_at_the_same_batch(script, weights,
     assert [code for code, _, _ in ranks] == [143, 143], ranks
     said = [line for line in ranks[0][1].splitlines() if line.startswith("stopped by")]
     assert said == ["stopped by SIGTERM during the evaluation, after 3 of 16 batches: no results "
-                    "written; run it again to evaluate"], ranks[0]
+                    "written; to evaluate, run the same command with --overwrite"], ranks[0]
     assert "stopped" not in ranks[1][1] and "Traceback" not in ranks[0][2] + ranks[1][2]
     assert not (tmp_path / "by_hand" / "results.json").exists()
 
@@ -312,3 +321,126 @@ def test_the_stop_report_names_the_run_to_resume(tmp_path, monkeypatch):
     tell_self_launch_stopped(4, None)  # --benchmark: no checkpoint
     line = stop_line(signal.SIGTERM, tmp_path, None)[0]
     assert line.endswith("a --benchmark run keeps no checkpoint"), line
+
+
+# ------------------------------------------------------------------- 4. a stop in the last window
+# The issue's command: 40 steps an epoch, a log window at each, --max_steps 4 (timed from step 2)
+LAST_WINDOW = ["--dataset", "synthetic", "--synthetic_size", "640", "-b", "16", "--epochs", "1",
+               "--depth", "8", "--alpha", "12", "-p", "1", "--num_workers", "0", "--max_steps", "4",
+               "--warmup_steps", "1", "--no_progress"]
+
+
+def under_fault(script: str, flags: list, fault: dict) -> subprocess.CompletedProcess:
+    """`python script flags...` in one process, under tests/fault_injection.py with `fault`'s
+    variables (it is rank 0)."""
+    return subprocess.run([sys.executable, str(REPO / "tests" / "fault_injection.py"), script,
+                           *map(str, flags)], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, **ONE_THREAD, "PYTHONUNBUFFERED": "1",
+                               "FAULT_RANK": "0", **fault}, timeout=120)
+
+
+def continue_command(line: str) -> list[str]:
+    """The flags a stop's line says to continue with: `continue with --resume auto --run_name X`."""
+    return line.split("continue with ", 1)[1].split()
+
+
+def test_a_stop_in_the_runs_last_window_leaves_its_evaluation_to_the_resume(tmp_path):
+    """The issue's run: SIGTERM during step 4 of --max_steps 4, so the stop lands at the run's
+    last log window. The run checkpoints and exits 143 saying that its evaluation and results are
+    owed; the command it prints evaluates, writes results.json and best.pt and exits 0 (it used
+    to say "this run has ended" and exit 0 with no results, ever), the speed figures those of the
+    attempt that trained; run again, it has ended."""
+    flags = [*LAST_WINDOW, "--log_dir", tmp_path, "--run_name", "run"]
+    stopped = under_fault("single_gpu/train.py", flags,
+                          {"FAULT_STEP": "4", "FAULT_SIGNAL": "SIGTERM"})
+    assert stopped.returncode == 143, stopped.stdout + stopped.stderr
+    line, = [line for line in stopped.stdout.splitlines() if line.startswith("stopped by")]
+    assert line.startswith("stopped by SIGTERM at step 4 (the training done, its evaluation and "
+                           "results owed); checkpoint "), line
+    run_dir = tmp_path / "run"
+    assert torch.load(run_dir / LAST, weights_only=True)["end_owed"]
+    assert not (run_dir / "results.json").exists()
+    # the user pastes what the line says
+    resumed = run_script("single_gpu/train.py", *flags[:-2], *continue_command(line))
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "its training was done, its evaluation was not: evaluating it" in resumed.stdout
+    assert "Epoch 1/1 test loss" in resumed.stdout and "results in" in resumed.stdout
+    results = read_results(run_dir)
+    summary = results["summary"]
+    assert summary["steps"] == 4 and summary["best_epoch"] == 1 and summary["test_acc"] is not None
+    assert (run_dir / "best.pt").exists() and results["resumed"]["attempts"] == 2
+    # timed steps 2 to 4, in the attempt that trained them: the resume trained none
+    assert summary["timed_steps"] == [2, 4] and summary["images_per_sec"] > 0
+    again = refuse_in_process("single_gpu/train.py", *flags[:-2], *continue_command(line))
+    assert again.returncode == 0 and "this run has ended" in again.stdout, again.stdout
+
+
+@pytest.mark.parametrize("script, epochs", [("single_gpu/train.py", 1),
+                                            ("data_parallel/train.py", 2)])
+def test_a_stop_at_an_epochs_end_keeps_its_evaluation(script, epochs, tmp_path):
+    """SIGTERM noted at the last window of epoch 1 (no --max_steps): of the run's last epoch
+    (single_gpu), or of the first of two (data_parallel). The resume evaluates that epoch first, as
+    the run would have, then trains on: the same test figures, best epoch and weights as the run
+    that was not stopped (the stopped one used to skip the epoch's evaluation: never evaluated, its
+    best.pt never written)."""
+    flags = [*TINY, "--epochs", epochs, "--save_model", "--no_progress", "--log_dir", tmp_path]
+    whole = train_in_process(script, *flags, "--run_name", "whole")
+    stopped = train_in_process(script, *flags, "--run_name", "run", sigterm_at=8)
+    assert whole.returncode == 0 and stopped.returncode == 143, stopped.stdout + stopped.stderr
+    owed = ("the training done, its evaluation and results owed" if epochs == 1
+            else "epoch 1 trained, its evaluation owed")
+    assert f"stopped by SIGTERM at step 8 ({owed})" in stopped.stdout, stopped.stdout
+    assert "test loss" not in stopped.stdout
+    resumed = train_in_process(script, *flags, "--run_name", "run", "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"Epoch 1/{epochs} test loss" in resumed.stdout
+    ours, theirs = (read_results(tmp_path / name)["summary"] for name in ("run", "whole"))
+    for figure in ("test_loss", "test_acc", "best_acc", "best_epoch", "steps", "train_loss"):
+        assert ours[figure] == theirs[figure], figure
+    assert (tmp_path / "run" / "best.pt").exists()
+    ours, theirs = (torch.load(tmp_path / name / "model.pt", weights_only=True)
+                    for name in ("run", "whole"))
+    assert all(torch.equal(ours[name], theirs[name]) for name in theirs)
+
+
+@pytest.mark.parametrize("script", ["dist_parallel/train.py", "fsdp/train.py"])
+def test_a_stop_in_a_groups_last_window_is_finished_by_the_resume(script, tmp_path):
+    """Two processes started by hand, SIGTERM to rank 1 during step 8, the epoch's last: both stop
+    at that window with exit 143 and rank 0 says the evaluation is owed; the self-launch's
+    `--resume auto` evaluates, writes results.json (the two ranks' speed, gathered when they
+    stopped) and best.pt."""
+    ranks = by_hand(script, [*TINY, "--no_progress"], tmp_path,
+                    {"FAULT_RANK": "1", "FAULT_STEP": "8", "FAULT_SIGNAL": "SIGTERM"})
+    assert [code for code, _, _ in ranks] == [143, 143], ranks
+    assert "(the training done, its evaluation and results owed)" in ranks[0][1], ranks[0]
+    assert not (tmp_path / "by_hand" / "results.json").exists()
+    resumed = run_script(script, *TINY, "--no_progress", "--nproc_per_node", 2, "--log_dir",
+                         tmp_path, "--run_name", "by_hand", "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "evaluating it" in resumed.stdout and "Epoch 1/1 test loss" in resumed.stdout
+    results = read_results(tmp_path / "by_hand")
+    assert results["world_size"] == 2 and results["summary"]["steps"] == 8
+    assert results["summary"]["images_per_sec"] > 0 and results["summary"]["best_epoch"] == 1
+    assert (tmp_path / "by_hand" / "best.pt").exists()
+
+
+# ------------------------------------------------------------- 5. after a stop during --evaluate
+def test_the_command_a_stopped_evaluation_suggests_evaluates(weights, tmp_path):
+    """SIGTERM during --evaluate's third batch, into a named folder: the line says to run the same
+    command with --overwrite, which evaluates; the same command as it was is refused with a line
+    that offers --overwrite and not --resume auto, which --evaluate refuses (both used to be
+    refused: "run it again" met the folder the stopped evaluation had made, and the refusal
+    offered --resume auto)."""
+    flags = [*EVALUATE, "--evaluate", weights, "--log_dir", tmp_path, "--run_name", "ev"]
+    stopped = under_fault("single_gpu/train.py", flags,
+                          {"FAULT_STEP": "3", "FAULT_SIGNAL": "SIGTERM"})
+    assert stopped.returncode == 143, stopped.stdout + stopped.stderr
+    assert stopped.stdout.splitlines()[-1] == (
+        "stopped by SIGTERM during the evaluation, after 3 of 16 batches: no results written; "
+        "to evaluate, run the same command with --overwrite")
+    again = refuse_in_process("single_gpu/train.py", *flags)
+    assert again.returncode == 2 and "--overwrite" in again.stderr, again.stderr
+    assert "--resume" not in again.stderr
+    evaluated = train_in_process("single_gpu/train.py", *flags, "--overwrite")
+    assert evaluated.returncode == 0, evaluated.stdout + evaluated.stderr
+    assert read_results(tmp_path / "ev")["summary"]["test_images"] == 512

@@ -24,8 +24,14 @@ passes the signal to what srun started):
   with the rendezvous port it derives from the job id; USR1 to the batch shell (what
   --signal=B:USR1@120 sends before the time limit) makes every rank stop at a log window with a
   checkpoint, no process left, and the job requeue itself (scontrol requeue); the requeued job (same
-  id) resumes that checkpoint and finishes; a finished run is not started again; a job submitted
-  from outside the repository is refused with one line.
+  id) resumes that checkpoint and finishes; a finished run is not trained again (train.py says
+  so); a job submitted from outside the repository is refused with one line, and so is the script
+  run by bash outside SLURM;
+- a requeued job whose run a stop left at its last log window (its evaluation and results owed)
+  finishes it: evaluated, results.json written, the job's last line "finished"; a finished run
+  whose TRAIN_ARGS raise --epochs is extended by the job (the script used to say "nothing to
+  do"); "finished" is said of results.json that the step wrote, or beside a step that succeeded,
+  never of an earlier one beside a step that failed.
 
 .ci/slurm_cluster.sh runs both scripts under a real SLURM cluster (two slurmd on one host, CPUs
 only): sbatch accepts the #SBATCH lines, both jobs train and finish, and `scontrol requeue` brings
@@ -62,7 +68,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, TINY, read_results
+from conftest import REPO, TINY, read_results, train_in_process
 
 pytestmark = pytest.mark.second_tier  # the longest scenarios: `python -m pytest -q -m second_tier`
 
@@ -224,6 +230,17 @@ def test_a_job_submitted_outside_the_repository_is_refused(tmp_path):
     assert "submit from its root" in done.stderr and not calls(tmp_path, "srun")
 
 
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_the_script_run_outside_slurm_says_how_to_submit_it(tmp_path, script):
+    """`bash slurm/single_node.sbatch` on a machine, no SLURM job around it: one line that says
+    to submit it with sbatch (it used to stop at "SLURM_JOB_ID: unbound variable")."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("SLURM_")}
+    done = run_job(["bash", str(SCRIPTS[script])], env, cwd=REPO, timeout=30)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stdout + done.stderr
+    assert done.stderr.startswith("error: SLURM_JOB_ID is not set")
+    assert f"sbatch {SCRIPTS[script].relative_to(REPO)}" in done.stderr and not done.stdout
+
+
 def test_a_mode_without_a_process_group_is_refused(tmp_path):
     command, env, _ = make_job(tmp_path, "single", nodes=1, gpus_per_node=2, job_id="8")
     done = run_job(command, {**env, "MODE": "data_parallel"}, cwd=tmp_path / "spool", timeout=30)
@@ -343,7 +360,7 @@ def test_the_multi_node_script_checkpoints_before_the_time_limit_requeues_and_re
     """Two "nodes" of one GPU (a CPU process) each. Attempt 1 gets USR1 once training has started
     (what SLURM sends the batch shell 120 s before the time limit): every rank stops with a
     checkpoint and the job requeues itself. Attempt 2, the requeued job (same id), resumes from that
-    checkpoint and finishes. Attempt 3 does nothing."""
+    checkpoint and finishes. Attempt 3 finds the run ended: train.py says so and writes nothing."""
     port = free_rdzv_port()
     # so the script's default port, 29500 + job id % 1000, is a free one
     job_id = str(100000 + port - 29500)
@@ -393,6 +410,66 @@ def test_the_multi_node_script_checkpoints_before_the_time_limit_requeues_and_re
     srun = calls(tmp_path, "srun")
     assert len(srun) == 2 and all("--ntasks=2 --ntasks-per-node=1" in line for line in srun)
 
-    third = run_job(command, env, cwd=tmp_path / "spool", timeout=30)
-    assert third.returncode == 0 and "finished already" in third.stdout, third.stdout + third.stderr
-    assert len(calls(tmp_path, "srun")) == 2
+    before = (run_dir / "results.json").read_bytes()
+    third = run_job(command, env, cwd=tmp_path / "spool")
+    assert third.returncode == 0, third.stdout + third.stderr
+    assert "this run has ended" in third.stdout and "finished:" in third.stdout.splitlines()[-1]
+    assert (run_dir / "results.json").read_bytes() == before  # trained nothing, wrote nothing
+
+
+# ----------------------------------------------------------------- 4. a run's end, and past it
+def test_the_requeued_job_finishes_a_run_whose_end_a_stop_left_owed(tmp_path):
+    """Job 71's run stopped by SIGTERM at its last log window (single_gpu, the attempt before the
+    requeue: its checkpoint leaves the evaluation and results owed). The requeued job (restart 1)
+    evaluates the run and writes results.json and best.pt, and its last line says finished
+    (train.py used to say "this run has ended" and exit 0, and the job ended "before finishing;
+    not requeued", with no results ever)."""
+    command, env, log_dir = make_job(tmp_path, "single", nodes=1, gpus_per_node=1, job_id="71")
+    run_dir = log_dir / "slurm-71"
+    stopped = train_in_process("single_gpu/train.py", *TINY, "--log_dir", log_dir, "--run_name",
+                               run_dir.name, sigterm_at=8)
+    assert stopped.returncode == 143, stopped.stdout + stopped.stderr
+    job = run_job(command, {**env, "SLURM_RESTART_COUNT": "1"}, cwd=tmp_path / "spool")
+    assert job.returncode == 0, job.stdout + job.stderr
+    assert "evaluating it" in job.stdout and "Epoch 1/1 test loss" in job.stdout, job.stdout
+    assert job.stdout.splitlines()[-1].endswith(f"finished: {run_dir / 'results.json'}")
+    results = read_results(run_dir)
+    assert results["summary"]["steps"] == 8 and results["summary"]["best_epoch"] == 1
+    assert (run_dir / "best.pt").exists()
+
+
+def test_a_job_whose_train_args_raise_epochs_extends_a_finished_run(tmp_path):
+    """Job 72's run has finished (one epoch, results.json written); submitted again with --epochs 2
+    in TRAIN_ARGS, the job trains the second epoch, as train.py extends a run (the script used to
+    say "finished already: nothing to do" without launching it)."""
+    command, env, log_dir = make_job(tmp_path, "single", nodes=1, gpus_per_node=1, job_id="72")
+    run_dir = log_dir / "slurm-72"
+    finished = train_in_process("single_gpu/train.py", *TINY, "--log_dir", log_dir, "--run_name",
+                                run_dir.name)
+    assert finished.returncode == 0 and (run_dir / "results.json").exists(), finished.stderr
+    extended = run_job(command, {**env, "TRAIN_ARGS": f"{TRAIN_ARGS} --epochs 2"},
+                       cwd=tmp_path / "spool")
+    assert extended.returncode == 0, extended.stdout + extended.stderr
+    assert "the run is extended from 1 to 2 epochs" in extended.stdout, extended.stdout
+    results = read_results(run_dir)
+    assert results["summary"]["steps"] == 16 and results["extended"][0]["epochs_to"] == 2
+    assert extended.stdout.splitlines()[-1].endswith(f"finished: {run_dir / 'results.json'}")
+
+
+def test_finished_means_results_that_this_step_wrote_or_a_step_that_succeeded(tmp_path):
+    """With a stand-in for the interpreter: a step that fails (exit 1) beside the results.json of
+    an earlier finish (a run extended, then crashed) did not finish, and says so; a step whose
+    torchrun exits 1 after writing results.json (a stop that reached it as the run wrote them)
+    finished the run, and the job ends with status 0."""
+    command, env, log_dir = make_job(tmp_path, "single", nodes=1, gpus_per_node=1, job_id="73")
+    results = log_dir / "slurm-73" / "results.json"
+    results.parent.mkdir(parents=True)
+    results.write_text("{}")
+    env["PYTHON"] = stand_in_python(tmp_path, "exit 1")
+    crashed = run_job(command, env, cwd=tmp_path, timeout=30)
+    assert crashed.returncode == 1, crashed.stdout + crashed.stderr
+    assert crashed.stderr.splitlines()[-1].endswith("status 1 before finishing; not requeued")
+    env["PYTHON"] = stand_in_python(tmp_path, f"echo '{{}}' > '{results}'; exit 1")
+    written = run_job(command, env, cwd=tmp_path, timeout=30)
+    assert written.returncode == 0, written.stdout + written.stderr
+    assert written.stdout.splitlines()[-1].endswith(f"finished: {results}")
