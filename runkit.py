@@ -15,7 +15,8 @@ best_acc, best_epoch and tested_step: what a checkpoint keeps of the loop.
     load_weights(model, path)                  --evaluate's weights
     StepTimer, GpuMonitor, peak_memory_gb      step time on the device's clock; NVML; the peaks
     RunLog(run_dir, config, checkpoint)        the console, TensorBoard, results.json
-    speed_summary, flops_per_image, peak_tflops  images/s and MFU, FLOPs counted on the model
+    speed_summary, parameter_count            results.json's speed; the parameters as saved
+    flops_per_image, peak_tflops               FLOPs counted on the model itself; the GPU's peak
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ import shutil
 import signal
 import sys
 import threading
+import unicodedata
 import time
 from pathlib import Path
 
@@ -239,6 +241,9 @@ def check_image_folder(root: Path) -> None:
             raise UsageError(f"{dangling[0]} is a link to {os.readlink(dangling[0])}, which is "
                              "not there: mend or remove it")
     classes = [sorted(path.name for path in split.iterdir() if path.is_dir()) for split in splits]
+    nfc = [sorted(unicodedata.normalize("NFC", name) for name in names) for names in classes]
+    refuse_if([(classes != nfc, f"--dataset imagefolder: a class folder of {root} is named in "
+                "decomposed Unicode (another split, or a copy, may name it composed): rename it")])
     if classes[0] != classes[1] or len(classes[0]) < 2:
         raise UsageError(f"--dataset imagefolder: train/ has the classes {classes[0][:5]} and val/ "
                          f"{classes[1][:5]}: give both the same class folders, two at least")
@@ -246,6 +251,16 @@ def check_image_folder(root: Path) -> None:
         path.suffix.lower() in IMAGES for path in (split / name).rglob("*"))), None)
     if empty is not None:
         raise UsageError(f"--dataset imagefolder: {empty} holds no image ({', '.join(IMAGES)})")
+
+
+def folder_record(root: Path) -> str:
+    """What an image folder's training split holds, in a line a resume compares: its classes and
+    images, and a digest of each file's class, name and size (images added, a class renamed)."""
+    files = sorted((path.relative_to(root).as_posix(), path.stat().st_size)
+                   for path in (root / "train").rglob("*") if path.suffix.lower() in IMAGES)
+    digest = hashlib.sha256(repr(files).encode()).hexdigest()[:12]
+    classes = len({name.split("/")[1] for name, _ in files})
+    return f"{len(files)} images in {classes} classes, digest {digest}"
 
 
 def synthetic_images(count: int, seed: int, split: str, classes: int = 10, side: int = 32):
@@ -356,7 +371,7 @@ def checkpoint_to_resume(resume: str | None, folder: Path, config: dict, must_ma
         (state.get("checksum") != checksum({k: v for k, v in state.items() if k != "checksum"}),
          f"--resume: {path} is damaged: its contents do not match their checksum; resume from "
          "another copy, or start afresh")])
-    differ = [f"--{name} {state['config'].get(name)} (now {config.get(name)})"
+    differ = [f"{name} {state['config'].get(name)} (now {config.get(name)})"
               for name in must_match if state["config"].get(name) != config.get(name)]
     refuse_if([(differ, f"--resume: {path} was written by another run: {', '.join(differ)}; "
                 "resume with the flags it was written with")])
@@ -534,43 +549,40 @@ class StepTimer:
 
 class GpuMonitor:
     """window(): {CUDA index: (utilisation %, memory GiB)}, means of NVML's readings every 0.1 s
-    ("a kernel ran", not efficiency); found by UUID, right under CUDA_VISIBLE_DEVICES."""
+    ("a kernel ran", not efficiency), each GPU found by its UUID (right under
+    CUDA_VISIBLE_DEVICES); mean(): the run's. Without NVML: None."""
 
     def __init__(self, gpus):
-        self.gpus, self.sums, self.lock, self.handles = list(gpus), {}, threading.Lock(), {}
-        self.run = [0.0, 0]  # every reading's utilisation, and how many
-        self.stopped = threading.Event()
+        self.gpus, self.sums, self.run, self.lock = list(gpus), {}, [0.0, 0], threading.Lock()
+        self.stopped, self.handles = threading.Event(), {}
         with contextlib.suppress(Exception):  # no driver or no library: no readings
             import pynvml
 
             pynvml.nvmlInit() if self.gpus else None
-            for gpu in self.gpus:
-                uuid = str(torch.cuda.get_device_properties(gpu).uuid)
-                self.handles[gpu] = pynvml.nvmlDeviceGetHandleByUUID(
-                    uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}")
+            uuids = [str(torch.cuda.get_device_properties(gpu).uuid) for gpu in self.gpus]
+            self.handles = {gpu: pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid[:4] in (
+                "GPU-", "MIG-") else f"GPU-{uuid}") for gpu, uuid in zip(self.gpus, uuids)}
             self.nvml = pynvml
         if self.handles:
-            threading.Thread(target=self._sample, name="gpu-monitor", daemon=True).start()
+            threading.Thread(target=self._sample, daemon=True).start()
 
     def _sample(self):
         while not self.stopped.wait(0.1):
             for gpu, handle in self.handles.items():
                 with contextlib.suppress(Exception), self.lock:
-                    util = self.nvml.nvmlDeviceGetUtilizationRates(handle).gpu
-                    used = self.nvml.nvmlDeviceGetMemoryInfo(handle).used / 2**30
-                    u, m, n = self.sums.get(gpu, (0.0, 0.0, 0))
-                    self.sums[gpu] = (u + util, m + used, n + 1)
+                    reading = (self.nvml.nvmlDeviceGetUtilizationRates(handle).gpu,
+                               self.nvml.nvmlDeviceGetMemoryInfo(handle).used / 2**30, 1)
+                    self.sums[gpu] = [a + b for a, b in zip(self.sums.get(gpu, (0, 0, 0)), reading)]
 
     def window(self) -> dict:
         with self.lock:
             sums, self.sums = self.sums, {}
-            for gpu, (u, _, n) in sums.items():
-                self.run[0], self.run[1] = self.run[0] + u, self.run[1] + n
+        self.run = [self.run[0] + sum(s[0] for s in sums.values()),
+                    self.run[1] + sum(s[2] for s in sums.values())]
         return {gpu: (sums[gpu][0] / sums[gpu][2], sums[gpu][1] / sums[gpu][2]) if gpu in sums
                 else (None, None) for gpu in self.gpus}
 
     def mean(self) -> float | None:
-        """The mean utilisation of every reading of the run, every GPU's."""
         return self.run[0] / self.run[1] if self.run[1] else None
 
     def close(self) -> None:
@@ -663,18 +675,6 @@ class RunLog:
             self.writer.close()
 
 
-def describe(config: dict) -> str:
-    """What a run trains, for its first line."""
-    model = (f"PyramidNet-{config['depth']} a={config['alpha']:g}" if config["model"] ==
-             "pyramidnet" else config["model"])
-    crop = "no augmentation" if config["augment"] == "off" else (
-        f"{config['augment']} crop" + " and flip" * config["flip"])
-    return (f"{model} at {config['image_size']} px, {config['dataset']}, {crop}, global batch "
-            f"{config['batch_size']}, lr {config['lr'] * config['batch_size'] / 128:g}, amp "
-            f"{config['amp']}" + ", channels_last" * config["channels_last"]
-            + ", compiled" * config["compile"])
-
-
 def speed_summary(log: RunLog, timer: StepTimer, global_batch: int, devices: int, flops: int,
                   peak: tuple, monitor: GpuMonitor, gpus) -> dict:
     """results.json's speed figures from the run's windows, its timer and `peak` (for MFU)."""
@@ -696,12 +696,32 @@ def speed_summary(log: RunLog, timer: StepTimer, global_batch: int, devices: int
             "profiled_steps": list(timer.profile[:2]) if timer.profile else None}
 
 
+@torch.no_grad()
+def precise_batchnorm(model: torch.nn.Module, batches, device, memory_format, images=8192):
+    """Every BatchNorm's statistics made those of the weights as they are, over the first `images`
+    training images (PreciseBN: Wu & Johnson, 2021). The running ones average ten steps' batches,
+    each of its step's weights: on a small folder early on they are far from any (a ResNet-18's
+    first test loss: 259 with them, 2.26 with its weights' own; BENCHMARKS.md)."""
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    kept = [(norm.momentum, norm.num_batches_tracked.clone()) for norm in norms]
+    for norm in norms:
+        norm.reset_running_stats()
+        norm.momentum = None  # a cumulative average
+    model.train()
+    for seen, (batch, _) in enumerate(batches):
+        model(batch.to(device, non_blocking=True, memory_format=memory_format))
+        if (seen + 1) * len(batch) >= images:
+            break
+    for norm, (momentum, tracked) in zip(norms, kept):
+        norm.momentum = momentum
+        norm.num_batches_tracked.copy_(tracked)
+
+
 # ------------------------------------------------------------------------------------- model facts
 def parameter_count(model: torch.nn.Module) -> int:
     """The model's parameters as its state dict holds them (a fast path may store them padded)."""
     state = model.state_dict()
     return sum(state[name].numel() for name, _ in model.named_parameters())
-
 
 
 def flops_per_image(model: torch.nn.Module, images: torch.Tensor) -> int:

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path += [str(REPO), str(REPO / "models")]  # runkit, pyramidnet: in a copy, the ones beside it
+# runkit.py and pyramidnet.py: in a copy, those beside this file (found first); else the repo's
+sys.path.extend(str(Path(__file__).resolve().parents[1] / folder) for folder in ("", "models"))
 
 import torch
 import torch.nn.functional as F
@@ -37,11 +37,12 @@ import runkit
 from pyramidnet import PyramidNet
 
 MODE = "data_parallel"
+REPO = Path(__file__).resolve().parents[1]
 AMP = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}
 # the flags that decide what is trained: a checkpoint resumes only under the values it was made with
 MUST_MATCH = ("model", "depth", "alpha", "block", "dataset", "image_size", "synthetic_size",
               "batch_size", "epochs", "lr", "lr_warmup_epochs", "momentum", "weight_decay",
-              "nesterov", "shuffle", "augment", "flip", "seed", "amp")
+              "nesterov", "shuffle", "augment", "flip", "seed", "amp", "data")
 
 
 # ------------------------------------------------------------------------------------------- config
@@ -50,7 +51,7 @@ def get_args(argv=None) -> argparse.Namespace:
     short forms); a mistake is one line."""
     parser = runkit.ArgumentParser(description=__doc__)
     add, count, number = parser.add_argument, runkit.count, runkit.number
-    add("-b", "--batch_size", "--batch-size", type=count(1), default=128, help="GLOBAL batch")
+    add("-b", "--batch_size", "--batch-size", type=count(1), help="GLOBAL batch (default: 128)")
     add("--epochs", type=count(0), default=300)
     add("--max_steps", "--max-steps", type=count(0), default=0, help="at most (0: no limit)")
     add("--lr", type=number(above=0), default=0.1, help="per 128 images of the global batch")
@@ -190,7 +191,11 @@ def data_defaults(args, train_images: int) -> None:
         args.flip = args.dataset != "mnist" and (args.dataset != "imagefolder" or
                                                  args.augment == "resized")
     args.flip = args.flip and args.augment != "off"
+    args.data = runkit.folder_record(Path(args.data_dir)) if args.dataset == "imagefolder" else None
     args.num_workers = runkit.workers(args.num_workers)  # a share of this node's cores
+    given, args.batch_size = args.batch_size, args.batch_size or 128
+    while not given and args.dataset == "imagefolder" and train_images < 4 * args.batch_size > 4:
+        args.batch_size //= 2  # a small folder: the default halved until an epoch has 4 steps
     gpus = len(args.gpu_devices) if torch.cuda.is_available() else 1
     runkit.refuse_if([(args.batch_size % gpus, f"--batch_size {args.batch_size} does not split "
                        f"over {gpus} GPUs: give a multiple"),
@@ -256,7 +261,9 @@ def get_optimizer(args, raw_model: torch.nn.Module, device: torch.device, steps_
                                 nesterov=args.nesterov, fused=fused or None)
     for param in raw_model.parameters():  # the zeros SGD's first step makes, made now: fused SGD
         optimizer.state[param]["momentum_buffer"] = torch.zeros_like(param)  # would skip them
-    warmup = min(round(args.lr_warmup_epochs * steps_per_epoch), args.epochs * steps_per_epoch // 10)
+    warmup, run = round(args.lr_warmup_epochs * steps_per_epoch), args.epochs * steps_per_epoch
+    # the rate needs steps, not epochs: a small folder's at least 50, and at most a third of the run
+    warmup = min(max(warmup, 50), run // 3) if args.dataset == "imagefolder" else min(warmup, run // 10)
 
     def rate(step: int) -> float:  # the base rate's factor at optimizer step `step` (from 0)
         epoch = step // steps_per_epoch
@@ -419,6 +426,9 @@ def main(argv=None) -> int:
                 run.log.line(runkit.stopped_line(run.stop, run.progress, len(train_loader), path))
                 return runkit.StopSignals.CODES[run.stop]
             if not args.benchmark:  # --benchmark measures speed only: no evaluation, no files
+                if args.dataset == "imagefolder":  # the statistics of the weights evaluated
+                    runkit.precise_batchnorm(raw_model, epoch_batches(train_loader, epoch, {
+                        "batch": 0}), device, memory_format(args))
                 test = evaluate(args, raw_model, test_loader, device)
                 best = run.log.tested(test, run.progress, len(train_loader), args.epochs)
                 save_checkpoint(run, best)
