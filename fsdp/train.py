@@ -466,8 +466,11 @@ def main(argv=None) -> int:
             run.log.line(f"{args.evaluate}: test loss {test['test_loss']:.4f} acc "
                          f"{100 * test['test_acc']:.2f}% ({test['test_images']} images)")
             return run.log.results(test, mode=MODE, world_size=dist.get_world_size()) or 0
-        run.log.line(f"{MODE} on {device}: {runkit.describe(vars(args))}, "
-                     f"{len(train_loader)} steps an epoch; logs in {run_dir}")
+        model_name = f"PyramidNet-{args.depth} a={args.alpha:g}" * (args.model == "pyramidnet")
+        run.log.line(f"{MODE} on {device}: {model_name or args.model} at {args.image_size} px, "
+                     f"{args.dataset}, {args.augment} crop{' and flip' * args.flip}, batch "
+                     f"{args.batch_size} ({len(train_loader)} steps an epoch), amp {args.amp}; "
+                     f"logs in {run_dir}")
         for epoch in range(run.progress["epoch"], args.epochs):
             train_one_epoch(run, epoch)
             if run.stop:  # SIGTERM, SIGINT, SIGHUP, SIGUSR1: a checkpoint, then a clean exit
