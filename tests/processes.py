@@ -43,14 +43,23 @@ def train_file(mode: str):
 
 def in_process(mode: str, *argv, stop_at: int | None = None,
                signal_name: str = "SIGTERM") -> subprocess.CompletedProcess:
-    """`python <mode>/train.py argv...` of single_gpu or data_parallel run inside this process as
-    its `__main__` block runs it (main() under runkit.one_line_errors), output captured. With
+    """`python <mode>/train.py argv...` run inside this process as its `__main__` block runs it
+    (main() under runkit.one_line_errors), output captured; dist_parallel and fsdp as the one
+    process of a group, as `torchrun --nproc_per_node 1` starts it (its variables set, its group
+    destroyed after). With
     `stop_at`, `signal_name` is noted at the log window of that step as the run's handler notes a
     signal: the run stops there (the signals themselves are sent to real processes elsewhere). The
     run folder's lock is let go after, as the process's end lets it go."""
     module = train_file(mode)
     out, err = io.StringIO(), io.StringIO()
     with contextlib.ExitStack() as stack:
+        patch = stack.enter_context(pytest.MonkeyPatch.context())
+        if mode in ("dist_parallel", "fsdp"):
+            for name, value in (("RANK", 0), ("WORLD_SIZE", 1), ("LOCAL_RANK", 0),
+                                ("LOCAL_WORLD_SIZE", 1), ("MASTER_ADDR", "127.0.0.1"),
+                                ("MASTER_PORT", free_port())):
+                patch.setenv(name, str(value))
+            stack.callback(destroy_group)
         if stop_at is not None:
             real = module.log_window
 
@@ -59,7 +68,6 @@ def in_process(mode: str, *argv, stop_at: int | None = None,
                     run.signals.received = signal_name
                 real(run, epoch)
 
-            patch = stack.enter_context(pytest.MonkeyPatch.context())
             patch.setattr(module, "log_window", signalled_then_logged)
         stack.enter_context(contextlib.redirect_stdout(out))
         stack.enter_context(contextlib.redirect_stderr(err))
@@ -73,6 +81,13 @@ def in_process(mode: str, *argv, stop_at: int | None = None,
                 runkit._held.pop().close()
     return subprocess.CompletedProcess([mode, *map(str, argv)], code or 0, out.getvalue(),
                                        err.getvalue())
+
+
+def destroy_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def torchrun(processes: int, mode: str) -> list[str]:
