@@ -2,9 +2,9 @@
 SCRIPT as `__main__`, except that on rank FAULT_RANK (a process without RANK, single_gpu say, is
 rank 0) the loss function raises on its FAULT_STEP-th call (a forward pass mid-training, or a batch
 of --evaluate's evaluation); with FAULT_SIGNAL (a name: SIGTERM), that call sends this process the
-signal instead, as `kill` would, and goes on; with FAULT_AWAIT_SIGNAL=1, that call waits (60 s at
-most) until the run's own handler has noted a signal sent from outside, so that a signal sent when
-a line is printed lands in the step after it, whatever the machine's load. The product carries no
+signal instead, as `kill` would, and goes on; with FAULT_AWAIT_SIGNAL=1, that call prints
+"waiting for a signal" and waits (60 s at most) until the run's own handler has noted a signal sent
+from outside: one sent once that line is out lands in that step, whatever the machine's load. The product carries no
 fault hooks; the failure is injected from outside, as a test would."""
 import os
 import runpy
@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 
 def await_signal() -> None:
+    print("waiting for a signal", flush=True)
     handler = signal.getsignal(signal.SIGTERM)  # the run's StopSignals, installed by then
     deadline = time.monotonic() + 60
     while getattr(handler, "__self__", None) is not None and handler.__self__.received is None:
