@@ -6,7 +6,7 @@ dist_parallel with 2 gloo processes, tiny model). What only GPUs can show is not
 rows, SyncBatchNorm rows, DataParallel split over several GPUs (its first GPU's extra memory), NVML
 utilisation, MFU, and the measured-beside-projected table, which needs at least two GPUs. The
 projection model is tested against PyTorch's published DDP benchmark. `compare.py --verify` runs in
-tests/test_parallel.py (its plan on GPUs: tests/test_verify.py).
+tests/test_verify_runs.py (its plan on GPUs: tests/test_verify.py).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """compare.py --verify on a GPU machine, as far as it can be shown without one: the runs it plans
 (their command lines, each read by its train file's own parser, what each is for) and the tolerance
 each check takes, from the flags alone, in-process. The verification itself runs, passes and fails
-on purpose on the CPU in tests/test_parallel.py; whether the GPU tolerances hold needs GPUs."""
+on purpose on the CPU in tests/test_verify_runs.py; whether the GPU tolerances hold needs GPUs."""
 from __future__ import annotations
 
 import sys
@@ -131,7 +131,7 @@ def test_on_one_gpu_the_one_process_run_is_the_run_checks_2_to_5_start_from(gpus
 def test_any_model_is_verified_with_the_same_runs_and_verify_md_names_it(tmp_path):
     """--model resnet18 --image_size 32 on this CPU: the runs PyramidNet's verification plans,
     each given the model's flags, and verify.md titled with the model. The runs themselves are
-    PyramidNet's in tests/test_parallel.py: with a torchvision model they take minutes on 2
+    PyramidNet's in tests/test_verify_runs.py: with a torchvision model they take minutes on 2
     cores (run by hand: `python compare.py --verify --model resnet18 --image_size 32
     --max_steps 4`, every check passes)."""
     default = planned(tmp_path / "pyramidnet")
