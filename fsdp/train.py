@@ -517,10 +517,10 @@ def repeated_blocks(model: torch.nn.Module) -> list:
                 if isinstance(module, (torch.nn.Sequential, torch.nn.ModuleList))
                 for child in module.children() if next(child.parameters(), None) is not None
                 and not isinstance(child, (torch.nn.Sequential, torch.nn.ModuleList))]
-    kinds = [type(child) for child in children]
-    blocks = [child for child in children if kinds.count(type(child)) > 1]
-    inner = {id(sub) for block in blocks for sub in block.modules() if sub is not block}
-    return [block for block in blocks if id(block) not in inner]  # those inside no other
+    inner = {id(sub) for child in children for sub in child.modules() if sub is not child}
+    outer = [child for child in children if id(child) not in inner]  # those inside no other
+    kinds = [type(child) for child in outer]  # a class repeated inside blocks is no block
+    return [child for child in outer if kinds.count(type(child)) > 1]
 
 
 def as_many_batches(loader: DataLoader, device: torch.device):
