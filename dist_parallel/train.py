@@ -4,8 +4,8 @@ r"""Train PyramidNet on CIFAR-10 with DistributedDataParallel: a process a GPU, 
     python train.py --gpu_devices 0 1    # a worker a GPU, started as torchrun would
     python train.py --dataset synthetic --synthetic_size 5000 --depth 20 --alpha 24 \
                     --epochs 1 --nproc_per_node 2   # offline: 2 CPU workers
-    torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint HOST:29500 \
-             train.py -b 2048            # on each of two nodes
+    torchrun --nnodes 2 --nproc_per_node 8 --rdzv_id JOB --rdzv_backend c10d \
+             --rdzv_endpoint HOST:29500 train.py -b 2048   # on each of two nodes
     python train.py --evaluate ../runs/<run>/model.pt   # the test loss and accuracy of weights
 
 single_gpu/train.py plus DDP's lines, each commented; what keeps a group sane on bad days (the
