@@ -148,6 +148,7 @@ def setup(args) -> torch.device:
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.set_device(device)  # a GPU a process, before the group: NCCL binds to it
+    # robustness: a launch that cannot work, refused in one line before the group forms
     runkit.refuse_if([(args.backend == "nccl" and not cuda, "--backend nccl "
                        "needs GPUs: give --backend gloo"), (args.compile_mode in (
                        "reduce-overhead", "max-autotune"), "CUDA graphs cannot keep FSDP2's "
@@ -356,6 +357,7 @@ def epoch_batches(loader: DataLoader, epoch: int, progress: dict):
 
 def log_window(run, epoch: int) -> None:
     """Read the window's sums (one host sync), report them, take note of a stop signal."""
+    # robustness: this rank's stop vote travels with the window's sums
     sums = torch.cat([run.sums, run.sums.new_tensor(run.timer.window() + vote(run.signals))])
     dist.all_reduce(sums)  # every rank's sums added up, and its stop vote (robustness)
     sums[3:6] /= dist.get_world_size()  # every rank timed the same steps: their mean
@@ -441,6 +443,7 @@ def main(argv=None) -> int:
     torch.manual_seed(args.seed)  # the same weights in every mode
     model, raw_model, flops = get_model(args, classes, device)
     optimizer, scheduler, scaler = get_optimizer(args, raw_model, device, len(train_loader))
+    # robustness: rank 0 claims the folder; its refusal ends every rank
     run_dir = on_rank_0(runkit.claim_run_folder, folder, args.resume, args.overwrite)
     gpus = [device.index] if device.type == "cuda" else []
     last = min(args.epochs * len(train_loader), args.max_steps or math.inf)  # the run's last step
@@ -500,6 +503,7 @@ def main(argv=None) -> int:
                        **run.log.last_test)
         peaks = [None] * dist.get_world_size()  # each rank's GPU's peak memory, by rank
         dist.all_gather_object(peaks, runkit.peak_memory_gb(gpus))
+        # telemetry: whether the ranks ended with rank 0's weights, in results.json
         run.log.results(summary, mode=MODE, world_size=dist.get_world_size(), **in_sync(raw_model),
                         peak_mem_gb_per_gpu={r: p for r, own in enumerate(peaks)
                                              for p in own.values()})
