@@ -390,7 +390,9 @@ def checkpoint_to_resume(resume: str | None, folder: Path, config: dict, must_ma
         (state.get("checksum") != checksum({k: v for k, v in state.items() if k != "checksum"}),
          f"--resume: {path} is damaged: its contents do not match their checksum; resume from "
          "another copy, or start afresh")])
-    differ = [f"{name} {state['config'].get(name)} (now {config.get(name)})"
+    # each as its flag is typed; "data", no flag, is an image folder's record
+    said = {name: name if name == "data" else f"--{name}" for name in must_match}
+    differ = [f"{said[name]} {state['config'].get(name)} (now {config.get(name)})"
               for name in must_match if state["config"].get(name) != config.get(name)]
     refuse_if([(differ, f"--resume: {path} was written by another run: {', '.join(differ)}; "
                 "resume with the flags it was written with")])

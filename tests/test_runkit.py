@@ -402,7 +402,7 @@ def test_each_checkpoint_that_cannot_be_resumed_is_refused_in_one_line(tmp_path)
         tmp_path / "damaged.pt")
     said = refused(path, {"depth": 20, "lr": 0.1, "dataset": "cifar10"},
                    ["depth", "lr", "dataset"])
-    assert ("was written by another run: depth 8 (now 20), dataset synthetic (now cifar10); "
+    assert ("was written by another run: --depth 8 (now 20), --dataset synthetic (now cifar10); "
             "resume with the flags it was written with") in said
 
 
