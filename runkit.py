@@ -43,7 +43,8 @@ import torch
 FORMAT = "pytorch-multigpu checkpoint v3"  # v3: each part's state dict, the progress a dict
 MARKER, LOCK = ".pytorch-multigpu-run", ".lock"  # what makes a folder a run's; its writer's lock
 WINDOW = ("loss_sum", "correct", "images", "timed_steps", "step_seconds", "data_seconds")
-IMAGES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")  # ImageFolder's
+# the image files ImageFolder reads
+IMAGES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
 # ------------------------------------------------------------------------------- errors and flags
@@ -170,7 +171,8 @@ def check_launch_environment() -> None:
     numbers = [name for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                                  "MASTER_PORT") if name in env]
     bad = next((name for name in numbers if not env[name].isdigit()), None)
-    refuse_if([(bad, f"{bad}={env.get(bad or '')!r}: a launcher sets it to a whole number; mend it"),
+    refuse_if([(bad, f"{bad}={env.get(bad or '')!r}: a launcher sets it to a whole number; "
+                "mend it"),
                (("RANK" in env) != ("WORLD_SIZE" in env), "RANK and WORLD_SIZE go together: set "
                 "both (a process's place, the job's processes), or neither"),
                (not env.get("MASTER_ADDR"), "MASTER_ADDR is not set: the host of rank 0, which "
@@ -278,8 +280,9 @@ def synthetic_images(count: int, seed: int, split: str, classes: int = 10, side:
 
 
 class Augmented(torch.utils.data.Dataset):
-    """dataset[i] through `transform`, drawing from (seed, epoch, i): the same crop whichever worker,
-    rank or resumed run loads it. set_epoch before an epoch's iterator (its workers copy it)."""
+    """dataset[i] through `transform`, drawing from (seed, epoch, i): the same crop whichever
+    worker, rank or resumed run loads it. set_epoch before an epoch's iterator (its workers copy
+    it)."""
 
     def __init__(self, dataset, transform, seed: int):
         self.dataset, self.transform, self.seed, self.epoch = dataset, transform, seed, 0
@@ -325,7 +328,8 @@ def claim_run_folder(folder: Path, resume, overwrite: bool) -> Path:
     except (BlockingIOError, PermissionError):
         lock.seek(0)
         raise UsageError(f"run folder {folder} is in use by a run still running (pid "
-                         f"{lock.read().strip()}): wait for it, or give another --run_name") from None
+                         f"{lock.read().strip()}): wait for it, or give another "
+                         "--run_name") from None
     except OSError:  # a file system without locks (some NFS mounts): the exclusive mkdir guards
         pass
     lock.truncate(0)
@@ -344,7 +348,8 @@ def claim_run_folder(folder: Path, resume, overwrite: bool) -> Path:
 
 def default_run_name(mode: str, gpus: int) -> str:
     """<mode>-<n>gpu-<date>-<time>-<pid>: two runs started in one second differ."""
-    return f"{mode}-{gpus or 'cpu'}{'gpu' * bool(gpus)}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    devices = f"{gpus}gpu" if gpus else "cpu"
+    return f"{mode}-{devices}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
 
 def checkpoint_to_resume(resume: str | None, folder: Path, config: dict, must_match) -> dict | None:
@@ -371,7 +376,8 @@ def checkpoint_to_resume(resume: str | None, folder: Path, config: dict, must_ma
         (state.get("checksum") != checksum({k: v for k, v in state.items() if k != "checksum"}),
          f"--resume: {path} is damaged: its contents do not match their checksum; resume from "
          "another copy, or start afresh")])
-    differ = [f"{name} {state['config'].get(name)} (now {config.get(name)})"
+    named = {name: "the images:" if name == "data" else f"--{name}" for name in must_match}
+    differ = [f"{named[name]} {state['config'].get(name)} (now {config.get(name)})"
               for name in must_match if state["config"].get(name) != config.get(name)]
     refuse_if([(differ, f"--resume: {path} was written by another run: {', '.join(differ)}; "
                 "resume with the flags it was written with")])
@@ -472,7 +478,8 @@ class StepTimer:
                  snapshot=None):
         self.device, self.cuda, self.warmup_steps = device, device.type == "cuda", warmup_steps
         self.step, self.steps, self.pending, self.step_seconds = step, 0, [], []
-        self.profile, self.snapshot, self.profiler, self.first_step_s = profile, snapshot, None, None
+        self.profile, self.snapshot, self.profiler = profile, snapshot, None
+        self.first_step_s = None
         if snapshot and step < snapshot[0]:
             torch.cuda.memory._record_memory_history(max_entries=100_000)
 
@@ -639,7 +646,8 @@ class RunLog:
                             images, **timed, **more})
         timing = (f"batch {seconds / steps:.3f}s data {100 * data / seconds:.1f}% "
                   f"{global_batch * steps / seconds:.0f} img/s" if steps else "warming up")
-        self.line(f"{where} loss {loss_sum / images:.3f} acc {100 * correct / images:.2f}% {timing}")
+        self.line(f"{where} loss {loss_sum / images:.3f} acc {100 * correct / images:.2f}% "
+                  f"{timing}")
 
     def tested(self, test: dict, progress: dict, batches: int, epochs: int) -> bool:
         """An evaluation, said and into `progress` (a whole epoch: as the next one's start);

@@ -218,7 +218,8 @@ def data_defaults(args, train_images: int) -> None:
     native = args.model == "pyramidnet" and args.dataset != "imagefolder"  # 32 px, not 224
     args.image_size = args.image_size or (side if native else 224)
     if args.augment == "auto":  # a random resized crop of a small image keeps a few pixels
-        args.augment = "resized" if args.dataset == "imagefolder" and args.image_size > 64 else "pad"
+        large = args.dataset == "imagefolder" and args.image_size > 64
+        args.augment = "resized" if large else "pad"
     if args.flip is None:  # small images are digits and icons as often as photographs
         args.flip = args.dataset != "mnist" and (args.dataset != "imagefolder" or
                                                  args.augment == "resized")
@@ -278,7 +279,8 @@ def get_optimizer(args, raw_model: torch.nn.Module, device: torch.device, steps_
         optimizer.state[param]["momentum_buffer"] = torch.zeros_like(param)  # would skip them
     warmup, run = round(args.lr_warmup_epochs * steps_per_epoch), args.epochs * steps_per_epoch
     # the rate needs steps, not epochs: a small folder's at least 50, and at most a third of the run
-    warmup = min(max(warmup, 50), run // 3) if args.dataset == "imagefolder" else min(warmup, run // 10)
+    folder = args.dataset == "imagefolder"
+    warmup = min(max(warmup, 50), run // 3) if folder else min(warmup, run // 10)
 
     def rate(step: int) -> float:  # the base rate's factor at optimizer step `step` (from 0)
         epoch = step // steps_per_epoch
@@ -419,7 +421,8 @@ def main(argv=None) -> int:
     run_dir = on_rank_0(runkit.claim_run_folder, folder, args.resume, args.overwrite)
     gpus = [device.index] if device.type == "cuda" else []
     last = min(args.epochs * len(train_loader), args.max_steps or math.inf)  # the run's last step
-    trace = folder / f"trace_rank{dist.get_rank()}.json"  # the run's last --profile_steps, after the timed ones
+    # the run's last --profile_steps, after the timed ones
+    trace = folder / f"trace_rank{dist.get_rank()}.json"
     profile = (last - args.profile_steps + 1, last, trace) if args.profile_steps else None
     snapshot = (args.memory_snapshot, folder / "memory_snapshot.pickle") if is_main else None
     run = SimpleNamespace(  # what the loop carries from step to step; a checkpoint keeps progress
@@ -442,8 +445,11 @@ def main(argv=None) -> int:
             run.log.line(f"{args.evaluate}: test loss {test['test_loss']:.4f} acc "
                          f"{100 * test['test_acc']:.2f}% ({test['test_images']} images)")
             return run.log.results(test, mode=MODE, world_size=dist.get_world_size()) or 0
-        model_name = f"PyramidNet-{args.depth} a={args.alpha:g}" * (args.model == "pyramidnet")
-        run.log.line(f"{MODE} on {device}: {model_name or args.model} at {args.image_size} px, "
+        pyramidnet = isinstance(raw_model, PyramidNet)  # or yours, put in get_model
+        model_name = (f"PyramidNet-{args.depth} a={args.alpha:g}" if pyramidnet else
+                      type(raw_model).__name__ if args.model == "pyramidnet" else args.model)
+        run.log.line(f"{MODE} on {device}: {model_name} ({runkit.parameter_count(raw_model):,} "
+                     f"parameters) at {args.image_size} px, "
                      f"{args.dataset}, {args.augment} crop{' and flip' * args.flip}, batch "
                      f"{args.batch_size} ({len(train_loader)} steps an epoch), amp {args.amp}; "
                      f"logs in {run_dir}")
@@ -465,14 +471,17 @@ def main(argv=None) -> int:
                 break
         if args.save_model and is_main:  # the weights alone, for --evaluate or your own code
             torch.save(raw_model.state_dict(), run_dir / "model.pt")
-        summary = runkit.speed_summary(run.log, run.timer, args.batch_size, dist.get_world_size(), flops,
+        summary = runkit.speed_summary(run.log, run.timer, args.batch_size, dist.get_world_size(),
+                                       flops,
                                        runkit.peak_tflops(device, args.amp), run.monitor, gpus)
         summary.update(parameters=runkit.parameter_count(raw_model),
-                       wall_time_s=time.perf_counter() - started, **run.progress, **run.log.last_test)
+                       wall_time_s=time.perf_counter() - started, **run.progress,
+                       **run.log.last_test)
         peaks = [None] * dist.get_world_size()  # each rank's GPU's peak memory, by rank
         dist.all_gather_object(peaks, runkit.peak_memory_gb(gpus))
         run.log.results(summary, mode=MODE, world_size=dist.get_world_size(), **in_sync(raw_model),
-                        peak_mem_gb_per_gpu={r: p for r, own in enumerate(peaks) for p in own.values()})
+                        peak_mem_gb_per_gpu={r: p for r, own in enumerate(peaks)
+                                             for p in own.values()})
         return 0
     # ------------------------------------------------------------------------------------- teardown
     except (RuntimeError, dist.DistError) as error:  # robustness: a peer that died, in one line

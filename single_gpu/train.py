@@ -185,7 +185,8 @@ def data_defaults(args, train_images: int) -> None:
     native = args.model == "pyramidnet" and args.dataset != "imagefolder"  # 32 px, not 224
     args.image_size = args.image_size or (side if native else 224)
     if args.augment == "auto":  # a random resized crop of a small image keeps a few pixels
-        args.augment = "resized" if args.dataset == "imagefolder" and args.image_size > 64 else "pad"
+        large = args.dataset == "imagefolder" and args.image_size > 64
+        args.augment = "resized" if large else "pad"
     if args.flip is None:  # small images are digits and icons as often as photographs
         args.flip = args.dataset != "mnist" and (args.dataset != "imagefolder" or
                                                  args.augment == "resized")
@@ -238,7 +239,8 @@ def get_optimizer(args, raw_model: torch.nn.Module, device: torch.device, steps_
         optimizer.state[param]["momentum_buffer"] = torch.zeros_like(param)  # would skip them
     warmup, run = round(args.lr_warmup_epochs * steps_per_epoch), args.epochs * steps_per_epoch
     # the rate needs steps, not epochs: a small folder's at least 50, and at most a third of the run
-    warmup = min(max(warmup, 50), run // 3) if args.dataset == "imagefolder" else min(warmup, run // 10)
+    folder = args.dataset == "imagefolder"
+    warmup = min(max(warmup, 50), run // 3) if folder else min(warmup, run // 10)
 
     def rate(step: int) -> float:  # the base rate's factor at optimizer step `step` (from 0)
         epoch = step // steps_per_epoch
@@ -392,8 +394,11 @@ def main(argv=None) -> int:
             run.log.line(f"{args.evaluate}: test loss {test['test_loss']:.4f} acc "
                          f"{100 * test['test_acc']:.2f}% ({test['test_images']} images)")
             return run.log.results(test, mode=MODE, world_size=1) or 0
-        model_name = f"PyramidNet-{args.depth} a={args.alpha:g}" * (args.model == "pyramidnet")
-        run.log.line(f"{MODE} on {device}: {model_name or args.model} at {args.image_size} px, "
+        pyramidnet = isinstance(raw_model, PyramidNet)  # or yours, put in get_model
+        model_name = (f"PyramidNet-{args.depth} a={args.alpha:g}" if pyramidnet else
+                      type(raw_model).__name__ if args.model == "pyramidnet" else args.model)
+        run.log.line(f"{MODE} on {device}: {model_name} ({runkit.parameter_count(raw_model):,} "
+                     f"parameters) at {args.image_size} px, "
                      f"{args.dataset}, {args.augment} crop{' and flip' * args.flip}, batch "
                      f"{args.batch_size} ({len(train_loader)} steps an epoch), amp {args.amp}; "
                      f"logs in {run_dir}")
@@ -417,7 +422,8 @@ def main(argv=None) -> int:
         summary = runkit.speed_summary(run.log, run.timer, args.batch_size, 1, flops,
                                        runkit.peak_tflops(device, args.amp), run.monitor, gpus)
         summary.update(parameters=runkit.parameter_count(raw_model),
-                       wall_time_s=time.perf_counter() - started, **run.progress, **run.log.last_test)
+                       wall_time_s=time.perf_counter() - started, **run.progress,
+                       **run.log.last_test)
         run.log.results(summary, mode=MODE, world_size=1,
                         peak_mem_gb_per_gpu=runkit.peak_memory_gb(gpus))
         return 0

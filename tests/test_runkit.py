@@ -657,13 +657,3 @@ def test_no_peak_no_mfu_and_the_reason(monkeypatch):
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None, name=name: name)
         value, note = runkit.peak_tflops(torch.device("cuda", 0), "bf16")
         assert value is None and note.startswith(why)
-
-
-def test_the_start_line_says_what_is_trained():
-    config = {"model": "pyramidnet", "depth": 8, "alpha": 12.0, "augment": "pad", "flip": False,
-              "image_size": 32, "dataset": "mnist", "batch_size": 64, "lr": 0.1, "amp": "off",
-              "channels_last": False, "compile": False}
-    assert runkit.describe(config) == ("PyramidNet-8 a=12 at 32 px, mnist, pad crop, global batch "
-                                       "64, lr 0.05, amp off")
-    assert runkit.describe({**config, "model": "resnet18", "augment": "off", "compile": True}) == (
-        "resnet18 at 32 px, mnist, no augmentation, global batch 64, lr 0.05, amp off, compiled")
