@@ -42,8 +42,8 @@ REPO = Path(__file__).resolve().parents[1]
 AMP = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}
 # the flags that decide what is trained: a checkpoint resumes only under the values it was made with
 MUST_MATCH = ("model", "depth", "alpha", "block", "dataset", "image_size", "synthetic_size",
-              "batch_size", "epochs", "lr", "lr_warmup_epochs", "momentum", "weight_decay",
-              "nesterov", "shuffle", "augment", "flip", "seed", "amp", "data")
+              "batch_size", "lr", "lr_warmup_epochs", "momentum", "weight_decay", "nesterov",
+              "shuffle", "augment", "flip", "seed", "amp", "data")  # --epochs may grow
 
 
 # ------------------------------------------------------------------------------------------- config
@@ -391,6 +391,9 @@ def main(argv=None) -> int:
     checkpoint = runkit.checkpoint_to_resume(args.resume, folder, vars(args), MUST_MATCH)
     if runkit.has_ended(checkpoint, args.epochs, args.max_steps):  # run again after its end
         return 0
+    trained = checkpoint["config"]["epochs"] if checkpoint else args.epochs
+    runkit.refuse_if([(args.epochs < trained, f"--epochs {args.epochs}: the run was to train "
+                       f"{trained}; a resumed run may train longer, never shorter")])
     torch.manual_seed(args.seed)  # the same weights in every mode
     model, raw_model, flops = get_model(args, classes, device)
     optimizer, scheduler, scaler = get_optimizer(args, raw_model, device, len(train_loader))
@@ -412,7 +415,10 @@ def main(argv=None) -> int:
     try:
         if checkpoint is not None:
             restore(run, checkpoint)
-            run.log.line(f"resumed at step {run.progress['step']} from {checkpoint['file']}")
+            longer = f"; {trained} epochs made {args.epochs}, the rate's schedule with them" * (
+                trained != args.epochs)
+            run.log.line(f"resumed at step {run.progress['step']} from {checkpoint['file']}"
+                         f"{longer}")
         if args.evaluate:  # saved weights, evaluated alone; a signal ends it: nothing to keep
             run.signals.restore()
             runkit.load_weights(args.evaluate, raw_model.load_state_dict)

@@ -4,8 +4,8 @@ r"""Train PyramidNet on CIFAR-10 with DistributedDataParallel: a process a GPU, 
     python train.py --gpu_devices 0 1    # a worker a GPU, started as torchrun would
     python train.py --dataset synthetic --synthetic_size 5000 --depth 20 --alpha 24 \
                     --epochs 1 --nproc_per_node 2   # offline: 2 CPU workers
-    torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint HOST:29500 \
-             train.py -b 2048            # on each of two nodes
+    torchrun --nnodes 2 --nproc_per_node 8 --rdzv_id JOB --rdzv_backend c10d \
+             --rdzv_endpoint HOST:29500 train.py -b 2048   # on each of two nodes
     python train.py --evaluate ../runs/<run>/model.pt   # the test loss and accuracy of weights
 
 single_gpu/train.py plus DDP's lines, each commented; what keeps a group sane on bad days (the
@@ -47,8 +47,8 @@ REPO = Path(__file__).resolve().parents[1]
 AMP = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}
 # the flags that decide what is trained: a checkpoint resumes only under the values it was made with
 MUST_MATCH = ("model", "depth", "alpha", "block", "dataset", "image_size", "synthetic_size",
-              "batch_size", "epochs", "lr", "lr_warmup_epochs", "momentum", "weight_decay",
-              "nesterov", "shuffle", "augment", "flip", "seed", "amp", "data")
+              "batch_size", "lr", "lr_warmup_epochs", "momentum", "weight_decay", "nesterov",
+              "shuffle", "augment", "flip", "seed", "amp", "data")  # --epochs may grow
 
 
 # ------------------------------------------------------------------------------------------- config
@@ -409,12 +409,17 @@ def main(argv=None) -> int:
     data_defaults(args, len(train_set))
     train_loader, test_loader = get_loaders(args, train_set, test_set, device)
     args.epochs = math.ceil(args.max_steps / len(train_loader)) if args.benchmark else args.epochs
-    name = args.run_name or runkit.default_run_name(MODE, int(device.type == "cuda"))
-    folder = Path(args.log_dir) / name
+    gpus = dist.get_world_size() * (device.type == "cuda")
+    names = [args.run_name or runkit.default_run_name(MODE, gpus)]
+    dist.broadcast_object_list(names, src=0)  # rank 0's: each rank's default has its own pid
+    folder = Path(args.log_dir) / names[0]
     checkpoint = on_rank_0(runkit.checkpoint_to_resume, args.resume, folder, vars(args),
                            MUST_MATCH)  # robustness: rank 0 reads it; its refusal ends every rank
     if runkit.has_ended(checkpoint, args.epochs, args.max_steps):  # run again after its end
         return 0
+    trained = checkpoint["config"]["epochs"] if checkpoint else args.epochs
+    runkit.refuse_if([(args.epochs < trained, f"--epochs {args.epochs}: the run was to train "
+                       f"{trained}; a resumed run may train longer, never shorter")])
     torch.manual_seed(args.seed)  # the same weights in every mode
     model, raw_model, flops = get_model(args, classes, device)
     optimizer, scheduler, scaler = get_optimizer(args, raw_model, device, len(train_loader))
@@ -437,7 +442,10 @@ def main(argv=None) -> int:
     try:
         if checkpoint is not None:
             restore(run, checkpoint)
-            run.log.line(f"resumed at step {run.progress['step']} from {checkpoint['file']}")
+            longer = f"; {trained} epochs made {args.epochs}, the rate's schedule with them" * (
+                trained != args.epochs)
+            run.log.line(f"resumed at step {run.progress['step']} from {checkpoint['file']}"
+                         f"{longer}")
         if args.evaluate:  # saved weights, evaluated alone; a signal ends it: nothing to keep
             run.signals.restore()
             runkit.load_weights(args.evaluate, raw_model.load_state_dict)
@@ -564,6 +572,9 @@ def launch_workers(args, command: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
+    nodes = os.environ.get("PET_NNODES", "1")  # torchrun's --nnodes, from a cluster's operator
+    runkit.refuse_if([(nodes not in ("1", "1:1"), f"PET_NNODES={nodes}: `python train.py` starts "
+                       "the workers of one node; on several, run torchrun on each node")])
     gpus = len(args.gpu_devices or range(torch.cuda.device_count()))
     nproc = args.nproc_per_node or gpus or 1
     if gpus and nproc > gpus:
