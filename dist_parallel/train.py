@@ -442,7 +442,7 @@ def main(argv=None) -> int:
     try:
         if checkpoint is not None:
             restore(run, checkpoint)
-            longer = f"; {trained} epochs made {args.epochs}, the rate's schedule with them" * (
+            longer = f"; --epochs {trained} made {args.epochs}, the rate's schedule with it" * (
                 trained != args.epochs)
             run.log.line(f"resumed at step {run.progress['step']} from {checkpoint['file']}"
                          f"{longer}")
