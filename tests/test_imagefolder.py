@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import os
 import shutil
+import unicodedata
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,8 @@ from conftest import (at_epoch, read_results, read_scalars, refuse_in_process, r
 
 CPU = torch.device("cpu")
 CLASSES = ("ant", "bee", "cat")
+# one name in Unicode's two forms: composed (as typed on Linux) and decomposed (as macOS writes it)
+NFC, NFD = unicodedata.normalize("NFC", "café"), unicodedata.normalize("NFD", "café")
 # (width, height): landscape, square (the stored side), portrait
 SIZES = [(40, 30), (36, 36), (30, 44), (48, 40)]
 # images per class: 24 training images (3 batches of 8), 15 validation ones (8 + 7 on 2 ranks)
@@ -135,6 +138,16 @@ def break_folder(root: Path, case: str) -> tuple[Path, str]:
             shutil.rmtree(root / split / "bee")
             shutil.rmtree(root / split / "cat")
         return root, f"{root / 'train'} has one class folder, ant: a classifier needs two classes"
+    if case == "dangling class link":  # train/bee moved away, a link left where it was
+        shutil.move(root / "train" / "bee", root.parent / "moved")
+        (root / "train" / "bee").symlink_to(root.parent / "gone")
+        return root, f"{root / 'train' / 'bee'} is a link to {root.parent / 'gone'}, which does not"
+    if case == "one name in two forms":  # café typed (composed) and copied from macOS (decomposed)
+        for split in ("train", "val"):
+            (root / split / "cat").rename(root / split / NFC)
+            shutil.copytree(root / split / NFC, root / split / NFD)
+        return root, (f"{root / 'train' / NFD} and {root / 'train' / NFC} are one class name, "
+                      f"{NFC}, in two Unicode forms")
     if case == "one file in two classes":
         (root / "train" / "cat" / "ant0.png").symlink_to(root / "train" / "ant" / "0.png")
         named = f"{root / 'train' / 'cat' / 'ant0.png'} and {root / 'train' / 'ant' / '0.png'}"
@@ -155,9 +168,9 @@ def break_folder(root: Path, case: str) -> tuple[Path, str]:
 
 
 BAD = ["no folder", "no train", "no val", "no class folders", "empty class", "other classes",
-       "one class", "one file in two classes", "truncated png", "truncated jpg", "truncated bmp",
-       "truncated tiff", "truncated webp", "truncated ppm", "truncated pgm", "empty file",
-       "not an image"]
+       "one class", "dangling class link", "one name in two forms", "one file in two classes",
+       "truncated png", "truncated jpg", "truncated bmp", "truncated tiff", "truncated webp",
+       "truncated ppm", "truncated pgm", "empty file", "not an image"]
 
 
 @pytest.mark.parametrize("case", BAD)
@@ -234,6 +247,23 @@ def test_an_image_that_fails_only_when_decoded_stops_the_run_naming_it(tmp_path)
             and "--resume auto" in lines[-1])
     assert ("Traceback" not in stopped.stderr
             and (tmp_path / "runs" / "run" / "checkpoint.pt").is_file())
+
+
+def test_a_class_named_in_two_unicode_forms_in_train_and_val_is_one_class(tmp_path):
+    """train/café written on Linux (composed, NFC) and val/café copied from macOS (decomposed, NFD)
+    look alike and are one class, named in the composed form, in both splits: the run trains on
+    it and evaluates its validation images, which used to be refused as two different classes."""
+    root = write_folder(tmp_path / "data", train=2, val=1)
+    (root / "train" / "cat").rename(root / "train" / NFC)
+    (root / "val" / "cat").rename(root / "val" / NFD)
+    done = train_in_process("single_gpu/train.py", *flags(root, tmp_path / "runs", "--batch_size",
+                                                          "2", "--run_name", "cafe"))
+    assert done.returncode == 0, done.stderr
+    facts = image_folder(str(root))
+    assert facts.classes == ("ant", "bee", NFC)
+    assert [path for path, label in facts.samples["val"] if label == 2] == \
+        [str(root / "val" / NFD / "0.png")]
+    assert read_results(tmp_path / "runs" / "cafe")["summary"]["test_images"] == 3
 
 
 # -------------------------------------------------------------------------------------- the loaders
