@@ -2,15 +2,17 @@
 torchvision's ImageFolder reads it): its layout, listed once per process without opening an image
 (what Config's checks refuse before a run starts); every image checked readable before a run
 starts (`check_images`); its splits read as ImageFolder reads them (`FolderSplit`); and its
-evaluation images, resized and centre-cropped as ImageNet's (`evaluation_crop`). Listed as
-ImageFolder lists it (its classes, extensions and order, symbolic links followed), except that each
-file is listed once however many links lead to it, a link back up the tree is followed once, where
-ImageFolder walks it round until the path grows too long (a class of 12 images listed as 252), and
-a class is named in Unicode's composed form (NFC), the same class in train/ and val/ whichever
-form each folder's name was written in."""
+evaluation images, resized and centre-cropped as ImageNet's (`evaluation_crop`); and what a
+checkpoint records of it, so that a resume on a folder changed since is refused (`folder_record`,
+`folder_change`). Listed as ImageFolder lists it (its classes, extensions and order, symbolic links
+followed), except that each file is listed once however many links lead to it, a link back up the
+tree is followed once, where ImageFolder walks it round until the path grows too long (a class of
+12 images listed as 252), and a class is named in Unicode's composed form (NFC), the same class in
+train/ and val/ whichever form each folder's name was written in."""
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import unicodedata
 from concurrent.futures import ThreadPoolExecutor
@@ -157,6 +159,58 @@ def list_images(folder: Path, classes: list[str],
                 if first[0] == path:
                     samples.append((path, index))
     return samples
+
+
+@functools.cache
+def folder_record(data_dir: str) -> dict:
+    """What a checkpoint records of the image folder its run trains on, so that resuming on a
+    folder that has changed since is refused (`folder_change`): its classes in order and, for each
+    split, each class's images: how many, and a digest of their paths inside the split and their
+    sizes in bytes (not their times or inodes, which a copy of the folder to another disk changes).
+    Listed once per process, as `image_folder`."""
+    facts = image_folder(data_dir)
+    record = {"classes": list(facts.classes)}
+    for split in SPLITS:
+        digests = [hashlib.sha256() for _ in facts.classes]
+        counts = [0] * len(facts.classes)
+        for path, target in facts.samples[split]:
+            inside = unicodedata.normalize("NFC", os.path.relpath(path, Path(data_dir, split)))
+            digests[target].update(f"{inside}\0{_size(path)}\0".encode())
+            counts[target] += 1
+        record[split] = [[count, digest.hexdigest()] for count, digest in zip(counts, digests)]
+    return record
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:  # a link that leads nowhere: check_images names it
+        return -1
+
+
+def folder_change(saved: dict | None, data_dir: str) -> str | None:
+    """What differs between the image folder a checkpoint recorded (`saved`, a `folder_record`;
+    None: a checkpoint of other data, or written before checkpoints recorded it) and `data_dir`
+    now, in words for a one-line refusal; None if nothing does."""
+    if not isinstance(saved, dict):
+        return None
+    now = folder_record(data_dir)
+    if saved.get("classes") != now["classes"]:
+        then = saved.get("classes") or []
+        return (f"its classes were {', '.join(map(str, then))} and are "
+                f"{', '.join(now['classes'])} now (a class added, removed or renamed changes "
+                "every label after it)")
+    for split in SPLITS:
+        before = saved.get(split) or []
+        for name, was, is_ in zip(now["classes"], before, now[split]):
+            if was == is_:
+                continue
+            where = Path(data_dir, split, name)
+            if was[0] != is_[0]:
+                return f"{where} held {was[0]} images and holds {is_[0]} now"
+            return (f"{where} holds {is_[0]} images as before, but other files (moved from "
+                    "another class, renamed or replaced)")
+    return None
 
 
 def image_folder_refusal(data_dir: str) -> str | None:

@@ -345,6 +345,7 @@ def checkpoint_state(run: Run, rng_states: list[dict]) -> dict:
         "optimizer": optimizer_state(run.raw_model, run.optimizer),
         "scheduler": run.scheduler.state_dict(), "scaler": run.scaler.state_dict(),
         "rng": rng_states, "history": history, "extended": run.extended,
+        "data": common.checkpoint.data_record(run.cfg),  # an image folder's classes and files
     }
 
 

@@ -266,6 +266,74 @@ def test_a_class_named_in_two_unicode_forms_in_train_and_val_is_one_class(tmp_pa
     assert read_results(tmp_path / "runs" / "cafe")["summary"]["test_images"] == 3
 
 
+# ------------------------------------------------------------------------ resuming a changed folder
+@pytest.fixture(scope="module")
+def trained_once(tmp_path_factory) -> tuple[Path, Path]:
+    """A folder, and a one-epoch run on it whose checkpoint a resume continues: (folder, runs)."""
+    base = tmp_path_factory.mktemp("resumed")
+    root = write_folder(base / "data", train=2, val=1)
+    done = train_in_process("single_gpu/train.py", *flags(root, base / "runs", "--batch_size", "2",
+                                                          "--run_name", "run"))
+    assert done.returncode == 0, done.stderr
+    return root, base / "runs"
+
+
+def swap_classes(root: Path) -> None:
+    for split in ("train", "val"):
+        (root / split / "ant").rename(root / split / "tmp")
+        (root / split / "bee").rename(root / split / "ant")
+        (root / split / "tmp").rename(root / split / "bee")
+
+
+CHANGES = {
+    "images added": (lambda root: shutil.copy(root / "train" / "bee" / "0.png",
+                                              root / "train" / "bee" / "new.png"),
+                     "{root}/train/bee held 2 images and holds 3 now"),
+    "a class renamed": (lambda root: [(root / split / "cat").rename(root / split / "cow")
+                                      for split in ("train", "val")],
+                        "its classes were ant, bee, cat and are ant, bee, cow now"),
+    "labels swapped": (swap_classes, "{root}/train/ant holds 2 images as before, but other files"),
+}
+
+
+@pytest.mark.parametrize("change", CHANGES)
+def test_resume_auto_on_a_folder_changed_since_is_refused_saying_what_changed(trained_once,
+                                                                             tmp_path, change):
+    """The checkpoint records the folder's classes in order and each class's files: resuming on a
+    copy of it that has changed since (images added, a class renamed, two classes' names swapped,
+    which swaps their labels) is refused in one line that says what changed, before anything is
+    written; it used to go on silently."""
+    folder, runs = trained_once
+    root, log_dir = tmp_path / "data", tmp_path / "runs"
+    shutil.copytree(folder, root)
+    shutil.copytree(runs, log_dir)
+    make, said = CHANGES[change]
+    make(root)
+    before = sorted(path.stat().st_mtime_ns for path in (log_dir / "run").iterdir())
+    done = run_script("single_gpu/train.py", *flags(root, log_dir, "--batch_size", "2",
+                                                    "--run_name", "run", "--resume", "auto",
+                                                    "--epochs", "2"))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"error: --resume: {log_dir / 'run' / 'checkpoint.pt'} was "
+                                  "written on another image folder: "), done.stderr
+    assert said.format(root=root) in done.stderr and "start a new run" in done.stderr
+    assert sorted(path.stat().st_mtime_ns for path in (log_dir / "run").iterdir()) == before
+
+
+def test_resume_auto_on_a_copy_of_the_folder_elsewhere_goes_on(trained_once, tmp_path):
+    """The folder as it was, copied to another disk (a job staging its data): the same classes and
+    files, other paths and times, so the run goes on from its checkpoint."""
+    folder, runs = trained_once
+    root, log_dir = tmp_path / "scratch" / "data", tmp_path / "runs"
+    shutil.copytree(folder, root)
+    shutil.copytree(runs, log_dir)
+    done = train_in_process("single_gpu/train.py", *flags(root, log_dir, "--batch_size", "2",
+                                                          "--run_name", "run", "--resume", "auto",
+                                                          "--epochs", "2"))
+    assert done.returncode == 0, done.stderr
+    assert read_results(log_dir / "run")["summary"]["steps"] == 6
+
+
 # -------------------------------------------------------------------------------------- the loaders
 def test_both_loaders_give_the_same_evaluation_images(folder):
     """Evaluation: resize to image_size * 256 // 224, centre crop, by PIL in both
