@@ -225,6 +225,9 @@ class Config:
             (self.resume != "auto" or self.run_name,
              "--resume auto finds the run by its name: add --run_name NAME (the same name on every "
              "restart)"),
+            (not (self.augment == "off" and self.flip),
+             "--flip mirrors training images and --augment off trains on the evaluation images as "
+             "they are: give one of them"),
             (not (self.benchmark and self.evaluate),
              "--benchmark trains and --evaluate does not: give one of them"),
             (not (self.profile_steps and self.evaluate),
@@ -301,11 +304,13 @@ class GroupConfig(Config):
 
 def as_today(config: dict) -> dict:
     """A config a run wrote (a checkpoint's, a results.json's) in today's flags: a flag added since
-    at the value that ran then (LATER_FLAGS; --flip: on but for mnist), and --augment's on and off
-    of before as the crop it meant (an image folder's random resized crop, the others' pad
-    crop)."""
+    at the value that ran then (LATER_FLAGS; --flip: on but for mnist, off without augmentation),
+    and --augment's on and off of before as the crop it meant (an image folder's random resized
+    crop, the others' pad crop)."""
     config = {**LATER_FLAGS, **config}
     config.setdefault("flip", config.get("dataset") != "mnist")
+    if config.get("augment") in ("off", False):
+        config["flip"] = False  # what ran: without augmentation nothing was mirrored
     if isinstance(config.get("augment"), bool):
         crop = "resized" if config.get("dataset") == "imagefolder" else "pad"
         config["augment"] = crop if config["augment"] else "off"

@@ -266,6 +266,25 @@ def test_a_class_named_in_two_unicode_forms_in_train_and_val_is_one_class(tmp_pa
     assert read_results(tmp_path / "runs" / "cafe")["summary"]["test_images"] == 3
 
 
+def test_augment_off_with_flip_is_refused_and_off_is_recorded_as_mirroring_nothing(folder,
+                                                                                   tmp_path):
+    """--flip mirrors training images and --augment off trains on the evaluation images as they
+    are: given both, one line; --augment off alone is recorded as it ran, flip false, where the
+    run's config used to say what --flip was given (true with --flip)."""
+    for off in (["--augment", "off"], ["--no_augment"]):
+        done = refuse_in_process("single_gpu/train.py", *flags(folder, tmp_path / "refused", *off,
+                                                               "--flip"))
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert done.stderr.startswith("error: --flip mirrors training images and --augment off")
+    assert not (tmp_path / "refused").exists()
+    done = train_in_process("single_gpu/train.py", *flags(folder, tmp_path / "runs", "--no_augment",
+                                                          "--run_name", "plain"))
+    assert done.returncode == 0, done.stderr
+    config = read_results(tmp_path / "runs" / "plain")["config"]
+    assert (config["augment"], config["flip"]) == ("off", False)
+    assert "augment off," in done.stdout.splitlines()[0]
+
+
 # ------------------------------------------------------------------------ resuming a changed folder
 @pytest.fixture(scope="module")
 def trained_once(tmp_path_factory) -> tuple[Path, Path]:
