@@ -61,8 +61,9 @@ def flag(default, help: str, *, at_least=None, above=None, at_most=None, below=N
 @dataclass(frozen=True)
 class Config:
     # optimisation
-    batch_size: int = flag(128, "GLOBAL batch: images per optimizer step summed over every GPU",
-                           at_least=1)
+    batch_size: int = flag(128, "GLOBAL batch: images per optimizer step summed over every GPU "
+                                "(unless given, an image folder's is halved until an epoch has "
+                                "4 steps)", at_least=1)
     epochs: int = flag(300, "passes over the training set (the paper's 300)", at_least=0)
     max_steps: int = flag(0, "stop after this many optimizer steps in total; 0 = no limit",
                           at_least=0)
@@ -318,16 +319,66 @@ def as_today(config: dict) -> dict:
 
 
 def parse_config(config_class: type[Config], argv=None, description: str = "") -> Config:
-    """Command-line flags -> a validated, frozen config."""
+    """Command-line flags -> a validated, frozen config; an image folder's batch fitted to it
+    (folder_batch) unless --batch_size is given."""
     args = vars(build_parser(config_class, description).parse_args(argv))
     if args["gpu_devices"] is not None:
         args["gpu_devices"] = tuple(args["gpu_devices"])
     cfg = config_class(**args)  # checks every value (check_domains and __post_init__)
-    if not cfg.benchmark:
+    if not (cfg.benchmark or cfg.dataset == "imagefolder"):
         return cfg
     given = _OneLineParser()  # the flags given: those parsed without defaults
     add_flags(given, config_class, defaults=False)
-    return benchmark_config(cfg, "synthetic_size" not in vars(given.parse_args(argv)))
+    given = vars(given.parse_args(argv))
+    if cfg.dataset == "imagefolder":
+        cfg = fit_batch(cfg, given=given.get("batch_size"))
+    return benchmark_config(cfg, "synthetic_size" not in given) if cfg.benchmark else cfg
+
+
+# An image folder of fewer training images than this many default batches trains, unless
+# --batch_size is given, on the default batch halved until an epoch has this many steps
+FOLDER_STEPS = 4
+# (data_dir, batch) -> (the default batch, the training images) it was fitted from and to: the
+# run's first line says so
+_fitted: dict[tuple[str, int], tuple[int, int]] = {}
+
+
+def folder_batch(batch_size: int, train_images: int) -> int:
+    """The global batch an image folder of `train_images` training images trains on when
+    --batch_size is not given: the default, halved until an epoch has FOLDER_STEPS steps or
+    more (120 images: 16, 7 steps an epoch). A batch larger than the folder would be refused; one
+    step an epoch, or two, leaves most steps of a short run to the warm-up and drops up to half the
+    images from every epoch (the last partial batch)."""
+    while batch_size > 1 and train_images < FOLDER_STEPS * batch_size:
+        batch_size //= 2
+    return batch_size
+
+
+def fit_batch(cfg: Config, given: int | None) -> Config:
+    """`cfg` with its batch fitted to its image folder (folder_batch), unless --batch_size was
+    `given`; an explicit batch larger than the folder is refused where the data is read
+    (common/rules.py, per_process_batch)."""
+    images = image_folder(cfg.data_dir).images["train"]
+    if given is not None:
+        _fitted.pop((cfg.data_dir, given), None)
+        return cfg
+    batch = folder_batch(cfg.batch_size, images)
+    if batch == cfg.batch_size:
+        return cfg
+    _fitted[cfg.data_dir, batch] = (cfg.batch_size, images)
+    return dataclasses.replace(cfg, batch_size=batch)
+
+
+def batch_note(cfg) -> str:
+    """Why the run's batch is what it is, when it was fitted to its image folder (fit_batch), for
+    its first line: `; the default batch 128 halved to 16 for the 120 training images (7 steps an
+    epoch; --batch_size sets it)`; else nothing."""
+    fitted = _fitted.get((cfg.data_dir, cfg.batch_size)) if cfg.dataset == "imagefolder" else None
+    if fitted is None:
+        return ""
+    default, images = fitted
+    return (f"; the default batch {default} halved to {cfg.batch_size} for the {images} training "
+            f"images ({images // cfg.batch_size} steps an epoch; --batch_size sets it)")
 
 
 def benchmark_config(cfg: Config, sized: bool = False) -> Config:

@@ -18,7 +18,7 @@ import pytest
 import torch
 from PIL import Image
 
-from common.config import Config, UsageError, parse_config
+from common.config import Config, UsageError, batch_note, parse_config
 from common.augmentation import (Augmentation, augmentation_draws, crop_boxes, resized,
                                  resized_crop_draws)
 from common.data import (DATASET_INFO, IMAGENET_MEAN, IMAGENET_STD, SyntheticCIFAR, dataset_info,
@@ -351,6 +351,31 @@ def test_resume_auto_on_a_copy_of_the_folder_elsewhere_goes_on(trained_once, tmp
                                                           "--epochs", "2"))
     assert done.returncode == 0, done.stderr
     assert read_results(log_dir / "run")["summary"]["steps"] == 6
+
+
+# ----------------------------------------------------------------------------------- small folders
+def test_a_folder_smaller_than_the_default_batch_trains_on_a_batch_that_fits_it(folder, tmp_path):
+    """24 training images, no --batch_size: the default 128 is halved until an epoch has 4 steps
+    (4 images, 6 steps), and the first line says so; the rate follows the batch. It used to be
+    refused (128 > 24), as an explicit --batch_size too large still is, in one line."""
+    small = ["--dataset", "imagefolder", "--data_dir", folder, "--image_size", "32", "--depth", "8",
+             "--alpha", "12", "--epochs", "1", "--log_interval", "3", "--warmup_steps", "1",
+             "--num_workers", "0", "--no_progress", "--log_dir", tmp_path / "runs"]
+    done = train_in_process("single_gpu/train.py", *small, "--run_name", "fitted")
+    assert done.returncode == 0, done.stderr
+    first = done.stdout.splitlines()[0]
+    assert ("global batch 4 on cpu" in first and "the default batch 128 halved to 4 for the 24 "
+            "training images (6 steps an epoch; --batch_size sets it)" in first), first
+    assert "lr 0.003125 (= 0.1 per 128 images x global batch 4" in first
+    results = read_results(tmp_path / "runs" / "fitted")
+    assert results["config"]["batch_size"] == 4 and results["summary"]["steps"] == 6
+    refused = refuse_in_process("single_gpu/train.py", *small, "--batch_size", "32")
+    assert refused.returncode == 2 and refused.stderr == (
+        "error: --batch_size 32 is larger than the training set (24 images); use a smaller "
+        "batch\n")
+    given = parse_config(Config, ["--dataset", "imagefolder", "--data_dir", str(folder),
+                                  "--batch_size", "16"])
+    assert given.batch_size == 16 and "halved" not in batch_note(given)
 
 
 # -------------------------------------------------------------------------------------- the loaders
