@@ -71,8 +71,9 @@ class Config:
                           "linearly with --batch_size", above=0)
     # x steps: a float
     lr_warmup_epochs: float = flag(5.0, "epochs of the linear warm-up of the rate at the start, "
-                                        "at every batch size (at most a tenth of the run; 0: "
-                                        "none)", at_least=0, at_most=1e9)
+                                        "at every batch size (at most a tenth of the run; for "
+                                        "imagefolder at least 50 steps and at most a third of "
+                                        "the run; 0: none)", at_least=0, at_most=1e9)
     # 1 and more: steps that never shrink
     momentum: float = flag(0.9, "SGD momentum", at_least=0, below=1)
     weight_decay: float = flag(1e-4, "L2 weight decay", at_least=0, at_most=FLOAT32_MAX)

@@ -25,6 +25,7 @@ from common.data import (DATASET_INFO, IMAGENET_MEAN, IMAGENET_STD, SyntheticCIF
                          load_datasets)
 from common.folders import evaluation_crop, image_folder, stored_side
 from common.loaders import folder_bytes, make_loader, resolve_loader
+from common.optim import warmup_steps
 from common.performance import describe_fast_path, flops_per_image, resolve_fast_path
 from common.samplers import EvalShard, ShuffleSampler
 from comparison.verify_plan import images_in_test_set, images_in_training_set
@@ -376,6 +377,19 @@ def test_a_folder_smaller_than_the_default_batch_trains_on_a_batch_that_fits_it(
     given = parse_config(Config, ["--dataset", "imagefolder", "--data_dir", str(folder),
                                   "--batch_size", "16"])
     assert given.batch_size == 16 and "halved" not in batch_note(given)
+
+
+def test_a_folders_warm_up_is_counted_in_steps(folder):
+    """An image folder's warm-up: 5 epochs' steps, at least 50 and at most a third of the run
+    (a tenth, 16 steps, of 15 epochs of 11 let a ResNet-18's loss leap in its second epoch);
+    the other datasets keep theirs, at most a tenth."""
+    cfg = parse_config(Config, ["--dataset", "imagefolder", "--data_dir", str(folder)])
+    for epochs, steps_per_epoch, ramp in ((15, 11, 55), (15, 7, 35), (300, 7, 50), (300, 11, 55),
+                                          (1, 3, 1), (300, 390, 1950)):
+        assert warmup_steps(dataclasses.replace(cfg, epochs=epochs), steps_per_epoch) == ramp
+    assert warmup_steps(dataclasses.replace(cfg, lr_warmup_epochs=0), 11) == 0
+    synthetic = parse_config(Config, ["--dataset", "synthetic", "--epochs", "15"])
+    assert warmup_steps(synthetic, 11) == 16 and warmup_steps(synthetic, 390) == 585
 
 
 # -------------------------------------------------------------------------------------- the loaders
