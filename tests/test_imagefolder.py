@@ -392,6 +392,31 @@ def test_a_folders_warm_up_is_counted_in_steps(folder):
     assert warmup_steps(synthetic, 11) == 16 and warmup_steps(synthetic, 390) == 585
 
 
+def test_a_folder_runs_batchnorm_statistics_are_those_of_its_weights(folder, tmp_path):
+    """Before each evaluation an image folder's BatchNorm statistics are computed afresh from
+    the epoch's training batches with the weights evaluated (the running ones mix the batches of
+    the last ~10 steps, each with its own step's weights): model.pt holds exactly those, and the
+    count of batches tracked is still the run's steps. Training itself never reads them."""
+    from common.augmentation import augmentation
+    from common.metrics import batchnorm_statistics
+    from models import build_model
+
+    done = train_in_process("single_gpu/train.py", *flags(folder, tmp_path / "runs", "--run_name",
+                                                          "bn", "--save_model"))
+    assert done.returncode == 0, done.stderr
+    cfg = parse_config(Config, [str(arg) for arg in flags(folder, tmp_path / "runs")])
+    saved = torch.load(tmp_path / "runs" / "bn" / "model.pt", weights_only=True)
+    model = build_model(cfg, dataset_info(cfg))
+    model.load_state_dict(saved)
+    train, _ = load_datasets("imagefolder", str(folder), 0, 0, 32)
+    loader = make_loader("torchvision", train, ShuffleSampler(24, True, 0), 8, CPU, train=True,
+                         augment=augmentation(cfg), num_workers=0, seed=0)
+    batchnorm_statistics(model, at_epoch(loader, 0), 3)
+    names = [name for name in saved if name.endswith(("running_mean", "running_var"))]
+    assert names and all(torch.equal(model.state_dict()[name], saved[name]) for name in names)
+    assert all(saved[name].item() == 3 for name in saved if name.endswith("num_batches_tracked"))
+
+
 # -------------------------------------------------------------------------------------- the loaders
 def test_both_loaders_give_the_same_evaluation_images(folder):
     """Evaluation: resize to image_size * 256 // 224, centre crop, by PIL in both
