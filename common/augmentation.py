@@ -53,7 +53,7 @@ def explicit_augmentation(cfg):
     """The Config `cfg` with --augment auto and --flip's default made the crop and the flip they
     stand for at its image size: what results.json and a checkpoint record of a run."""
     chosen = augmentation(cfg)
-    augment, flip = (chosen.crop, chosen.flip) if chosen else ("off", cfg.flip)
+    augment, flip = (chosen.crop, chosen.flip) if chosen else ("off", False)  # off mirrors none
     return dataclasses.replace(cfg, augment=augment, flip=flip)
 
 

@@ -4,7 +4,9 @@ A checkpoint is everything the rest of the run depends on: the unwrapped model, 
 learning-rate schedule, the GradScaler, the position (epoch, batches done in it, optimizer steps),
 the best test accuracy so far, every rank's RNG states (torch, CUDA, numpy, python), the config, the
 run's history (its seconds so far and the epoch's log windows, so that the results of a resumed run
-cover the whole run) and its extensions (each time --epochs was raised on resuming). It is written
+cover the whole run), its extensions (each time --epochs was raised on resuming) and, for an image
+folder, its classes in order and each class's files (`data_record`: a resume on a folder changed
+since, images added or a class renamed, is refused in one line saying what changed). It is written
 by the main process only, atomically (temporary file, fsync, rename), as <run folder>/checkpoint.pt
 (the latest) and best.pt (the best test accuracy so far), with the SHA-256 of its contents, checked
 on loading. Everything in it is a tensor or a plain Python value, so it loads with
@@ -42,6 +44,7 @@ import torch.distributed as dist
 from common.augmentation import explicit_augmentation
 from common.config import MODEL_FLAGS, Config, RunError, UsageError, as_today
 from common.errors import file_system_error
+from common.folders import folder_change, folder_record
 from common.logger import fresh_restart, logged_curves, write_atomically
 from common.metrics import Sums
 from common.state import load_file, load_optimizer_state
@@ -308,6 +311,12 @@ def load_checkpoint(path: Path, cfg: Config) -> dict:
     if absent:
         raise UsageError(f"--resume: {path} has no --{absent[0]} in its config; use a {LAST} as a "
                          "run wrote it, or start afresh without --resume")
+    # first: a folder's batch follows its size (common/config.py, fit_batch)
+    changed = folder_change(state.get("data"), cfg.data_dir) if cfg.dataset == "imagefolder" \
+        else None
+    if changed:
+        raise UsageError(f"--resume: {path} was written on another image folder: {changed}; "
+                         "resume on the folder as it was, or start a new run (another --run_name)")
     differ = [name for name in MUST_MATCH if _as_saved(getattr(cfg, name)) != saved.get(name)
               and not (name == "epochs" and extends(saved, cfg))]
     if differ:
@@ -322,6 +331,13 @@ def load_checkpoint(path: Path, cfg: Config) -> dict:
                          "or start afresh without --resume")
     state["file"] = str(path)  # for messages; not written back
     return state
+
+
+def data_record(cfg: Config) -> dict | None:
+    """What a checkpoint records of the data it trained on beyond its flags: an image folder's
+    classes and files (folder_record), which load_checkpoint compares with the folder a resume
+    finds; None for the other datasets, which their flags decide."""
+    return folder_record(cfg.data_dir) if cfg.dataset == "imagefolder" else None
 
 
 def misfit_entry(state: dict, cfg: Config) -> str | None:

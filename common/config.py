@@ -63,8 +63,9 @@ def flag(default, help: str, *, at_least=None, above=None, at_most=None, below=N
 @dataclass(frozen=True)
 class Config:
     # optimisation
-    batch_size: int = flag(128, "GLOBAL batch: images per optimizer step summed over every GPU",
-                           at_least=1)
+    batch_size: int = flag(128, "GLOBAL batch: images per optimizer step summed over every GPU "
+                                "(unless given, an image folder's is halved until an epoch has "
+                                "4 steps)", at_least=1)
     epochs: int = flag(300, "passes over the training set (the paper's 300)", at_least=0)
     max_steps: int = flag(0, "stop after this many optimizer steps in total; 0 = no limit",
                           at_least=0)
@@ -72,8 +73,9 @@ class Config:
                           "linearly with --batch_size", above=0)
     # x steps: a float
     lr_warmup_epochs: float = flag(5.0, "epochs of the linear warm-up of the rate at the start, "
-                                        "at every batch size (at most a tenth of the run; 0: "
-                                        "none)", at_least=0, at_most=1e9)
+                                        "at every batch size (at most a tenth of the run; for "
+                                        "imagefolder at least 50 steps and at most a third of "
+                                        "the run; 0: none)", at_least=0, at_most=1e9)
     # 1 and more: steps that never shrink
     momentum: float = flag(0.9, "SGD momentum", at_least=0, below=1)
     weight_decay: float = flag(1e-4, "L2 weight decay", at_least=0, at_most=FLOAT32_MAX)
@@ -228,6 +230,9 @@ class Config:
             (self.resume != "auto" or self.run_name,
              "--resume auto finds the run by its name: add --run_name NAME (the same name on every "
              "restart)"),
+            (not (self.augment == "off" and self.flip),
+             "--flip mirrors training images and --augment off trains on the evaluation images as "
+             "they are: give one of them"),
             (not (self.benchmark and self.evaluate),
              "--benchmark trains and --evaluate does not: give one of them"),
             (not (self.profile_steps and self.evaluate),
@@ -323,11 +328,13 @@ class GroupConfig(Config):
 
 def as_today(config: dict) -> dict:
     """A config a run wrote (a checkpoint's, a results.json's) in today's flags: a flag added since
-    at the value that ran then (LATER_FLAGS; --flip: on but for mnist), and --augment's on and off
-    of before as the crop it meant (an image folder's random resized crop, the others' pad
-    crop)."""
+    at the value that ran then (LATER_FLAGS; --flip: on but for mnist, off without augmentation),
+    and --augment's on and off of before as the crop it meant (an image folder's random resized
+    crop, the others' pad crop)."""
     config = {**LATER_FLAGS, **config}
     config.setdefault("flip", config.get("dataset") != "mnist")
+    if config.get("augment") in ("off", False):
+        config["flip"] = False  # what ran: without augmentation nothing was mirrored
     if isinstance(config.get("augment"), bool):
         crop = "resized" if config.get("dataset") == "imagefolder" else "pad"
         config["augment"] = crop if config["augment"] else "off"
@@ -335,18 +342,68 @@ def as_today(config: dict) -> dict:
 
 
 def parse_config(config_class: type[Config], argv=None, description: str = "") -> Config:
-    """Command-line flags -> a validated, frozen config."""
+    """Command-line flags -> a validated, frozen config; an image folder's batch fitted to it
+    (folder_batch) unless --batch_size is given."""
     parser = build_parser(config_class, description)
     args = vars(parser.parse_args(argv))
     if args["gpu_devices"] is not None:
         args["gpu_devices"] = tuple(args["gpu_devices"])
     with parser.spelled_as_typed():  # a refusal names the flags as the user typed them
         cfg = config_class(**args)  # checks every value (check_domains and __post_init__)
-        if not cfg.benchmark:
+        if not (cfg.benchmark or cfg.dataset == "imagefolder"):
             return cfg
         given = _OneLineParser()  # the flags given: those parsed without defaults
         add_flags(given, config_class, defaults=False)
-        return benchmark_config(cfg, "synthetic_size" not in vars(given.parse_args(argv)))
+        given = vars(given.parse_args(argv))
+        if cfg.dataset == "imagefolder":
+            cfg = fit_batch(cfg, given=given.get("batch_size"))
+        return benchmark_config(cfg, "synthetic_size" not in given) if cfg.benchmark else cfg
+
+
+# An image folder of fewer training images than this many default batches trains, unless
+# --batch_size is given, on the default batch halved until an epoch has this many steps
+FOLDER_STEPS = 4
+# (data_dir, batch) -> (the default batch, the training images) it was fitted from and to: the
+# run's first line says so
+_fitted: dict[tuple[str, int], tuple[int, int]] = {}
+
+
+def folder_batch(batch_size: int, train_images: int) -> int:
+    """The global batch an image folder of `train_images` training images trains on when
+    --batch_size is not given: the default, halved until an epoch has FOLDER_STEPS steps or
+    more (120 images: 16, 7 steps an epoch). A batch larger than the folder would be refused; one
+    step an epoch, or two, leaves most steps of a short run to the warm-up and drops up to half the
+    images from every epoch (the last partial batch)."""
+    while batch_size > 1 and train_images < FOLDER_STEPS * batch_size:
+        batch_size //= 2
+    return batch_size
+
+
+def fit_batch(cfg: Config, given: int | None) -> Config:
+    """`cfg` with its batch fitted to its image folder (folder_batch), unless --batch_size was
+    `given`; an explicit batch larger than the folder is refused where the data is read
+    (common/rules.py, per_process_batch)."""
+    images = image_folder(cfg.data_dir).images["train"]
+    if given is not None:
+        _fitted.pop((cfg.data_dir, given), None)
+        return cfg
+    batch = folder_batch(cfg.batch_size, images)
+    if batch == cfg.batch_size:
+        return cfg
+    _fitted[cfg.data_dir, batch] = (cfg.batch_size, images)
+    return dataclasses.replace(cfg, batch_size=batch)
+
+
+def batch_note(cfg) -> str:
+    """Why the run's batch is what it is, when it was fitted to its image folder (fit_batch), for
+    its first line: `; the default batch 128 halved to 16 for the 120 training images (7 steps an
+    epoch; --batch_size sets it)`; else nothing."""
+    fitted = _fitted.get((cfg.data_dir, cfg.batch_size)) if cfg.dataset == "imagefolder" else None
+    if fitted is None:
+        return ""
+    default, images = fitted
+    return (f"; the default batch {default} halved to {cfg.batch_size} for the {images} training "
+            f"images ({images // cfg.batch_size} steps an epoch; --batch_size sets it)")
 
 
 def benchmark_config(cfg: Config, sized: bool = False) -> Config:

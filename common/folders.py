@@ -2,15 +2,19 @@
 torchvision's ImageFolder reads it): its layout, listed once per process without opening an image
 (what Config's checks refuse before a run starts); every image checked readable before a run
 starts (`check_images`); its splits read as ImageFolder reads them (`FolderSplit`); and its
-evaluation images, resized and centre-cropped as ImageNet's (`evaluation_crop`). Listed as
-ImageFolder lists it (its classes, extensions and order, symbolic links followed), except that each
-file is listed once however many links lead to it, and a link back up the tree is followed once,
-where ImageFolder walks it round until the path grows too long (a class of 12 images listed as
-252)."""
+evaluation images, resized and centre-cropped as ImageNet's (`evaluation_crop`); and what a
+checkpoint records of it, so that a resume on a folder changed since is refused (`folder_record`,
+`folder_change`). Listed as ImageFolder lists it (its classes, extensions and order, symbolic links
+followed), except that each file is listed once however many links lead to it, a link back up the
+tree is followed once, where ImageFolder walks it round until the path grows too long (a class of
+12 images listed as 252), and a class is named in Unicode's composed form (NFC), the same class in
+train/ and val/ whichever form each folder's name was written in."""
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
+import unicodedata
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +46,8 @@ def image_folder(data_dir: str) -> ImageFolderFacts:
     find_classes and make_dataset (what ImageFolder lists); a folder ImageFolder could not read, or
     that would train on other classes than it evaluates, is refused in one line that names the path
     and says what to do: data_dir, train/ or val/ missing, a split without class folders, a class
-    folder without images, class folders that differ between train/ and val/, fewer than two
+    folder that is a link leading nowhere, two class folders of one name in two Unicode forms, a
+    class folder without images, class folders that differ between train/ and val/, fewer than two
     classes, one file listed in two classes. No image is opened (check_images does that)."""
     extensions = torchvision().datasets.folder.IMG_EXTENSIONS  # ImageFolder's
 
@@ -59,17 +64,14 @@ def image_folder(data_dir: str) -> ImageFolderFacts:
             state = "not a folder" if folder.exists() else "missing"
             raise UsageError(f"--dataset imagefolder: {folder} is {state}: put the {holds} images "
                              f"in {folder}/<class>/, one folder per class ({layout})")
-        try:
-            names = sorted(entry.name for entry in os.scandir(folder) if entry.is_dir())
-        except OSError as error:
-            raise UsageError(f"--dataset imagefolder: {folder} cannot be read ({error.strerror}): "
-                             f"give a folder this user can read") from None
-        if not names:
+        folders = class_folders(folder)
+        if not folders:
             raise UsageError(f"--dataset imagefolder: {folder} has no class folders: put each "
                              f"class's {holds} images in {folder}/<class>/")
-        samples = list_images(folder, names, extensions)
+        names = sorted(folders)
+        samples = list_images(folder, [folders[name] for name in names], extensions)
         counts = np.bincount([target for _, target in samples], minlength=len(names))
-        empty = [name for name, count in zip(names, counts) if count == 0]
+        empty = [folders[name] for name, count in zip(names, counts) if count == 0]
         if empty:
             more = ""
             if len(empty) > 1:
@@ -90,6 +92,34 @@ def image_folder(data_dir: str) -> ImageFolderFacts:
         raise UsageError(f"--dataset imagefolder: train/ and val/ have different class folders "
                          f"({said}): give both the same classes")
     return ImageFolderFacts(str(root), tuple(classes["train"]), images, listed)
+
+
+def class_folders(folder: Path) -> dict[str, str]:
+    """{class name: its folder's name} of the split `folder`: each folder in it (a link to one
+    followed), named in Unicode's composed form (NFC), so that a name typed on one system and
+    copied from another (macOS writes the decomposed form, NFD) is one class in train/ and val/. Two
+    folders of one name in two forms, and a link that leads nowhere, are refused in one line."""
+    try:
+        entries = list(os.scandir(folder))
+    except OSError as error:
+        raise UsageError(f"--dataset imagefolder: {folder} cannot be read ({error.strerror}): "
+                         f"give a folder this user can read") from None
+    folders = {}
+    for entry in sorted(entries, key=lambda entry: entry.name):
+        if entry.is_symlink() and not os.path.exists(entry.path):
+            target = os.path.join(folder, os.readlink(entry.path))
+            raise UsageError(f"--dataset imagefolder: {entry.path} is a link to "
+                             f"{os.path.normpath(target)}, which does not exist: point it at the "
+                             "class's folder, or remove the link")
+        if not entry.is_dir():
+            continue
+        name = unicodedata.normalize("NFC", entry.name)
+        if name in folders:
+            raise UsageError(f"--dataset imagefolder: {folder / folders[name]} and {entry.path} "
+                             f"are one class name, {name}, in two Unicode forms (composed and "
+                             "decomposed): move the images into one of them and remove the other")
+        folders[name] = entry.name
+    return folders
 
 
 def list_images(folder: Path, classes: list[str],
@@ -129,6 +159,58 @@ def list_images(folder: Path, classes: list[str],
                 if first[0] == path:
                     samples.append((path, index))
     return samples
+
+
+@functools.cache
+def folder_record(data_dir: str) -> dict:
+    """What a checkpoint records of the image folder its run trains on, so that resuming on a
+    folder that has changed since is refused (`folder_change`): its classes in order and, for each
+    split, each class's images: how many, and a digest of their paths inside the split and their
+    sizes in bytes (not their times or inodes, which a copy of the folder to another disk changes).
+    Listed once per process, as `image_folder`."""
+    facts = image_folder(data_dir)
+    record = {"classes": list(facts.classes)}
+    for split in SPLITS:
+        digests = [hashlib.sha256() for _ in facts.classes]
+        counts = [0] * len(facts.classes)
+        for path, target in facts.samples[split]:
+            inside = unicodedata.normalize("NFC", os.path.relpath(path, Path(data_dir, split)))
+            digests[target].update(f"{inside}\0{_size(path)}\0".encode())
+            counts[target] += 1
+        record[split] = [[count, digest.hexdigest()] for count, digest in zip(counts, digests)]
+    return record
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:  # a link that leads nowhere: check_images names it
+        return -1
+
+
+def folder_change(saved: dict | None, data_dir: str) -> str | None:
+    """What differs between the image folder a checkpoint recorded (`saved`, a `folder_record`;
+    None: a checkpoint of other data, or written before checkpoints recorded it) and `data_dir`
+    now, in words for a one-line refusal; None if nothing does."""
+    if not isinstance(saved, dict):
+        return None
+    now = folder_record(data_dir)
+    if saved.get("classes") != now["classes"]:
+        then = saved.get("classes") or []
+        return (f"its classes were {', '.join(map(str, then))} and are "
+                f"{', '.join(now['classes'])} now (a class added, removed or renamed changes "
+                "every label after it)")
+    for split in SPLITS:
+        before = saved.get(split) or []
+        for name, was, is_ in zip(now["classes"], before, now[split]):
+            if was == is_:
+                continue
+            where = Path(data_dir, split, name)
+            if was[0] != is_[0]:
+                return f"{where} held {was[0]} images and holds {is_[0]} now"
+            return (f"{where} holds {is_[0]} images as before, but other files (moved from "
+                    "another class, renamed or replaced)")
+    return None
 
 
 def image_folder_refusal(data_dir: str) -> str | None:

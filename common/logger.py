@@ -19,7 +19,7 @@ import torch
 
 from common.augmentation import describe_augmentation
 from common.breakdown import TRACE_NAME
-from common.config import LATER_FLAGS, MODEL_FLAGS, Config, UsageError
+from common.config import LATER_FLAGS, MODEL_FLAGS, Config, UsageError, batch_note
 from common.data import dataset_info
 from common.metrics import Sums
 from common.optim import describe_lr
@@ -494,8 +494,8 @@ def start_line(mode: str, cfg: Config, placement: str, steps_per_epoch: int,
                 f"set, every image once, batch {cfg.batch_size} {placement} "
                 f"({describe_fast_path(cfg)}); nothing is trained; results in {run_dir}")
     return (f"{mode}: {model_line(cfg)}, {cfg.dataset}, augment {describe_augmentation(cfg)}, "
-            f"global batch {cfg.batch_size} {placement} ({describe_fast_path(cfg)}); "
-            f"{describe_lr(cfg, steps_per_epoch)}; logs in {run_dir}")
+            f"global batch {cfg.batch_size} {placement} ({describe_fast_path(cfg)})"
+            f"{batch_note(cfg)}; {describe_lr(cfg, steps_per_epoch)}; logs in {run_dir}")
 
 
 # top-5 accuracy is shown beside top-1 for more classes than this (with 10 or fewer it says little)

@@ -405,6 +405,7 @@ def checkpoint_state(run: Run, rng_states: list[dict], trained_attempt: dict | N
         "scheduler": run.scheduler.state_dict(), "scaler": run.scaler.state_dict(),
         "rng": rng_states, "history": history, "extended": run.extended,
         "end_owed": end_owed, "trained_attempt": trained_attempt,
+        "data": common.checkpoint.data_record(run.cfg),  # an image folder's classes and files
     }
 
 

@@ -33,7 +33,7 @@ from common.errors import RunError, UsageError, user_errors
 from common.loaders import make_loader
 from common.logger import Console, RunLogger, load_model_weights, resolve_run_dir, start_line
 from common.loop import Run, save_checkpoint
-from common.metrics import Sums, evaluation_sums, window_sums
+from common.metrics import Sums, evaluation_sums, fresh_batchnorm_statistics, window_sums
 from common.optim import build_optimizer, lr_schedule
 from common.performance import autocast, grad_scaler, memory_format, resolve_fast_path
 from common.rules import per_process_batch
@@ -210,6 +210,8 @@ def train(run: Run, test_loader) -> None:
                 return
         epoch_seconds = run.end_epoch()  # over every attempt; paused if --max_steps cut it short
         if not cfg.benchmark:  # --benchmark measures speed only: no evaluation, no checkpoint
+            fresh_batchnorm_statistics(cfg, run.raw_model, run.train_loader, epoch,
+                                       autocast(cfg, run.device))  # image folders: of these weights
             test_batches = run.console.counted(test_loader, f"Test {epoch + 1}/{cfg.epochs}")
             test = evaluate(cfg, run.raw_model, test_batches, run.device)
             run.record_test(epoch, test, epoch_seconds)

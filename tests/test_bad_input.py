@@ -541,10 +541,11 @@ def test_refused_launches_change_no_file_and_create_no_run_folder(refusals, work
 def test_load_checkpoint_requires_every_entry_a_run_writes(trained):
     """CONTENTS is what a real checkpoint holds (besides its format), each of its type."""
     state = torch.load(trained / "checkpoint.pt", map_location="cpu", weights_only=True)
-    # extended, best_epoch, best_acc_top5, end_owed, trained_attempt: optional (older
-    # checkpoints lack them)
+    # extended, best_epoch, best_acc_top5, end_owed, trained_attempt, data: optional (older
+    # checkpoints lack them); data is an image folder's classes and files, None for other datasets
     assert set(state) == {"format", "checksum", "extended", "best_epoch", "best_acc_top5",
-                          "end_owed", "trained_attempt", *CONTENTS}
+                          "end_owed", "trained_attempt", "data", *CONTENTS}
+    assert state["data"] is None
     assert state["checksum"] == checksum(state)
     assert all(isinstance(state[key], kind) for key, kind in CONTENTS.items())
 
