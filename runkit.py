@@ -12,6 +12,7 @@ best_acc, best_epoch and tested_step: what a checkpoint keeps of the loop.
     claim_run_folder(folder, resume, ...)      the run's folder, made or continued, locked
     checkpoint_to_resume, has_ended            what --resume means, loaded and checked
     save_checkpoint, rng_states, set_rng_state atomic, with the SHA-256 of its contents
+    write_atomically, copy_atomically          never half a file
     load_weights(model, path)                  --evaluate's weights
     StepTimer, GpuMonitor, peak_memory_gb      step time on the device's clock; NVML; the peaks
     RunLog(run_dir, config, checkpoint)        the console, TensorBoard, results.json
@@ -29,6 +30,7 @@ import math
 import os
 import platform
 import secrets
+import shlex
 import shutil
 import signal
 import sys
@@ -308,6 +310,11 @@ def claim_run_folder(folder: Path, resume, overwrite: bool) -> Path:
     if folder.is_symlink() or folder.exists() and not folder.is_dir():
         raise UsageError(f"{folder} is a link or a file, not a run folder: give another "
                          "--run_name")
+    own = Path(resume).absolute().parent if resume not in (None, "auto") else None
+    if folder.is_dir() and own is not None and own.resolve() != folder.resolve():
+        raise UsageError(f"run folder {folder} exists already, another run's than {resume}: give "
+                         f"a new --run_name, or --run_name {shlex.quote(own.name)} --log_dir "
+                         f"{shlex.quote(str(own.parent))} to continue in the checkpoint's folder")
     if folder.is_dir() and not (resume or overwrite):
         raise UsageError(f"run folder {folder} exists already: give another --run_name, or "
                          "--overwrite to empty it (--resume auto continues a training run)")
@@ -422,6 +429,11 @@ def write_atomically(path: Path, write) -> Path:
         with contextlib.suppress(OSError):
             temporary.unlink(missing_ok=True)
     return path
+
+
+def copy_atomically(source: Path, target: Path) -> Path:
+    """`source` copied to `target` as write_atomically writes it: never half a copy."""
+    return write_atomically(target, lambda file: file.write(Path(source).read_bytes()))
 
 
 def save_checkpoint(path: Path, state: dict) -> Path:

@@ -22,7 +22,6 @@ import contextlib
 import datetime
 import math
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -382,7 +381,7 @@ def save_checkpoint(run, best: bool = False) -> Path | None:
         "scaler": run.scaler.state_dict(), "progress": run.progress,
         "rng": rng})
     if best:
-        shutil.copyfile(path, path.with_name("best.pt"))
+        runkit.copy_atomically(path, path.with_name("best.pt"))  # a full disk: no half copy
     return path
 
 

@@ -15,7 +15,6 @@ the CPU. --batch_size is the global batch in every mode. Read it top to bottom.
 import argparse
 import math
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -334,7 +333,7 @@ def save_checkpoint(run, best: bool = False) -> Path | None:
         "scaler": run.scaler.state_dict(), "progress": run.progress,
         "rng": [runkit.rng_states()]})  # one process: its own random generators
     if best:
-        shutil.copyfile(path, path.with_name("best.pt"))
+        runkit.copy_atomically(path, path.with_name("best.pt"))  # a full disk: no half copy
     return path
 
 
