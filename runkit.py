@@ -35,8 +35,9 @@ import shutil
 import signal
 import sys
 import threading
-import unicodedata
 import time
+import unicodedata
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -157,7 +158,7 @@ def stopped_line(signal_name: str, progress: dict, batches: int, checkpoint: Pat
     if checkpoint is None:
         return f"stopped by {signal_name} at step {progress['step']}; a --benchmark run keeps none"
     return (f"stopped by {signal_name} at step {progress['step']}{owed}; checkpoint {checkpoint}: "
-            f"continue with --resume auto --run_name {checkpoint.parent.name}")
+            f"continue with --resume auto --run_name {shlex.quote(checkpoint.parent.name)}")
 
 
 def check_launch_environment() -> None:
@@ -367,7 +368,7 @@ def checkpoint_to_resume(resume: str | None, folder: Path, config: dict, must_ma
                     f"{earlier[:1]}: give another --run_name, or --overwrite to start afresh")])
         return None
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = read_weights_only(path)
     except Exception:  # missing, cut short, or another kind of file
         raise UsageError(f"--resume: {path} is no intact checkpoint; give the checkpoint.pt a run "
                          "wrote (the last one stays until a new one is whole)") from None
@@ -459,11 +460,23 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"][:torch.cuda.device_count()])
 
 
+def read_weights_only(path) -> object:
+    """torch.load(weights_only=True), silent: a raw pickle's protocol warning would come before
+    the refusal's one line."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Detected pickle protocol")
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def images(count: int) -> str:
+    return f"{count} image{'s' * (count != 1)}"
+
+
 def load_weights(path: str, load) -> None:
     """A model.pt's or a checkpoint's weights handed to `load` (a model's load_state_dict), or
     a refusal in one line."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = read_weights_only(path)
         state = state.get("model", state)
         load({key.removeprefix("module."): value for key, value in state.items()})
     except Exception as error:
@@ -664,7 +677,7 @@ class RunLog:
                                         "test/acc_pct": 100 * test["test_acc"]})
         cut = "" if progress["batch"] == batches else f" ({progress['batch']}/{batches} batches)"
         self.line(f"Epoch {progress['epoch'] + 1}/{epochs} test loss {test['test_loss']:.3f} acc "
-                  f"{100 * test['test_acc']:.2f}% ({test['test_images']} images){cut}")
+                  f"{100 * test['test_acc']:.2f}% ({images(test['test_images'])}){cut}")
         if progress["batch"] == batches:
             progress.update(epoch=progress["epoch"] + 1, batch=0)
         return best

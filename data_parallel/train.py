@@ -39,8 +39,9 @@ MODE = "data_parallel"
 REPO = Path(__file__).resolve().parents[1]
 AMP = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}
 # the flags that decide what is trained: a checkpoint resumes only under the values it was made with
+# (not --epochs: a larger one trains an ended run on, at the rate of the longer schedule)
 MUST_MATCH = ("model", "depth", "alpha", "block", "dataset", "image_size", "synthetic_size",
-              "batch_size", "epochs", "lr", "lr_warmup_epochs", "momentum", "weight_decay",
+              "batch_size", "lr", "lr_warmup_epochs", "momentum", "weight_decay",
               "nesterov", "shuffle", "augment", "flip", "seed", "amp", "data")
 
 
@@ -414,7 +415,7 @@ def main(argv=None) -> int:
             runkit.load_weights(args.evaluate, raw_model.load_state_dict)
             test = evaluate(args, raw_model, test_loader, device)
             run.log.line(f"{args.evaluate}: test loss {test['test_loss']:.4f} acc "
-                         f"{100 * test['test_acc']:.2f}% ({test['test_images']} images)")
+                         f"{100 * test['test_acc']:.2f}% ({runkit.images(test['test_images'])})")
             return run.log.results(test, mode=MODE, world_size=1) or 0
         model_name = f"PyramidNet-{args.depth} a={args.alpha:g}" * (args.model == "pyramidnet")
         run.log.line(f"{MODE} on {device}: {model_name or args.model} at {args.image_size} px, "

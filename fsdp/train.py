@@ -54,8 +54,9 @@ WHOLE = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensor
 REPO = Path(__file__).resolve().parents[1]
 AMP = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}
 # the flags that decide what is trained: a checkpoint resumes only under the values it was made with
+# (not --epochs: a larger one trains an ended run on, at the rate of the longer schedule)
 MUST_MATCH = ("model", "depth", "alpha", "block", "dataset", "image_size", "synthetic_size",
-              "batch_size", "epochs", "lr", "lr_warmup_epochs", "momentum", "weight_decay",
+              "batch_size", "lr", "lr_warmup_epochs", "momentum", "weight_decay",
               "nesterov", "shuffle", "augment", "flip", "seed", "amp", "data")
 
 
@@ -463,7 +464,7 @@ def main(argv=None) -> int:
                 raw_model, state, options=WHOLE))  # each rank its slice
             test = evaluate(args, raw_model, test_loader, device)
             run.log.line(f"{args.evaluate}: test loss {test['test_loss']:.4f} acc "
-                         f"{100 * test['test_acc']:.2f}% ({test['test_images']} images)")
+                         f"{100 * test['test_acc']:.2f}% ({runkit.images(test['test_images'])})")
             return run.log.results(test, mode=MODE, world_size=dist.get_world_size()) or 0
         model_name = f"PyramidNet-{args.depth} a={args.alpha:g}" * (args.model == "pyramidnet")
         run.log.line(f"{MODE} on {device}: {model_name or args.model} at {args.image_size} px, "
@@ -625,8 +626,8 @@ def launch_workers(args, command: list[str] | None = None) -> int:
     gpus = len(args.gpu_devices or range(torch.cuda.device_count()))
     nproc = args.nproc_per_node or gpus or 1
     if gpus and nproc > gpus:
-        raise runkit.UsageError(f"--nproc_per_node {nproc}: this node has {gpus} GPUs; one a "
-                                "process")
+        raise runkit.UsageError(f"--nproc_per_node {nproc}: this node has {gpus} GPU"
+                                f"{'s' * (gpus != 1)}; one a process")
     os.environ.setdefault("OMP_NUM_THREADS", str(max((os.cpu_count() or 1) // nproc, 1)))
     os.environ["PYTORCH_MULTIGPU_SELF_LAUNCH"] = "1"  # its workers may take these two flags
     launch = get_args_parser().parse_args([
