@@ -481,8 +481,8 @@ def load_weights(path: str, load) -> None:
         load({key.removeprefix("module."): value for key, value in state.items()})
     except Exception as error:
         raise UsageError(f"--evaluate: {path} holds no weights of this model "
-                         f"({str(error).splitlines()[0][:100]}): give a model.pt or checkpoint.pt "
-                         "a run of these model flags wrote") from None
+                         f"({(str(error) or repr(error)).splitlines()[0][:100]}): give a model.pt "
+                         "or checkpoint.pt a run of these model flags wrote") from None
 
 
 # ---------------------------------------------------------------------------- timing and telemetry
