@@ -144,6 +144,9 @@ def setup(args) -> torch.device:
     world_size = int(os.environ["WORLD_SIZE"])  # how many processes the job has
     gpus = args.gpu_devices or list(range(torch.cuda.device_count()))  # this node's GPUs
     local_rank = int(os.environ.get("LOCAL_RANK", rank % max(len(gpus), 1)))  # a pod: RANK % GPUs
+    if gpus and local_rank >= len(gpus):  # robustness: more processes than GPUs, in one line
+        raise runkit.UsageError(f"LOCAL_RANK={local_rank} has no GPU of its own ({len(gpus)} on "
+                                "this node): start at most one process a GPU", rank_specific=True)
     device = runkit.cuda_device(gpus[local_rank] if gpus else 0)  # the CPU without CUDA
     cuda = device.type == "cuda"
     if cuda:
