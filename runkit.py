@@ -12,6 +12,7 @@ best_acc, best_epoch and tested_step: what a checkpoint keeps of the loop.
     claim_run_folder(folder, resume, ...)      the run's folder, made or continued, locked
     checkpoint_to_resume, has_ended            what --resume means, loaded and checked
     save_checkpoint, rng_states, set_rng_state atomic, with the SHA-256 of its contents
+    write_atomically, copy_atomically          never half a file
     load_weights(model, path)                  --evaluate's weights
     StepTimer, GpuMonitor, peak_memory_gb      step time on the device's clock; NVML; the peaks
     RunLog(run_dir, config, checkpoint)        the console, TensorBoard, results.json
@@ -29,12 +30,14 @@ import math
 import os
 import platform
 import secrets
+import shlex
 import shutil
 import signal
 import sys
 import threading
-import unicodedata
 import time
+import unicodedata
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -156,7 +159,7 @@ def stopped_line(signal_name: str, progress: dict, batches: int, checkpoint: Pat
     if checkpoint is None:
         return f"stopped by {signal_name} at step {progress['step']}; a --benchmark run keeps none"
     return (f"stopped by {signal_name} at step {progress['step']}{owed}; checkpoint {checkpoint}: "
-            f"continue with --resume auto --run_name {checkpoint.parent.name}")
+            f"continue with --resume auto --run_name {shlex.quote(checkpoint.parent.name)}")
 
 
 def check_launch_environment() -> None:
@@ -311,6 +314,11 @@ def claim_run_folder(folder: Path, resume, overwrite: bool) -> Path:
     if folder.is_symlink() or folder.exists() and not folder.is_dir():
         raise UsageError(f"{folder} is a link or a file, not a run folder: give another "
                          "--run_name")
+    own = Path(resume).absolute().parent if resume not in (None, "auto") else None
+    if folder.is_dir() and own is not None and own.resolve() != folder.resolve():
+        raise UsageError(f"run folder {folder} exists already, another run's than {resume}: give "
+                         f"a new --run_name, or --run_name {shlex.quote(own.name)} --log_dir "
+                         f"{shlex.quote(str(own.parent))} to continue in the checkpoint's folder")
     if folder.is_dir() and not (resume or overwrite):
         raise UsageError(f"run folder {folder} exists already: give another --run_name, or "
                          "--overwrite to empty it (--resume auto continues a training run)")
@@ -365,7 +373,7 @@ def checkpoint_to_resume(resume: str | None, folder: Path, config: dict, must_ma
                     f"{earlier[:1]}: give another --run_name, or --overwrite to start afresh")])
         return None
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = read_weights_only(path)
     except Exception:  # missing, cut short, or another kind of file
         raise UsageError(f"--resume: {path} is no intact checkpoint; give the checkpoint.pt a run "
                          "wrote (the last one stays until a new one is whole)") from None
@@ -430,6 +438,11 @@ def write_atomically(path: Path, write) -> Path:
     return path
 
 
+def copy_atomically(source: Path, target: Path) -> Path:
+    """`source` copied to `target` as write_atomically writes it: never half a copy."""
+    return write_atomically(target, lambda file: file.write(Path(source).read_bytes()))
+
+
 def save_checkpoint(path: Path, state: dict) -> Path:
     """`state` sealed with its format and checksum, atomically; NaN weights never replace good."""
     if not all(value.isfinite().all() for value in state["model"].values()
@@ -453,17 +466,29 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"][:torch.cuda.device_count()])
 
 
+def read_weights_only(path) -> object:
+    """torch.load(weights_only=True), silent: a raw pickle's protocol warning would come before
+    the refusal's one line."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Detected pickle protocol")
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def images(count: int) -> str:
+    return f"{count} image{'s' * (count != 1)}"
+
+
 def load_weights(path: str, load) -> None:
     """A model.pt's or a checkpoint's weights handed to `load` (a model's load_state_dict), or
     a refusal in one line."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = read_weights_only(path)
         state = state.get("model", state)
         load({key.removeprefix("module."): value for key, value in state.items()})
     except Exception as error:
         raise UsageError(f"--evaluate: {path} holds no weights of this model "
-                         f"({str(error).splitlines()[0][:100]}): give a model.pt or checkpoint.pt "
-                         "a run of these model flags wrote") from None
+                         f"({(str(error) or repr(error)).splitlines()[0][:100]}): give a model.pt "
+                         "or checkpoint.pt a run of these model flags wrote") from None
 
 
 # ---------------------------------------------------------------------------- timing and telemetry
@@ -660,7 +685,7 @@ class RunLog:
                                         "test/acc_pct": 100 * test["test_acc"]})
         cut = "" if progress["batch"] == batches else f" ({progress['batch']}/{batches} batches)"
         self.line(f"Epoch {progress['epoch'] + 1}/{epochs} test loss {test['test_loss']:.3f} acc "
-                  f"{100 * test['test_acc']:.2f}% ({test['test_images']} images){cut}")
+                  f"{100 * test['test_acc']:.2f}% ({images(test['test_images'])}){cut}")
         if progress["batch"] == batches:
             progress.update(epoch=progress["epoch"] + 1, batch=0)
         return best

@@ -22,7 +22,6 @@ import contextlib
 import datetime
 import math
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -46,6 +45,7 @@ MODE = "dist_parallel"
 REPO = Path(__file__).resolve().parents[1]
 AMP = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}
 # the flags that decide what is trained: a checkpoint resumes only under the values it was made with
+# (not --epochs: a larger one trains an ended run on, at the rate of the longer schedule)
 MUST_MATCH = ("model", "depth", "alpha", "block", "dataset", "image_size", "synthetic_size",
               "batch_size", "lr", "lr_warmup_epochs", "momentum", "weight_decay", "nesterov",
               "shuffle", "augment", "flip", "seed", "amp", "data")  # --epochs may grow
@@ -135,6 +135,9 @@ def setup(args) -> torch.device:
     world_size = int(os.environ["WORLD_SIZE"])  # how many processes the job has
     gpus = args.gpu_devices or list(range(torch.cuda.device_count()))  # this node's GPUs
     local_rank = int(os.environ.get("LOCAL_RANK", rank % max(len(gpus), 1)))  # a pod: RANK % GPUs
+    if gpus and local_rank >= len(gpus):  # robustness: more processes than GPUs, in one line
+        raise runkit.UsageError(f"LOCAL_RANK={local_rank} has no GPU of its own ({len(gpus)} on "
+                                "this node): start at most one process a GPU", rank_specific=True)
     device = runkit.cuda_device(gpus[local_rank] if gpus else 0)  # the CPU without CUDA
     cuda = device.type == "cuda"
     if cuda:
@@ -384,7 +387,7 @@ def save_checkpoint(run, best: bool = False) -> Path | None:
         "scaler": run.scaler.state_dict(), "progress": run.progress,
         "rng": rng})
     if best:
-        shutil.copyfile(path, path.with_name("best.pt"))
+        runkit.copy_atomically(path, path.with_name("best.pt"))  # a full disk: no half copy
     return path
 
 
@@ -451,7 +454,7 @@ def main(argv=None) -> int:
             runkit.load_weights(args.evaluate, raw_model.load_state_dict)
             test = evaluate(args, raw_model, test_loader, device)
             run.log.line(f"{args.evaluate}: test loss {test['test_loss']:.4f} acc "
-                         f"{100 * test['test_acc']:.2f}% ({test['test_images']} images)")
+                         f"{100 * test['test_acc']:.2f}% ({runkit.images(test['test_images'])})")
             return run.log.results(test, mode=MODE, world_size=dist.get_world_size()) or 0
         pyramidnet = isinstance(raw_model, PyramidNet)  # or yours, put in get_model
         model_name = (f"PyramidNet-{args.depth} a={args.alpha:g}" if pyramidnet else
@@ -578,8 +581,8 @@ def launch_workers(args, command: list[str] | None = None) -> int:
     gpus = len(args.gpu_devices or range(torch.cuda.device_count()))
     nproc = args.nproc_per_node or gpus or 1
     if gpus and nproc > gpus:
-        raise runkit.UsageError(f"--nproc_per_node {nproc}: this node has {gpus} GPUs; one a "
-                                "process")
+        raise runkit.UsageError(f"--nproc_per_node {nproc}: this node has {gpus} GPU"
+                                f"{'s' * (gpus != 1)}; one a process")
     os.environ.setdefault("OMP_NUM_THREADS", str(max((os.cpu_count() or 1) // nproc, 1)))
     os.environ["PYTORCH_MULTIGPU_SELF_LAUNCH"] = "1"  # its workers may take these two flags
     launch = get_args_parser().parse_args([

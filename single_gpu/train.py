@@ -15,7 +15,6 @@ the CPU. --batch_size is the global batch in every mode. Read it top to bottom.
 import argparse
 import math
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -37,6 +36,7 @@ MODE = "single_gpu"
 REPO = Path(__file__).resolve().parents[1]
 AMP = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}
 # the flags that decide what is trained: a checkpoint resumes only under the values it was made with
+# (not --epochs: a larger one trains an ended run on, at the rate of the longer schedule)
 MUST_MATCH = ("model", "depth", "alpha", "block", "dataset", "image_size", "synthetic_size",
               "batch_size", "lr", "lr_warmup_epochs", "momentum", "weight_decay", "nesterov",
               "shuffle", "augment", "flip", "seed", "amp", "data")  # --epochs may grow
@@ -336,7 +336,7 @@ def save_checkpoint(run, best: bool = False) -> Path | None:
         "scaler": run.scaler.state_dict(), "progress": run.progress,
         "rng": [runkit.rng_states()]})  # one process: its own random generators
     if best:
-        shutil.copyfile(path, path.with_name("best.pt"))
+        runkit.copy_atomically(path, path.with_name("best.pt"))  # a full disk: no half copy
     return path
 
 
@@ -398,7 +398,7 @@ def main(argv=None) -> int:
             runkit.load_weights(args.evaluate, raw_model.load_state_dict)
             test = evaluate(args, raw_model, test_loader, device)
             run.log.line(f"{args.evaluate}: test loss {test['test_loss']:.4f} acc "
-                         f"{100 * test['test_acc']:.2f}% ({test['test_images']} images)")
+                         f"{100 * test['test_acc']:.2f}% ({runkit.images(test['test_images'])})")
             return run.log.results(test, mode=MODE, world_size=1) or 0
         pyramidnet = isinstance(raw_model, PyramidNet)  # or yours, put in get_model
         model_name = (f"PyramidNet-{args.depth} a={args.alpha:g}" if pyramidnet else
