@@ -12,6 +12,7 @@ best_acc, best_epoch and tested_step: what a checkpoint keeps of the loop.
     claim_run_folder(folder, resume, ...)      the run's folder, made or continued, locked
     checkpoint_to_resume, has_ended            what --resume means, loaded and checked
     save_checkpoint, rng_states, set_rng_state atomic, with the SHA-256 of its contents
+    write_atomically, copy_atomically          never half a file
     load_weights(model, path)                  --evaluate's weights
     StepTimer, GpuMonitor, peak_memory_gb      step time on the device's clock; NVML; the peaks
     RunLog(run_dir, config, checkpoint)        the console, TensorBoard, results.json
@@ -29,12 +30,14 @@ import math
 import os
 import platform
 import secrets
+import shlex
 import shutil
 import signal
 import sys
 import threading
-import unicodedata
 import time
+import unicodedata
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +46,8 @@ import torch
 FORMAT = "pytorch-multigpu checkpoint v3"  # v3: each part's state dict, the progress a dict
 MARKER, LOCK = ".pytorch-multigpu-run", ".lock"  # what makes a folder a run's; its writer's lock
 WINDOW = ("loss_sum", "correct", "images", "timed_steps", "step_seconds", "data_seconds")
-IMAGES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")  # ImageFolder's
+# the image files ImageFolder reads
+IMAGES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
 # ------------------------------------------------------------------------------- errors and flags
@@ -174,7 +178,7 @@ def stopped_line(signal_name: str, progress: dict, batches: int, checkpoint: Pat
     if checkpoint is None:
         return f"stopped by {signal_name} at step {progress['step']}; a --benchmark run keeps none"
     return (f"stopped by {signal_name} at step {progress['step']}{owed}; checkpoint {checkpoint}: "
-            f"continue with --resume auto --run_name {checkpoint.parent.name}")
+            f"continue with --resume auto --run_name {shlex.quote(checkpoint.parent.name)}")
 
 
 def check_launch_environment() -> None:
@@ -189,7 +193,8 @@ def check_launch_environment() -> None:
     numbers = [name for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                                  "MASTER_PORT") if name in env]
     bad = next((name for name in numbers if not env[name].isdigit()), None)
-    refuse_if([(bad, f"{bad}={env.get(bad or '')!r}: a launcher sets it to a whole number; mend it"),
+    refuse_if([(bad, f"{bad}={env.get(bad or '')!r}: a launcher sets it to a whole number; "
+                "mend it"),
                (("RANK" in env) != ("WORLD_SIZE" in env), "RANK and WORLD_SIZE go together: set "
                 "both (a process's place, the job's processes), or neither"),
                (not env.get("MASTER_ADDR"), "MASTER_ADDR is not set: the host of rank 0, which "
@@ -297,8 +302,9 @@ def synthetic_images(count: int, seed: int, split: str, classes: int = 10, side:
 
 
 class Augmented(torch.utils.data.Dataset):
-    """dataset[i] through `transform`, drawing from (seed, epoch, i): the same crop whichever worker,
-    rank or resumed run loads it. set_epoch before an epoch's iterator (its workers copy it)."""
+    """dataset[i] through `transform`, drawing from (seed, epoch, i): the same crop whichever
+    worker, rank or resumed run loads it. set_epoch before an epoch's iterator (its workers copy
+    it)."""
 
     def __init__(self, dataset, transform, seed: int):
         self.dataset, self.transform, self.seed, self.epoch = dataset, transform, seed, 0
@@ -327,6 +333,11 @@ def claim_run_folder(folder: Path, resume, overwrite: bool) -> Path:
     if folder.is_symlink() or folder.exists() and not folder.is_dir():
         raise UsageError(f"{folder} is a link or a file, not a run folder: give another "
                          "--run_name")
+    own = Path(resume).absolute().parent if resume not in (None, "auto") else None
+    if folder.is_dir() and own is not None and own.resolve() != folder.resolve():
+        raise UsageError(f"run folder {folder} exists already, another run's than {resume}: give "
+                         f"a new --run_name, or --run_name {shlex.quote(own.name)} --log_dir "
+                         f"{shlex.quote(str(own.parent))} to continue in the checkpoint's folder")
     if folder.is_dir() and not (resume or overwrite):
         raise UsageError(f"run folder {folder} exists already: give another --run_name, or "
                          "--overwrite to empty it (--resume auto continues a training run)")
@@ -344,7 +355,8 @@ def claim_run_folder(folder: Path, resume, overwrite: bool) -> Path:
     except (BlockingIOError, PermissionError):
         lock.seek(0)
         raise UsageError(f"run folder {folder} is in use by a run still running (pid "
-                         f"{lock.read().strip()}): wait for it, or give another --run_name") from None
+                         f"{lock.read().strip()}): wait for it, or give another "
+                         "--run_name") from None
     except OSError:  # a file system without locks (some NFS mounts): the exclusive mkdir guards
         pass
     lock.truncate(0)
@@ -363,7 +375,8 @@ def claim_run_folder(folder: Path, resume, overwrite: bool) -> Path:
 
 def default_run_name(mode: str, gpus: int) -> str:
     """<mode>-<n>gpu-<date>-<time>-<pid>: two runs started in one second differ."""
-    return f"{mode}-{gpus or 'cpu'}{'gpu' * bool(gpus)}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    devices = f"{gpus}gpu" if gpus else "cpu"
+    return f"{mode}-{devices}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
 
 def checkpoint_to_resume(resume: str | None, folder: Path, config: dict, must_match) -> dict | None:
@@ -379,7 +392,7 @@ def checkpoint_to_resume(resume: str | None, folder: Path, config: dict, must_ma
                     f"{earlier[:1]}: give another --run_name, or --overwrite to start afresh")])
         return None
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = read_weights_only(path)
     except Exception:  # missing, cut short, or another kind of file
         raise UsageError(f"--resume: {path} is no intact checkpoint; give the checkpoint.pt a run "
                          "wrote (the last one stays until a new one is whole)") from None
@@ -390,9 +403,8 @@ def checkpoint_to_resume(resume: str | None, folder: Path, config: dict, must_ma
         (state.get("checksum") != checksum({k: v for k, v in state.items() if k != "checksum"}),
          f"--resume: {path} is damaged: its contents do not match their checksum; resume from "
          "another copy, or start afresh")])
-    # each as its flag is typed; "data", no flag, is an image folder's record
-    said = {name: name if name == "data" else f"--{name}" for name in must_match}
-    differ = [f"{said[name]} {state['config'].get(name)} (now {config.get(name)})"
+    named = {name: "the images:" if name == "data" else f"--{name}" for name in must_match}
+    differ = [f"{named[name]} {state['config'].get(name)} (now {config.get(name)})"
               for name in must_match if state["config"].get(name) != config.get(name)]
     refuse_if([(differ, f"--resume: {path} was written by another run: {', '.join(differ)}; "
                 "resume with the flags it was written with")])
@@ -445,6 +457,11 @@ def write_atomically(path: Path, write) -> Path:
     return path
 
 
+def copy_atomically(source: Path, target: Path) -> Path:
+    """`source` copied to `target` as write_atomically writes it: never half a copy."""
+    return write_atomically(target, lambda file: file.write(Path(source).read_bytes()))
+
+
 def save_checkpoint(path: Path, state: dict) -> Path:
     """`state` sealed with its format and checksum, atomically; NaN weights never replace good."""
     if not all(value.isfinite().all() for value in state["model"].values()
@@ -468,17 +485,29 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"][:torch.cuda.device_count()])
 
 
+def read_weights_only(path) -> object:
+    """torch.load(weights_only=True), silent: a raw pickle's protocol warning would come before
+    the refusal's one line."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Detected pickle protocol")
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def images(count: int) -> str:
+    return f"{count} image{'s' * (count != 1)}"
+
+
 def load_weights(path: str, load) -> None:
     """A model.pt's or a checkpoint's weights handed to `load` (a model's load_state_dict), or
     a refusal in one line."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = read_weights_only(path)
         state = state.get("model", state)
         load({key.removeprefix("module."): value for key, value in state.items()})
     except Exception as error:
         raise UsageError(f"--evaluate: {path} holds no weights of this model "
-                         f"({str(error).splitlines()[0][:100]}): give a model.pt or checkpoint.pt "
-                         "a run of these model flags wrote") from None
+                         f"({(str(error) or repr(error)).splitlines()[0][:100]}): give a model.pt "
+                         "or checkpoint.pt a run of these model flags wrote") from None
 
 
 # ---------------------------------------------------------------------------- timing and telemetry
@@ -493,7 +522,8 @@ class StepTimer:
                  snapshot=None):
         self.device, self.cuda, self.warmup_steps = device, device.type == "cuda", warmup_steps
         self.step, self.steps, self.pending, self.step_seconds = step, 0, [], []
-        self.profile, self.snapshot, self.profiler, self.first_step_s = profile, snapshot, None, None
+        self.profile, self.snapshot, self.profiler = profile, snapshot, None
+        self.first_step_s = None
         if snapshot and step < snapshot[0]:
             torch.cuda.memory._record_memory_history(max_entries=100_000)
 
@@ -660,7 +690,8 @@ class RunLog:
                             images, **timed, **more})
         timing = (f"batch {seconds / steps:.3f}s data {100 * data / seconds:.1f}% "
                   f"{global_batch * steps / seconds:.0f} img/s" if steps else "warming up")
-        self.line(f"{where} loss {loss_sum / images:.3f} acc {100 * correct / images:.2f}% {timing}")
+        self.line(f"{where} loss {loss_sum / images:.3f} acc {100 * correct / images:.2f}% "
+                  f"{timing}")
 
     def tested(self, test: dict, progress: dict, batches: int, epochs: int) -> bool:
         """An evaluation, said and into `progress` (a whole epoch: as the next one's start);
@@ -673,7 +704,7 @@ class RunLog:
                                         "test/acc_pct": 100 * test["test_acc"]})
         cut = "" if progress["batch"] == batches else f" ({progress['batch']}/{batches} batches)"
         self.line(f"Epoch {progress['epoch'] + 1}/{epochs} test loss {test['test_loss']:.3f} acc "
-                  f"{100 * test['test_acc']:.2f}% ({test['test_images']} images){cut}")
+                  f"{100 * test['test_acc']:.2f}% ({images(test['test_images'])}){cut}")
         if progress["batch"] == batches:
             progress.update(epoch=progress["epoch"] + 1, batch=0)
         return best

@@ -22,7 +22,6 @@ import contextlib
 import datetime
 import math
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -46,9 +45,10 @@ MODE = "dist_parallel"
 REPO = Path(__file__).resolve().parents[1]
 AMP = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}
 # the flags that decide what is trained: a checkpoint resumes only under the values it was made with
+# (not --epochs: a larger one trains an ended run on, at the rate of the longer schedule)
 MUST_MATCH = ("model", "depth", "alpha", "block", "dataset", "image_size", "synthetic_size",
-              "batch_size", "epochs", "lr", "lr_warmup_epochs", "momentum", "weight_decay",
-              "nesterov", "shuffle", "augment", "flip", "seed", "amp", "data")
+              "batch_size", "lr", "lr_warmup_epochs", "momentum", "weight_decay", "nesterov",
+              "shuffle", "augment", "flip", "seed", "amp", "data")  # --epochs may grow
 
 
 # ------------------------------------------------------------------------------------------- config
@@ -135,6 +135,9 @@ def setup(args) -> torch.device:
     world_size = int(os.environ["WORLD_SIZE"])  # how many processes the job has
     gpus = args.gpu_devices or list(range(torch.cuda.device_count()))  # this node's GPUs
     local_rank = int(os.environ.get("LOCAL_RANK", rank % max(len(gpus), 1)))  # a pod: RANK % GPUs
+    if gpus and local_rank >= len(gpus):  # robustness: more processes than GPUs, in one line
+        raise runkit.UsageError(f"LOCAL_RANK={local_rank} has no GPU of its own ({len(gpus)} on "
+                                "this node): start at most one process a GPU", rank_specific=True)
     device = runkit.cuda_device(gpus[local_rank] if gpus else 0)  # the CPU without CUDA
     cuda = device.type == "cuda"
     if cuda:
@@ -280,8 +283,8 @@ def get_optimizer(args, raw_model: torch.nn.Module, device: torch.device, steps_
         optimizer.state[param]["momentum_buffer"] = torch.zeros_like(param)  # would skip them
     warmup, run = round(args.lr_warmup_epochs * steps_per_epoch), args.epochs * steps_per_epoch
     # the rate needs steps, not epochs: a small folder's at least 50, and at most a third of the run
-    image_folder = args.dataset == "imagefolder"
-    warmup = min(max(warmup, 50), run // 3) if image_folder else min(warmup, run // 10)
+    folder = args.dataset == "imagefolder"
+    warmup = min(max(warmup, 50), run // 3) if folder else min(warmup, run // 10)
 
     def rate(step: int) -> float:  # the base rate's factor at optimizer step `step` (from 0)
         epoch = step // steps_per_epoch
@@ -388,7 +391,7 @@ def save_checkpoint(run, best: bool = False) -> Path | None:
         "scaler": run.scaler.state_dict(), "progress": run.progress,
         "rng": rng})
     if best:
-        shutil.copyfile(path, path.with_name("best.pt"))
+        runkit.copy_atomically(path, path.with_name("best.pt"))  # a full disk: no half copy
     return path
 
 
@@ -413,12 +416,17 @@ def main(argv=None) -> int:
     data_defaults(args, len(train_set))
     train_loader, test_loader = get_loaders(args, train_set, test_set, device)
     args.epochs = math.ceil(args.max_steps / len(train_loader)) if args.benchmark else args.epochs
-    name = args.run_name or runkit.default_run_name(MODE, int(device.type == "cuda"))
-    folder = Path(args.log_dir) / name
+    gpus = dist.get_world_size() * (device.type == "cuda")
+    names = [args.run_name or runkit.default_run_name(MODE, gpus)]
+    dist.broadcast_object_list(names, src=0)  # rank 0's: each rank's default has its own pid
+    folder = Path(args.log_dir) / names[0]
     checkpoint = on_rank_0(runkit.checkpoint_to_resume, args.resume, folder, vars(args),
                            MUST_MATCH)  # robustness: rank 0 reads it; its refusal ends every rank
     if runkit.has_ended(checkpoint, args.epochs, args.max_steps):  # run again after its end
         return 0
+    trained = checkpoint["config"]["epochs"] if checkpoint else args.epochs
+    runkit.refuse_if([(args.epochs < trained, f"--epochs {args.epochs}: the run was to train "
+                       f"{trained}; a resumed run may train longer, never shorter")])
     torch.manual_seed(args.seed)  # the same weights in every mode
     model, raw_model, flops = get_model(args, classes, device)
     optimizer, scheduler, scaler = get_optimizer(args, raw_model, device, len(train_loader))
@@ -442,16 +450,22 @@ def main(argv=None) -> int:
     try:
         if checkpoint is not None:
             restore(run, checkpoint)
-            run.log.line(f"resumed at step {run.progress['step']} from {checkpoint['file']}")
+            longer = f"; --epochs {trained} made {args.epochs}, the rate's schedule with it" * (
+                trained != args.epochs)
+            run.log.line(f"resumed at step {run.progress['step']} from {checkpoint['file']}"
+                         f"{longer}")
         if args.evaluate:  # saved weights, evaluated alone; a signal ends it: nothing to keep
             run.signals.restore()
             runkit.load_weights(args.evaluate, raw_model.load_state_dict)
             test = evaluate(args, raw_model, test_loader, device)
             run.log.line(f"{args.evaluate}: test loss {test['test_loss']:.4f} acc "
-                         f"{100 * test['test_acc']:.2f}% ({test['test_images']} images)")
+                         f"{100 * test['test_acc']:.2f}% ({runkit.images(test['test_images'])})")
             return run.log.results(test, mode=MODE, world_size=dist.get_world_size()) or 0
-        model_name = f"PyramidNet-{args.depth} a={args.alpha:g}" * (args.model == "pyramidnet")
-        run.log.line(f"{MODE} on {device}: {model_name or args.model} at {args.image_size} px, "
+        pyramidnet = isinstance(raw_model, PyramidNet)  # or yours, put in get_model
+        model_name = (f"PyramidNet-{args.depth} a={args.alpha:g}" if pyramidnet else
+                      type(raw_model).__name__ if args.model == "pyramidnet" else args.model)
+        run.log.line(f"{MODE} on {device}: {model_name} ({runkit.parameter_count(raw_model):,} "
+                     f"parameters) at {args.image_size} px, "
                      f"{args.dataset}, {args.augment} crop{' and flip' * args.flip}, batch "
                      f"{args.batch_size} ({len(train_loader)} steps an epoch), amp {args.amp}; "
                      f"logs in {run_dir}")
@@ -473,8 +487,8 @@ def main(argv=None) -> int:
                 break
         if args.save_model and is_main:  # the weights alone, for --evaluate or your own code
             torch.save(raw_model.state_dict(), run_dir / "model.pt")
-        summary = runkit.speed_summary(run.log, run.timer, args.batch_size,
-                                       dist.get_world_size(), flops,
+        summary = runkit.speed_summary(run.log, run.timer, args.batch_size, dist.get_world_size(),
+                                       flops,
                                        runkit.peak_tflops(device, args.amp), run.monitor, gpus)
         summary.update(parameters=runkit.parameter_count(raw_model),
                        wall_time_s=time.perf_counter() - started, **run.progress,
@@ -567,11 +581,14 @@ def launch_workers(args, command: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
+    nodes = os.environ.get("PET_NNODES", "1")  # torchrun's --nnodes, from a cluster's operator
+    runkit.refuse_if([(nodes not in ("1", "1:1"), f"PET_NNODES={nodes}: `python train.py` starts "
+                       "the workers of one node; on several, run torchrun on each node")])
     gpus = len(args.gpu_devices or range(torch.cuda.device_count()))
     nproc = args.nproc_per_node or gpus or 1
     if gpus and nproc > gpus:
-        raise runkit.UsageError(f"--nproc_per_node {nproc}: this node has {gpus} GPUs; one a "
-                                "process")
+        raise runkit.UsageError(f"--nproc_per_node {nproc}: this node has {gpus} GPU"
+                                f"{'s' * (gpus != 1)}; one a process")
     os.environ.setdefault("OMP_NUM_THREADS", str(max((os.cpu_count() or 1) // nproc, 1)))
     os.environ["PYTORCH_MULTIGPU_SELF_LAUNCH"] = "1"  # its workers may take these two flags
     launch = get_args_parser().parse_args([

@@ -39,9 +39,9 @@ not edit it by hand. After changing a flag or its help, run `python docs/flags.p
 what `python SCRIPT --help` prints, formatted for a terminal {columns} columns wide;
 `<repository>` stands for the folder of the checkout.
 
-A train.py takes each of its flags with hyphens for its underscores too, as PyTorch's ImageNet
+Every flag is accepted as written here and with hyphens for its underscores, as PyTorch's ImageNet
 example and timm write them: `--batch-size 64` is `--batch_size 64`, `--no-nesterov` is
-`--no_nesterov`; its help lists every spelling. The short forms
+`--no_nesterov` (a train.py's help lists every spelling). The short forms
 {short}
 are that example's, where the flag means the same here: the global batch, each training process's
 loader workers, the model by torchvision's name, the steps between two log lines, and an

@@ -15,7 +15,6 @@ the CPU. --batch_size is the global batch in every mode. Read it top to bottom.
 import argparse
 import math
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -37,9 +36,10 @@ MODE = "single_gpu"
 REPO = Path(__file__).resolve().parents[1]
 AMP = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}
 # the flags that decide what is trained: a checkpoint resumes only under the values it was made with
+# (not --epochs: a larger one trains an ended run on, at the rate of the longer schedule)
 MUST_MATCH = ("model", "depth", "alpha", "block", "dataset", "image_size", "synthetic_size",
-              "batch_size", "epochs", "lr", "lr_warmup_epochs", "momentum", "weight_decay",
-              "nesterov", "shuffle", "augment", "flip", "seed", "amp", "data")
+              "batch_size", "lr", "lr_warmup_epochs", "momentum", "weight_decay", "nesterov",
+              "shuffle", "augment", "flip", "seed", "amp", "data")  # --epochs may grow
 
 
 # ------------------------------------------------------------------------------------------- config
@@ -239,8 +239,8 @@ def get_optimizer(args, raw_model: torch.nn.Module, device: torch.device, steps_
         optimizer.state[param]["momentum_buffer"] = torch.zeros_like(param)  # would skip them
     warmup, run = round(args.lr_warmup_epochs * steps_per_epoch), args.epochs * steps_per_epoch
     # the rate needs steps, not epochs: a small folder's at least 50, and at most a third of the run
-    image_folder = args.dataset == "imagefolder"
-    warmup = min(max(warmup, 50), run // 3) if image_folder else min(warmup, run // 10)
+    folder = args.dataset == "imagefolder"
+    warmup = min(max(warmup, 50), run // 3) if folder else min(warmup, run // 10)
 
     def rate(step: int) -> float:  # the base rate's factor at optimizer step `step` (from 0)
         epoch = step // steps_per_epoch
@@ -338,7 +338,7 @@ def save_checkpoint(run, best: bool = False) -> Path | None:
         "scaler": run.scaler.state_dict(), "progress": run.progress,
         "rng": [runkit.rng_states()]})  # one process: its own random generators
     if best:
-        shutil.copyfile(path, path.with_name("best.pt"))
+        runkit.copy_atomically(path, path.with_name("best.pt"))  # a full disk: no half copy
     return path
 
 
@@ -367,6 +367,9 @@ def main(argv=None) -> int:
     checkpoint = runkit.checkpoint_to_resume(args.resume, folder, vars(args), MUST_MATCH)
     if runkit.has_ended(checkpoint, args.epochs, args.max_steps):  # run again after its end
         return 0
+    trained = checkpoint["config"]["epochs"] if checkpoint else args.epochs
+    runkit.refuse_if([(args.epochs < trained, f"--epochs {args.epochs}: the run was to train "
+                       f"{trained}; a resumed run may train longer, never shorter")])
     torch.manual_seed(args.seed)  # the same weights in every mode
     model, raw_model, flops = get_model(args, classes, device)
     optimizer, scheduler, scaler = get_optimizer(args, raw_model, device, len(train_loader))
@@ -388,16 +391,22 @@ def main(argv=None) -> int:
     try:
         if checkpoint is not None:
             restore(run, checkpoint)
-            run.log.line(f"resumed at step {run.progress['step']} from {checkpoint['file']}")
+            longer = f"; --epochs {trained} made {args.epochs}, the rate's schedule with it" * (
+                trained != args.epochs)
+            run.log.line(f"resumed at step {run.progress['step']} from {checkpoint['file']}"
+                         f"{longer}")
         if args.evaluate:  # saved weights, evaluated alone; a signal ends it: nothing to keep
             run.signals.restore()
             runkit.load_weights(args.evaluate, raw_model.load_state_dict)
             test = evaluate(args, raw_model, test_loader, device)
             run.log.line(f"{args.evaluate}: test loss {test['test_loss']:.4f} acc "
-                         f"{100 * test['test_acc']:.2f}% ({test['test_images']} images)")
+                         f"{100 * test['test_acc']:.2f}% ({runkit.images(test['test_images'])})")
             return run.log.results(test, mode=MODE, world_size=1) or 0
-        model_name = f"PyramidNet-{args.depth} a={args.alpha:g}" * (args.model == "pyramidnet")
-        run.log.line(f"{MODE} on {device}: {model_name or args.model} at {args.image_size} px, "
+        pyramidnet = isinstance(raw_model, PyramidNet)  # or yours, put in get_model
+        model_name = (f"PyramidNet-{args.depth} a={args.alpha:g}" if pyramidnet else
+                      type(raw_model).__name__ if args.model == "pyramidnet" else args.model)
+        run.log.line(f"{MODE} on {device}: {model_name} ({runkit.parameter_count(raw_model):,} "
+                     f"parameters) at {args.image_size} px, "
                      f"{args.dataset}, {args.augment} crop{' and flip' * args.flip}, batch "
                      f"{args.batch_size} ({len(train_loader)} steps an epoch), amp {args.amp}; "
                      f"logs in {run_dir}")

@@ -4,8 +4,8 @@ rank 0) the loss function raises on its FAULT_STEP-th call (a forward pass mid-t
 of --evaluate's evaluation); with FAULT_SIGNAL (a name: SIGTERM), that call sends this process the
 signal instead, as `kill` would, and goes on; with FAULT_AWAIT_SIGNAL=1, that call prints
 "waiting for a signal" and waits (60 s at most) until the run's own handler has noted a signal sent
-from outside: one sent once that line is out lands in that step, whatever the machine's load. The product carries no
-fault hooks; the failure is injected from outside, as a test would."""
+from outside: one sent once that line is out lands in that step, whatever the machine's load.
+The product carries no fault hooks; the failure is injected from outside, as a test would."""
 import os
 import runpy
 import signal

@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import signal
+import unicodedata
 from pathlib import Path
 
 import numpy as np
@@ -19,13 +20,14 @@ import pytest
 import torch
 from PIL import Image
 
-from common.config import Config, UsageError, parse_config
+from common.config import Config, UsageError, batch_note, parse_config
 from common.augmentation import (Augmentation, augmentation_draws, crop_boxes, resized,
                                  resized_crop_draws)
 from common.data import (DATASET_INFO, IMAGENET_MEAN, IMAGENET_STD, SyntheticCIFAR, dataset_info,
                          load_datasets)
 from common.folders import evaluation_crop, image_folder, stored_side
 from common.loaders import folder_bytes, make_loader, resolve_loader
+from common.optim import warmup_steps
 from common.performance import describe_fast_path, flops_per_image, resolve_fast_path
 from common.samplers import EvalShard, ShuffleSampler
 from comparison.verify_plan import images_in_test_set, images_in_training_set
@@ -34,6 +36,8 @@ from conftest import (at_epoch, read_results, read_scalars, refuse_in_process, r
 
 CPU = torch.device("cpu")
 CLASSES = ("ant", "bee", "cat")
+# one name in Unicode's two forms: composed (as typed on Linux) and decomposed (as macOS writes it)
+NFC, NFD = unicodedata.normalize("NFC", "café"), unicodedata.normalize("NFD", "café")
 # (width, height): landscape, square (the stored side), portrait
 SIZES = [(40, 30), (36, 36), (30, 44), (48, 40)]
 # images per class: 24 training images (3 batches of 8), 15 validation ones (8 + 7 on 2 ranks)
@@ -137,6 +141,16 @@ def break_folder(root: Path, case: str) -> tuple[Path, str]:
             shutil.rmtree(root / split / "bee")
             shutil.rmtree(root / split / "cat")
         return root, f"{root / 'train'} has one class folder, ant: a classifier needs two classes"
+    if case == "dangling class link":  # train/bee moved away, a link left where it was
+        shutil.move(root / "train" / "bee", root.parent / "moved")
+        (root / "train" / "bee").symlink_to(root.parent / "gone")
+        return root, f"{root / 'train' / 'bee'} is a link to {root.parent / 'gone'}, which does not"
+    if case == "one name in two forms":  # café typed (composed) and copied from macOS (decomposed)
+        for split in ("train", "val"):
+            (root / split / "cat").rename(root / split / NFC)
+            shutil.copytree(root / split / NFC, root / split / NFD)
+        return root, (f"{root / 'train' / NFD} and {root / 'train' / NFC} are one class name, "
+                      f"{NFC}, in two Unicode forms")
     if case == "one file in two classes":
         (root / "train" / "cat" / "ant0.png").symlink_to(root / "train" / "ant" / "0.png")
         named = f"{root / 'train' / 'cat' / 'ant0.png'} and {root / 'train' / 'ant' / '0.png'}"
@@ -157,9 +171,9 @@ def break_folder(root: Path, case: str) -> tuple[Path, str]:
 
 
 BAD = ["no folder", "no train", "no val", "no class folders", "empty class", "other classes",
-       "one class", "one file in two classes", "truncated png", "truncated jpg", "truncated bmp",
-       "truncated tiff", "truncated webp", "truncated ppm", "truncated pgm", "empty file",
-       "not an image"]
+       "one class", "dangling class link", "one name in two forms", "one file in two classes",
+       "truncated png", "truncated jpg", "truncated bmp", "truncated tiff", "truncated webp",
+       "truncated ppm", "truncated pgm", "empty file", "not an image"]
 
 
 @pytest.mark.parametrize("case", BAD)
@@ -256,6 +270,171 @@ def test_a_worker_killed_while_the_gpu_loader_decodes_the_folder_is_one_line(tmp
     assert re.fullmatch(r"error: --dataset imagefolder: DataLoader worker \(pid \d+\) is killed "
                         r"by signal: Killed while decoding the images: run it again, with a "
                         r"smaller --num_workers if the machine ran out of memory", lines[0])
+def test_a_class_named_in_two_unicode_forms_in_train_and_val_is_one_class(tmp_path):
+    """train/café written on Linux (composed, NFC) and val/café copied from macOS (decomposed, NFD)
+    look alike and are one class, named in the composed form, in both splits: the run trains on
+    it and evaluates its validation images, which used to be refused as two different classes."""
+    root = write_folder(tmp_path / "data", train=2, val=1)
+    (root / "train" / "cat").rename(root / "train" / NFC)
+    (root / "val" / "cat").rename(root / "val" / NFD)
+    done = train_in_process("single_gpu/train.py", *flags(root, tmp_path / "runs", "--batch_size",
+                                                          "2", "--run_name", "cafe"))
+    assert done.returncode == 0, done.stderr
+    facts = image_folder(str(root))
+    assert facts.classes == ("ant", "bee", NFC)
+    assert [path for path, label in facts.samples["val"] if label == 2] == \
+        [str(root / "val" / NFD / "0.png")]
+    assert read_results(tmp_path / "runs" / "cafe")["summary"]["test_images"] == 3
+
+
+def test_augment_off_with_flip_is_refused_and_off_is_recorded_as_mirroring_nothing(folder,
+                                                                                   tmp_path):
+    """--flip mirrors training images and --augment off trains on the evaluation images as they
+    are: given both, one line; --augment off alone is recorded as it ran, flip false, where the
+    run's config used to say what --flip was given (true with --flip)."""
+    for off in (["--augment", "off"], ["--no_augment"]):
+        done = refuse_in_process("single_gpu/train.py", *flags(folder, tmp_path / "refused", *off,
+                                                               "--flip"))
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert done.stderr.startswith("error: --flip mirrors training images and --augment off")
+    assert not (tmp_path / "refused").exists()
+    done = train_in_process("single_gpu/train.py", *flags(folder, tmp_path / "runs", "--no_augment",
+                                                          "--run_name", "plain"))
+    assert done.returncode == 0, done.stderr
+    config = read_results(tmp_path / "runs" / "plain")["config"]
+    assert (config["augment"], config["flip"]) == ("off", False)
+    assert "augment off," in done.stdout.splitlines()[0]
+
+
+# ------------------------------------------------------------------------ resuming a changed folder
+@pytest.fixture(scope="module")
+def trained_once(tmp_path_factory) -> tuple[Path, Path]:
+    """A folder, and a one-epoch run on it whose checkpoint a resume continues: (folder, runs)."""
+    base = tmp_path_factory.mktemp("resumed")
+    root = write_folder(base / "data", train=2, val=1)
+    done = train_in_process("single_gpu/train.py", *flags(root, base / "runs", "--batch_size", "2",
+                                                          "--run_name", "run"))
+    assert done.returncode == 0, done.stderr
+    return root, base / "runs"
+
+
+def swap_classes(root: Path) -> None:
+    for split in ("train", "val"):
+        (root / split / "ant").rename(root / split / "tmp")
+        (root / split / "bee").rename(root / split / "ant")
+        (root / split / "tmp").rename(root / split / "bee")
+
+
+CHANGES = {
+    "images added": (lambda root: shutil.copy(root / "train" / "bee" / "0.png",
+                                              root / "train" / "bee" / "new.png"),
+                     "{root}/train/bee held 2 images and holds 3 now"),
+    "a class renamed": (lambda root: [(root / split / "cat").rename(root / split / "cow")
+                                      for split in ("train", "val")],
+                        "its classes were ant, bee, cat and are ant, bee, cow now"),
+    "labels swapped": (swap_classes, "{root}/train/ant holds 2 images as before, but other files"),
+}
+
+
+@pytest.mark.parametrize("change", CHANGES)
+def test_resume_auto_on_a_folder_changed_since_is_refused_saying_what_changed(trained_once,
+                                                                             tmp_path, change):
+    """The checkpoint records the folder's classes in order and each class's files: resuming on a
+    copy of it that has changed since (images added, a class renamed, two classes' names swapped,
+    which swaps their labels) is refused in one line that says what changed, before anything is
+    written; it used to go on silently."""
+    folder, runs = trained_once
+    root, log_dir = tmp_path / "data", tmp_path / "runs"
+    shutil.copytree(folder, root)
+    shutil.copytree(runs, log_dir)
+    make, said = CHANGES[change]
+    make(root)
+    before = sorted(path.stat().st_mtime_ns for path in (log_dir / "run").iterdir())
+    done = run_script("single_gpu/train.py", *flags(root, log_dir, "--batch_size", "2",
+                                                    "--run_name", "run", "--resume", "auto",
+                                                    "--epochs", "2"))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"error: --resume: {log_dir / 'run' / 'checkpoint.pt'} was "
+                                  "written on another image folder: "), done.stderr
+    assert said.format(root=root) in done.stderr and "start a new run" in done.stderr
+    assert sorted(path.stat().st_mtime_ns for path in (log_dir / "run").iterdir()) == before
+
+
+def test_resume_auto_on_a_copy_of_the_folder_elsewhere_goes_on(trained_once, tmp_path):
+    """The folder as it was, copied to another disk (a job staging its data): the same classes and
+    files, other paths and times, so the run goes on from its checkpoint."""
+    folder, runs = trained_once
+    root, log_dir = tmp_path / "scratch" / "data", tmp_path / "runs"
+    shutil.copytree(folder, root)
+    shutil.copytree(runs, log_dir)
+    done = train_in_process("single_gpu/train.py", *flags(root, log_dir, "--batch_size", "2",
+                                                          "--run_name", "run", "--resume", "auto",
+                                                          "--epochs", "2"))
+    assert done.returncode == 0, done.stderr
+    assert read_results(log_dir / "run")["summary"]["steps"] == 6
+
+
+# ----------------------------------------------------------------------------------- small folders
+def test_a_folder_smaller_than_the_default_batch_trains_on_a_batch_that_fits_it(folder, tmp_path):
+    """24 training images, no --batch_size: the default 128 is halved until an epoch has 4 steps
+    (4 images, 6 steps), and the first line says so; the rate follows the batch. It used to be
+    refused (128 > 24), as an explicit --batch_size too large still is, in one line."""
+    small = ["--dataset", "imagefolder", "--data_dir", folder, "--image_size", "32", "--depth", "8",
+             "--alpha", "12", "--epochs", "1", "--log_interval", "3", "--warmup_steps", "1",
+             "--num_workers", "0", "--no_progress", "--log_dir", tmp_path / "runs"]
+    done = train_in_process("single_gpu/train.py", *small, "--run_name", "fitted")
+    assert done.returncode == 0, done.stderr
+    first = done.stdout.splitlines()[0]
+    assert ("global batch 4 on cpu" in first and "the default batch 128 halved to 4 for the 24 "
+            "training images (6 steps an epoch; --batch_size sets it)" in first), first
+    assert "lr 0.003125 (= 0.1 per 128 images x global batch 4" in first
+    results = read_results(tmp_path / "runs" / "fitted")
+    assert results["config"]["batch_size"] == 4 and results["summary"]["steps"] == 6
+    refused = refuse_in_process("single_gpu/train.py", *small, "--batch_size", "32")
+    assert refused.returncode == 2 and refused.stderr == (
+        "error: --batch_size 32 is larger than the training set (24 images); use a smaller "
+        "batch\n")
+    given = parse_config(Config, ["--dataset", "imagefolder", "--data_dir", str(folder),
+                                  "--batch_size", "16"])
+    assert given.batch_size == 16 and "halved" not in batch_note(given)
+
+
+def test_a_folders_warm_up_is_counted_in_steps(folder):
+    """An image folder's warm-up: 5 epochs' steps, at least 50 and at most a third of the run
+    (a tenth, 16 steps, of 15 epochs of 11 let a ResNet-18's loss leap in its second epoch);
+    the other datasets keep theirs, at most a tenth."""
+    cfg = parse_config(Config, ["--dataset", "imagefolder", "--data_dir", str(folder)])
+    for epochs, steps_per_epoch, ramp in ((15, 11, 55), (15, 7, 35), (300, 7, 50), (300, 11, 55),
+                                          (1, 3, 1), (300, 390, 1950)):
+        assert warmup_steps(dataclasses.replace(cfg, epochs=epochs), steps_per_epoch) == ramp
+    assert warmup_steps(dataclasses.replace(cfg, lr_warmup_epochs=0), 11) == 0
+    synthetic = parse_config(Config, ["--dataset", "synthetic", "--epochs", "15"])
+    assert warmup_steps(synthetic, 11) == 16 and warmup_steps(synthetic, 390) == 585
+
+
+def test_a_folder_runs_batchnorm_statistics_are_those_of_its_weights(folder, tmp_path):
+    """Before each evaluation an image folder's BatchNorm statistics are computed afresh from
+    the epoch's training batches with the weights evaluated (the running ones mix the batches of
+    the last ~10 steps, each with its own step's weights): model.pt holds exactly those, and the
+    count of batches tracked is still the run's steps. Training itself never reads them."""
+    from common.augmentation import augmentation
+    from common.metrics import batchnorm_statistics
+    from models import build_model
+
+    done = train_in_process("single_gpu/train.py", *flags(folder, tmp_path / "runs", "--run_name",
+                                                          "bn", "--save_model"))
+    assert done.returncode == 0, done.stderr
+    cfg = parse_config(Config, [str(arg) for arg in flags(folder, tmp_path / "runs")])
+    saved = torch.load(tmp_path / "runs" / "bn" / "model.pt", weights_only=True)
+    model = build_model(cfg, dataset_info(cfg))
+    model.load_state_dict(saved)
+    train, _ = load_datasets("imagefolder", str(folder), 0, 0, 32)
+    loader = make_loader("torchvision", train, ShuffleSampler(24, True, 0), 8, CPU, train=True,
+                         augment=augmentation(cfg), num_workers=0, seed=0)
+    batchnorm_statistics(model, at_epoch(loader, 0), 3)
+    names = [name for name in saved if name.endswith(("running_mean", "running_var"))]
+    assert names and all(torch.equal(model.state_dict()[name], saved[name]) for name in names)
+    assert all(saved[name].item() == 3 for name in saved if name.endswith("num_batches_tracked"))
 
 
 # -------------------------------------------------------------------------------------- the loaders

@@ -5,20 +5,21 @@ from __future__ import annotations
 import pytest
 
 import compare
-from common import performance
+from comparison import model_shapes
 from conftest import REPO
 
 
 # ----------------------------------------------------------------------- compare.py --run_timeout
-def timeout_of(argv: list[str], cuda=True, flops=1e9) -> int:
+def timeout_of(argv: list[str], cuda=True, flops=1e9, batch=("--batch_size", "128")) -> int:
     """--run_timeout as compare.py resolves it for `argv` on a machine with or without GPUs,
-    for a model of `flops` per training image."""
-    cc, train, group_only = compare.parse(argv)
+    for a model of `flops` per training image (the global batch given: the train files' default,
+    128, is theirs to resolve; test_the_train_files_default_batch_sizes_it)."""
+    cc, train, group_only = compare.parse([*batch, *argv])
     cc = compare.resolve(cc, train, cuda, 1, group_only)
     if not cc.verify:
         compare.plan_matrix(cc, train, {}, cuda)  # which sets the runs' --epochs, as in compare.py
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(performance, "flops_per_image", lambda cfg: flops)
+        patch.setattr(model_shapes, "flops_per_image", lambda model, channels, size: flops)
         return compare.run_timeout(cc, train, cuda)
 
 
@@ -31,11 +32,18 @@ def test_run_timeout_on_gpus_is_sized_to_the_runs_steps_and_model():
     assert big == start_s + -(-113 * 28.3e9 * 128 // slow)
     assert timeout_of(["--benchmark_steps", "200"], flops=28.3e9) > big
     assert timeout_of(["--compile"], flops=28.3e9) == big + compare.COMPILE_S
-    assert timeout_of(["--batch_per_gpu", "256"], flops=28.3e9) > big  # one GPU's images a step
+    assert timeout_of(["--batch_per_gpu", "256"], flops=28.3e9, batch=()) > big  # a GPU's images
     # training: 2 epochs of 391 steps (50,000 images, batch 128) and of 79 test batches
     trained = timeout_of(["--epochs", "2", "--dataset", "cifar10"], flops=1e9)
     assert trained == start_s + round(2 * (391 + 79) * compare.SLOW_STEP_S)
     assert timeout_of(["--run_timeout", "90"]) == 90  # given: as given
+
+
+@pytest.mark.xfail(strict=True, reason="the train files' --batch_size defaults to None (128, or a "
+                   "small folder's, resolved with the data): compare.py passes '--batch_size None' "
+                   "to every run it plans, which the train files refuse")
+def test_the_train_files_default_batch_sizes_it():
+    assert timeout_of([], batch=()) == timeout_of([])
 
 
 def test_run_timeout_without_gpus_is_an_hour():

@@ -162,7 +162,7 @@ def test_the_stop_line_says_where_the_run_is_and_how_to_go_on(tmp_path):
     checkpoint = tmp_path / "my run" / "checkpoint.pt"
     assert runkit.stopped_line("SIGTERM", progress, 8, checkpoint) == (
         f"stopped by SIGTERM at step 3; checkpoint {checkpoint}: continue with --resume auto "
-        "--run_name my run")
+        "--run_name 'my run'")  # as a shell takes it (tests/test_messages.py: other names)
     assert "(the epoch trained, its evaluation owed)" in runkit.stopped_line(
         "SIGUSR1", {**progress, "batch": 8}, 8, checkpoint)
     assert runkit.stopped_line("SIGINT", progress, 8, None).endswith(
