@@ -420,8 +420,12 @@ def commands_of_block(lines: list[str], first: int, page: str, folder: Path) -> 
 
 
 def words_of(text: str) -> list[str]:
-    """`text` as a shell splits it, its comment left out, a <placeholder> one word."""
-    return shlex.split(PLACEHOLDER.sub("X", text), comments=True)
+    """`text` as a shell splits it, its comment left out, a <placeholder> one word; prose in a
+    code span (`the rate's schedule`) at its spaces."""
+    try:
+        return shlex.split(PLACEHOLDER.sub("X", text), comments=True)
+    except ValueError:  # no closing quotation: an apostrophe
+        return PLACEHOLDER.sub("X", text).split()
 
 
 def split_commands(words: list[str]) -> list[list[str]]:
