@@ -18,7 +18,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-# A tiny model on a small synthetic set: a run takes seconds on two CPU cores.
+# A tiny model on a small synthetic set: 8 steps of 32 images an epoch, a window every 4 steps,
+# 51 test images; a run takes seconds on two CPU cores.
 TINY = ["--dataset", "synthetic", "--synthetic_size", "256", "--depth", "8", "--alpha", "12",
         "--batch_size", "32", "--epochs", "1", "--log_interval", "4", "--warmup_steps", "1",
         "--num_workers", "0"]

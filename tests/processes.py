@@ -18,14 +18,7 @@ from pathlib import Path
 import pytest
 
 import runkit
-from conftest import REPO, free_port
-
-# A tiny model on a small synthetic set: 8 steps of 32 images an epoch, a window every 4 steps,
-# 51 test images; a run takes seconds on two CPU cores.
-TINY = ["--dataset", "synthetic", "--synthetic_size", "256", "--depth", "8", "--alpha", "12",
-        "--batch_size", "32", "--epochs", "1", "--log_interval", "4", "--warmup_steps", "1",
-        "--num_workers", "0"]
-MODES = ("single_gpu", "data_parallel", "dist_parallel", "fsdp")
+from conftest import MODES, REPO, TINY, free_port  # noqa: F401 (TINY, MODES: the tests' too)
 # one intra-op thread a process: the suite runs a file a core, and bit-for-bit comparisons must
 # not hang on the thread count (it changes the order of a convolution's sums)
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
