@@ -512,8 +512,6 @@ def test_world_size_without_rank_is_refused(monkeypatch, tmp_path):
     assert_refused(done, "WORLD_SIZE", "RANK")
 
 
-@pytest.mark.xfail(strict=True, reason="the self-launch passes PET_NNODES=2 to torchrun's own "
-                   "parser: its standalone agent waits for a second node, silent, until killed")
 def test_the_self_launch_in_a_job_of_two_nodes_is_refused_not_left_hanging(monkeypatch, tmp_path):
     """`python dist_parallel/train.py --nproc_per_node 2` in a pod of a two-node Kubeflow job
     (PET_NNODES=2, as its torch plugin sets it): one line at once, no worker started."""
