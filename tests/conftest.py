@@ -117,6 +117,8 @@ def refuse_in_process(script: str, *args) -> subprocess.CompletedProcess:
                 finally:
                     if dist.is_initialized():
                         dist.destroy_process_group()
+                    while module.runkit._held:  # the run folder's lock, held until a process ends
+                        module.runkit._held.pop().close()
         except SystemExit as exit_:
             code = exit_.code
     return subprocess.CompletedProcess([script, *argv], code or 0, out.getvalue(),
