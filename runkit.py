@@ -255,7 +255,8 @@ def check_image_folder(root: Path) -> None:
     empty = next((split / name for split in splits for name in classes[0] if not any(
         path.suffix.lower() in IMAGES for path in (split / name).rglob("*"))), None)
     if empty is not None:
-        raise UsageError(f"--dataset imagefolder: {empty} holds no image ({', '.join(IMAGES)})")
+        raise UsageError(f"--dataset imagefolder: {empty} holds no image ({', '.join(IMAGES)}): "
+                         "put images in it, or remove it")
 
 
 def folder_record(root: Path) -> str:

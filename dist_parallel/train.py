@@ -312,7 +312,6 @@ def train_one_epoch(run, epoch: int) -> None:
         run.scaler.scale(loss).backward()  # fp16: scaled up so that small gradients survive
         run.scaler.step(run.optimizer)  # unscaled first; skipped if a gradient overflowed
         run.scaler.update()
-        run.scheduler.step()
         run.sums += torch.stack([loss.detach() * len(labels), (logits.argmax(1) == labels).sum(),
                                  torch.tensor(len(labels), device=run.device)])  # no sync
         run.timer.step_done()
@@ -321,7 +320,8 @@ def train_one_epoch(run, epoch: int) -> None:
         last = progress["batch"] == len(run.train_loader) or 0 < args.max_steps <= progress["step"]
         due = args.checkpoint_interval and progress["step"] % args.checkpoint_interval == 0
         if progress["step"] % args.log_interval == 0 or last or due:  # a checkpoint ends a window
-            log_window(run, epoch)
+            log_window(run, epoch)  # train/lr: the rate this step trained with
+        run.scheduler.step()  # the next step's rate
         if last or run.stop:
             return
         if due:
