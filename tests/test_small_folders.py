@@ -57,7 +57,7 @@ def one_line(done, code: int = 2) -> str:
     return lines[0]
 
 
-def test_a_folder_smaller_than_the_default_batch_trains_on_one_that_fits(folder, tmp_path):
+# ------------------------------------------------------------------------------ the batch, the rate
 def test_a_folder_smaller_than_the_default_batch_trains_on_a_batch_it_fits(folder, tmp_path):
     """24 training images: the default 128 halved until an epoch has 4 steps (4 images, 6 steps),
     said in the first line; an explicit batch larger than the folder is refused in one line."""
