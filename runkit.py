@@ -90,10 +90,29 @@ class ArgumentParser(argparse.ArgumentParser):
     """Mistakes in one line; --help: the docstring as written, the defaults; no abbreviations."""
 
     class Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-        pass
+        def _get_help_string(self, action) -> str:
+            """A default shown where it says something: not None, not a switch's off, not one
+            the help states; a --flag/--no-flag pair on by default says so."""
+            text = (action.help or "").replace(" (default: %(default)s)", "")  # Python < 3.13's
+            if isinstance(action, argparse.BooleanOptionalAction) and action.default:
+                return f"{text} (on by default)".lstrip()
+            if not ArgumentParser.shows_default(action) or "default" in text:
+                return text
+            return f"{text} (default: %(default)s)".lstrip()
+
+    @staticmethod
+    def shows_default(action) -> bool:
+        return action.default not in (None, argparse.SUPPRESS) and \
+            not isinstance(action.default, bool)
 
     def __init__(self, **kwargs):
         super().__init__(formatter_class=self.Help, allow_abbrev=False, **kwargs)
+
+    def add_argument(self, *args, **kwargs):
+        action = super().add_argument(*args, **kwargs)
+        if action.help is None and self.shows_default(action):  # a flag without help: its default
+            action.help = "(default: %(default)s)"
+        return action
 
     def error(self, message: str):
         if message.endswith("expected one argument"):  # -e alone, or a value that starts with -

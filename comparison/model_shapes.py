@@ -242,13 +242,13 @@ CONTAINERS = (nn.Sequential, nn.ModuleList)
 def repeated_blocks(model: nn.Module) -> list[nn.Module]:
     """The blocks FSDP shards one at a time, as fsdp/train.py finds them: the children of the
     model's Sequentials and ModuleLists that hold weights, are no such container themselves, and
-    whose class is repeated (PyramidNet's and ResNet's residual blocks, ViT's encoder layers). A
-    block inside another (fsdp/train.py shards ViT's MLP layers too) is counted in the outer one,
-    the unit that gathers it. [] where nothing repeats: the model is then one unit, the root."""
+    whose class is repeated among those inside no other (PyramidNet's and ResNet's residual blocks,
+    ViT's encoder layers, not its head). [] where nothing repeats: the model is then one unit,
+    the root."""
     children = [child for module in model.modules() if isinstance(module, CONTAINERS)
                 for child in module.children() if next(child.parameters(), None) is not None
                 and not isinstance(child, CONTAINERS)]
-    kinds = [type(child) for child in children]
-    blocks = [child for child in children if kinds.count(type(child)) > 1]
-    inside = {id(sub) for block in blocks for sub in block.modules() if sub is not block}
-    return [block for block in blocks if id(block) not in inside]
+    inside = {id(sub) for child in children for sub in child.modules() if sub is not child}
+    outer = [child for child in children if id(child) not in inside]  # those inside no other
+    kinds = [type(child) for child in outer]  # a class repeated only inside blocks is no block
+    return [child for child in outer if kinds.count(type(child)) > 1]

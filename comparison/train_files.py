@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 MODES = ("single_gpu", "data_parallel", "dist_parallel", "fsdp")
 # a process group of one process per GPU, started under torchrun
 GROUP_MODES = ("dist_parallel", "fsdp")
+DEFAULT_BATCH = 128  # the global batch of a run given no --batch_size (its --help says so)
 
 
 def script(mode: str) -> Path:
@@ -44,12 +45,16 @@ def parse(mode: str, argv: list[str]) -> argparse.Namespace:
     quiet = io.StringIO()
     try:
         with contextlib.redirect_stderr(quiet), contextlib.redirect_stdout(quiet):
-            return module.get_args([str(arg) for arg in argv])
+            args = module.get_args([str(arg) for arg in argv])
     except module.runkit.UsageError as refusal:
         raise UsageError(str(refusal).removesuffix(" (see --help)")) from None
     except SystemExit:  # --help, or a parser that exits on its own
         raise UsageError(f"{mode}/train.py refused {' '.join(map(str, argv))}: "
                          f"{quiet.getvalue().strip().splitlines()[-1:]}") from None
+    # a run given no --batch_size takes the default itself (halved for a small image folder);
+    # the comparison passes every run its global batch, so it counts with the default
+    args.batch_size = args.batch_size or DEFAULT_BATCH
+    return args
 
 
 @functools.cache

@@ -142,6 +142,7 @@ def setup(args) -> torch.device:
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.set_device(device)  # a GPU a process, before the group: NCCL binds to it
+    # robustness: a launch that cannot work, refused in one line before the group forms
     runkit.refuse_if([(args.sync_bn and not cuda, "--sync_bn needs GPUs (SyncBatchNorm refuses "
                        "CPU modules)"), (args.backend == "nccl" and not cuda, "--backend nccl "
                        "needs GPUs: give --backend gloo"), (args.compile and args.bucket_cap_mb < 1,
@@ -299,6 +300,8 @@ def train_one_epoch(run, epoch: int) -> None:
     """One pass over the training set (what a resumed epoch has left of it), up to --max_steps, or
     to the window where a stop signal is seen; the host syncs only at a window's end."""
     args, progress = run.args, run.progress
+    if 0 < args.max_steps <= progress["step"]:  # resumed at --max_steps: only its evaluation left
+        return
     if epoch != progress["epoch"]:  # a new epoch, from its first batch
         progress.update(epoch=epoch, batch=0)
     run.model.train()
@@ -342,6 +345,7 @@ def epoch_batches(loader: DataLoader, epoch: int, progress: dict):
 
 def log_window(run, epoch: int) -> None:
     """Read the window's sums (one host sync), report them, take note of a stop signal."""
+    # robustness: this rank's stop vote travels with the window's sums
     sums = torch.cat([run.sums, run.sums.new_tensor(run.timer.window() + vote(run.signals))])
     dist.all_reduce(sums)  # every rank's sums added up, and its stop vote (robustness)
     sums[3:6] /= dist.get_world_size()  # every rank timed the same steps: their mean
@@ -426,6 +430,7 @@ def main(argv=None) -> int:
     torch.manual_seed(args.seed)  # the same weights in every mode
     model, raw_model, flops = get_model(args, classes, device)
     optimizer, scheduler, scaler = get_optimizer(args, raw_model, device, len(train_loader))
+    # robustness: rank 0 claims the folder; its refusal ends every rank
     run_dir = on_rank_0(runkit.claim_run_folder, folder, args.resume, args.overwrite)
     gpus = [device.index] if device.type == "cuda" else []
     last = min(args.epochs * len(train_loader), args.max_steps or math.inf)  # the run's last step
@@ -490,6 +495,7 @@ def main(argv=None) -> int:
                        **run.log.last_test)
         peaks = [None] * dist.get_world_size()  # each rank's GPU's peak memory, by rank
         dist.all_gather_object(peaks, runkit.peak_memory_gb(gpus))
+        # telemetry: whether the ranks ended with rank 0's weights, in results.json
         run.log.results(summary, mode=MODE, world_size=dist.get_world_size(), **in_sync(raw_model),
                         peak_mem_gb_per_gpu={r: p for r, own in enumerate(peaks)
                                              for p in own.values()})

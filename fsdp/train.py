@@ -151,6 +151,7 @@ def setup(args) -> torch.device:
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.set_device(device)  # a GPU a process, before the group: NCCL binds to it
+    # robustness: a launch that cannot work, refused in one line before the group forms
     runkit.refuse_if([(args.backend == "nccl" and not cuda, "--backend nccl "
                        "needs GPUs: give --backend gloo"), (args.compile_mode in (
                        "reduce-overhead", "max-autotune"), "CUDA graphs cannot keep FSDP2's "
@@ -316,6 +317,8 @@ def train_one_epoch(run, epoch: int) -> None:
     """One pass over the training set (what a resumed epoch has left of it), up to --max_steps, or
     to the window where a stop signal is seen; the host syncs only at a window's end."""
     args, progress = run.args, run.progress
+    if 0 < args.max_steps <= progress["step"]:  # resumed at --max_steps: only its evaluation left
+        return
     if epoch != progress["epoch"]:  # a new epoch, from its first batch
         progress.update(epoch=epoch, batch=0)
     run.model.train()
@@ -359,6 +362,7 @@ def epoch_batches(loader: DataLoader, epoch: int, progress: dict):
 
 def log_window(run, epoch: int) -> None:
     """Read the window's sums (one host sync), report them, take note of a stop signal."""
+    # robustness: this rank's stop vote travels with the window's sums
     sums = torch.cat([run.sums, run.sums.new_tensor(run.timer.window() + vote(run.signals))])
     dist.all_reduce(sums)  # every rank's sums added up, and its stop vote (robustness)
     sums[3:6] /= dist.get_world_size()  # every rank timed the same steps: their mean
@@ -449,6 +453,7 @@ def main(argv=None) -> int:
     torch.manual_seed(args.seed)  # the same weights in every mode
     model, raw_model, flops = get_model(args, classes, device)
     optimizer, scheduler, scaler = get_optimizer(args, raw_model, device, len(train_loader))
+    # robustness: rank 0 claims the folder; its refusal ends every rank
     run_dir = on_rank_0(runkit.claim_run_folder, folder, args.resume, args.overwrite)
     gpus = [device.index] if device.type == "cuda" else []
     last = min(args.epochs * len(train_loader), args.max_steps or math.inf)  # the run's last step
@@ -514,6 +519,7 @@ def main(argv=None) -> int:
                        **run.log.last_test)
         peaks = [None] * dist.get_world_size()  # each rank's GPU's peak memory, by rank
         dist.all_gather_object(peaks, runkit.peak_memory_gb(gpus))
+        # telemetry: whether the ranks ended with rank 0's weights, in results.json
         run.log.results(summary, mode=MODE, world_size=dist.get_world_size(), **in_sync(raw_model),
                         peak_mem_gb_per_gpu={r: p for r, own in enumerate(peaks)
                                              for p in own.values()})
@@ -531,16 +537,16 @@ def main(argv=None) -> int:
 
 def repeated_blocks(model: torch.nn.Module) -> list:
     """The blocks FSDP shards one at a time: the children of the model's Sequentials and
-    ModuleLists that hold weights and whose class is repeated (PyramidNet's and ResNet's residual
-    blocks, ViT's encoder layers)."""
+    ModuleLists that hold weights, inside no other such child, whose class another of them shares
+    (PyramidNet's and ResNet's residual blocks, ViT's encoder layers, not its head)."""
     children = [child for module in model.modules()
                 if isinstance(module, (torch.nn.Sequential, torch.nn.ModuleList))
                 for child in module.children() if next(child.parameters(), None) is not None
                 and not isinstance(child, (torch.nn.Sequential, torch.nn.ModuleList))]
-    kinds = [type(child) for child in children]
-    blocks = [child for child in children if kinds.count(type(child)) > 1]
-    inner = {id(sub) for block in blocks for sub in block.modules() if sub is not block}
-    return [block for block in blocks if id(block) not in inner]  # those inside no other
+    inner = {id(sub) for child in children for sub in child.modules() if sub is not child}
+    outer = [child for child in children if id(child) not in inner]  # those inside no other
+    kinds = [type(child) for child in outer]  # a class repeated only inside blocks is no block
+    return [child for child in outer if kinds.count(type(child)) > 1]
 
 
 def as_many_batches(loader: DataLoader, device: torch.device):

@@ -84,7 +84,8 @@ def test_inductor_cannot_convert_what_dynamic_batchnorm_shapes_leave_it():
 
 
 def test_fsdp_compiles_with_static_shapes(monkeypatch):
-    """fsdp/train.py's get_model compiles with dynamic=False, on a real one-rank group."""
+    """fsdp/train.py's get_model compiles with dynamic=False, on a real one-rank group, a
+    recompile allowed for each block's width (the limit it raises is restored after)."""
     fsdp = fast.train_file("fsdp")
     calls = []
     monkeypatch.setattr(torch, "compile", lambda model, **options: calls.append(options) or model)
@@ -92,7 +93,9 @@ def test_fsdp_compiles_with_static_shapes(monkeypatch):
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         args.amp, args.channels_last, args.image_size = "off", False, 32  # setup's, data's
-        fsdp.get_model(args, 10, torch.device("cpu"))
+        with torch._dynamo.config.patch(recompile_limit=torch._dynamo.config.recompile_limit):
+            fsdp.get_model(args, 10, torch.device("cpu"))
+            assert torch._dynamo.config.recompile_limit >= 64
     finally:
         dist.destroy_process_group()
     assert calls == [{"mode": "default", "dynamic": False}]

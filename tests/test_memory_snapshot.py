@@ -50,7 +50,7 @@ def recorder(monkeypatch):
 
 def test_the_history_is_written_once_after_step_n(recorder, tmp_path):
     path = tmp_path / "memory_snapshot.pickle"
-    timer = runkit.StepTimer(torch.device("cpu"), warmup_steps=1, snapshot=(3, path))
+    timer = runkit.StepTimer(torch.device("cpu"), warmup_steps=1, step=0, snapshot=(3, path))
     assert recorder == [("record", "all")]
     for _ in timer.timed(range(5)):
         timer.step_done()
@@ -59,7 +59,7 @@ def test_the_history_is_written_once_after_step_n(recorder, tmp_path):
 
 
 def test_without_the_flag_nothing_is_recorded(recorder):
-    timer = runkit.StepTimer(torch.device("cpu"), warmup_steps=1, snapshot=0)
+    timer = runkit.StepTimer(torch.device("cpu"), warmup_steps=1, step=0, snapshot=0)
     for _ in timer.timed(range(3)):
         timer.step_done()
     timer.close()

@@ -39,8 +39,7 @@ def test_the_run_says_what_it_trains_each_window_each_test_and_where_its_results
     run_dir, done = trained
     lines = done.stdout.splitlines()
     assert lines[0] == ("single_gpu on cpu: PyramidNet-8 a=12 at 32 px, synthetic, pad crop and "
-                        "flip, global batch 32, lr 0.025, amp off, 8 steps an epoch; logs in "
-                        f"{run_dir}")
+                        f"flip, batch 32 (8 steps an epoch), amp off; logs in {run_dir}")
     windows = [WINDOW.match(line) for line in lines if line.startswith("Epoch ") and "[" in line]
     assert [(m.group(1), m.group(2)) for m in windows] == [("1", "4"), ("1", "8"), ("2", "4"),
                                                            ("2", "8")]

@@ -423,7 +423,7 @@ def test_cuda_event_timing_agrees_with_a_synchronised_host_clock():
     host's clock around synchronised steps agree within a few percent, and the host alone would
     have timed only the launches."""
     a = torch.randn(8192, 8192, device=CUDA)
-    timer = runkit.StepTimer(CUDA, warmup_steps=2)
+    timer = runkit.StepTimer(CUDA, warmup_steps=2, step=0)
     torch.cuda.synchronize()
     launch_seconds, started = 0.0, None
     for index in timer.timed(range(12)):
@@ -466,7 +466,7 @@ def test_nvml_reads_this_gpu():
 def test_peak_memory_leaves_the_warm_up_out():
     """A large buffer freed during the warm-up (as cuDNN's autotuning
     workspaces are) is not in the peak."""
-    timer = runkit.StepTimer(CUDA, warmup_steps=1)
+    timer = runkit.StepTimer(CUDA, warmup_steps=1, step=0)
     for index in timer.timed(range(3)):
         if index == 0:
             torch.empty(2 * GIB, dtype=torch.uint8, device=CUDA)  # allocated and freed at once
