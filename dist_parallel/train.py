@@ -593,8 +593,9 @@ def launch_workers(args, command: list[str] | None = None) -> int:
     os.environ["PYTORCH_MULTIGPU_SELF_LAUNCH"] = "1"  # its workers may take these two flags
     launch = get_args_parser().parse_args([
         "--standalone", f"--nproc_per_node={nproc}", f"--max-restarts={args.max_restarts}",
-        "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
         *(command or [__file__, *sys.argv[1:]])])
+    if hasattr(launch, "signals_to_handle"):  # torch 2.10+: the stop signals passed on to workers
+        launch.signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
     try:
         run(launch)
     except SignalException as stop:  # passed on to the workers, which stopped with a checkpoint
