@@ -174,17 +174,25 @@ def check_launch_environment() -> None:
     numbers = [name for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                                  "MASTER_PORT") if name in env]
     bad = next((name for name in numbers if not env[name].isdigit()), None)
+    unset = next((name for name in ("MASTER_ADDR", "MASTER_PORT") if not env.get(name)), None)
     refuse_if([(bad, f"{bad}={env.get(bad or '')!r}: a launcher sets it to a whole number; "
                 "mend it"),
                (("RANK" in env) != ("WORLD_SIZE" in env), "RANK and WORLD_SIZE go together: set "
                 "both (a process's place, the job's processes), or neither"),
-               (not env.get("MASTER_ADDR"), "MASTER_ADDR is not set: the host of rank 0, which "
-                "every process reaches (torchrun sets it)")])
-    rank, world, local = (int(env.get(name, 0)) for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
-    refuse_if([(not 0 <= rank < world, f"RANK={rank} is outside WORLD_SIZE={world}: each process "
-                "a place from 0 to WORLD_SIZE-1"),
-               (local >= int(env.get("LOCAL_WORLD_SIZE", world)), f"LOCAL_RANK={local} is outside "
-                f"LOCAL_WORLD_SIZE={env.get('LOCAL_WORLD_SIZE')}: this node's processes")])
+               (unset, f"{unset} is not set: the host and port of rank 0, which every process "
+                "reaches (torchrun sets them)")])
+    rank, world, local, port = (int(env.get(name, 0)) for name in (
+        "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"))
+    node = "LOCAL_WORLD_SIZE" if "LOCAL_WORLD_SIZE" in env else "WORLD_SIZE"  # one node without it
+    processes = int(env.get(node, 1))
+    refuse_if([(world < 1, f"WORLD_SIZE={world}: the job's processes, 1 or more"),
+               (processes < 1, f"LOCAL_WORLD_SIZE={processes}: this node's processes, 1 or more"),
+               (not 0 < port < 2**16, f"MASTER_PORT={port}: rank 0's port, which every process "
+                "reaches, from 1 to 65535 (torchrun's default: 29500)"),
+               (rank >= world, f"RANK={rank} is outside WORLD_SIZE={world}: each process a place "
+                "from 0 to WORLD_SIZE-1"),
+               (local >= processes, f"LOCAL_RANK={local} is outside {node}={processes}: this "
+                "node's processes")])
 
 
 GROUP_WORDS = ("closed by peer", "connection reset", "broken pipe", "timed out", "timeout",
