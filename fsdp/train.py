@@ -645,7 +645,9 @@ def launch_workers(args, command: list[str] | None = None) -> int:
 
     nodes = os.environ.get("PET_NNODES", "1")  # torchrun's --nnodes, from a cluster's operator
     runkit.refuse_if([(nodes not in ("1", "1:1"), f"PET_NNODES={nodes}: `python train.py` starts "
-                       "the workers of one node; on several, run torchrun on each node")])
+                       "the workers of one node; on several, run torchrun on each node"),
+                      ("WORLD_SIZE" in os.environ, "WORLD_SIZE is set and RANK is not: set both "
+                       "(a launcher's worker), or neither for `python train.py` to start its own")])
     gpus = len(args.gpu_devices or range(torch.cuda.device_count()))
     nproc = args.nproc_per_node or gpus or 1
     if gpus and nproc > gpus:
