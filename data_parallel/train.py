@@ -114,6 +114,10 @@ def get_args(argv=None) -> argparse.Namespace:
 # -------------------------------------------------------------------------------------------- setup
 def setup(args) -> torch.device:
     """The device to train on (its GPU, or the CPU), and the fast path's defaults for it."""
+    world = os.environ.get("WORLD_SIZE", "")  # a launcher's (torchrun): the job's processes
+    runkit.refuse_if([(world.isdigit() and int(world) > 1, f"WORLD_SIZE={world}: {MODE}/train.py "
+                       "is one process, and each of a launcher's would train the whole model "
+                       "alone: run dist_parallel/train.py under it")])
     args.gpu_devices = args.gpu_devices or list(range(torch.cuda.device_count()))  # every GPU
     device = runkit.cuda_device((args.gpu_devices or [0])[0])  # the batches and master weights
     cuda = device.type == "cuda"

@@ -550,8 +550,6 @@ def test_torchrun_with_the_self_launchs_flags_is_refused_once(tmp_path):
 
 
 @pytest.mark.parametrize("script", [SINGLE, DATA])
-@pytest.mark.xfail(strict=True, reason="single_gpu and data_parallel do not look at the launcher's "
-                   "variables: under torchrun each worker trains the whole model")
 def test_a_one_process_mode_started_by_torchrun_is_refused(monkeypatch, tmp_path, script):
     """`torchrun --nproc_per_node 2 single_gpu/train.py`: each process would train the whole model
     alone, into one run folder. A worker of such a launch (in this process, with the variables
