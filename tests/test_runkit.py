@@ -178,12 +178,14 @@ def test_the_stop_line_says_where_the_run_is_and_how_to_go_on(tmp_path):
     ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"},
      "LOCAL_RANK=2 is outside LOCAL_WORLD_SIZE=2"),
     ({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": ""}, "MASTER_ADDR is not set"),
+    ({"RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": "65536"}, "MASTER_PORT=65536"),
 ])
 def test_a_launchers_variable_no_process_could_run_with_is_named(monkeypatch, env, named):
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT",
                  "TORCHELASTIC_RESTART_COUNT"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     with pytest.raises(runkit.UsageError) as refused:
