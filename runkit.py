@@ -235,8 +235,9 @@ def workers(given: int | None) -> int:
     own), or the process's share of the cores less one for itself, at most 4."""
     cores, processes = len(os.sched_getaffinity(0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     if given is not None and given > 2 * cores:
-        raise UsageError(f"-j {given}: {processes} process(es) on {cores} cores can run about "
-                         f"{cores // processes} workers each: give at most {2 * cores}")
+        each = f" for each of {plural(processes, 'process')}" * (processes > 1)
+        raise UsageError(f"-j {given}: {plural(cores, 'core')} can run about "
+                         f"{plural(cores // processes, 'worker')}{each}: give at most {2 * cores}")
     return given if given is not None else max(0, min(4, cores // processes - 1))
 
 
@@ -483,8 +484,13 @@ def read_weights_only(path) -> object:
         return torch.load(path, map_location="cpu", weights_only=True)
 
 
+def plural(number: int, noun: str) -> str:
+    """"1 worker", "2 workers", "2 processes": a count as a sentence says it."""
+    return f"{number} {noun}{('es' if noun.endswith('s') else 's') * (number != 1)}"
+
+
 def images(count: int) -> str:
-    return f"{count} image{'s' * (count != 1)}"
+    return plural(count, "image")
 
 
 def load_weights(path: str, load) -> None:

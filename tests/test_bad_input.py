@@ -662,8 +662,6 @@ def test_an_unreadable_image_is_refused_by_a_real_process_before_anything_is_wri
 
 
 # --------------------------------------------------------------------------------------- counting
-@pytest.mark.xfail(strict=True, reason="-j's refusal says '1 process(es) on 2 cores can run about "
-                   "2 workers each' (and '1 workers' with two processes)")
 def test_a_count_is_said_in_words(refusals):
     """A refusal's counts read as a sentence does: "1 process", "2 processes", never "(es)"."""
     lines = {case: message_lines(done.stderr) for case, done in refusals[0].items()}
