@@ -222,7 +222,6 @@ def group_failure_in_one_line():
 def cuda_device(index: int) -> torch.device:
     """cuda:<index>, or the CPU on a machine without CUDA."""
     if not torch.cuda.is_available():
-        print("warning: no CUDA GPU found: running on the CPU", file=sys.stderr)
         return torch.device("cpu")
     if index >= torch.cuda.device_count():
         raise UsageError(f"--gpu_devices: there is no GPU {index} (GPUs 0-"
@@ -660,6 +659,10 @@ class RunLog:
     def line(self, text: str) -> None:
         if self.run_dir is not None:
             print(text, flush=True)
+
+    def warn(self, text: str) -> None:
+        if self.run_dir is not None:
+            print(f"warning: {text}", file=sys.stderr, flush=True)
 
     def scalars(self, step: int, values: dict) -> None:
         if self.writer is not None:

@@ -466,6 +466,8 @@ def main(argv=None) -> int:
         sums=torch.zeros(3, dtype=torch.float64, device=device),  # the window's, on the device
         progress=dict(epoch=0, batch=0, step=0, best_acc=None, best_epoch=None, tested_step=None))
     try:
+        if device.type == "cpu":  # said once the refusals are behind: a refusal is its line alone
+            run.log.warn("no CUDA GPU found: running on the CPU")
         if checkpoint is not None:
             restore(run, checkpoint)
             longer = f"; --epochs {trained} made {args.epochs}, the rate's schedule with it" * (
