@@ -260,6 +260,8 @@ def train_one_epoch(run, epoch: int) -> None:
     """One pass over the training set (what a resumed epoch has left of it), up to --max_steps, or
     to the window where a stop signal is seen; the host syncs only at a window's end."""
     args, progress = run.args, run.progress
+    if 0 < args.max_steps <= progress["step"]:  # resumed at --max_steps: its evaluation is owed
+        return
     if epoch != progress["epoch"]:  # a new epoch, from its first batch
         progress.update(epoch=epoch, batch=0)
     run.model.train()
