@@ -7,6 +7,7 @@ best_acc, best_epoch and tested_step: what a checkpoint keeps of the loop.
     UsageError, RunError, one_line_errors      ... and a run that failed (RunError: exit 1)
     StopSignals, stopped_line                  SIGTERM/INT/HUP/USR1: stop at the next window
     cuda_device, workers                       the GPU or the CPU; DataLoader workers that fit
+    leave_stops_to_main                        ... which leave a stop signal to their run
     check_image_folder, synthetic_images       an image folder refused in one line; offline data
     Augmented(dataset, transform, seed)        each image's crop drawn from (seed, epoch, index)
     claim_run_folder(folder, resume, ...)      the run's folder, made or continued, locked
@@ -27,6 +28,7 @@ import fcntl
 import hashlib
 import json
 import math
+import multiprocessing
 import os
 import platform
 import secrets
@@ -238,6 +240,23 @@ def workers(given: int | None) -> int:
         raise UsageError(f"-j {given}: {plural(cores, 'core')} can run about "
                          f"{plural(cores // processes, 'worker')}{each}: give at most {2 * cores}")
     return given if given is not None else max(0, min(4, cores // processes - 1))
+
+
+def leave_stops_to_main(worker_id: int) -> None:
+    """A DataLoader's worker_init_fn. Ctrl-C signals a terminal's whole group, SLURM and a
+    container's stop every process: a worker ignores the stop signals, and its main process stops
+    at its next window. It still ends on its main process's SIGTERM: how a DataLoader ends it."""
+    for number in (signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+        signal.signal(number, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # waited for below, by sender
+    main = multiprocessing.parent_process().pid
+
+    def end_on_the_main_processs_sigterm():
+        while signal.sigwaitinfo({signal.SIGTERM}).si_pid != main:
+            pass
+        os._exit(0)  # as torch's own handler ends a worker on it
+
+    threading.Thread(target=end_on_the_main_processs_sigterm, daemon=True).start()
 
 
 # ------------------------------------------------------------------------------------------- data

@@ -207,7 +207,8 @@ def get_loaders(args, train_set, test_set, device: torch.device):
     train_set = runkit.Augmented(train_set, T.Compose([*crop, *flip, *tensor]), args.seed)
     test_set = runkit.Augmented(test_set, T.Compose([*test, *tensor]), args.seed)
     sampler = DistributedSampler(train_set, shuffle=args.shuffle, seed=args.seed)  # rank's share
-    options = dict(num_workers=args.num_workers, pin_memory=device.type == "cuda")
+    options = dict(num_workers=args.num_workers, pin_memory=device.type == "cuda",
+                   worker_init_fn=runkit.leave_stops_to_main)  # a stop signal: the run's to take
     batch = args.batch_size // dist.get_world_size()  # the global batch, split over the ranks
     train_loader = DataLoader(train_set, batch, sampler=sampler, drop_last=True, **options)
     shard = range(dist.get_rank(), len(test_set), dist.get_world_size())  # no image twice
@@ -339,7 +340,8 @@ def epoch_batches(loader: DataLoader, epoch: int, progress: dict):
         return loader
     rest = list(loader.sampler)[progress["batch"] * loader.batch_size:]  # a sampler: any list
     return DataLoader(loader.dataset, loader.batch_size, sampler=rest, drop_last=True,
-                      num_workers=loader.num_workers, pin_memory=loader.pin_memory)
+                      num_workers=loader.num_workers, pin_memory=loader.pin_memory,
+                      worker_init_fn=loader.worker_init_fn)
 
 
 def log_window(run, epoch: int) -> None:
