@@ -131,7 +131,9 @@ def refuse_if(checks) -> None:
 # --------------------------------------------------------------------------- signals and devices
 class StopSignals:
     """SIGTERM (SLURM, torchrun, kill), SIGINT (Ctrl-C), SIGHUP (a closed terminal), SIGUSR1
-    (SLURM's warning before a time limit) set `received`: the loop stops at its next window."""
+    (SLURM's warning before a time limit) set `received`: the loop stops at its next window.
+    With `at_once` set (a run with nothing to keep) they end the process there, with the line
+    "stopped by <signal>: <at_once>" (an empty one: no line) and 128 + the signal."""
 
     NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "SIGINT", signal.SIGHUP: "SIGHUP",
              signal.SIGUSR1: "SIGUSR1"}
@@ -139,6 +141,7 @@ class StopSignals:
 
     def __init__(self):
         self.received: str | None = None
+        self.at_once: str | None = None
         self.previous = {number: signal.signal(number, self._handle) for number in self.NAMES}
 
     def _handle(self, number, frame):
@@ -147,6 +150,10 @@ class StopSignals:
         if number == signal.SIGHUP:  # the terminal is gone: a line printed there would fail
             for fd in (1, 2):
                 os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+        if self.at_once is not None:  # nothing to keep: the process ends here
+            if self.at_once:
+                print(f"stopped by {self.NAMES[number]}: {self.at_once}", flush=True)
+            raise SystemExit(self.CODES[self.NAMES[number]])
         self.received = self.received or self.NAMES[number]
 
     def restore(self) -> None:
@@ -348,8 +355,9 @@ def claim_run_folder(folder: Path, resume, overwrite: bool) -> Path:
                          f"a new --run_name, or --run_name {shlex.quote(own.name)} --log_dir "
                          f"{shlex.quote(str(own.parent))} to continue in the checkpoint's folder")
     if folder.is_dir() and not (resume or overwrite):
+        go_on = " (--resume auto continues its training)" * (folder / "checkpoint.pt").exists()
         raise UsageError(f"run folder {folder} exists already: give another --run_name, or "
-                         "--overwrite to empty it (--resume auto continues a training run)")
+                         f"--overwrite to empty it{go_on}")
     if folder.is_dir() and any(folder.iterdir()) and not (folder / MARKER).is_file():
         raise UsageError(f"{folder} is not a run folder (it has no {MARKER}): it is left as it "
                          "is; give another --run_name")

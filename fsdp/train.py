@@ -479,7 +479,8 @@ def main(argv=None) -> int:
             run.log.line(f"resumed at step {run.progress['step']} from {checkpoint['file']}"
                          f"{longer}")
         if args.evaluate:  # saved weights, evaluated alone; a signal ends it: nothing to keep
-            run.signals.restore()
+            run.signals.at_once = ("the evaluation unfinished, no results; run it again with "
+                                   "--overwrite") if is_main else ""
             runkit.load_weights(args.evaluate, lambda state: set_model_state_dict(
                 raw_model, state, options=WHOLE))  # each rank its slice
             test = evaluate(args, raw_model, test_loader, device)

@@ -404,7 +404,8 @@ def main(argv=None) -> int:
             run.log.line(f"resumed at step {run.progress['step']} from {checkpoint['file']}"
                          f"{longer}")
         if args.evaluate:  # saved weights, evaluated alone; a signal ends it: nothing to keep
-            run.signals.restore()
+            run.signals.at_once = ("the evaluation unfinished, no results; run it again with "
+                                   "--overwrite") if is_main else ""
             runkit.load_weights(args.evaluate, raw_model.load_state_dict)
             test = evaluate(args, raw_model, test_loader, device)
             run.log.line(f"{args.evaluate}: test loss {test['test_loss']:.4f} acc "

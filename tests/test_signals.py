@@ -247,9 +247,6 @@ def test_a_stop_in_fsdps_last_window_is_finished_by_its_resume(tmp_path):
 
 # ------------------------------------------------------------------------- a stopped --evaluate
 @pytest.mark.second_tier
-@pytest.mark.xfail(strict=True, reason="--evaluate restores the default handlers: SIGTERM kills "
-                   "it (no line, no 143), and the same command again is refused with a line that "
-                   "offers --resume auto, which --evaluate refuses")
 def test_an_evaluation_stopped_by_sigterm_says_so_and_the_command_it_offers_evaluates(tmp_path):
     """SIGTERM during --evaluate's third batch: one line, exit 143, no results; the same command
     again is refused with a line that offers --overwrite and not --resume (which --evaluate
