@@ -7,6 +7,7 @@ best_acc, best_epoch and tested_step: what a checkpoint keeps of the loop.
     UsageError, RunError, one_line_errors      ... and a run that failed (RunError: exit 1)
     StopSignals, stopped_line                  SIGTERM/INT/HUP/USR1: stop at the next window
     cuda_device, workers                       the GPU or the CPU; DataLoader workers that fit
+    leave_stops_to_main                        ... which leave a stop signal to their run
     check_image_folder, synthetic_images       an image folder refused in one line; offline data
     Augmented(dataset, transform, seed)        each image's crop drawn from (seed, epoch, index)
     claim_run_folder(folder, resume, ...)      the run's folder, made or continued, locked
@@ -27,6 +28,7 @@ import fcntl
 import hashlib
 import json
 import math
+import multiprocessing
 import os
 import platform
 import secrets
@@ -148,7 +150,9 @@ def refuse_if(checks) -> None:
 # --------------------------------------------------------------------------- signals and devices
 class StopSignals:
     """SIGTERM (SLURM, torchrun, kill), SIGINT (Ctrl-C), SIGHUP (a closed terminal), SIGUSR1
-    (SLURM's warning before a time limit) set `received`: the loop stops at its next window."""
+    (SLURM's warning before a time limit) set `received`: the loop stops at its next window.
+    With `at_once` set (a run with nothing to keep) they end the process there, with the line
+    "stopped by <signal>: <at_once>" (an empty one: no line) and 128 + the signal."""
 
     NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "SIGINT", signal.SIGHUP: "SIGHUP",
              signal.SIGUSR1: "SIGUSR1"}
@@ -156,6 +160,7 @@ class StopSignals:
 
     def __init__(self):
         self.received: str | None = None
+        self.at_once: str | None = None
         self.previous = {number: signal.signal(number, self._handle) for number in self.NAMES}
 
     def _handle(self, number, frame):
@@ -164,6 +169,10 @@ class StopSignals:
         if number == signal.SIGHUP:  # the terminal is gone: a line printed there would fail
             for fd in (1, 2):
                 os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+        if self.at_once is not None:  # nothing to keep: the process ends here
+            if self.at_once:
+                print(f"stopped by {self.NAMES[number]}: {self.at_once}", flush=True)
+            raise SystemExit(self.CODES[self.NAMES[number]])
         self.received = self.received or self.NAMES[number]
 
     def restore(self) -> None:
@@ -193,17 +202,25 @@ def check_launch_environment() -> None:
     numbers = [name for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                                  "MASTER_PORT") if name in env]
     bad = next((name for name in numbers if not env[name].isdigit()), None)
+    unset = next((name for name in ("MASTER_ADDR", "MASTER_PORT") if not env.get(name)), None)
     refuse_if([(bad, f"{bad}={env.get(bad or '')!r}: a launcher sets it to a whole number; "
                 "mend it"),
                (("RANK" in env) != ("WORLD_SIZE" in env), "RANK and WORLD_SIZE go together: set "
                 "both (a process's place, the job's processes), or neither"),
-               (not env.get("MASTER_ADDR"), "MASTER_ADDR is not set: the host of rank 0, which "
-                "every process reaches (torchrun sets it)")])
-    rank, world, local = (int(env.get(name, 0)) for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
-    refuse_if([(not 0 <= rank < world, f"RANK={rank} is outside WORLD_SIZE={world}: each process "
-                "a place from 0 to WORLD_SIZE-1"),
-               (local >= int(env.get("LOCAL_WORLD_SIZE", world)), f"LOCAL_RANK={local} is outside "
-                f"LOCAL_WORLD_SIZE={env.get('LOCAL_WORLD_SIZE')}: this node's processes")])
+               (unset, f"{unset} is not set: the host and port of rank 0, which every process "
+                "reaches (torchrun sets them)")])
+    rank, world, local, port = (int(env.get(name, 0)) for name in (
+        "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"))
+    node = "LOCAL_WORLD_SIZE" if "LOCAL_WORLD_SIZE" in env else "WORLD_SIZE"  # one node without it
+    processes = int(env.get(node, 1))
+    refuse_if([(world < 1, f"WORLD_SIZE={world}: the job's processes, 1 or more"),
+               (processes < 1, f"LOCAL_WORLD_SIZE={processes}: this node's processes, 1 or more"),
+               (not 0 < port < 2**16, f"MASTER_PORT={port}: rank 0's port, which every process "
+                "reaches, from 1 to 65535 (torchrun's default: 29500)"),
+               (rank >= world, f"RANK={rank} is outside WORLD_SIZE={world}: each process a place "
+                "from 0 to WORLD_SIZE-1"),
+               (local >= processes, f"LOCAL_RANK={local} is outside {node}={processes}: this "
+                "node's processes")])
 
 
 GROUP_WORDS = ("closed by peer", "connection reset", "broken pipe", "timed out", "timeout",
@@ -233,7 +250,6 @@ def group_failure_in_one_line():
 def cuda_device(index: int) -> torch.device:
     """cuda:<index>, or the CPU on a machine without CUDA."""
     if not torch.cuda.is_available():
-        print("warning: no CUDA GPU found: running on the CPU", file=sys.stderr)
         return torch.device("cpu")
     if index >= torch.cuda.device_count():
         raise UsageError(f"--gpu_devices: there is no GPU {index} (GPUs 0-"
@@ -246,9 +262,27 @@ def workers(given: int | None) -> int:
     own), or the process's share of the cores less one for itself, at most 4."""
     cores, processes = len(os.sched_getaffinity(0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     if given is not None and given > 2 * cores:
-        raise UsageError(f"-j {given}: {processes} process(es) on {cores} cores can run about "
-                         f"{cores // processes} workers each: give at most {2 * cores}")
+        each = f" for each of {plural(processes, 'process')}" * (processes > 1)
+        raise UsageError(f"-j {given}: {plural(cores, 'core')} can run about "
+                         f"{plural(cores // processes, 'worker')}{each}: give at most {2 * cores}")
     return given if given is not None else max(0, min(4, cores // processes - 1))
+
+
+def leave_stops_to_main(worker_id: int) -> None:
+    """A DataLoader's worker_init_fn. Ctrl-C signals a terminal's whole group, SLURM and a
+    container's stop every process: a worker ignores the stop signals, and its main process stops
+    at its next window. It still ends on its main process's SIGTERM: how a DataLoader ends it."""
+    for number in (signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+        signal.signal(number, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # waited for below, by sender
+    main = multiprocessing.parent_process().pid
+
+    def end_on_the_main_processs_sigterm():
+        while signal.sigwaitinfo({signal.SIGTERM}).si_pid != main:
+            pass
+        os._exit(0)  # as torch's own handler ends a worker on it
+
+    threading.Thread(target=end_on_the_main_processs_sigterm, daemon=True).start()
 
 
 # ------------------------------------------------------------------------------------------- data
@@ -340,8 +374,9 @@ def claim_run_folder(folder: Path, resume, overwrite: bool) -> Path:
                          f"a new --run_name, or --run_name {shlex.quote(own.name)} --log_dir "
                          f"{shlex.quote(str(own.parent))} to continue in the checkpoint's folder")
     if folder.is_dir() and not (resume or overwrite):
+        go_on = " (--resume auto continues its training)" * (folder / "checkpoint.pt").exists()
         raise UsageError(f"run folder {folder} exists already: give another --run_name, or "
-                         "--overwrite to empty it (--resume auto continues a training run)")
+                         f"--overwrite to empty it{go_on}")
     if folder.is_dir() and any(folder.iterdir()) and not (folder / MARKER).is_file():
         raise UsageError(f"{folder} is not a run folder (it has no {MARKER}): it is left as it "
                          "is; give another --run_name")
@@ -494,8 +529,13 @@ def read_weights_only(path) -> object:
         return torch.load(path, map_location="cpu", weights_only=True)
 
 
+def plural(number: int, noun: str) -> str:
+    """"1 worker", "2 workers", "2 processes": a count as a sentence says it."""
+    return f"{number} {noun}{('es' if noun.endswith('s') else 's') * (number != 1)}"
+
+
 def images(count: int) -> str:
-    return f"{count} image{'s' * (count != 1)}"
+    return plural(count, "image")
 
 
 def load_weights(path: str, load) -> None:
@@ -665,6 +705,10 @@ class RunLog:
     def line(self, text: str) -> None:
         if self.run_dir is not None:
             print(text, flush=True)
+
+    def warn(self, text: str) -> None:
+        if self.run_dir is not None:
+            print(f"warning: {text}", file=sys.stderr, flush=True)
 
     def scalars(self, step: int, values: dict) -> None:
         if self.writer is not None:

@@ -114,6 +114,10 @@ def get_args(argv=None) -> argparse.Namespace:
 # -------------------------------------------------------------------------------------------- setup
 def setup(args) -> torch.device:
     """The device to train on (its GPU, or the CPU), and the fast path's defaults for it."""
+    world = os.environ.get("WORLD_SIZE", "")  # a launcher's (torchrun): the job's processes
+    runkit.refuse_if([(world.isdigit() and int(world) > 1, f"WORLD_SIZE={world}: {MODE}/train.py "
+                       "is one process, and each of a launcher's would train the whole model "
+                       "alone: run dist_parallel/train.py under it")])
     args.gpu_devices = args.gpu_devices or list(range(torch.cuda.device_count()))  # every GPU
     device = runkit.cuda_device((args.gpu_devices or [0])[0])  # the batches and master weights
     cuda = device.type == "cuda"
@@ -174,7 +178,8 @@ def get_loaders(args, train_set, test_set, device: torch.device):
     train_set = runkit.Augmented(train_set, T.Compose([*crop, *flip, *tensor]), args.seed)
     test_set = runkit.Augmented(test_set, T.Compose([*test, *tensor]), args.seed)
     sampler = RandomSampler(train_set, generator=torch.Generator()) if args.shuffle else None
-    options = dict(num_workers=args.num_workers, pin_memory=device.type == "cuda")
+    options = dict(num_workers=args.num_workers, pin_memory=device.type == "cuda",
+                   worker_init_fn=runkit.leave_stops_to_main)  # a stop signal: the run's to take
     batch = args.batch_size  # one process: the whole global batch
     train_loader = DataLoader(train_set, batch, sampler=sampler, drop_last=True, **options)
     test_loader = DataLoader(test_set, batch, **options)
@@ -323,7 +328,8 @@ def epoch_batches(loader: DataLoader, epoch: int, progress: dict):
         return loader
     rest = list(loader.sampler)[progress["batch"] * loader.batch_size:]  # a sampler: any list
     return DataLoader(loader.dataset, loader.batch_size, sampler=rest, drop_last=True,
-                      num_workers=loader.num_workers, pin_memory=loader.pin_memory)
+                      num_workers=loader.num_workers, pin_memory=loader.pin_memory,
+                      worker_init_fn=loader.worker_init_fn)
 
 
 def log_window(run, epoch: int) -> None:
@@ -415,6 +421,8 @@ def main(argv=None) -> int:
         sums=torch.zeros(3, dtype=torch.float64, device=device),  # the window's, on the device
         progress=dict(epoch=0, batch=0, step=0, best_acc=None, best_epoch=None, tested_step=None))
     try:
+        if device.type == "cpu":  # said once the refusals are behind: a refusal is its line alone
+            run.log.warn("no CUDA GPU found: running on the CPU")
         if checkpoint is not None:
             restore(run, checkpoint)
             longer = f"; --epochs {trained} made {args.epochs}, the rate's schedule with it" * (
@@ -422,7 +430,8 @@ def main(argv=None) -> int:
             run.log.line(f"resumed at step {run.progress['step']} from {checkpoint['file']}"
                          f"{longer}")
         if args.evaluate:  # saved weights, evaluated alone; a signal ends it: nothing to keep
-            run.signals.restore()
+            run.signals.at_once = ("the evaluation unfinished, no results; run it again with "
+                                   "--overwrite") if is_main else ""
             runkit.load_weights(args.evaluate, raw_model.load_state_dict)
             test = evaluate(args, raw_model, test_loader, device)
             run.log.line(f"{args.evaluate}: test loss {test['test_loss']:.4f} acc "

@@ -208,7 +208,8 @@ def get_loaders(args, train_set, test_set, device: torch.device):
     train_set = runkit.Augmented(train_set, T.Compose([*crop, *flip, *tensor]), args.seed)
     test_set = runkit.Augmented(test_set, T.Compose([*test, *tensor]), args.seed)
     sampler = DistributedSampler(train_set, shuffle=args.shuffle, seed=args.seed)  # rank's share
-    options = dict(num_workers=args.num_workers, pin_memory=device.type == "cuda")
+    options = dict(num_workers=args.num_workers, pin_memory=device.type == "cuda",
+                   worker_init_fn=runkit.leave_stops_to_main)  # a stop signal: the run's to take
     batch = args.batch_size // dist.get_world_size()  # the global batch, split over the ranks
     train_loader = DataLoader(train_set, batch, sampler=sampler, drop_last=True, **options)
     shard = range(dist.get_rank(), len(test_set), dist.get_world_size())  # no image twice
@@ -340,7 +341,8 @@ def epoch_batches(loader: DataLoader, epoch: int, progress: dict):
         return loader
     rest = list(loader.sampler)[progress["batch"] * loader.batch_size:]  # a sampler: any list
     return DataLoader(loader.dataset, loader.batch_size, sampler=rest, drop_last=True,
-                      num_workers=loader.num_workers, pin_memory=loader.pin_memory)
+                      num_workers=loader.num_workers, pin_memory=loader.pin_memory,
+                      worker_init_fn=loader.worker_init_fn)
 
 
 def log_window(run, epoch: int) -> None:
@@ -448,6 +450,8 @@ def main(argv=None) -> int:
         sums=torch.zeros(3, dtype=torch.float64, device=device),  # the window's, on the device
         progress=dict(epoch=0, batch=0, step=0, best_acc=None, best_epoch=None, tested_step=None))
     try:
+        if device.type == "cpu":  # said once the refusals are behind: a refusal is its line alone
+            run.log.warn("no CUDA GPU found: running on the CPU")
         if checkpoint is not None:
             restore(run, checkpoint)
             longer = f"; --epochs {trained} made {args.epochs}, the rate's schedule with it" * (
@@ -455,7 +459,8 @@ def main(argv=None) -> int:
             run.log.line(f"resumed at step {run.progress['step']} from {checkpoint['file']}"
                          f"{longer}")
         if args.evaluate:  # saved weights, evaluated alone; a signal ends it: nothing to keep
-            run.signals.restore()
+            run.signals.at_once = ("the evaluation unfinished, no results; run it again with "
+                                   "--overwrite") if is_main else ""
             runkit.load_weights(args.evaluate, raw_model.load_state_dict)
             test = evaluate(args, raw_model, test_loader, device)
             run.log.line(f"{args.evaluate}: test loss {test['test_loss']:.4f} acc "
@@ -583,7 +588,9 @@ def launch_workers(args, command: list[str] | None = None) -> int:
 
     nodes = os.environ.get("PET_NNODES", "1")  # torchrun's --nnodes, from a cluster's operator
     runkit.refuse_if([(nodes not in ("1", "1:1"), f"PET_NNODES={nodes}: `python train.py` starts "
-                       "the workers of one node; on several, run torchrun on each node")])
+                       "the workers of one node; on several, run torchrun on each node"),
+                      ("WORLD_SIZE" in os.environ, "WORLD_SIZE is set and RANK is not: set both "
+                       "(a launcher's worker), or neither for `python train.py` to start its own")])
     gpus = len(args.gpu_devices or range(torch.cuda.device_count()))
     nproc = args.nproc_per_node or gpus or 1
     if gpus and nproc > gpus:
