@@ -630,18 +630,31 @@ def peak_memory_gb(gpus) -> dict:
 
 # ------------------------------------------------------------------------------------------ run log
 class RunLog:
-    """The main process's lines, TensorBoard scalars (flushed: a killed run keeps them) and
-    results.json; `totals` adds up every window. No folder: nothing (every rank but 0)."""
+    """The main process's lines, TensorBoard scalars and results.json; `totals` adds up every
+    window. No folder: nothing (every rank but 0). The events are written here, not by a thread
+    behind a queue (SummaryWriter's), and flushed each call: a killed run keeps every point; a
+    resumed one purges what came after its checkpoint."""
 
     def __init__(self, run_dir: Path | None, config: dict, checkpoint: dict | None = None):
         self.run_dir, self.config, self.writer, self.last_test = run_dir, config, None, {}
         self.totals, self.epoch, self.epoch_totals = [0.0] * len(WINDOW), None, [0.0] * len(WINDOW)
         if run_dir is not None:
-            from tensorboardX import SummaryWriter
+            from tensorboardX.event_file_writer import EventsWriter
+            from tensorboardX.proto.event_pb2 import Event, SessionLog
+            from tensorboardX.summary import text
 
+            # named by the second, and the nanosecond: an attempt resumed in the second of the
+            # one it follows opens a file of its own ("wb" would empty that one's)
+            self.writer = EventsWriter(str(run_dir / "events"), f".{time.time_ns()}")
             purge = checkpoint["progress"]["step"] + 1 if checkpoint else None
-            self.writer = SummaryWriter(str(run_dir), purge_step=purge, flush_secs=3600)
-            self.writer.add_text("config", json.dumps(config, indent=1), purge or 0)
+            if purge is not None:  # TensorBoard drops the points from this step on
+                self.write(Event(step=purge, session_log=SessionLog(status=SessionLog.START)))
+            self.write(Event(step=purge or 0, summary=text("config", json.dumps(config, indent=1))))
+            self.writer.flush()
+
+    def write(self, event) -> None:
+        event.wall_time = time.time()
+        self.writer.write_event(event)
 
     def line(self, text: str) -> None:
         if self.run_dir is not None:
@@ -649,10 +662,13 @@ class RunLog:
 
     def scalars(self, step: int, values: dict) -> None:
         if self.writer is not None:
+            from tensorboardX.proto.event_pb2 import Event
+            from tensorboardX.summary import scalar
+
             for tag, value in values.items():
                 if value is not None:
-                    self.writer.add_scalar(tag, value, step)
-            self.writer.flush()
+                    self.write(Event(step=step, summary=scalar(tag, value)))
+            self.writer.flush()  # on disk before training goes on
 
     def window(self, step: int, epoch: int, sums: list, global_batch: int, where: str,
                **more) -> None:
