@@ -531,8 +531,8 @@ def main(argv=None) -> int:
 
 def repeated_blocks(model: torch.nn.Module) -> list:
     """The blocks FSDP shards one at a time: the children of the model's Sequentials and
-    ModuleLists that hold weights and whose class is repeated (PyramidNet's and ResNet's residual
-    blocks, ViT's encoder layers)."""
+    ModuleLists that hold weights, inside no other block, whose class another such block shares
+    (PyramidNet's and ResNet's residual blocks, ViT's encoder layers)."""
     children = [child for module in model.modules()
                 if isinstance(module, (torch.nn.Sequential, torch.nn.ModuleList))
                 for child in module.children() if next(child.parameters(), None) is not None
@@ -540,7 +540,9 @@ def repeated_blocks(model: torch.nn.Module) -> list:
     kinds = [type(child) for child in children]
     blocks = [child for child in children if kinds.count(type(child)) > 1]
     inner = {id(sub) for block in blocks for sub in block.modules() if sub is not block}
-    return [block for block in blocks if id(block) not in inner]  # those inside no other
+    outer = [block for block in blocks if id(block) not in inner]  # those inside no other
+    kinds = [type(block) for block in outer]  # ViT's head: a Linear, repeated only inside blocks
+    return [block for block in outer if kinds.count(type(block)) > 1]
 
 
 def as_many_batches(loader: DataLoader, device: torch.device):

@@ -4,7 +4,6 @@ class another block shares. Every model here is built on the meta device: the ru
 structure only."""
 from __future__ import annotations
 
-import pytest
 import torch
 import torchvision
 from torch import nn
@@ -14,11 +13,6 @@ from benchmarks.fast import train_file
 from pyramidnet import PyramidNet
 
 repeated_blocks = train_file("fsdp").repeated_blocks
-NESTED = pytest.mark.xfail(strict=True, reason="fsdp/train.py's repeated_blocks takes blocks "
-                           "inside blocks too (ResNet's downsample, ViT's MLP layers), which it "
-                           "then shards after their block: fully_shard fails on resnet18 (a "
-                           "TypeError from DeviceMesh, mesh_dim_names None)")
-
 
 def block_names(model: nn.Module) -> list[str]:
     blocks = {id(block) for block in repeated_blocks(model)}
@@ -35,7 +29,6 @@ def test_pyramidnets_blocks_are_its_residual_blocks_one_per_stage_or_many():
     assert repeated_blocks(full) == [*full.layer1, *full.layer2, *full.layer3]
 
 
-@NESTED
 def test_resnets_blocks_are_its_basic_blocks_with_their_downsample_inside():
     with torch.device("meta"):
         model = torchvision.models.resnet18()
@@ -43,7 +36,6 @@ def test_resnets_blocks_are_its_basic_blocks_with_their_downsample_inside():
     assert {type(block).__name__ for block in repeated_blocks(model)} == {"BasicBlock"}
 
 
-@NESTED
 def test_vits_blocks_are_its_encoder_blocks_and_its_classifier_is_the_roots():
     """Linear layers repeat inside every EncoderBlock's MLP, and once in the heads: inside blocks
     they do not count, so the head, alone outside them, stays with the root (with the patch
