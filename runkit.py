@@ -12,6 +12,7 @@ best_acc, best_epoch and tested_step: what a checkpoint keeps of the loop.
     claim_run_folder(folder, resume, ...)      the run's folder, made or continued, locked
     checkpoint_to_resume, has_ended            what --resume means, loaded and checked
     save_checkpoint, rng_states, set_rng_state atomic, with the SHA-256 of its contents
+    optimizer_as_built(optimizer)              a resumed optimizer keeps this run's kernels
     write_atomically, copy_atomically          never half a file
     load_weights(model, path)                  --evaluate's weights
     StepTimer, GpuMonitor, peak_memory_gb      step time on the device's clock; NVML; the peaks
@@ -459,6 +460,25 @@ def rng_states() -> dict:
     """This process's torch and CUDA generators: the only ones training draws from."""
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
     return {"torch": torch.get_rng_state(), "cuda": cuda}
+
+
+@contextlib.contextmanager
+def optimizer_as_built(optimizer: torch.optim.Optimizer):
+    """Around loading an optimizer's saved state: it keeps this run's implementation (fused,
+    foreach: a CPU run's checkpoint resumed on a GPU, or the reverse), and each buffer the
+    saved values in its parameter's strides (the other --channels_last: fused SGD refuses a
+    buffer laid out unlike its parameter)."""
+    built = [{key: group[key] for key in ("fused", "foreach") if key in group}
+             for group in optimizer.param_groups]
+    yield
+    for group, flags in zip(optimizer.param_groups, built):
+        group.update(flags)
+        for param in group["params"]:
+            state = optimizer.state[param]
+            for name, value in state.items():
+                if torch.is_tensor(value) and value.shape == param.shape and \
+                        value.stride() != param.stride():
+                    state[name] = torch.empty_like(param, dtype=value.dtype).copy_(value)
 
 
 def set_rng_state(state: dict) -> None:

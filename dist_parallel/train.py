@@ -394,7 +394,8 @@ def save_checkpoint(run, best: bool = False) -> Path | None:
 def restore(run, checkpoint: dict) -> None:
     """Everything of `checkpoint` into the run, which goes on as if never stopped."""
     run.raw_model.load_state_dict(checkpoint["model"])
-    run.optimizer.load_state_dict(checkpoint["optimizer"])
+    with runkit.optimizer_as_built(run.optimizer):  # fused or not, its buffers' strides
+        run.optimizer.load_state_dict(checkpoint["optimizer"])
     run.scheduler.load_state_dict(checkpoint["scheduler"])
     run.scaler.load_state_dict(checkpoint["scaler"])
     run.progress.update(checkpoint["progress"])

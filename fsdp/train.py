@@ -416,8 +416,9 @@ def save_checkpoint(run, best: bool = False) -> Path | None:
 def restore(run, checkpoint: dict) -> None:
     """Everything of `checkpoint` into the run, which goes on as if never stopped."""
     set_model_state_dict(run.raw_model, checkpoint["model"], options=WHOLE)  # each its slice
-    set_optimizer_state_dict(run.raw_model, run.optimizer, by_name(checkpoint["optimizer"],
-                                                                 run.raw_model), options=WHOLE)
+    with runkit.optimizer_as_built(run.optimizer):  # fused or not, its buffers' strides
+        set_optimizer_state_dict(run.raw_model, run.optimizer, by_name(checkpoint["optimizer"],
+                                                                     run.raw_model), options=WHOLE)
     run.scheduler.load_state_dict(checkpoint["scheduler"])
     run.scaler.load_state_dict(checkpoint["scaler"])
     run.progress.update(checkpoint["progress"])
