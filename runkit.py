@@ -8,6 +8,7 @@ best_acc, best_epoch and tested_step: what a checkpoint keeps of the loop.
     StopSignals, stopped_line                  SIGTERM/INT/HUP/USR1: stop at the next window
     cuda_device, workers                       the GPU or the CPU; DataLoader workers that fit
     check_image_folder, synthetic_images       an image folder refused in one line; offline data
+    downloaded(kind, root, train)              CIFAR-10 or MNIST, or what to put where
     Augmented(dataset, transform, seed)        each image's crop drawn from (seed, epoch, index)
     claim_run_folder(folder, resume, ...)      the run's folder, made or continued, locked
     checkpoint_to_resume, has_ended            what --resume means, loaded and checked
@@ -29,6 +30,7 @@ import hashlib
 import json
 import math
 import os
+import pickle
 import platform
 import secrets
 import shlex
@@ -258,6 +260,29 @@ def check_image_folder(root: Path) -> None:
     if empty is not None:
         raise UsageError(f"--dataset imagefolder: {empty} holds no image ({', '.join(IMAGES)}): "
                          "put images in it, or remove it")
+
+
+def downloaded(kind, root: Path, train: bool):
+    """kind(root, train=train, download=True): torchvision's CIFAR10 or MNIST, downloaded into
+    `root` when missing; offline, cut short or damaged, one line saying what to put where."""
+    try:
+        split = kind(root, train=train, download=True)
+        refuse_if([(len(split.data) != len(split.targets), f"{len(split.targets)} labels for "
+                    f"{len(split.data)} images")])  # torchvision's MNIST reads them unchecked
+        return split
+    except (OSError, RuntimeError, ValueError, EOFError, AssertionError, IndexError, KeyError,
+            UsageError, pickle.UnpicklingError) as error:  # what a cut or foreign file raises
+        lines = [line for line in str(error).splitlines() if line.strip()] or [repr(error)]
+        reason = " ".join(lines[-1].split())[:160]  # a failed download: the last mirror's
+        if hasattr(kind, "tgz_md5"):  # CIFAR-10: its archive, extracted where it lies
+            where, files, source = root, kind.filename, kind.url
+        else:  # MNIST: its four files in <root>/MNIST/raw
+            where, source = root / kind.__name__ / "raw", kind.mirrors[0]
+            files = ", ".join(name for name, _ in kind.resources)
+        raise UsageError(f"--data_dir {root}: {kind.__name__} could not be read there nor "
+                         f"downloaded ({reason}): put {files} from {source} into {where}/ (a "
+                         "damaged copy deleted first), or train offline with --dataset "
+                         "synthetic") from None
 
 
 def folder_record(root: Path) -> str:

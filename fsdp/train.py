@@ -195,7 +195,8 @@ def get_datasets(args):
         train = torchvision.datasets.ImageFolder(root / "train")
         return train, torchvision.datasets.ImageFolder(root / "val"), len(train.classes)
     kind = torchvision.datasets.CIFAR10 if args.dataset == "cifar10" else torchvision.datasets.MNIST
-    return kind(root, train=True, download=True), kind(root, train=False, download=True), 10
+    # kind(root, train=..., download=True), or what to put where in one line (offline, damaged)
+    return runkit.downloaded(kind, root, True), runkit.downloaded(kind, root, False), 10
 
 
 def get_loaders(args, train_set, test_set, device: torch.device):

@@ -305,8 +305,6 @@ XFAIL = {
     "log-dir-dangling-symlink": "a --log_dir through a dangling link is said 'run folder ... was "
                                 "made by another run a moment ago' (claim_run_folder takes "
                                 "mkdir's FileExistsError for a race), exit 2",
-    "cifar10-offline": "CIFAR-10 offline: a traceback (torchvision's URLError from its download, "
-                       "an OSError without a file name, which one_line_errors re-raises)",
 }
 
 
