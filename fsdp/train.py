@@ -265,7 +265,12 @@ def get_model(args, classes: int, device: torch.device):
     with torch.device("meta"):  # shapes only: no memory, no random draws
         raw_model = build()
     example = torch.zeros(2, channels, size, size, device="meta")
-    flops = runkit.flops_per_image(raw_model, example)
+    try:  # one forward and backward: a model the images are too small for fails here
+        flops = runkit.flops_per_image(raw_model, example)
+    except RuntimeError as error:  # vgg11's pooling, for one, leaves a 16-pixel image no pixel
+        raise runkit.UsageError(f"--model {args.model} cannot take these {size}-pixel images "
+                                f"({str(error).splitlines()[0][:120]}): give a larger "
+                                "--image_size, or --model pyramidnet") from None
     # a unit a repeated block (a residual block, a transformer layer): its weights all-gathered
     # just before it runs, freed after; the root unit holds the rest (stem, classifier)
     for block in repeated_blocks(raw_model):

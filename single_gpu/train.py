@@ -216,7 +216,12 @@ def get_model(args, classes: int, device: torch.device):
         raw_model = torchvision.models.get_model(args.model, num_classes=classes, **sized)
     raw_model = raw_model.to(device, memory_format=memory_format(args))
     example = torch.zeros(2, channels, size, size, device=device)
-    flops = runkit.flops_per_image(raw_model, example.to(memory_format=memory_format(args)))
+    try:  # one forward and backward: a model the images are too small for fails here
+        flops = runkit.flops_per_image(raw_model, example.to(memory_format=memory_format(args)))
+    except RuntimeError as error:  # vgg11's pooling, for one, leaves a 16-pixel image no pixel
+        raise runkit.UsageError(f"--model {args.model} cannot take these {size}-pixel images "
+                                f"({str(error).splitlines()[0][:120]}): give a larger "
+                                "--image_size, or --model pyramidnet") from None
     model = raw_model  # one device: nothing to wrap
     if args.compile:  # compiled at the first step; raw_model (evaluation, saving) stays eager
         model = torch.compile(model, mode=args.compile_mode)
