@@ -248,6 +248,15 @@ def check_image_folder(root: Path) -> None:
         if dangling:
             raise UsageError(f"{dangling[0]} is a link to {os.readlink(dangling[0])}, which is "
                              "not there: mend or remove it")
+        for top, folders, _ in os.walk(split, followlinks=True):  # as ImageFolder walks it
+            here = Path(top)
+            above = {path.resolve() for path in [here, *here.parents[:len(
+                here.relative_to(split).parts)]]}  # the folders it is in, up to the split
+            loop = next((here / name for name in folders if (here / name).is_symlink() and
+                         (here / name).resolve() in above), None)
+            if loop is not None:  # ImageFolder would go round it until the path is too long
+                raise UsageError(f"--dataset imagefolder: {loop} is a link to "
+                                 f"{os.readlink(loop)}, a folder it is in (a loop): remove it")
     classes = [sorted(path.name for path in split.iterdir() if path.is_dir()) for split in splits]
     nfc = [sorted(unicodedata.normalize("NFC", name) for name in names) for names in classes]
     refuse_if([(classes != nfc, f"--dataset imagefolder: a class folder of {root} is named in "
