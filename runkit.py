@@ -41,6 +41,7 @@ import threading
 import time
 import unicodedata
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -237,8 +238,9 @@ def workers(given: int | None) -> int:
 
 # ------------------------------------------------------------------------------------------- data
 def check_image_folder(root: Path) -> None:
-    """What ImageFolder takes in silence or with a traceback, refused in one line."""
-    splits = [root / "train", root / "val"]
+    """What ImageFolder takes in silence or with a traceback, refused in one line: an image
+    that cannot be read too, before anything is written."""
+    splits, files = [root / "train", root / "val"], []
     missing = next((split for split in splits if not split.is_dir()), None)
     if missing is not None:
         raise UsageError(f"--dataset imagefolder: {missing} is not a folder: put the images in "
@@ -248,8 +250,10 @@ def check_image_folder(root: Path) -> None:
         if dangling:
             raise UsageError(f"{dangling[0]} is a link to {os.readlink(dangling[0])}, which is "
                              "not there: mend or remove it")
-        for top, folders, _ in os.walk(split, followlinks=True):  # as ImageFolder walks it
+        for top, folders, names in os.walk(split, followlinks=True):  # as ImageFolder walks it
             here = Path(top)
+            files += [here / name for name in names if here != split and
+                      Path(name).suffix.lower() in IMAGES]
             above = {path.resolve() for path in [here, *here.parents[:len(
                 here.relative_to(split).parts)]]}  # the folders it is in, up to the split
             loop = next((here / name for name in folders if (here / name).is_symlink() and
@@ -269,6 +273,29 @@ def check_image_folder(root: Path) -> None:
     if empty is not None:
         raise UsageError(f"--dataset imagefolder: {empty} holds no image ({', '.join(IMAGES)}): "
                          "put images in it, or remove it")
+    with ThreadPoolExecutor(16) as pool:  # they wait on the disk, or decode in PIL (no GIL)
+        bad = next(((path, why) for path, why in zip(files, pool.map(unreadable, files)) if why),
+                   None)
+    if bad is not None:
+        raise UsageError(f"--dataset imagefolder: {bad[0]} cannot be read as an image ({bad[1]}): "
+                         "replace it with a readable image, or delete it")
+
+
+def unreadable(path: Path) -> str | None:
+    """Why PIL cannot read the image `path` to its end (None: it can): a PNG or a JPEG must end
+    with its end marker, which one cut short lacks; any other is decoded in full (a BMP has no
+    marker to look for)."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image, open(path, "rb") as file:
+            file.seek(max(0, os.fstat(file.fileno()).st_size - 4096))
+            marker = {"PNG": b"IEND", "JPEG": b"\xff\xd9"}.get(image.format)
+            if marker is None or marker not in file.read():
+                image.load()
+    except Exception as error:  # OSError, SyntaxError, ValueError, DecompressionBombError
+        return " ".join(str(error).replace(str(path), "").split()).strip(" :'")[:160] or repr(error)
+    return None
 
 
 def downloaded(kind, root: Path, train: bool):
@@ -363,7 +390,10 @@ def claim_run_folder(folder: Path, resume, overwrite: bool) -> Path:
                          "is; give another --run_name")
     try:
         folder.mkdir(parents=True, exist_ok=bool(resume or overwrite))
-    except FileExistsError:
+    except FileExistsError as error:
+        if Path(error.filename).is_symlink() and not Path(error.filename).exists():
+            raise RunError(f"{error.filename} is a link to {os.readlink(error.filename)}, which "
+                           "is not there: mend or remove it, or give another --log_dir") from None
         raise UsageError(f"run folder {folder} was made by another run a moment ago: give "
                          "another --run_name") from None
     lock = open(folder / LOCK, "a+")
