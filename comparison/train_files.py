@@ -38,18 +38,32 @@ def train_file(mode: str) -> ModuleType:
 
 
 def parse(mode: str, argv: list[str]) -> argparse.Namespace:
-    """`argv` as `<mode>/train.py` reads it (its get_args), or its refusal as a UsageError: the
-    one line the run itself would print, without its "(see --help)"."""
+    """`argv` as `<mode>/train.py` reads it (its get_args; no --batch_size: the one it takes,
+    which compare.py then passes), or its refusal as a UsageError: the one line the run itself
+    would print, without its "(see --help)"."""
     module = train_file(mode)
     quiet = io.StringIO()
     try:
         with contextlib.redirect_stderr(quiet), contextlib.redirect_stdout(quiet):
-            return module.get_args([str(arg) for arg in argv])
+            args = module.get_args([str(arg) for arg in argv])
     except module.runkit.UsageError as refusal:
         raise UsageError(str(refusal).removesuffix(" (see --help)")) from None
     except SystemExit:  # --help, or a parser that exits on its own
         raise UsageError(f"{mode}/train.py refused {' '.join(map(str, argv))}: "
                          f"{quiet.getvalue().strip().splitlines()[-1:]}") from None
+    args.batch_size = args.batch_size or default_batch(vars(args))
+    return args
+
+
+def default_batch(config: dict) -> int:
+    """The global batch a train file takes when none is given (its data_defaults): 128, halved
+    for a small image folder until an epoch has 4 steps."""
+    from comparison.model_shapes import training_images
+
+    batch, images = 128, config["dataset"] == "imagefolder" and training_images(config)
+    while images and images < 4 * batch > 4:
+        batch //= 2
+    return batch
 
 
 @functools.cache
