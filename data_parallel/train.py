@@ -157,7 +157,8 @@ def get_datasets(args):
         train = torchvision.datasets.ImageFolder(root / "train")
         return train, torchvision.datasets.ImageFolder(root / "val"), len(train.classes)
     kind = torchvision.datasets.CIFAR10 if args.dataset == "cifar10" else torchvision.datasets.MNIST
-    return kind(root, train=True, download=True), kind(root, train=False, download=True), 10
+    # kind(root, train=..., download=True), or what to put where in one line (offline, damaged)
+    return runkit.downloaded(kind, root, True), runkit.downloaded(kind, root, False), 10
 
 
 def get_loaders(args, train_set, test_set, device: torch.device):
@@ -227,7 +228,12 @@ def get_model(args, classes: int, device: torch.device):
         raw_model = torchvision.models.get_model(args.model, num_classes=classes, **sized)
     raw_model = raw_model.to(device, memory_format=memory_format(args))
     example = torch.zeros(2, channels, size, size, device=device)
-    flops = runkit.flops_per_image(raw_model, example.to(memory_format=memory_format(args)))
+    try:  # one forward and backward: a model the images are too small for fails here
+        flops = runkit.flops_per_image(raw_model, example.to(memory_format=memory_format(args)))
+    except RuntimeError as error:  # vgg11's pooling, for one, leaves a 16-pixel image no pixel
+        raise runkit.UsageError(f"--model {args.model} cannot take these {size}-pixel images "
+                                f"({str(error).splitlines()[0][:120]}): give a larger "
+                                "--image_size, or --model pyramidnet") from None
     # splits each global batch over the GPUs; each replica's thread enters autocast itself
     model = nn.DataParallel(AutocastForward(raw_model, args), device_ids=gpu_ids(args, device))
     if args.compile:  # compiled at the first step; raw_model (evaluation, saving) stays eager
@@ -377,7 +383,8 @@ def save_checkpoint(run, best: bool = False) -> Path | None:
 def restore(run, checkpoint: dict) -> None:
     """Everything of `checkpoint` into the run, which goes on as if never stopped."""
     run.raw_model.load_state_dict(checkpoint["model"])
-    run.optimizer.load_state_dict(checkpoint["optimizer"])
+    with runkit.optimizer_as_built(run.optimizer):  # fused or not, its buffers' strides
+        run.optimizer.load_state_dict(checkpoint["optimizer"])
     run.scheduler.load_state_dict(checkpoint["scheduler"])
     run.scaler.load_state_dict(checkpoint["scaler"])
     run.progress.update(checkpoint["progress"])

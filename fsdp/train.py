@@ -196,7 +196,8 @@ def get_datasets(args):
         train = torchvision.datasets.ImageFolder(root / "train")
         return train, torchvision.datasets.ImageFolder(root / "val"), len(train.classes)
     kind = torchvision.datasets.CIFAR10 if args.dataset == "cifar10" else torchvision.datasets.MNIST
-    return kind(root, train=True, download=True), kind(root, train=False, download=True), 10
+    # kind(root, train=..., download=True), or what to put where in one line (offline, damaged)
+    return runkit.downloaded(kind, root, True), runkit.downloaded(kind, root, False), 10
 
 
 def get_loaders(args, train_set, test_set, device: torch.device):
@@ -266,7 +267,12 @@ def get_model(args, classes: int, device: torch.device):
     with torch.device("meta"):  # shapes only: no memory, no random draws
         raw_model = build()
     example = torch.zeros(2, channels, size, size, device="meta")
-    flops = runkit.flops_per_image(raw_model, example)
+    try:  # one forward and backward: a model the images are too small for fails here
+        flops = runkit.flops_per_image(raw_model, example)
+    except RuntimeError as error:  # vgg11's pooling, for one, leaves a 16-pixel image no pixel
+        raise runkit.UsageError(f"--model {args.model} cannot take these {size}-pixel images "
+                                f"({str(error).splitlines()[0][:120]}): give a larger "
+                                "--image_size, or --model pyramidnet") from None
     # a unit a repeated block (a residual block, a transformer layer): its weights all-gathered
     # just before it runs, freed after; the root unit holds the rest (stem, classifier)
     for block in repeated_blocks(raw_model):
@@ -422,8 +428,9 @@ def save_checkpoint(run, best: bool = False) -> Path | None:
 def restore(run, checkpoint: dict) -> None:
     """Everything of `checkpoint` into the run, which goes on as if never stopped."""
     set_model_state_dict(run.raw_model, checkpoint["model"], options=WHOLE)  # each its slice
-    set_optimizer_state_dict(run.raw_model, run.optimizer, by_name(checkpoint["optimizer"],
-                                                                 run.raw_model), options=WHOLE)
+    with runkit.optimizer_as_built(run.optimizer):  # fused or not, its buffers' strides
+        set_optimizer_state_dict(run.raw_model, run.optimizer, by_name(checkpoint["optimizer"],
+                                                                     run.raw_model), options=WHOLE)
     run.scheduler.load_state_dict(checkpoint["scheduler"])
     run.scaler.load_state_dict(checkpoint["scaler"])
     run.progress.update(checkpoint["progress"])

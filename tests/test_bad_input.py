@@ -301,13 +301,7 @@ REFUSALS = [
             ("cifar", "--dataset synthetic"), network=False),
 ]
 # Each case that fails today, the behaviour missing from the train files or runkit.py: what it does
-XFAIL = {
-    "log-dir-dangling-symlink": "a --log_dir through a dangling link is said 'run folder ... was "
-                                "made by another run a moment ago' (claim_run_folder takes "
-                                "mkdir's FileExistsError for a race), exit 2",
-    "cifar10-offline": "CIFAR-10 offline: a traceback (torchvision's URLError from its download, "
-                       "an OSError without a file name, which one_line_errors re-raises)",
-}
+XFAIL: dict[str, str] = {}
 
 
 def make_inputs(work: Path, checkpoint: Path) -> None:
@@ -647,8 +641,6 @@ def test_a_folder_of_one_class_is_refused_by_a_real_process(image_folders):
     assert not runs.exists()
 
 
-@pytest.mark.xfail(strict=True, reason="a BMP cut short passes the folder's check and stops the "
-                   "run at the step that reads it (a traceback from PIL inside the DataLoader)")
 def test_an_unreadable_image_is_refused_by_a_real_process_before_anything_is_written(
         image_folders):
     """A BMP cut short (no end marker to look for): decoded up front and refused in one line that

@@ -134,9 +134,6 @@ def test_cifar10_archive_put_in_the_folder_is_extracted_offline(tmp_path, monkey
     assert (data_dir / "cifar-10-batches-py" / "test_batch").is_file()
 
 
-@pytest.mark.xfail(strict=True, reason="get_datasets calls torchvision's CIFAR10 as it is: offline "
-                   "its download's URLError, a cut pickle's UnpicklingError, are tracebacks "
-                   "(tests/test_bad_input.py's cifar10-offline case says the same)")
 @pytest.mark.parametrize("case", ["missing", "cut short", "checksum wrong"])
 def test_cifar10_missing_or_damaged_offline_is_one_line_saying_what_to_do(tmp_path, monkeypatch,
                                                                          offline, case):

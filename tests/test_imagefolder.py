@@ -177,19 +177,24 @@ def test_each_bad_folder_is_one_line_that_names_it_and_nothing_is_written(tmp_pa
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="torchvision's ImageFolder follows a link back up the tree "
-                   "until the path is too long: a class of 2 images and a loop reads as 342 "
-                   "(runkit.check_image_folder does not look for loops)")
-def test_each_file_counts_once_however_links_lead_to_it(tmp_path):
-    """A link back up the tree (a loop) adds nothing; a link to a folder elsewhere is listed."""
+def test_a_link_back_up_the_tree_is_refused_and_a_link_elsewhere_is_listed(tmp_path):
+    """A link to a folder elsewhere is listed; a link back up the tree (a loop), which
+    torchvision's ImageFolder follows until the path is too long (a class of 2 images read as
+    342), is refused in one line naming it, before any run folder."""
     root = write_folder(tmp_path / "data", train=2, val=1)
     ant = root / "train" / "ant"
-    (ant / "again").symlink_to(ant)  # a loop
     (tmp_path / "elsewhere").mkdir()
     shutil.copy(ant / "1.png", tmp_path / "elsewhere" / "9.png")
     (ant / "outside").symlink_to(tmp_path / "elsewhere")
     _, train, _, _ = prepared("--dataset", "imagefolder", "--data_dir", root)
     assert len(train) == 7 and train.targets == [0, 0, 0, 1, 1, 2, 2]
+    (ant / "outside" / "back").symlink_to(root / "train")  # a loop, one link further down
+    done = in_process("single_gpu", *flags(root, tmp_path / "runs"))
+    lines = [line for line in done.stderr.splitlines() if not line.startswith("warning: no CUDA")]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"error: --dataset imagefolder: {ant / 'outside' / 'back'} ")
+    assert "loop" in lines[0] and "remove it" in lines[0]
+    assert not (tmp_path / "runs").exists()
 
 
 # -------------------------------------------------------------------------------------- the crops

@@ -177,9 +177,6 @@ def test_gzipped_files_put_in_raw_are_unpacked_offline(tmp_path, monkeypatch, of
     assert FILES <= {p.name for p in (tmp_path / "MNIST" / "raw").iterdir()}
 
 
-@pytest.mark.xfail(strict=True, reason="get_datasets calls torchvision's MNIST as it is: offline "
-                   "its download's error, a cut IDX file's, labels that do not match the images "
-                   "are tracebacks, not one line")
 @pytest.mark.parametrize("case", ["missing", "cut short", "labels of other images"])
 def test_missing_or_corrupt_mnist_is_one_line_saying_what_to_do(tmp_path, offline, case):
     """One line naming <data_dir>/MNIST/raw/ and the files to put there, or --dataset synthetic;

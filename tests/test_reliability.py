@@ -146,9 +146,6 @@ def test_an_epoch_resumed_from_a_batch_gets_its_remaining_batches(workers):
                    for a, b in zip(whole[5:], theirs, strict=True))
 
 
-@pytest.mark.xfail(strict=True, reason="restore() loads the optimizer's state dict as saved: its "
-                   "param_groups' fused flag is the run's that wrote it, and each momentum buffer "
-                   "keeps the saved strides, not its parameter's (CUDA's fused SGD refuses that)")
 @pytest.mark.parametrize("saved_channels_last", [False, True])
 def test_the_resumed_optimizer_is_the_one_this_run_built(saved_channels_last):
     """A checkpoint of a run under the other --channels_last and another SGD (a CPU run's, resumed

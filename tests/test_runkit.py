@@ -556,10 +556,6 @@ def test_the_run_log_says_each_window_and_writes_results(tmp_path, capsys):
     assert capsys.readouterr().out == ""
 
 
-@pytest.mark.xfail(strict=True, reason="runkit.RunLog.scalars calls tensorboardX's flush(), which "
-                   "flushes only the events its writer thread has taken off its queue (none yet: "
-                   "they go through a multiprocessing queue) and flush_secs=3600 keeps the thread "
-                   "from flushing them itself: a run killed after a window loses that window")
 def test_each_window_is_on_disk_when_it_is_logged(tmp_path):
     """What TensorBoard's own reader finds the moment scalars() returns, before any close(): a
     run killed then (kill -9, out of memory) keeps every point it logged."""
@@ -592,9 +588,6 @@ def test_a_resumed_log_purges_what_the_killed_attempt_logged_after_its_checkpoin
     assert [(event.step, event.value) for event in events] == [(2, 2.0), (4, 4.0), (6, 60.0)]
 
 
-@pytest.mark.xfail(strict=True, reason="runkit.RunLog names its event file as tensorboardX does, "
-                   "by the second: an attempt resumed in the second its killed one started "
-                   "truncates that attempt's file (no filename_suffix of its own)")
 def test_an_attempt_resumed_within_the_same_second_keeps_the_killed_ones_points(tmp_path):
     killed_attempt(tmp_path)
     resumed = runkit.RunLog(tmp_path, {}, {"progress": {"step": 4}})

@@ -80,10 +80,6 @@ def killed(tmp_path_factory) -> Killed:
 
 
 # ---------------------------------------------------------------------------------- 1. flushed
-@pytest.mark.xfail(strict=False, reason="runkit.RunLog's flush() flushes only the events "
-                   "tensorboardX's writer thread has taken off its queue (flush_secs=3600 keeps it "
-                   "from flushing them itself): the last window before a kill -9 may be lost "
-                   "(tests/test_runkit.py's strict xfail shows it deterministically)")
 def test_a_killed_run_leaves_every_point_up_to_its_last_window(killed):
     left = read_scalars(killed.left)
     for tag in ("train/loss", "train/acc_pct", "train/lr", "time/step_s",
