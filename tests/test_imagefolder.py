@@ -346,7 +346,7 @@ def test_a_resume_on_a_folder_that_changed_is_refused_naming_the_change(small_fo
     shutil.copy(copy / "train" / "ant" / "0.png", copy / "train" / "ant" / "new.png")
     refused = in_process("single_gpu", *again)
     assert refused.returncode == 2 and refused.stderr.count("error: ") == 1, refused.stderr
-    assert (f"data {runkit.folder_record(folder)} (now 25 images in 3 classes, digest"
+    assert (f"the images: {runkit.folder_record(folder)} (now 25 images in 3 classes, digest"
             in refused.stderr), refused.stderr
     assert not (tmp_path / "again").exists()
 
@@ -379,7 +379,7 @@ def test_every_mode_trains_on_the_folder(runs, mode):
     log_dir, done = runs
     assert done[mode].returncode == 0, done[mode].stdout + done[mode].stderr
     first = next(line for line in done[mode].stdout.splitlines() if line.startswith(f"{mode} "))
-    assert ": PyramidNet-8 a=12 at 32 px, imagefolder, pad crop," in first, first
+    assert ": PyramidNet-8 a=12 (30,103 parameters) at 32 px, imagefolder, pad crop," in first, first
     assert "batch 8" in first and "3 steps an epoch" in first, first
     results = read_results(log_dir / mode)
     assert (results["config"]["dataset"], results["config"]["image_size"]) == ("imagefolder", 32)

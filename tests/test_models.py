@@ -55,7 +55,7 @@ def test_a_torchvision_model_trains_and_reports_its_own_size(tmp_path):
     done = in_process("single_gpu", *SMALL, "--model", "resnet18", "--batch_size", "16",
                       "--max_steps", "2", "--log_dir", tmp_path, "--run_name", "r")
     assert done.returncode == 0, done.stderr
-    assert ": resnet18 at 32 px" in done.stdout.splitlines()[0]
+    assert ": resnet18 (11,181,642 parameters) at 32 px" in done.stdout.splitlines()[0]
     summary = read_results(tmp_path / "r")["summary"]
     model = torchvision.models.resnet18(num_classes=10)
     assert summary["parameters"] == sum(p.numel() for p in model.parameters())

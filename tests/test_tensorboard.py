@@ -174,7 +174,7 @@ def test_the_run_writes_the_tags_the_docs_list(killed):
     written = set(read_scalars(killed.run_dir))
     assert written == TAGS
     text = (REPO / "docs" / "interruptions.md").read_text()
-    listed = text[text.index("- TensorBoard scalars"):text.index("A run started before these")]
+    listed = text[text.index("- TensorBoard scalars"):text.index("- `results.json`, written")]
     documented = set(re.findall(r"`((?:train|test|time|throughput|gpu)/[\w/<>]*\w)`", listed))
     assert written <= documented, written - documented
 
