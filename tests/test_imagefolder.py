@@ -379,7 +379,8 @@ def test_every_mode_trains_on_the_folder(runs, mode):
     log_dir, done = runs
     assert done[mode].returncode == 0, done[mode].stdout + done[mode].stderr
     first = next(line for line in done[mode].stdout.splitlines() if line.startswith(f"{mode} "))
-    assert ": PyramidNet-8 a=12 (30,103 parameters) at 32 px, imagefolder, pad crop," in first, first
+    assert ": PyramidNet-8 a=12 (30,103 parameters) at 32 px, imagefolder, pad crop," in first, (
+        first)
     assert "batch 8" in first and "3 steps an epoch" in first, first
     results = read_results(log_dir / mode)
     assert (results["config"]["dataset"], results["config"]["image_size"]) == ("imagefolder", 32)
