@@ -7,11 +7,14 @@ best_acc, best_epoch and tested_step: what a checkpoint keeps of the loop.
     UsageError, RunError, one_line_errors      ... and a run that failed (RunError: exit 1)
     StopSignals, stopped_line                  SIGTERM/INT/HUP/USR1: stop at the next window
     cuda_device, workers                       the GPU or the CPU; DataLoader workers that fit
+    leave_stops_to_main                        ... which leave a stop signal to their run
     check_image_folder, synthetic_images       an image folder refused in one line; offline data
+    downloaded(kind, root, train)              CIFAR-10 or MNIST, or what to put where
     Augmented(dataset, transform, seed)        each image's crop drawn from (seed, epoch, index)
     claim_run_folder(folder, resume, ...)      the run's folder, made or continued, locked
     checkpoint_to_resume, has_ended            what --resume means, loaded and checked
     save_checkpoint, rng_states, set_rng_state atomic, with the SHA-256 of its contents
+    optimizer_as_built(optimizer)              a resumed optimizer keeps this run's kernels
     write_atomically, copy_atomically          never half a file
     load_weights(model, path)                  --evaluate's weights
     StepTimer, GpuMonitor, peak_memory_gb      step time on the device's clock; NVML; the peaks
@@ -27,7 +30,9 @@ import fcntl
 import hashlib
 import json
 import math
+import multiprocessing
 import os
+import pickle
 import platform
 import secrets
 import shlex
@@ -38,6 +43,7 @@ import threading
 import time
 import unicodedata
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -148,7 +154,9 @@ def refuse_if(checks) -> None:
 # --------------------------------------------------------------------------- signals and devices
 class StopSignals:
     """SIGTERM (SLURM, torchrun, kill), SIGINT (Ctrl-C), SIGHUP (a closed terminal), SIGUSR1
-    (SLURM's warning before a time limit) set `received`: the loop stops at its next window."""
+    (SLURM's warning before a time limit) set `received`: the loop stops at its next window.
+    With `at_once` set (a run with nothing to keep) they end the process there, with the line
+    "stopped by <signal>: <at_once>" (an empty one: no line) and 128 + the signal."""
 
     NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "SIGINT", signal.SIGHUP: "SIGHUP",
              signal.SIGUSR1: "SIGUSR1"}
@@ -156,6 +164,7 @@ class StopSignals:
 
     def __init__(self):
         self.received: str | None = None
+        self.at_once: str | None = None
         self.previous = {number: signal.signal(number, self._handle) for number in self.NAMES}
 
     def _handle(self, number, frame):
@@ -164,6 +173,10 @@ class StopSignals:
         if number == signal.SIGHUP:  # the terminal is gone: a line printed there would fail
             for fd in (1, 2):
                 os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+        if self.at_once is not None:  # nothing to keep: the process ends here
+            if self.at_once:
+                print(f"stopped by {self.NAMES[number]}: {self.at_once}", flush=True)
+            raise SystemExit(self.CODES[self.NAMES[number]])
         self.received = self.received or self.NAMES[number]
 
     def restore(self) -> None:
@@ -193,17 +206,25 @@ def check_launch_environment() -> None:
     numbers = [name for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                                  "MASTER_PORT") if name in env]
     bad = next((name for name in numbers if not env[name].isdigit()), None)
+    unset = next((name for name in ("MASTER_ADDR", "MASTER_PORT") if not env.get(name)), None)
     refuse_if([(bad, f"{bad}={env.get(bad or '')!r}: a launcher sets it to a whole number; "
                 "mend it"),
                (("RANK" in env) != ("WORLD_SIZE" in env), "RANK and WORLD_SIZE go together: set "
                 "both (a process's place, the job's processes), or neither"),
-               (not env.get("MASTER_ADDR"), "MASTER_ADDR is not set: the host of rank 0, which "
-                "every process reaches (torchrun sets it)")])
-    rank, world, local = (int(env.get(name, 0)) for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
-    refuse_if([(not 0 <= rank < world, f"RANK={rank} is outside WORLD_SIZE={world}: each process "
-                "a place from 0 to WORLD_SIZE-1"),
-               (local >= int(env.get("LOCAL_WORLD_SIZE", world)), f"LOCAL_RANK={local} is outside "
-                f"LOCAL_WORLD_SIZE={env.get('LOCAL_WORLD_SIZE')}: this node's processes")])
+               (unset, f"{unset} is not set: the host and port of rank 0, which every process "
+                "reaches (torchrun sets them)")])
+    rank, world, local, port = (int(env.get(name, 0)) for name in (
+        "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"))
+    node = "LOCAL_WORLD_SIZE" if "LOCAL_WORLD_SIZE" in env else "WORLD_SIZE"  # one node without it
+    processes = int(env.get(node, 1))
+    refuse_if([(world < 1, f"WORLD_SIZE={world}: the job's processes, 1 or more"),
+               (processes < 1, f"LOCAL_WORLD_SIZE={processes}: this node's processes, 1 or more"),
+               (not 0 < port < 2**16, f"MASTER_PORT={port}: rank 0's port, which every process "
+                "reaches, from 1 to 65535 (torchrun's default: 29500)"),
+               (rank >= world, f"RANK={rank} is outside WORLD_SIZE={world}: each process a place "
+                "from 0 to WORLD_SIZE-1"),
+               (local >= processes, f"LOCAL_RANK={local} is outside {node}={processes}: this "
+                "node's processes")])
 
 
 GROUP_WORDS = ("closed by peer", "connection reset", "broken pipe", "timed out", "timeout",
@@ -233,7 +254,6 @@ def group_failure_in_one_line():
 def cuda_device(index: int) -> torch.device:
     """cuda:<index>, or the CPU on a machine without CUDA."""
     if not torch.cuda.is_available():
-        print("warning: no CUDA GPU found: running on the CPU", file=sys.stderr)
         return torch.device("cpu")
     if index >= torch.cuda.device_count():
         raise UsageError(f"--gpu_devices: there is no GPU {index} (GPUs 0-"
@@ -246,15 +266,34 @@ def workers(given: int | None) -> int:
     own), or the process's share of the cores less one for itself, at most 4."""
     cores, processes = len(os.sched_getaffinity(0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     if given is not None and given > 2 * cores:
-        raise UsageError(f"-j {given}: {processes} process(es) on {cores} cores can run about "
-                         f"{cores // processes} workers each: give at most {2 * cores}")
+        each = f" for each of {plural(processes, 'process')}" * (processes > 1)
+        raise UsageError(f"-j {given}: {plural(cores, 'core')} can run about "
+                         f"{plural(cores // processes, 'worker')}{each}: give at most {2 * cores}")
     return given if given is not None else max(0, min(4, cores // processes - 1))
+
+
+def leave_stops_to_main(worker_id: int) -> None:
+    """A DataLoader's worker_init_fn. Ctrl-C signals a terminal's whole group, SLURM and a
+    container's stop every process: a worker ignores the stop signals, and its main process stops
+    at its next window. It still ends on its main process's SIGTERM: how a DataLoader ends it."""
+    for number in (signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
+        signal.signal(number, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # waited for below, by sender
+    main = multiprocessing.parent_process().pid
+
+    def end_on_the_main_processs_sigterm():
+        while signal.sigwaitinfo({signal.SIGTERM}).si_pid != main:
+            pass
+        os._exit(0)  # as torch's own handler ends a worker on it
+
+    threading.Thread(target=end_on_the_main_processs_sigterm, daemon=True).start()
 
 
 # ------------------------------------------------------------------------------------------- data
 def check_image_folder(root: Path) -> None:
-    """What ImageFolder takes in silence or with a traceback, refused in one line."""
-    splits = [root / "train", root / "val"]
+    """What ImageFolder takes in silence or with a traceback, refused in one line: an image
+    that cannot be read too, before anything is written."""
+    splits, files = [root / "train", root / "val"], []
     missing = next((split for split in splits if not split.is_dir()), None)
     if missing is not None:
         raise UsageError(f"--dataset imagefolder: {missing} is not a folder: put the images in "
@@ -264,6 +303,17 @@ def check_image_folder(root: Path) -> None:
         if dangling:
             raise UsageError(f"{dangling[0]} is a link to {os.readlink(dangling[0])}, which is "
                              "not there: mend or remove it")
+        for top, folders, names in os.walk(split, followlinks=True):  # as ImageFolder walks it
+            here = Path(top)
+            files += [here / name for name in names if here != split and
+                      Path(name).suffix.lower() in IMAGES]
+            above = {path.resolve() for path in [here, *here.parents[:len(
+                here.relative_to(split).parts)]]}  # the folders it is in, up to the split
+            loop = next((here / name for name in folders if (here / name).is_symlink() and
+                         (here / name).resolve() in above), None)
+            if loop is not None:  # ImageFolder would go round it until the path is too long
+                raise UsageError(f"--dataset imagefolder: {loop} is a link to "
+                                 f"{os.readlink(loop)}, a folder it is in (a loop): remove it")
     classes = [sorted(path.name for path in split.iterdir() if path.is_dir()) for split in splits]
     nfc = [sorted(unicodedata.normalize("NFC", name) for name in names) for names in classes]
     refuse_if([(classes != nfc, f"--dataset imagefolder: a class folder of {root} is named in "
@@ -274,7 +324,54 @@ def check_image_folder(root: Path) -> None:
     empty = next((split / name for split in splits for name in classes[0] if not any(
         path.suffix.lower() in IMAGES for path in (split / name).rglob("*"))), None)
     if empty is not None:
-        raise UsageError(f"--dataset imagefolder: {empty} holds no image ({', '.join(IMAGES)})")
+        raise UsageError(f"--dataset imagefolder: {empty} holds no image ({', '.join(IMAGES)}): "
+                         "put images in it, or remove it")
+    with ThreadPoolExecutor(16) as pool:  # they wait on the disk, or decode in PIL (no GIL)
+        bad = next(((path, why) for path, why in zip(files, pool.map(unreadable, files)) if why),
+                   None)
+    if bad is not None:
+        raise UsageError(f"--dataset imagefolder: {bad[0]} cannot be read as an image ({bad[1]}): "
+                         "replace it with a readable image, or delete it")
+
+
+def unreadable(path: Path) -> str | None:
+    """Why PIL cannot read the image `path` to its end (None: it can): a PNG or a JPEG must end
+    with its end marker, which one cut short lacks; any other is decoded in full (a BMP has no
+    marker to look for)."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image, open(path, "rb") as file:
+            file.seek(max(0, os.fstat(file.fileno()).st_size - 4096))
+            marker = {"PNG": b"IEND", "JPEG": b"\xff\xd9"}.get(image.format)
+            if marker is None or marker not in file.read():
+                image.load()
+    except Exception as error:  # OSError, SyntaxError, ValueError, DecompressionBombError
+        return " ".join(str(error).replace(str(path), "").split()).strip(" :'")[:160] or repr(error)
+    return None
+
+
+def downloaded(kind, root: Path, train: bool):
+    """kind(root, train=train, download=True): torchvision's CIFAR10 or MNIST, downloaded into
+    `root` when missing; offline, cut short or damaged, one line saying what to put where."""
+    try:
+        split = kind(root, train=train, download=True)
+        refuse_if([(len(split.data) != len(split.targets), f"{len(split.targets)} labels for "
+                    f"{len(split.data)} images")])  # torchvision's MNIST reads them unchecked
+        return split
+    except (OSError, RuntimeError, ValueError, EOFError, AssertionError, IndexError, KeyError,
+            UsageError, pickle.UnpicklingError) as error:  # what a cut or foreign file raises
+        lines = [line for line in str(error).splitlines() if line.strip()] or [repr(error)]
+        reason = " ".join(lines[-1].split())[:160]  # a failed download: the last mirror's
+        if hasattr(kind, "tgz_md5"):  # CIFAR-10: its archive, extracted where it lies
+            where, files, source = root, kind.filename, kind.url
+        else:  # MNIST: its four files in <root>/MNIST/raw
+            where, source = root / kind.__name__ / "raw", kind.mirrors[0]
+            files = ", ".join(name for name, _ in kind.resources)
+        raise UsageError(f"--data_dir {root}: {kind.__name__} could not be read there nor "
+                         f"downloaded ({reason}): put {files} from {source} into {where}/ (a "
+                         "damaged copy deleted first), or train offline with --dataset "
+                         "synthetic") from None
 
 
 def folder_record(root: Path) -> str:
@@ -339,14 +436,18 @@ def claim_run_folder(folder: Path, resume, overwrite: bool) -> Path:
                          f"a new --run_name, or --run_name {shlex.quote(own.name)} --log_dir "
                          f"{shlex.quote(str(own.parent))} to continue in the checkpoint's folder")
     if folder.is_dir() and not (resume or overwrite):
+        go_on = " (--resume auto continues its training)" * (folder / "checkpoint.pt").exists()
         raise UsageError(f"run folder {folder} exists already: give another --run_name, or "
-                         "--overwrite to empty it (--resume auto continues a training run)")
+                         f"--overwrite to empty it{go_on}")
     if folder.is_dir() and any(folder.iterdir()) and not (folder / MARKER).is_file():
         raise UsageError(f"{folder} is not a run folder (it has no {MARKER}): it is left as it "
                          "is; give another --run_name")
     try:
         folder.mkdir(parents=True, exist_ok=bool(resume or overwrite))
-    except FileExistsError:
+    except FileExistsError as error:
+        if Path(error.filename).is_symlink() and not Path(error.filename).exists():
+            raise RunError(f"{error.filename} is a link to {os.readlink(error.filename)}, which "
+                           "is not there: mend or remove it, or give another --log_dir") from None
         raise UsageError(f"run folder {folder} was made by another run a moment ago: give "
                          "another --run_name") from None
     lock = open(folder / LOCK, "a+")
@@ -479,6 +580,25 @@ def rng_states() -> dict:
     return {"torch": torch.get_rng_state(), "cuda": cuda}
 
 
+@contextlib.contextmanager
+def optimizer_as_built(optimizer: torch.optim.Optimizer):
+    """Around loading an optimizer's saved state: it keeps this run's implementation (fused,
+    foreach: a CPU run's checkpoint resumed on a GPU, or the reverse), and each buffer the
+    saved values in its parameter's strides (the other --channels_last: fused SGD refuses a
+    buffer laid out unlike its parameter)."""
+    built = [{key: group[key] for key in ("fused", "foreach") if key in group}
+             for group in optimizer.param_groups]
+    yield
+    for group, flags in zip(optimizer.param_groups, built):
+        group.update(flags)
+        for param in group["params"]:
+            state = optimizer.state[param]
+            for name, value in state.items():
+                if torch.is_tensor(value) and value.shape == param.shape and \
+                        value.stride() != param.stride():
+                    state[name] = torch.empty_like(param, dtype=value.dtype).copy_(value)
+
+
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available():
@@ -493,8 +613,13 @@ def read_weights_only(path) -> object:
         return torch.load(path, map_location="cpu", weights_only=True)
 
 
+def plural(number: int, noun: str) -> str:
+    """"1 worker", "2 workers", "2 processes": a count as a sentence says it."""
+    return f"{number} {noun}{('es' if noun.endswith('s') else 's') * (number != 1)}"
+
+
 def images(count: int) -> str:
-    return f"{count} image{'s' * (count != 1)}"
+    return plural(count, "image")
 
 
 def load_weights(path: str, load) -> None:
@@ -648,29 +773,49 @@ def peak_memory_gb(gpus) -> dict:
 
 # ------------------------------------------------------------------------------------------ run log
 class RunLog:
-    """The main process's lines, TensorBoard scalars (flushed: a killed run keeps them) and
-    results.json; `totals` adds up every window. No folder: nothing (every rank but 0)."""
+    """The main process's lines, TensorBoard scalars and results.json; `totals` adds up every
+    window. No folder: nothing (every rank but 0). The events are written here, not by a thread
+    behind a queue (SummaryWriter's), and flushed each call: a killed run keeps every point; a
+    resumed one purges what came after its checkpoint."""
 
     def __init__(self, run_dir: Path | None, config: dict, checkpoint: dict | None = None):
         self.run_dir, self.config, self.writer, self.last_test = run_dir, config, None, {}
         self.totals, self.epoch, self.epoch_totals = [0.0] * len(WINDOW), None, [0.0] * len(WINDOW)
         if run_dir is not None:
-            from tensorboardX import SummaryWriter
+            from tensorboardX.event_file_writer import EventsWriter
+            from tensorboardX.proto.event_pb2 import Event, SessionLog
+            from tensorboardX.summary import text
 
+            # named by the second, and the nanosecond: an attempt resumed in the second of the
+            # one it follows opens a file of its own ("wb" would empty that one's)
+            self.writer = EventsWriter(str(run_dir / "events"), f".{time.time_ns()}")
             purge = checkpoint["progress"]["step"] + 1 if checkpoint else None
-            self.writer = SummaryWriter(str(run_dir), purge_step=purge, flush_secs=3600)
-            self.writer.add_text("config", json.dumps(config, indent=1), purge or 0)
+            if purge is not None:  # TensorBoard drops the points from this step on
+                self.write(Event(step=purge, session_log=SessionLog(status=SessionLog.START)))
+            self.write(Event(step=purge or 0, summary=text("config", json.dumps(config, indent=1))))
+            self.writer.flush()
+
+    def write(self, event) -> None:
+        event.wall_time = time.time()
+        self.writer.write_event(event)
 
     def line(self, text: str) -> None:
         if self.run_dir is not None:
             print(text, flush=True)
 
+    def warn(self, text: str) -> None:
+        if self.run_dir is not None:
+            print(f"warning: {text}", file=sys.stderr, flush=True)
+
     def scalars(self, step: int, values: dict) -> None:
         if self.writer is not None:
+            from tensorboardX.proto.event_pb2 import Event
+            from tensorboardX.summary import scalar
+
             for tag, value in values.items():
                 if value is not None:
-                    self.writer.add_scalar(tag, value, step)
-            self.writer.flush()
+                    self.write(Event(step=step, summary=scalar(tag, value)))
+            self.writer.flush()  # on disk before training goes on
 
     def window(self, step: int, epoch: int, sums: list, global_batch: int, where: str,
                **more) -> None:

@@ -20,7 +20,6 @@ REPO = Path(__file__).resolve().parents[1]
 MODES = ("single_gpu", "data_parallel", "dist_parallel", "fsdp")
 # a process group of one process per GPU, started under torchrun
 GROUP_MODES = ("dist_parallel", "fsdp")
-DEFAULT_BATCH = 128  # the global batch of a run given no --batch_size (its --help says so)
 
 
 def script(mode: str) -> Path:
@@ -39,8 +38,9 @@ def train_file(mode: str) -> ModuleType:
 
 
 def parse(mode: str, argv: list[str]) -> argparse.Namespace:
-    """`argv` as `<mode>/train.py` reads it (its get_args), or its refusal as a UsageError: the
-    one line the run itself would print, without its "(see --help)"."""
+    """`argv` as `<mode>/train.py` reads it (its get_args; no --batch_size: the one it takes,
+    which compare.py then passes), or its refusal as a UsageError: the one line the run itself
+    would print, without its "(see --help)"."""
     module = train_file(mode)
     quiet = io.StringIO()
     try:
@@ -51,10 +51,19 @@ def parse(mode: str, argv: list[str]) -> argparse.Namespace:
     except SystemExit:  # --help, or a parser that exits on its own
         raise UsageError(f"{mode}/train.py refused {' '.join(map(str, argv))}: "
                          f"{quiet.getvalue().strip().splitlines()[-1:]}") from None
-    # a run given no --batch_size takes the default itself (halved for a small image folder);
-    # the comparison passes every run its global batch, so it counts with the default
-    args.batch_size = args.batch_size or DEFAULT_BATCH
+    args.batch_size = args.batch_size or default_batch(vars(args))
     return args
+
+
+def default_batch(config: dict) -> int:
+    """The global batch a train file takes when none is given (its data_defaults): 128, halved
+    for a small image folder until an epoch has 4 steps."""
+    from comparison.model_shapes import training_images
+
+    batch, images = 128, config["dataset"] == "imagefolder" and training_images(config)
+    while images and images < 4 * batch > 4:
+        batch //= 2
+    return batch
 
 
 @functools.cache

@@ -110,6 +110,10 @@ def get_args(argv=None) -> argparse.Namespace:
 # -------------------------------------------------------------------------------------------- setup
 def setup(args) -> torch.device:
     """The device to train on (its GPU, or the CPU), and the fast path's defaults for it."""
+    world = os.environ.get("WORLD_SIZE", "")  # a launcher's (torchrun): the job's processes
+    runkit.refuse_if([(world.isdigit() and int(world) > 1, f"WORLD_SIZE={world}: {MODE}/train.py "
+                       "is one process, and each of a launcher's would train the whole model "
+                       "alone: run dist_parallel/train.py under it")])
     if len(set(args.gpu_devices or [])) > 1:
         raise runkit.UsageError("single_gpu trains on one GPU: for several, use "
                                 "data_parallel/train.py or dist_parallel/train.py")
@@ -151,7 +155,8 @@ def get_datasets(args):
         train = torchvision.datasets.ImageFolder(root / "train")
         return train, torchvision.datasets.ImageFolder(root / "val"), len(train.classes)
     kind = torchvision.datasets.CIFAR10 if args.dataset == "cifar10" else torchvision.datasets.MNIST
-    return kind(root, train=True, download=True), kind(root, train=False, download=True), 10
+    # kind(root, train=..., download=True), or what to put where in one line (offline, damaged)
+    return runkit.downloaded(kind, root, True), runkit.downloaded(kind, root, False), 10
 
 
 def get_loaders(args, train_set, test_set, device: torch.device):
@@ -172,7 +177,8 @@ def get_loaders(args, train_set, test_set, device: torch.device):
     train_set = runkit.Augmented(train_set, T.Compose([*crop, *flip, *tensor]), args.seed)
     test_set = runkit.Augmented(test_set, T.Compose([*test, *tensor]), args.seed)
     sampler = RandomSampler(train_set, generator=torch.Generator()) if args.shuffle else None
-    options = dict(num_workers=args.num_workers, pin_memory=device.type == "cuda")
+    options = dict(num_workers=args.num_workers, pin_memory=device.type == "cuda",
+                   worker_init_fn=runkit.leave_stops_to_main)  # a stop signal: the run's to take
     batch = args.batch_size  # one process: the whole global batch
     train_loader = DataLoader(train_set, batch, sampler=sampler, drop_last=True, **options)
     test_loader = DataLoader(test_set, batch, **options)
@@ -215,7 +221,12 @@ def get_model(args, classes: int, device: torch.device):
         raw_model = torchvision.models.get_model(args.model, num_classes=classes, **sized)
     raw_model = raw_model.to(device, memory_format=memory_format(args))
     example = torch.zeros(2, channels, size, size, device=device)
-    flops = runkit.flops_per_image(raw_model, example.to(memory_format=memory_format(args)))
+    try:  # one forward and backward: a model the images are too small for fails here
+        flops = runkit.flops_per_image(raw_model, example.to(memory_format=memory_format(args)))
+    except RuntimeError as error:  # vgg11's pooling, for one, leaves a 16-pixel image no pixel
+        raise runkit.UsageError(f"--model {args.model} cannot take these {size}-pixel images "
+                                f"({str(error).splitlines()[0][:120]}): give a larger "
+                                "--image_size, or --model pyramidnet") from None
     model = raw_model  # one device: nothing to wrap
     if args.compile:  # compiled at the first step; raw_model (evaluation, saving) stays eager
         model = torch.compile(model, mode=args.compile_mode)
@@ -271,7 +282,6 @@ def train_one_epoch(run, epoch: int) -> None:
         run.scaler.scale(loss).backward()  # fp16: scaled up so that small gradients survive
         run.scaler.step(run.optimizer)  # unscaled first; skipped if a gradient overflowed
         run.scaler.update()
-        run.scheduler.step()
         run.sums += torch.stack([loss.detach() * len(labels), (logits.argmax(1) == labels).sum(),
                                  torch.tensor(len(labels), device=run.device)])  # no sync
         run.timer.step_done()
@@ -280,7 +290,8 @@ def train_one_epoch(run, epoch: int) -> None:
         last = progress["batch"] == len(run.train_loader) or 0 < args.max_steps <= progress["step"]
         due = args.checkpoint_interval and progress["step"] % args.checkpoint_interval == 0
         if progress["step"] % args.log_interval == 0 or last or due:  # a checkpoint ends a window
-            log_window(run, epoch)
+            log_window(run, epoch)  # train/lr: the rate this step trained with
+        run.scheduler.step()  # the next step's rate
         if last or run.stop:
             return
         if due:
@@ -297,7 +308,8 @@ def epoch_batches(loader: DataLoader, epoch: int, progress: dict):
         return loader
     rest = list(loader.sampler)[progress["batch"] * loader.batch_size:]  # a sampler: any list
     return DataLoader(loader.dataset, loader.batch_size, sampler=rest, drop_last=True,
-                      num_workers=loader.num_workers, pin_memory=loader.pin_memory)
+                      num_workers=loader.num_workers, pin_memory=loader.pin_memory,
+                      worker_init_fn=loader.worker_init_fn)
 
 
 def log_window(run, epoch: int) -> None:
@@ -345,7 +357,8 @@ def save_checkpoint(run, best: bool = False) -> Path | None:
 def restore(run, checkpoint: dict) -> None:
     """Everything of `checkpoint` into the run, which goes on as if never stopped."""
     run.raw_model.load_state_dict(checkpoint["model"])
-    run.optimizer.load_state_dict(checkpoint["optimizer"])
+    with runkit.optimizer_as_built(run.optimizer):  # fused or not, its buffers' strides
+        run.optimizer.load_state_dict(checkpoint["optimizer"])
     run.scheduler.load_state_dict(checkpoint["scheduler"])
     run.scaler.load_state_dict(checkpoint["scaler"])
     run.progress.update(checkpoint["progress"])
@@ -389,6 +402,8 @@ def main(argv=None) -> int:
         sums=torch.zeros(3, dtype=torch.float64, device=device),  # the window's, on the device
         progress=dict(epoch=0, batch=0, step=0, best_acc=None, best_epoch=None, tested_step=None))
     try:
+        if device.type == "cpu":  # said once the refusals are behind: a refusal is its line alone
+            run.log.warn("no CUDA GPU found: running on the CPU")
         if checkpoint is not None:
             restore(run, checkpoint)
             longer = f"; --epochs {trained} made {args.epochs}, the rate's schedule with it" * (
@@ -396,7 +411,8 @@ def main(argv=None) -> int:
             run.log.line(f"resumed at step {run.progress['step']} from {checkpoint['file']}"
                          f"{longer}")
         if args.evaluate:  # saved weights, evaluated alone; a signal ends it: nothing to keep
-            run.signals.restore()
+            run.signals.at_once = ("the evaluation unfinished, no results; run it again with "
+                                   "--overwrite") if is_main else ""
             runkit.load_weights(args.evaluate, raw_model.load_state_dict)
             test = evaluate(args, raw_model, test_loader, device)
             run.log.line(f"{args.evaluate}: test loss {test['test_loss']:.4f} acc "

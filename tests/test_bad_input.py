@@ -58,9 +58,9 @@ NAME_MAX = os.pathconf("/", "PC_NAME_MAX")
 # torch's C++ logging (glog format) and the C++ stack it may print: not the product's lines.
 TORCH_LOG = re.compile(r"\[[EWIF]\d{4} \d\d:\d\d:\d\d\.\d+ \S+:\d+\] |Exception raised from |frame "
                        r"#\d+: |<omitting python frames>$|$")
-# What setup() prints on a machine without CUDA, today before the refusals made after it (the data,
-# the model, the checkpoint, the run folder): left out of the one line here, and its own test,
-# test_no_warning_comes_before_a_refusal, says where it still comes first.
+# What a run prints on a machine without CUDA once the refusals are behind (a NaN loss comes after
+# it): left out of the one line here; test_no_warning_comes_before_a_refusal says it never comes
+# before a refusal.
 CPU_WARNING = "warning: no CUDA GPU found: running on the CPU"
 
 
@@ -301,13 +301,7 @@ REFUSALS = [
             ("cifar", "--dataset synthetic"), network=False),
 ]
 # Each case that fails today, the behaviour missing from the train files or runkit.py: what it does
-XFAIL = {
-    "log-dir-dangling-symlink": "a --log_dir through a dangling link is said 'run folder ... was "
-                                "made by another run a moment ago' (claim_run_folder takes "
-                                "mkdir's FileExistsError for a race), exit 2",
-    "cifar10-offline": "CIFAR-10 offline: a traceback (torchvision's URLError from its download, "
-                       "an OSError without a file name, which one_line_errors re-raises)",
-}
+XFAIL: dict[str, str] = {}
 
 
 def make_inputs(work: Path, checkpoint: Path) -> None:
@@ -428,9 +422,6 @@ def test_refused_launches_change_no_file_and_create_no_run_folder(refusals, work
     assert runs_after == ["runs/a", "runs/data", "runs/link"]
 
 
-@pytest.mark.xfail(strict=True, reason="setup() prints 'warning: no CUDA GPU found: running on "
-                   "the CPU' before every refusal made after it (runkit.cuda_device): the data's, "
-                   "the model's, the checkpoint's, the run folder's")
 def test_no_warning_comes_before_a_refusal(refusals):
     """The CPU warning comes once training starts, never before a refusal: the one line is all
     stderr holds."""
@@ -459,24 +450,17 @@ BAD_LAUNCHES = [  # (the variables changed, None: unset; what the line must say)
     ({"MASTER_PORT": "abc"}, "MASTER_PORT='abc'"),  # unnamed
     ({"MASTER_PORT": "-1"}, "MASTER_PORT='-1'"),
     ({"MASTER_ADDR": None}, "MASTER_ADDR"),
-]
-BAD_LAUNCHES_MISSED = [  # the same, for what the train files do not refuse as they should yet
-    pytest.param({"WORLD_SIZE": "0"}, "WORLD_SIZE", marks=xfail(
-        "WORLD_SIZE=0 blames RANK: 'RANK=0 is outside WORLD_SIZE=0'")),
-    pytest.param({"LOCAL_WORLD_SIZE": "0"}, "LOCAL_WORLD_SIZE", marks=xfail(
-        "LOCAL_WORLD_SIZE=0 blames LOCAL_RANK: 'LOCAL_RANK=0 is outside LOCAL_WORLD_SIZE=0'")),
-    pytest.param({"LOCAL_RANK": "1"}, "LOCAL_RANK", marks=xfail(
-        "LOCAL_RANK=1 without LOCAL_WORLD_SIZE is said 'outside LOCAL_WORLD_SIZE=None'")),
-    pytest.param({"MASTER_PORT": "65536"}, "MASTER_PORT", marks=xfail(
-        "MASTER_PORT=65536: a traceback (ValueError: port must have value from 0 to 65535, in "
-        "init_process_group)")),
-    pytest.param({"MASTER_PORT": "0"}, "MASTER_PORT", marks=xfail(
-        "MASTER_PORT=0 is taken (a port no other rank can reach): a one-rank run trains")),
+    ({"WORLD_SIZE": "0"}, "WORLD_SIZE"),  # once blamed RANK: 'RANK=0 is outside WORLD_SIZE=0'
+    ({"LOCAL_WORLD_SIZE": "0"}, "LOCAL_WORLD_SIZE"),  # once blamed LOCAL_RANK
+    ({"LOCAL_RANK": "1"}, "LOCAL_RANK"),  # outside WORLD_SIZE=1, once 'LOCAL_WORLD_SIZE=None'
+    ({"MASTER_PORT": "65536"}, "MASTER_PORT"),  # a traceback in init_process_group
+    ({"MASTER_PORT": "0"}, "MASTER_PORT"),  # a port no other rank can reach: a one-rank run trained
+    ({"MASTER_PORT": None}, "MASTER_PORT"),  # a traceback in init_process_group
 ]
 
 
 @pytest.mark.parametrize("mode", ["dist_parallel", "fsdp"])
-@pytest.mark.parametrize("changes, named", [*BAD_LAUNCHES, *BAD_LAUNCHES_MISSED],
+@pytest.mark.parametrize("changes, named", BAD_LAUNCHES,
                          ids=lambda case: ascii(case)[:40])
 def test_each_bad_launch_variable_is_named_with_its_value(monkeypatch, tmp_path, mode, changes,
                                                           named):
@@ -501,8 +485,6 @@ def test_each_bad_launch_variable_is_named_with_its_value(monkeypatch, tmp_path,
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="WORLD_SIZE without RANK takes the self-launch's path "
-                   "(`'RANK' not in os.environ`) and starts its workers, WORLD_SIZE ignored")
 def test_world_size_without_rank_is_refused(monkeypatch, tmp_path):
     """WORLD_SIZE=2 in the shell and no RANK: half a launch, refused in one line before any worker
     starts (conftest.refuse_in_process fails a test whose launch starts one)."""
@@ -559,8 +541,6 @@ def test_torchrun_with_the_self_launchs_flags_is_refused_once(tmp_path):
 
 
 @pytest.mark.parametrize("script", [SINGLE, DATA])
-@pytest.mark.xfail(strict=True, reason="single_gpu and data_parallel do not look at the launcher's "
-                   "variables: under torchrun each worker trains the whole model")
 def test_a_one_process_mode_started_by_torchrun_is_refused(monkeypatch, tmp_path, script):
     """`torchrun --nproc_per_node 2 single_gpu/train.py`: each process would train the whole model
     alone, into one run folder. A worker of such a launch (in this process, with the variables
@@ -661,8 +641,6 @@ def test_a_folder_of_one_class_is_refused_by_a_real_process(image_folders):
     assert not runs.exists()
 
 
-@pytest.mark.xfail(strict=True, reason="a BMP cut short passes the folder's check and stops the "
-                   "run at the step that reads it (a traceback from PIL inside the DataLoader)")
 def test_an_unreadable_image_is_refused_by_a_real_process_before_anything_is_written(
         image_folders):
     """A BMP cut short (no end marker to look for): decoded up front and refused in one line that
@@ -673,8 +651,6 @@ def test_an_unreadable_image_is_refused_by_a_real_process_before_anything_is_wri
 
 
 # --------------------------------------------------------------------------------------- counting
-@pytest.mark.xfail(strict=True, reason="-j's refusal says '1 process(es) on 2 cores can run about "
-                   "2 workers each' (and '1 workers' with two processes)")
 def test_a_count_is_said_in_words(refusals):
     """A refusal's counts read as a sentence does: "1 process", "2 processes", never "(es)"."""
     lines = {case: message_lines(done.stderr) for case, done in refusals[0].items()}

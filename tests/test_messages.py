@@ -89,9 +89,6 @@ def test_a_folder_where_a_file_is_written_is_said_so_and_a_bug_stays_a_traceback
 
 
 # ------------------------------------------------------------------------------------------- data
-@pytest.mark.xfail(strict=True, reason="a damaged CIFAR-10 archive, offline: a traceback "
-                   "(torchvision's URLError from its download, re-raised by one_line_errors), "
-                   "as test_bad_input.py's cifar10-offline")
 def test_a_damaged_cifar10_archive_is_one_line(tmp_path, offline):
     archive = tmp_path / "cifar-10-python.tar.gz"
     archive.write_bytes(b"\x1f\x8b" + bytes(1000))  # gzip's magic, then nothing CIFAR-10's md5 has

@@ -39,9 +39,6 @@ def test_run_timeout_on_gpus_is_sized_to_the_runs_steps_and_model():
     assert timeout_of(["--run_timeout", "90"]) == 90  # given: as given
 
 
-@pytest.mark.xfail(strict=True, reason="the train files' --batch_size defaults to None (128, or a "
-                   "small folder's, resolved with the data): compare.py passes '--batch_size None' "
-                   "to every run it plans, which the train files refuse")
 def test_the_train_files_default_batch_sizes_it():
     assert timeout_of([], batch=()) == timeout_of([])
 

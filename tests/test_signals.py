@@ -167,9 +167,6 @@ def test_ctrl_c_stops_at_a_window_with_a_checkpoint_whatever_the_workers_saw(tmp
 
 
 @pytest.mark.second_tier
-@pytest.mark.xfail(strict=True, reason="the DataLoader workers die of SIGTERM (torch's default), "
-                   "so the run meets 'DataLoader worker ... is killed by signal: Terminated' "
-                   "before its next window: a traceback, and mostly exit 1 with no checkpoint")
 def test_sigterm_to_every_process_of_a_run_stops_it_with_a_checkpoint(tmp_path):
     """SLURM (scancel, the time limit) and a container's stop send SIGTERM to every process of the
     job, the DataLoader workers too: the run stops at its next window as it does when the signal
@@ -250,9 +247,6 @@ def test_a_stop_in_fsdps_last_window_is_finished_by_its_resume(tmp_path):
 
 # ------------------------------------------------------------------------- a stopped --evaluate
 @pytest.mark.second_tier
-@pytest.mark.xfail(strict=True, reason="--evaluate restores the default handlers: SIGTERM kills "
-                   "it (no line, no 143), and the same command again is refused with a line that "
-                   "offers --resume auto, which --evaluate refuses")
 def test_an_evaluation_stopped_by_sigterm_says_so_and_the_command_it_offers_evaluates(tmp_path):
     """SIGTERM during --evaluate's third batch: one line, exit 143, no results; the same command
     again is refused with a line that offers --overwrite and not --resume (which --evaluate

@@ -57,8 +57,8 @@ def one_line(done, code: int = 2) -> str:
     return lines[0]
 
 
-# ----------------------------------------------------------------------------- the batch, the rate
-def test_a_folder_smaller_than_the_default_batch_trains_on_a_batch_that_fits(folder, tmp_path):
+# ------------------------------------------------------------------------------ the batch, the rate
+def test_a_folder_smaller_than_the_default_batch_trains_on_a_batch_it_fits(folder, tmp_path):
     """24 training images: the default 128 halved until an epoch has 4 steps (4 images, 6 steps),
     said in the first line; an explicit batch larger than the folder is refused in one line."""
     done = in_process("single_gpu", *flags(folder, tmp_path, "--run_name", "fits"))
