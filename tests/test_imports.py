@@ -115,11 +115,11 @@ def project_files(root: Path = REPO) -> list[Path]:
 
 
 # ---------------------------------------------------------------------------------- the closures
-CLOSURE_TODAY = {"single_gpu": 1271, "data_parallel": 1296, "dist_parallel": 1427, "fsdp": 1495}
+CLOSURE_TODAY = {"single_gpu": 1531, "data_parallel": 1558, "dist_parallel": 1701, "fsdp": 1769}
 
 
 @pytest.mark.parametrize("mode", [pytest.param(mode, marks=xfail(
-    f"{mode}/train.py + runkit.py + models/pyramidnet.py: {figure} lines (runkit.py 736)"))
+    f"{mode}/train.py + runkit.py + models/pyramidnet.py: {figure} lines (runkit.py 953)"))
     for mode, figure in CLOSURE_TODAY.items()])
 def test_each_train_py_runs_from_itself_and_two_files(mode):
     """What a user copies to take a mode away: at most 3 files, 1,200 lines."""
@@ -184,7 +184,7 @@ def test_nothing_on_the_training_path_is_imported_as_a_package_module(path):
 
 
 # ------------------------------------------------------------------------------------- the sizes
-SIZE_TODAY = {"dist_parallel/train.py": 577, "fsdp/train.py": 645, "runkit.py": 736}
+SIZE_TODAY = {"dist_parallel/train.py": 634, "fsdp/train.py": 702, "runkit.py": 953}
 
 
 @pytest.mark.parametrize("path", [
@@ -196,17 +196,16 @@ def test_no_file_on_the_training_path_is_over_500_lines(path):
     assert lines(path) <= 500
 
 
-@pytest.mark.xfail(strict=True, reason="3,394 lines: the four train.py 2,089, runkit.py 736, "
-                   "models/ 569 (of which aligned.py, factory.py, blocks.py, __init__.py 455, to "
-                   "be deleted)")
+@pytest.mark.xfail(strict=True, reason="3,358 lines: the four train.py 2,291, runkit.py 953, "
+                   "models/pyramidnet.py 114")
 def test_the_training_path_is_at_most_3000_lines():
     """The four train.py, the library and models/ together."""
     files = [*TRAIN_FILES, LIBRARY, *sorted((REPO / "models").glob("*.py"))]
     assert sum(map(lines, files)) <= 3000, {relative([path])[0]: lines(path) for path in files}
 
 
-@pytest.mark.xfail(strict=True, reason="18,216 lines of Python outside tests/, common/'s 6,974 "
-                   "and models/'s old package's 455 among them (10,787 without them)")
+@pytest.mark.xfail(strict=True, reason="11,300 lines of Python outside tests/, with common/ "
+                   "and the old models/ package gone")
 def test_the_projects_code_is_at_most_11000_lines():
     assert sum(map(lines, project_files())) <= 11000
 
