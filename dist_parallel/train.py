@@ -605,9 +605,13 @@ def launch_workers(args, command: list[str] | None = None) -> int:
                                 f"{'s' * (gpus != 1)}; one a process")
     os.environ.setdefault("OMP_NUM_THREADS", str(max((os.cpu_count() or 1) // nproc, 1)))
     os.environ["PYTORCH_MULTIGPU_SELF_LAUNCH"] = "1"  # its workers may take these two flags
+    # a pod's PET_* (its operator's torchrun flags: PET_STANDALONE="") are not this node's
+    # standalone launch: out of the environment while torchrun's parser reads its defaults
+    pods = {name: os.environ.pop(name) for name in list(os.environ) if name.startswith("PET_")}
     launch = get_args_parser().parse_args([
         "--standalone", f"--nproc_per_node={nproc}", f"--max-restarts={args.max_restarts}",
         *(command or [__file__, *sys.argv[1:]])])
+    os.environ.update(pods)  # the workers inherit them
     if hasattr(launch, "signals_to_handle"):  # torch 2.10+: the stop signals passed on to workers
         launch.signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
     try:
