@@ -150,9 +150,11 @@ def setup(args) -> torch.device:
                       (launched_by_hand(args), "--nproc_per_node and --max_restarts are the self-"
                        "launch's: under torchrun give its own --nproc-per-node, --max-restarts")])
     with runkit.group_failure_in_one_line():  # robustness: a rendezvous that cannot succeed
+        timeout = datetime.timedelta(seconds=args.dist_timeout)
         dist.init_process_group(args.backend or ("nccl" if cuda else "gloo"), rank=rank,
                                 world_size=world_size, device_id=device if cuda else None,
-                                timeout=datetime.timedelta(seconds=args.dist_timeout))
+                                timeout=timeout, store=store_of_this_attempt(rank, world_size,
+                                                                             timeout))
     bf16 = cuda and torch.cuda.is_bf16_supported(including_emulation=False)
     args.amp = args.amp or ("bf16" if bf16 else "fp16" if cuda else "off")
     args.channels_last = cuda if args.channels_last is None else args.channels_last
@@ -549,6 +551,19 @@ def agreed(votes) -> str | None:
     """The signal every rank stops for, from the votes added up over the ranks."""
     return next((name for name, vote in zip(runkit.StopSignals.NAMES.values(), votes) if vote),
                 None)
+
+
+def store_of_this_attempt(rank: int, world_size: int, timeout) -> dist.Store | None:
+    """Under torchrun the store outlives a restart of the workers (--max-restarts), and with it
+    the dead group's keys (gloo's peer addresses): a restarted rank could read a dead peer's.
+    Each attempt gets keys of its own; None outside torchrun (init_process_group makes its own)."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None:
+        return None
+    agents = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # the agent serves it
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                          is_master=rank == 0 and not agents, timeout=timeout)
+    return dist.PrefixStore(f"attempt_{attempt}", store)
 
 
 def on_rank_0(read, *args):

