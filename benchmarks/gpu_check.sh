@@ -247,9 +247,13 @@ part() {  # part NAME COMMAND...: the part as a job of its own, its outcome and 
 }
 
 pack() {  # OUT/work/parts as it stands into OUT/logs.tar.gz, written whole
-    tar czf "$WORK/logs/.packed" -C "$WORK" --exclude=./logs/.packed --exclude='trace_rank*.json' \
-        --exclude='*.pt' --exclude='*.pickle' --exclude=.compile_cache . 2>/dev/null \
-        && mv "$WORK/logs/.packed" "$OUT/logs.tar.gz"
+    # a file of this process's own: two parts side by side may pack at once; tar's 1 is a file
+    # that changed while it was read (a part still writing its log), the archive still whole
+    local packed="$WORK/logs/.packed.$BASHPID" code
+    tar czf "$packed" -C "$WORK" --exclude='./logs/.packed.*' --exclude='trace_rank*.json' \
+        --exclude='*.pt' --exclude='*.pickle' --exclude=.compile_cache . 2>/dev/null
+    code=$?
+    if [ $code -le 1 ]; then mv "$packed" "$OUT/logs.tar.gz"; else rm -f "$packed"; fi
 }
 
 left() {  # the parts of this call that did not run to their end: skipped, stopped or never reached
