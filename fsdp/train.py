@@ -168,7 +168,8 @@ def setup(args) -> torch.device:
     args.amp = args.amp or ("bf16" if bf16 else "fp16" if cuda else "off")
     args.channels_last = cuda if args.channels_last is None else args.channels_last
     torch.backends.cudnn.benchmark = cuda and not args.deterministic  # the fastest per shape
-    torch.set_float32_matmul_precision("high")  # TF32 matrix products, as convolutions have
+    if cuda:  # TF32 matrix products, as convolutions have (torch 2.9 warns of it on the CPU)
+        torch.set_float32_matmul_precision("high")
     if args.deterministic:  # deterministic kernels only (an error where there is none)
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
