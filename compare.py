@@ -12,7 +12,7 @@
     python compare.py --modes dist_parallel fsdp --reshard_after_forward on off
     # train for 30 epochs and compare test accuracy too
     python compare.py --epochs 30 --dataset cifar10
-    # any model/data flag of train.py goes to every run
+    # any flag compare.py does not take is a train.py flag, given to every run
     python compare.py --depth 56 --alpha 84
     # any classification model torchvision lists
     python compare.py --model resnet50 --image_size 224
@@ -24,8 +24,11 @@ single_gpu/train.py`, `python data_parallel/train.py`, `torchrun dist_parallel/t
 fsdp/train.py`), with the same model, data, global batch, learning rate and seed; by default in
 `--benchmark` mode (speed only, on synthetic data; with --dataset imagefolder on the folder's own
 images, read as a training run reads them). fsdp is in the default --modes where there are two
-GPUs or more (one GPU has nothing to shard over); `--modes fsdp` runs it anywhere. Each run's
-results.json is read back and everything goes to `--out` (default results/<timestamp>): report.md
+GPUs or more (one GPU has nothing to shard over); `--modes fsdp` runs it anywhere. Every run's
+command line is read by its own train file's parser before any run starts (comparison/
+train_files.py): a refusal there, or of the matrix's rules (comparison/rules.py), is one line and
+nothing runs. Each run is read back from its run folder (results.json, each rank's profiler trace)
+and everything goes to `--out` (default results/<timestamp>): report.md
 (the model, the mode to use here and why, the table and what it says, first), results.csv, the
 plots, each run's log and run folder, and projection.md: projections past this machine (DDP's and
 FSDP's scaling, and the memory per GPU of this model, and of wider ones for PyramidNet). A model
@@ -40,23 +43,24 @@ SIGTERM, SIGHUP and SIGUSR1 stop every run and still write the report, the inter
 as such; a kill -9 of compare.py kills its runs too (comparison/runner.py).
 
 `--verify` runs, instead of the comparison, the checks the tests run on the CPU
-(comparison/verify.py): the modes end with the same weights on one device, N processes with what one
-process computes from the same shares, the evaluation is exact for any number of processes, the
-ranks stay in sync, and a resumed run ends where an uninterrupted one ends. Each check's figure,
+(comparison/verify.py), comparing the runs' checkpoints with one another: the modes end with the
+same weights and momentum on one device, DDP and FSDP on N processes end alike, the evaluation is
+exact for any number of processes, the ranks stay in sync, and a resumed run ends where an
+uninterrupted one ends. Each check's figure,
 tolerance and verdict go to verify.md (and verify.json); a failed check makes the exit status
 non-zero and is named in the last line.
 """
 from __future__ import annotations
 
-import contextlib
+import argparse
 import dataclasses
 import math
 import os
+import re
 import shlex
 import shutil
 import sys
 import time
-import types
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -65,16 +69,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # `python compare.py` 
 
 import torch
 
-from common.command_line import HelpFormatter, _OneLineParser, add_flags, config_argv
-from common.config import REPO_ROOT, AMPS, Config, UsageError, flag, parse_config
-from common.domains import check_domains
-from common.errors import file_system_problem, plural, user_errors
-from common import performance
-from common.data import dataset_info, load_datasets
-from common.rules import machine_refusal
 from comparison import environment as machine
-from comparison.matrix import (BACKENDS, GROUP_MODES, MODES, RUN_NAME, Cores,
-                               check_runs, command, config_class, cores_here, plan)
+from comparison import model_shapes, train_files
+from comparison.errors import UsageError, file_system_problem, plural, user_errors
+from comparison.matrix import (BACKENDS, RUN_NAME, Cores, check_runs, command, cores_here, plan,
+                               run_flags)
 from comparison.projection import fsdp_units, gradient_bytes, memory_projection
 from comparison.report.breakdown import breakdown_section
 from comparison.report.environment import environment_section
@@ -90,76 +89,53 @@ from comparison.report.projection_scaling import (fabric_of_runs, projection_inp
 from comparison.report.recommendation import recommendation
 from comparison.report.results_table import TABLE_NOTE, table_header, table_row
 from comparison.report.rows import fill_rows, write_csv
+from comparison.rules import machine_refusal
 from comparison.runner import (
     run_all, signal_name, signal_of, signals_deferred, start, stop_signals)
+from comparison.train_files import GROUP_MODES, MODES, REPO, flag_name
 from comparison.verify import Verification
 from comparison.verify_plan import (DEFAULT_STEPS, defaults as verify_defaults, images_in_test_set,
                                     images_in_training_set)
-from models import PYRAMIDNET
 
 # ------------------------------------------------------------------------------------------- config
 
 @dataclass(frozen=True)
 class CompareConfig:
-    out: str | None = flag(None, "folder for everything compare.py writes "
-                                 "(default: results/<timestamp>)",
-                           check="folder")
-    verify: bool = flag(False, "instead of the comparison: check that the modes agree (weights, "
-                               "evaluation, ranks in sync, resume), each check a verdict in "
-                               "verify.md; --max_steps default 24")
-    modes: tuple[str, ...] | None = flag(None, "which modes to run (default: all four with "
-                                               "two GPUs or more, and with --verify; without "
-                                               "fsdp on one GPU or none)", nargs="+",
-                                         choices=MODES)
-    gpu_counts: tuple[int, ...] | None = flag(None, "GPU counts for data_parallel, dist_parallel "
-                                                    "and fsdp (default: every GPU here; without "
-                                                    "GPUs, 2 CPU processes)", nargs="+",
-                                              at_least=1)
-    backends: tuple[str, ...] | None = flag(None, "dist_parallel's and fsdp's backends (default: "
-                                                  "nccl and gloo with GPUs, gloo without)",
-                                            nargs="+", choices=BACKENDS)
-    amp: tuple[str, ...] | None = flag(None, "--amp settings to compare (default: each run's "
-                                             "default for the device)", nargs="+", choices=AMPS)
-    sync_bn: tuple[str, ...] = flag(("off",), "dist_parallel with BatchNorm (off), "
-                                              "SyncBatchNorm (on), or both",
-                                    nargs="+", choices=("off", "on"))
-    reshard_after_forward: tuple[str, ...] = flag(("on",), "fsdp freeing each block's gathered "
-                                                           "parameters after forward, gathered "
-                                                           "again in backward (on, ZeRO-3-like), "
-                                                           "keeping them to backward (off, "
-                                                           "ZeRO-2-like), or both",
-                                                  nargs="+", choices=("on", "off"))
-    repeat: int = flag(1, "runs of each configuration; the report gives mean ± std", at_least=1)
-    profile_steps: int = flag(3, "steps of every run recorded by torch.profiler after its "
-                                 "timed steps (never timed): the report splits each rank's step "
-                                 "into compute, communication hidden and exposed, data and "
-                                 "optimizer; 0: off",
-                              at_least=0)
-    epochs: int = flag(0, "0: --benchmark runs (speed only, on synthetic data, or on an image "
-                          "folder's own images); N: train N epochs on --dataset and compare test "
-                          "accuracy too", at_least=0)
-    batch_per_gpu: int | None = flag(None, "images per GPU in every run, so the global "
-                                           "batch grows with the GPUs (weak scaling); "
-                                           "instead of --batch_size", at_least=1)
-    run_timeout: int | None = flag(None, "seconds a run may take before it is stopped and "
-                                         "reported as failed (default: on GPUs, sized to the "
-                                         "run: 5 minutes to start, 10 more with --compile, and "
-                                         "the FLOPs of each step and evaluation batch at 5 "
-                                         "TFLOP/s, at least 0.2 s each; without GPUs, an hour)",
-                                   at_least=1)
-    overwrite: bool = flag(False, "replace the comparison an --out folder holds: what compare.py "
-                                  "wrote there, nothing else")
-
-    def __post_init__(self):
-        check_domains(self)  # each flag against its domain, as train.py's are
+    """compare.py's own flags, as build_compare_parser reads them (resolve() fills in what depends
+    on the machine)."""
+    out: str | None = None
+    verify: bool = False
+    modes: tuple[str, ...] | None = None
+    gpu_counts: tuple[int, ...] | None = None
+    backends: tuple[str, ...] | None = None
+    amp: tuple[str | None, ...] | None = None
+    sync_bn: tuple[str, ...] = ("off",)
+    reshard_after_forward: tuple[str, ...] = ("on",)
+    repeat: int = 1
+    profile_steps: int = 3
+    epochs: int = 0
+    batch_per_gpu: int | None = None
+    run_timeout: int | None = None
+    overwrite: bool = False
 
 
-# train.py flags that compare.py sets itself for every run, rather than passing the user's value on
-CONTROLLED = {"amp", "epochs", "overwrite", "gpu_devices", "log_dir", "run_name", "resume",
-              "evaluate", "save_model", "checkpoint_interval", "benchmark", "progress",
-              "profile_steps"}
-# the process-group modes' own flags that are passed on to their runs, and which modes take each
+# train.py flags compare.py sets itself for every run, named as typed after their leading dashes
+# (hyphens read as underscores): each with what to give compare.py instead
+CONTROLLED = {
+    "gpu_devices": "--gpu_counts (the runs take the first GPUs)",
+    "log_dir": "--out (each run's folder is <out>/runs/<run>)",
+    "run_name": "--out (compare.py names its runs)", "resume": "nothing: every run starts afresh",
+    "evaluate": "nothing: `compare.py --verify` evaluates the runs' weights itself",
+    "e": "nothing: `compare.py --verify` evaluates the runs' weights itself",
+    "save_model": "nothing: --verify saves what it compares",
+    "checkpoint_interval": "nothing: compare.py keeps what its runs need",
+    "benchmark": "--epochs 0 (the default: every run a --benchmark)",
+    "backend": "--backends", "no_reshard_after_forward": "--reshard_after_forward off",
+    "nproc_per_node": "--gpu_counts", "max_restarts": "nothing: a run that fails is reported",
+}
+# the process-group modes' own flags that compare.py passes on, and which modes take each
 GROUP_PASSED = {"bucket_cap_mb": ("dist_parallel",), "dist_timeout": GROUP_MODES}
+AMPS = ("bf16", "fp16", "off")
 # --run_timeout on GPUs, unless given: what the run must do, at a pace far below any GPU's, so that
 # only a run that is stuck reaches it (an hour, the default before, let one stuck run hold the GPU,
 # and every run after it, that long, and stopped any training that needs longer). On an H200 a
@@ -171,49 +147,176 @@ SLOW_TFLOPS = 5.0  # the pace of each training step and evaluation batch, on one
 SLOW_STEP_S = 0.2  # a step of a small model: its kernels' launches
 CPU_RUN_TIMEOUT = 3600  # without GPUs, where a step's pace varies too much with the CPU and model
 
-# without GPUs, unless given: a model and run small enough for a few
-# seconds per run on a laptop's CPU
-CPU_DEFAULTS = {"depth": 8, "alpha": 12.0, "batch_size": 32, "synthetic_size": 512,
-                "benchmark_steps": 20, "warmup_steps": 3, "log_interval": 5, "loader": "gpu",
-                "num_workers": 0}
+# without GPUs, the train.py flags every run is given before the user's own (which win): a model
+# and run small enough for a few seconds per run on a laptop's CPU
+CPU_DEFAULTS = ["--depth", "8", "--alpha", "12", "--batch_size", "32", "--synthetic_size", "512",
+                "--benchmark_steps", "20", "--warmup_steps", "3", "--log_interval", "5"]
+# and the loader's workers, but for an image folder, read as a training run reads it there
+CPU_WORKERS = ["--num_workers", "0"]
+PASSED_ON = ("Any other flag is a train.py flag (`python single_gpu/train.py --help`: the model, "
+             "the data, --batch_size, --max_steps, --compile, --deterministic ...), passed to "
+             "every run as given, after compare.py's defaults for this machine, and checked by "
+             "each mode's own parser before any run starts.")
 
 
-def build_compare_parser() -> _OneLineParser:
-    """compare.py's flags, then the train.py flags it passes on: the parser parse() reads
-    (docs/flags.py prints its --help)."""
-    parser = _OneLineParser(description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
-    add_flags(parser, CompareConfig)
-    group = parser.add_argument_group("passed to every train.py (their defaults unless given)")
-    add_flags(group, Config, skip=CONTROLLED, defaults=False)
-    # it has every flag of GROUP_PASSED; fsdp's are the same fields
-    dist_class = config_class("dist_parallel")
-    dist_group = parser.add_argument_group("passed to dist_parallel/train.py "
-                                           "(--dist_timeout to fsdp/train.py too)")
-    add_flags(dist_group, dist_class, skip=[f.name for f in dataclasses.fields(dist_class)
-                                            if f.name not in GROUP_PASSED], defaults=False)
+def count(least: int):
+    """An argparse type: a whole number, at least `least`."""
+    def whole_number(text: str) -> int:
+        if not text.strip().isdigit() or int(text) < least:
+            raise argparse.ArgumentTypeError(f"{text} is not a whole number of {least} or more")
+        return int(text)
+    return whole_number
+
+
+def positive(text: str) -> float:
+    """An argparse type: a finite number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"invalid {text}: give a number above 0")
+    return value
+
+
+class Parser(argparse.ArgumentParser):
+    """A mistake in compare.py's flags is one line (a UsageError) naming the flag as it was typed;
+    no abbreviations."""
+
+    typed: list[str] = []
+
+    def parse_known_args(self, args=None, namespace=None):
+        self.typed = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str):
+        def as_typed(match: re.Match) -> str:
+            spellings = match.group(1).split("/")
+            typed = {token.split("=")[0] for token in self.typed}
+            return f"argument {next((s for s in spellings if s in typed), spellings[0])}:"
+
+        message = re.sub(r"argument (-[\w-]+(?:/-[\w-]+)+):", as_typed, message)
+        raise UsageError(f"{message} (see python compare.py --help)")
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """--help with each flag's first spelling alone (its hyphenated alias is accepted too) and its
+    default where it has one the help does not already give."""
+
+    def _format_action_invocation(self, action):
+        spellings = [s for s in action.option_strings if "-" not in s.lstrip("-")]
+        if action.nargs == 0:
+            return ", ".join(spellings)
+        return f"{spellings[0]} {self._format_args(action, action.dest.upper())}"
+
+    def _get_help_string(self, action):
+        shown = not any(action.default is nothing for nothing in (None, False, argparse.SUPPRESS))
+        if shown and "default" not in (action.help or ""):
+            default = " ".join(action.default) if isinstance(action.default, list) \
+                else action.default
+            return f"{action.help} (default: {default})"
+        return action.help
+
+
+def build_compare_parser() -> Parser:
+    """compare.py's flags and the process-group flags it passes on (docs/flags.py prints its
+    --help); any other flag is a train.py flag (PASSED_ON)."""
+    parser = Parser(description=__doc__.split("\n\n")[0], epilog=PASSED_ON,
+                    formatter_class=HelpFormatter, allow_abbrev=False)
+    add = parser.add_argument
+    add("--out", help="folder for everything compare.py writes (default: results/<timestamp>)")
+    add("--verify", action="store_true",
+        help="instead of the comparison: check that the modes agree (weights, evaluation, ranks "
+             "in sync, resume), each check a verdict in verify.md; --max_steps default 24")
+    add("--modes", nargs="+", choices=MODES, metavar="MODE",
+        help=f"which modes to run, of {', '.join(MODES)} (default: all four with two GPUs or "
+             "more, and with --verify; without fsdp on one GPU or none)")
+    add("--gpu_counts", "--gpu-counts", nargs="+", type=count(1),
+        help="GPU counts for data_parallel, dist_parallel and fsdp (default: every GPU here; "
+             "without GPUs, 2 CPU processes)")
+    add("--backends", nargs="+", choices=BACKENDS,
+        help="dist_parallel's and fsdp's backends (default: nccl and gloo with GPUs, gloo without)")
+    add("--amp", nargs="+", choices=AMPS,
+        help="--amp settings to compare (default: each run's default for the device)")
+    add("--sync_bn", "--sync-bn", nargs="+", choices=("off", "on"), default=["off"],
+        help="dist_parallel with BatchNorm (off), SyncBatchNorm (on), or both")
+    add("--reshard_after_forward", "--reshard-after-forward", nargs="+", choices=("on", "off"),
+        default=["on"], help="fsdp freeing each block's gathered parameters after forward, "
+                             "gathered again in backward (on, ZeRO-3-like), keeping them to "
+                             "backward (off, ZeRO-2-like), or both")
+    add("--repeat", type=count(1), default=1,
+        help="runs of each configuration; the report gives mean ± std")
+    add("--profile_steps", "--profile-steps", type=count(0), default=3,
+        help="steps of every run recorded by torch.profiler after its timed steps (never "
+             "timed): the report splits each rank's step into compute, communication hidden and "
+             "exposed, data and optimizer; 0: off")
+    add("--epochs", type=count(0), default=0,
+        help="0: --benchmark runs (speed only, on synthetic data, or on an image folder's own "
+             "images); N: train N epochs on --dataset and compare test accuracy too")
+    add("--batch_per_gpu", "--batch-per-gpu", type=count(1),
+        help="images per GPU in every run, so the global batch grows with the GPUs (weak "
+             "scaling); instead of --batch_size")
+    add("--run_timeout", "--run-timeout", type=count(1),
+        help="seconds a run may take before it is stopped and reported as failed (default: on "
+             "GPUs, sized to the run: 5 minutes to start, 10 more with --compile, and the FLOPs "
+             "of each step and evaluation batch at 5 TFLOP/s, at least 0.2 s each; without GPUs, "
+             "an hour)")
+    add("--overwrite", action="store_true",
+        help="replace the comparison an --out folder holds: what compare.py wrote there, nothing "
+             "else")
+    group = parser.add_argument_group("passed to dist_parallel/train.py (--dist_timeout to "
+                                      "fsdp/train.py too)")
+    group.add_argument("--bucket_cap_mb", "--bucket-cap-mb", type=positive,
+                       help="DDP's gradient buckets, MiB (default: dist_parallel's)")
+    group.add_argument("--dist_timeout", "--dist-timeout", type=positive,
+                       help="seconds a collective waits for the other ranks (default: the "
+                            "train files')")
     return parser
 
 
-def parse(argv=None) -> tuple[CompareConfig, dict, dict]:
-    """compare.py's own flags, the train.py flags given (passed to every run) and the process-group
-    modes' own flags given (passed to their runs: GROUP_PASSED)."""
-    parser = build_compare_parser()
-    args = vars(parser.parse_args(argv))
-    own = {f.name: args.pop(f.name) for f in dataclasses.fields(CompareConfig)}
+def given(train: list[str], *names: str) -> bool:
+    """Whether the train.py flags the user gave (`train`) name one of `names`."""
+    return any(flag_name(token) in names for token in train)
+
+
+def parse(argv=None) -> tuple[CompareConfig, list[str], dict]:
+    """compare.py's own flags, the train.py flags given (passed to every run, as typed) and the
+    process-group modes' own flags given (passed to their runs: GROUP_PASSED)."""
+    own, train = build_compare_parser().parse_known_args(argv)
+    own = vars(own)
+    group_only = {name: own.pop(name) for name in GROUP_PASSED if own[name] is not None}
+    for name in GROUP_PASSED:
+        own.pop(name, None)
     for name in ("modes", "gpu_counts", "backends", "amp", "sync_bn", "reshard_after_forward"):
         own[name] = tuple(dict.fromkeys(own[name])) if own[name] is not None else None
-    group_only = {name: args.pop(name) for name in GROUP_PASSED if name in args}
-    with parser.spelled_as_typed():  # a refusal names the flags as the user typed them
-        return CompareConfig(**own), args, group_only
+    controlled = next((token for token in train if flag_name(token) in CONTROLLED), None)
+    if controlled is not None:
+        raise UsageError(f"{controlled.split('=')[0]} is compare.py's to set for every run: "
+                         f"give {CONTROLLED[flag_name(controlled)]}")
+    return CompareConfig(**own), train, group_only
 
 
-def resolve(cc: CompareConfig, train: dict, cuda: bool, gpus_here: int,
+def train_values(train: list[str]) -> dict:
+    """Every train.py flag, as single_gpu/train.py's own parser reads the flags every run is given
+    (`train`; a flag not given, its default), or the one line that refuses them."""
+    try:
+        return vars(train_files.parse("single_gpu", train))
+    except UsageError as refusal:
+        if "unrecognized arguments" not in str(refusal):
+            raise UsageError(f"{refusal} (single_gpu/train.py's parser, reading the flags "
+                             "compare.py passes to every run)") from None
+        raise UsageError(f"{refusal}: compare.py passes every flag it does not know to every "
+                         "train.py (python compare.py --help, python single_gpu/train.py "
+                         "--help)") from None
+
+
+def resolve(cc: CompareConfig, train: list[str], cuda: bool, gpus_here: int,
             group_only=()) -> CompareConfig:
     """Defaults that depend on the machine, and the mistakes between flags to refuse before any run
-    starts (each flag's own domain was checked when the config was built); `group_only`: the
-    process-group flags given. fsdp is a default mode of the comparison from two GPUs on: with one
-    there is nothing to shard over, and on the CPU its gloo processes would only repeat
-    dist_parallel's point. --verify checks every mode wherever it runs."""
+    starts (each flag's own domain was checked when it was parsed); `train`: the train.py flags
+    given, `group_only`: the process-group flags given. fsdp is a default mode of the comparison
+    from two GPUs on: with one there is nothing to shard over, and on the CPU its gloo processes
+    would only repeat dist_parallel's point. --verify checks every mode wherever it runs."""
     counts = cc.gpu_counts or ((gpus_here,) if cuda else (2,))
     backends = cc.backends or (BACKENDS if cuda else ("gloo",))
     modes = cc.modes or tuple(m for m in MODES
@@ -227,9 +330,9 @@ def resolve(cc: CompareConfig, train: dict, cuda: bool, gpus_here: int,
            f"--{name} is passed to {' and '.join(GROUP_PASSED[name])} only: add "
            f"{' or '.join(GROUP_PASSED[name])} to --modes, or leave --{name} out")
           for name in group_only],
-        (cc.batch_per_gpu is None or "batch_size" not in train,
+        (cc.batch_per_gpu is None or not given(train, "batch_size", "b"),
          "--batch_size fixes the global batch and --batch_per_gpu each GPU's: give one of them"),
-        (cc.epochs or cc.verify or "max_steps" not in train,
+        (cc.epochs or cc.verify or not given(train, "max_steps"),
          "--max_steps applies to training: give it with --epochs N"),
         (not cc.verify or cc.repeat == 1,
          "--repeat is for the comparison: --verify runs each check once"),
@@ -241,7 +344,7 @@ def resolve(cc: CompareConfig, train: dict, cuda: bool, gpus_here: int,
         if not ok:
             raise UsageError(message)
     # the backends and SyncBatchNorm against the machine, refused as train.py refuses them
-    refusal = machine_refusal(cuda, backends, "on" in cc.sync_bn, flag="--backends")
+    refusal = machine_refusal(cuda, backends, "on" in cc.sync_bn)
     if refusal is not None:
         raise UsageError(refusal)
     return dataclasses.replace(cc, modes=modes, gpu_counts=counts, backends=backends,
@@ -252,10 +355,8 @@ MARKER = ".pytorch-multigpu-comparison"  # written first into every --out; --ove
 # what compare.py writes into --out: what --overwrite removes there, and nothing else
 WRITTEN = (MARKER, "report.md", "projection.md", "results.csv", *PICTURES, *EARLIER_PICTURES,
            "verify.md", "verify.json")
-# and in these folders, each run's own (matrix.RUN_NAME and this ending); the runs' compile cache
-# (--compile without --compile_cache: <log_dir>/.compile_cache) in runs/
+# and in these folders, each run's own (matrix.RUN_NAME and this ending)
 RUN_FILES = {"logs": ".log", "runs": ""}
-COMPILE_CACHE = ".compile_cache"
 
 
 def output_folder(cc: CompareConfig) -> Path:
@@ -264,7 +365,7 @@ def output_folder(cc: CompareConfig) -> Path:
     comparison, or one written before the marker: --overwrite never replaces it); an earlier
     comparison, unless --overwrite."""
     timestamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    out = Path(os.path.realpath(cc.out)) if cc.out else REPO_ROOT / "results" / timestamp
+    out = Path(os.path.realpath(cc.out)) if cc.out else REPO / "results" / timestamp
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file: give a folder")
     try:
@@ -311,8 +412,8 @@ def prepare_output(out: Path, argv: list[str]) -> None:
 
 def remove_earlier(out: Path) -> None:
     """An earlier comparison's files (WRITTEN, the new MARKER aside) and the temporary files of a
-    write it did not finish; in logs/ and runs/ its runs' logs and folders (RUN_FILES) and their
-    compile cache, a user's own files beside them kept. logs/ or runs/ as a symbolic link
+    write it did not finish; in logs/ and runs/ its runs' logs and folders (RUN_FILES), a user's
+    own files beside them kept. logs/ or runs/ as a symbolic link
     (compare.py makes none) is removed, and a link among the rest too, never followed."""
     for name in WRITTEN:
         if name != MARKER:
@@ -330,10 +431,9 @@ def remove_earlier(out: Path) -> None:
 
 def runs_own(folder: str, name: str) -> bool:
     """Whether a run of compare.py's wrote `name` into its `folder` (logs or runs): a run's log or
-    folder, named as the matrix names runs (RUN_FILES), or the runs' compile cache."""
+    folder, named as the matrix names runs (RUN_FILES)."""
     ending = RUN_FILES[folder]
-    return (name.endswith(ending) and RUN_NAME.fullmatch(name.removesuffix(ending)) is not None
-            or folder == "runs" and name == COMPILE_CACHE)
+    return name.endswith(ending) and RUN_NAME.fullmatch(name.removesuffix(ending)) is not None
 
 
 def remove(path: Path) -> None:
@@ -355,31 +455,32 @@ def out_error(out: Path, error: OSError) -> str:
 # ------------------------------------------------------------------------------------------- report
 
 def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bool, argv: list[str],
-                 train: dict, env: dict, topology: str | None, elapsed: float) -> list[Path]:
+                 train: list[str], env: dict, topology: str | None, elapsed: float) -> list[Path]:
     """The pictures, results.csv, projection.md, then report.md, each written whole or not at all
-    (files.write_file): a report.md that exists is complete."""
+    (files.write_file): a report.md that exists is complete. `train`: the train.py flags every run
+    was given."""
     fill_rows(outcomes, out)
     ok = [o for o in outcomes if o.status == "ok"]
-    config = (ok[0].results["config"] if ok
-              else {**{f.name: f.default for f in dataclasses.fields(Config)}, **train})
+    config = run_config(ok[0].results["config"] if ok else train_values(train))
     device = device_name(env, cuda)
-    model = model_on_meta(config)
+    model = model_shapes.model_on_meta(config)
     grads = gradient_bytes(model)
     bucket_cap_mb = next((o.results["config"].get("bucket_cap_mb") for o in ok
                           if o.run.mode == "dist_parallel"),
                          25.0)
-    data = dataset_info(run_config(config))
+    channels, size, _ = model_shapes.data_shape(config)
     projection = projection_inputs(outcomes, grads, bucket_cap_mb,
-                                   fsdp_units(model, data.channels, data.size))
+                                   fsdp_units(model, channels, size))
     amp = projection["amp"] if projection else (config.get("amp") or ("bf16" if cuda else "off"))
     model_name = model_title(config)
     # only PyramidNet has a width (alpha) to sweep
-    sweep = config.get("model", PYRAMIDNET) == PYRAMIDNET
-    memory = memory_projection(lambda alpha: model_on_meta({**config, "alpha": alpha})
+    sweep = config["model"] == model_shapes.PYRAMIDNET
+    memory = memory_projection(lambda alpha: model_shapes.model_on_meta(config, alpha)
                                if sweep else model,
                                config["alpha"] if sweep else None, amp, config["momentum"] != 0,
                                gpu_memory_bytes(cuda))
     memory["name"] = model_name
+    differs = model_shapes.projected_model_differs(model, [o.results for o in ok])
     # matplotlib: a second's import, for pictures only
     from comparison.plots import pictures_section, write_plots
 
@@ -388,7 +489,7 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
     cores = None if cuda else cores_here()  # what CPU runs share; GPU runs wait on their GPUs
     pictures = write_plots(outcomes, out, device, cuda, projection if cuda else None, cores)
     write_csv(outcomes, out / "results.csv")
-    profiled = cc.profile_steps if profiling_flag() else 0
+    profiled = cc.profile_steps
     source = ("the image folder's own images" if config["dataset"] == "imagefolder"
               else "synthetic data")
     what = (f"`--benchmark`: {source}, {config['warmup_steps']} untimed then "
@@ -403,6 +504,8 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
         "more GPUs than this machine has" + (", and for wider models" if sweep else "")
         + ", by the cost models of `comparison/projection.py` (which lists what they assume, "
         "with their sources).",
+        *(["", f"**Not the runs' model:** {differs}; the figures below are of the model built "
+           "here (`comparison/model_shapes.py`), not of the one measured."] if differs else []),
         "",
         "## Scaling past this machine",
         "",
@@ -438,14 +541,14 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
         *untimed_note(outcomes, config["warmup_steps"]),
         "## Where a step goes",
         "",
-        *breakdown_section(outcomes, cc.profile_steps if profiling_flag() else None),
+        *breakdown_section(outcomes, cc.profile_steps),
         "",
         "## Pictures",
         "",
         *pictures_section(outcomes, pictures),
         "",
         "Every run's figures, unrounded, are in `results.csv`; its log in `logs/`, its run folder "
-        "(results.json, TensorBoard events) in `runs/`.",
+        "(results.json, TensorBoard events, each rank's profiler trace) in `runs/`.",
         "",
         "How to read this report: `docs/comparing.md` in the repository, section \"Reading the "
         "report\" (what each column means, and why GPU utilisation is not efficiency).",
@@ -462,33 +565,6 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
     return [out / "report.md", out / "projection.md", out / "results.csv", *pictures]
 
 
-def model_on_meta(config: dict) -> torch.nn.Module:
-    """The model the runs trained (results.json's config; a field it lacks, written before the field
-    existed, takes its default), built without memory, to count its gradients."""
-    fields = {field.name: field.default for field in dataclasses.fields(Config)}
-    with uninitialised():
-        return performance.model_on_meta(
-            types.SimpleNamespace(**{**fields, **config, "align_channels": 0}))
-
-
-@contextlib.contextmanager
-def uninitialised():
-    """torch.nn.init's functions do nothing while the block runs. On the meta device they compute
-    nothing anyway, yet take two thirds of a model's build, and a report builds some 50 models (the
-    memory projection's search over widths): seconds of every comparison."""
-    # the in-place ones (torch.nn.init has no __all__ before torch 2.7)
-    names = [name for name, value in vars(torch.nn.init).items()
-             if name.endswith("_") and not name.startswith("_") and callable(value)]
-    originals = {name: getattr(torch.nn.init, name) for name in names}
-    for name in names:
-        setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
-    try:
-        yield
-    finally:
-        for name, function in originals.items():
-            setattr(torch.nn.init, name, function)
-
-
 def gpu_memory_bytes(cuda: bool) -> int | None:
     """The first GPU's memory, which the memory projection weighs the model against; None without
     GPUs."""
@@ -503,23 +579,24 @@ def device_name(env: dict, cuda: bool) -> str:
 
 # --------------------------------------------------------------------------------------------- main
 
-def configure(argv: list[str]) -> tuple[CompareConfig, dict, dict[str, list[str]], bool]:
-    """The flags resolved for this machine: compare.py's own, the train.py flags of every run, the
-    flags passed on to each process-group mode (mode -> arguments), and whether there are GPUs."""
-    cc, train, group_only = parse(argv)
+def configure(argv: list[str]) -> tuple[CompareConfig, list[str], dict[str, list[str]], bool]:
+    """The flags resolved for this machine: compare.py's own, the train.py flags of every run
+    (compare.py's defaults for this machine first, the user's after them: a flag given twice takes
+    its last value, so the user's win), the flags passed on to each process-group mode (mode ->
+    arguments), and whether there are GPUs."""
+    cc, given_flags, group_only = parse(argv)
     cuda = torch.cuda.is_available()
-    cc = resolve(cc, train, cuda, torch.cuda.device_count(), group_only)
+    cc = resolve(cc, given_flags, cuda, torch.cuda.device_count(), group_only)
+    train = list(given_flags)
     if cc.verify:  # its own defaults first, so that compare.py's CPU defaults do not override them
-        train = {**verify_defaults(cuda), **train}
+        train = [*verify_defaults(cuda), *train]
     if not cuda:
-        # an image folder is read as a training run reads it: its default loader and workers
-        folder = train.get("dataset") == "imagefolder"
-        train = {**{k: v for k, v in CPU_DEFAULTS.items()
-                    if not (folder and k in ("loader", "num_workers"))}, **train}
-    # GROUP_PASSED's fields, as parse() read them
-    group_flags = {mode: config_argv(config_class("dist_parallel"),
-                                     {k: v for k, v in group_only.items()
-                                      if mode in GROUP_PASSED[k]})
+        # an image folder is read as a training run reads it: its default loader workers
+        folder = train_values(train)["dataset"] == "imagefolder"
+        train = [*CPU_DEFAULTS, *([] if folder else CPU_WORKERS), *train]
+    train_values(train)  # refused here, in one line, where no train file takes them
+    group_flags = {mode: [token for name, value in group_only.items()
+                          if mode in GROUP_PASSED[name] for token in (f"--{name}", f"{value:g}")]
                    for mode in GROUP_MODES}
     return cc, train, group_flags, cuda
 
@@ -572,7 +649,7 @@ def compare(argv: list[str]) -> int:
         return 1
 
 
-def run_timeout(cc: CompareConfig, train: dict, cuda: bool) -> int:
+def run_timeout(cc: CompareConfig, train: list[str], cuda: bool) -> int:
     """--run_timeout, or where it is not given: without GPUs CPU_RUN_TIMEOUT; on GPUs what the
     longest run must do at a pace no working GPU run falls below: RUN_START_S, COMPILE_S with
     --compile, and SLOW_STEP_S or more for each training step and evaluation batch, the FLOPs of
@@ -582,67 +659,82 @@ def run_timeout(cc: CompareConfig, train: dict, cuda: bool) -> int:
         return cc.run_timeout
     if not cuda:
         return CPU_RUN_TIMEOUT
-    cfg = parse_config(Config, config_argv(Config, train))
-    images = cc.batch_per_gpu or cfg.batch_size
-    step_s = max(SLOW_STEP_S, performance.flops_per_image(cfg) * images / (SLOW_TFLOPS * 1e12))
-    return math.ceil(RUN_START_S + COMPILE_S * cfg.compile + steps_of_a_run(cc, train) * step_s)
+    values = train_values(train)
+    images = cc.batch_per_gpu or values["batch_size"]
+    channels, size, _ = model_shapes.data_shape(values)
+    flops = model_shapes.flops_per_image(model_shapes.model_on_meta(values), channels, size)
+    step_s = max(SLOW_STEP_S, flops * images / (SLOW_TFLOPS * 1e12))
+    return math.ceil(RUN_START_S + COMPILE_S * values["compile"]
+                     + steps_of_a_run(cc, values) * step_s)
 
 
-def steps_of_a_run(cc: CompareConfig, train: dict) -> int:
-    """The training steps and evaluation batches of the longest run: a --benchmark run's untimed,
-    timed and profiled steps; a trained one's steps (up to --max_steps; the profiled ones among
-    them), and a test set's batches after each epoch."""
-    given = {field.name: train.get(field.name, field.default)
-             for field in dataclasses.fields(Config)}
+def steps_of_a_run(cc: CompareConfig, values: dict) -> int:
+    """The training steps and evaluation batches of the longest run (`values`: the train.py flags
+    of every run, as read): a --benchmark run's untimed, timed and profiled steps; a trained one's
+    steps (up to --max_steps; the profiled ones among them), and a test set's batches after each
+    epoch."""
     if not (cc.epochs or cc.verify):
-        return given["warmup_steps"] + given["benchmark_steps"] + cc.profile_steps
-    batch = cc.batch_per_gpu or given["batch_size"]
-    epochs = cc.epochs or given["epochs"] or 1
-    steps = epochs * math.ceil(images_in_training_set(given) / batch)
-    limit = given["max_steps"] or (DEFAULT_STEPS if cc.verify else None)
+        return values["warmup_steps"] + values["benchmark_steps"] + cc.profile_steps
+    batch = cc.batch_per_gpu or values["batch_size"]
+    epochs = cc.epochs or values["epochs"] or 1
+    steps = epochs * math.ceil(images_in_training_set(values) / batch)
+    limit = values["max_steps"] or (DEFAULT_STEPS if cc.verify else None)
     steps = min(steps, limit) if limit else steps
-    return steps + epochs * math.ceil(images_in_test_set(given) / batch)
+    return steps + epochs * math.ceil(images_in_test_set(values) / batch)
 
 
-def check_dataset(cc: CompareConfig, train: dict) -> None:
+def check_dataset(cc: CompareConfig, train: list[str]) -> None:
     """The dataset the runs train on, read here once before any run when they would read or
     download it (cifar10, mnist: with --epochs, or --verify given one): downloaded into
-    --data_dir if it is missing and the network allows, or refused in one line
-    (common/data.py's), rather than every configuration starting only to fail alike. --benchmark
-    runs (the default) and synthetic data need nothing."""
-    dataset = train.get("dataset", Config.dataset)
-    if (cc.epochs or cc.verify) and dataset != "synthetic":
-        load_datasets(dataset, train.get("data_dir", Config.data_dir), 0, 0)
+    --data_dir if it is missing and the network allows, as the train files download it, or refused
+    in one line, rather than every configuration starting only to fail alike; an image folder that
+    torchvision's ImageFolder cannot read, refused likewise. --benchmark runs (the default) and
+    synthetic data need nothing."""
+    values = train_values(train)
+    dataset, root = values["dataset"], values["data_dir"]
+    if not (cc.epochs or cc.verify) and dataset != "imagefolder" or dataset == "synthetic":
+        return
+    if dataset == "imagefolder":
+        if model_shapes.image_folder(root) is None:
+            raise UsageError(f"--dataset imagefolder: {root} holds no train/ and val/ folders of "
+                             "class folders of images: put the images in "
+                             f"{root}/train/<class>/ and {root}/val/<class>/")
+        return
+    import torchvision
+
+    kind = {"cifar10": torchvision.datasets.CIFAR10, "mnist": torchvision.datasets.MNIST}[dataset]
+    try:
+        for train_split in (True, False):
+            kind(root, train=train_split, download=True)
+    except (OSError, RuntimeError) as error:  # no network (URLError is an OSError), a bad file
+        reason = " ".join(str(error).split())[:120] or type(error).__name__
+        raise UsageError(f"--dataset {dataset}: {Path(root) / DATASET_FILES[dataset]} is not "
+                         f"there and cannot be downloaded here ({reason}): put it there, or give "
+                         "--dataset synthetic") from None
 
 
-def plan_matrix(cc: CompareConfig, train: dict, group_flags: dict[str, list[str]],
+# what torchvision reads of each dataset it downloads, in --data_dir
+DATASET_FILES = {"cifar10": "cifar-10-python.tar.gz", "mnist": "MNIST/raw"}
+
+
+def plan_matrix(cc: CompareConfig, train: list[str], group_flags: dict[str, list[str]],
                 cuda: bool, out: Path | None = None) -> tuple[list[str], list]:
     """The flags every run shares and the runs, or the one line that refuses them (each run checked
     as it will run, its folder under `out`)."""
-    train["epochs"] = cc.epochs if cc.epochs else None
-    shared = config_argv(Config, {k: v for k, v in train.items() if k != "batch_size"})
-    shared += [] if cc.epochs else ["--benchmark"]
-    shared += ["--profile_steps", str(cc.profile_steps)] if profiling_flag() else []
-    batch = train.get("batch_size", Config.batch_size)
+    shared = [*train, *(["--epochs", str(cc.epochs)] if cc.epochs else ["--benchmark"]),
+              "--profile_steps", str(cc.profile_steps)]
+    batch = train_values(train)["batch_size"]
     sync_bns = [s == "on" for s in cc.sync_bn]
     reshards = [s == "on" for s in cc.reshard_after_forward]
     runs = plan(cc.modes, cc.gpu_counts, cc.backends, cc.amp, sync_bns, cc.repeat, cuda, batch,
                 cc.batch_per_gpu, reshards)
     if not runs:
         raise UsageError("--modes/--gpu_counts/--backends leave nothing to run")
-    check_runs(runs, shared, group_flags, out / "runs" if out is not None else None)
+    check_runs(runs, shared, group_flags, (out or REPO / "results") / "runs", cuda)
     return shared, runs
 
 
-def profiling_flag() -> bool:
-    """Whether every train.py here takes --profile_steps (compare.py passes its own on to every
-    run): the runs then record the split of their steps that the report's "Where a step goes"
-    shows."""
-    return all(any(f.name == "profile_steps" for f in dataclasses.fields(config_class(mode)))
-               for mode in MODES)
-
-
-def run_matrix(cc: CompareConfig, argv: list[str], train: dict, shared: list[str],
+def run_matrix(cc: CompareConfig, argv: list[str], train: list[str], shared: list[str],
                group_flags: dict[str, list[str]], runs: list, out: Path, cuda: bool) -> int:
     """Every run, one at a time, then the report. Exit status: 1 if a run did not succeed, 128 + the
     signal if one stopped compare.py."""
@@ -660,7 +752,8 @@ def run_matrix(cc: CompareConfig, argv: list[str], train: dict, shared: list[str
         print(f"[{run.index}/{len(runs)}] {run.describe()}, global batch {run.batch_size}"
               + (f", repeat {run.repeat}/{cc.repeat}" if cc.repeat > 1 else "")
               + f" — {len(runs) - run.index} left after it, {elapsed} elapsed", flush=True)
-        return start(run, command(run, shared, group_flags, out / "runs", cuda), out, cuda)
+        flags = run_flags(run, shared, group_flags, out / "runs", cuda)
+        return start(run, command(run, flags), out, cuda)
 
     def finished(run, outcome: Outcome) -> None:
         print(f"    {progress(outcome)} ({fmt_seconds(outcome.seconds)})", flush=True)

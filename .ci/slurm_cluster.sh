@@ -206,7 +206,7 @@ check_results() {  # check_results RUN_DIR MODE WORLD_SIZE STEPS LOG
 import json, sys
 run_dir, mode, world_size, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 results = json.load(open(f"{run_dir}/results.json"))
-got = (results["mode"], results["world_size"], results["summary"]["steps"])
+got = (results["mode"], results["world_size"], results["summary"]["step"])
 if got != (mode, world_size, steps):
     sys.exit(f"mode, world size, steps: {got}, expected {(mode, world_size, steps)}")
 PY

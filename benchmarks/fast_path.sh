@@ -3,17 +3,19 @@
 # ratios compare runs on the same GPU. Results: OUT/<run>/results.json, OUT/profile*.json, OUT/summary.txt.
 #   bash benchmarks/fast_path.sh [OUT [train.py flags for every run...]]     (default OUT: runs/fast_path)
 #   BENCHMARK_STEPS=100 COMPILE=0 bash benchmarks/fast_path.sh ...    fewer timed steps; no compiled runs
-# The rows: fast (every default of a GPU: bf16, channels_last, channels stored in multiples of 8, the gpu
-# loader, fused SGD), unaligned (--align_channels 0), align16 and align32, cudnn_limit0 (cuDNN's autotuning
-# tries every algorithm), classic (fp32, NCHW, torchvision's DataLoader, unaligned), data_parallel and
-# dist_parallel on the one GPU, width8 (a wider model); with COMPILE=1 (the default) compiled_cold and
-# compiled_warm (--compile --compile_mode reduce-overhead: CUDA graphs; the first run with an empty compile
-# cache, the second with the first's), and with COMPILE=all compiled (--compile, default mode) too. Their
-# cache is a temporary folder removed at the end, or COMPILE_CACHE=FOLDER, kept: a later call's
-# compiled_warm row alone (ROWS=compiled_warm) then reads what an earlier call's compiled_cold wrote;
-# compiled_cold refuses a COMPILE_CACHE that holds files already (it would not be cold), in one line,
-# before anything is written. Then the profile of the fast path (by category, by convolution pass and
-# stage, against the roofline) and of width8.
+# The rows: fast (`python benchmarks/fast.py single_gpu`: every default of the fast path on a GPU, bf16,
+# channels_last, channels stored in multiples of 8, the gpu loader, the shortcut in place, fused SGD),
+# unaligned (--align_channels 0), align16 and align32, cudnn_limit0 (cuDNN's autotuning tries every
+# algorithm), plain (`python single_gpu/train.py` as the lesson is: bf16, channels_last, torchvision's
+# DataLoader, the paper's channels), classic (plain in fp32 and NCHW), data_parallel and dist_parallel on the
+# one GPU (fast.py's), width8 (--width_multiple 8, a wider model); with COMPILE=1 (the default)
+# compiled_cold and compiled_warm (fast.py's --compile --compile_mode reduce-overhead: CUDA graphs; the first
+# run with an empty compile cache, the second with the first's), and with COMPILE=all compiled (--compile,
+# default mode) too. Their cache (fast.py's --compile_cache) is a temporary folder removed at the end, or
+# COMPILE_CACHE=FOLDER, kept: a later call's compiled_warm row alone (ROWS=compiled_warm) then reads what an
+# earlier call's compiled_cold wrote; compiled_cold refuses a COMPILE_CACHE that holds files already (it
+# would not be cold), in one line, before anything is written. Then the profile of the fast path (by
+# category, by convolution pass and stage, against the roofline) and of width8.
 # ROWS="fast classic ... profile" runs only the rows named (and the profiles with "profile"); the summary covers
 # every run under OUT, so a second call into the same OUT adds its rows to the first's table. The
 # summary gives each row's images/s as a share of two of benchmarks/roofline.py's bounds for its own
@@ -34,7 +36,7 @@ VISIBLE=${CUDA_VISIBLE_DEVICES:-0}
 export CUDA_VISIBLE_DEVICES=${VISIBLE%%,*}  # one GPU: the first visible one, for every run
 if ! python -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
     echo "error: no CUDA GPU here (CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES):" \
-         "fast_path.sh measures one; on a CPU, python single_gpu/train.py --benchmark runs" >&2
+         "fast_path.sh measures one; on a CPU, python benchmarks/fast.py single_gpu --benchmark runs" >&2
     exit 2
 fi
 ROWS=${ROWS:-all}
@@ -60,12 +62,13 @@ trap 'exit 143' TERM
 trap 'exit 129' HUP
 STEPS=${BENCHMARK_STEPS:-200}
 COMMON=(--benchmark --batch_size 256 --warmup_steps 30 --benchmark_steps "$STEPS" --log_interval 50
-        --no_progress --log_dir "$OUT" --overwrite "${@:2}")
+        --log_dir "$OUT" --overwrite "${@:2}")
 FAILED=()
-run() { local name=$1 script=$2; shift 2; wanted "$name" || return 0
+run() {  # run NAME SCRIPT [MODE] FLAGS...: python SCRIPT [MODE] FLAGS COMMON --run_name NAME
+        local name=$1; shift; wanted "$name" || return 0
         local shown="$*"  # the compile cache as CACHE
-        echo "== $name: python $script ${COMMON[*]} ${shown//"$CACHE"/CACHE}"
-        row "$name" python "$script" "${COMMON[@]}" --run_name "$name" "$@"; }
+        echo "== $name: python ${shown//"$CACHE"/CACHE} ${COMMON[*]}"
+        row "$name" python "$@" "${COMMON[@]}" --run_name "$name"; }
 row() {  # row NAME COMMAND...: COMMAND as a job; a row that failed is named, the table written again
     local name=$1 code
     shift
@@ -84,8 +87,8 @@ table() {  # the table of every run under OUT, and the rows that failed
 import json, os, sys
 from pathlib import Path
 out, failed = Path(sys.argv[1]), sys.argv[2:]
-order = ["fast", "unaligned", "align16", "align32", "cudnn_limit0", "classic", "data_parallel", "dist_parallel",
-         "width8", "compiled_cold", "compiled_warm", "compiled"]
+order = ["fast", "unaligned", "align16", "align32", "cudnn_limit0", "plain", "classic", "data_parallel",
+         "dist_parallel", "width8", "compiled_cold", "compiled_warm", "compiled"]
 found = {p.parent.name: json.loads(p.read_text()) for p in out.glob("*/results.json")}
 runs = {name: found[name] for name in sorted(found, key=lambda n: order.index(n) if n in order else 99)}
 fast = runs["fast"]["summary"]["images_per_sec"] if "fast" in runs else None
@@ -94,14 +97,16 @@ env = next(iter(runs.values()))["env"] if runs else None
 # op by op (seconds: the header), and the table is written again after every row
 known = out / ".bounds.json"
 bounds = json.loads(known.read_text()) if known.is_file() else {}
-MODEL = ("model", "depth", "alpha", "block", "width_multiple", "dataset", "amp", "batch_size")
+MODEL = ("model", "depth", "alpha", "block", "width_multiple", "align_channels", "dataset", "amp",
+         "batch_size")
 
 
 def bound_of(cfg):
-    """The roofline of a run's own model (its --width_multiple) at its precision and the lines that
-    describe it, None off the GPU table; computed once for each model, GPU, precision and batch."""
+    """The roofline of a run's own model (fast.py's, or the plain train.py's) at its precision and the
+    lines that describe it, None off the GPU table; computed once for each model, GPU, precision and
+    batch."""
     gpu = env["gpus"][0] if env and env["gpus"] else ""
-    key = json.dumps([gpu, *(cfg.get(name) for name in MODEL)])
+    key = json.dumps([gpu, "loader" in cfg, *(cfg.get(name) for name in MODEL)])
     if key not in bounds:
         bounds[key] = compute_bound(cfg, gpu)
         written = known.with_name(f".bounds.{os.getpid()}.tmp")  # written whole: one rename
@@ -111,26 +116,19 @@ def bound_of(cfg):
 
 
 def compute_bound(cfg, gpu):
-    if not gpu:  # no GPU, no peak: nothing to import
+    if not gpu or cfg.get("model", "pyramidnet") != "pyramidnet":  # no GPU, no peak: no import
         return None
     sys.path.insert(0, ".")
-    import torch
-    from benchmarks.roofline import bandwidth_tbs, bound_lines, roofline, step_ops
-    from common.performance import table_peaks
-    from compare import model_on_meta  # the runs' model, from their config
-    peaks, tbs = table_peaks(gpu), bandwidth_tbs(gpu)
-    if not (peaks and tbs):
+    from benchmarks.roofline import bound_lines, bound_of_run  # the runs' model, from their config
+    bound = bound_of_run(cfg, gpu)
+    if bound is None:
         return None
-    amp = cfg["amp"]
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp, torch.float32)
-    ops = step_ops(model_on_meta(cfg), cfg["batch_size"], (3, 32, 32), 10, dtype)
-    bound = roofline(ops, cfg["batch_size"], peaks[amp if amp != "off" else "tf32"], tbs)
     return {**{key: value for key, value in bound.items() if key != "categories"},
             "lines": bound_lines(bound)}
 
 
 if env:
-    print(f"{', '.join(env['gpus']) or 'no GPU'}; torch {env['torch']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}")
+    print(f"{', '.join(env['gpus']) or 'no GPU'}; torch {env['torch']}, CUDA {env['cuda']}")
     first = bound_of(runs["fast"]["config"]) if "fast" in runs else None
     if first:  # benchmarks/roofline.py's four bounds, labelled as it labels them
         print(f"bounds of the fast row's model at batch {runs['fast']['config']['batch_size']} "
@@ -139,7 +137,7 @@ if env:
               f"row's images/s as a % of two of its own model's bounds at its own precision:")
         print("\n".join(f"  {line}" for line in first["lines"]))
 print("| run | images/s | x fast | batch p50 ms | p90 ms | data wait % | peak GB alloc (reserved) | MFU % "
-      "| % of op-by-op bound | % of training-fused bound | compile s |")
+      "| % of op-by-op bound | % of training-fused bound | first step s |")
 print("|---|---|---|---|---|---|---|---|---|---|---|")
 for name, r in runs.items():
     s = r["summary"]
@@ -148,14 +146,15 @@ for name, r in runs.items():
     bound = bound_of(r["config"])
     shares = [f"{100 * s['images_per_sec'] / bound[f'{key}_images_per_sec']:.1f}" if bound else "-"
               for key in ("op_by_op", "training_fused")]
-    compile_s = f"{s['compile_time_s']:.0f}" if s["compile_time_s"] is not None else "-"
+    first_s = f"{s['first_step_s']:.1f}" if s.get("first_step_s") is not None else "-"
     peak = "-" if s["peak_mem_gb"] is None else f"{s['peak_mem_gb']:.2f}"
     peak += f" ({s['peak_mem_reserved_gb']:.2f})" if s.get("peak_mem_reserved_gb") is not None else ""
     print(f"| {name} | {s['images_per_sec']:.0f} | {ratio} | {1e3 * s['batch_time_p50']:.1f} "
           f"| {1e3 * s['batch_time_p90']:.1f} | {100 * s['data_wait_frac']:.2f} | {peak} | {mfu} "
-          f"| {' | '.join(shares)} | {compile_s} |")
-if fast and "classic" in runs:
-    print(f"fast / classic: {fast / runs['classic']['summary']['images_per_sec']:.2f}x")
+          f"| {' | '.join(shares)} | {first_s} |")
+for other in ("plain", "classic"):
+    if fast and other in runs:
+        print(f"fast / {other}: {fast / runs[other]['summary']['images_per_sec']:.2f}x")
 if failed:
     print(f"failed: {', '.join(failed)} (their output is above)")
 PY
@@ -172,21 +171,23 @@ elif compiled_rows; then
     CACHE=$TEMPORARY
     echo "CACHE: a temporary folder for the compiled rows' torch.compile cache, removed at the end"
 fi
-run fast            single_gpu/train.py
-run unaligned       single_gpu/train.py --align_channels 0
-run align16         single_gpu/train.py --align_channels 16
-run align32         single_gpu/train.py --align_channels 32
-run cudnn_limit0    single_gpu/train.py --cudnn_benchmark_limit 0
-run classic         single_gpu/train.py --loader torchvision --amp off --no_channels_last --align_channels 0
-run data_parallel   data_parallel/train.py
-run dist_parallel   dist_parallel/train.py --nproc_per_node 1
-run width8          single_gpu/train.py --width_multiple 8
+FAST=benchmarks/fast.py
+run fast            $FAST single_gpu
+run unaligned       $FAST single_gpu --align_channels 0
+run align16         $FAST single_gpu --align_channels 16
+run align32         $FAST single_gpu --align_channels 32
+run cudnn_limit0    $FAST single_gpu --cudnn_benchmark_limit 0
+run plain           single_gpu/train.py
+run classic         single_gpu/train.py --amp off --no-channels_last
+run data_parallel   $FAST data_parallel
+run dist_parallel   $FAST dist_parallel --nproc_per_node 1
+run width8          $FAST single_gpu --width_multiple 8
 if [ "${COMPILE:-1}" != 0 ]; then
-    run compiled_cold single_gpu/train.py --compile --compile_mode reduce-overhead --compile_cache "$CACHE"
-    run compiled_warm single_gpu/train.py --compile --compile_mode reduce-overhead --compile_cache "$CACHE"
+    run compiled_cold $FAST single_gpu --compile --compile_mode reduce-overhead --compile_cache "$CACHE"
+    run compiled_warm $FAST single_gpu --compile --compile_mode reduce-overhead --compile_cache "$CACHE"
 fi
 if [ "${COMPILE:-1}" = all ]; then
-    run compiled      single_gpu/train.py --compile --compile_cache "$CACHE"
+    run compiled      $FAST single_gpu --compile --compile_cache "$CACHE"
 fi
 if wanted profile; then
     row profile python benchmarks/profile_step.py --batch_size 256 "${@:2}" --out "$OUT/profile.json"

@@ -5,12 +5,13 @@
 #   verify           `compare.py --verify` and `compare.py --verify --deterministic` side by side, every mode
 #                    (fsdp too), NCCL only, on a small model: two one-rank NCCL groups, each under torch's
 #                    launcher with a free port of its own (--standalone) and in a folder of its own
-#   fast             fast_path.sh's default eager row
+#   fast             fast_path.sh's default eager row (benchmarks/fast.py single_gpu)
 #   compiled_cold    fast_path.sh's compiled and graphed row, on an empty compile cache
 #   compiled_warm    the same on the cache compiled_cold wrote (KEEP/compile_cache)
 #   memory_snapshot  `fsdp/train.py --memory_snapshot 3` as docs/speed.md gives it, its file read back
 #   tests            the GPU tests (tests/gpu), compare.py's columns read from compare's comparison
-#   fast_path_rest   the fast-path table's other rows and the two profiles
+#   fast_path_rest   the fast-path table's other rows (the plain single_gpu/train.py among them) and the two
+#                    profiles
 #   compare_repeat   `compare.py --repeat 3`, every mode, NCCL only
 # A lease of a GPU comes as calls of at most 10 minutes, so the parts come in two calls, the second run at
 # once on the still-warm machine:
@@ -58,12 +59,15 @@
 #   150 s); fast_path.sh's 9 rows and 2 profiles of 30 untimed and 50 timed steps in 384 s, of which the
 #   steps take about 60 s: about 30 s a process beyond its steps, the table written after it included
 #   (H100; the H200's 235 s for fast, unaligned, compiled_cold and part of compiled_warm fit about 30 s
-#   too); tests/gpu in 78 s (H100). The table then computed the roofline's bounds each time it was
-#   written, about 13 s (an estimate, never timed alone there; 21.7 s on a busy 2-core CPU); it now
+#   too); tests/gpu in 78 s (H100). Those rows ran the fast path inside train.py, which benchmarks/fast.py
+#   runs now with the same defaults (not yet timed there). The table then computed the roofline's bounds
+#   each time it was written, about 13 s (an estimate, never timed alone there; 21.7 s on a busy 2-core CPU); it now
 #   computes a bound once and keeps it (a table then takes 0.2 s).
 # - So S = 20 s for a PyramidNet-110 process beyond its steps (imports, CUDA, the synthetic images, cuDNN's
 #   autotuning, results.json): the 30 s less the table's 13 s, plus a little, the images it generates now
-#   fewer (only those its steps draw: 14,464 for compare.py's runs, 20,480 for a fast-path row).
+#   fewer (only those its steps draw: 14,464 for compare.py's runs, 20,480 for a fast-path row; assumed:
+#   a train.py generates its 50,000 and 10,000 synthetic images again now, a second or two on the CPU,
+#   within the little).
 #   Assumed, not measured: a step at compare.py's batch 128 about 31 ms (128 / 4,679 images/s, plus 15 %
 #   for a smaller batch); 5 s a run for its 3 profiled steps and their trace; 5 s more for a run torchrun
 #   starts; 15 s of compare.py's own (its start, the projection, the pictures; 5 s on a 2-core CPU for the
@@ -85,9 +89,12 @@
 #   and call 2 runs it before compiled_warm.
 # - memory_snapshot 0.7 (one fsdp process under torchrun, S + 5 s, its 10 + 5 steps, the first 3 recorded
 #   with a stack per allocation, symbolized with TORCH_SYMBOLIZE_MODE=fast, and the file read back: about
-#   40 s); tests 2.0 (78 s, and the tests added since); fast_path_rest 4.9 (8 processes of 21 s and their
+#   40 s); tests 2.5 (78 s, and the tests added since: the fast path's three runs, one of them compiled beside
+#   the plain compiled run, assumed 30 s more); fast_path_rest 4.9 (8 processes of 21 s and their
 #   80 steps, 52 s, the 2 profiles at 30 s each, width8's bound 13 s, and fast_path.sh's start: 296 s);
-#   compare_repeat 6.0 (12 runs of 20 + 43 x 0.031 + 5 s, 6 under torchrun, and 15 s: 361 s).
+#   compare_repeat 6.0 (12 runs of 20 + 43 x 0.031 + 5 s, 6 under torchrun, and 15 s: 361 s). fast_path_rest
+#   has a ninth row since (plain: the lesson's single_gpu/train.py, 21 s and its 80 steps, 4 s) and two
+#   bounds more (the plain model's at bf16 and at fp32, classic's, 13 s each): 296 + 25 + 26 = 347 s, 5.8.
 set -uo pipefail
 OUT=${1:?usage: bash benchmarks/gpu_check.sh OUT}
 [[ $OUT == /* ]] || OUT=$PWD/$OUT  # where it was started from
@@ -139,7 +146,7 @@ ALL_MODES="single_gpu data_parallel dist_parallel fsdp"
 VERIFY_ARGS=${VERIFY_ARGS:---depth 20 --alpha 48 --synthetic_size 4096}
 COMPARE_ARGS=${COMPARE_ARGS:---repeat 3 --modes $ALL_MODES --backends nccl --benchmark_steps 30}
 BENCHMARK_STEPS=${BENCHMARK_STEPS:-50}
-LATER_ROWS="unaligned classic data_parallel dist_parallel align16 align32 cudnn_limit0 width8 profile"
+LATER_ROWS="unaligned plain classic data_parallel dist_parallel align16 align32 cudnn_limit0 width8 profile"
 # a run's time limit: three to six times its predicted time (a PyramidNet-110 run of compare.py 40 s, a
 # --verify run 12-18 s, the compiled_cold row 142 s; an H100 compiled for 151 s)
 COMPARE_RUN_TIMEOUT=180
@@ -147,7 +154,7 @@ VERIFY_RUN_TIMEOUT=90
 ROW_TIMEOUT=420
 # the minutes predicted for each part, in tenths (the header says how), and what each runs
 declare -A TENTHS=([compare]=23 [verify]=33 [fast]=7 [compiled_cold]=23 [compiled_warm]=10 [memory_snapshot]=7
-                   [tests]=20 [fast_path_rest]=49 [compare_repeat]=60)
+                   [tests]=25 [fast_path_rest]=58 [compare_repeat]=60)
 START_TENTHS=2
 declare -A WHAT=(
     [compare]="python compare.py: 4 runs of PyramidNet-110 alpha=270"
@@ -157,7 +164,7 @@ declare -A WHAT=(
     [compiled_warm]="fast_path.sh's compiled_warm row, on the cache compiled_cold wrote in KEEP"
     [memory_snapshot]="fsdp/train.py --memory_snapshot 3: the allocator's history, read back"
     [tests]="python -m pytest tests/gpu"
-    [fast_path_rest]="fast_path.sh: the other 8 rows and 2 profiles"
+    [fast_path_rest]="fast_path.sh: the other 9 rows and 2 profiles"
     [compare_repeat]="compare.py $COMPARE_ARGS")
 FAILED=()
 SKIPPED=()
@@ -200,7 +207,7 @@ plan() {  # the parts this call runs, in order, with their predicted minutes and
     fi
 }
 
-graphs() {  # the compiled graphs in the compile cache a compile reads (common/compiling.py, GRAPH_ENTRIES)
+graphs() {  # the compiled graphs in the compile cache a compile reads (benchmarks/fast.py, graph_entries)
     find "$KEEP/compile_cache" \( -path '*/fxgraph/*/*/*' -o -path '*/aotautograd/*/*' \) -type f \
         ! -name '.*' 2>/dev/null | wc -l
 }
@@ -240,9 +247,13 @@ part() {  # part NAME COMMAND...: the part as a job of its own, its outcome and 
 }
 
 pack() {  # OUT/work/parts as it stands into OUT/logs.tar.gz, written whole
-    tar czf "$WORK/logs/.packed" -C "$WORK" --exclude=./logs/.packed --exclude='trace_rank*.json' \
-        --exclude='*.pt' --exclude='*.pickle' --exclude=.compile_cache . 2>/dev/null \
-        && mv "$WORK/logs/.packed" "$OUT/logs.tar.gz"
+    # a file of this process's own: two parts side by side may pack at once; tar's 1 is a file
+    # that changed while it was read (a part still writing its log), the archive still whole
+    local packed="$WORK/logs/.packed.$BASHPID" code
+    tar czf "$packed" -C "$WORK" --exclude='./logs/.packed.*' --exclude='trace_rank*.json' \
+        --exclude='*.pt' --exclude='*.pickle' --exclude=.compile_cache . 2>/dev/null
+    code=$?
+    if [ $code -le 1 ]; then mv "$packed" "$OUT/logs.tar.gz"; else rm -f "$packed"; fi
 }
 
 left() {  # the parts of this call that did not run to their end: skipped, stopped or never reached
@@ -403,7 +414,7 @@ fi
 if wanted memory_snapshot; then  # docs/speed.md's command on a real GPU, and what its file holds
     # TORCH_SYMBOLIZE_MODE=fast: the stacks' C++ frames named by torch itself (addr2line took minutes)
     part memory_snapshot env TORCH_SYMBOLIZE_MODE=fast python fsdp/train.py --benchmark --benchmark_steps 5 \
-        --memory_snapshot 3 --no_progress --log_dir "$WORK/memory_snapshot" --run_name memory_snapshot \
+        --memory_snapshot 3 --log_dir "$WORK/memory_snapshot" --run_name memory_snapshot \
         && snapshot_read "$WORK/memory_snapshot/memory_snapshot/memory_snapshot.pickle"
 fi
 if wanted tests; then

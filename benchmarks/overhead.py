@@ -5,7 +5,8 @@ end), alternately, best of N each.
     python benchmarks/overhead.py   # PyramidNet-8 alpha=12, batch 32, on this machine's CPU
     python benchmarks/overhead.py --depth 110 --alpha 270 --batch_size 256 --repeat 3   # on a GPU
 
-It takes every train.py flag. The ratio of images/s (train.py's over the bare loop's) is
+It takes every single_gpu/train.py flag, and builds the bare loop's model, loader and optimizer
+with that file's own functions. The ratio of images/s (train.py's over the bare loop's) is
 printed: 1.0 means the suite's measurement costs nothing. A benchmark, not a test: it is
 timed, and the figure goes to BENCHMARKS.md. train.py's runs are kept as run folders in
 --log_dir, named --run_name (default overhead-<time>) plus -suite<N>, so that the folders
@@ -13,77 +14,47 @@ their lines name are there to read afterwards.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+REPO = Path(__file__).resolve().parents[1]
+sys.path += [str(path) for path in (REPO, REPO / "models") if str(path) not in sys.path]
 
-import torch
-import torch.nn.functional as F
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
-from common.command_line import config_argv
-from common.config import Config, UsageError, flag, parse_config
-from common.domains import CHECKS
-from common.errors import user_errors
-from common.data import dataset_info, load_datasets
-from common.devices import seed_everything
-from common.loaders import make_loader
-from common.optim import build_optimizer
-from common.performance import autocast, memory_format, resolve_fast_path
-from common.samplers import ShuffleSampler
-from models import build_model
+import runkit  # noqa: E402
+from benchmarks.fast import train_file  # noqa: E402
 
 DEFAULTS = ["--dataset", "synthetic", "--synthetic_size", "512", "--depth", "8", "--alpha", "12",
             "--batch_size", "32", "--warmup_steps", "3", "--benchmark_steps", "24",
-            "--log_interval", "9", "--no_progress"]
+            "--log_interval", "9"]
 
 
-@dataclass(frozen=True)
-class OverheadConfig(Config):
-    repeat: int = flag(2, "runs of each loop, alternately; the best of each is compared",
-                       at_least=1)
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.run_name is not None:  # the last run's folder name must be one too
-            wrong = CHECKS["name"](suite_run_name(self.run_name, self.repeat - 1))
-            if wrong:
-                raise UsageError(f"--run_name {self.run_name!r} leaves no room for "
-                                 f"-suite{self.repeat - 1}: give a shorter one")
-
-
-def suite_run_name(base: str, attempt: int) -> str:
-    """The run folder of train.py's `attempt`-th run."""
-    return f"{base}-suite{attempt}"
-
-
-def bare_images_per_sec(cfg: Config, device: torch.device) -> float:
-    """--benchmark's model, batches and optimizer in the plainest loop."""
-    seed_everything(cfg.seed)
-    train_set, _ = load_datasets("synthetic", "", cfg.synthetic_size, cfg.seed)
-    loader = make_loader(cfg.loader or ("gpu" if device.type == "cuda" else "torchvision"),
-                         train_set, ShuffleSampler(len(train_set), True, cfg.seed), cfg.batch_size,
-                         device, train=True, augment=True, num_workers=cfg.num_workers,
-                         # the loader --benchmark builds, workers included
-                         seed=cfg.seed, memory_format=memory_format(cfg))
-    model = build_model(cfg, dataset_info(cfg)).to(device, memory_format=memory_format(cfg)).train()
-    optimizer = build_optimizer(model, cfg, device)
-    steps = cfg.warmup_steps + cfg.benchmark_steps
-    done = 0
-    epoch = 0
+def bare_images_per_sec(single, argv: list[str]) -> float:
+    """--benchmark's model, batches and optimizer (single_gpu/train.py's functions) in the
+    plainest loop."""
+    args = single.get_args([*argv, "--benchmark"])
+    device = single.setup(args)
+    train_set, test_set, classes = single.get_datasets(args)
+    single.data_defaults(args, len(train_set))
+    loader, _ = single.get_loaders(args, train_set, test_set, device)
+    torch.manual_seed(args.seed)
+    model, raw_model, _ = single.get_model(args, classes, device)
+    optimizer, _, _ = single.get_optimizer(args, raw_model, device, len(loader))
+    steps, done, epoch, start = args.warmup_steps + args.benchmark_steps, 0, 0, None
+    model.train()
     while done < steps:
-        loader.sampler.set_epoch(epoch)
-        loader.start_epoch(epoch)
-        for images, labels in loader:
-            if done == cfg.warmup_steps:
+        for images, labels in single.epoch_batches(loader, epoch, {"batch": 0}):
+            if done == args.warmup_steps:
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 start = time.perf_counter()
-            with autocast(cfg, device):
+            images = images.to(device, non_blocking=True, memory_format=single.memory_format(args))
+            labels = labels.to(device, non_blocking=True)
+            with torch.autocast(device.type, single.AMP[args.amp], enabled=args.amp != "off"):
                 loss = F.cross_entropy(model(images), labels)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -94,33 +65,33 @@ def bare_images_per_sec(cfg: Config, device: torch.device) -> float:
         epoch += 1
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return cfg.batch_size * cfg.benchmark_steps / (time.perf_counter() - start)
+    return args.batch_size * args.benchmark_steps / (time.perf_counter() - start)
 
 
 def main(argv=None) -> None:
-    import single_gpu.train as single
-
-    argv = sys.argv[1:] if argv is None else argv
-    cfg = parse_config(OverheadConfig, [*DEFAULTS, *argv], description=__doc__)
-    # train.py's flags from the parsed values, whichever way they were spelt (--repeat=1, --rep 1)
-    values = {field.name: getattr(cfg, field.name) for field in dataclasses.fields(Config)}
-    train_flags = config_argv(Config, values)
-    base = cfg.run_name or f"overhead-{time.strftime('%Y%m%d-%H%M%S')}"
-    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-    resolved = resolve_fast_path(cfg, device)
+    parser = runkit.ArgumentParser(description=__doc__, prog="overhead.py")
+    parser.add_argument("--repeat", type=runkit.count(1), default=2,
+                        help="runs of each loop, alternately; the best of each is compared")
+    options, flags = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    single = train_file("single_gpu")
+    argv = [*DEFAULTS, *flags]
+    args = single.get_args(argv)  # train.py's refusals, before anything runs
+    base = args.run_name or f"overhead-{time.strftime('%Y%m%d-%H%M%S')}"
     suite, bare = [], []
-    for attempt in range(cfg.repeat):
-        name = suite_run_name(base, attempt)
-        single.main([*train_flags, "--benchmark", "--run_name", name])
-        results = json.loads(Path(cfg.log_dir, name, "results.json").read_text())
+    for attempt in range(options.repeat):
+        name = f"{base}-suite{attempt}"
+        single.main([*argv, "--benchmark", "--run_name", name])
+        results = json.loads(Path(args.log_dir, name, "results.json").read_text())
         suite.append(results["summary"]["images_per_sec"])
-        bare.append(bare_images_per_sec(resolved, device))
-    runs = Path(cfg.log_dir, f"{base}-suite{{0..{cfg.repeat - 1}}}" if cfg.repeat > 1 else name)
+        bare.append(bare_images_per_sec(single, argv))
+    runs = Path(args.log_dir, f"{base}-suite{{0..{options.repeat - 1}}}" if options.repeat > 1
+                else name)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     print(f"--benchmark / bare loop images/s on {device}: {max(suite) / max(bare):.3f} "
-          f"({max(suite):.0f} vs {max(bare):.0f}, best of {cfg.repeat} each); "
+          f"({max(suite):.0f} vs {max(bare):.0f}, best of {options.repeat} each); "
           f"train.py's runs: {runs}")
 
 
 if __name__ == "__main__":
-    with user_errors():
+    with runkit.one_line_errors():
         main()

@@ -8,9 +8,11 @@ shapes at the GPU's peak FLOP/s and memory bandwidth).
     python benchmarks/profile_step.py --batch_size 256 --width_multiple 8  # tensor-core widths
     python benchmarks/profile_step.py --depth 8 --alpha 12 --batch_size 32 --steps 3  # on a CPU
 
-It takes every train.py flag (model, --amp, --channels_last, --compile, ...) and builds the model
-and optimizer with single_gpu/train.py's own functions; the batches are synthetic and stay on the
-device. Times are the operators' self time on the device (on the CPU without one), so nested
+It takes every single_gpu/train.py flag (model, --amp, --channels_last, --compile, ...) and
+benchmarks/fast.py's --align_channels, --width_multiple and --cudnn_benchmark_limit, and builds the
+model and optimizer with single_gpu/train.py's own functions, the fast path swapped in as fast.py
+swaps it (channels stored in multiples of 8 on a GPU by default); the batches are synthetic and stay
+on the device. Times are the operators' self time on the device (on the CPU without one), so nested
 operators are not counted twice; on a GPU the kernels are split the same way and the top ones
 listed, with the share of cuDNN's layout/padding kernels. On a GPU a convolution kernel goes to the
 pass of the operator that launched it (forward: fprop; backward: dgrad or wgrad by its name, a
@@ -25,25 +27,21 @@ import json
 import os
 import re
 import sys
-from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+REPO = Path(__file__).resolve().parents[1]
+sys.path += [str(path) for path in (REPO, REPO / "models") if str(path) not in sys.path]
 
-import torch
-import torch.nn.functional as F
-from torch.autograd import DeviceType
-from torch.profiler import ProfilerActivity, profile
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.autograd import DeviceType  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from common.config import Config, UsageError, flag, parse_config
-from common.domains import CHECKS
-from common.errors import user_errors
-from common.data import dataset_info
-from common.devices import seed_everything
-from common.performance import (autocast, memory_format, model_on_meta, peak_tflops,
-                                resolve_fast_path)
-from benchmarks.roofline import BOUNDS, bandwidth_tbs, bound_lines, roofline, step_ops
-from single_gpu.train import get_model, get_optimizer, setup
+import runkit  # noqa: E402
+from benchmarks import fast  # noqa: E402
+from benchmarks.roofline import (BOUNDS, bandwidth_tbs, bound_lines, model_of,  # noqa: E402
+                                 peak_tflops, roofline, step_ops)
 
 # What operators and kernels compute, not which library ran them: cuDNN runs BatchNorm as well as
 # convolutions (aten::cudnn_batch_norm, bn_fw_tr_1C11_kernel_NCHW), so "cudnn" alone names no
@@ -81,13 +79,28 @@ LAYOUT_HINT = ("cuDNN reshaping inputs for tensor cores; --channels_last and "
 GRAPHED = ("reduce-overhead", "max-autotune")  # torch.compile's modes that replay CUDA graphs
 
 
-def _writable_file(value: str) -> str | None:
-    """A file this run can write when it ends: checked before the profile, not after it."""
-    wrong = CHECKS["file"](value)
-    if wrong:
-        return wrong
+def get_parser() -> runkit.ArgumentParser:
+    """This script's own flags and fast.py's; the rest are single_gpu/train.py's."""
+    parser = runkit.ArgumentParser(description=__doc__, prog="profile_step.py")
+    add, count = parser.add_argument, runkit.count
+    add("--steps", type=count(1), default=5,
+        help="profiled steps, after --warmup_steps unprofiled ones")
+    add("--top", type=count(1), default=15, help="operators listed by self time")
+    add("--out", help="also write the breakdown as JSON to this file")
+    add("--align_channels", "--align-channels", type=count(0, 4096),
+        help="benchmarks/fast.py's (default: 8 on a GPU; 0: off)")
+    add("--width_multiple", "--width-multiple", type=count(1, 4096), default=1,
+        help="benchmarks/fast.py's: a wider model")
+    add("--cudnn_benchmark_limit", "--cudnn-benchmark-limit", type=count(0),
+        help="benchmarks/fast.py's")
+    return parser
+
+
+def writable_file(value: str) -> str | None:
+    """Why `value` is no file this run can write when it ends (None: it is): checked before the
+    profile, not after it."""
     path = Path(value)
-    folder = path.resolve().parent
+    folder = path.absolute().parent
     if path.is_dir():
         return "a file's path (this one is a folder)"
     if not folder.is_dir():
@@ -97,22 +110,22 @@ def _writable_file(value: str) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class ProfileConfig(Config):
-    steps: int = flag(5, "profiled steps, after --warmup_steps unprofiled ones", at_least=1)
-    top: int = flag(15, "operators listed by self time", at_least=1)
-    out: str | None = flag(None, "also write the breakdown as JSON to this file",
-                           check=_writable_file)
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.profile_steps:  # train.py's recording of its own steps: this script records --steps
-            raise UsageError(f"--profile_steps is train.py's: here give --steps "
-                             f"{self.profile_steps}")
-        if self.compile and self.compile_mode in GRAPHED:
-            raise UsageError(f"--compile_mode {self.compile_mode} replays the step as CUDA graphs, "
-                             f"whose kernels have no operators to split them by: profile "
-                             f"--compile_mode default or max-autotune-no-cudagraphs")
+def parse(argv) -> tuple[SimpleNamespace, object, object]:
+    """(this script's flags, single_gpu/train.py's module, its flags), refused in one line."""
+    options, train_argv = get_parser().parse_known_args(argv)
+    single = fast.train_file("single_gpu")
+    args = single.get_args(train_argv)
+    wrong = writable_file(options.out) if options.out is not None else None
+    runkit.refuse_if([
+        (args.profile_steps, f"--profile_steps is train.py's: here give --steps "
+         f"{args.profile_steps}"),
+        (args.compile and args.compile_mode in GRAPHED, f"--compile_mode {args.compile_mode} "
+         "replays the step as CUDA graphs, whose kernels have no operators to split them by: "
+         "profile --compile_mode default or max-autotune-no-cudagraphs"),
+        (wrong, f"--out {options.out}: give {wrong}"),
+        (args.dataset == "imagefolder", "profile_step.py profiles batches of 32-pixel images: "
+         "leave out --dataset imagefolder")])
+    return options, single, args
 
 
 def category(name: str) -> str:
@@ -126,19 +139,25 @@ def is_conv_layout(name: str) -> bool:
     return re.search(CONV_LAYOUT, name.lower()) is not None
 
 
-def profile_steps(cfg: ProfileConfig) -> dict:
-    device, _ = setup(cfg)
-    cfg = resolve_fast_path(cfg, device)
-    seed_everything(cfg.seed)
-    model, raw_model = get_model(cfg, device)
-    optimizer, _, scaler = get_optimizer(cfg, raw_model, device, steps_per_epoch=1)
-    data = dataset_info(cfg)  # random images of the shape the model was built for
-    images = torch.randn(cfg.batch_size, data.channels, data.size, data.size, device=device)
-    images = images.contiguous(memory_format=memory_format(cfg))
-    labels = torch.randint(0, data.classes, (cfg.batch_size,), device=device)
+def profile_steps(options, single, args) -> dict:
+    device = single.setup(args)
+    fast_options = SimpleNamespace(mode="single_gpu", loader="torchvision", compile_cache=None,
+                                   align_channels=options.align_channels,
+                                   width_multiple=options.width_multiple,
+                                   cudnn_benchmark_limit=options.cudnn_benchmark_limit)
+    fast.resolve(fast_options, args, device.type == "cuda")
+    fast.use_fast_path(single, fast_options)  # the model fast.py trains
+    single.data_defaults(args, args.batch_size)
+    channels, size, classes = single.IMAGES[args.dataset][1], args.image_size, 10
+    torch.manual_seed(args.seed)
+    model, raw_model, _ = single.get_model(args, classes, device)
+    optimizer, _, scaler = single.get_optimizer(args, raw_model, device, steps_per_epoch=1)
+    images = torch.randn(args.batch_size, channels, size, size, device=device)
+    images = images.contiguous(memory_format=single.memory_format(args))
+    labels = torch.randint(0, classes, (args.batch_size,), device=device)
 
     def step():
-        with autocast(cfg, device):
+        with torch.autocast(device.type, single.AMP[args.amp], enabled=args.amp != "off"):
             loss = F.cross_entropy(model(images), labels)
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
@@ -146,7 +165,7 @@ def profile_steps(cfg: ProfileConfig) -> dict:
         scaler.update()
 
     model.train()
-    for _ in range(max(cfg.warmup_steps, 1)):
+    for _ in range(max(args.warmup_steps, 1)):
         step()
     cuda = device.type == "cuda"
     if cuda:
@@ -155,25 +174,28 @@ def profile_steps(cfg: ProfileConfig) -> dict:
         os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # above its highest level (USDT, 5)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities, record_shapes=True) as prof:  # shapes: the stages
-        for _ in range(cfg.steps):
+        for _ in range(options.steps):
             step()
         if cuda:
             torch.cuda.synchronize(device)
-    operators, kernels = device_times(prof.key_averages(), cuda, cfg.steps)
+    operators, kernels = device_times(prof.key_averages(), cuda, options.steps)
     report = {"device": torch.cuda.get_device_name(device) if cuda else "cpu",
               "torch": torch.__version__,
-              "config": {"depth": cfg.depth, "alpha": cfg.alpha, "block": cfg.block,
-                         "batch_size": cfg.batch_size, "width_multiple": cfg.width_multiple,
-                         "align_channels": cfg.align_channels, "amp": cfg.amp,
-                         "channels_last": cfg.channels_last, "compile": cfg.compile},
-              **breakdown(operators, kernels, cfg.top)}
-    report["conv_passes"] = conv_passes(prof.events(), cuda, cfg.steps)
+              "config": {"depth": args.depth, "alpha": args.alpha, "block": args.block,
+                         "batch_size": args.batch_size, "width_multiple": options.width_multiple,
+                         "align_channels": fast_options.align_channels, "amp": args.amp,
+                         "channels_last": args.channels_last, "compile": args.compile},
+              **breakdown(operators, kernels, options.top)}
+    report["conv_passes"] = conv_passes(prof.events(), cuda, options.steps)
     report["achieved"] = report["roofline"] = None  # a GPU's only: a CPU's are no measure of one
     if cuda:
-        ops = step_ops(model_on_meta(cfg), cfg.batch_size, (data.channels, data.size, data.size),
-                       data.classes, torch.float32 if cfg.amp == "off" else torch.bfloat16)
+        model = model_of(args.depth, args.alpha, args.block, fast_options.align_channels,
+                         options.width_multiple)
+        ops = step_ops(model, args.batch_size, (channels, size, size), classes,
+                       torch.float32 if args.amp == "off" else torch.bfloat16)
         report["achieved"] = achieved(report, ops)
-        report["roofline"] = against_roofline(report, ops, peak_tflops(device, cfg.amp))
+        report["roofline"] = against_roofline(report, ops, peak_tflops(report["device"],
+                                                                       args.amp))
     return report
 
 
@@ -426,13 +448,13 @@ def pass_lines(passes: dict) -> list[str]:
 
 
 def main(argv=None) -> None:
-    cfg = parse_config(ProfileConfig, argv, description=__doc__)
-    report = profile_steps(cfg)
+    options, single, args = parse(sys.argv[1:] if argv is None else [str(a) for a in argv])
+    report = profile_steps(options, single, args)
     print("\n".join(summary(report)))
-    if cfg.out:
-        Path(cfg.out).write_text(json.dumps(report, indent=2))
+    if options.out:
+        Path(options.out).write_text(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":
-    with user_errors():
+    with runkit.one_line_errors():
         main()

@@ -38,24 +38,23 @@ computes (a little more work than the paper's widths, the default).
 """
 from __future__ import annotations
 
-import dataclasses
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from benchmarks/ as well
+REPO = Path(__file__).resolve().parents[1]  # run from benchmarks/ as well
+sys.path += [str(path) for path in (REPO, REPO / "models") if str(path) not in sys.path]
 
-import torch
-import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
-from torch.utils.flop_counter import flop_registry
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils._pytree import tree_leaves  # noqa: E402
+from torch.utils.flop_counter import flop_registry  # noqa: E402
 
-from common.config import AMPS, Config, UsageError, flag
-from common.domains import check_domains
-from common.performance import MIG_NOTE, by_gpu_name, table_peaks
-from models.pyramidnet import check_arguments
+import runkit  # noqa: E402
+from benchmarks.aligned import fast_pyramidnet  # noqa: E402
+from pyramidnet import PyramidNet  # noqa: E402
 
 # Memory bandwidth in TB/s, matched by name as GPU_PEAK_TFLOPS is (whole words; the first key found
 # wins, so the specific names come first; a key whose value is None names a GPU that a shorter key
@@ -67,7 +66,7 @@ from models.pyramidnet import check_arguments
 # and "120GB" name the Grace memory of HBM3 parts); NVIDIA A100 datasheets (40 GB SXM4 and PCIe
 # 1.555, 80 GB SXM4 2.039, 80 GB PCIe 1.935); NVIDIA L40S datasheet (0.864); NVIDIA Ada and Ampere
 # GA102 whitepapers (RTX 4090 1.008, RTX 3090 0.936); the pages and datasheets of
-# common/performance.py's peak table for B200 (HGX B200: 64 TB/s over 8 GPUs), GB200 (NVL72: 576
+# runkit.py's peak table for B200 (HGX B200: 64 TB/s over 8 GPUs), GB200 (NVL72: 576
 # TB/s over 72), L4 (0.3), A10 (0.6) and V100 (PCIe and SXM2 0.9, V100S 1.134).
 GPU_BANDWIDTH_TBS = {
     "H100 PCIe": 2.0, "H100 NVL": 3.9, "H100 80GB HBM3": 3.35,  # the last: SXM5
@@ -231,8 +230,11 @@ def roofline(ops: list[Op], batch: int, peak_tflops: float, bandwidth_tbs: float
 
 
 def bandwidth_tbs(name: str) -> float | None:
-    """The memory bandwidth of the GPU called `name`, or None where the table has none."""
-    return by_gpu_name(GPU_BANDWIDTH_TBS, name)
+    """The memory bandwidth of the GPU called `name`, or None where the table has none: the first
+    key (most specific first) whose words are in the name as whole words, in any case; a key of
+    None names a GPU the table leaves out on purpose."""
+    return next((value for key, value in GPU_BANDWIDTH_TBS.items()
+                 if re.search(rf"(?<![a-z0-9]){re.escape(key)}(?![a-z0-9])", name, re.I)), None)
 
 
 def share_of_roofline(measured_images_per_sec: float, bound: dict) -> dict:
@@ -257,92 +259,112 @@ def bound_lines(bound: dict) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------ the command
-def _train_flag(name: str, default=None, help: str | None = None):
-    """train.py's flag `name` (its help and domain), with another default or help where given."""
-    field = next(f for f in dataclasses.fields(Config) if f.name == name)
-    extras = {key: value for key, value in field.metadata.items() if key not in ("help", "domain")}
-    return flag(field.default if default is None else default, help or field.metadata["help"],
-                **field.metadata["domain"], **extras)
+def peak_tflops(gpu: str, amp: str) -> float | None:
+    """The dense peak TFLOP/s of the GPU called `gpu` for `amp` from runkit's table (bf16 and fp16
+    at its 16-bit peak; off: TF32, which the convolutions compute fp32 in, half of that on every
+    GPU the table holds), matched as runkit matches a device's name; None where it has none."""
+    words = gpu.replace("-", " ").split()
+    peaks = next((peaks for key, peaks in runkit.PEAK_TFLOPS.items()
+                  if all(word in words for word in key.split())), None)
+    return None if peaks is None else peaks[0] / (2 if amp == "off" else 1)
 
 
-def _gpu_name(value: str) -> str | None:
-    return None if value.strip() else "a GPU's name"
+def model_of(depth: int, alpha: float, block: str = "basic", align: int = 0,
+             width_multiple: int = 1, in_place: bool = True) -> torch.nn.Module:
+    """The PyramidNet a run trains, on the meta device: the fast path's (benchmarks/aligned.py,
+    its shortcut in place) or the plain train.py's (models/pyramidnet.py)."""
+    with torch.device("meta"):
+        if in_place or align > 1 or width_multiple > 1:
+            return fast_pyramidnet(depth, alpha, block, align=align,
+                                   width_multiple=width_multiple)
+        return PyramidNet(depth, alpha, block)
 
 
-@dataclass(frozen=True)
-class RooflineConfig:
-    depth: int = _train_flag("depth")
-    alpha: float = _train_flag("alpha")
-    block: str = _train_flag("block")
-    width_multiple: int = _train_flag("width_multiple")
-    align_channels: int = flag(0, "bound a run that stores every activation at a channel count "
-                                  "rounded up to a multiple of N (train.py's --align_channels, 8 "
-                                  "by default on GPUs); 0 = the paper's widths, the work itself",
-                               at_least=0, at_most=256)
-    batch_size: int = _train_flag("batch_size", 256, "images per step (fast_path.sh's batch)")
-    amp: str = flag("bf16", "the precision a run computes in: bf16 or fp16 (2-byte tensors at the "
-                            "dtype's peak) or off (fp32 tensors at the TF32 peak)", choices=AMPS)
-    gpu: str = flag(DEFAULT_GPU, "the GPU as torch.cuda.get_device_name() names it ('NVIDIA H200', "
-                                 "'NVIDIA A100-SXM4-40GB', 'NVIDIA GH200 144G HBM3e'): its peak "
-                                 "and bandwidth from the tables", check=_gpu_name)
-    peak_tflops: float | None = flag(None, "dense peak TFLOP/s for --amp's dtype, in place of the "
-                                           "GPU's", above=0, at_most=1e9)
-    bandwidth_tbs: float | None = flag(None, "memory bandwidth in TB/s, in place of the GPU's",
-                                       above=0, at_most=1e9)
-    kernel_us: float = flag(KERNEL_US, "cost of one kernel beyond its work, in microseconds "
-                                       "(launch, ramp-up, drain): the per-kernel floor",
-                            at_least=0, at_most=1e6)
+def bound_of_run(config: dict, gpu: str) -> dict | None:
+    """The bounds of a run's own model at its precision and batch, from its results.json config
+    (the fast path's flags, where benchmarks/fast.py ran it), on the GPU called `gpu`; None where
+    the tables have no peak or bandwidth for it."""
+    peak, bandwidth = peak_tflops(gpu, config["amp"]), bandwidth_tbs(gpu)
+    if not (peak and bandwidth):
+        return None
+    model = model_of(config["depth"], config["alpha"], config["block"],
+                     config.get("align_channels") or 0, config.get("width_multiple") or 1,
+                     in_place="loader" in config)
+    dtype = torch.float32 if config["amp"] == "off" else torch.bfloat16
+    ops = step_ops(model, config["batch_size"], (3, 32, 32), 10, dtype)
+    return roofline(ops, config["batch_size"], peak, bandwidth)
 
-    def __post_init__(self):
-        check_domains(self)
-        try:
-            check_arguments(self.depth, self.alpha, self.block, 10, 3)
-        except ValueError as error:
-            raise UsageError(f"--depth/--alpha: {error}") from None
-        self.rates()  # a GPU of unknown figures is refused here, before anything is recorded
 
-    def rates(self) -> tuple[float, float]:
-        """(peak TFLOP/s, TB/s): the flags', else the GPU's from the tables; a UsageError where
-        either is missing."""
-        given = self.peak_tflops is not None and self.bandwidth_tbs is not None
-        if re.search(r"\bMIG\b", self.gpu) and not given:
-            raise UsageError(f"--gpu {self.gpu!r} is a {MIG_NOTE}: give --peak_tflops and "
-                             f"--bandwidth_tbs")
-        peaks = table_peaks(self.gpu)
-        table_peak = peaks[self.amp if self.amp != "off" else "tf32"] if peaks else None
-        peak = self.peak_tflops or table_peak
-        bandwidth = self.bandwidth_tbs or bandwidth_tbs(self.gpu)
-        missing = {name: what for name, what, value in (("peak_tflops", "peak FLOP/s", peak),
-                                                        ("bandwidth_tbs", "bandwidth", bandwidth))
-                   if value is None}
-        if missing:
-            raise UsageError(f"--gpu {self.gpu!r} has no {' or '.join(missing.values())} in the "
-                             f"tables (benchmarks/roofline.py, common/performance.py): give "
-                             f"{' and '.join('--' + name for name in missing)}, or a GPU they list")
-        return peak, bandwidth
+def get_parser() -> runkit.ArgumentParser:
+    parser = runkit.ArgumentParser(description=__doc__, prog="roofline.py")
+    add, count, number = parser.add_argument, runkit.count, runkit.number
+    add("--depth", type=count(1), default=110, help="PyramidNet's: 6n+2 (9n+2: bottleneck)")
+    add("--alpha", type=number(above=0), default=270.0, help="PyramidNet's widening")
+    add("--block", choices=("basic", "bottleneck"), default="basic")
+    add("--width_multiple", "--width-multiple", type=count(1, 4096), default=1,
+        help="each block's width rounded up to a multiple of N (benchmarks/fast.py's): a wider "
+             "model")
+    add("--align_channels", "--align-channels", type=count(0, 256), default=0,
+        help="bound a run that stores every activation at a channel count rounded up to a "
+             "multiple of N (benchmarks/fast.py's, 8 by default on GPUs); 0: the paper's widths, "
+             "the work itself")
+    add("-b", "--batch_size", "--batch-size", type=count(1), default=256,
+        help="images per step (fast_path.sh's batch)")
+    add("--amp", choices=("bf16", "fp16", "off"), default="bf16",
+        help="the precision a run computes in: bf16 or fp16 (2-byte tensors at the dtype's peak) "
+             "or off (fp32 tensors at the TF32 peak)")
+    add("--gpu", default=DEFAULT_GPU, help="the GPU as torch.cuda.get_device_name() names it "
+        "('NVIDIA H200', 'NVIDIA A100-SXM4-40GB', 'NVIDIA GH200 144G HBM3e'): its peak and "
+        "bandwidth from the tables")
+    add("--peak_tflops", "--peak-tflops", type=number(above=0, below=1e9),
+        help="dense peak TFLOP/s for --amp's dtype, in place of the GPU's")
+    add("--bandwidth_tbs", "--bandwidth-tbs", type=number(above=0, below=1e9),
+        help="memory bandwidth in TB/s, in place of the GPU's")
+    add("--kernel_us", "--kernel-us", type=number(least=0, below=1e6), default=KERNEL_US,
+        help="cost of one kernel beyond its work, in microseconds (launch, ramp-up, drain): the "
+             "per-kernel floor")
+    return parser
+
+
+def rates(args) -> tuple[float, float]:
+    """(peak TFLOP/s, TB/s): the flags', else the GPU's from the tables; a refusal in one line
+    where either is missing."""
+    given = args.peak_tflops is not None and args.bandwidth_tbs is not None
+    runkit.refuse_if([(not args.gpu.strip(), "--gpu: give a GPU's name"),
+                      ("MIG" in args.gpu.replace("-", " ").split() and not given,
+                       f"--gpu {args.gpu!r} is a MIG slice, a fraction of the chip, whose peak is "
+                       "not known: give --peak_tflops and --bandwidth_tbs")])
+    peak = args.peak_tflops or peak_tflops(args.gpu, args.amp)
+    bandwidth = args.bandwidth_tbs or bandwidth_tbs(args.gpu)
+    missing = {name: what for name, what, value in (("peak_tflops", "peak FLOP/s", peak),
+                                                    ("bandwidth_tbs", "bandwidth", bandwidth))
+               if value is None}
+    runkit.refuse_if([(missing, f"--gpu {args.gpu!r} has no {' or '.join(missing.values())} in "
+                       f"the tables (benchmarks/roofline.py, runkit.py): give "
+                       f"{' and '.join('--' + name for name in missing)}, or a GPU they list")])
+    return peak, bandwidth
 
 
 def main(argv=None) -> None:
-    from common.command_line import build_parser
-    from models import pyramidnet
-
-    cfg = RooflineConfig(**vars(build_parser(RooflineConfig, __doc__).parse_args(argv)))
-    peak, bandwidth = cfg.rates()
-    with torch.device("meta"):
-        model = pyramidnet(cfg.depth, cfg.alpha, cfg.block, width_multiple=cfg.width_multiple,
-                           align_channels=cfg.align_channels)
-    dtype = torch.float32 if cfg.amp == "off" else torch.bfloat16
-    ops = step_ops(model, cfg.batch_size, (3, 32, 32), 10, dtype)
-    bound = roofline(ops, cfg.batch_size, peak, bandwidth, cfg.kernel_us)
-    widths = (f"stored in multiples of {cfg.align_channels}" if cfg.align_channels > 1
+    args = get_parser().parse_args(argv)
+    try:
+        model = model_of(args.depth, args.alpha, args.block, args.align_channels,
+                         args.width_multiple)
+    except ValueError as error:  # a depth neither block can have
+        raise runkit.UsageError(f"--depth/--alpha: {error}") from None
+    peak, bandwidth = rates(args)
+    dtype = torch.float32 if args.amp == "off" else torch.bfloat16
+    ops = step_ops(model, args.batch_size, (3, 32, 32), 10, dtype)
+    bound = roofline(ops, args.batch_size, peak, bandwidth, args.kernel_us)
+    widths = (f"stored in multiples of {args.align_channels}" if args.align_channels > 1
               else "the paper's widths")
-    rates = [f"{peak:g} TFLOP/s" + (" (given)" if cfg.peak_tflops else ""),
-             f"{bandwidth:g} TB/s" + (" (given)" if cfg.bandwidth_tbs else "")]
-    precision = cfg.amp if cfg.amp != "off" else "fp32"
-    print(f"PyramidNet-{cfg.depth} alpha={cfg.alpha:g} {cfg.block}, {widths}, width multiple "
-          f"{cfg.width_multiple}; batch {cfg.batch_size}, {precision}")
-    print(f"{cfg.gpu if not (cfg.peak_tflops and cfg.bandwidth_tbs) else 'a GPU'}: "
-          f"{', '.join(rates)}; {bound['flops'] / 1e12:.2f} TFLOP and {bound['bytes'] / 1e9:.2f} "
+    given = [f"{peak:g} TFLOP/s" + (" (given)" if args.peak_tflops else ""),
+             f"{bandwidth:g} TB/s" + (" (given)" if args.bandwidth_tbs else "")]
+    precision = args.amp if args.amp != "off" else "fp32"
+    print(f"PyramidNet-{args.depth} alpha={args.alpha:g} {args.block}, {widths}, width multiple "
+          f"{args.width_multiple}; batch {args.batch_size}, {precision}")
+    print(f"{args.gpu if not (args.peak_tflops and args.bandwidth_tbs) else 'a GPU'}: "
+          f"{', '.join(given)}; {bound['flops'] / 1e12:.2f} TFLOP and {bound['bytes'] / 1e9:.2f} "
           f"GB a step op by op")
     print("\n".join(bound_lines(bound)))
     print(f"{'by category':<12}{'op by op ms':>12}{'+ kernels':>10}{'kernels':>8}{'fused ms':>10}"
@@ -355,7 +377,5 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    from common.errors import user_errors
-
-    with user_errors():
+    with runkit.one_line_errors():
         main()

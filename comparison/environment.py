@@ -3,11 +3,44 @@ records, plus how the GPUs are linked."""
 from __future__ import annotations
 
 import os
+import platform
 import re
 import shutil
 import subprocess
 
-from common.telemetry import environment
+import torch
+
+
+def environment() -> dict:
+    """The versions and hardware of this machine, for the report's Environment section."""
+    cuda = torch.cuda.is_available()
+    env = {"torch": torch.__version__, "cuda": torch.version.cuda,
+           "cudnn": torch.backends.cudnn.version() if cuda else None,
+           "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
+           "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+           "driver": None, "cpu": cpu_name(), "cpu_count": os.cpu_count(),
+           "python": platform.python_version(), "hostname": platform.node()}
+    if cuda:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            env["driver"] = pynvml.nvmlSystemGetDriverVersion()
+            pynvml.nvmlShutdown()
+        except Exception:  # no NVML: the driver goes unnamed
+            pass
+    return env
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def gpu_summary(env: dict) -> str:
@@ -88,6 +121,3 @@ def fabric(topo: str | None, gpus: int | None = None, env=os.environ,
         return None
     nvlink_peers = [sum(rows[i][1 + j].startswith("NV") for j in used) for i in used]
     return "NVLink" if min(nvlink_peers) >= min(2, len(used) - 1) else "PCIe"
-
-
-__all__ = ["environment", "gpu_summary", "topology", "gpu_uuids", "visible_gpus", "fabric"]

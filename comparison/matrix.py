@@ -9,41 +9,22 @@ fsdp/train.py`.
 """
 from __future__ import annotations
 
-import functools
-import importlib.util
 import os
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.config import REPO_ROOT, Config, UsageError, parse_config
-from common.data import dataset_info
-from common.rules import launch_refusal
-from models import model_refusal
+from comparison import train_files
+from comparison.errors import UsageError
+from comparison.model_shapes import model_refusal, training_images
+from comparison.rules import launch_refusal
+from comparison.train_files import GROUP_MODES, MODES, script, without
 
-MODES = ("single_gpu", "data_parallel", "dist_parallel", "fsdp")
-# a process group of one process per GPU, started under torchrun
-GROUP_MODES = ("dist_parallel", "fsdp")
 BACKENDS = ("nccl", "gloo")
-# the rest take Config as it is
-CONFIG_CLASSES = {"dist_parallel": "DistConfig", "fsdp": "FsdpConfig"}
 # a run's name as PlannedRun.name makes it ('03-dist_parallel-2gpu-nccl-r1', --verify's
 # '05-fsdp-2cpu-gloo-first_half'): its folder in runs/ and its log in logs/ are compare.py's
 RUN_NAME = re.compile(rf"\d{{2,}}-({'|'.join(MODES)})-\d+(gpu|cpu)(-[a-z0-9_]+)+")
-
-
-@functools.cache
-def config_class(mode: str) -> type[Config]:
-    """The config a mode's train.py parses: Config, or for a process-group mode Config
-    plus its own flags, read from the script itself (its config class lives there,
-    beside the code that uses it)."""
-    if mode not in CONFIG_CLASSES:
-        return Config
-    spec = importlib.util.spec_from_file_location(f"{mode}_train", REPO_ROOT / mode / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return getattr(module, CONFIG_CLASSES[mode])
 
 
 @dataclass(frozen=True)
@@ -123,29 +104,34 @@ def mode_flags(run: PlannedRun, group_flags: dict[str, list[str]]) -> list[str]:
     SyncBatchNorm, no resharding."""
     flags = [*group_flags.get(run.mode, []), "--backend", run.backend]
     flags += ["--sync_bn"] if run.sync_bn else []
-    return flags + (["--no_reshard_after_forward"] if run.reshard_after_forward is False else [])
+    return flags + (["--no-reshard_after_forward"] if run.reshard_after_forward is False else [])
 
 
-def command(run: PlannedRun, shared: list[str], group_flags: dict[str, list[str]], log_dir: Path,
-            cuda: bool, self_launch: bool = False) -> list[str]:
-    """The command line of one run: the shared flags, then what makes this run this configuration.
-    dist_parallel and fsdp run under torchrun, or with `self_launch` as `python <mode>/train.py
-    --nproc_per_node N`, which starts torch's elastic launcher itself."""
-    script = str(REPO_ROOT / run.mode / "train.py")
-    flags = [*shared, "--batch_size", str(run.batch_size), "--log_dir", str(log_dir), "--run_name",
-             run.name, "--no_progress"]
+def run_flags(run: PlannedRun, shared: list[str], group_flags: dict[str, list[str]],
+              log_dir: Path, cuda: bool) -> list[str]:
+    """The train.py flags of one run: the shared flags, then what makes this run this
+    configuration (its global batch, its run folder, its --amp, its GPUs or its process group's
+    settings)."""
+    flags = [*without(shared, "batch_size", "b"), "--batch_size", str(run.batch_size),
+             "--log_dir", str(log_dir), "--run_name", run.name]
     if run.amp:
         flags += ["--amp", run.amp]
     if run.mode in GROUP_MODES:
-        flags += mode_flags(run, group_flags)
-        if self_launch:
-            return [sys.executable, script, *flags, "--nproc_per_node", str(run.gpus)]
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                    "--nproc_per_node", str(run.gpus)]
-        return [*launcher, script, *flags]
-    if cuda:
-        flags += ["--gpu_devices", *map(str, range(run.gpus))]
-    return [sys.executable, script, *flags]
+        return flags + mode_flags(run, group_flags)
+    return flags + (["--gpu_devices", *map(str, range(run.gpus))] if cuda else [])
+
+
+def command(run: PlannedRun, flags: list[str], self_launch: bool = False) -> list[str]:
+    """The command line of one run of `flags` (run_flags'), as a user would start it: `python
+    <mode>/train.py`; dist_parallel and fsdp under torchrun, or with `self_launch` as `python
+    <mode>/train.py --nproc_per_node N`, which starts torch's elastic launcher itself."""
+    if run.mode not in GROUP_MODES:
+        return [sys.executable, str(script(run.mode)), *flags]
+    if self_launch:
+        return [sys.executable, str(script(run.mode)), *flags, "--nproc_per_node", str(run.gpus)]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc_per_node", str(run.gpus)]
+    return [*launcher, str(script(run.mode)), *flags]
 
 
 def run_environment(run: PlannedRun, cuda: bool) -> dict:
@@ -159,10 +145,10 @@ def run_environment(run: PlannedRun, cuda: bool) -> dict:
 
 
 def cpu_threads() -> int:
-    """The intra-op threads of each run on the CPU, which reference_training takes too:
-    OMP_NUM_THREADS, or 1 where it is unset or not a positive whole number. torch ignores such a
-    value (libgomp warns) and takes every core, which is not what compare.py says a run on the CPU
-    does; so those runs get 1 thread, as where it is unset."""
+    """The intra-op threads of each run on the CPU: OMP_NUM_THREADS, or 1 where it is unset or
+    not a positive whole number. torch ignores such a value (libgomp warns) and takes every core,
+    which is not what compare.py says a run on the CPU does; so those runs get 1 thread, as where
+    it is unset."""
     value = os.environ.get("OMP_NUM_THREADS", "").strip()
     return int(value) if value.isascii() and value.isdigit() and int(value) > 0 else 1
 
@@ -196,29 +182,34 @@ def cores_here() -> Cores:
     return Cores(os.cpu_count() or 1, cpu_threads())
 
 
+def check_run(run: PlannedRun, flags: list[str], cuda: bool, model: bool = False):
+    """The run's train.py flags as its train file's own parser reads them (get_args), or the one
+    line that refuses them; then the rules of the matrix (comparison/rules.py: the backend and
+    SyncBatchNorm against the machine, the global batch dividing over the run's GPUs, DataParallel
+    on several GPUs not compiled, fsdp without CUDA graphs, compiled DDP's buckets no smaller than
+    its first), a batch no larger than the training set, and with `model` whether the model takes
+    the data's images (checked on the meta device: every run trains the same model on the same
+    data, so once is enough). Returns the parsed flags."""
+    try:
+        args = train_files.parse(run.mode, flags)
+    except UsageError as refusal:
+        raise UsageError(f"{run.mode}/train.py refuses the flags of {run.describe()}: "
+                         f"{refusal}") from None
+    config = vars(args)
+    refusal = model_refusal(config) if model else None
+    refusal = refusal or launch_refusal(run.mode, run.gpus, args, cuda)
+    images = training_images(config) if not args.evaluate else None
+    if refusal is None and images is not None and args.batch_size > images:
+        refusal = (f"--batch_size {args.batch_size} is more than the {images} training images: "
+                   "give a smaller one")
+    if refusal is not None:
+        raise UsageError(f"{refusal} ({run.describe()})")
+    return args
+
+
 def check_runs(runs: list[PlannedRun], shared: list[str], group_flags: dict[str, list[str]],
-               log_dir: Path | None = None) -> None:
-    """Refuse, before anything starts, a matrix that some run would refuse: the flags each script
-    would get must parse (and pass its config's checks: the compile cache under `log_dir`, the runs'
-    folder, among them), and each run must keep the rules every train.py keeps (common/rules.py: the
-    backend and SyncBatchNorm against the machine, the global batch dividing over the run's GPUs,
-    DataParallel on several GPUs not compiled, fsdp without CUDA graphs, compiled DDP's buckets no
-    smaller than its first). The model must take the data's images (models.model_refusal: every run
-    trains the same model on the same data, so it is checked once, on the meta device)."""
+               log_dir: Path, cuda: bool) -> None:
+    """Refuse, before anything starts, a matrix that some run would refuse (check_run, each run's
+    flags as it will get them, its folder under `log_dir`)."""
     for index, run in enumerate(runs):
-        extra = ["--amp", run.amp] if run.amp else []
-        extra += ["--batch_size", str(run.batch_size)]
-        extra += ["--log_dir", str(log_dir)] if log_dir is not None else []
-        extra += mode_flags(run, group_flags) if run.mode in GROUP_MODES else []
-        cfg = parse_config(config_class(run.mode), [*shared, *extra])
-        refusal = model_refusal(cfg, dataset_info(cfg)) if index == 0 else None
-        if refusal is not None:
-            raise UsageError(refusal)
-        refusal = launch_refusal(run.mode, run.gpus, cuda=run.unit == "gpu",
-                                 batch_size=run.batch_size, backend=run.backend,
-                                 sync_bn=run.sync_bn, compile=cfg.compile,
-                                 align_channels=cfg.align_channels, compile_mode=cfg.compile_mode,
-                                 bucket_cap_mb=getattr(cfg, "bucket_cap_mb", None),
-                                 memory_snapshot=cfg.memory_snapshot)
-        if refusal is not None:
-            raise UsageError(f"{refusal} ({run.describe()})")
+        check_run(run, run_flags(run, shared, group_flags, log_dir, cuda), cuda, model=index == 0)

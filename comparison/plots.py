@@ -1,4 +1,5 @@
-"""The report's pictures, drawn from what the runs wrote to their results.json:
+"""The report's pictures, drawn from what the runs wrote to their run folders (results.json, the
+traces):
 
 - images_per_sec.png: global images/s by GPU count, a line per configuration (mode, backend, --amp,
   SyncBN, ZeRO-2);

@@ -27,16 +27,17 @@ They are models, not measurements, and the report labels them so. What the DDP m
   the check: the tests re-derive the allowance from those figures and compare the model with
   the measured ResNet-50 efficiency.
 
-What the FSDP model (fsdp/train.py: FSDP2's fully_shard on every block models.repeated_blocks finds,
-PyramidNet's and ResNet's residual blocks or ViT's encoder blocks, and on the root for the rest:
-stem, final norm, classifier) assumes, beside the above (weak scaling, the same fabrics, backward
-two thirds of the compute, the same lock-step allowance):
+What the FSDP model (fsdp/train.py: FSDP2's fully_shard on every repeated block, the rule
+comparison/model_shapes.py's repeated_blocks follows, PyramidNet's and ResNet's residual blocks or
+ViT's encoder blocks, and on the root for the rest: stem, final norm, classifier) assumes, beside
+the above (weak scaling, the same fabrics, backward two thirds of the compute, the same lock-step
+allowance):
 
 - Traffic per GPU per step, nccl-tests' bus-bandwidth definitions, P the parameters' bytes and G the
   gradients' (both fp32, the same size: the runs use autocast, not FSDP's MixedPrecisionPolicy, so
   FSDP gathers and reduces fp32): DDP's all-reduce sends 2(N-1)/N x G. FSDP all-gathers each unit's
   parameters before its forward, (N-1)/N x P, again before its backward when it reshards after
-  forward (ZeRO-3-like; not with --no_reshard_after_forward, ZeRO-2-like), and reduce-scatters its
+  forward (ZeRO-3-like; not with --no-reshard_after_forward, ZeRO-2-like), and reduce-scatters its
   gradients, (N-1)/N x G: 3(N-1)/N x P in all, 1.5x DDP's bytes, or 2(N-1)/N x P without resharding,
   DDP's. An all-gather or a reduce-scatter of m bytes over a ring of N GPUs takes latency + m *
   (N-1)/N / bus_bandwidth, latency = 8.4 us + (N-1) * hop latency (N-1 ring steps where the
@@ -90,7 +91,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from models import repeated_blocks
+from comparison.model_shapes import repeated_blocks
 
 FIRST_BUCKET_BYTES = 1024 * 1024  # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES
 BACKWARD_SHARE = 2 / 3            # backward ~ 2x forward FLOPs
@@ -216,7 +217,7 @@ class Unit:
 
 def unit_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """The blocks FSDP shards one at a time, each a unit of its own, in forward order, with
-    their names: the blocks of models.repeated_blocks, the rule fsdp/train.py follows
+    their names: the blocks of model_shapes.repeated_blocks, the rule fsdp/train.py follows
     (PyramidNet's and ResNet's residual blocks, ViT's encoder blocks; none for a model with
     nothing repeated, which is then one unit, the root)."""
     blocks = {id(block) for block in repeated_blocks(model)}

@@ -9,8 +9,8 @@ A run ends with compare.py, whatever ends compare.py:
   then tells every run under way to stop (SIGINT for Ctrl-C, SIGTERM otherwise: the run
   checkpoints and exits), and returns their outcomes as interrupted and the runs not yet started
   as not run.
-- A kill -9 cannot be handled. Each run is armed before it starts with Linux's parent-death signal,
-  as the train scripts arm their workers (common.launcher.killed_with). The kernel sends it
+- A kill -9 cannot be handled. Each run is armed before it starts with Linux's parent-death signal
+  (`killed_with`). The kernel sends it
   when the THREAD that started the run ends, so every run is started by the main thread, which ends
   only with compare.py: `run_all` polls its runs instead of waiting for each in a thread of its own.
   torchrun's workers die with their agent.
@@ -24,15 +24,15 @@ import re
 import shlex
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.config import REPO_ROOT
-from common.launcher import killed_with
 from comparison.matrix import PlannedRun, run_environment
 from comparison.report.outcome import Outcome
+from comparison.train_files import REPO
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
 STOP_GRACE_S = 60.0  # how long stopped runs get to checkpoint and exit before they are killed
@@ -93,6 +93,26 @@ def signals_deferred():
 
 
 # ------------------------------------------------------------------------------------------ one run
+def killed_with(parent: int):
+    """A function that, called in a child of process `parent` between fork and exec, has Linux
+    send the child SIGKILL when `parent` ends (precisely: the thread of it that started the child);
+    a child whose parent ended already exits at once. None where there is no such signal (not
+    Linux). ctypes' lookup is done here, so that the child only makes the call."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    pr_set_pdeathsig = 1
+
+    def arm() -> None:
+        prctl(pr_set_pdeathsig, int(signal.SIGKILL))
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os._exit(1)
+
+    return arm
+
+
 @dataclass
 class Started:
     """A run under way: its process (the leader of its own process group), its log, its folder."""
@@ -106,7 +126,8 @@ class Started:
         return time.monotonic() - self.begun
 
     def outcome(self, status: str, error: str | None = None, results=None) -> Outcome:
-        return Outcome(self.run, status, self.seconds(), error, results=results, log=self.log)
+        return Outcome(self.run, status, self.seconds(), error, results=results, log=self.log,
+                       run_dir=self.run_dir)
 
     def ended(self) -> Outcome:
         """The outcome of the run, which has exited: its results.json, or its error."""
@@ -144,7 +165,7 @@ def start(run: PlannedRun, argv: list[str], out: Path, cuda: bool,
             stream.flush()
         except OSError as error:  # a full disk: a failed write leaves the file's name out
             raise OSError(error.errno, error.strerror, str(log)) from None
-        child = subprocess.Popen(argv, cwd=REPO_ROOT, env=run_environment(run, cuda), stdout=stream,
+        child = subprocess.Popen(argv, cwd=REPO, env=run_environment(run, cuda), stdout=stream,
                                  stderr=subprocess.STDOUT, start_new_session=True,
                                  preexec_fn=killed_with(os.getpid()))  # dies with compare.py
     return Started(run, child, log, run_dir or out / "runs" / run.name, time.monotonic())

@@ -4,33 +4,35 @@ figure it measured, its tolerance and its verdict.
 Every run is started as compare.py starts its matrix (its own subprocess, logs/, runs/,
 --run_timeout), with the same model, data, global batch and seed, for --max_steps steps (default 24)
 and enough epochs to reach them. N is the largest --gpu_counts: every GPU here, or 2 CPU processes
-over gloo without GPUs. The checks:
+over gloo without GPUs. The checks compare the runs with one another through their files: each
+run's last checkpoint.pt (every weight, BatchNorm statistic and momentum buffer), its results.json
+and its event files.
 
 1. single_gpu, data_parallel on one device, and dist_parallel and fsdp with one
-   process end with the same weights.
-Checks 2 to 5 run for dist_parallel and for fsdp, each as --modes has them:
-2. N processes end where one process ends that averages the losses of the N per-rank shares of
-   every global batch, each share through its own forward pass, as each rank's BatchNorm sees only
-   its share (`reference_training`). With --sync_bn on: dist_parallel's N processes with
-   SyncBatchNorm end where one ends.
-3. The N-process run's model.pt evaluated by 1, 2 and N processes (and 3 on the CPU) gives the same
-   accuracy and loss, every test image counted once.
-4. Every N-process run ends with bit-identical parameters on every rank (its end-of-run sync check;
-   fsdp's gathers each parameter whole from the ranks' slices).
+   process end with the same weights and momentum.
+2. dist_parallel and fsdp on N processes end with the same weights and momentum: DDP (every rank
+   the whole model, the gradients all-reduced in buckets while backward goes on) and FSDP2 (each
+   rank a slice, the gradients reduce-scattered) are two mechanisms of the same average, and check
+   1 holds each of them, on one process, to single_gpu. With --sync_bn on: dist_parallel's N
+   processes with SyncBatchNorm end where one ends.
+Checks 3 to 5 run for dist_parallel and for fsdp, each as --modes has them:
+3. The N-process run's checkpoint evaluated by 1, 2 and N processes (and 3 on the CPU) gives the
+   same accuracy and loss, and every count counts every test image once.
+4. Every N-process run ends with identical parameters on every rank (results.json's
+   params_in_sync).
 5. The N-process run stopped halfway and continued with `--resume auto` ends where the uninterrupted
    run ends (the halves started as `python <mode>/train.py --nproc_per_node N`, the uninterrupted
-   run by torchrun). With both modes, each continues the other's halfway checkpoint (in that run's
-   folder): the checkpoint is one format, whole tensors, whichever mode wrote it. fsdp continues
-   without resharding after forward (ZeRO-2; its other runs reshard, ZeRO-3), so its check 5 holds
-   both ways of sharding to the same weights.
+   run by torchrun), and its event file shows it continued from halfway. With both modes, each
+   continues the other's halfway checkpoint (in that run's folder): the checkpoint is one format,
+   whole tensors, whichever mode wrote it. fsdp continues without resharding after forward (ZeRO-2;
+   its other runs reshard, ZeRO-3), so its check 5 holds both ways of sharding to the same weights.
 
 The verdicts are printed, and written with their figures and the reasons for each tolerance to
 verify.md and verify.json in the --out folder. tests/test_parallel.py runs `compare.py
 --verify` on the CPU and asserts on it.
 
-What runs: comparison/verify_plan.py; the checks and their tolerances: comparison/verify_checks.py;
-check 2's reference: comparison/verify_reference.py. This file runs the plan, then prints and
-writes the verdicts.
+What runs: comparison/verify_plan.py; the checks and their tolerances: comparison/verify_checks.py.
+This file runs the plan, then prints and writes the verdicts.
 """
 from __future__ import annotations
 
@@ -42,11 +44,10 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from common.config import Config
 from comparison.matrix import command
 from comparison.report.files import write_file
 from comparison.report.formatting import fmt_seconds
-from comparison.report.model import model_title
+from comparison.report.model import model_title, run_config
 from comparison.report.outcome import Outcome
 from comparison.runner import run_all, signal_name, signals_deferred, start
 from comparison.verify_checks import (BITWISE, EXACT_EVALUATION, ROUNDED_EVALUATION, ROUNDING,
@@ -82,10 +83,8 @@ class Verification(Checks):
         return 1 if any(row.verdict == "FAIL" for row in rows) else 0
 
     def argv(self, launch: Launch) -> list[str]:
-        """The launch's command line: its matrix run's, then its own flags."""
-        return [*command(launch.run, self.shared, self.group_flags, self.out / "runs", self.cuda,
-                         launch.self_launch),
-                *launch.flags]
+        """The launch's command line: its matrix run's flags, then its own."""
+        return command(launch.run, self.flags(launch), launch.self_launch)
 
     def run(self, timeout: int) -> tuple[dict[str, Outcome], int | None]:
         """Every launch, ({name: outcome}, None): one at a time on GPUs (each run has them all), two
@@ -131,6 +130,13 @@ class Verification(Checks):
                          "before its all-reduce, FSDP before its reduce-scatter, which is exact, "
                          "and the collective adds two values, the same in either order. With more "
                          "ranks the order of the sums differs, and they take a tolerance.")
+        if any(s.groups for s in self.settings):
+            notes.append("- Check 2 holds DDP and FSDP to each other, and check 1 each of them, on "
+                         "one process, to single_gpu: a mistake that both train files made alike "
+                         "in their parallel lines (each rank's share of the data, the average of "
+                         "the gradients) would pass check 2, and one that only shows with two "
+                         "ranks would pass check 1. The tests hold those lines to torch's own "
+                         "DistributedSampler and collectives.")
         rounded = {t.text for t in (SUMMATION_ORDER, *ROUNDING.values())}
         if self.steps != DEFAULT_STEPS and shown & rounded:
             notes.append(f"- The tolerances above were set for {DEFAULT_STEPS} steps; "
@@ -146,7 +152,8 @@ class Verification(Checks):
 
     def write(self, rows: list[Row], outcomes: dict[str, Outcome], argv: list[str], device: str,
               elapsed: float) -> list[Path]:
-        cfg = next((o.results["config"] for o in outcomes.values() if o.results), {**self.train})
+        cfg = run_config(next((o.results["config"] for o in outcomes.values() if o.results),
+                              self.values))
         failed_rows = [row for row in rows if row.verdict == "FAIL"]
         run_rows = [f"| `{o.run.name}` | {o.status} | {fmt_seconds(o.seconds)} | {o.error or ''} | "
                     + (f"`logs/{o.run.name}.log` |" if o.log else "— |") for o in outcomes.values()]
@@ -155,8 +162,8 @@ class Verification(Checks):
             "",
             f"`{shlex.join(['python', 'compare.py', *argv])}` — {datetime.now():%Y-%m-%d %H:%M}, "
             f"{len(outcomes)} runs in {fmt_seconds(elapsed)}: {self.steps} steps of global batch "
-            f"{self.batch} on {cfg.get('dataset', Config.dataset)} (at most {self.train['epochs']} "
-            f"epochs), seed {cfg.get('seed', Config.seed)}; N = {self.processes} "
+            f"{self.batch} on {cfg['dataset']} (at most {self.epochs} "
+            f"epochs), seed {cfg['seed']}; N = {self.processes} "
             f"{'GPUs' if self.cuda else 'CPU processes'}.",
             "",
             "| check | runs | measured | tolerance | verdict |",
@@ -175,7 +182,7 @@ class Verification(Checks):
             "## Runs",
             "",
             "Each run's command line heads its log; its run folder (results.json, "
-            "model.pt) is in `runs/`.",
+            "checkpoint.pt, the event files) is in `runs/`.",
             "",
             "| run | status | time | error | log |",
             "|---|---|---|---|---|",

@@ -1,21 +1,19 @@
 """The checks of compare.py --verify, each judging the outcomes of the runs a Plan
-(comparison/verify_plan.py) made and the files in their run folders: a `Row` per check with the
-figure it measured, its tolerance and its verdict, and the tolerances themselves with the reason for
-each."""
+(comparison/verify_plan.py) made and the files in their run folders (checkpoint.pt, results.json,
+the event files): a `Row` per check with the figure it measured, its tolerance and its verdict, and
+the tolerances themselves with the reason for each."""
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
-from common.config import Config
-from comparison.matrix import GROUP_MODES
 from comparison.report.outcome import Outcome
+from comparison.train_files import GROUP_MODES
 from comparison.verify_plan import (Group, Launch, Plan, Setting, evaluation_counts,
                                     images_in_test_set)
-from comparison.verify_reference import reference_training
 
 
 @dataclass(frozen=True)
@@ -29,19 +27,20 @@ BITWISE = Tolerance(0.0, "0 (bitwise)", "the runs do the same float operations i
                                         "order: every bit agrees")
 # Where two runs round differently somewhere (the order of a sum, another kernel), SGD carries the
 # difference forward and amplifies it. Measured on the CPU, 24 steps of the CPU default (tiny model,
-# batch 32, 266 images, 3 epochs): 4 ranks against their reference 5.2e-6, a 4-rank run resumed at
-# step 12 against the uninterrupted one 2.4e-7 (the only difference: the order in which the
-# all-reduce adds the ranks' gradients); one process on 1 thread against 2 threads (every
-# convolution adds in another order) 7.5e-4 in fp32 and 2.5e-3 under bf16 autocast. The errors these
-# checks are there to catch measured 5.1e-4 (a step left out), 4.5e-3 (BatchNorm over the whole
-# batch instead of each rank's share), 1.8e-2 (another data order), 2.0e-2 (no augmentation) and
-# 4.4e-2 (gradients summed, not averaged).
+# batch 32, 266 images, 3 epochs): 4 ranks against a one-process reference of their shares 5.2e-6,
+# a 4-rank run resumed at step 12 against the uninterrupted one 2.4e-7 (the only difference: the
+# order in which the all-reduce adds the ranks' gradients); one process on 1 thread against 2
+# threads (every convolution adds in another order) 7.5e-4 in fp32 and 2.5e-3 under bf16 autocast.
+# The errors these checks are there to catch measured 5.1e-4 (a step left out), 4.5e-3 (BatchNorm
+# over the whole batch instead of each rank's share), 1.8e-2 (another data order), 2.0e-2 (no
+# augmentation) and 4.4e-2 (gradients summed, not averaged).
 SUMMATION_ORDER = Tolerance(
-    1e-4, "1e-4", "with more than two ranks the all-reduce adds the ranks' gradients in another "
-                  "order than autograd in the reference, and in another order again in a resumed "
-                  "run's first step (DDP lays out its gradient buckets anew once per process, in "
-                  "the order the gradients arrived); 24 fp32 steps of 4 ranks on the CPU differ by "
-                  "up to 5.2e-6, and a step left out by 5.1e-4")
+    1e-4, "1e-4", "with more than two ranks DDP's all-reduce and FSDP's reduce-scatter add the "
+                  "ranks' gradients in orders of their own, and DDP in another order again in a "
+                  "resumed run's first step (it lays out its gradient buckets anew once per "
+                  "process, in the order the gradients arrived); 24 fp32 steps of 4 ranks on the "
+                  "CPU differ from a one-process reference by up to 5.2e-6, and a step left out "
+                  "by 5.1e-4")
 ROUNDING = {
     "off": Tolerance(5e-3, "5e-3", "the runs may take other kernels (on GPUs cuDNN autotunes per "
                                    "process, some backward kernels add with atomics, a rank's "
@@ -95,20 +94,17 @@ class Row:
 class Checks(Plan):
     """The checks of a Plan: `judge` makes a Row of every check of every setting from the runs'
     outcomes; the other methods are the checks and the tolerances they hold the runs to. They read
-    what the Plan set: its settings, processes, halfway step, device and run folder, and its cache
-    of reference_training's weights."""
+    what the Plan set: its settings, processes, halfway step, device and run folder."""
 
     def judge(self, outcomes: dict[str, Outcome]) -> list[Row]:
         """A row per check of every setting, from the runs' outcomes and the files in their run
-        folders: check 1, then checks 2 to 5 of each mode with a process group (SyncBatchNorm's
-        beside dist_parallel's check 2)."""
+        folders: check 1, check 2 (and SyncBatchNorm's beside it), then checks 3 to 5 of each mode
+        with a process group."""
         rows = []
         for setting in self.settings:
-            ours = [self.one_device(setting, outcomes)]
+            ours = [self.one_device(setting, outcomes), self.modes_agree(setting, outcomes),
+                    self.sync_batchnorm(setting, outcomes)]
             for mode in GROUP_MODES:
-                ours.append(self.against_reference(setting, mode, outcomes))
-                if mode == "dist_parallel":
-                    ours.append(self.sync_batchnorm(setting, outcomes))
                 ours += [self.evaluation(setting, mode, outcomes),
                          self.ranks_in_sync(setting, mode, outcomes),
                          self.resumed(setting, mode, outcomes)]
@@ -132,7 +128,7 @@ class Checks(Plan):
         return ROUNDING["off" if self.amp_of(setting) == "off" else "half"]
 
     def all_reduce_order(self, setting: Setting) -> Tolerance:
-        """The tolerance of runs that differ only in the order the all-reduce adds the ranks'
+        """The tolerance of runs that differ only in the order their collectives add the ranks'
         gradients (checks 2 and 5). Two ranks: none, as a sum of two is the same in either order
         and the halving of each gradient (DDP's before its all-reduce, FSDP's before its
         reduce-scatter) is exact (measured on the CPU: 0; on GPUs, with --deterministic,
@@ -142,11 +138,13 @@ class Checks(Plan):
     def amp_of(self, setting: Setting) -> str:
         return setting.amp or ("off" if not self.cuda else "bf16")
 
-    def weights(self, launch: Launch) -> dict[str, torch.Tensor]:
-        return torch.load(self.out / "runs" / launch.run_dir / "model.pt", map_location="cpu",
-                          weights_only=True)
+    def state(self, launch: Launch) -> dict[str, torch.Tensor]:
+        """What the launch's last checkpoint.pt holds of the training: every weight and BatchNorm
+        statistic (`model.<name>`) and SGD's momentum of every parameter (`momentum.<position>`, as
+        optimizer.state_dict() keys it in every mode)."""
+        return training_state(self.out / "runs" / launch.run_dir / "checkpoint.pt")
 
-    CHECK_1 = "1. one device: every mode ends with the same weights"
+    CHECK_1 = "1. one device: every mode ends with the same weights and momentum"
 
     def one_device(self, setting: Setting, outcomes: dict[str, Outcome]) -> Row:
         runs = list(setting.one_device.values())
@@ -158,19 +156,19 @@ class Checks(Plan):
         if failure:
             return fail(self.CHECK_1, runs, tolerance, failure)
         first, others = runs[0], runs[1:]
-        reference = self.weights(first)
-        differences = {launch.run.mode: max_difference(self.weights(launch), reference)
+        reference = self.state(first)
+        differences = {launch.run.mode: max_difference(self.state(launch), reference)
                        for launch in others}
         measured = max(differences.values())
-        figure = ("max abs difference of every weight and BatchNorm statistic "
-                  f"from {first.run.mode}: "
+        figure = ("max abs difference of every weight, BatchNorm statistic and momentum "
+                  f"from {first.run.mode}'s: "
                   + ", ".join(f"{mode} {value:.3g}" for mode, value in differences.items()))
         passed = measured <= tolerance.value
         if tolerance is BITWISE:  # then what the runs report must agree exactly too
-            keys = ("train_loss", "train_acc", "test_loss", "test_acc", "steps")
+            keys = ("train_loss", "train_acc", "test_loss", "test_acc", "step")
             summaries = [outcomes[launch.name].results["summary"] for launch in runs]
             differ = [key for key in keys
-                      if any(s[key] != summaries[0][key] for s in summaries[1:])]
+                      if any(s.get(key) != summaries[0].get(key) for s in summaries[1:])]
             figure += "; reported " + (f"{', '.join(differ)} differ" if differ else
                                        "train loss and accuracy, test loss "
                                        "and accuracy, steps equal")
@@ -178,41 +176,29 @@ class Checks(Plan):
         return Row(self.CHECK_1, names(runs), figure, tolerance.text, verdict(passed),
                    figures={"max_abs_difference": differences, "tolerance": tolerance.value})
 
-    def check_2(self, mode: str) -> str:
-        return f"2. {mode} on {self.processes} processes ends where reference_training ends"
+    def check_2(self) -> str:
+        return (f"2. dist_parallel and fsdp on {self.processes} processes end with the same "
+                "weights and momentum")
 
-    def against_reference(self, setting: Setting, mode: str, outcomes: dict[str, Outcome]) -> Row:
-        group = setting.groups.get(mode)
-        if group is None:
-            return not_run(self.check_2(mode), mode)
+    def modes_agree(self, setting: Setting, outcomes: dict[str, Outcome]) -> Row:
+        """DDP's N processes (each rank the whole model, its gradients all-reduced in buckets while
+        backward goes on) against FSDP2's (each rank a slice, its gradients reduce-scattered):
+        two mechanisms of the same average, held to each other's checkpoint."""
+        groups = [setting.groups.get(mode) for mode in GROUP_MODES]
+        if None in groups:
+            missing = GROUP_MODES[groups.index(None)]
+            return Row(self.check_2(), "—", "—", "—", "not run",
+                       f"--modes leaves out {missing}: the check holds the two to each other")
+        runs = [group.trained for group in groups]
         tolerance = self.all_reduce_order(setting)
-        failure = failed(outcomes, [group.trained])
+        failure = failed(outcomes, runs)
         if failure:
-            return fail(self.check_2(mode), [group.trained], tolerance, failure)
-        reference = self.reference(outcomes[group.trained.name].results["config"])
-        if isinstance(reference, str):  # out of memory, say: the check cannot be made here
-            return fail(self.check_2(mode), [group.trained], tolerance,
-                        f"reference_training failed: {reference}")
-        measured = max_difference(reference, self.weights(group.trained), list(reference))
-        return Row(self.check_2(mode), f"{names([group.trained])}, "
-                                       "reference_training in this process",
-                   f"max abs difference of every parameter: {measured:.3g}", tolerance.text,
-                   verdict(measured <= tolerance.value), figures={"max_abs_difference": measured,
-                                                                  "tolerance": tolerance.value})
-
-    def reference(self, saved: dict) -> dict[str, torch.Tensor] | str:
-        """reference_training of a run's config, computed once for every mode that trained
-        under it (the modes' own flags aside, their configs agree); the first line of its error
-        when it could not be computed."""
-        cfg = config_of(saved)
-        if cfg not in self.references:
-            device = torch.device("cuda", 0) if self.cuda else torch.device("cpu")
-            try:
-                self.references[cfg] = reference_training(cfg, self.processes, device)
-            except RuntimeError as error:
-                text = str(error).strip()
-                self.references[cfg] = text.splitlines()[0] if text else type(error).__name__
-        return self.references[cfg]
+            return fail(self.check_2(), runs, tolerance, failure)
+        measured = max_difference(self.state(runs[1]), self.state(runs[0]))
+        return Row(self.check_2(), names(runs),
+                   f"max abs difference of every weight, BatchNorm statistic and momentum: "
+                   f"{measured:.3g}", tolerance.text, verdict(measured <= tolerance.value),
+                   figures={"max_abs_difference": measured, "tolerance": tolerance.value})
 
     def sync_batchnorm(self, setting: Setting, outcomes: dict[str, Outcome]) -> Row:
         title = f"2. with SyncBatchNorm, {self.processes} processes end where 1 process ends"
@@ -223,17 +209,17 @@ class Checks(Plan):
         failure = failed(outcomes, [setting.sync_bn, one])
         if failure:
             return fail(title, [setting.sync_bn, one], tolerance, failure)
-        measured = max_difference(self.weights(setting.sync_bn), self.weights(one))
+        measured = max_difference(self.state(setting.sync_bn), self.state(one))
         return Row(title, names([setting.sync_bn, one]),
-                   f"max abs difference of every weight and BatchNorm statistic: {measured:.3g}",
-                   tolerance.text, verdict(measured <= tolerance.value),
+                   f"max abs difference of every weight, BatchNorm statistic and momentum: "
+                   f"{measured:.3g}", tolerance.text, verdict(measured <= tolerance.value),
                    figures={"max_abs_difference": measured, "tolerance": tolerance.value})
 
     def check_3(self, mode: str, group: Group | None) -> str:
-        planned = evaluation_counts(self.processes, self.cuda, mode == self.evaluates_on_three)
+        planned = evaluation_counts(self.processes, self.cuda)
         counts = sorted({*(group.evaluations if group else planned), self.processes})
         return (f"3. {mode}: evaluation by {', '.join(map(str, counts))} processes, the "
-                "same accuracy and loss")
+                "same accuracy and loss, every test image counted once")
 
     def evaluation(self, setting: Setting, mode: str, outcomes: dict[str, Outcome]) -> Row:
         group = setting.groups.get(mode)
@@ -272,8 +258,9 @@ class Checks(Plan):
                             "images": images, "test_images": expected})
 
     def check_4(self, mode: str) -> str:
-        whole = " (gathered whole from the slices)" if mode == "fsdp" else ""
-        return f"4. {mode}: parameters identical on every rank{whole} (the end-of-run sync check)"
+        slices = "; fsdp's ranks hold slices of the same tensors" if mode == "fsdp" else ""
+        return (f"4. {mode}: parameters identical on every rank (results.json's "
+                f"params_in_sync{slices})")
 
     def ranks_in_sync(self, setting: Setting, mode: str, outcomes: dict[str, Outcome]) -> Row:
         group = setting.groups.get(mode)
@@ -287,18 +274,19 @@ class Checks(Plan):
         failure = failed(outcomes, runs)
         if failure:
             return fail(self.check_4(mode), runs, BITWISE, failure)
-        summaries = {run.name: outcomes[run.name].results["summary"] for run in runs}
-        apart = [name for name, summary in summaries.items()
-                 if summary["params_in_sync"] is not True]
-        buffers = max(summary["buffers_max_abs_diff"] for summary in summaries.values())
+        records = {run.name: outcomes[run.name].results for run in runs}
+        apart = [name for name, record in records.items()
+                 if record.get("params_in_sync") is not True]
+        buffers = max(record.get("buffers_max_abs_diff") or 0.0 for record in records.values())
         figure = (f"parameters identical on all {self.processes} ranks in "
                   f"{len(runs) - len(apart)} of {len(runs)} runs"
                   + (f" (not in {', '.join(apart)})" if apart else "")
-                  + f"; BatchNorm statistics differ by up to {buffers:.3g}"
-                  + (" (each rank's BatchNorm sees its own share)" if buffers else ""))
+                  + (f"; BatchNorm statistics differ by up to {buffers:.3g} (each rank's "
+                     "BatchNorm sees its own share)" if buffers else
+                     "; BatchNorm statistics identical too"))
         return Row(self.check_4(mode), names(runs), figure, BITWISE.text, verdict(not apart),
-                   figures={"params_in_sync": {n: s["params_in_sync"]
-                                               for n, s in summaries.items()},
+                   figures={"params_in_sync": {n: r.get("params_in_sync")
+                                               for n, r in records.items()},
                             "buffers_max_abs_diff": buffers})
 
     def check_5(self, mode: str, group: Group | None = None) -> str:
@@ -315,45 +303,62 @@ class Checks(Plan):
             return not_run(self.check_5(mode), mode)
         first_half = setting.groups[group.resumes].first_half
         runs = [first_half, group.resumed, group.trained]
-        return self.continued(self.check_5(mode, group), runs, group.resumed, group.trained,
-                              "the halves self-launched with --resume auto, the "
-                              "uninterrupted run under torchrun",
-                              setting, outcomes)
-
-    def continued(self, title: str, runs: list[Launch], resumed: Launch, uninterrupted: Launch,
-                  how: str, setting: Setting, outcomes: dict[str, Outcome]) -> Row:
-        """A run that resumed halfway against the run that was not stopped: the
-        same weights and statistics."""
+        title = self.check_5(mode, group)
         tolerance = self.all_reduce_order(setting)
         failure = failed(outcomes, runs)
         if failure:
             return fail(title, runs, tolerance, failure)
-        said = f"resumed at step {self.halfway} "
-        if said not in outcomes[resumed.name].log.read_text(errors="replace"):
-            return fail(title, runs, tolerance, f"{resumed.name} did not say '{said.strip()}': it "
-                                                "did not continue the first half")
-        measured = max_difference(self.weights(resumed), self.weights(uninterrupted))
+        first = first_step_written(self.out / "runs" / group.resumed.run_dir)
+        if first is None or first <= self.halfway:
+            said = "no scalar" if first is None else f"its first scalar at step {first}"
+            return fail(title, runs, tolerance, f"{group.resumed.name} did not continue the first "
+                                                f"half: its event file has {said}, not one after "
+                                                f"step {self.halfway}")
+        measured = max_difference(self.state(group.resumed), self.state(group.trained))
         return Row(title, names(runs),
-                   f"max abs difference of every weight and BatchNorm statistic: {measured:.3g} "
-                   f"({how})", tolerance.text, verdict(measured <= tolerance.value),
-                   figures={"max_abs_difference": measured, "tolerance": tolerance.value})
+                   f"max abs difference of every weight, BatchNorm statistic and momentum: "
+                   f"{measured:.3g} (the halves self-launched, the second with --resume auto, "
+                   f"its first step logged {first}, past step {self.halfway}; the uninterrupted "
+                   "run under torchrun)", tolerance.text,
+                   verdict(measured <= tolerance.value),
+                   figures={"max_abs_difference": measured, "tolerance": tolerance.value,
+                            "continued_from_step": first})
 
 
-def config_of(saved: dict) -> Config:
-    """The Config a run recorded in its results.json (its own flags beyond Config's left out)."""
-    names = {f.name for f in dataclasses.fields(Config)}
-    return Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()
-                     if k in names})
+def training_state(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """Every weight and BatchNorm statistic of a checkpoint.pt (`model.<name>`) and SGD's momentum
+    of every parameter (`momentum.<position>`), read with weights_only=True."""
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    tensors = {f"model.{name}": value for name, value in state["model"].items()}
+    for position, entry in state["optimizer"]["state"].items():
+        if "momentum_buffer" in entry and entry["momentum_buffer"] is not None:
+            tensors[f"momentum.{position}"] = entry["momentum_buffer"]
+    return tensors
 
 
-def max_difference(ours: dict, theirs: dict, names=None) -> float:
-    """The largest absolute difference over the tensors `names` (default: all of `ours`); inf where
-    a tensor is missing or has another shape."""
-    names = list(ours) if names is None else names
-    if any(n not in theirs or theirs[n].shape != ours[n].shape for n in names):
+def first_step_written(run_dir: Path) -> int | None:
+    """The first step of train/loss in the newest event file of a run folder: what the last attempt
+    of the run wrote first (a run resumed at step h writes from step h + 1 on, into a file of its
+    own), as TensorBoard's own reader reads it. None without one."""
+    from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
+
+    files = sorted(run_dir.glob("events.out.tfevents.*"), key=lambda path: path.stat().st_mtime)
+    if not files:
+        return None
+    accumulator = EventAccumulator(str(files[-1]), size_guidance={SCALARS: 0})
+    accumulator.Reload()
+    if "train/loss" not in accumulator.Tags()[SCALARS]:
+        return None
+    return min(event.step for event in accumulator.Scalars("train/loss"))
+
+
+def max_difference(ours: dict, theirs: dict) -> float:
+    """The largest absolute difference over the tensors of `ours`; inf where `theirs` lacks one, has
+    one more, or one of another shape."""
+    if ours.keys() != theirs.keys() or any(theirs[n].shape != ours[n].shape for n in ours):
         return math.inf
     return max(((ours[n].double() - theirs[n].double()).abs().max().item()
-                if ours[n].numel() else 0.0 for n in names), default=0.0)
+                if ours[n].numel() else 0.0 for n in ours), default=0.0)
 
 
 def names(launches) -> str:

@@ -1,33 +1,27 @@
 """What compare.py --verify runs, planned from compare.py's flags before anything starts: the runs
 (`Launch`), grouped by what each is for: each --amp and backend's `Setting`, its one-device runs
-(check 1) and each process-group mode's `Group` (checks 2 to 5: the N-process run, its first half,
-that half continued, the --evaluate runs of its model.pt), and how many steps, epochs and images
-they take."""
+(check 1), its N-process runs of both process-group modes (check 2), and each process-group mode's
+`Group` (checks 3 to 5: the N-process run, its first half, that half continued, the --evaluate runs
+of its checkpoint), and how many steps, epochs and images they take."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.command_line import config_argv
-from common.config import Config, UsageError
-from common.folders import image_folder
-from comparison.matrix import GROUP_MODES, PlannedRun, check_runs
+from comparison import model_shapes
+from comparison.errors import UsageError
+from comparison.matrix import PlannedRun, check_run, run_flags
+from comparison.train_files import GROUP_MODES, parse
 
 DEFAULT_STEPS = 24
 
 
-def defaults(cuda: bool) -> dict:
-    """The train.py flags --verify sets unless given: synthetic data (offline, nothing to download);
-    without GPUs, beside compare.py's CPU defaults, 266 training images (8 steps per epoch for 1 or
-    2 processes) and 53 test images, a prime, so that no number of processes divides them and every
-    evaluation of check 3 has shards of unequal size."""
-    return {"dataset": "synthetic", **({} if cuda else {"synthetic_size": 266})}
-
-
-# synthetic: --synthetic_size; imagefolder: counted
-TRAIN_IMAGES = {"cifar10": 50_000, "mnist": 60_000}
-# synthetic: a fifth of --synthetic_size; imagefolder: counted
-TEST_IMAGES = {"cifar10": 10_000, "mnist": 10_000}
+def defaults(cuda: bool) -> list[str]:
+    """The train.py flags --verify gives every run before the user's own (which win): synthetic data
+    (offline, nothing to download); without GPUs, beside compare.py's CPU defaults, 266 training
+    images (8 steps per epoch for 1 or 2 processes) and 53 test images, a prime, so that no number
+    of processes divides them and every evaluation of check 3 has shards of unequal size."""
+    return ["--dataset", "synthetic", *([] if cuda else ["--synthetic_size", "266"])]
 
 
 @dataclass(frozen=True)
@@ -53,11 +47,11 @@ class Launch:
 
 @dataclass
 class Group:
-    """The runs of one mode with a process group (GROUP_MODES: checks 2 to 5 run
+    """The runs of one mode with a process group (GROUP_MODES: checks 3 to 5 run
     for each), by what each is for."""
     trained: Launch                   # on N processes: checks 2 to 5 start from it
     first_half: Launch
-    # processes -> --evaluate of trained's model.pt
+    # processes -> --evaluate of trained's checkpoint.pt
     evaluations: dict[int, Launch] = field(default_factory=dict)
     # its first half continued, by this mode or, with both modes, by the other
     resumed: Launch | None = None
@@ -83,20 +77,24 @@ class Plan:
     """What `compare.py --verify` runs and checks, planned from compare.py's
     flags before anything starts."""
 
-    def __init__(self, cc, train: dict, group_flags: dict[str, list[str]], cuda: bool, out: Path):
+    def __init__(self, cc, train: list[str], group_flags: dict[str, list[str]], cuda: bool,
+                 out: Path):
         self.cuda, self.out, self.modes = cuda, out, cc.modes
         self.processes = max(cc.gpu_counts)
-        self.steps = train.get("max_steps") or DEFAULT_STEPS
+        values = vars(parse("single_gpu", train))
+        self.steps = values["max_steps"] or DEFAULT_STEPS
         if self.steps < 2:
             raise UsageError("--verify stops a run halfway and resumes it: "
                              "give --max_steps 2 or more")
-        batch = train.get("batch_size", Config.batch_size)
+        batch = values["batch_size"]
+        images = images_in_training_set(values)
         # enough for the steps
-        epochs = cc.epochs or -(-self.steps // max(images_in_training_set(train) // batch, 1))
-        self.train = {**train, "max_steps": self.steps, "epochs": epochs}
+        epochs = cc.epochs or -(-self.steps // max(images // batch, 1))
+        # the flags of every run: the user's, then the steps and epochs of the verification
+        self.train = [*train, "--max_steps", str(self.steps), "--epochs", str(epochs)]
+        self.epochs = epochs
         # where check 5 stops its first half: half the steps the N-process runs take, which --epochs
         # can make fewer than --max_steps
-        images = images_in_training_set(train)
         steps = min(self.steps, epochs * steps_per_epoch(images, batch, self.processes))
         self.halfway = steps // 2
         if self.halfway < 1 and any(mode in cc.modes for mode in GROUP_MODES):
@@ -104,29 +102,25 @@ class Plan:
                              f"epoch(s) of {images} images, global batch {batch} over "
                              f"{self.processes} processes, is {steps} step: it has no halfway "
                              f"point; give more --epochs (or images)")
-        self.shared = config_argv(Config,
-                                  {k: v for k, v in self.train.items() if k != "batch_size"})
-        self.group_flags, self.batch = group_flags, batch
-        self.deterministic, self.compiled = (bool(train.get("deterministic")),
-                                             bool(train.get("compile")))
+        self.shared = self.train
+        self.group_flags, self.batch, self.values = group_flags, batch, values
+        self.deterministic, self.compiled = bool(values["deterministic"]), bool(values["compile"])
         self.launches: dict[tuple, Launch] = {}
-        # reference_training's weights by config (check 2)
-        self.references: dict[Config, dict | str] = {}
-        # on the CPU, 3 processes evaluate too: fsdp's, where it runs (dist_parallel's
-        # evaluation is the same lines without the empty batches that keep fsdp's ranks
-        # in step), else dist_parallel's
-        self.evaluates_on_three = "fsdp" if "fsdp" in cc.modes else "dist_parallel"
         backends = cc.backends if any(mode in cc.modes for mode in GROUP_MODES) else (None,)
         self.settings = [self._plan(amp, backend, "on" in cc.sync_bn) for amp in cc.amp
                          for backend in backends]
-        training = [launch.run for launch in self.launches.values()
-                    if "--evaluate" not in launch.flags]
-        check_runs(training, self.shared, group_flags)
+        for index, launch in enumerate(self.launches.values()):  # each as it will run
+            check_run(launch.run, self.flags(launch), cuda, model=index == 0)
         if not any(s.groups or len(s.one_device) > 1 for s in self.settings):
             modes = " ".join(cc.modes)
             raise UsageError(f"--verify --modes {modes} leaves no check to run: check 1 compares "
                              f"two modes or more, checks 2 to 5 need dist_parallel or fsdp; add a "
                              f"mode to --modes")
+
+    def flags(self, launch: Launch) -> list[str]:
+        """The launch's train.py flags: its matrix run's, then its own."""
+        return [*run_flags(launch.run, self.shared, self.group_flags, self.out / "runs",
+                           self.cuda), *launch.flags]
 
     def _add(self, mode: str, processes: int, backend: str | None, amp: str | None, label: str,
              flags=(), needs=(), folder=None, sync_bn=False, self_launch=False,
@@ -144,12 +138,11 @@ class Plan:
 
     def _plan(self, amp: str | None, backend: str | None, sync_bn: bool) -> Setting:
         setting, n = Setting(amp, backend), self.processes
-        save = ("--save_model",)
         for mode in ("single_gpu", "data_parallel"):
             if mode in self.modes:  # on GPUs, command() gives them --gpu_devices 0
-                setting.one_device[mode] = self._add(mode, 1, None, amp, "train", save)
+                setting.one_device[mode] = self._add(mode, 1, None, amp, "train")
         for mode in (mode for mode in GROUP_MODES if mode in self.modes):
-            setting.groups[mode] = self._plan_group(mode, amp, backend, setting, save)
+            setting.groups[mode] = self._plan_group(mode, amp, backend, setting)
         if "dist_parallel" not in self.modes:
             setting.sync_bn_not_run = "--modes leaves out dist_parallel"
         elif not sync_bn:
@@ -159,38 +152,37 @@ class Plan:
                                        if not self.cuda else "SyncBatchNorm needs two or more GPUs")
         else:
             setting.one_device.setdefault("dist_parallel", self._add("dist_parallel", 1, backend,
-                                                                     amp, "train", save))
-            setting.sync_bn = self._add("dist_parallel", n, backend, amp, "train", save,
-                                        sync_bn=True)
+                                                                     amp, "train"))
+            setting.sync_bn = self._add("dist_parallel", n, backend, amp, "train", sync_bn=True)
         # check 5: with both modes, each continues the other's half
         for mode, group in setting.groups.items():
             group.resumes = next((other for other in setting.groups if other != mode), mode)
             first_half = setting.groups[group.resumes].first_half
             label = "resumed" if group.resumes == mode else f"resumed_from_{group.resumes}"
             group.resumed = self._add(mode, n, backend, amp, label,
-                                      ("--run_name", first_half.name, "--resume", "auto", *save),
+                                      ("--run_name", first_half.name, "--resume", "auto"),
                                       needs=(first_half.name,), folder=first_half.name,
                                       # fsdp: ZeRO-2, where every other fsdp run is ZeRO-3
                                       self_launch=True, reshard=False)
         return setting
 
-    def _plan_group(self, mode: str, amp: str | None, backend: str | None, setting: Setting,
-                    save) -> Group:
+    def _plan_group(self, mode: str, amp: str | None, backend: str | None,
+                    setting: Setting) -> Group:
         """The runs of a mode with a process group: its one-process run (check 1, beside
         the other modes), its N-process run, the first half of a stopped one, and the
-        --evaluate runs of its model.pt."""
+        --evaluate runs of its checkpoint.pt."""
         n = self.processes
         if setting.one_device:  # check 1
-            setting.one_device[mode] = self._add(mode, 1, backend, amp, "train", save)
-        trained = self._add(mode, n, backend, amp, "train", save)
+            setting.one_device[mode] = self._add(mode, 1, backend, amp, "train")
+        trained = self._add(mode, n, backend, amp, "train")
         # the two halves are started as `python <mode>/train.py --nproc_per_node N`, the trained run
         # under torchrun: check 5 holds the self-launch to torchrun as well
         halfway = ("--max_steps", str(self.halfway))
         first_half = self._add(mode, n, backend, amp, "first_half", halfway, self_launch=True)
         group = Group(trained, first_half)
-        model = str(self.out / "runs" / trained.run_dir / "model.pt")
+        model = str(self.out / "runs" / trained.run_dir / "checkpoint.pt")
         # N: the run's own
-        for processes in evaluation_counts(n, self.cuda, mode == self.evaluates_on_three):
+        for processes in evaluation_counts(n, self.cuda):
             by = "single_gpu" if processes == 1 else mode
             group.evaluations[processes] = self._add(
                 by, processes, backend if processes > 1 else None, amp, "evaluate",
@@ -203,21 +195,16 @@ class Plan:
         shards of 18, 18 and 17, batches of 17). Under fsdp that rank then runs an empty batch,
         so that every rank gathers the weights as often; a batch that gave every rank as many
         batches would leave that path unchecked."""
-        images = images_in_test_set({"dataset": self.train.get("dataset", Config.dataset),
-                                     "synthetic_size": self.train.get("synthetic_size",
-                                                                      Config.synthetic_size),
-                                     "data_dir": self.train.get("data_dir", Config.data_dir)})
+        images = images_in_test_set(self.values)
         if self.cuda or processes == 1 or not images % processes:
             return ()
         return "--batch_size", str(images // processes * processes)
 
 
-def images_in_training_set(train: dict) -> int:
-    dataset = train.get("dataset", Config.dataset)
-    if dataset == "imagefolder":
-        return image_folder(train.get("data_dir", Config.data_dir)).images["train"]
-    return (train.get("synthetic_size", Config.synthetic_size) if dataset == "synthetic"
-            else TRAIN_IMAGES[dataset])
+def images_in_training_set(values: dict) -> int:
+    """One epoch's images (`values`: the train.py flags as read); 0 where an image folder cannot
+    be listed (its runs then refuse it)."""
+    return model_shapes.training_images(values) or 0
 
 
 def steps_per_epoch(images: int, batch: int, processes: int) -> int:
@@ -227,16 +214,14 @@ def steps_per_epoch(images: int, batch: int, processes: int) -> int:
     return per_process // max(batch // processes, 1)  # a batch that does not divide: check_runs
 
 
-def images_in_test_set(config: dict) -> int:
-    dataset = config["dataset"]
-    if dataset == "imagefolder":
-        return image_folder(config.get("data_dir", Config.data_dir)).images["val"]
-    return config["synthetic_size"] // 5 if dataset == "synthetic" else TEST_IMAGES[dataset]
+def images_in_test_set(values: dict) -> int:
+    """The test set's images (`values`: the train.py flags, or a run's results.json config)."""
+    return model_shapes.test_images(values) or 0
 
 
-def evaluation_counts(n: int, cuda: bool, three: bool = True) -> list[int]:
-    """The --evaluate launches: 1 process (single_gpu) and 2; on the CPU, with `three`, 3 as well,
-    which divides neither the CPU default's batch (32) nor its test set (53). N processes is the
-    trained run's own evaluation. On GPUs no more than N: NCCL takes one GPU per rank."""
-    counts = {1, 2} | (set() if cuda or not three else {3})
+def evaluation_counts(n: int, cuda: bool) -> list[int]:
+    """The --evaluate launches: 1 process (single_gpu) and 2; on the CPU 3 as well, which divides
+    neither the CPU default's batch (32) nor its test set (53). N processes is the trained run's
+    own evaluation. On GPUs no more than N: NCCL takes one GPU per rank."""
+    counts = {1, 2} | (set() if cuda else {3})
     return sorted(c for c in counts if c == 1 or c != n and (not cuda or c < n))

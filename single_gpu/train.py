@@ -1,258 +1,465 @@
 r"""Train PyramidNet on CIFAR-10 on one GPU: the reference loop that every other mode changes.
 
-    python train.py                      # CIFAR-10 on GPU 0, PyramidNet-110 alpha=270, batch 128
+    python train.py                      # CIFAR-10 (downloaded into ../data), PyramidNet-110 a=270
     python train.py --gpu_devices 3      # on GPU 3
     python train.py --dataset synthetic --synthetic_size 5000 --depth 20 --alpha 24 \
-                    --epochs 1   # offline: 5,000 generated images, 1-3 minutes on a CPU
-    python train.py --evaluate ../runs/<run>/model.pt   # test loss and accuracy of saved weights
+                    --epochs 1           # offline: generated images, 1-3 minutes on a CPU
+    python train.py --evaluate ../runs/<run>/model.pt   # the test loss and accuracy of weights
 
-It runs from this folder or from the repository root (`python single_gpu/train.py`); without a GPU
-it trains on the CPU. `--batch_size` is the global batch, as in every mode. `python train.py --help`
-lists every flag. Read it in order: setup, data, model, optimizer, the loop (`train_one_epoch`),
-then `main`: prepare, train, finish.
+It runs from itself and two files, runkit.py (checkpoints, stop signals, the run log, the step
+timer) and models/pyramidnet.py: copied side by side into another project, the three run as
+they are; put your model in get_model and your data in get_datasets. Without a GPU it trains on
+the CPU. --batch_size is the global batch in every mode. Read it top to bottom.
 """
 # ------------------------------------------------------------------------------------------ imports
+import argparse
+import math
+import os
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python train.py` finds common/
+# runkit.py and pyramidnet.py: in a copy, those beside this file (found first); else the repo's
+sys.path.extend(str(Path(__file__).resolve().parents[1] / folder) for folder in ("", "models"))
 
 import torch
 import torch.nn.functional as F
+import torchvision
+from torch.utils.data import DataLoader, RandomSampler, TensorDataset
+from torchvision.transforms import v2 as T
 
-from common.augmentation import augmentation
-from common.checkpoint import (StopSignals, check_fits, ended_line, has_ended, last_checkpoint_note,
-                               resume_checkpoint, stopped_line, until_stopped)
-from common.checkpoint import continue_flags  # the flags that continue a stopped run, quoted
-from common.config import Config, parse_config
-from common.data import dataset_info, image_size, load_datasets
-from common.devices import seed_everything
-from common.devices import cuda_devices, one_process  # one process, and the GPUs it drives
-from common.errors import RunError, UsageError, user_errors
-from common.loaders import make_loader
-from common.logger import Console, RunLogger, load_model_weights, resolve_run_dir, start_line
-from common.loop import Run, save_checkpoint
-from common.metrics import Sums, evaluation_sums, fresh_batchnorm_statistics, window_sums
-from common.optim import build_optimizer, lr_schedule
-from common.performance import autocast, grad_scaler, memory_format, resolve_fast_path
-from common.rules import per_process_batch
-from common.samplers import EvalShard
-from common.samplers import ShuffleSampler  # one process's order of every epoch
-from common.workers import LoaderWorkerDied
-from models import build_model
+import runkit
+from pyramidnet import PyramidNet
 
 MODE = "single_gpu"
+REPO = Path(__file__).resolve().parents[1]
+AMP = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}
+# the flags that decide what is trained: a checkpoint resumes only under the values it was made with
+# (not --epochs: a larger one trains an ended run on, at the rate of the longer schedule)
+MUST_MATCH = ("model", "depth", "alpha", "block", "dataset", "image_size", "synthetic_size",
+              "batch_size", "lr", "lr_warmup_epochs", "momentum", "weight_decay", "nesterov",
+              "shuffle", "augment", "flip", "seed", "amp", "data")  # --epochs may grow
 
 
 # ------------------------------------------------------------------------------------------- config
-def get_config(argv=None) -> Config:
-    return parse_config(Config, argv, description=__doc__)
+def get_args(argv=None) -> argparse.Namespace:
+    """Every flag, with the spellings people type as aliases (hyphens, the ImageNet example's
+    short forms); a mistake is one line."""
+    parser = runkit.ArgumentParser(description=__doc__)
+    add, count, number = parser.add_argument, runkit.count, runkit.number
+    add("-b", "--batch_size", "--batch-size", type=count(1), help="GLOBAL batch (default: 128)")
+    add("--epochs", type=count(0), default=300)
+    add("--max_steps", "--max-steps", type=count(0), default=0, help="at most (0: no limit)")
+    add("--lr", type=number(above=0), default=0.1, help="per 128 images of the global batch")
+    add("--lr_warmup_epochs", "--lr-warmup-epochs", type=number(least=0), default=5.0)
+    add("--momentum", type=number(least=0, below=1), default=0.9)
+    add("--weight_decay", "--weight-decay", "--wd", type=number(least=0), default=1e-4)
+    add("--no_nesterov", "--no-nesterov", dest="nesterov", action="store_false")
+    add("-a", "--model", "--arch", default="pyramidnet", help="or torchvision's")
+    add("--depth", type=count(1), default=110, help="PyramidNet's: 6n+2 (9n+2: bottleneck)")
+    add("--alpha", type=number(above=0), default=270.0, help="PyramidNet's widening")
+    add("--block", choices=("basic", "bottleneck"), default="basic")
+    add("--dataset", choices=("cifar10", "mnist", "synthetic", "imagefolder"), default="cifar10")
+    add("--data_dir", "--data-dir", default=str(REPO / "data"), help="imagefolder: train/, val/")
+    add("--image_size", "--image-size", type=count(8, 4096), help="default: the dataset's")
+    add("--synthetic_size", "--synthetic-size", type=count(5), default=50_000)
+    add("-j", "--num_workers", "--num-workers", "--workers", type=count(0))
+    add("--no_shuffle", "--no-shuffle", dest="shuffle", action="store_false")
+    add("--augment", choices=("auto", "pad", "resized", "off"), default="auto")
+    add("--flip", action=argparse.BooleanOptionalAction, help="default: not for digits, icons")
+    add("--amp", choices=tuple(AMP), help="default: bf16 on a GPU, off on the CPU")
+    add("--channels_last", "--channels-last", action=argparse.BooleanOptionalAction)
+    add("--compile", action="store_true", help="torch.compile (its first steps: not timed)")
+    add("--compile_mode", "--compile-mode", default="default",
+        choices=("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune"))
+    add("--benchmark", action="store_true", help="speed only: --benchmark_steps timed steps")
+    add("--benchmark_steps", "--benchmark-steps", type=count(1), default=100)
+    add("--gpu_devices", "--gpu-devices", type=count(0), nargs="+", help="CUDA ids")
+    add("--seed", type=count(0, 2**32 - 1), default=0)
+    add("--deterministic", action="store_true", help="the same bits every run, slower")
+    add("--log_dir", "--log-dir", default=str(REPO / "runs"))
+    add("--run_name", "--run-name", help="default: <mode>-<n>gpu-<time>-<pid>")
+    add("--overwrite", action="store_true", help="empty the run folder of this name first")
+    add("-p", "--log_interval", "--log-interval", "--print-freq", type=count(1), default=50)
+    add("--warmup_steps", "--warmup-steps", type=count(0), default=10, help="not timed")
+    add("--profile_steps", "--profile-steps", type=count(0), default=0, help="torch.profiler's")
+    add("--memory_snapshot", "--memory-snapshot", type=count(0), default=0, help="steps; GPUs")
+    add("--save_model", "--save-model", action="store_true", help="<run folder>/model.pt")
+    add("--checkpoint_interval", "--checkpoint-interval", type=count(0), default=0)
+    add("--resume", help="a checkpoint.pt, or auto: this --run_name's, if any")
+    add("-e", "--evaluate", metavar="PATH", help="evaluate these weights, then exit")
+    args = parser.parse_args(argv)
+    runkit.refuse_if([
+        (args.resume and args.overwrite, "--resume continues a run and --overwrite empties it"),
+        (args.resume == "auto" and not args.run_name, "--resume auto needs --run_name NAME"),
+        (args.evaluate and (args.resume or args.benchmark or args.memory_snapshot or
+                            args.profile_steps), "--evaluate trains nothing: leave out --resume, "
+         "--benchmark, --memory_snapshot and --profile_steps"),
+        (args.augment == "off" and args.flip, "--flip mirrors training images and --augment off "
+         "trains on them as they are: give one of them"),
+        (args.compile_mode != "default" and not args.compile, "--compile_mode needs --compile"),
+        (args.model != "pyramidnet" and args.model not in torchvision.models.list_models(
+            module=torchvision.models), f"--model {args.model} is no torchvision classifier")])
+    if args.benchmark:  # the same work every step: synthetic data, or the folder's own images
+        args.max_steps = args.warmup_steps + args.benchmark_steps + args.profile_steps
+        args.dataset = "imagefolder" if args.dataset == "imagefolder" else "synthetic"
+    return args
 
 
 # -------------------------------------------------------------------------------------------- setup
-def setup(cfg: Config):
-    """The device to train on, and the CUDA ids it uses ([] on the CPU)."""
-    one_process(MODE)  # torchrun starting several of it: refused
-    if cfg.gpu_devices and len(set(cfg.gpu_devices)) > 1:
-        raise UsageError("single_gpu trains on one GPU: for several use data_parallel/train.py or "
-                         "dist_parallel/train.py")
-    gpus = cuda_devices(cfg.gpu_devices, default_all=False)
-    if gpus:
-        torch.cuda.set_device(gpus[0])
-    device = torch.device("cuda", gpus[0]) if gpus else torch.device("cpu")
-    return device, gpus
+def setup(args) -> torch.device:
+    """The device to train on (its GPU, or the CPU), and the fast path's defaults for it."""
+    world = os.environ.get("WORLD_SIZE", "")  # a launcher's (torchrun): the job's processes
+    runkit.refuse_if([(world.isdigit() and int(world) > 1, f"WORLD_SIZE={world}: {MODE}/train.py "
+                       "is one process, and each of a launcher's would train the whole model "
+                       "alone: run dist_parallel/train.py under it")])
+    if len(set(args.gpu_devices or [])) > 1:
+        raise runkit.UsageError("single_gpu trains on one GPU: for several, use "
+                                "data_parallel/train.py or dist_parallel/train.py")
+    device = runkit.cuda_device((args.gpu_devices or [0])[0])  # the CPU without CUDA
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.set_device(device)
+    bf16 = cuda and torch.cuda.is_bf16_supported(including_emulation=False)
+    args.amp = args.amp or ("bf16" if bf16 else "fp16" if cuda else "off")
+    args.channels_last = cuda if args.channels_last is None else args.channels_last
+    torch.backends.cudnn.benchmark = cuda and not args.deterministic  # the fastest per shape
+    if cuda:  # TF32 matrix products, as convolutions have (torch 2.9 warns of it on the CPU)
+        torch.set_float32_matmul_precision("high")
+    if args.deterministic:  # deterministic kernels only (an error where there is none)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+    runkit.refuse_if([(args.memory_snapshot and not cuda, "--memory_snapshot needs a GPU"),
+                      (args.amp == "bf16" and cuda and not bf16, f"{device} has no bf16")])
+    return device
 
 
 # --------------------------------------------------------------------------------------------- data
-def get_loaders(cfg: Config, device: torch.device):
-    train_set, test_set = load_datasets(cfg.dataset, cfg.data_dir, cfg.synthetic_size,
-                                        cfg.seed, image_size(cfg))
-    batch = per_process_batch(cfg.batch_size, 1, len(train_set))  # one process: the whole batch
-    kind = cfg.loader  # gpu, or torchvision: resolve_fast_path chose it for this device
-    options = dict(augment=augmentation(cfg), num_workers=cfg.num_workers, seed=cfg.seed,
-                   memory_format=memory_format(cfg))
-    train_sampler = ShuffleSampler(len(train_set), cfg.shuffle, cfg.seed)  # epoch: start_epoch's
-    train_loader = make_loader(kind, train_set, train_sampler, batch, device, train=True, **options)
-    test_shard = EvalShard(len(test_set))
-    test_loader = make_loader(kind, test_set, test_shard, batch, device, train=False, **options)
+# each dataset's images: their side, their channels, the mean and std that normalise them
+IMAGES = {"cifar10": (32, 3, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+          "synthetic": (32, 3, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+          "mnist": (28, 1, (0.1307,), (0.3081,)),
+          "imagefolder": (None, 3, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))}
+
+
+def get_datasets(args):
+    """(train, test) datasets of (image, label), untransformed, and the number of classes:
+    CIFAR-10 or MNIST (downloaded into --data_dir), your images, or generated ones."""
+    root = Path(args.data_dir)
+    if args.dataset == "synthetic":  # offline: each class a pattern, each image that pattern noisy
+        train = TensorDataset(*runkit.synthetic_images(args.synthetic_size, args.seed, "train"))
+        test = TensorDataset(*runkit.synthetic_images(args.synthetic_size // 5, args.seed, "test"))
+        return train, test, 10
+    if args.dataset == "imagefolder":
+        runkit.check_image_folder(root)  # what ImageFolder would take silently, in one line
+        train = torchvision.datasets.ImageFolder(root / "train")
+        return train, torchvision.datasets.ImageFolder(root / "val"), len(train.classes)
+    kind = torchvision.datasets.CIFAR10 if args.dataset == "cifar10" else torchvision.datasets.MNIST
+    # kind(root, train=..., download=True), or what to put where in one line (offline, damaged)
+    return runkit.downloaded(kind, root, True), runkit.downloaded(kind, root, False), 10
+
+
+def get_loaders(args, train_set, test_set, device: torch.device):
+    """DataLoaders of augmented, normalised batches: the training set reshuffled every epoch from
+    --seed, the last partial batch dropped so that every step has the whole batch; every test
+    image counted once."""
+    side, _, mean, std = IMAGES[args.dataset]
+    size, tensor = args.image_size, [T.ToImage(), T.ToDtype(torch.float32, scale=True),
+                                     T.Normalize(mean, std)]
+    if args.dataset == "imagefolder":  # as ImageNet is evaluated: resized, then its centre
+        test = [T.Resize(size * 256 // 224), T.CenterCrop(size)]
+        pad = [*test, T.RandomCrop(size, padding=size // 8)]  # small images: CIFAR's crop of it
+    else:  # CIFAR-10, MNIST, the synthetic set: cropped at their own side, then resized
+        test = [] if size == side else [T.Resize(size)]
+        pad = [T.RandomCrop(side, padding=side // 8), *test]
+    crop = {"pad": pad, "resized": [T.RandomResizedCrop(size)], "off": test}[args.augment]
+    flip = [T.RandomHorizontalFlip()] if args.flip else []
+    train_set = runkit.Augmented(train_set, T.Compose([*crop, *flip, *tensor]), args.seed)
+    test_set = runkit.Augmented(test_set, T.Compose([*test, *tensor]), args.seed)
+    sampler = RandomSampler(train_set, generator=torch.Generator()) if args.shuffle else None
+    options = dict(num_workers=args.num_workers, pin_memory=device.type == "cuda",
+                   worker_init_fn=runkit.leave_stops_to_main)  # a stop signal: the run's to take
+    batch = args.batch_size  # one process: the whole global batch
+    train_loader = DataLoader(train_set, batch, sampler=sampler, drop_last=True, **options)
+    test_loader = DataLoader(test_set, batch, **options)
     return train_loader, test_loader
 
 
+def data_defaults(args, train_images: int) -> None:
+    """--image_size, --augment auto and --flip made what they stand for with these images."""
+    side = IMAGES[args.dataset][0]
+    native = args.model == "pyramidnet" and args.dataset != "imagefolder"  # 32 px, not 224
+    args.image_size = args.image_size or (side if native else 224)
+    if args.augment == "auto":  # a random resized crop of a small image keeps a few pixels
+        large = args.dataset == "imagefolder" and args.image_size > 64
+        args.augment = "resized" if large else "pad"
+    if args.flip is None:  # small images are digits and icons as often as photographs
+        args.flip = args.dataset != "mnist" and (args.dataset != "imagefolder" or
+                                                 args.augment == "resized")
+    args.flip = args.flip and args.augment != "off"
+    args.data = runkit.folder_record(Path(args.data_dir)) if args.dataset == "imagefolder" else None
+    args.num_workers = runkit.workers(args.num_workers)  # a share of this node's cores
+    given, args.batch_size = args.batch_size, args.batch_size or 128
+    while not given and args.dataset == "imagefolder" and train_images < 4 * args.batch_size > 4:
+        args.batch_size //= 2  # a small folder: the default halved until an epoch has 4 steps
+    runkit.refuse_if([(args.batch_size > train_images, f"--batch_size {args.batch_size} is more "
+                       f"than the {train_images} training images: give a smaller one")])
+
+
 # -------------------------------------------------------------------------------------------- model
-def get_model(cfg: Config, device: torch.device):
-    """The model to call, and the unwrapped one whose weights are saved and evaluated."""
-    raw_model = build_model(cfg, dataset_info(cfg))  # --model, for the images' shape and classes
-    raw_model = raw_model.to(device, memory_format=memory_format(cfg))
+def get_model(args, classes: int, device: torch.device):
+    """The model to call, the unwrapped one whose weights are saved and evaluated, and the FLOPs
+    of one training image, counted on it."""
+    channels, size = IMAGES[args.dataset][1], args.image_size
+    if args.model == "pyramidnet":
+        try:
+            raw_model = PyramidNet(args.depth, args.alpha, args.block, classes, channels)
+        except ValueError as error:  # a depth neither block can have
+            raise runkit.UsageError(f"--depth {args.depth}: {error}") from None
+    else:  # a torchvision model, no pretrained weights: nothing is downloaded
+        sized = {"image_size": size} if args.model.startswith("vit_") else {}
+        raw_model = torchvision.models.get_model(args.model, num_classes=classes, **sized)
+    raw_model = raw_model.to(device, memory_format=memory_format(args))
+    example = torch.zeros(2, channels, size, size, device=device)
+    try:  # one forward and backward: a model the images are too small for fails here
+        flops = runkit.flops_per_image(raw_model, example.to(memory_format=memory_format(args)))
+    except RuntimeError as error:  # vgg11's pooling, for one, leaves a 16-pixel image no pixel
+        raise runkit.UsageError(f"--model {args.model} cannot take these {size}-pixel images "
+                                f"({str(error).splitlines()[0][:120]}): give a larger "
+                                "--image_size, or --model pyramidnet") from None
     model = raw_model  # one device: nothing to wrap
-    if cfg.compile:  # compiled in the first step; raw_model (evaluation, saving) stays eager
-        model = torch.compile(model, mode=cfg.compile_mode)  # reduce-overhead: CUDA graphs
-    return model, raw_model
+    if args.compile:  # compiled at the first step; raw_model (evaluation, saving) stays eager
+        model = torch.compile(model, mode=args.compile_mode)
+    return model, raw_model, flops
+
+
+def memory_format(args) -> torch.memory_format:
+    return torch.channels_last if args.channels_last else torch.contiguous_format
 
 
 # ---------------------------------------------------------------------------------------- optimizer
-def get_optimizer(cfg: Config, raw_model: torch.nn.Module, device: torch.device, steps_per_epoch):
-    """SGD, its learning-rate schedule, and fp16's loss scaler (a pass-through in bf16 and fp32)."""
-    optimizer = build_optimizer(raw_model, cfg, device)
-    return optimizer, lr_schedule(optimizer, cfg, steps_per_epoch), grad_scaler(cfg, device)
+def get_optimizer(args, raw_model: torch.nn.Module, device: torch.device, steps_per_epoch: int):
+    """SGD at the rate of the global batch (linear scaling), fused into one kernel on a GPU; the
+    rate a function of the step: a linear warm-up, then /10 at 50 % and at 75 % of the epochs;
+    fp16's loss scaler (a pass-through in bf16 and fp32)."""
+    fused = device.type == "cuda" and not args.deterministic  # --deterministic: for-each, as FSDP
+    optimizer = torch.optim.SGD(raw_model.parameters(), lr=args.lr * args.batch_size / 128,
+                                momentum=args.momentum, weight_decay=args.weight_decay,
+                                nesterov=args.nesterov, fused=fused or None)
+    for param in raw_model.parameters():  # the zeros SGD's first step makes, made now: fused SGD
+        optimizer.state[param]["momentum_buffer"] = torch.zeros_like(param)  # would skip them
+    warmup, run = round(args.lr_warmup_epochs * steps_per_epoch), args.epochs * steps_per_epoch
+    # the rate needs steps, not epochs: a small folder's at least 50, and at most a third of the run
+    folder = args.dataset == "imagefolder"
+    warmup = min(max(warmup, 50), run // 3) if folder else min(warmup, run // 10)
+
+    def rate(step: int) -> float:  # the base rate's factor at optimizer step `step` (from 0)
+        epoch = step // steps_per_epoch
+        warm = (step + 1) / warmup if step < warmup else 1.0
+        return warm * 0.1 ** ((epoch >= 0.5 * args.epochs) + (epoch >= 0.75 * args.epochs))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, rate)
+    return optimizer, scheduler, torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
 
 
 # --------------------------------------------------------------------------------- train / evaluate
-def train_one_epoch(run: Run, epoch: int) -> None:
-    """One pass over the training set (the rest of it, when resumed mid-epoch), or up to
-    --max_steps, or until a stop signal; a host sync only at the end of each log window and at
-    checkpoints."""
-    cfg = run.cfg
-    model = run.model
-    loader = run.train_loader
-    model.train()
-    skip = run.batch if epoch == run.epoch else 0  # batches a resumed epoch had already trained on
-    run.epoch = epoch
-    run.batch = skip
-    loader.start_epoch(epoch, skip)  # this epoch's augmentation, from where a resumed epoch was
-    if not skip:  # a resumed epoch goes on from the log windows its checkpoint had counted
-        run.epoch_sums = Sums()
-    run.console.start(len(loader) - skip, f"Epoch {epoch + 1}/{cfg.epochs}")
-    for index, (images, labels) in enumerate(run.timer.timed(loader), start=skip + 1):
-        with autocast(cfg, images.device):  # bf16/fp16 where it is safe, fp32 elsewhere
-            logits = model(images)
+def train_one_epoch(run, epoch: int) -> None:
+    """One pass over the training set (what a resumed epoch has left of it), up to --max_steps, or
+    to the window where a stop signal is seen; the host syncs only at a window's end."""
+    args, progress = run.args, run.progress
+    if 0 < args.max_steps <= progress["step"]:  # resumed at --max_steps: only its evaluation left
+        return
+    if epoch != progress["epoch"]:  # a new epoch, from its first batch
+        progress.update(epoch=epoch, batch=0)
+    run.model.train()
+    for images, labels in run.timer.timed(epoch_batches(run.train_loader, epoch, progress)):
+        images = images.to(run.device, non_blocking=True, memory_format=memory_format(args))
+        labels = labels.to(run.device, non_blocking=True)
+        with torch.autocast(run.device.type, AMP[args.amp], enabled=args.amp != "off"):
+            logits = run.model(images)
             loss = F.cross_entropy(logits, labels)
         run.optimizer.zero_grad(set_to_none=True)
-        run.scaler.scale(loss).backward()  # fp16: scaled up so small gradients do not underflow
-        run.scaler.step(run.optimizer)  # unscales first; skips the step if a gradient overflowed
+        run.scaler.scale(loss).backward()  # fp16: scaled up so that small gradients survive
+        run.scaler.step(run.optimizer)  # unscaled first; skipped if a gradient overflowed
         run.scaler.update()
-        run.scheduler.step()
-        run.meter.update(loss, logits, labels)
+        run.sums += torch.stack([loss.detach() * len(labels), (logits.argmax(1) == labels).sum(),
+                                 torch.tensor(len(labels), device=run.device)])  # no sync
         run.timer.step_done()
-        run.step += 1
-        run.batch = index
-        run.console.update()
-        last = index == len(loader) or cfg.reached_max_steps(run.step)
-        checkpoint_due = cfg.checkpoint_interval and run.step % cfg.checkpoint_interval == 0
-        if index % cfg.log_interval == 0 or last or checkpoint_due:  # a checkpoint ends a window:
-            run.epoch_sums += log_window(run, epoch, index)  # it holds every step's figures
+        progress["step"] += 1
+        progress["batch"] += 1
+        last = progress["batch"] == len(run.train_loader) or 0 < args.max_steps <= progress["step"]
+        due = args.checkpoint_interval and progress["step"] % args.checkpoint_interval == 0
+        if progress["step"] % args.log_interval == 0 or last or due:  # a checkpoint ends a window
+            log_window(run, epoch)  # train/lr: the rate this step trained with
+        run.scheduler.step()  # the next step's rate
         if last or run.stop:
-            break
-        if checkpoint_due:
-            save_checkpoint(run)  # every rank: collectives inside, in a group; rank 0 writes it
-    run.console.close()
+            return
+        if due:
+            save_checkpoint(run)
 
 
-def log_window(run: Run, epoch: int, index: int) -> Sums:
-    """Read the window's totals (one host sync), report them, and take note of a stop signal."""
-    totals = window_sums(run.meter, run.timer)  # this window's figures, on the device
-    sums = Sums(totals.tolist())
-    gpu = run.telemetry.window()
-    run.record_window(epoch, index, sums, gpu)  # the totals, a NaN check, TensorBoard, the log
+def epoch_batches(loader: DataLoader, epoch: int, progress: dict):
+    """The epoch's batches in its order (from the seed and the epoch) and crops, less those that a
+    resumed epoch had trained on."""
+    if isinstance(loader.sampler, RandomSampler):  # DistributedSampler's order of one process
+        loader.sampler.generator.manual_seed(loader.dataset.seed + epoch)
+    loader.dataset.set_epoch(epoch)
+    if not progress["batch"]:
+        return loader
+    rest = list(loader.sampler)[progress["batch"] * loader.batch_size:]  # a sampler: any list
+    return DataLoader(loader.dataset, loader.batch_size, sampler=rest, drop_last=True,
+                      num_workers=loader.num_workers, pin_memory=loader.pin_memory,
+                      worker_init_fn=loader.worker_init_fn)
+
+
+def log_window(run, epoch: int) -> None:
+    """Read the window's sums (one host sync), report them, take note of a stop signal."""
+    sums = torch.cat([run.sums, run.sums.new_tensor(run.timer.window())])  # runkit.WINDOW
+    run.sums.zero_()
+    gpus = {f"gpu/{i}/util_pct": util for i, (util, _) in run.monitor.window().items()}
+    where = f"Epoch {epoch + 1}/{run.args.epochs} [{run.progress['batch']}/{len(run.train_loader)}]"
+    run.log.window(run.progress["step"], epoch, sums.tolist(), run.args.batch_size, where,
+                   **{"train/lr": run.scheduler.get_last_lr()[0], **gpus})
     run.stop = run.signals.received
-    return sums
 
 
 @torch.no_grad()
-def evaluate(cfg: Config, raw_model: torch.nn.Module, loader, device: torch.device, signals=None):
-    """Test loss and accuracy over every test image exactly once, how many images that was, and
-    the top-5 accuracy; with `signals` (--evaluate), a stop signal ends it between two batches."""
+def evaluate(args, raw_model: torch.nn.Module, loader: DataLoader, device: torch.device) -> dict:
+    """The test loss, accuracy and top-5 accuracy, every test image counted exactly once."""
     raw_model.eval()
-    batches = until_stopped(loader, signals)  # --evaluate: a stop signal ends it between batches
-    with autocast(cfg, device):
-        sums = evaluation_sums(raw_model, batches, device)
-    loss_sum, correct, correct_top5, images = sums.tolist()
-    return loss_sum / images, correct / images, int(images), correct_top5 / images
+    sums = torch.zeros(4, dtype=torch.float64, device=device)
+    for images, labels in loader:
+        images = images.to(device, non_blocking=True, memory_format=memory_format(args))
+        labels = labels.to(device, non_blocking=True)
+        with torch.autocast(device.type, AMP[args.amp], enabled=args.amp != "off"):
+            logits = raw_model(images).float()
+        top5 = logits.topk(min(5, logits.shape[1]), dim=1).indices == labels[:, None]
+        sums += torch.stack([F.cross_entropy(logits, labels, reduction="sum"), top5[:, 0].sum(),
+                             top5.any(dim=1).sum(), torch.tensor(len(labels), device=device)])
+    loss, correct, top5_correct, images = sums.tolist()
+    return {"test_loss": loss / images, "test_acc": correct / images,
+            "test_acc_top5": top5_correct / images, "test_images": int(images)}
+
+
+def save_checkpoint(run, best: bool = False) -> Path | None:
+    """The loop's state as state dicts, the same file in every mode; best.pt beside it when the
+    test accuracy is the best so far."""
+    path = runkit.save_checkpoint(run.log.run_dir / "checkpoint.pt", {
+        "config": vars(run.args), "model": run.raw_model.state_dict(),
+        "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
+        "scaler": run.scaler.state_dict(), "progress": run.progress,
+        "rng": [runkit.rng_states()]})  # one process: its own random generators
+    if best:
+        runkit.copy_atomically(path, path.with_name("best.pt"))  # a full disk: no half copy
+    return path
+
+
+def restore(run, checkpoint: dict) -> None:
+    """Everything of `checkpoint` into the run, which goes on as if never stopped."""
+    run.raw_model.load_state_dict(checkpoint["model"])
+    with runkit.optimizer_as_built(run.optimizer):  # fused or not, its buffers' strides
+        run.optimizer.load_state_dict(checkpoint["optimizer"])
+    run.scheduler.load_state_dict(checkpoint["scheduler"])
+    run.scaler.load_state_dict(checkpoint["scaler"])
+    run.progress.update(checkpoint["progress"])
+    runkit.set_rng_state(checkpoint["rng"][0])
 
 
 # ---------------------------------------------------------------------------------------- main loop
-def prepare(cfg: Config, started: float) -> tuple[Run | None, object]:
-    """Everything before the first step, every refusal before anything is written: the device,
-    the run folder and a checkpoint to resume, the data, the model, the optimizer. No run: the run
-    had ended already."""
-    device, gpus = setup(cfg)
-    cfg = resolve_fast_path(cfg, device)  # --amp, --channels_last, --loader made explicit here
-    is_main = True  # one process: it prints and writes the files
-    run_dir = resolve_run_dir(cfg, MODE, len(gpus))
-    checkpoint = resume_checkpoint(cfg, run_dir)  # read and checked before anything is written
-    if has_ended(checkpoint, cfg):  # an elastic command run again after the end, say: nothing to do
-        Console(is_main, bar=False).line(ended_line(checkpoint, cfg))
-        return None, None
-    seed_everything(cfg.seed)
-    train_loader, test_loader = get_loaders(cfg, device)
-    model, raw_model = get_model(cfg, device)
-    if cfg.evaluate:
-        load_model_weights(raw_model, cfg.evaluate)
-    optimizer, scheduler, scaler = get_optimizer(cfg, raw_model, device, len(train_loader))
-    check_fits(checkpoint, raw_model, len(train_loader))  # refused before the run folder is claimed
-    resumed_at = checkpoint["step"] if checkpoint else None  # where TensorBoard's curves go on
-    logger = RunLogger(run_dir, cfg, MODE, world_size=1, resumed_step=resumed_at)
-    console = Console(is_main, bar=cfg.progress)
-    if not gpus:  # said after every refusal: it never stands between a mistake and its error
-        console.warn("no CUDA GPU found: running on the CPU")
-    placement = f"on {device}"
-    console.line(start_line(MODE, cfg, placement, len(train_loader), run_dir))
-    run = Run.start(cfg, device, gpus, started, model=model, raw_model=raw_model,
-                    train_loader=train_loader, optimizer=optimizer, scheduler=scheduler,
-                    scaler=scaler, logger=logger, console=console, run_dir=run_dir)
-    if checkpoint:
-        run.resume(checkpoint, rank=0)
-    return run, test_loader
-
-
-def train(run: Run, test_loader) -> None:
-    """Every epoch left, each followed by an evaluation and a checkpoint; or --evaluate's one."""
-    cfg = run.cfg
-    if cfg.evaluate:
-        test_batches = run.console.counted(test_loader, "Test")  # a bar, as training's
-        run.record_evaluation(evaluate(cfg, run.raw_model, test_batches, run.device, run.signals))
-        return
-    for epoch in range(run.epoch, cfg.epochs):
-        if not run.end_owed:  # else a stop at its last window left it trained but not ended
-            run.clock.start_epoch()
-            train_one_epoch(run, epoch)
-            if run.stop:  # the stop checkpoint keeps the epoch's time so far, ended or not
-                return
-        epoch_seconds = run.end_epoch()  # over every attempt; paused if --max_steps cut it short
-        if not cfg.benchmark:  # --benchmark measures speed only: no evaluation, no checkpoint
-            fresh_batchnorm_statistics(cfg, run.raw_model, run.train_loader, epoch,
-                                       autocast(cfg, run.device))  # image folders: of these weights
-            test_batches = run.console.counted(test_loader, f"Test {epoch + 1}/{cfg.epochs}")
-            test = evaluate(cfg, run.raw_model, test_batches, run.device)
-            run.record_test(epoch, test, epoch_seconds)
-            save_checkpoint(run, test_acc=run.test[1])  # every rank: collectives inside, in a group
-        if cfg.reached_max_steps(run.step):
-            return
-
-
-def finish(run: Run) -> int:
-    """After the last step: a stop checkpoint, or the weights and the results; the exit status."""
-    if run.stop:  # SIGTERM, SIGINT, SIGHUP or SIGUSR1: a checkpoint, then a clean exit
-        path = save_checkpoint(run)  # every rank: collectives inside, in a group; rank 0 writes it
-        run.console.line(stopped_line(run.stop, run.step, path, run.run_dir, run.owed))
-        return StopSignals.EXIT_CODES[run.stop]
-    if run.cfg.save_model and not run.cfg.evaluate:
-        run.console.line(f"weights saved to {run.logger.save_model(run.raw_model.state_dict())}")
-    run.write_results(devices=1)
-    return 0
-
-
 def main(argv=None) -> int:
     started = time.perf_counter()
-    cfg = get_config(argv)
-    run, test_loader = prepare(cfg, started)
-    if run is None:
+    args = get_args(argv)
+    device = setup(args)
+    is_main = True  # one process: it prints and writes the files
+    train_set, test_set, classes = get_datasets(args)
+    data_defaults(args, len(train_set))
+    train_loader, test_loader = get_loaders(args, train_set, test_set, device)
+    args.epochs = math.ceil(args.max_steps / len(train_loader)) if args.benchmark else args.epochs
+    name = args.run_name or runkit.default_run_name(MODE, int(device.type == "cuda"))
+    folder = Path(args.log_dir) / name
+    checkpoint = runkit.checkpoint_to_resume(args.resume, folder, vars(args), MUST_MATCH)
+    if runkit.has_ended(checkpoint, args.epochs, args.max_steps):  # run again after its end
         return 0
+    trained = checkpoint["config"]["epochs"] if checkpoint else args.epochs
+    runkit.refuse_if([(args.epochs < trained, f"--epochs {args.epochs}: the run was to train "
+                       f"{trained}; a resumed run may train longer, never shorter")])
+    torch.manual_seed(args.seed)  # the same weights in every mode
+    model, raw_model, flops = get_model(args, classes, device)
+    optimizer, scheduler, scaler = get_optimizer(args, raw_model, device, len(train_loader))
+    run_dir = runkit.claim_run_folder(folder, args.resume, args.overwrite)
+    gpus = [device.index] if device.type == "cuda" else []
+    last = min(args.epochs * len(train_loader), args.max_steps or math.inf)  # the run's last step
+    trace = folder / "trace_rank0.json"  # the run's last --profile_steps, after the timed ones
+    profile = (last - args.profile_steps + 1, last, trace) if args.profile_steps else None
+    snapshot = (args.memory_snapshot, folder / "memory_snapshot.pickle") if is_main else None
+    run = SimpleNamespace(  # what the loop carries from step to step; a checkpoint keeps progress
+        args=args, device=device, model=model, raw_model=raw_model, train_loader=train_loader,
+        optimizer=optimizer, scheduler=scheduler, scaler=scaler, stop=None,
+        log=runkit.RunLog(run_dir if is_main else None, vars(args), checkpoint),
+        timer=runkit.StepTimer(device, args.warmup_steps, checkpoint and checkpoint["progress"][
+            "step"] or 0, profile, snapshot if args.memory_snapshot else None),
+        monitor=runkit.GpuMonitor(gpus), signals=runkit.StopSignals(),
+        sums=torch.zeros(3, dtype=torch.float64, device=device),  # the window's, on the device
+        progress=dict(epoch=0, batch=0, step=0, best_acc=None, best_epoch=None, tested_step=None))
     try:
-        train(run, test_loader)
-        return finish(run)
-    except LoaderWorkerDied as died:  # found between two steps: the run stops as if signalled
-        if run.meter.images:  # at a window's end, so that the checkpoint holds every step's figures
-            run.epoch_sums += log_window(run, run.epoch, run.batch)
-        save_checkpoint(run)
-        note = last_checkpoint_note(run.checkpoint_dir)
-        raise RunError(f"{died}; stopped at step {run.step}: {note}, continue with "
-                       f"{continue_flags(run.run_dir)}") from None
+        if device.type == "cpu":  # said once the refusals are behind: a refusal is its line alone
+            run.log.warn("no CUDA GPU found: running on the CPU")
+        if checkpoint is not None:
+            restore(run, checkpoint)
+            longer = f"; --epochs {trained} made {args.epochs}, the rate's schedule with it" * (
+                trained != args.epochs)
+            run.log.line(f"resumed at step {run.progress['step']} from {checkpoint['file']}"
+                         f"{longer}")
+        if args.evaluate:  # saved weights, evaluated alone; a signal ends it: nothing to keep
+            run.signals.at_once = ("the evaluation unfinished, no results; run it again with "
+                                   "--overwrite") if is_main else ""
+            runkit.load_weights(args.evaluate, raw_model.load_state_dict)
+            test = evaluate(args, raw_model, test_loader, device)
+            run.log.line(f"{args.evaluate}: test loss {test['test_loss']:.4f} acc "
+                         f"{100 * test['test_acc']:.2f}% ({runkit.images(test['test_images'])})")
+            return run.log.results(test, mode=MODE, world_size=1) or 0
+        pyramidnet = isinstance(raw_model, PyramidNet)  # or yours, put in get_model
+        model_name = (f"PyramidNet-{args.depth} a={args.alpha:g}" if pyramidnet else
+                      type(raw_model).__name__ if args.model == "pyramidnet" else args.model)
+        run.log.line(f"{MODE} on {device}: {model_name} ({runkit.parameter_count(raw_model):,} "
+                     f"parameters) at {args.image_size} px, "
+                     f"{args.dataset}, {args.augment} crop{' and flip' * args.flip}, batch "
+                     f"{args.batch_size} ({len(train_loader)} steps an epoch), amp {args.amp}; "
+                     f"logs in {run_dir}")
+        for epoch in range(run.progress["epoch"], args.epochs):
+            train_one_epoch(run, epoch)
+            if run.stop:  # SIGTERM, SIGINT, SIGHUP, SIGUSR1: a checkpoint, then a clean exit
+                path = save_checkpoint(run)
+                run.log.line(runkit.stopped_line(run.stop, run.progress, len(train_loader), path))
+                return runkit.StopSignals.CODES[run.stop]
+            if not args.benchmark:  # --benchmark measures speed only: no evaluation, no files
+                if args.dataset == "imagefolder":  # the statistics of the weights evaluated
+                    runkit.precise_batchnorm(raw_model, epoch_batches(train_loader, epoch, {
+                        "batch": 0}), device, memory_format(args))
+                test = evaluate(args, raw_model, test_loader, device)
+                best = run.log.tested(test, run.progress, len(train_loader), args.epochs)
+                save_checkpoint(run, best)
+            if 0 < args.max_steps <= run.progress["step"]:
+                break
+        if args.save_model and is_main:  # the weights alone, for --evaluate or your own code
+            torch.save(raw_model.state_dict(), run_dir / "model.pt")
+        summary = runkit.speed_summary(run.log, run.timer, args.batch_size, 1, flops,
+                                       runkit.peak_tflops(device, args.amp), run.monitor, gpus)
+        summary.update(parameters=runkit.parameter_count(raw_model),
+                       wall_time_s=time.perf_counter() - started, **run.progress,
+                       **run.log.last_test)
+        run.log.results(summary, mode=MODE, world_size=1,
+                        peak_mem_gb_per_gpu=runkit.peak_memory_gb(gpus))
+        return 0
     # ------------------------------------------------------------------------------------- teardown
     finally:
-        run.close()
+        run.signals.restore()
+        run.timer.close()
+        run.monitor.close()
+        run.log.close()
 
 
 if __name__ == "__main__":
-    with user_errors():
+    with runkit.one_line_errors():
         sys.exit(main())

@@ -3,7 +3,8 @@ and read what a run left behind."""
 from __future__ import annotations
 
 import contextlib
-import importlib
+import functools
+import importlib.util
 import io
 import json
 import os
@@ -17,10 +18,23 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-# A tiny model on a small synthetic set: a run takes seconds on two CPU cores.
+# A tiny model on a small synthetic set: 8 steps of 32 images an epoch, a window every 4 steps,
+# 51 test images; a run takes seconds on two CPU cores.
 TINY = ["--dataset", "synthetic", "--synthetic_size", "256", "--depth", "8", "--alpha", "12",
         "--batch_size", "32", "--epochs", "1", "--log_interval", "4", "--warmup_steps", "1",
-        "--loader", "gpu", "--num_workers", "0"]
+        "--num_workers", "0"]
+MODES = ("single_gpu", "data_parallel", "dist_parallel", "fsdp")
+
+
+@functools.cache
+def train_file(mode: str):
+    """`<mode>/train.py` imported by its path as a module of its own name (`<mode>_train`: the
+    four files do not shadow one another), once: importing it runs nothing but its imports and
+    definitions; it puts the repository and models/ on sys.path itself."""
+    spec = importlib.util.spec_from_file_location(f"{mode}_train", REPO / mode / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_script(script: str, *args, cwd=REPO, timeout=300, env=None) -> subprocess.CompletedProcess:
@@ -68,21 +82,46 @@ def two_at_a_time(*launches):
 
 def refuse_in_process(script: str, *args) -> subprocess.CompletedProcess:
     """`python <script> args...` for a launch that is refused before anything starts, run
-    inside this process as the script's `__main__` block runs it (main() under user_errors(),
+    inside this process as the script's `__main__` block runs it (under runkit.one_line_errors(),
     stdout and stderr captured): the user's path without the ~3 s of starting Python and
-    importing torch. Only for launches that stop before training; a few of every kind are
-    also run as real subprocesses."""
-    from common.errors import user_errors
+    importing torch. dist_parallel and fsdp without RANK in the environment take the self-launch's
+    path (get_args, then launch_workers), where starting a worker fails the test; with RANK, main(),
+    the group destroyed after it. Only for launches that stop before training; a few of every kind
+    are also run as real subprocesses."""
+    import torch.distributed as dist
+    import torch.distributed.run
 
-    module = importlib.import_module(script.removesuffix(".py").replace("/", "."))
+    module = train_file(script.split("/")[0])
+    argv = [str(arg) for arg in args]
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+
+    def no_workers(*_, **__):
+        raise AssertionError(f"{script} {' '.join(argv)} started its workers: it was not refused")
+
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+            pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.distributed.run, "run", no_workers)
+        for name in ("PYTORCH_MULTIGPU_SELF_LAUNCH", "OMP_NUM_THREADS"):  # what the launch sets:
+            unset = name not in os.environ  # restored after, set or not
+            patch.setenv(name, os.environ.get(name, ""))
+            if unset:
+                patch.delenv(name)
         try:
-            with user_errors():
-                code = module.main([str(arg) for arg in args])
+            with module.runkit.one_line_errors():
+                try:
+                    if hasattr(module, "launch_workers") and "RANK" not in os.environ:
+                        code = module.launch_workers(module.get_args(argv),
+                                                     [str(REPO / script), *argv])
+                    else:
+                        code = module.main(argv)
+                finally:
+                    if dist.is_initialized():
+                        dist.destroy_process_group()
+                    while module.runkit._held:  # the run folder's lock, held until a process ends
+                        module.runkit._held.pop().close()
         except SystemExit as exit_:
             code = exit_.code
-    return subprocess.CompletedProcess([script, *map(str, args)], code or 0, out.getvalue(),
+    return subprocess.CompletedProcess([script, *argv], code or 0, out.getvalue(),
                                        err.getvalue())
 
 
@@ -93,17 +132,16 @@ def train_in_process(script: str, *args,
     starting Python and importing torch. With `sigterm_at`, a SIGTERM is noted at the log window of
     that step, as the signal handler notes one: the run stops there with its checkpoint. (The
     signals themselves are tested on real processes.)"""
-    import common.loop
+    module = train_file(script.split("/")[0])
+    log_window = module.log_window
 
-    record_window = common.loop.Run.record_window
-
-    def record_then_signal(run, *window):
-        record_window(run, *window)
-        if run.step == sigterm_at:
+    def signal_then_log(run, epoch):
+        if run.progress["step"] == sigterm_at:
             run.signals.received = "SIGTERM"
+        log_window(run, epoch)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(common.loop.Run, "record_window", record_then_signal)
+        patch.setattr(module, "log_window", signal_then_log)
         return refuse_in_process(script, *args)
 
 
@@ -132,8 +170,8 @@ def scalar_events(run_dir: Path) -> dict:
 # suite is spread over the cores a file at a time (pytest.ini); started first, the long files do not
 # leave one core working alone at the end while the short ones fill in beside them.
 HEAVIEST_FIRST = ("test_parallel.py", "test_reliability.py", "test_compare.py",
-                  "test_compare_front_door.py", "test_tensorboard.py", "test_attempts.py",
-                  "test_breakdown.py", "test_fast_path.py", "test_signals.py", "test_models.py",
+                  "test_compare_front_door.py", "test_tensorboard.py", "test_breakdown.py",
+                  "test_fast_path.py", "test_signals.py", "test_models.py",
                   "test_compile.py", "test_bad_input.py", "test_single_gpu.py", "test_slurm.py",
                   "test_aligned_channels.py", "test_imagefolder.py", "test_mnist.py",
                   "test_vscode.py")

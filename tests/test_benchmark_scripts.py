@@ -1,14 +1,13 @@
 """The GPU scripts' orchestration on the CPU: benchmarks/jobs.sh's steps in process groups of their
 own, benchmarks/fast_path.sh keeping every finished row and leaving nothing running when it is
-stopped, benchmarks/gpu_check.sh's plan first, its files under OUT, its refusals and its stop; and
-compare.py's --run_timeout sized to the run on GPUs.
+stopped, benchmarks/gpu_check.sh's plan first, its files under OUT, its refusals and its stop.
 
 What the scripts measure needs a GPU (BENCHMARKS.md). Here the scripts run as a user runs them,
 with `python` on PATH a stand-in (STAND_IN) that answers their CUDA check yes, names a GPU and
-plays the runs: a train.py row writes a results.json of made-up figures (the table's code is the
-real one, its figures are no measurement), and the run named in SLOW ignores SIGTERM, as a run in
-the middle of a compile of minutes does, with a child that ignores it too. Everything else, the
-fast-path table among it, is the real python."""
+plays the runs: a train.py or fast.py row writes a results.json of made-up figures (the table's
+code is the real one, its figures are no measurement), and the run named in SLOW ignores SIGTERM,
+as a run in the middle of a compile of minutes does, with a child that ignores it too. Everything
+else, the fast-path table among it, is the real python."""
 from __future__ import annotations
 
 import contextlib
@@ -23,8 +22,6 @@ from pathlib import Path
 
 import pytest
 
-import compare
-from common import performance
 from conftest import REPO, running
 
 STAND_IN = f'''#!{sys.executable}
@@ -39,7 +36,7 @@ name = args[args.index("--run_name") + 1] if "--run_name" in args else os.path.b
 if script.endswith("compare.py"):
     name = "compare" if "--verify" not in args else \
         "verify_deterministic" if "--deterministic" in args else "verify"
-if script.endswith(("train.py", "compare.py")):
+if script.endswith(("train.py", "fast.py", "compare.py")):
     if name in os.environ.get("SLOW", "").split():
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         child = subprocess.Popen([sys.executable, "-c", "import signal, time; "
@@ -48,14 +45,14 @@ if script.endswith(("train.py", "compare.py")):
             pids.write(f"{{os.getpid()}} {{child.pid}}\\n")
         print(name, "runs and ignores SIGTERM", flush=True)
         time.sleep(600)
-    if script.endswith("train.py"):
+    if script.endswith(("train.py", "fast.py")):
         run = os.path.join(args[args.index("--log_dir") + 1], name)
         os.makedirs(run, exist_ok=True)
-        summary = dict(images_per_sec=100.0, mfu=None, compile_time_s=None, peak_mem_gb=None,
+        summary = dict(images_per_sec=100.0, mfu=None, first_step_s=None, peak_mem_gb=None,
                        batch_time_p50=0.01, batch_time_p90=0.01, data_wait_frac=0.0)
         gpus = [os.environ["STAND_IN_GPU"]] if "STAND_IN_GPU" in os.environ else []
         with open(os.path.join(run, "results.json"), "w") as results:
-            json.dump(dict(summary=summary, env=dict(gpus=gpus, torch="-", cuda=None, cudnn=None),
+            json.dump(dict(summary=summary, env=dict(gpus=gpus, torch="-", cuda=None),
                            config=dict(amp="off", width_multiple=1, batch_size=256)), results)
         if "--compile_cache" in args:  # a compiled graph, where inductor keeps one
             graph = os.path.join(args[args.index("--compile_cache") + 1], "fxgraph", "ab", "key")
@@ -257,7 +254,9 @@ def test_fast_path_computes_a_rows_bound_once_and_keeps_it_beside_the_runs(tmp_p
     knows, so that only the kept bound can give the table its lines and shares."""
     out = tmp_path / "fast_path"
     out.mkdir()
-    key = json.dumps(["a kept GPU", None, None, None, None, 1, None, "off", 256])
+    # the GPU, whether fast.py ran it, then model, depth, alpha, block, width_multiple,
+    # align_channels, dataset, amp and batch_size as the stand-in's results.json holds them
+    key = json.dumps(["a kept GPU", False, None, None, None, None, 1, None, None, "off", 256])
     bound = {"peak_tflops": 1, "bandwidth_tbs": 2, "kernel_us": 3, "lines": ["a kept bound"],
              "op_by_op_images_per_sec": 400.0, "training_fused_images_per_sec": 200.0}
     (out / ".bounds.json").write_text(json.dumps({key: bound}))
@@ -515,48 +514,3 @@ def test_gpu_check_refuses_in_one_line_before_writing(tmp_path, stand_in, env, f
     assert sorted(p.name for p in out.iterdir()) == [folder_holds] if folder_holds \
         else not out.exists()
     assert not keep.exists()
-
-
-# ----------------------------------------------------------------------- compare.py --run_timeout
-def timeout_of(argv: list[str], cuda=True, flops=1e9) -> int:
-    """--run_timeout as compare.py resolves it for `argv` on a machine with or without GPUs,
-    for a model of `flops` per training image."""
-    cc, train, group_only = compare.parse(argv)
-    cc = compare.resolve(cc, train, cuda, 1, group_only)
-    if not cc.verify:
-        compare.plan_matrix(cc, train, {}, cuda)  # which sets the runs' --epochs, as in compare.py
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(performance, "flops_per_image", lambda cfg: flops)
-        return compare.run_timeout(cc, train, cuda)
-
-
-def test_run_timeout_on_gpus_is_sized_to_the_runs_steps_and_model():
-    start_s, slow = compare.RUN_START_S, compare.SLOW_TFLOPS * 1e12
-    # a --benchmark run: 10 untimed, 100 timed and 3 profiled steps of the global batch, 128
-    small = timeout_of([], flops=1e9)  # 128 GFLOP a step: the least a step is given
-    assert small == start_s + round(113 * compare.SLOW_STEP_S)
-    big = timeout_of([], flops=28.3e9)  # PyramidNet-110 alpha=270: 0.72 s a step at 5 TFLOP/s
-    assert big == start_s + -(-113 * 28.3e9 * 128 // slow)
-    assert timeout_of(["--benchmark_steps", "200"], flops=28.3e9) > big
-    assert timeout_of(["--compile"], flops=28.3e9) == big + compare.COMPILE_S
-    assert timeout_of(["--batch_per_gpu", "256"], flops=28.3e9) > big  # one GPU's images a step
-    # training: 2 epochs of 391 steps (50,000 images, batch 128) and of 79 test batches
-    trained = timeout_of(["--epochs", "2", "--dataset", "cifar10"], flops=1e9)
-    assert trained == start_s + round(2 * (391 + 79) * compare.SLOW_STEP_S)
-    assert timeout_of(["--run_timeout", "90"]) == 90  # given: as given
-
-
-def test_run_timeout_without_gpus_is_an_hour():
-    assert timeout_of([], cuda=False) == compare.CPU_RUN_TIMEOUT == 3600
-
-
-def test_run_timeout_is_said_in_help_and_docs_as_the_code_sizes_it():
-    text = " ".join(compare.build_compare_parser().format_help().split())
-    assert (f"sized to the run: {compare.RUN_START_S // 60} minutes to start, "
-            f"{compare.COMPILE_S // 60} more with --compile, and the FLOPs of each step and "
-            f"evaluation batch at {compare.SLOW_TFLOPS:g} TFLOP/s, at least "
-            f"{compare.SLOW_STEP_S:g} s each; without GPUs, an hour") in text
-    assert compare.CPU_RUN_TIMEOUT == 3600
-    comparing = " ".join((REPO / "docs" / "comparing.md").read_text().split())
-    assert (f"`--run_timeout` (default on GPUs: {compare.RUN_START_S // 60} minutes to start"
-            in comparing)

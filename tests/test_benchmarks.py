@@ -1,8 +1,8 @@
 """The benchmark scripts' own behaviour on the CPU: benchmarks/roofline.py's command line and its
 bounds (the per-kernel floor, the bound of a step fused as training BatchNorm allows) against the
-profile measured on an H100, fast_path.sh without a GPU and its summary, benchmarks/overhead.py's
-flags and run folders. The profile's split is tests/test_profile_step.py's; what the scripts
-measure needs a GPU (tests/gpu, BENCHMARKS.md)."""
+profile measured on an H100, fast_path.sh without a GPU and its summary (each row's share of its own
+model's bounds), benchmarks/overhead.py's flags and run folders. The profile's split is
+tests/test_profile_step.py's; what the scripts measure needs a GPU (tests/gpu, BENCHMARKS.md)."""
 from __future__ import annotations
 
 import json
@@ -15,10 +15,9 @@ import torch
 from torch import nn
 
 import benchmarks.roofline as roofline_module
-from benchmarks.roofline import KERNEL_US, Op, roofline, share_of_roofline, step_ops
-from common.domains import missing_domains
-from conftest import REPO, refuse_in_process, run_script
-from models import pyramidnet
+from benchmarks.roofline import KERNEL_US, Op, model_of, roofline, share_of_roofline, step_ops
+from conftest import REPO, run_script
+from test_fast_path import in_process
 
 ROOFLINE = "benchmarks/roofline.py"
 LABELS = ("op by op, no kernel cost", "op by op + per-kernel floor",
@@ -47,8 +46,7 @@ def test_roofline_prints_its_four_bounds_labelled(capsys):
     lines = out.splitlines()
     for label in LABELS:
         assert sum(line.startswith(label) for line in lines) == 1, label
-    with torch.device("meta"):
-        ops = step_ops(pyramidnet(8, 12), 16, (3, 32, 32), 10, torch.bfloat16)
+    ops = step_ops(model_of(8, 12), 16, (3, 32, 32), 10, torch.bfloat16)
     bound = roofline(ops, 16, 989.4, 4.8, KERNEL_US)
     floor = (f"op by op + per-kernel floor ({bound['kernels']:,} kernels x 2 us = "
              f"{1e3 * bound['kernel_floor_s']:.2f} ms)")
@@ -58,23 +56,20 @@ def test_roofline_prints_its_four_bounds_labelled(capsys):
     assert "a GPU: 100 TFLOP/s (given), 1 TB/s (given)" in capsys.readouterr().out
 
 
-def test_every_flag_of_roofline_has_a_domain():
-    assert missing_domains(roofline_module.RooflineConfig) == []
-
-
 @pytest.mark.parametrize("flags, says", [
     (["--gpu", "Tesla P100-PCIE-16GB"], "has no peak FLOP/s or bandwidth in the tables"),
     (["--gpu", "Tesla P100-PCIE-16GB", "--peak_tflops", "18.7"], "give --bandwidth_tbs"),
     (["--gpu", "NVIDIA A100-SXM4-40GB MIG 1g.5gb"], "MIG slice"),
     (["--gpu", "NVIDIA GeForce RTX 3090 Ti"], "has no peak FLOP/s or bandwidth"),
-    (["--depth", "9"], "--depth/--alpha: depth 9 is not valid"),
-    (["--kernel_us=-1"], "--kernel_us must be"),
+    (["--depth", "9"], "--depth/--alpha: depth 9 does not suit basic blocks"),
+    (["--kernel_us=-1"], "--kernel_us"),
     (["--amp", "fp8"], "--amp"),
+    (["--gpu", " "], "--gpu: give a GPU's name"),
 ])
-def test_roofline_refuses_in_one_line(capsys, flags, says):
-    done = refuse_in_process(ROOFLINE, *flags)
-    assert done.returncode == 2 and done.stderr.count("\n") == 1 and done.stdout == ""
-    assert says in done.stderr and "Traceback" not in done.stderr
+def test_roofline_refuses_in_one_line(flags, says):
+    code, out, err = in_process(roofline_module.main, *flags)
+    assert code == 2 and err.count("\n") == 1 and out == "", err
+    assert says in err and "Traceback" not in err
 
 
 # ------------------------------------------------------------------------------------- the bounds
@@ -116,8 +111,7 @@ def test_the_op_list_counts_kernels_and_batchnorms_second_read():
     assert norm_backward.fused_bytes - norm_backward.bytes == 2 * activation
     assert all(op.kernels == 0 and op.bytes == 0 for op in ops if op.name.startswith("empty"))
     assert sum(op.fused_bytes for op in ops if op.category == "elementwise") == 0  # no sums here
-    with torch.device("meta"):
-        ops = step_ops(pyramidnet(8, 12), 2, (3, 32, 32), 10, torch.bfloat16)
+    ops = step_ops(model_of(8, 12), 2, (3, 32, 32), 10, torch.bfloat16)
     # 3 blocks, both ways: forward the shortcut added in place into the residual, backward the
     # gradient of each block's input added up from its two paths
     sums = [op for op in ops if op.name in ("add", "add_") and op.fused_bytes]
@@ -129,9 +123,9 @@ def test_the_op_list_counts_kernels_and_batchnorms_second_read():
 
 @pytest.fixture(scope="module")
 def pyramidnet_110_on_h100():
-    """PyramidNet-110 alpha=270 at batch 256 in bf16 on an H100 SXM, the roofline's defaults."""
-    with torch.device("meta"):
-        ops = step_ops(pyramidnet(110, 270), 256, (3, 32, 32), 10, torch.bfloat16)
+    """PyramidNet-110 alpha=270 at batch 256 in bf16 on an H100 SXM, the roofline's defaults: the
+    fast path's model (benchmarks/fast.py's: its shortcut and ReLUs in place)."""
+    ops = step_ops(model_of(110, 270), 256, (3, 32, 32), 10, torch.bfloat16)
     return roofline(ops, 256, 989.4, 3.35, KERNEL_US)
 
 
@@ -186,14 +180,20 @@ def test_fast_path_summary_labels_the_bounds(tmp_path):
     (bin_dir / "python").write_text(
         f'#!/bin/sh\ncase "$*" in *cuda.is_available*) exit 0;; esac\nexec {sys.executable} "$@"\n')
     (bin_dir / "python").chmod(0o755)
-    config = {"dataset": "synthetic", "depth": 8, "alpha": 12.0, "block": "basic",
-              "width_multiple": 1, "amp": "bf16", "batch_size": 256}
-    summary = {"images_per_sec": 5000.0, "mfu": 0.1, "compile_time_s": None, "peak_mem_gb": 1.0,
-               "batch_time_p50": 0.05, "batch_time_p90": 0.06, "data_wait_frac": 0.001}
-    env_record = {"gpus": ["NVIDIA H100 80GB HBM3"], "torch": "2", "cuda": "13", "cudnn": "9"}
-    (out / "fast").mkdir(parents=True)
-    (out / "fast" / "results.json").write_text(
-        json.dumps({"config": config, "summary": summary, "env": env_record}))
+    config = {"dataset": "synthetic", "model": "pyramidnet", "depth": 8, "alpha": 12.0,
+              "block": "basic", "amp": "bf16", "batch_size": 256, "loader": "gpu",
+              "align_channels": 8, "width_multiple": 1}
+    summary = {"images_per_sec": 5000.0, "mfu": 0.1, "first_step_s": 2.5, "peak_mem_gb": 1.0,
+               "peak_mem_reserved_gb": 1.5, "batch_time_p50": 0.05, "batch_time_p90": 0.06,
+               "data_wait_frac": 0.001}
+    env_record = {"gpus": ["NVIDIA H100 80GB HBM3"], "torch": "2", "cuda": "13"}
+    plain = {**config, "amp": "off"}  # the plain train.py's: no fast-path flags
+    for name in ("loader", "align_channels", "width_multiple"):
+        del plain[name]
+    for name, run_config in (("fast", config), ("classic", plain)):
+        (out / name).mkdir(parents=True)
+        (out / name / "results.json").write_text(json.dumps(
+            {"config": run_config, "summary": summary, "env": env_record}))
     done = subprocess.run(["bash", "benchmarks/fast_path.sh", str(out)], cwd=REPO, text=True,
                           capture_output=True, timeout=300,
                           env={**os.environ, "ROWS": "none", "OMP_NUM_THREADS": "1",
@@ -202,20 +202,28 @@ def test_fast_path_summary_labels_the_bounds(tmp_path):
     lines = (out / "summary.txt").read_text().splitlines()
     for label in LABELS:
         assert sum(line.startswith(f"  {label}") for line in lines) == 1, label
-    assert any("| % of op-by-op bound | % of training-fused bound |" in line for line in lines)
-    assert lines[-1].startswith("| fast | 5000 |")
+    assert any("| % of op-by-op bound | % of training-fused bound | first step s |" in line
+               for line in lines)
+    rows = [line for line in lines if line.startswith("| fast |") or line.startswith("| classic |")]
+    assert rows[0].startswith("| fast | 5000 | 1.000 | 50.0 | 60.0 | 0.10 | 1.00 (1.50) | 10.0 |")
+    assert rows[0].endswith(" | 2.5 |") and lines[-1] == "fast / classic: 1.00x"
+    shares = [row.split(" | ")[8] for row in rows]  # each row's share of its own model's bound
+    assert shares[0] != shares[1]  # the aligned model in bf16, the plain one in fp32
+    bounds = json.loads((out / ".bounds.json").read_text())
+    assert len(bounds) == 2 and sum("true" in key for key in bounds) == 1  # fast.py's model
 
 
 # ------------------------------------------------------------------------------------- overhead.py
-def test_overhead_takes_its_flag_in_any_spelling_and_keeps_the_runs_it_names(tmp_path, capsys):
+def test_overhead_takes_its_flag_in_any_spelling_and_keeps_the_runs_it_names(tmp_path):
     """--repeat=1 was handed on to train.py, which refused it; the runs went to a folder deleted at
     the end, while train.py's lines named it."""
     import benchmarks.overhead as overhead
 
-    overhead.main(["--repeat=1", "--benchmark_steps", "1", "--warmup_steps", "1",
-                   "--synthetic_size", "64", "--batch_size", "8", "--num_workers", "0",
-                   "--log_dir", str(tmp_path), "--run_name", "check"])
-    out = capsys.readouterr().out
+    code, out, err = in_process(overhead.main, "--repeat=1", "--benchmark_steps", "1",
+                                "--warmup_steps", "1", "--synthetic_size", "64", "--batch_size",
+                                "8", "--num_workers", "0", "--log_dir", tmp_path, "--run_name",
+                                "check")
+    assert code == 0, err
     assert "best of 1 each" in out and f"train.py's runs: {tmp_path / 'check-suite0'}" in out
     assert (tmp_path / "check-suite0" / "results.json").exists()
     assert str(tmp_path / "check-suite0") in out.split("--benchmark / bare loop")[0]

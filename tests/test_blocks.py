@@ -1,15 +1,18 @@
-"""models.repeated_blocks: the blocks FSDP shards one at a time (fsdp/train.py) and the projection's
-FSDP units (comparison/projection.py), found by one rule for any model. Every model here is built on
-the meta device: the rule reads the structure only."""
+"""fsdp/train.py's repeated_blocks: the blocks FSDP shards one at a time, found by one rule for
+any model: a child of a Sequential or ModuleList that holds weights, inside no other block, whose
+class another block shares. Every model here is built on the meta device: the rule reads the
+structure only."""
 from __future__ import annotations
 
 import torch
 import torchvision
 from torch import nn
 
-from models import pyramidnet, repeated_blocks
+from benchmarks.aligned import fast_pyramidnet
+from benchmarks.fast import train_file
+from pyramidnet import PyramidNet
 
-
+repeated_blocks = train_file("fsdp").repeated_blocks
 def block_names(model: nn.Module) -> list[str]:
     blocks = {id(block) for block in repeated_blocks(model)}
     return [name for name, module in model.named_modules() if id(module) in blocks]
@@ -17,7 +20,7 @@ def block_names(model: nn.Module) -> list[str]:
 
 def test_pyramidnets_blocks_are_its_residual_blocks_one_per_stage_or_many():
     with torch.device("meta"):
-        tiny, full = pyramidnet(8, 12, "basic"), pyramidnet(110, 270, "basic", align_channels=8)
+        tiny, full = PyramidNet(8, 12, "basic"), fast_pyramidnet(110, 270, "basic", align=8)
     # one per stage: repeated across the stages
     assert block_names(tiny) == ["layer1.0", "layer2.0", "layer3.0"]
     assert block_names(full) == [f"layer{stage}.{i}" for stage in (1, 2, 3) for i in range(18)]

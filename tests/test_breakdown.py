@@ -1,19 +1,20 @@
-"""--profile_steps: each rank's step split into compute, communication (in total and exposed), data,
-optimizer and the rest, from torch.profiler's own trace (common/breakdown.py).
+"""The split of each rank's profiled steps into compute, communication (in total and exposed), data,
+optimizer and the rest, from the trace_rank<r>.json torch.profiler leaves in the run folder
+(comparison/breakdown.py): the report's "Where a step goes".
 
-The split itself on small Chrome traces made here in the format torch's exporter writes: a GPU step
-from its kernels on their streams (NCCL kernels beside compute kernels, copies between two GPUs,
-FSDP2's copies in and out of its collectives' buffers, gloo's copies of CUDA tensors to the host and
-back, each kernel tied to its launch by the CUDA runtime's or driver's event only), a CPU step from
-its threads (the training thread's operators, gloo's thread, an FSDP wait inside a range of its own,
-FSDP2's copies), and an epoch's end, which is no step. Then on real runs, as a user starts them:
-results.json and the traces beside it, the profiled steps after the timed ones and never timed (a
-fresh run and a resumed one), the parts adding up to the step the run's own timer measured (within
-5 %), two gloo processes of DDP whose --bucket_cap_mb moves communication from exposed to hidden,
-FSDP's all-gathers and reduce-scatters, a run shorter than the steps asked for. The GPU's own run is
-in tests/gpu. The hand-made GPU traces name their kernels after torch's source (TensorShape.cu's
-chunk_cat and split_with_sizes_copy kernels, ForeachBinaryOpList.cu's CopyFunctor); the split does
-not read those names, and only a GPU run shows what a real trace holds."""
+The split itself on small Chrome traces made here in the format torch's exporter writes, each step
+marked as torch marks it (its DataLoader's __next__, its Optimizer.step): a GPU step from its
+kernels on their streams (NCCL kernels beside compute kernels, copies between two GPUs, FSDP2's
+copies in and out of its collectives' buffers, gloo's copies of CUDA tensors to the host and back,
+each kernel tied to its launch by the CUDA runtime's or driver's event only), a CPU step from its
+threads (the training thread's operators, gloo's thread, an FSDP wait inside a range of its own,
+FSDP2's copies), an epoch's end and an evaluation, which are no step, and a loader that marks
+nothing. Then on the traces of real runs, as a user starts them: two gloo processes of DDP whose
+--bucket_cap_mb moves communication from exposed to hidden, FSDP's all-gathers and
+reduce-scatters, one process with no communication. The GPU's own run is in tests/gpu. The
+hand-made GPU traces name their kernels after torch's source (TensorShape.cu's chunk_cat and
+split_with_sizes_copy kernels, ForeachBinaryOpList.cu's CopyFunctor); the split does not read
+those names, and only a GPU run shows what a real trace holds."""
 from __future__ import annotations
 
 import json
@@ -21,12 +22,16 @@ import random
 
 import pytest
 
-from common.breakdown import FIELDS, mean_breakdown, merged, split, step_breakdowns
-from conftest import TINY, read_results, refuse_in_process, run_script, train_in_process
+from comparison.breakdown import (FIELDS, mean_breakdown, merged, recorded_steps, run_breakdown,
+                                  split, step_breakdowns)
+from comparison.train_files import without
+from conftest import TINY, read_results, run_script
 
 PARTS = ("compute_ms", "comm_exposed_ms", "data_ms", "optimizer_ms", "other_ms")  # sum: step_ms
 MAIN = dict(pid=100, tid=100)  # the training thread
 GLOO = dict(pid=100, tid=101)  # one of gloo's threads
+NEXT = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"  # torch's: the data wait
+STEP = "Optimizer.step#SGD.step"  # torch's: its end is the step's
 
 
 def range_(name: str, ts: float, dur: float, cat: str = "user_annotation", where=MAIN,
@@ -77,8 +82,7 @@ def test_a_gpu_step_is_split_from_its_kernels_on_their_streams():
     kernels run beside it and exposed after them; a kernel launched inside the data wait is data,
     one launched inside Optimizer.step the optimizer's; the gaps between kernels are the rest."""
     events = trace(
-        range_("data wait 7", 0, 10), range_("train step 7", 10, 90),  # on the host: 0 to 100 us
-        range_("Optimizer.step#SGD.step", 80, 15),
+        range_(NEXT, 0, 10), range_(STEP, 80, 20),  # on the host: 0 to 100 us
         launch(1, -5), kernel("void at::native::elementwise_kernel<>", 1, 0, 15),  # step 6's
         launch(2, 5), kernel("void at::native::crop_flip_kernel", 2, 15, 3),  # the gpu loader's
         launch(3, 12), kernel("sm90_xmma_fprop_implicit_gemm_bf16", 3, 20, 30),
@@ -86,7 +90,7 @@ def test_a_gpu_step_is_split_from_its_kernels_on_their_streams():
         launch(5, 30), kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage)",
                               5, 40, 40, stream=20),
         launch(6, 82), kernel("void at::native::multi_tensor_apply_kernel<>", 6, 85, 20),
-        range_("data wait 7", 0, 10, cat="gpu_user_annotation", where=dict(pid=0, tid=7)),
+        range_(NEXT, 0, 10, cat="gpu_user_annotation", where=dict(pid=0, tid=7)),
     )
     (step,) = step_breakdowns(events)
     assert step == pytest.approx(in_ms(step_ms=90, compute_ms=50, comm_ms=40, comm_exposed_ms=10,
@@ -99,7 +103,7 @@ def test_data_parallel_copies_between_gpus_are_communication():
     broadcast (NCCL) are communication; a kernel on either GPU is compute, so communication is
     exposed only where no GPU computes."""
     events = trace(
-        range_("data wait 3", 0, 5), range_("train step 3", 5, 95),
+        range_(NEXT, 0, 5), range_(STEP, 100, 0),
         launch(1, 6), kernel("Memcpy PtoP (Device -> Device)", 1, 10, 10, cat="gpu_memcpy"),
         launch(2, 7), kernel("ncclKernel_Broadcast_RING_LL_Sum_int8_t(ncclDevComm*, ncclWork*)",
                              2, 15, 10, stream=13),
@@ -127,7 +131,7 @@ def test_fsdp_copies_in_and_out_of_its_collectives_are_communication():
     them whatever the kernel's name; the reduce-scatter is hidden where a compute kernel runs
     beside it."""
     events = trace(
-        range_("data wait 3", 0, 10), range_("train step 3", 10, 190),  # on the host: 0 to 200 us
+        range_(NEXT, 0, 10),  # on the host: 0 to 200 us
         op("fsdp::all_gather_copy_in", 12, 4), launch(1, 13),
         kernel("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::"
                "(anonymous namespace)::TensorListMetadata<2>, at::native::(anonymous namespace)::"
@@ -146,7 +150,7 @@ def test_fsdp_copies_in_and_out_of_its_collectives_are_communication():
         kernel("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 6,
                130, 20, stream=21),
         launch(7, 108, where=AUTOGRAD), kernel("sm90_xmma_dgrad_implicit_gemm_f32", 7, 130, 10),
-        range_("Optimizer.step#SGD.step", 150, 40), launch(8, 155),
+        range_(STEP, 150, 50), launch(8, 155),
         kernel("void at::native::multi_tensor_apply_kernel<>", 8, 160, 10),
     )
     (step,) = step_breakdowns(events)
@@ -162,7 +166,7 @@ def test_gloos_copies_of_cuda_tensors_to_the_host_and_back_are_communication():
     copies are communication, launched inside the call and inside gloo's range; a copy the loader
     launches in the data wait stays data."""
     events = trace(
-        range_("data wait 5", 0, 10), range_("train step 5", 10, 140),  # 0 to 150 us
+        range_(NEXT, 0, 10),  # 0 to 150 us
         launch(1, 2, where=MAIN, name="cudaMemcpyAsync"),
         kernel("Memcpy HtoD (Pinned -> Device)", 1, 3, 5, cat="gpu_memcpy"),  # the batch
         launch(2, 12), kernel("sm90_xmma_dgrad_implicit_gemm_f32", 2, 15, 40),
@@ -172,7 +176,7 @@ def test_gloos_copies_of_cuda_tensors_to_the_host_and_back_are_communication():
         range_("gloo:all_reduce", 60, 40, where=GLOO),
         launch(4, 98, where=GLOO, name="cudaMemcpyAsync"),
         kernel("Memcpy HtoD (Pinned -> Device)", 4, 100, 10, stream=30, cat="gpu_memcpy"),
-        range_("Optimizer.step#SGD.step", 115, 20), launch(5, 116),
+        range_(STEP, 115, 35), launch(5, 116),
         kernel("void at::native::multi_tensor_apply_kernel<>", 5, 120, 10),
     )
     (step,) = step_breakdowns(events)
@@ -188,8 +192,7 @@ def test_a_kernel_is_tied_to_its_launch_by_the_cuda_runtime_or_driver_only():
     that the driver launched inside Optimizer.step (cuLaunchKernel, as compiled kernels are) is
     the optimizer's, though another event with its correlation id lies in the data wait."""
     events = trace(
-        range_("data wait 2", 0, 20), range_("train step 2", 20, 80),
-        range_("Optimizer.step#SGD.step", 60, 30),
+        range_(NEXT, 0, 20), range_(STEP, 60, 40),
         launch(1, 65, where=MAIN, name="cuLaunchKernel", cat="cuda_driver"),
         kernel("triton_per_fused_add_mul_0", 1, 70, 20),
         range_("Stream Wait Event", 5, 0, cat="cuda_sync", where=dict(pid=0, tid=7),
@@ -206,7 +209,7 @@ def test_a_cpu_step_is_split_from_its_threads():
     exposed where the training thread waits in no operator (DDP's wait after backward) or inside a
     range that is none (FSDP's). A collective's call on the training thread is communication."""
     events = trace(
-        range_("data wait 4", 0, 10), range_("train step 4", 10, 190),  # 0 to 200 us
+        range_(NEXT, 0, 10),  # 0 to 200 us
         op("aten::conv2d", 12, 40),
         op("aten::mkldnn_convolution", 14, 36),
         op("aten::empty", 15, 2),  # inside: the convolution's own time counts
@@ -215,12 +218,12 @@ def test_a_cpu_step_is_split_from_its_threads():
         range_("gloo:all_reduce", 75, 60, cat="gloo", where=GLOO),  # exposed 100-122, 130-135
         range_("FSDP::post_backward_reduce (0)", 120, 40),  # no operator: it waits
         op("aten::div_", 122, 8),
-        range_("Optimizer.step#SGD.step", 170, 20),
+        range_(STEP, 170, 30),
         op("aten::add_", 172, 10),
     )
     (step,) = step_breakdowns(events)
     assert step == pytest.approx(in_ms(step_ms=200, compute_ms=83, comm_ms=65, comm_exposed_ms=32,
-                                       data_ms=10, optimizer_ms=20, other_ms=55))
+                                       data_ms=10, optimizer_ms=30, other_ms=45))
     assert_adds_up(step)
 
 
@@ -229,7 +232,7 @@ def test_on_the_cpu_fsdps_copies_for_its_collectives_are_communication_too():
     the operators inside it included) is communication on the CPU as on a GPU, then the call and
     gloo's all-gather; the convolution after them is compute."""
     events = trace(
-        range_("data wait 6", 0, 10), range_("train step 6", 10, 90),  # 0 to 100 us
+        range_(NEXT, 0, 10), range_(STEP, 100, 0),  # 0 to 100 us
         op("fsdp::all_gather_copy_in", 20, 10), op("aten::_foreach_copy_", 21, 8),
         op("c10d::_allgather_base_", 30, 2),
         range_("gloo:all_gather", 32, 18, where=GLOO),
@@ -241,24 +244,36 @@ def test_on_the_cpu_fsdps_copies_for_its_collectives_are_communication_too():
     assert_adds_up(step)
 
 
-def test_an_epoch_end_is_no_step_and_steps_are_averaged():
-    """A wait for data that no batch ended (the epoch's last) is no step: the step is the next wait
-    with its number, after the evaluation between the epochs. Steps are averaged; a step whose wait
-    began before the recording did is left out."""
+def test_an_epoch_end_and_an_evaluation_are_no_step_and_steps_are_averaged():
+    """A step is its last wait for data since the step before, to the end of its optimizer step: a
+    wait that no optimizer step followed (the epoch's last, which found no batch) and the
+    evaluation between the epochs, with its own loader's waits, are no step. Steps are averaged; a
+    step whose wait began before the recording did is left out."""
     events = trace(
-        range_("train step 1", 0, 50),  # its wait was not recorded
-        range_("data wait 2", 60, 10), range_("train step 2", 70, 30),
-        range_("data wait 3", 110, 5),  # the epoch's end
-        op("aten::conv2d", 120, 500),  # the evaluation
-        range_("data wait 3", 700, 20), range_("train step 3", 720, 60),
+        range_(STEP, 40, 10),  # its wait was not recorded
+        range_(NEXT, 60, 10), range_(STEP, 90, 10),
+        range_(NEXT, 110, 5),  # the epoch's end
+        op("aten::conv2d", 120, 500), range_(NEXT, 300, 5),  # the evaluation, and its loader
+        range_(NEXT, 700, 20), range_(STEP, 780, 0),
         op("aten::conv2d", 730, 40),
     )
     steps = step_breakdowns(events)
     assert [step["step_ms"] for step in steps] == pytest.approx([0.04, 0.08])
     assert mean_breakdown(steps) == pytest.approx(in_ms(
-        step_ms=60, compute_ms=20, comm_ms=0, comm_exposed_ms=0, data_ms=15, optimizer_ms=0,
-        other_ms=25))
+        step_ms=60, compute_ms=20, comm_ms=0, comm_exposed_ms=0, data_ms=15, optimizer_ms=5,
+        other_ms=20))
     assert mean_breakdown([]) is None
+
+
+def test_a_loader_that_marks_nothing_leaves_each_step_from_the_end_of_the_one_before():
+    """A loader that is no DataLoader (a GPU-resident one, say) records no range: each step then
+    runs from the end of the optimizer step before it, with no data wait, and the first is left
+    out, its start unknown."""
+    events = trace(range_(STEP, 0, 10), op("aten::conv2d", 20, 50), range_(STEP, 90, 10),
+                   op("aten::conv2d", 110, 50), range_(STEP, 170, 10))
+    complete = [event for event in events["traceEvents"] if event["ph"] == "X"]
+    assert [step["window"] for step in recorded_steps(complete)] == [(10, 100), (100, 180)]
+    assert [step["data_ms"] for step in step_breakdowns(events)] == [0, 0]
 
 
 def test_the_parts_of_any_overlap_add_up_to_the_window():
@@ -279,9 +294,8 @@ def test_the_parts_of_any_overlap_add_up_to_the_window():
 # a batch small enough for a step of a fraction of a second. --benchmark: no evaluation, no
 # checkpoint; 1 warm-up step, 3 timed, then 3 profiled (steps 5 to 7).
 GROUP = ["--dataset", "synthetic", "--synthetic_size", "64", "--depth", "8", "--alpha", "96",
-         "--batch_size", "8", "--loader", "gpu", "--num_workers", "0", "--log_interval", "50",
-         "--benchmark", "--warmup_steps", "1", "--benchmark_steps", "3", "--profile_steps", "3",
-         "--no_progress"]
+         "--batch_size", "8", "--num_workers", "0", "--log_interval", "50", "--benchmark",
+         "--warmup_steps", "1", "--benchmark_steps", "3", "--profile_steps", "3"]
 
 
 def group_run(tmp_path_factory, script: str, name: str, *flags):
@@ -300,38 +314,23 @@ def one_bucket(tmp_path_factory):
                      "--bucket_cap_mb", 1000)
 
 
-def test_results_carry_each_ranks_breakdown_and_the_traces_lie_beside_them(one_bucket):
-    run_dir, done = one_bucket
-    summary = read_results(run_dir)["summary"]
-    breakdown = summary["breakdown"]
-    assert set(breakdown) == {"0", "1"}
-    assert all(set(figures) == set(FIELDS) for figures in breakdown.values())
-    assert summary["breakdown_steps"] == 3 and summary["breakdown_note"] is None
-    assert summary["steps"] == 7 and summary["timed_steps"] == [2, 4]  # 1 warm-up + 3 timed
-    assert summary["profiled_steps"] == [5, 7]  # + 3 profiled, after the timed ones
-    slowest = summary["breakdown_slowest_rank"]
-    assert breakdown[slowest]["step_ms"] == max(each["step_ms"] for each in breakdown.values())
-    assert f"profile of 3 steps, rank {slowest} (the slowest): step " in done.stdout
-    # kineto's own lines (USDT profiler_start/stop, gpuGetDeviceCount) stay out of the user's way
-    assert "USDT" not in done.stderr and "gpuGetDeviceCount" not in done.stderr, done.stderr
-    for rank, figures in breakdown.items():
-        assert_adds_up(figures)
-        assert figures["compute_ms"] > 0 and figures["comm_ms"] > 0, rank  # DDP's, on gloo
-        # the file written is the trace that was split: Chrome trace JSON, the steps named in it
-        written = json.loads((run_dir / f"trace_rank{rank}.json").read_text())
-        names = {event.get("name") for event in written["traceEvents"]}
-        assert {"data wait 5", "train step 5", "train step 7", "gloo:all_reduce"} <= names, rank
-        assert not {"train step 4", "data wait 4"} & names, rank  # the last timed step
-        assert mean_breakdown(step_breakdowns(written)) == pytest.approx(figures), rank
-
-
-def test_the_parts_add_up_to_the_step_the_run_measured(one_bucket):
-    """The run's own clock times the profiled steps apart from the timed ones (profiled_step_s,
-    rank 0's): rank 0's parts of the same steps, added up, are that step within 5 %."""
+def test_each_ranks_trace_lies_in_the_run_folder_and_splits_into_its_profiled_steps(one_bucket):
+    """Both ranks' traces beside results.json, each split into the 3 profiled steps (results.json's
+    profiled_steps: 5 to 7, after the 1 warm-up and 3 timed ones), the parts adding up to the step,
+    DDP's communication on gloo among them."""
     run_dir, _ = one_bucket
     summary = read_results(run_dir)["summary"]
-    added = sum(summary["breakdown"]["0"][part] for part in PARTS)
-    assert added == pytest.approx(1e3 * summary["profiled_step_s"], rel=0.05)
+    assert summary["timed_steps"] == 3 and summary["profiled_steps"] == [5, 7]
+    breakdown = run_breakdown(run_dir)
+    assert set(breakdown) == {"0", "1"}
+    for rank, figures in breakdown.items():
+        assert set(figures) == set(FIELDS)
+        assert_adds_up(figures)
+        assert figures["compute_ms"] > 0 and figures["comm_ms"] > 0, rank  # DDP's, on gloo
+        written = json.loads((run_dir / f"trace_rank{rank}.json").read_text())
+        assert len(step_breakdowns(written)) == 3, rank
+        names = {event.get("name") for event in written["traceEvents"]}
+        assert "gloo:all_reduce" in names, rank
 
 
 def test_small_buckets_hide_the_communication_one_bucket_exposes(one_bucket, tmp_path_factory):
@@ -343,8 +342,7 @@ def test_small_buckets_hide_the_communication_one_bucket_exposes(one_bucket, tmp
     milliseconds hidden are what the buckets move.)"""
     small_dir, _ = group_run(tmp_path_factory, "dist_parallel/train.py", "small_buckets",
                              "--bucket_cap_mb", 0.1)
-    runs = {"one": read_results(one_bucket[0])["summary"]["breakdown"],
-            "small": read_results(small_dir)["summary"]["breakdown"]}
+    runs = {"one": run_breakdown(one_bucket[0]), "small": run_breakdown(small_dir)}
     for rank in ("0", "1"):
         exposed = {name: run[rank]["comm_exposed_ms"] / run[rank]["comm_ms"]
                    for name, run in runs.items()}
@@ -356,12 +354,10 @@ def test_small_buckets_hide_the_communication_one_bucket_exposes(one_bucket, tmp
 
 def collectives(run_dir, rank: str = "0") -> dict:
     """The all-gathers and reduce-scatters a rank's trace holds in its first recorded step."""
-    events = json.loads((run_dir / f"trace_rank{rank}.json").read_text())["traceEvents"]
-    first, _ = read_results(run_dir)["summary"]["profiled_steps"]
-    wait = next(event for event in events if event.get("name") == f"data wait {first}")
-    step = next(event for event in events if event.get("name") == f"train step {first}")
-    inside = [event["name"] for event in events
-              if event.get("ph") == "X" and wait["ts"] <= event["ts"] <= step["ts"] + step["dur"]]
+    events = [event for event in json.loads((run_dir / f"trace_rank{rank}.json").read_text())[
+        "traceEvents"] if event.get("ph") == "X" and isinstance(event.get("dur"), (int, float))]
+    start, end = recorded_steps(events)[0]["window"]
+    inside = [event["name"] for event in events if start <= event["ts"] <= end]
     names = ("c10d::_allgather_base_", "c10d::_reduce_scatter_base_")
     return {name: inside.count(name) for name in names}
 
@@ -377,8 +373,7 @@ def test_fsdp_reports_its_all_gathers_and_reduce_scatters(fsdp_resharded):
     backward (resharded after forward, the default), its gradients reduce-scattered; on the CPU
     FSDP waits for each where it issues it (no CUDA streams to overlap them on): exposed."""
     run_dir, _ = fsdp_resharded
-    summary = read_results(run_dir)["summary"]
-    for rank, figures in summary["breakdown"].items():
+    for rank, figures in run_breakdown(run_dir).items():
         assert_adds_up(figures)
         assert figures["comm_ms"] > 0 and figures["comm_exposed_ms"] > 0, rank
     counts = collectives(run_dir)
@@ -387,120 +382,30 @@ def test_fsdp_reports_its_all_gathers_and_reduce_scatters(fsdp_resharded):
 
 @pytest.mark.second_tier
 def test_fsdp_without_resharding_gathers_half_as_often(fsdp_resharded, tmp_path_factory):
-    """--no_reshard_after_forward keeps the gathered parameters for the backward pass: one
+    """--no-reshard_after_forward keeps the gathered parameters for the backward pass: one
     all-gather per block and step instead of two, the reduce-scatters unchanged."""
     kept_dir, _ = group_run(tmp_path_factory, "fsdp/train.py", "fsdp_kept",
-                            "--no_reshard_after_forward")
+                            "--no-reshard_after_forward")
     resharded, kept = collectives(fsdp_resharded[0]), collectives(kept_dir)
     assert kept["c10d::_reduce_scatter_base_"] == resharded["c10d::_reduce_scatter_base_"]
     assert 2 * kept["c10d::_allgather_base_"] == resharded["c10d::_allgather_base_"]
-    for figures in read_results(kept_dir)["summary"]["breakdown"].values():
+    for figures in run_breakdown(kept_dir).values():
         assert figures["comm_ms"] > 0
         assert_adds_up(figures)
 
 
-# ------------------------------------------------------------------------ one process, in process
 def test_one_process_has_one_rank_and_no_communication(tmp_path):
-    """data_parallel on the CPU (DataParallel wraps nothing there): rank "0" alone, no
-    communication, its trace beside results.json, its parts adding up to the step it measured."""
-    done = train_in_process("data_parallel/train.py", *TINY, "--benchmark", "--benchmark_steps", 3,
-                            "--profile_steps", 3, "--log_dir", tmp_path, "--run_name", "dp")
+    """data_parallel on the CPU (DataParallel wraps nothing there), run as a user runs it: rank "0"
+    alone, its trace beside results.json, no communication, compute and the optimizer in its step;
+    a run folder without a trace has no split."""
+    done = run_script("data_parallel/train.py", *without(TINY, "loader"), "--benchmark",
+                      "--benchmark_steps", 3, "--profile_steps", 3, "--log_dir", tmp_path,
+                      "--run_name", "dp")
     assert done.returncode == 0, done.stderr
-    summary = read_results(tmp_path / "dp")["summary"]
-    assert list(summary["breakdown"]) == ["0"] and summary["breakdown_slowest_rank"] == "0"
-    figures = summary["breakdown"]["0"]
+    breakdown = run_breakdown(tmp_path / "dp")
+    assert list(breakdown) == ["0"] and (tmp_path / "dp" / "trace_rank0.json").is_file()
+    figures = breakdown["0"]
     assert figures["comm_ms"] == 0 and figures["compute_ms"] > 0 and figures["optimizer_ms"] > 0
     assert_adds_up(figures)
-    assert figures["step_ms"] == pytest.approx(1e3 * summary["profiled_step_s"], rel=0.05)
-    assert (tmp_path / "dp" / "trace_rank0.json").is_file()
-    assert "profiler traces in" in done.stdout
-
-
-def test_the_profiled_steps_come_after_the_timed_ones_and_are_never_timed(tmp_path, monkeypatch):
-    """A real run whose step timer's clock moves on by an hour in each profiled step, while the
-    profiler records it (as the profiler's own host cost would move it, by less): the speed
-    figures time the 4 steps after the 2 warm-up steps, the profiler records the 3 after those,
-    and no figure of the timed steps holds any of those hours, while the run's own clock sees them
-    in the profiled steps. A clock moved by the test, not a sleep: on a loaded machine a timed
-    step may take long, never an hour. (Until the profiled steps came after the timed ones, the
-    default --profile_steps recorded the first timed steps.)"""
-    import time
-
-    import common.breakdown
-    import common.metrics
-
-    ready, hour, later = common.breakdown.StepProfiler.ready, 3600.0, [0.0]
-
-    class Clock:  # common.metrics' time.perf_counter, later by an hour for each profiled step
-        @staticmethod
-        def perf_counter() -> float:
-            return time.perf_counter() + later[0]
-
-    def an_hour_while_recording(profiler, step):
-        ready(profiler, step)
-        if profiler.open:  # step `step` is being recorded
-            later[0] += hour
-
-    monkeypatch.setattr(common.metrics, "time", Clock)
-    monkeypatch.setattr(common.breakdown.StepProfiler, "ready", an_hour_while_recording)
-    done = train_in_process("single_gpu/train.py", *TINY, "--benchmark", "--warmup_steps", 2,
-                            "--benchmark_steps", 4, "--profile_steps", 3, "--log_interval", 50,
-                            "--log_dir", tmp_path, "--run_name", "apart")
-    assert done.returncode == 0, done.stderr
-    results = read_results(tmp_path / "apart")
-    summary = results["summary"]
-    assert summary["steps"] == results["config"]["max_steps"] == 9  # 2 + 4 + 3
-    assert summary["timed_steps"] == [3, 6] and summary["profiled_steps"] == [7, 9]
-    assert later == [3 * hour] and summary["breakdown_steps"] == 3
-    mean_timed = 32 / summary["images_per_sec"]
-    # the 4 timed steps together: less than one of the hours
-    assert 4 * mean_timed < hour and summary["batch_time_p90"] < hour, summary
-    assert summary["profiled_step_s"] > hour  # each profiled step: its hour and its work
-    names = {event.get("name") for event in
-             json.loads((tmp_path / "apart" / "trace_rank0.json").read_text())["traceEvents"]}
-    recorded = {name for name in names if name and name.startswith("train step ")}
-    assert recorded == {"train step 7", "train step 8", "train step 9"}
-
-
-def test_a_resumed_run_profiles_its_last_steps_by_the_runs_numbers(tmp_path):
-    """Stopped at step 4 of 8 and resumed: the resumed attempt warms up on step 5, times step 6 and
-    profiles the run's last 2 steps, 7 and 8, named so in results.json and in the trace."""
-    flags = ("single_gpu/train.py", *TINY, "--profile_steps", 2, "--log_dir", tmp_path,
-             "--run_name", "resumed")
-    assert train_in_process(*flags, sigterm_at=4).returncode == 128 + 15
-    done = train_in_process(*flags, "--resume", "auto")
-    assert done.returncode == 0, done.stderr
-    summary = read_results(tmp_path / "resumed")["summary"]
-    assert summary["steps"] == 8 and summary["timed_steps"] == [6, 6]
-    assert summary["profiled_steps"] == [7, 8] and summary["breakdown_steps"] == 2
-    names = {event.get("name") for event in
-             json.loads((tmp_path / "resumed" / "trace_rank0.json").read_text())["traceEvents"]}
-    assert {"train step 7", "train step 8"} <= names and "train step 6" not in names
-
-
-@pytest.mark.parametrize("max_steps, profiled, said", [
-    (3, 2, "2 of the 5 steps --profile_steps asked for were profiled: the run's last 2, after its "
-           "1 warm-up step (--warmup_steps)"),
-    (1, 0, "no step profiled: --profile_steps records the run's last steps after its 1 warm-up "
-           "step (--warmup_steps), and the run had none after them")])
-def test_a_run_shorter_than_the_steps_asked_for_says_so(tmp_path, max_steps, profiled, said):
-    """--max_steps 3 with 1 warm-up step leaves 2 steps to profile and none to time; --max_steps 1
-    leaves none to profile."""
-    done = train_in_process("single_gpu/train.py", *TINY, "--max_steps", max_steps,
-                            "--profile_steps", 5, "--log_dir", tmp_path, "--run_name", "short")
-    assert done.returncode == 0, done.stderr
-    summary = read_results(tmp_path / "short")["summary"]
-    assert summary["breakdown_note"] == said and f"profile: {said}" in done.stdout
-    assert summary["breakdown_steps"] == (profiled or None)
-    assert (summary["breakdown"] is None) == (profiled == 0)
-    assert (tmp_path / "short" / "trace_rank0.json").is_file() == (profiled > 0)
-    assert summary["timed_steps"] is None and summary["images_per_sec"] is None
-    assert summary["profiled_steps"] == ([2, 3] if profiled else None)
-
-
-def test_profiling_an_evaluation_is_refused(tmp_path):
-    done = refuse_in_process("single_gpu/train.py", *TINY, "--evaluate", tmp_path / "model.pt",
-                             "--profile_steps", 3)
-    assert done.returncode == 2
-    assert done.stderr == ("error: --profile_steps records training steps and --evaluate trains "
-                           "none: give one of them\n")
+    (tmp_path / "dp" / "trace_rank0.json").unlink()
+    assert run_breakdown(tmp_path / "dp") is None and run_breakdown(None) is None

@@ -6,7 +6,7 @@ dist_parallel with 2 gloo processes, tiny model). What only GPUs can show is not
 rows, SyncBatchNorm rows, DataParallel split over several GPUs (its first GPU's extra memory), NVML
 utilisation, MFU, and the measured-beside-projected table, which needs at least two GPUs. The
 projection model is tested against PyTorch's published DDP benchmark. `compare.py --verify` runs in
-tests/test_parallel.py (its plan on GPUs: tests/test_verify.py).
+tests/test_verify_runs.py (its plan on GPUs: tests/test_verify.py).
 """
 from __future__ import annotations
 
@@ -26,11 +26,10 @@ import torchvision
 from conftest import REPO, run_script
 
 import compare
-from models import pyramidnet
-from common.config import UsageError
-from common.domains import missing_domains
 from comparison import environment as machine
-from comparison import runner
+from comparison import model_shapes, runner
+from comparison.breakdown import run_breakdown
+from comparison.errors import UsageError
 from comparison.matrix import Cores, PlannedRun, check_runs, plan
 from comparison.projection import (FABRICS, SYNC_ALLOWANCE, Fabric, ddp_buckets,
                                    exposed_communication, gradient_bytes, projected_efficiency,
@@ -144,9 +143,8 @@ def test_the_report_numbers_are_the_runs_own(comparison):
         assert abs(32_000 / float(cells[6]) - speed) < 0.01 * speed
         assert cells[header.index("run time, s (each run, start to end)")] == \
             f"{float(row['run_time_s']):,.1f}"
-    pictures = ["images_per_sec.png", "scaling_efficiency.png"]
-    pictures += ["step_breakdown.png"] if compare.profiling_flag() else []
-    for plot in pictures:  # drawn without the failed run
+    # drawn without the failed run
+    for plot in ("images_per_sec.png", "scaling_efficiency.png", "step_breakdown.png"):
         assert (out / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"]({plot})" in report  # and shown in the report
     assert not (out / "memory_per_gpu.png").exists()
@@ -224,8 +222,9 @@ def test_the_first_screen_names_the_model_and_recommends_a_mode_from_the_tables_
     fastest = max(timed, key=lambda mode: float(table[mode][7].replace(",", "")))
     figure = (f"{table[fastest][7]} images/s" if fastest == "single_gpu"
               else f"{table[fastest][8]} one CPU process")
-    # the table's speedup (or images/s) as it is; DDP's own beside it where it was slower
-    assert f"({fastest} " in advice and f"fastest in its run, {figure}" in advice
+    # the table's speedup (or images/s) as it is (followed by the slower one's where single_gpu
+    # was the fastest)
+    assert f"({fastest} " in advice and (f", {figure};" in advice or f", {figure}, and" in advice)
     assert ("docs/guide.md" in advice and "On this CPU-only machine each "
                                           "\"GPU\" is a CPU process" in advice)
 
@@ -257,29 +256,23 @@ def test_the_sentences_are_computed_from_the_tables_figures(comparison):
 
 
 def test_every_run_profiles_its_steps_and_the_report_splits_them(comparison):
-    """compare.py passes --profile_steps (3 by default) to every run where the train scripts take
-    it: each rank leaves its trace, results.json its split, and "Where a step goes" shows each
-    configuration's split as step_split computes it from the CSV. Where the scripts take no such
-    flag, the report says so."""
+    """compare.py passes --profile_steps (3 by default) to every run: each rank leaves its trace in
+    the run folder, the report splits it (comparison/breakdown.py), and "Where a step goes" shows
+    each configuration's split as step_split computes it from the CSV."""
     _, out = comparison
     report = (out / "report.md").read_text()
     section = report.split("## Where a step goes")[1].split("## Pictures")[0]
     rows = [row for row in csv_rows(out) if row["status"] == "ok"]
     commands = [(out / row["log"]).read_text().splitlines()[0] for row in rows]
-    if not compare.profiling_flag():
-        assert section.strip() == ("Not recorded: the train scripts here take no "
-                                   "`--profile_steps`, so no run profiled its steps.")
-        assert not any("--profile_steps" in command for command in commands)
-        return
     assert all(" --profile_steps 3 " in f"{command} " for command in commands)
     assert "3 untimed then 8 timed steps per run, then 3 profiled (not timed)" in report
     for row in rows:
         run = out / "runs" / row["run"]
         summary = json.loads((run / "results.json").read_text())["summary"]
         ranks = [str(r) for r in range(int(row["gpus"]))]
-        assert sorted(summary["breakdown"], key=int) == ranks
+        assert sorted(run_breakdown(run), key=int) == ranks
         # 3 warm-up steps (compare's CPU default), the 8 timed, then the 3 profiled: apart
-        assert summary["timed_steps"] == [4, 11] and summary["profiled_steps"] == [12, 14]
+        assert summary["timed_steps"] == 8 and summary["profiled_steps"] == [12, 14]
         traces = [path.name for path in sorted(run.glob("trace_rank*.json"))]
         assert traces == [f"trace_rank{r}.json" for r in ranks]
         line = next(text for text in section.splitlines() if text.startswith(f"| {row['mode']}"))
@@ -319,8 +312,8 @@ def test_the_memory_projection_writes_units_that_fit(comparison):
     ddp = re.search(r"the model state under DDP, ([\d.]+ KiB) per GPU", advice).group(1)
     assert f"needs {ddp} per GPU under DDP" in projection
     assert projection.count("KiB") == 1
-    model = compare.model_on_meta({**compare.CPU_DEFAULTS, "dataset": "synthetic", "block": "basic",
-                                   "width_multiple": 1})
+    model = model_shapes.model_on_meta({"model": "pyramidnet", "depth": 8, "alpha": 12,
+                                        "block": "basic", "dataset": "synthetic"})
     parameters = sum(p.numel() for p in model.parameters())
     assert f"α=12 ({parameters / 1e3:.1f}K parameters, the runs')" in projection
     assert not re.search(r"\d{1,3}(,\d{3}){2,}", projection)  # no 7,158,455,178
@@ -330,11 +323,10 @@ def test_the_memory_projection_writes_units_that_fit(comparison):
 
 def test_peak_memory_shows_allocated_and_reserved_per_gpu(tmp_path):
     """Each GPU's peak memory reads `allocated (reserved)`: CUDA graphs' private pools show in
-    reserved alone. The CSV keeps both, from results.json's two per-GPU dicts."""
+    reserved alone. The CSV keeps both, from results.json's {GPU: [allocated, reserved]}."""
     run = PlannedRun("data_parallel", 2, None, None, False, 64, 1, unit="gpu")
     results = {"summary": {}, "config": {"batch_size": 64},
-               "peak_mem_gb_per_gpu": {"0": 6.15, "1": 5.5},
-               "peak_mem_reserved_gb_per_gpu": {"0": 7.0, "1": 6.25}}
+               "peak_mem_gb_per_gpu": {"0": [6.15, 7.0], "1": [5.5, 6.25]}}
     outcome = Outcome(run, "ok", results=results)
     fill_rows([outcome], tmp_path)
     assert outcome.row["peak_mem_reserved_gb_per_gpu"] == "7.000 6.250"
@@ -364,9 +356,10 @@ def test_sizes_and_counts_are_written_in_units_that_fit():
 
 @pytest.mark.parametrize("argv, message", [
     (["--backends", "nccl"], "--backends nccl needs CUDA GPUs"),
-    (["--sync_bn", "on"], "SyncBatchNorm (--sync_bn) needs GPUs"),
+    (["--sync_bn", "on"], "SyncBatchNorm (--sync_bn on) needs GPUs"),
     (["--gpu_counts", "3"], "--batch_size 32 does not divide over 3 processes"),
-    (["--depth", "7"], "--depth/--alpha"),
+    (["--depth", "7"], "--depth 7: depth 7 does not suit basic blocks"),
+    (["--batch_size", "1024"], "--batch_size 1024 is more than the 512 training images"),
     (["--batch_size", "64", "--batch_per_gpu", "32"], "give one of them"),
     (["--modes", "ddp"], "invalid choice"),
     (["--reshard_after_forward", "off"],
@@ -378,12 +371,25 @@ def test_sizes_and_counts_are_written_in_units_that_fit():
     (["--verify", "--repeat", "2"], "--repeat is for the comparison"),
     (["--verify", "--batch_per_gpu", "16"], "--verify compares runs of one global batch"),
     (["--verify", "--max_steps", "1"], "give --max_steps 2 or more"),
-    (["--verify", "--sync_bn", "on"], "SyncBatchNorm (--sync_bn) needs GPUs"),
+    (["--verify", "--sync_bn", "on"], "SyncBatchNorm (--sync_bn on) needs GPUs"),
     # compare.py's own flags' domains
-    (["--repeat", "0"], "--repeat must be a whole number at least 1, not 0"),
-    (["--gpu_counts", "2", "0"], "--gpu_counts must be a whole number at least 1, not 0"),
-    # a train.py flag: refused by its own domain, before the matrix
-    (["--momentum", "nan"], "--momentum"),
+    (["--repeat", "0"], "argument --repeat: 0 is not a whole number of 1 or more"),
+    (["--gpu_counts", "2", "0"], "argument --gpu_counts: 0 is not a whole number of 1 or more"),
+    # the flags compare.py sets for every run itself
+    (["--log_dir", "x"], "--log_dir is compare.py's to set for every run: give --out"),
+    (["--no-reshard_after_forward"], "give --reshard_after_forward off"),
+    # a train.py flag: refused by the train file's own parser, before the matrix
+    (["--momentum", "nan"], "argument --momentum: invalid"),
+    (["--learning_rate", "0.1"], "unrecognized arguments: --learning_rate 0.1: compare.py passes "
+                                 "every flag it does not know to every train.py"),
+    (["--modes", "dist_parallel", "--bucket_cap_mb", "0"], "argument --bucket_cap_mb: invalid"),
+    (["--modes", "single_gpu", "--compile_mode", "reduce-overhead"],
+     "--compile_mode needs --compile (single_gpu/train.py's parser"),
+    # torch.compile's limits (tests/test_compile.py has why), in compare.py's matrix
+    (["--modes", "fsdp", "--compile", "--compile_mode", "max-autotune"],
+     "--compile_mode max-autotune captures CUDA graphs"),
+    (["--modes", "dist_parallel", "--compile", "--bucket_cap_mb", "0.5"],
+     "--bucket_cap_mb 0.5 with --compile: compiled DDP needs buckets"),
     (["--epochs", "1", "--model", "resnet18", "--dataset", "mnist"],
      "--model resnet18 takes 3-channel images"),
     (["--model", "vit_b_16", "--image_size", "40"], "--model vit_b_16 cannot take 40x40 images"),
@@ -400,21 +406,39 @@ def test_a_matrix_that_cannot_run_is_refused_before_anything_starts(argv, messag
     assert not out.exists()
 
 
+def test_a_mistake_is_said_once_inside_a_job_too(tmp_path, capsys, monkeypatch):
+    """RANK and LOCAL_RANK in the user's shell (inside a job, say) change nothing: compare.py is
+    no rank, and says its mistake."""
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(SystemExit) as exit_:
+        compare.main(["--out", str(tmp_path / "out"), "--repeat", "0"])
+    assert exit_.value.code == 2 and capsys.readouterr().err.startswith("error: argument --repeat")
+
+
 def test_every_flag_of_compare_has_a_domain():
-    assert missing_domains(compare.CompareConfig) == []
+    """Each of compare.py's flags that takes a value is checked by its parser (a type or choices),
+    --out aside: a folder, refused before any run when it cannot be one."""
+    unchecked = [action.dest for action in compare.build_compare_parser()._actions
+                 if action.nargs != 0 and action.type is None and action.choices is None]
+    assert unchecked == ["out"]
 
 
-def test_compiled_data_parallel_on_several_gpus_is_refused():
+def test_compiled_data_parallel_on_several_gpus_is_refused(tmp_path):
     """TorchDynamo does not trace DataParallel's replica threads: on 2 GPUs `--compile` would
     compile nothing and the report would say compiled. On one GPU (DataParallel calls the module
-    itself) it is compiled, and allowed."""
+    itself) it is compiled, and allowed. Each run's flags are read by data_parallel/train.py's own
+    parser first."""
     runs = plan(("data_parallel",), (1, 2), ("nccl",), (None,), (False,), 1, cuda=True,
                 batch_size=32, batch_per_gpu=None)
-    check_runs(runs[:1], ["--compile"], {})
+    check_runs(runs[:1], ["--compile"], {}, tmp_path, cuda=True)
     with pytest.raises(UsageError, match="--compile with data_parallel on 2 "
                                          "GPUs would compile nothing"):
-        check_runs(runs, ["--compile"], {})
-    check_runs(runs, [], {})
+        check_runs(runs, ["--compile"], {}, tmp_path, cuda=True)
+    check_runs(runs, [], {}, tmp_path, cuda=True)
+    with pytest.raises(UsageError, match="data_parallel/train.py refuses the flags of "
+                                         "data_parallel on 1 GPU: argument --compile_mode"):
+        check_runs(runs, ["--compile", "--compile_mode", "fastest"], {}, tmp_path, cuda=True)
 
 
 def test_an_earlier_comparison_is_never_overwritten(tmp_path, capsys):
@@ -484,8 +508,8 @@ def test_overwrite_counts_projection_md_among_compares_own_files(tmp_path):
 
 def test_overwrite_removes_only_compares_runs_and_logs_in_runs_and_logs(tmp_path):
     """In runs/ and logs/ --overwrite removes what compare.py's runs wrote there (each run's
-    folder, the comparison's and --verify's, its log, the runs' compile cache), and nothing a user
-    put beside them; a name a run takes is compare.py's wherever a run is planned."""
+    folder, the comparison's and --verify's, its log), and nothing a user put beside them; a name
+    a run takes is compare.py's wherever a run is planned."""
     runs = plan(("single_gpu", "dist_parallel", "fsdp"), (2,), ("gloo",), (None, "bf16"),
                 (False, True), 2, False, 32, None, (True, False))
     names = [run.name for run in runs] + ["05-dist_parallel-2cpu-gloo-first_half",
@@ -495,7 +519,6 @@ def test_overwrite_removes_only_compares_runs_and_logs_in_runs_and_logs(tmp_path
         (tmp_path / "runs" / name / "results.json").write_text("{}")
         (tmp_path / "logs").mkdir(exist_ok=True)
         (tmp_path / "logs" / f"{name}.log").write_text("$ torchrun ...")
-    (tmp_path / "runs" / ".compile_cache" / "fxgraph").mkdir(parents=True)
     mine = ["runs/notes.txt", "runs/01-single_gpu-1cpu-r1.txt", "runs/baseline/results.json",
             "logs/notes.txt", "logs/01-single_gpu-1cpu-r1", "runs/single_gpu-cpu-20260101"]
     for path in mine:
@@ -684,8 +707,9 @@ def test_ring_allreduce_cost_follows_the_nccl_tests_definition():
 
 
 def test_projection_falls_with_gpus_and_slower_links():
-    with torch.device("meta"):
-        grads = gradient_bytes(pyramidnet(110, 270, "basic"))
+    grads = gradient_bytes(model_shapes.model_on_meta({"model": "pyramidnet", "depth": 110,
+                                                       "alpha": 270, "block": "basic",
+                                                       "dataset": "cifar10"}))
     assert sum(grads) == 28_485_477 * 4
     nvlink, pcie, _ = FABRICS
     step = 0.020  # a fast GPU's step: communication matters
@@ -1056,3 +1080,91 @@ def test_a_failed_launch_is_named_by_the_error_a_rank_raised(tmp_path):
     assert runner.last_error(log) == "error: --data_dir /nowhere is not a folder"
     log.write_text("something went wrong\n" + "-" * 60 + "\n")
     assert runner.last_error(log) == "something went wrong"
+
+
+def test_the_comparison_reads_runs_through_their_files_and_imports_nothing_of_the_training_path():
+    """compare.py and comparison/ import nothing of common/, models/, runkit.py or a train file: a
+    train file is loaded from its path for its parser alone, in comparison/train_files.py, the one
+    module that loads one (read from the source, so that no import can hide it)."""
+    import ast
+
+    sources = [REPO / "compare.py", *sorted((REPO / "comparison").rglob("*.py"))]
+    training_path = ("common", "models", "runkit", "pyramidnet", "single_gpu", "data_parallel",
+                     "dist_parallel", "fsdp")
+    loaders = []
+    for path in sources:
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                assert name.split(".")[0] not in training_path, (path, name)
+            if isinstance(node, ast.Attribute) and node.attr == "spec_from_file_location":
+                loaders.append(path.relative_to(REPO))
+    assert loaders == [Path("comparison/train_files.py")]
+
+
+@pytest.mark.parametrize("dataset, named",
+                         [("cifar10", "cifar-10-python.tar.gz"), ("mnist", "MNIST/raw")])
+def test_a_dataset_it_cannot_get_is_refused_once_before_any_run(tmp_path, monkeypatch, capsys,
+                                                               offline, dataset, named):
+    """A dataset the runs would train on, not in --data_dir and not to be downloaded: one line
+    before any run, naming what is missing (it used to start every configuration, each failing
+    alike after its own download attempt)."""
+    def no_run(*args, **kwargs):
+        raise AssertionError("a run was started")
+
+    monkeypatch.setattr(compare, "start", no_run)
+    out, data = tmp_path / "out", tmp_path / "data"
+    with pytest.raises(SystemExit) as exit_status:
+        compare.main(["--epochs", "1", "--dataset", dataset, "--data_dir", str(data), "--out",
+                      str(out)])
+    err = capsys.readouterr().err
+    assert exit_status.value.code == 2 and err.count("\n") == 1 and err.startswith("error: "), err
+    assert named in err and "--dataset synthetic" in err and not out.exists(), err
+
+
+def test_the_short_forms_reach_every_run():
+    """compare.py passes the train files' flags on as typed: -b is the global batch of every run
+    (the train file's own parser reads it), written once in each run's command line as
+    --batch_size; -e, an evaluation, is compare.py's own to set, and refused."""
+    cc, train, group_flags, cuda = compare.configure(["-b", "64", "-j", "0", "--gpu_counts", "2"])
+    shared, runs = compare.plan_matrix(cc, train, group_flags, cuda, Path("/nowhere"))
+    assert {run.batch_size for run in runs} == {64}
+    flags = compare.run_flags(runs[-1], shared, group_flags, Path("/nowhere"), cuda)
+    assert "-b" not in flags and flags.count("--batch_size") == 1
+    assert flags[flags.index("--batch_size") + 1] == "64"
+    with pytest.raises(UsageError, match="-e is compare.py's to set for every run"):
+        compare.configure(["-e", "weights.pt"])
+
+
+def test_an_image_folder_is_benchmarked_on_its_own_images(tmp_path):
+    """compare.py --dataset imagefolder without --epochs: its --benchmark runs read the folder
+    (not synthetic data), through the workers a training run on this machine takes (no
+    --num_workers 0 of compare's CPU defaults), and the report's Data line names the folder and its
+    images. A --benchmark run of single_gpu, as compare.py starts one."""
+    from PIL import Image
+
+    from comparison.report.model import model_line
+
+    for split, count in (("train", 12), ("val", 4)):
+        for kind, colour in (("red", (200, 30, 30)), ("blue", (30, 30, 200))):
+            (tmp_path / "images" / split / kind).mkdir(parents=True)
+            for i in range(count):
+                Image.new("RGB", (12, 12), colour).save(tmp_path / "images" / split / kind /
+                                                        f"{i}.png")
+    folder = tmp_path / "images"
+    cc, train, group_flags, cuda = compare.configure(
+        ["--dataset", "imagefolder", "--data_dir", str(folder), "--image_size", "8",
+         "--batch_size", "8", "--modes", "single_gpu"])
+    shared, runs = compare.plan_matrix(cc, train, group_flags, cuda, tmp_path)
+    assert "--benchmark" in shared and "--num_workers" not in shared
+    flags = compare.run_flags(runs[0], shared, group_flags, tmp_path / "runs", cuda)
+    done = run_script("single_gpu/train.py", *flags, "--benchmark_steps", "2", "--warmup_steps",
+                      "1", "--profile_steps", "0", "--num_workers", "0")
+    assert done.returncode == 0, done.stderr
+    results = json.loads((tmp_path / "runs" / runs[0].name / "results.json").read_text())
+    assert results["config"]["dataset"] == "imagefolder"
+    line = model_line(results["config"], [], 0)
+    assert (f"Data: the image folder {folder} (24 training and 8 validation images), 8×8 "
+            "images, 3 channels, 2 classes." in line), line

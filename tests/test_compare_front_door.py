@@ -8,7 +8,8 @@
 3. Runs that end before a step is timed (no more steps than --warmup_steps): the progress line and
    the report's row say so, no traceback.
 4. --verify refuses in one line what it cannot check (no halfway point, no check left by --modes),
-   stops one epoch at its real halfway point, and a bad OMP_NUM_THREADS does not fail check 2.
+   stops one epoch at its real halfway point, and a bad OMP_NUM_THREADS gives each run one
+   thread.
 5. An --out that cannot be written (under a file, through a symbolic link loop, on a read-only or
    full file system) is refused in one line before any run starts.
 2 (--overwrite) and 5 with a disk that fills during the runs: tests/test_compare.py, beside the
@@ -20,17 +21,16 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-import torch
 
 import compare
-from comparison import matrix
+from comparison import matrix, train_files
 from comparison.runner import Stopped, stop_signals
 from comparison.verify import Verification
 from conftest import REPO, running
-from test_reliability import descendants, wait_for
 
 pytestmark = pytest.mark.second_tier  # the longest scenarios: `python -m pytest -q -m second_tier`
 
@@ -49,6 +49,30 @@ def start_compare(out: Path, *flags) -> subprocess.Popen:
 def training(log: Path) -> bool:
     """Whether the run that writes this log has ended a log window: it is past its start-up."""
     return log.is_file() and "Epoch 1/" in log.read_text(errors="replace")
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid`, from /proc."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+        except (ValueError, OSError, IndexError):
+            continue
+    found, frontier = [], [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
 
 
 def alive(pids: list[int]) -> list[int]:
@@ -157,28 +181,21 @@ def test_one_epoch_is_stopped_at_its_real_halfway_point(tmp_path):
     configured = compare.configure(["--verify", "--epochs", "1", "--modes", "dist_parallel"])
     verification = Verification(*configured, tmp_path)
     first_half = verification.argv(verification.settings[0].groups["dist_parallel"].first_half)
-    own_flags = first_half[first_half.index("--nproc_per_node"):]
-    assert own_flags[own_flags.index("--max_steps") + 1] == "4"
+    assert first_half[1] == str(REPO / "dist_parallel" / "train.py")  # python, the script, flags
+    assert train_files.parse("dist_parallel", first_half[2:]).max_steps == 4  # as the run reads it
     assert "stopped at step 4 and resumed" in verification.check_5("dist_parallel")
 
 
-@pytest.mark.parametrize("threads", ["0", "-2", "two"])
-def test_a_bad_omp_num_threads_does_not_fail_check_2(threads, tmp_path, monkeypatch):
+@pytest.mark.parametrize("threads, given", [("0", "1"), ("-2", "1"), ("two", "1"), ("3", "3")])
+def test_a_bad_omp_num_threads_gives_each_run_one_thread(threads, given, tmp_path, monkeypatch):
     """torch ignores an OMP_NUM_THREADS that is not a positive whole number (libgomp warns) and
-    takes every core, where reference_training failed (0, -2) or raised (two). compare.py gives its
-    runs one thread each then, as where it is unset, and reference_training the same one."""
+    takes every core. compare.py gives its runs one thread each then, as where it is unset, so
+    that a process still stands in for a GPU; a whole number is kept."""
     monkeypatch.setenv("OMP_NUM_THREADS", threads)
     configured = compare.configure(["--verify", "--modes", "dist_parallel", "--max_steps", "2"])
     verification = Verification(*configured, tmp_path)
     trained = verification.settings[0].groups["dist_parallel"].trained
-    assert matrix.run_environment(trained.run, cuda=False)["OMP_NUM_THREADS"] == "1"
-    used, set_num_threads = [], torch.set_num_threads
-    monkeypatch.setattr(torch, "set_num_threads", lambda n: used.append(n) or set_num_threads(n))
-    defaults = {field.name: field.default for field in compare.dataclasses.fields(compare.Config)}
-    saved = {**defaults, **compare.CPU_DEFAULTS, **verification.train, "synthetic_size": 64}
-    weights = verification.reference(saved)  # what check 2 holds the trained run's weights to
-    assert isinstance(weights, dict), weights
-    assert used[0] == 1
+    assert matrix.run_environment(trained.run, cuda=False)["OMP_NUM_THREADS"] == given
 
 
 # --------------------------------------------------------------------------------------- 5. --out

@@ -149,7 +149,8 @@ def broken_links(page: Path, root: Path = REPO) -> list[str]:
 
 # -------------------------------------------------------------------------------------------- flags
 SCRIPTS = ("single_gpu/train.py", "data_parallel/train.py", "dist_parallel/train.py",
-           "fsdp/train.py", "compare.py", "benchmarks/profile_step.py", "benchmarks/roofline.py")
+           "fsdp/train.py", "compare.py", "benchmarks/fast.py", "benchmarks/profile_step.py",
+           "benchmarks/roofline.py")
 # A line that names a script checks its flags against that script's (several named: any of theirs).
 MENTIONS = {
     "single_gpu/train.py": re.compile(r"(?<![\w-])single_gpu/"),
@@ -157,6 +158,7 @@ MENTIONS = {
     "dist_parallel/train.py": re.compile(r"(?<![\w-])dist_parallel/"),
     "fsdp/train.py": re.compile(r"(?<![\w-])fsdp/"),
     "compare.py": re.compile(r"(?<![\w-])compare\.py\b"),
+    "benchmarks/fast.py": re.compile(r"(?<![\w-])fast\.py\b"),
     "benchmarks/profile_step.py": re.compile(r"(?<![\w-])profile_step\.py\b"),
     "benchmarks/roofline.py": re.compile(r"(?<![\w-])roofline\.py\b"),
 }
@@ -185,11 +187,20 @@ FLAG = re.compile(r"(?<![\w-])--([A-Za-z][\w-]*)")  # not `--`, `---`, `-->`, a-
 URL = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://\S*")
 
 
+# The scripts that pass the flags they do not take to train files: whose flags they take too.
+PASSED_ON = {"compare.py": SCRIPTS[:4], "benchmarks/fast.py": SCRIPTS[:4],
+             "benchmarks/profile_step.py": SCRIPTS[:1]}
+
+
 @functools.cache
 def script_flags() -> dict[str, frozenset[str]]:
-    """Each script's --flags, from the parser it reads its command line with."""
-    return {script: frozenset(option for action in generator().parser_of(script)._actions
-                              for option in action.option_strings if option.startswith("--"))
+    """Each script's --flags, from the parser it reads its command line with, and those of the
+    train files it passes the rest to."""
+    def own(script: str) -> frozenset[str]:
+        return frozenset(option for action in generator().parser_of(script)._actions
+                         for option in action.option_strings if option.startswith("--"))
+
+    return {script: own(script).union(*map(own, PASSED_ON.get(script, ())))
             for script in SCRIPTS}
 
 
@@ -355,9 +366,9 @@ def test_every_default_shown_reads_right(script):
     for wrong in ("(default: True)", "(default: False)", "(default: None)", "(default: ('",
                   "turn off:"):
         assert wrong not in text, wrong
-    for action in parser._actions:
-        if (isinstance(action, argparse._StoreFalseAction)
-            and action.default is not argparse.SUPPRESS):
+    for action in parser._actions:  # a --no_ switch that says what it does says it right
+        if (isinstance(action, argparse._StoreFalseAction) and action.help
+                and action.default is not argparse.SUPPRESS):
             help_text = " ".join(parser._get_formatter()._expand_help(action).split())
             assert help_text.startswith("turn off ") \
                 and help_text.endswith(" (on by default)"), help_text
@@ -369,12 +380,14 @@ def test_every_default_shown_reads_right(script):
 # every inline code span that runs a script by its path, and the example commands of the scripts'
 # docstrings (what --help prints) are parsed here as the program would parse them, from the folder
 # they run in, and the files they name must exist. Nothing is started: a command's flags go through
-# the script's own parser (train.py's through parse_config, which checks every value and the rules
-# between them), torchrun's through torch.distributed.run's.
+# the script's own parser (train.py's through its get_args, which checks every value and the rules
+# between them; benchmarks/fast.py's through its own, then its mode's), torchrun's through
+# torch.distributed.run's.
 PROGRAMS = ("python", "torchrun", "bash", "sbatch", "cd", "pip")
 DOCSTRINGS = {"single_gpu/train.py": "single_gpu", "data_parallel/train.py": "data_parallel",
               "dist_parallel/train.py": "dist_parallel", "fsdp/train.py": "fsdp", "compare.py": ".",
-              "benchmarks/profile_step.py": ".", "benchmarks/roofline.py": "."}
+              "benchmarks/fast.py": ".", "benchmarks/profile_step.py": ".",
+              "benchmarks/roofline.py": "."}
 PLACEHOLDER = re.compile(r"<[^<>\n]*>")  # <run>, <a dist_parallel run>: one word for the shell
 # a command shown for a CPU trains at most this many images (30-100 images/s here)
 CPU_IMAGES = 10_000
@@ -407,8 +420,12 @@ def commands_of_block(lines: list[str], first: int, page: str, folder: Path) -> 
 
 
 def words_of(text: str) -> list[str]:
-    """`text` as a shell splits it, its comment left out, a <placeholder> one word."""
-    return shlex.split(PLACEHOLDER.sub("X", text), comments=True)
+    """`text` as a shell splits it, its comment left out, a <placeholder> one word; prose in a
+    code span (`the rate's schedule`) at its spaces."""
+    try:
+        return shlex.split(PLACEHOLDER.sub("X", text), comments=True)
+    except ValueError:  # no closing quotation: an apostrophe
+        return PLACEHOLDER.sub("X", text).split()
 
 
 def split_commands(words: list[str]) -> list[list[str]]:
@@ -480,8 +497,9 @@ def image_folder_standing_in() -> Path:
 
 def parse_script(script: str, args: list[str], folder: Path) -> str | None:
     """Why `python script args` (from `folder`) would not run as shown, or None."""
-    from common.config import UsageError, parse_config
-    from comparison.matrix import config_class
+    import runkit
+    from comparison.errors import UsageError
+    from comparison.train_files import train_file
 
     path = (folder / script).resolve()
     if not path.is_file():
@@ -494,16 +512,22 @@ def parse_script(script: str, args: list[str], folder: Path) -> str | None:
     try:
         with contextlib.redirect_stderr(io.StringIO()):
             if relative.endswith("/train.py"):
-                cfg = parse_config(config_class(relative.split("/")[0]), args)
+                cfg = train_file(relative.split("/")[0]).get_args(args)
+            elif relative == "benchmarks/fast.py":  # its own flags, then the mode's train.py's
+                options, train_args = importlib.import_module("benchmarks.fast").parse(args)
+                cfg = train_file(options.mode).get_args(train_args)
+            elif relative in ("compare.py", "benchmarks/profile_step.py"):  # the train.py's too
+                importlib.import_module(relative[:-3].replace("/", ".")).parse(args)
+                return None
             elif relative in SCRIPTS:
-                parse_with = __import__("compare").parse if relative == "compare.py" else \
-                    generator().parser_of(relative).parse_args
-                parse_with(args)
+                generator().parser_of(relative).parse_args(args)
                 return None
             else:
                 # a script without flags to check (docs/flags.py, benchmarks/*.sh): it exists
                 return None
-    except (UsageError, SystemExit) as error:
+    except SystemExit as exit_:  # --help, 0
+        return f"{relative} refuses it: {exit_}" if exit_.code else None
+    except (runkit.UsageError, UsageError) as error:
         return f"{relative} refuses it: {error}"
     log_dir = (folder / cfg.log_dir).resolve()
     # a file of a run: in the runs' folder, seen from where it runs
@@ -578,18 +602,19 @@ def test_a_command_shown_for_a_cpu_ends_in_minutes():
     """The README's offline command trained 50,000 images, 5-20 minutes on a CPU, for a
     comment that said minutes: a command whose comment says CPU or offline gives
     --synthetic_size and --epochs to fit."""
-    from common.config import parse_config
-    from comparison.matrix import config_class
+    from comparison.train_files import train_file
 
     for command in shown_commands():
         comment = command.text.split(" #", 1)[1] if " #" in command.text else ""
-        argv = split_commands(words_of(command.text))[-1]
+        *before, argv = split_commands(words_of(command.text))
         if not re.search(r"\b(CPU|offline)\b", comment) or "train.py" not in " ".join(argv):
             continue
+        folder = command.folder
+        for cd in (words for words in before if words[0] == "cd"):  # `cd X && python train.py`
+            folder = (folder / cd[1]).resolve()
         script = next(arg for arg in argv if arg.endswith("train.py"))
-        mode = (command.folder / script).resolve().parent.name
-        cfg = parse_config(config_class(mode),
-                           [a for a in argv[argv.index(script) + 1:] if a != "..."])
+        mode = (folder / script).resolve().parent.name
+        cfg = train_file(mode).get_args([a for a in argv[argv.index(script) + 1:] if a != "..."])
         if cfg.dataset == "synthetic":
             assert "--epochs" in argv and cfg.epochs * cfg.synthetic_size <= CPU_IMAGES, \
                 command.where

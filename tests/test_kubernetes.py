@@ -35,11 +35,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
-from common.config import UsageError
-from common.launcher import local_rank_of
-from conftest import REPO, TINY, free_port, read_results
+import runkit
+from conftest import REPO, TINY, free_port, read_results, train_file
 
 MANIFESTS = REPO / "kubernetes"
 TRAIN_ARGS = [*TINY, "--backend", "gloo"]
@@ -305,57 +305,62 @@ def test_a_pytorchjob_of_one_process_per_pod_trains_fsdp(tmp_path):
 
 
 # ------------------------------------------------------------------------- 3. each process's GPU
+def placed_on(monkeypatch, mode: str, rank: int, local_rank: int | None, gpus: int) -> list:
+    """The CUDA index `mode`'s setup() asks runkit.cuda_device for, as process `rank` of 16 with
+    `local_rank` (None: unset, as in a PyTorchJob pod) on a node of `gpus` GPUs (the group itself
+    not made)."""
+    module, asked = train_file(mode), []
+    monkeypatch.setattr(runkit, "cuda_device", lambda index: asked.append(index) or
+                        torch.device("cpu"))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(module.dist, "init_process_group", lambda *args, **kwargs: None)
+    for key in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID",
+                "TORCHELASTIC_RESTART_COUNT", "PYTORCH_MULTIGPU_SELF_LAUNCH"):
+        monkeypatch.delenv(key, raising=False)
+    env = {"RANK": rank, "WORLD_SIZE": 16, "MASTER_ADDR": "pytorchjob-master-0",
+           "MASTER_PORT": 23456, **({} if local_rank is None else {"LOCAL_RANK": local_rank})}
+    for key, value in env.items():
+        monkeypatch.setenv(key, str(value))
+    with torch.backends.cudnn.flags(), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch, "set_float32_matmul_precision", lambda precision: None)
+        module.setup(module.get_args(["--backend", "gloo"]))
+    return asked
+
+
+@pytest.mark.parametrize("mode", ["dist_parallel", "fsdp"])
 @pytest.mark.parametrize("rank, local_rank, gpus, expected", [
-    (1, None, 1, 0),  # a PyTorchJob pod of one GPU: rank 1 takes its pod's GPU 0
+    (1, None, 1, 0),  # a PyTorchJob pod of one GPU: rank 1 takes its pod's GPU 0 (it was refused)
     (5, None, 1, 0),
     (3, None, 2, 1),  # pods of 2 GPUs, one process each: by rank
     (2, None, 4, 2),  # ranks started by hand on a node of 4 GPUs
     (6, None, 4, 2),  # ... and on the second such node
-    (1, None, 0, 1),  # no GPU: nothing to pick
+    (1, None, 0, 0),  # no GPU: the CPU
     (1, 1, 2, 1),  # torchrun's LOCAL_RANK, when it is there
     (0, 3, 4, 3),
     (9, 0, 1, 0),
 ])
-def test_the_gpu_follows_local_rank_else_the_nodes_gpus(rank, local_rank, gpus, expected):
-    assert local_rank_of(rank, local_rank, gpus) == expected
+def test_the_gpu_follows_local_rank_else_the_nodes_gpus(monkeypatch, mode, rank, local_rank,
+                                                        gpus, expected):
+    assert placed_on(monkeypatch, mode, rank, local_rank, gpus) == [expected]
 
 
+@pytest.mark.parametrize("mode", ["dist_parallel", "fsdp"])
 @pytest.mark.parametrize("local_rank, gpus", [(1, 1), (4, 4)])
-def test_a_local_rank_past_the_nodes_gpus_is_refused(local_rank, gpus):
-    with pytest.raises(UsageError, match=f"local rank {local_rank} has no GPU of its own "
-                                         rf"\({gpus} available\): start at most one process"):
-        local_rank_of(0, local_rank, gpus)
+def test_a_local_rank_past_the_nodes_gpus_is_refused_by_that_rank(monkeypatch, mode, local_rank,
+                                                                  gpus):
+    with pytest.raises(runkit.UsageError, match=f"^LOCAL_RANK={local_rank} has no GPU of its own "
+                                                rf"\({gpus} on this node\)") as refused:
+        placed_on(monkeypatch, mode, 0, local_rank, gpus)
+    assert refused.value.rank_specific  # said by each rank that meets it, not by local rank 0
 
 
-def test_a_pod_without_local_rank_takes_its_own_gpu(monkeypatch):
-    """CheckedLaunch (what each process-group train.py makes first) in a PyTorchJob pod of one GPU:
-    RANK 1, no LOCAL_RANK, one visible GPU. It was refused: "local rank 1 has no GPU of its own
-    (1 available)"."""
-    import common.launcher
-    from dist_parallel.train import get_config
-
-    for key in ("LOCAL_RANK", "TORCHELASTIC_RUN_ID"):
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("RANK", "1")
-    monkeypatch.setenv("WORLD_SIZE", "4")
-    monkeypatch.setenv("MASTER_ADDR", "pytorchjob-master-0")  # as the operator sets them
-    monkeypatch.setenv("MASTER_PORT", "23456")
-    monkeypatch.setattr(common.launcher, "cuda_devices", lambda *args, **kwargs: [0])
-    launch = common.launcher.CheckedLaunch(get_config(["--backend", "gloo"]), "dist_parallel")
-    assert (launch.node_gpus, launch.local_rank) == ([0], 0)
-    monkeypatch.setenv("LOCAL_RANK", "1")  # a launcher that said so: refused
-    with pytest.raises(UsageError, match="local rank 1 has no GPU of its own"):
-        common.launcher.CheckedLaunch(get_config(["--backend", "gloo"]), "dist_parallel")
-
-
-# A rank that joined the group, imported what a run imports after it (torchvision, as get_loaders
-# does), destroyed it and dropped every reference of its own: is the group gone?
 GROUP_FREED = """
-import gc, sys, weakref
-sys.path.insert(0, sys.argv[1])
+import gc, importlib.util, sys, weakref
+spec = importlib.util.spec_from_file_location("train", sys.argv[1] + "/dist_parallel/train.py")
+train = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(train)
 import torch.distributed as dist
-from dist_parallel.train import get_config, setup
-setup(get_config(["--backend", "gloo"]))
+train.setup(train.get_args(["--backend", "gloo"]))
 import torchvision
 group = weakref.ref(dist.group.WORLD)
 dist.destroy_process_group()
@@ -368,8 +373,8 @@ def test_destroy_process_group_frees_the_group_before_python_exits():
     """A pod's rank 1 that trained to its end exited -6 ("terminate called without an active
     exception", torch 2.14.1), and Kubernetes restarts a pod that fails: torch.distributed.nn,
     imported by torchvision after init_process_group, took the group as its functions' default
-    argument and kept it, and its gloo threads, alive into Python's exit. CheckedLaunch imports it
-    before the group is made, so destroy_process_group frees the group."""
+    argument and kept it, and its gloo threads, alive into Python's exit: destroy_process_group
+    must free the group."""
     rank0_of_one = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                     "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-c", GROUP_FREED, str(REPO)], capture_output=True,
@@ -386,18 +391,6 @@ def self_launch(tmp_path: Path, env: dict[str, str], timeout: int) -> subprocess
          *TRAIN_ARGS, "--log_dir", str(tmp_path / "runs"), "--run_name", "pod"],
         env={**base, "OMP_NUM_THREADS": "1", **env}, capture_output=True, text=True,
         timeout=timeout)
-
-
-def test_the_self_launch_in_a_job_of_two_nodes_is_refused_not_left_hanging(tmp_path):
-    """A TrainJob of two nodes whose command is `python train.py` instead of torchrun: the
-    standalone agent took PET_NNODES=2 from the environment and waited for a second node, silent,
-    until killed. Now: one line, at once."""
-    runtime, job = load("trainjob.yaml")
-    job["spec"]["trainer"].update(numNodes=2, numProcPerNode=2)
-    done = self_launch(tmp_path, trainjob_env(job, 0), timeout=60)
-    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stdout + done.stderr
-    assert done.stderr.startswith("error: PET_NNODES=2 ") and "torchrun" in done.stderr
-    assert "unset PET_NNODES" in done.stderr and not (tmp_path / "runs").exists()
 
 
 @pytest.mark.second_tier

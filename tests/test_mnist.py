@@ -1,10 +1,9 @@
-"""--dataset mnist: torchvision's MNIST reader on a fixture in the real IDX file format, both
-loaders (1x28x28, MNIST's normalisation, never a horizontal flip), the model and FLOP count built
-for it, a run of single_gpu and of two dist_parallel processes on it, and the one-line answer when
-the files are missing or corrupt."""
+"""--dataset mnist: torchvision's MNIST reader on a fixture in the real IDX file format, the train
+files' loaders (1x28x28, MNIST's normalisation, never a horizontal flip), the model and FLOP count
+built for it, a run of two dist_parallel processes on it evaluated by single_gpu, and what the
+reader says when the files are missing or corrupt."""
 from __future__ import annotations
 
-import dataclasses
 import gzip
 import hashlib
 import struct
@@ -13,24 +12,19 @@ import numpy as np
 import pytest
 import torch
 import torchvision.datasets
-import torchvision.datasets.utils
+import torchvision.datasets.mnist
 from torch.utils.flop_counter import FlopCounterMode
 
-from common.config import DATASETS, Config, UsageError, parse_config
-from common.data import DATASET_INFO, load_datasets
-from common.loaders import make_loader
-from common.performance import flops_per_image
-from common.samplers import EvalShard, ShuffleSampler
-from conftest import TINY, at_epoch, read_results, run_script
-from models import pyramidnet
-from test_bad_input import assert_refused, no_network
+import runkit
+from conftest import read_results
+from processes import TINY, in_process, run, script, train_file
 
+SINGLE = train_file("single_gpu")
 CPU = torch.device("cpu")
-MNIST = DATASET_INFO["mnist"]
 FILES = {"train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
          "t10k-labels-idx1-ubyte"}
 # TINY on the fixture: 64 training images, 4 steps of 16 an epoch; 16 test images
-TINY_MNIST = [*TINY, "--dataset", "mnist", "--batch_size", "16", "--epochs", "2", "--no_progress"]
+TINY_MNIST = [*TINY, "--dataset", "mnist", "--batch_size", "16", "--epochs", "2"]
 
 
 # -------------------------------------------------------------------------------------- the fixture
@@ -83,35 +77,38 @@ def mnist_dir(tmp_path_factory):
 
 
 def unnormalise(images: torch.Tensor) -> np.ndarray:
-    """Loader output (N, 1, 28, 28) back to uint8-valued (N, 28, 28) integers,
-    through MNIST's mean and std."""
-    pixels = images[:, 0] * (MNIST.std[0] * 255) + MNIST.mean[0] * 255
+    """Loader output (N, 1, 28, 28) back to (N, 28, 28) pixel values, through MNIST's mean and
+    std."""
+    _, _, (mean,), (std,) = SINGLE.IMAGES["mnist"]
+    pixels = images[:, 0] * (std * 255) + mean * 255
     assert (pixels - pixels.round()).abs().max() < 1e-2
     return pixels.round().to(torch.int64).numpy()
 
 
+def prepared(*argv):
+    """(args, train set, test set, (train loader, test loader)) as main() makes them."""
+    args = SINGLE.get_args([str(arg) for arg in argv])
+    train_set, test_set, _ = SINGLE.get_datasets(args)
+    SINGLE.data_defaults(args, len(train_set))
+    return args, train_set, test_set, SINGLE.get_loaders(args, train_set, test_set, CPU)
+
+
 # ---------------------------------------------------------------------------------------- the facts
-def test_every_dataset_choice_has_its_facts():
-    assert set(DATASET_INFO) == set(DATASETS)
-    assert (MNIST.channels, MNIST.size, MNIST.classes, MNIST.mean, MNIST.std, MNIST.flip) == \
-        (1, 28, 10, (0.1307,), (0.3081,), False)
-    assert DATASET_INFO["synthetic"] == DATASET_INFO["cifar10"]  # synthetic stays CIFAR-shaped
-    assert parse_config(Config, ["--dataset", "mnist"]).dataset == "mnist"
-
-
-def test_model_and_flops_follow_the_dataset():
-    model = pyramidnet(8, 12, "basic", num_classes=MNIST.classes, in_channels=MNIST.channels)
-    # 28 -> 14 -> 7, then global average pooling
-    assert model(torch.randn(2, 1, 28, 28)).shape == (2, 10)
-    cifar = Config(depth=8, alpha=12)
-    mnist = dataclasses.replace(cifar, dataset="mnist")
-    forward = FlopCounterMode(display=False)
-    with forward:
-        model(torch.empty(1, 1, 28, 28))
-    # backward ~ 2 forwards
-    assert flops_per_image(mnist) == pytest.approx(3 * forward.get_total_flops(), rel=0.01)
-    # fewer pixels, one channel
-    assert flops_per_image(mnist) < flops_per_image(cifar) * (28 * 28) / (32 * 32)
+def test_the_model_and_its_flops_follow_the_dataset():
+    """One channel at 28 pixels: the model's stem takes one, its FLOPs are counted on it (backward
+    about twice the forward), fewer than CIFAR-10's."""
+    args = SINGLE.get_args([*TINY, "--dataset", "mnist"])
+    SINGLE.data_defaults(args, 64)
+    assert (args.image_size, args.augment, args.flip) == (28, "pad", False)
+    _, raw_model, flops = SINGLE.get_model(args, 10, CPU)
+    assert raw_model.conv1.in_channels == 1
+    assert raw_model(torch.randn(2, 1, 28, 28)).shape == (2, 10)
+    with FlopCounterMode(display=False) as forward:
+        raw_model.eval()(torch.empty(1, 1, 28, 28))
+    assert flops == pytest.approx(3 * forward.get_total_flops(), rel=0.01)
+    cifar = SINGLE.get_args(TINY)
+    SINGLE.data_defaults(cifar, 64)
+    assert flops < SINGLE.get_model(cifar, 10, CPU)[2] * (28 * 28) / (32 * 32)
 
 
 # ------------------------------------------------------------------------------------------ reading
@@ -122,130 +119,105 @@ def test_mnist_is_read_from_its_idx_files(mnist_dir, monkeypatch, offline):
         raise AssertionError("MNIST is present: nothing may be downloaded")
 
     monkeypatch.setattr(torchvision.datasets.mnist, "download_and_extract_archive", no_download)
-    train, test = load_datasets("mnist", str(data_dir), 0, 0)
-    assert (len(train), len(test)) == (64, 16) and train.info == test.info == MNIST
+    _, train, test, (_, test_loader) = prepared(*TINY_MNIST, "--data_dir", data_dir)
+    assert (len(train), len(test)) == (64, 16)
     assert np.array_equal(np.asarray(train.data), written["train"][0])
     assert np.asarray(test.targets).tolist() == written["t10k"][1].tolist()
     # evaluation batches: every test image once, normalised, unaugmented
-    for kind in ("gpu", "torchvision"):
-        loader = make_loader(kind, test, EvalShard(16), 16, CPU, train=False, augment=True,
-                             num_workers=0, seed=0)
-        images, labels = next(iter(loader))
-        assert images.shape == (16, 1, 28, 28) and images.dtype == torch.float32
-        assert np.array_equal(unnormalise(images), written["t10k"][0])
-        torch.testing.assert_close(images[:, 0],
-                                   (torch.as_tensor(written["t10k"][0]) / 255 - 0.1307) / 0.3081)
-        assert labels.tolist() == written["t10k"][1].tolist()
+    images, labels = next(iter(test_loader))
+    assert images.shape == (16, 1, 28, 28) and images.dtype == torch.float32
+    assert np.array_equal(unnormalise(images), written["t10k"][0])
+    torch.testing.assert_close(images[:, 0],
+                               (torch.as_tensor(written["t10k"][0]) / 255 - 0.1307) / 0.3081)
+    assert labels.tolist() == written["t10k"][1].tolist()
     assert sorted(p.name for p in (data_dir / "MNIST" / "raw").iterdir()) == sorted(FILES)
 
 
-@pytest.mark.parametrize("kind", ["gpu", "torchvision"])
-def test_augmentation_crops_but_never_mirrors_a_digit(mnist_dir, kind):
-    """Every training image, over two epochs, is a pad-4 crop of its original and its ramps still
-    brighten from left to right: with a flip half of them would darken."""
+def test_augmentation_crops_but_never_mirrors_a_digit(mnist_dir):
+    """Every training image, over two epochs, is a pad-3 crop (an eighth of 28) of its original
+    and its ramps still brighten from left to right: with a flip half of them would darken."""
     data_dir, written = mnist_dir
-    train, _ = load_datasets("mnist", str(data_dir), 0, 0)
-    sampler = ShuffleSampler(64, shuffle=True, seed=0)
-    loader = make_loader(kind, train, sampler, 16, CPU, train=True, augment=True, num_workers=0,
-                         seed=0)
+    _, _, _, (loader, _) = prepared(*TINY_MNIST, "--data_dir", data_dir)
     moved = 0
     for epoch in (0, 1):
-        at_epoch(loader, epoch)
-        sampler_order = list(sampler)
-        pixels = np.concatenate([unnormalise(images) for images, _ in loader])
+        SINGLE.epoch_batches(loader, epoch, {"batch": 0})
+        order = list(loader.sampler)
+        pixels = np.concatenate([unnormalise(images) for images, _ in SINGLE.epoch_batches(
+            loader, epoch, {"batch": 0})])
         assert pixels.shape == (64, 28, 28)
-        for image, index in zip(pixels, sampler_order):
-            original = np.pad(written["train"][0][index].astype(np.int64), 4)
-            crops = [(top, left) for top in range(9) for left in range(9)
+        for image, index in zip(pixels, order):
+            original = np.pad(written["train"][0][index].astype(np.int64), 3)
+            crops = [(top, left) for top in range(7) for left in range(7)
                      if np.array_equal(image, original[top:top + 28, left:left + 28])]
-            assert crops, "not a pad-4 crop of its image (a mirrored one?)"
-            moved += crops != [(4, 4)]
+            assert crops, "not a pad-3 crop of its image (a mirrored one?)"
+            moved += crops != [(3, 3)]
             for row in image:
                 lit = row[row > 0]
-                assert (np.diff(lit) > 0).all(), ("a ramp darkens from left to "
-                                                  "right: the image was flipped")
+                assert (np.diff(lit) > 0).all(), "a ramp darkens from left to right: flipped"
     assert moved > 64  # the crops do move
 
 
+def test_an_image_size_resizes_the_digits(mnist_dir):
+    data_dir, _ = mnist_dir
+    _, _, _, (loader, test_loader) = prepared(*TINY_MNIST, "--data_dir", data_dir,
+                                              "--image_size", 48)
+    assert next(iter(loader))[0].shape == (16, 1, 48, 48)
+    assert next(iter(test_loader))[0].shape == (16, 1, 48, 48)
+
+
 def test_gzipped_files_put_in_raw_are_unpacked_offline(tmp_path, monkeypatch, offline):
-    """The error message says: put train-images-idx3-ubyte.gz ... into <data_dir>/MNIST/raw/. That
-    works without a network: torchvision finds each .gz with its md5 (the fixture's, here, instead
-    of the real files') and unpacks it."""
+    """What a user without a network does: put train-images-idx3-ubyte.gz ... into
+    <data_dir>/MNIST/raw/; torchvision finds each .gz with its md5 (the fixture's, here, instead of
+    the real files') and unpacks it."""
     written = write_mnist(tmp_path, compress=True)
     resources = [(name, written["md5"][name]) for name, _ in torchvision.datasets.MNIST.resources]
     monkeypatch.setattr(torchvision.datasets.MNIST, "resources", resources)
-    train, test = load_datasets("mnist", str(tmp_path), 0, 0)
+    _, train, test, _ = prepared(*TINY_MNIST, "--data_dir", tmp_path)
     assert np.array_equal(np.asarray(test.data), written["t10k"][0]) and len(train) == 64
     assert FILES <= {p.name for p in (tmp_path / "MNIST" / "raw").iterdir()}
 
 
-def assert_one_line(error: UsageError, *named: str) -> None:
-    message = str(error)
-    assert "\n" not in message
-    for text in (*named, "train-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz",
-                 "--dataset synthetic"):
-        assert text in message, (text, message)
-
-
-def test_missing_mnist_offline_is_a_usage_error(tmp_path, offline):
-    with pytest.raises(UsageError) as error:
-        load_datasets("mnist", str(tmp_path), 0, 0)
-    assert_one_line(error.value, f"{tmp_path}/MNIST/raw/", "could not be read", "name resolution")
-
-
-@pytest.mark.parametrize("keep", [0, 3, 100, 0.5])
-def test_truncated_mnist_file_is_a_usage_error(tmp_path, offline, keep):
-    write_mnist(tmp_path)
-    path = tmp_path / "MNIST" / "raw" / "train-images-idx3-ubyte"
-    raw = path.read_bytes()
-    path.write_bytes(raw[:int(keep * len(raw)) if isinstance(keep, float) else keep])
-    with pytest.raises(UsageError) as error:
-        load_datasets("mnist", str(tmp_path), 0, 0)
-    assert_one_line(error.value, "corrupt or incomplete", "delete that folder",
-                    str(tmp_path / "MNIST" / "raw"))
-
-
-def test_labels_that_do_not_match_the_images_are_a_usage_error(tmp_path, offline):
-    written = write_mnist(tmp_path)
-    labels = tmp_path / "MNIST" / "raw" / "t10k-labels-idx1-ubyte"
-    labels.write_bytes(idx(written["t10k"][1][:10]))
-    with pytest.raises(UsageError) as error:
-        load_datasets("mnist", str(tmp_path), 0, 0)
-    assert_one_line(error.value, "corrupt or incomplete", "10 labels for (16, 28, 28) images")
+@pytest.mark.parametrize("case", ["missing", "cut short", "labels of other images"])
+def test_missing_or_corrupt_mnist_is_one_line_saying_what_to_do(tmp_path, offline, case):
+    """One line naming <data_dir>/MNIST/raw/ and the files to put there, or --dataset synthetic;
+    exit status 2, nothing written."""
+    if case != "missing":
+        written = write_mnist(tmp_path)
+        raw = tmp_path / "MNIST" / "raw"
+        if case == "cut short":
+            path = raw / "train-images-idx3-ubyte"
+            path.write_bytes(path.read_bytes()[:100])
+        else:
+            (raw / "t10k-labels-idx1-ubyte").write_bytes(idx(written["t10k"][1][:10]))
+    done = in_process("single_gpu", *TINY_MNIST, "--data_dir", tmp_path, "--log_dir",
+                      tmp_path / "runs")
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert done.returncode == 2 and len(errors) == 1 and "Traceback" not in done.stderr
+    assert f"{tmp_path}/MNIST/raw" in errors[0] and "--dataset synthetic" in errors[0]
+    assert not (tmp_path / "runs").exists()
 
 
 # --------------------------------------------------------------------------------------------- runs
 def test_two_dist_parallel_processes_train_on_mnist_and_single_gpu_evaluates_it(mnist_dir,
                                                                                  tmp_path):
-    """One run per mode family: dist_parallel on 2 processes with the torchvision loader trains a
-    one-channel model on the fixture's MNIST; single_gpu --evaluate builds the same model from
-    --dataset and reads those weights."""
+    """dist_parallel on 2 processes trains a one-channel model on the fixture's MNIST;
+    single_gpu --evaluate builds the same model from --dataset and reads those weights."""
     data_dir, _ = mnist_dir
-    done = run_script("dist_parallel/train.py", *TINY_MNIST, "--nproc_per_node", "2", "--loader",
-                      "torchvision", "--data_dir", data_dir, "--log_dir", tmp_path, "--run_name",
-                      "ddp", "--save_model", env={"OMP_NUM_THREADS": "1"})
+    done = run(script("dist_parallel"), *TINY_MNIST, "--nproc_per_node", "2", "--data_dir",
+               data_dir, "--log_dir", tmp_path, "--run_name", "ddp", "--save_model")
     assert done.returncode == 0, done.stderr
-    # the test set is the fixture's 16 images, 8 on each rank, summed
-    assert "(16 images)" in done.stdout
+    assert "(16 images)" in done.stdout  # the fixture's 16, 8 on each rank, summed
     results = read_results(tmp_path / "ddp")
     summary = results["summary"]
-    assert results["world_size"] == 2 and summary["params_in_sync"] is True
-    assert (summary["steps"] == 8
+    assert results["world_size"] == 2 and results["params_in_sync"] is True
+    assert (summary["step"] == 8
             and summary["test_acc"] * 16 == pytest.approx(round(summary["test_acc"] * 16)))
-    assert summary["flops_per_image"] == flops_per_image(parse_config(Config, TINY_MNIST))
+    model = SINGLE.PyramidNet(8, 12, "basic", 10, 1)
+    assert summary["flops_per_image"] == runkit.flops_per_image(model, torch.zeros(2, 1, 28, 28))
     state = torch.load(tmp_path / "ddp" / "model.pt", weights_only=True)
     assert state["conv1.weight"].shape[1] == 1  # a one-channel model
-    evaluated = run_script("single_gpu/train.py", *TINY_MNIST, "--data_dir", data_dir, "--log_dir",
+    evaluated = in_process("single_gpu", *TINY_MNIST, "--data_dir", data_dir, "--log_dir",
                            tmp_path, "--run_name", "evaluated", "--evaluate",
                            tmp_path / "ddp" / "model.pt")
     assert evaluated.returncode == 0, evaluated.stderr
     assert read_results(tmp_path / "evaluated")["summary"]["test_acc"] == summary["test_acc"]
-
-
-def test_missing_mnist_is_one_line_and_no_traceback(tmp_path):
-    missing = tmp_path / "no" / "data"
-    done = run_script("single_gpu/train.py", *TINY_MNIST, "--data_dir", missing, "--log_dir",
-                      tmp_path / "runs", env=no_network())
-    assert_refused(done, "MNIST could not be read", f"{missing}/MNIST/raw/",
-                   "train-images-idx3-ubyte.gz", "--dataset synthetic")
-    assert not (tmp_path / "runs").exists()  # refused before anything was written

@@ -27,24 +27,26 @@ GRADS = [4_000_000] * 10
 
 def outcome(mode, gpus, step_ms, *, backend=None, batch=32, repeat=1, data_frac=0.1, memory=None,
             failed=False, unit="cpu", index=1, breakdown=None, reshard=None):
-    """One run's outcome as compare.py has it once fill_rows has read its results.json: `batch` is
-    the global batch, `step_ms` the mean step, so images/s = batch / step; `breakdown`: its
-    summary.breakdown ({rank: split}, see split())."""
+    """One run's outcome as compare.py has it once fill_rows has read its run folder: `batch` is
+    the global batch, `step_ms` the mean step, so images/s = batch / step; `breakdown`: each rank's
+    split of its trace ({rank: split}, see split()); `memory`: each GPU's peak allocated memory,
+    reserved a tenth more."""
     run = PlannedRun(mode, gpus, backend, None, False, batch, repeat, index, unit,
                      reshard_after_forward=reshard)
     if failed:
         return Outcome(run, "failed", error="exit status 1")
     results = {"summary": {"images_per_sec": batch / (step_ms / 1000),
-                           "batch_time_p50": step_ms / 1000, "data_wait_frac": data_frac,
-                           "breakdown": breakdown},
+                           "batch_time_p50": step_ms / 1000, "data_wait_frac": data_frac},
                "config": {"batch_size": batch, "amp": "off", "profile_steps": 3},
-               "peak_mem_gb_per_gpu": memory}
-    return Outcome(run, "ok", results=results)
+               "peak_mem_gb_per_gpu": memory and {gpu: [gb, 1.1 * gb]
+                                                  for gpu, gb in memory.items()}}
+    return Outcome(run, "ok", results=results, split=breakdown)
 
 
 def split(compute, comm, exposed, data=1.0, optimizer=2.0, other=0.5) -> dict:
-    """One rank's summary.breakdown entry, as the train scripts write it: the parts add up to the
-    step; `comm` is all communication, `exposed` the part of it not overlapped with compute."""
+    """One rank's split, as comparison/breakdown.py makes it from the rank's trace: the parts add up
+    to the step; `comm` is all communication, `exposed` the part of it not overlapped with
+    compute."""
     return {"step_ms": compute + exposed + data + optimizer + other, "compute_ms": compute,
             "comm_ms": comm, "comm_exposed_ms": exposed, "data_ms": data, "optimizer_ms": optimizer,
             "other_ms": other}
@@ -225,10 +227,11 @@ def test_the_step_breakdown_draws_the_numbers_the_sentences_say():
 
 
 def test_a_configuration_without_a_split_keeps_its_place_and_says_so():
-    """A run that recorded no breakdown (profiling off, an older results.json): its row of the
-    picture says "not recorded"; no run with one: no picture, and the report says why."""
+    """A run that left no trace of a whole step (profiling off, a trace that cannot be read): its
+    row of the picture says "not recorded"; no run with one: no picture, and the report says
+    why."""
     outcomes = split_matrix()
-    outcomes[3].results["summary"]["breakdown"] = None
+    outcomes[3].split = None
     fill_rows(outcomes, REPO)
     ax = breakdown_figure(outcomes, "2× GPU (test)").axes[0]
     assert len(ax.get_yticks()) == 3 and "  not recorded" in [t.get_text() for t in ax.texts]
@@ -241,7 +244,9 @@ def test_a_configuration_without_a_split_keeps_its_place_and_says_so():
     assert breakdown_section(bare, 0) == [
         "Not recorded: `--profile_steps 0` left the profiler off; by default compare.py profiles 3 "
         "steps of every run and splits them here."]
-    assert "take no `--profile_steps`" in breakdown_section(bare, None)[0]
+    assert breakdown_section(bare, 3) == [
+        "Not recorded: no run left a trace of a whole step in its run folder "
+        "(`trace_rank<r>.json`)."]
 
 
 def test_the_step_breakdown_stays_legible_from_two_to_twelve_configurations():
@@ -387,7 +392,7 @@ def test_memory_bars_are_the_tables_cells_and_their_spread():
     heights = [round(patch.get_height(), 2) for patch in ax.patches]
     assert heights == [4.1, 4.1]
     shown = memory_cell([o.row for o in outcomes])
-    assert shown == "4.10 ± 0.14 / 4.10"
+    assert shown == "4.10 ± 0.14 (4.51) / 4.10 (4.51)"  # allocated (reserved), as results.json
     caps = [c for c in ax.containers if c.__class__.__name__ == "ErrorbarContainer"]
     (segment,) = caps[0].lines[2][0].get_segments()
     assert segment[1][1] - segment[0][1] == pytest.approx(2 * 0.1414, abs=0.001)

@@ -1,8 +1,7 @@
 """benchmarks/profile_step.py's split of a step: real operator and kernel names from an H100 profile
 (torch 2.11, PyramidNet-110 in bf16, channels_last, and in fp32/fp16 NCHW for cuDNN's BatchNorm and
-layout kernels) must land in the category of what they compute, whichever library ran them. The
-script's CPU run is tested in tests/test_fast_path.py
-(test_profile_tool_splits_a_step_into_categories), its GPU run in tests/dry_gpu_test.py."""
+layout kernels) must land in the category of what they compute, whichever library ran them; the
+script's CPU run, as a user runs it, and its refusals. Its GPU run is tests/gpu's."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -11,15 +10,15 @@ import pytest
 import torch
 from torch.autograd import DeviceType
 
-import benchmarks.profile_step as profile_step
-from benchmarks.profile_step import (ProfileConfig, achieved, breakdown, category, conv_pass,
-                                     conv_passes, device_times, is_conv_layout, summary)
-from benchmarks.roofline import Op, bandwidth_tbs, roofline, share_of_roofline, step_ops
-from common.config import Config, UsageError, parse_config
-from common.domains import missing_domains
-from common.performance import flops_per_image
-from conftest import refuse_in_process
-from models import pyramidnet
+import runkit
+from benchmarks import profile_step
+from benchmarks.profile_step import (achieved, breakdown, category, conv_pass, conv_passes,
+                                     device_times, is_conv_layout, summary)
+from benchmarks.roofline import (Op, bandwidth_tbs, model_of, roofline, share_of_roofline,
+                                 step_ops)
+from conftest import run_script
+from pyramidnet import PyramidNet
+from test_fast_path import in_process
 
 # As the H100 profiles printed them: kernels cut at 120 characters, operators at 80.
 CONVOLUTION = [
@@ -179,10 +178,6 @@ def test_gpu_annotations_are_not_counted_as_kernels():
             and kernels == [(CONVOLUTION[11], 0.0015)])
 
 
-def test_every_flag_of_profile_step_has_a_domain():
-    assert missing_domains(ProfileConfig) == []
-
-
 # --------------------------------------------------------------------------------- passes, roofline
 SPLIT_K = ("void cutlass__5x_cudnn::Kernel<cutlass_tensorop_splitKreduce_kernel<float, "
            "__nv_bfloat16>")
@@ -294,31 +289,57 @@ def test_the_backward_rate_counts_every_backward_kernel_and_the_split_says_what_
     assert any(line.startswith("    unattributed       ") for line in lines)  # in the pass table
 
 
-@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
-def test_a_step_replayed_as_cuda_graphs_is_refused(mode, monkeypatch):
-    """Under CUDA graphs the kernels have no operator above them: the per-pass table would come out
-    empty."""
-    monkeypatch.setattr(profile_step, "profile_steps", lambda cfg: pytest.fail("profiled"))
-    done = refuse_in_process("benchmarks/profile_step.py", "--compile", "--compile_mode", mode)
-    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
-    assert f"--compile_mode {mode} replays the step as CUDA graphs" in done.stderr
-    assert done.stdout == ""
-    parse_config(ProfileConfig, ["--compile", "--compile_mode", "max-autotune-no-cudagraphs"])
-    # nothing would be compiled
-    with pytest.raises(UsageError, match="does nothing without --compile"):
-        parse_config(ProfileConfig, ["--compile_mode", mode])
+@pytest.mark.parametrize("flags, says", [
+    # under CUDA graphs the kernels have no operator above them: the per-pass table would be empty
+    (["--compile", "--compile_mode", "reduce-overhead"], "--compile_mode reduce-overhead replays "
+     "the step as CUDA graphs"),
+    (["--compile", "--compile_mode", "max-autotune"], "--compile_mode max-autotune replays"),
+    (["--compile_mode", "max-autotune"], "--compile_mode needs --compile"),  # nothing compiled
+    (["--profile_steps", "3"], "here give --steps 3"),
+    (["--steps", "0"], "--steps"),
+])
+def test_what_it_cannot_profile_is_refused_before_the_profile(monkeypatch, flags, says):
+    monkeypatch.setattr(profile_step, "profile_steps", lambda *args: pytest.fail("profiled"))
+    code, out, err = in_process(profile_step.main, *flags)
+    assert code == 2 and err.count("\n") == 1 and says in err and out == "", err
+    profile_step.parse(["--compile", "--compile_mode", "max-autotune-no-cudagraphs"])
 
 
-@pytest.mark.parametrize("where", ["missing/profile.json", "."])
-def test_out_is_checked_before_the_profile(tmp_path, monkeypatch, where):
+@pytest.mark.parametrize("where, says", [("missing/profile.json", "in a folder that exists"),
+                                         (".", "a file's path (this one is a folder)")])
+def test_out_is_checked_before_the_profile(tmp_path, monkeypatch, where, says):
     """A file that cannot be written is refused before minutes of profiling, not after them."""
-    monkeypatch.setattr(profile_step, "profile_steps", lambda cfg: pytest.fail("profiled"))
-    out = tmp_path / where
-    done = refuse_in_process("benchmarks/profile_step.py", "--out", out)
-    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "--out must be" in done.stderr
+    monkeypatch.setattr(profile_step, "profile_steps", lambda *args: pytest.fail("profiled"))
+    code, _, err = in_process(profile_step.main, "--out", tmp_path / where)
+    assert code == 2 and err.count("\n") == 1 and says in err, err
     assert list(tmp_path.iterdir()) == []  # nothing written
-    with pytest.raises(UsageError, match="--out must be a file's path"):
-        parse_config(ProfileConfig, ["--out", str(tmp_path)])
+
+
+def test_the_profile_splits_a_cpu_step_into_categories(tmp_path):
+    """As a user runs it, on the CPU: the split, without rates (a CPU's TFLOP/s would read as a
+    GPU's 0.0) and without the profiler's own lines about the GPU it does not find."""
+    import json
+
+    out = tmp_path / "profile.json"
+    done = run_script("benchmarks/profile_step.py", "--depth", "8", "--alpha", "12", "--batch_size",
+                      "16", "--steps", "2", "--warmup_steps", "1", "--top", "5", "--out", out)
+    assert done.returncode == 0, done.stderr
+    # nothing (once Kineto's "ERROR: ... gpuGetDeviceCount failed"); stdout says it is the CPU
+    assert done.stderr == "", done.stderr
+    assert "TFLOP/s" not in done.stdout and "GB/s" not in done.stdout
+    assert "no rates on the CPU" in done.stdout
+    report = json.loads(out.read_text())
+    assert set(report["shares"]) == {"convolution", "batchnorm", "elementwise", "other"}
+    assert sum(report["shares"].values()) == pytest.approx(1.0)
+    # a CNN's step is its convolutions
+    assert max(report["shares"], key=report["shares"].get) == "convolution"
+    assert len(report["top"]) == 5 and report["top_kernels"] == []  # kernels only on a GPU
+    assert "convolution" in done.stdout and "ms of operator self time per step" in done.stdout
+    passes = report["conv_passes"]  # on the CPU: forward and backward, by the input's resolution
+    assert (set(passes) == {"fprop", "backward"}
+            and set(passes["fprop"]) == {"32x32", "16x16", "8x8"})
+    assert report["achieved"] is None and report["roofline"] is None
+    assert report["config"]["align_channels"] == 0  # the CPU's default, as fast.py's
 
 
 def test_the_roofline_takes_the_slower_of_compute_and_memory():
@@ -338,15 +359,13 @@ def test_the_roofline_takes_the_slower_of_compute_and_memory():
 
 def test_a_step_of_the_model_has_its_flops_and_the_bytes_of_its_tensors():
     """The recorded step's convolution and classifier FLOPs are the model's FLOPs per
-    image (flops_per_image, as MFU counts them) times the batch; the first operator,
-    the stem's convolution, moves its input, weight and output once each; every
+    image (runkit.flops_per_image, as MFU counts them, on the plain model) times the batch; the
+    first operator, the stem's convolution, moves its input, weight and output once each; every
     category of a CNN's step is there."""
-    cfg = parse_config(Config, ["--depth", "8", "--alpha", "12", "--dataset", "synthetic"])
-    with torch.device("meta"):
-        model = pyramidnet(8, 12)
-    ops = step_ops(model, 4, (3, 32, 32), 10, torch.bfloat16)
+    ops = step_ops(model_of(8, 12), 4, (3, 32, 32), 10, torch.bfloat16)
+    per_image = runkit.flops_per_image(PyramidNet(8, 12), torch.zeros(2, 3, 32, 32))
     assert sum(op.flops for op in ops if op.category in ("convolution", "classifier")) == \
-        4 * flops_per_image(cfg)
+        4 * per_image
     stem = ops[0]
     assert (stem.name == "convolution"
             and stem.bytes == 2 * (4 * 3 * 32 * 32 + 16 * 3 * 9 + 4 * 16 * 32 * 32))

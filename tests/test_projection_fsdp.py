@@ -13,7 +13,8 @@ import torchvision
 from torch import nn
 
 import compare
-from comparison.matrix import PlannedRun, check_runs, command, config_class, plan
+from comparison.matrix import PlannedRun, check_runs, command, plan, run_flags
+from comparison.model_shapes import PyramidNetShape
 from comparison.projection import (ASSUMED_GPU_BYTES, FABRICS, Fabric, ModelSize, Unit,
                                    bytes_sent_per_gpu, fsdp_exposed, fsdp_projected_efficiency,
                                    fsdp_units, gradient_bytes, memory_per_gpu, memory_projection,
@@ -25,7 +26,12 @@ from comparison.report.projection_scaling import projection_inputs, projection_s
 from comparison.report.results_table import table_row
 from comparison.report.rows import fill_rows
 from conftest import REPO
-from models import pyramidnet
+
+
+def pyramidnet(depth: int, alpha: float, block: str) -> nn.Module:
+    """PyramidNet's shapes for CIFAR-10 (the layers models/pyramidnet.py builds), on the meta device
+    where it is built."""
+    return PyramidNetShape(depth, alpha, block, 10, 3)
 
 FOUR = ("single_gpu", "data_parallel", "dist_parallel", "fsdp")
 
@@ -81,35 +87,35 @@ def test_fsdp_on_the_cpu_when_asked_for(gpus):
 
 def test_an_fsdp_run_is_launched_under_torchrun_with_its_own_flags(gpus, tmp_path):
     """--dist_timeout goes to dist_parallel and fsdp, --bucket_cap_mb to dist_parallel only (FSDP
-    has no buckets); fsdp's flags are parsed by FsdpConfig before anything starts."""
+    has no buckets); fsdp's flags are read by fsdp/train.py's own parser before anything starts."""
     gpus(4)
     cc, train, group_flags, cuda = compare.configure(["--modes", "dist_parallel", "fsdp",
                                                       "--gpu_counts", "4", "--backends", "nccl",
                                                       "--reshard_after_forward", "on", "off",
                                                       "--bucket_cap_mb", "50", "--dist_timeout",
                                                       "30"])
-    assert group_flags == {"dist_parallel": ["--bucket_cap_mb", "50.0", "--dist_timeout", "30.0"],
-                           "fsdp": ["--dist_timeout", "30.0"]}
+    assert group_flags == {"dist_parallel": ["--bucket_cap_mb", "50", "--dist_timeout", "30"],
+                           "fsdp": ["--dist_timeout", "30"]}
     runs = plan(cc.modes, cc.gpu_counts, cc.backends, cc.amp, [False], 1, cuda, 64, None,
                 [True, False])
-    check_runs(runs, ["--benchmark"], group_flags)
-    assert (config_class("fsdp").__name__ == "FsdpConfig"
-            and config_class("single_gpu") is compare.Config)
-    ddp, zero3, zero2 = (command(r, ["--benchmark"], group_flags, tmp_path, cuda) for r in runs)
+    check_runs(runs, ["--benchmark"], group_flags, tmp_path, cuda)
+    ddp, zero3, zero2 = (command(r, run_flags(r, ["--benchmark"], group_flags, tmp_path, cuda))
+                         for r in runs)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
                 "4"]
     assert zero2 == [*torchrun, str(REPO / "fsdp" / "train.py"), "--benchmark", "--batch_size",
                      "64", "--log_dir", str(tmp_path), "--run_name", "03-fsdp-4gpu-nccl-zero2-r1",
-                     "--no_progress", "--dist_timeout", "30.0", "--backend", "nccl",
-                     "--no_reshard_after_forward"]
-    assert (zero3[-4:] == ["--dist_timeout", "30.0", "--backend", "nccl"]
+                     "--dist_timeout", "30", "--backend", "nccl", "--no-reshard_after_forward"]
+    assert (zero3[-4:] == ["--dist_timeout", "30", "--backend", "nccl"]
             and "--bucket_cap_mb" in ddp)
-    self_launch = command(runs[2], [], group_flags, tmp_path, cuda, self_launch=True)
+    self_launch = command(runs[2], run_flags(runs[2], [], group_flags, tmp_path, cuda),
+                          self_launch=True)
     assert self_launch[:2] == [sys.executable, str(REPO / "fsdp" / "train.py")]
-    assert self_launch[-3:] == ["--no_reshard_after_forward", "--nproc_per_node", "4"]
-    with pytest.raises(compare.UsageError, match="unrecognized arguments: --bucket_cap_mb 50"):
+    assert self_launch[-3:] == ["--no-reshard_after_forward", "--nproc_per_node", "4"]
+    with pytest.raises(compare.UsageError, match="fsdp/train.py refuses the flags of fsdp on 4 "
+                                                 "GPUs .*unrecognized arguments: --bucket_cap_mb"):
         # fsdp/train.py has no buckets
-        check_runs(runs[1:], [], {"fsdp": ["--bucket_cap_mb", "50"]})
+        check_runs(runs[1:], [], {"fsdp": ["--bucket_cap_mb", "50"]}, tmp_path, cuda)
 
 
 # --- traffic and the FSDP step
@@ -250,7 +256,7 @@ def outcomes() -> list[Outcome]:
                          reshard_after_forward=reshard)
         results = {"summary": {"images_per_sec": 64 * gpus / step_s, "batch_time_p50": step_s},
                    "config": {"batch_size": 64 * gpus, "amp": "bf16"},
-                   "peak_mem_gb_per_gpu": {"0": 3.0} if mode == "single_gpu" else None}
+                   "peak_mem_gb_per_gpu": {"0": [3.0, 3.2]} if mode == "single_gpu" else None}
         made.append(Outcome(run, "ok", results=results))
     fill_rows(made, REPO)
     return made
@@ -343,13 +349,14 @@ def test_the_memory_section_leaves_out_what_says_nothing():
 # --------------------------------------------------------------------------------------
 
 def test_any_models_fsdp_units_are_its_repeated_blocks_and_its_memory_projected_without_a_sweep():
-    """ResNet-18: eight BasicBlocks and the root (stem, classifier), FLOPs counted at 32x32 (a
-    batch of two, so that BatchNorm on the last 1x1 maps has two values a channel). ViT-B/16:
-    twelve encoder blocks, and autocast's copies count the attention's input projections beside
-    the linear layers and the patch convolution. ResNet-18's memory: the runs' model only, no
-    width to sweep. Against a 100 MB GPU DDP's 134 MiB do not fit; FSDP's shards do from 4 GPUs
-    resharding (layer4's two blocks, 3.7M and 4.7M parameters, gathered with one's gradients, take
-    about 50 MiB), from 8 without."""
+    """ResNet-18: eight BasicBlocks and the root (stem, classifier), FLOPs counted at 32x32 (a batch
+    of two, so that BatchNorm on the last 1x1 maps has two values a channel). ViT-B/16: twelve
+    encoder blocks, its classifier with the root (a Linear as its MLPs' layers are, but those inside
+    the blocks do not count: fsdp/train.py's rule); autocast's copies count the attention's input
+    projections beside the linear layers and the patch convolution. ResNet-18's memory: the runs'
+    model only, no width to sweep. Against a 100 MB GPU DDP's 134 MiB do not fit; FSDP's shards do
+    from 4 GPUs resharding (layer4's two blocks, 3.7M and 4.7M parameters, gathered with one's
+    gradients, take about 50 MiB), from 8 without."""
     with torch.device("meta"):
         resnet = torchvision.models.resnet18()
         vit = torchvision.models.vit_b_16(image_size=32)
@@ -358,7 +365,8 @@ def test_any_models_fsdp_units_are_its_repeated_blocks_and_its_memory_projected_
         ["root", *[f"layer{s}.{i}" for s in (1, 2, 3, 4) for i in (0, 1)]]
     assert (sum(u.param_bytes for u in units) == sum(gradient_bytes(resnet))
             and all(u.flops > 0 for u in units))
-    assert len(fsdp_units(vit, 3, 32)) == 13
+    assert [u.name for u in fsdp_units(vit, 3, 32)] == \
+        ["root", *[f"encoder.layers.encoder_layer_{i}" for i in range(12)]]
     cast = sum(p.numel() for m in vit.modules()
                if isinstance(m, (nn.Conv2d, nn.Linear, nn.MultiheadAttention))
                for p in m.parameters(recurse=False))

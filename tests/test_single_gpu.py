@@ -1,174 +1,136 @@
-"""single_gpu/train.py run the way a user runs it: a subprocess on the CPU with a tiny model."""
+"""single_gpu/train.py run the way a user runs it (`cd single_gpu && python train.py ...`, on the
+CPU, a tiny model): what it prints, the run folder it leaves (results.json with every field the
+comparison reads, the checkpoint, best.pt, model.pt), and --evaluate of the weights it saved."""
 from __future__ import annotations
+
+import re
+import sys
 
 import pytest
 import torch
 
-from conftest import REPO, TINY, read_results, read_scalars, refuse_in_process, run_script
+import runkit
+from conftest import REPO, read_results, read_scalars
+from processes import TINY, in_process, run, train_file
 
-SCRIPT = "single_gpu/train.py"
+# results.json's summary, as docs/interruptions.md and compare.py read it
 SUMMARY = {"images_per_sec", "images_per_sec_per_gpu", "batch_time_p50", "batch_time_p90",
-           "data_wait_frac", "flops_per_image", "parameters", "mfu", "mfu_note", "first_step_s",
-           "compile_time_s", "compile_wait_s", "gpu_util_mean", "peak_mem_gb",
-           "peak_mem_reserved_gb", "train_loss", "train_acc", "test_loss", "test_acc",
-           "test_acc_top5", "test_images", "best_acc", "best_epoch", "epoch_time_s",
-           "epoch_time_note", "wall_time_s", "steps", "timed_steps", "profiled_step_s",
-           "profiled_steps", "breakdown", "breakdown_slowest_rank",
-           "breakdown_steps", "breakdown_note"}
+           "timed_steps", "data_wait_frac", "flops_per_image", "parameters", "mfu", "mfu_note",
+           "first_step_s", "gpu_util_mean", "peak_mem_gb", "peak_mem_reserved_gb", "train_loss",
+           "train_acc", "profiled_steps", "wall_time_s", "epoch", "batch", "step", "best_acc",
+           "best_epoch", "tested_step", "test_loss", "test_acc", "test_acc_top5", "test_images"}
+WINDOW = re.compile(r"^Epoch (\d)/2 \[(\d)/8\] loss [\d.]+ acc [\d.]+% (batch [\d.]+s data [\d.]+% "
+                    r"\d+ img/s|warming up)$")
+TESTED = re.compile(r"^Epoch (\d)/2 test loss ([\d.]+) acc ([\d.]+)% \(51 images\)$")
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """One short run with --save_model, shared by the tests that read what it left behind."""
+    """Two epochs of 8 steps from the mode's own folder, as the README's first command runs it,
+    with --save_model: (its run folder, the finished process)."""
     log_dir = tmp_path_factory.mktemp("single") / "runs"
-    done = run_script(SCRIPT, *TINY, "--epochs", "2", "--log_dir", log_dir, "--run_name", "tiny",
-                      "--save_model")
-    assert done.returncode == 0, done.stderr
+    done = run([sys.executable, "train.py"], *TINY, "--epochs", "2", "--log_dir", log_dir,
+               "--run_name", "tiny", "--save_model", cwd=REPO / "single_gpu")
+    assert done.returncode == 0, done.stdout + done.stderr
     return log_dir / "tiny", done
 
 
-def test_run_prints_the_seeds_log_line_and_a_test_line(trained):
-    _, done = trained
-    assert "running on the CPU" in done.stderr  # the one warning
-    lines = done.stdout.splitlines()
-    window = [line for line in lines if line.startswith("Epoch 2/2 [8/8] loss")]
-    assert window and " acc " in window[0] and "img/s" in window[0] and " data " in window[0]
-    assert any(line.startswith("Epoch 2/2 test loss") and "(51 images)" in line for line in lines)
-    assert "lr 0.025 (= 0.1 per 128 images x global batch 32" in done.stdout
-
-
-def test_the_run_ends_by_saying_the_best_test_accuracy_its_epoch_the_last_and_the_time(trained):
-    """The last lines say what the run reached: the best of its epochs' test accuracies, the epoch
-    it came at, the last epoch's, the wall time; results.json keeps the best and its epoch (as the
-    log lines count, from 1), and best.pt holds that epoch's weights. Ten classes: no top-5."""
+def test_the_run_says_what_it_trains_each_window_each_test_and_where_its_results_are(trained):
     run_dir, done = trained
-    tested = [float(line.split(" acc ")[1].split("%")[0]) for line in done.stdout.splitlines()
-              if line.startswith("Epoch ") and " test loss " in line]
-    summary = read_results(run_dir)["summary"]
-    best = max(tested)
-    assert len(tested) == 2 and summary["best_epoch"] == tested.index(best) + 1
-    assert round(100 * summary["best_acc"], 2) == best and summary["test_acc_top5"] is None
-    reached = (f"best test acc {best:.2f}% at epoch {summary['best_epoch']}/2; last (epoch 2) "
-               f"{tested[1]:.2f}%; wall time ")
-    line = next(line for line in done.stdout.splitlines() if line.startswith("best test acc"))
-    assert line.startswith(reached) and line.endswith(" s"), line
-    assert done.stdout.splitlines()[-1].startswith("results in ")
-    checkpoint = torch.load(run_dir / "best.pt", weights_only=True)
-    assert (checkpoint["best_epoch"], checkpoint["best_acc"]) == (summary["best_epoch"],
-                                                                  summary["best_acc"])
+    lines = done.stdout.splitlines()
+    assert lines[0] == ("single_gpu on cpu: PyramidNet-8 a=12 (30,306 parameters) at 32 px, "
+                        "synthetic, pad crop and flip, batch 32 (8 steps an epoch), amp off; logs "
+                        f"in {run_dir}")
+    windows = [WINDOW.match(line) for line in lines if line.startswith("Epoch ") and "[" in line]
+    assert [(m.group(1), m.group(2)) for m in windows] == [("1", "4"), ("1", "8"), ("2", "4"),
+                                                           ("2", "8")]
+    assert windows[0].group(3).startswith("batch ")  # timed from step 2 (--warmup_steps 1)
+    assert [TESTED.match(line).group(1) for line in lines if TESTED.match(line)] == ["1", "2"]
+    assert lines[-1] == f"results in {run_dir / 'results.json'}"
+    assert done.stderr == "warning: no CUDA GPU found: running on the CPU\n"  # said once
 
 
-def test_results_json_has_every_summary_field(trained):
-    run_dir, _ = trained
+def test_results_json_holds_every_field_the_comparison_reads(trained):
+    run_dir, done = trained
     results = read_results(run_dir)
-    assert results["mode"] == "single_gpu" and results["world_size"] == 1
-    assert set(results["summary"]) == SUMMARY
+    assert set(results) == {"mode", "world_size", "config", "env", "summary",
+                            "peak_mem_gb_per_gpu"}
+    assert (results["mode"], results["world_size"], results["peak_mem_gb_per_gpu"]) == \
+        ("single_gpu", 1, {})
+    config = results["config"]  # the flags as run: the defaults resolved for this machine
+    assert {key: config[key] for key in ("amp", "channels_last", "augment", "flip", "image_size",
+                                         "num_workers", "batch_size", "depth")} == \
+        {"amp": "off", "channels_last": False, "augment": "pad", "flip": True, "image_size": 32,
+         "num_workers": 0, "batch_size": 32, "depth": 8}
+    assert {"torch", "cuda", "cudnn", "gpus", "cpu"} <= set(results["env"])
     summary = results["summary"]
-    assert summary["steps"] == 16  # 256 images // 32, two epochs
-    assert summary["timed_steps"] == [2, 16]  # after the warm-up step; none profiled
-    assert summary["profiled_steps"] is None and summary["profiled_step_s"] is None
+    assert set(summary) == SUMMARY
+    assert {key: summary[key] for key in ("epoch", "batch", "step", "tested_step", "timed_steps",
+                                          "test_images", "profiled_steps")} == \
+        {"epoch": 2, "batch": 0, "step": 16, "tested_step": 16, "timed_steps": 15,
+         "test_images": 51, "profiled_steps": None}
     assert summary["images_per_sec"] > 0 and summary["batch_time_p50"] <= summary["batch_time_p90"]
-    assert 0 <= summary["data_wait_frac"] < 1
-    # measured only on GPUs
-    assert summary["gpu_util_mean"] is None and summary["peak_mem_gb"] is None
-    assert 0 <= summary["test_acc"] <= 1 and summary["test_loss"] > 0
-    assert summary["test_images"] == 51  # a fifth of 256, every one counted
-    assert results["config"]["batch_size"] == 32 and results["config"]["depth"] == 8
-    assert {"torch", "cuda", "cudnn", "nccl", "gpus", "driver", "cpu"} <= set(results["env"])
+    assert summary["images_per_sec_per_gpu"] == summary["images_per_sec"]
+    assert 0 <= summary["data_wait_frac"] < 1 and summary["first_step_s"] > 0
+    # measured on GPUs only
+    assert (summary["mfu"], summary["gpu_util_mean"], summary["peak_mem_gb"]) == (None, None, None)
+    assert summary["mfu_note"] == "CPU: MFU is measured against a GPU's peak"
+    tested = [float(TESTED.match(line).group(3)) for line in done.stdout.splitlines()
+              if TESTED.match(line)]
+    assert round(100 * summary["test_acc"], 2) == tested[-1]
+    assert round(100 * summary["best_acc"], 2) == max(tested)
+    assert summary["best_epoch"] == tested.index(max(tested)) + 1
+    assert summary["test_acc"] <= summary["test_acc_top5"] <= 1
+    # the last epoch's two windows, each of 4 steps of 32 images
+    losses = [loss for step, loss in read_scalars(run_dir)["train/loss"] if step > 8]
+    assert summary["train_loss"] == pytest.approx(sum(losses) / 2, rel=1e-6)
 
 
-def test_tensorboard_holds_every_tag_at_the_right_steps(trained):
+def test_the_models_facts_are_counted_on_the_model_that_ran(trained):
     run_dir, _ = trained
-    scalars = read_scalars(run_dir)
-    for tag in ("train/loss", "train/acc_pct", "train/lr", "time/step_s", "time/data_wait_s",
-                "time/data_wait_pct", "throughput/images_per_s"):
-        assert [step for step, _ in scalars[tag]] == [4, 8, 12, 16], tag
-    assert [step for step, _ in scalars["test/acc_pct"]] == [8, 16]
-    test_acc = read_results(run_dir)["summary"]["test_acc"]
-    assert scalars["test/acc_pct"][-1][1] == pytest.approx(100 * test_acc, abs=1e-4)  # in %
-    assert scalars["train/lr"][0][1] == pytest.approx(0.025)
-    # no GPU: no telemetry points, no MFU; one process: no rank/<r>/ tags
-    assert not any(tag.startswith(("gpu/", "perf/", "rank/")) for tag in scalars)
+    summary = read_results(run_dir)["summary"]
+    model = train_file("single_gpu").PyramidNet(8, 12)
+    assert summary["parameters"] == sum(param.numel() for param in model.parameters()) == 30_306
+    assert summary["flops_per_image"] == runkit.flops_per_image(model, torch.zeros(2, 3, 32, 32))
 
 
-def test_model_pt_is_the_unwrapped_state_dict(trained):
+def test_the_checkpoint_best_pt_and_model_pt_hold_what_their_names_say(trained):
+    """checkpoint.pt: the last step's whole state; best.pt: the best epoch's checkpoint;
+    model.pt: the unwrapped weights alone; every one loads with weights_only=True."""
     run_dir, _ = trained
-    state = torch.load(run_dir / "model.pt", weights_only=True)
-    assert "fc.weight" in state and not any(key.startswith("module.") for key in state)
+    summary = read_results(run_dir)["summary"]
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert {"config", "model", "optimizer", "scheduler", "scaler", "progress", "rng", "format",
+            "checksum"} <= set(checkpoint)
+    assert checkpoint["progress"] == {key: summary[key] for key in checkpoint["progress"]}
+    best = torch.load(run_dir / "best.pt", weights_only=True)
+    assert (best["progress"]["best_epoch"], best["progress"]["best_acc"]) == \
+        (summary["best_epoch"], summary["best_acc"])
+    assert best["progress"]["step"] == 8 * summary["best_epoch"]
+    weights = torch.load(run_dir / "model.pt", weights_only=True)
+    assert weights.keys() == checkpoint["model"].keys() and "fc.weight" in weights
+    assert all(torch.equal(weights[name], checkpoint["model"][name]) for name in weights)
 
 
-def test_evaluate_reproduces_the_reported_test_accuracy(trained, tmp_path):
+def test_evaluate_gives_the_test_figures_the_run_reported(trained, tmp_path):
     run_dir, _ = trained
-    done = run_script(SCRIPT, *TINY, "--evaluate", run_dir / "model.pt", "--log_dir", tmp_path,
-                      "--run_name", "ev")
+    done = in_process("single_gpu", *TINY, "--evaluate", run_dir / "model.pt", "--log_dir",
+                      tmp_path, "--run_name", "evaluated")
     assert done.returncode == 0, done.stderr
-    reported, evaluated = read_results(run_dir)["summary"], read_results(tmp_path / "ev")["summary"]
-    assert evaluated["test_acc"] == reported["test_acc"]
-    assert evaluated["test_loss"] == pytest.approx(reported["test_loss"], rel=1e-6)
-    assert evaluated["steps"] == 0
+    reported, evaluated = read_results(run_dir)["summary"], read_results(tmp_path / "evaluated")
+    assert (evaluated["mode"], evaluated["world_size"]) == ("single_gpu", 1)
+    assert evaluated["summary"]["test_acc"] == reported["test_acc"]
+    assert evaluated["summary"]["test_images"] == 51
+    assert evaluated["summary"]["test_loss"] == pytest.approx(reported["test_loss"], rel=1e-9)
+    assert f"{run_dir / 'model.pt'}: test loss " in done.stdout
 
 
-def test_runs_from_its_own_folder_with_the_torchvision_loader(tmp_path):
-    args = [arg if arg != "gpu" else "torchvision" for arg in TINY]
-    done = run_script(SCRIPT, *args, "--num_workers", "1", "--max_steps", "3", "--log_dir",
-                      tmp_path, "--run_name", "tv", cwd=REPO / "single_gpu")
-    assert done.returncode == 0, done.stderr
-    summary = read_results(tmp_path / "tv")["summary"]
-    assert summary["steps"] == 3  # --max_steps stops mid-epoch, evaluation still runs
-    assert summary["test_acc"] is not None
-
-
-@pytest.mark.second_tier  # five epochs of training: the longest run of this file
-def test_synthetic_data_is_learnable(tmp_path):
-    """The issue's bar: depth 8, alpha 12, 2048 synthetic images, 5 epochs on the
-    CPU -> at least 90 % test acc."""
-    done = run_script(SCRIPT, "--dataset", "synthetic", "--synthetic_size", "2048", "--depth", "8",
-                      "--alpha", "12", "--epochs", "5", "--loader", "gpu", "--log_interval", "100",
-                      "--log_dir", tmp_path, "--run_name", "learn")
+@pytest.mark.second_tier  # five epochs: the longest run of this file
+def test_the_synthetic_set_is_learnable(tmp_path):
+    """Depth 8, alpha 12, 2048 synthetic images, 5 epochs on the CPU: at least 90 % test acc."""
+    done = run([sys.executable, REPO / "single_gpu" / "train.py"], "--dataset", "synthetic",
+               "--synthetic_size", "2048", "--depth", "8", "--alpha", "12", "--epochs", "5",
+               "--num_workers", "0", "--log_interval", "100", "--log_dir", tmp_path,
+               "--run_name", "learn")
     assert done.returncode == 0, done.stderr
     assert read_results(tmp_path / "learn")["summary"]["test_acc"] >= 0.90
-
-
-def _bad_inputs(tmp_path):
-    not_a_checkpoint = tmp_path / "notes.txt"
-    not_a_checkpoint.write_text("not weights")
-    a_file = tmp_path / "a_file"
-    a_file.write_text("")
-    (tmp_path / "runs" / "taken").mkdir(parents=True)
-    return {
-        "batch size 0": (["--batch_size", "0"], "--batch_size"),
-        "negative epochs": (["--epochs", "-1"], "--epochs"),
-        "invalid depth": (["--depth", "9"], "6n+2"),
-        "invalid alpha": (["--alpha", "0"], "alpha"),
-        "unknown dataset": (["--dataset", "imagenet"], "--dataset"),
-        "unknown loader": (["--loader", "dali"], "--loader"),
-        "GPU that does not exist": (["--gpu_devices", "3"], "GPU 3"),
-        "several GPUs": (["--gpu_devices", "0", "1"], "data_parallel"),
-        "evaluate a missing file": (["--evaluate", tmp_path / "missing.pt"], "missing.pt"),
-        "evaluate a non-checkpoint": (["--evaluate", not_a_checkpoint], "notes.txt"),
-        "log_dir below a file": (["--log_dir", a_file / "runs"], "is a file"),
-        "existing run folder": (["--log_dir", tmp_path / "runs", "--run_name", "taken"],
-                                "--overwrite"),
-        "batch larger than the data": (["--batch_size", "4096"], "larger than the training set"),
-    }
-
-
-# run as a user runs them too (a subprocess each); the others in-process
-# (refuse_in_process): the same main()
-AS_A_USER = ("existing run folder",)
-
-
-def test_bad_input_is_one_line_a_nonzero_exit_and_nothing_written(tmp_path):
-    cases = _bad_inputs(tmp_path)
-    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
-    # Later flags win in argparse, so each case's flags follow the tiny defaults.
-    args_default_dir = ["--log_dir", tmp_path / "runs", "--run_name", "fresh"]
-    for name, (flags, expected) in cases.items():
-        launch = run_script if name in AS_A_USER else refuse_in_process
-        done = launch(SCRIPT, *TINY, *args_default_dir, *flags)
-        assert done.returncode != 0, name
-        errors = [line for line in done.stderr.splitlines() if not line.startswith("warning:")]
-        assert len(errors) == 1 and errors[0].startswith("error: "), (name, done.stderr)
-        assert expected in errors[0], (name, errors[0])
-        assert "Traceback" not in done.stderr, name
-        assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before, name

@@ -387,7 +387,7 @@ def test_the_multi_node_script_checkpoints_before_the_time_limit_requeues_and_re
                     os.kill(pid, signal.SIGKILL)
     first = out.read_text()
     assert f"rendezvous 127.0.0.1:{port}" in first and f"run {run_dir}" in first
-    assert "global batch 32 = 2 x 16" in first  # one job of world size 2 (torchrun: 2 nodes x 1)
+    assert "batch 32 (32 steps an epoch)" in first  # the global batch, over the job's two ranks
     assert "stopped by SIGTERM" in first and f"requeueing job {job_id}" in first, first
     assert calls(tmp_path, "scancel") == [f"--signal=TERM {job_id}"]
     assert calls(tmp_path, "scontrol")[-1] == f"requeue {job_id}"
@@ -396,14 +396,14 @@ def test_the_multi_node_script_checkpoints_before_the_time_limit_requeues_and_re
     while processes_naming(str(log_dir)):
         assert time.monotonic() < deadline, f"processes left: {processes_naming(str(log_dir))}"
         time.sleep(0.05)
-    step = torch.load(run_dir / "checkpoint.pt", weights_only=True)["step"]
+    step = torch.load(run_dir / "checkpoint.pt", weights_only=True)["progress"]["step"]
     assert 4 < step < 32 and not (run_dir / "results.json").exists()
 
     second = run_job(command, {**env, "SLURM_RESTART_COUNT": "1"}, cwd=tmp_path / "spool")
     assert second.returncode == 0, second.stdout + second.stderr
     assert f"resumed at step {step}" in second.stdout and "(restart 1)" in second.stdout
     results = read_results(run_dir)
-    assert results["world_size"] == 2 and results["summary"]["steps"] == 32
+    assert results["world_size"] == 2 and results["summary"]["step"] == 32
     assert second.stdout.count("results in") == 1  # only global rank 0 writes
     # a finished job is not requeued
     assert calls(tmp_path, "scontrol").count(f"requeue {job_id}") == 1
@@ -431,10 +431,10 @@ def test_the_requeued_job_finishes_a_run_whose_end_a_stop_left_owed(tmp_path):
     assert stopped.returncode == 143, stopped.stdout + stopped.stderr
     job = run_job(command, {**env, "SLURM_RESTART_COUNT": "1"}, cwd=tmp_path / "spool")
     assert job.returncode == 0, job.stdout + job.stderr
-    assert "evaluating it" in job.stdout and "Epoch 1/1 test loss" in job.stdout, job.stdout
+    assert "resumed at step 8" in job.stdout and "Epoch 1/1 test loss" in job.stdout, job.stdout
     assert job.stdout.splitlines()[-1].endswith(f"finished: {run_dir / 'results.json'}")
     results = read_results(run_dir)
-    assert results["summary"]["steps"] == 8 and results["summary"]["best_epoch"] == 1
+    assert results["summary"]["step"] == 8 and results["summary"]["best_epoch"] == 1
     assert (run_dir / "best.pt").exists()
 
 
@@ -450,9 +450,9 @@ def test_a_job_whose_train_args_raise_epochs_extends_a_finished_run(tmp_path):
     extended = run_job(command, {**env, "TRAIN_ARGS": f"{TRAIN_ARGS} --epochs 2"},
                        cwd=tmp_path / "spool")
     assert extended.returncode == 0, extended.stdout + extended.stderr
-    assert "the run is extended from 1 to 2 epochs" in extended.stdout, extended.stdout
+    assert "--epochs 1 made 2, the rate's schedule with it" in extended.stdout, extended.stdout
     results = read_results(run_dir)
-    assert results["summary"]["steps"] == 16 and results["extended"][0]["epochs_to"] == 2
+    assert results["summary"]["step"] == 16 and results["config"]["epochs"] == 2
     assert extended.stdout.splitlines()[-1].endswith(f"finished: {run_dir / 'results.json'}")
 
 

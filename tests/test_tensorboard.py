@@ -2,31 +2,26 @@
 EventAccumulator (which drops the points a restarted run purged, as the UI does), and the
 results.json such a run leaves:
 
-1. killed with SIGKILL (as the out-of-memory killer kills) right after a log window, a run has
-   left every point it logged up to that window in its event file;
+1. killed with SIGKILL (as the out-of-memory killer kills) after a log window, a run has left every
+   point it logged up to that window in its event file;
 2. resumed with --resume auto, its curves never go back: the points up to the checkpoint (the
    first epoch's test accuracy included) are the killed attempt's, those after it the resumed one's;
-3. train/lr is the rate each step trained with, at the step schedule's epoch boundary too;
-4. the resumed run's results.json names the figures that are its last attempt's; the others cover
-   the whole run;
+3. train/lr is the rate each step trained with, at the schedule's epoch boundary too;
+4. the resumed run's results.json: the last attempt's mode and speed, the whole run's steps and
+   test figures;
 5. every tag names its unit and holds the figure the console printed (accuracy in %, seconds, the
-   data wait's share in %); in a process group each rank's own window is under rank/<r>/; MFU is
-   written where a peak is known (its formula, with a stated peak) and not on the CPU; the tags are
-   the ones the docs list; a run logged under the old names and resumed under the new keeps both.
+   data wait's share in %); the tags are the ones the docs list; a run logged under old names and
+   resumed under new ones keeps both.
 
 One run of two attempts serves them all: single_gpu, killed mid-epoch after a checkpoint, then
 resumed by dist_parallel on 2 processes (checkpoints are every mode's, and a restart may bring more
-workers), where rank 0 alone writes: the purge and the flushes of the resumed attempt are rank 0's.
-The first attempt is paused, not raced: it stops right after the log window it is to be killed at
-(injected from outside, as tests/fault_injection.py injects its failure).
+workers), where rank 0 alone writes. The first attempt is not raced: it waits in the step after the
+window it is to be killed at (tests/fault_injection.py's FAULT_AWAIT_SIGNAL) and is killed there.
 """
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,40 +29,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.config import Config, parse_config
-from common.logger import ATTEMPT_FIELDS, SUMMARY_FIELDS, RunLogger, window_scalars
-from common.metrics import Sums
-from common.performance import GPU_PEAK_TFLOPS, window_mfu
-from conftest import (REPO, TINY, read_results, read_scalars, run_script, scalar_events,
-                      train_in_process)
+import runkit
+from conftest import REPO, read_results, read_scalars, scalar_events
+from processes import TINY, finish, read_until, run, script, under_fault
 
-SINGLE, DIST = "single_gpu/train.py", "dist_parallel/train.py"
 # 256 images, global batch 32: 8 steps an epoch, 16 in all, a log window every 2 steps. The rate
 # drops tenfold after the first epoch: step 8 trains at 0.025, step 9 at 0.0025. Checkpoints at the
 # end of epoch 1 (step 8) and at step 12; the first attempt is killed after the window of step 14.
 FLAGS = [*TINY, "--epochs", "2", "--log_interval", "2", "--checkpoint_interval", "12"]
 STEPS_PER_EPOCH, CHECKPOINT, KILLED = 8, 12, 14
-
-# `python -c PAUSE script flags...`: the script as __main__, except that it stops for good right
-# after the log window of step PAUSE_STEP, and says so.
-PAUSE = """
-import os, runpy, sys, time
-import common.loop
-
-record_window = common.loop.Run.record_window
-
-
-def record_then_pause(run, *args):
-    record_window(run, *args)
-    if run.step == int(os.environ["PAUSE_STEP"]):
-        print("paused", flush=True)
-        time.sleep(600)
-
-
-common.loop.Run.record_window = record_then_pause
-sys.argv = sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
+# the loss function's calls up to step 15's forward: 8 steps, 2 test batches (51 images), 7 steps
+IN_STEP_15 = 8 + 2 + 7
+# what a run writes without a GPU (design: the tags compare and the docs rely on)
+TAGS = {"train/loss", "train/acc_pct", "train/lr", "time/step_s", "time/data_wait_s",
+        "time/data_wait_pct", "throughput/images_per_s", "test/loss", "test/acc_pct"}
 
 
 @dataclass
@@ -81,33 +56,24 @@ class Killed:
     killed_output: str
 
 
-def kill_when_paused(launch: subprocess.Popen) -> tuple[float, str]:
-    """SIGKILL once the launch has paused; when, and what it had printed."""
-    lines = []
-    for line in launch.stdout:
-        lines.append(line)
-        if line.startswith("paused"):
-            launch.kill()
-            killed_at = time.time()
-            launch.wait(timeout=30)
-            return killed_at, "".join(lines)
-    pytest.fail(f"the run ended before it paused:\n{''.join(lines)}")
-
-
 @pytest.fixture(scope="module")
 def killed(tmp_path_factory) -> Killed:
     log_dir = tmp_path_factory.mktemp("killed")
     run_dir, left = log_dir / "run", log_dir / "left"
     where = ["--log_dir", log_dir, "--run_name", "run"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PAUSE_STEP": str(KILLED)}
-    launch = subprocess.Popen([sys.executable, "-c", PAUSE, SINGLE, *map(str, [*FLAGS, *where])],
-                              cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT)
-    killed_at, killed_output = kill_when_paused(launch)
+    launch = under_fault("single_gpu", [*FLAGS, *where],
+                         {"FAULT_STEP": str(IN_STEP_15), "FAULT_AWAIT_SIGNAL": "1"})
+    killed_output = read_until(launch, "waiting for a signal")
+    assert f"[{KILLED - STEPS_PER_EPOCH}/8]" in killed_output.splitlines()[-2], killed_output
+    launch.kill()
+    killed_at = time.time()
+    finish(launch)
     left.mkdir()
     for path in [*run_dir.glob("events.out.tfevents.*"), run_dir / "checkpoint.pt"]:
         shutil.copy(path, left)
-    resumed = run_script(DIST, *FLAGS, *where, "--nproc_per_node", "2", "--resume", "auto")
+    time.sleep(1)  # tensorboardX names an event file by the second: the resume's is another
+    resumed = run(script("dist_parallel"), *FLAGS, *where, "--nproc_per_node", "2", "--resume",
+                  "auto")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"resumed at step {CHECKPOINT}" in resumed.stdout
     return Killed(run_dir, left, killed_at, resumed.stdout, killed_output)
@@ -116,8 +82,8 @@ def killed(tmp_path_factory) -> Killed:
 # ---------------------------------------------------------------------------------- 1. flushed
 def test_a_killed_run_leaves_every_point_up_to_its_last_window(killed):
     left = read_scalars(killed.left)
-    tags = ("train/loss", "train/acc_pct", "train/lr", "time/step_s", "throughput/images_per_s")
-    for tag in tags:
+    for tag in ("train/loss", "train/acc_pct", "train/lr", "time/step_s",
+                "throughput/images_per_s"):
         assert [step for step, _ in left[tag]] == list(range(2, KILLED + 1, 2)), tag
     assert [step for step, _ in left["test/acc_pct"]] == [STEPS_PER_EPOCH]
 
@@ -129,8 +95,7 @@ def test_a_resumed_run_continues_the_curves_from_its_checkpoint(killed):
         steps = [point.step for point in points]
         assert steps == sorted(set(steps)), f"{tag} goes back: {steps}"
     assert [point.step for point in events["train/loss"]] == list(range(2, 17, 2))
-    test_steps = [point.step for point in events["test/acc_pct"]]
-    assert test_steps == [STEPS_PER_EPOCH, 2 * STEPS_PER_EPOCH]
+    assert [point.step for point in events["test/acc_pct"]] == [8, 16]
     for tag, points in events.items():  # to the checkpoint the killed attempt's, then the resumed
         by_the_killed_attempt = [point.wall_time < killed.killed_at for point in points]
         assert by_the_killed_attempt == [point.step <= CHECKPOINT for point in points], tag
@@ -140,82 +105,34 @@ def test_a_resumed_run_continues_the_curves_from_its_checkpoint(killed):
 
 # ---------------------------------------------------------------------------------- 3. lr
 def test_train_lr_is_the_rate_each_step_trained_with(killed):
-    """--lr 0.1 per 128 images at global batch 32, no warm-up: 0.025 for the first epoch's steps
-    (step 8, its last, included), a tenth of it from step 9 on. The point of step 8 used to read
-    0.0025, the rate of the step after it."""
+    """--lr 0.1 per 128 images at global batch 32, warm-up within the first step: 0.025 for the
+    first epoch's steps (step 8, its last, included), a tenth of it from step 9 on."""
     logged = dict(read_scalars(killed.run_dir)["train/lr"])
-    trained_with = {step: 0.025 if step <= STEPS_PER_EPOCH else 0.0025 for step in logged}
     assert list(logged) == list(range(2, 17, 2))
-    assert logged == pytest.approx(trained_with, rel=1e-6)
+    assert logged == pytest.approx({step: 0.025 if step <= STEPS_PER_EPOCH else 0.0025
+                                    for step in logged}, rel=1e-6)
 
 
 # ---------------------------------------------------------------------------------- 4. results
-def test_results_of_a_resumed_run_cover_the_run_and_say_what_does_not(killed):
+def test_results_of_a_resumed_run_are_the_last_attempts_speed_and_the_whole_runs_figures(killed):
     results = read_results(killed.run_dir)
-    assert results["resumed"] == {"attempts": 2, "from_step": CHECKPOINT,
-                                  "last_attempt_only": list(ATTEMPT_FIELDS)}
     assert (results["mode"], results["world_size"]) == ("dist_parallel", 2)  # the last attempt's
     summary = results["summary"]
-    assert summary["steps"] == 2 * STEPS_PER_EPOCH
-    earlier = torch.load(killed.left / "checkpoint.pt", weights_only=True)["history"]
-    # the second epoch's seconds as the resumed attempt printed them: the killed attempt's share
-    # (up to its checkpoint) and its own
-    printed = re.search(r"Epoch 2/2 test loss .* epoch ([\d.]+)s", killed.output).group(1)
-    second_epoch = float(printed)
-    assert second_epoch > earlier["epoch_time_s"] > 0
-    first_epoch = earlier["epoch_times_s"][0]
-    assert summary["epoch_time_s"] == pytest.approx((first_epoch + second_epoch) / 2, abs=0.06)
-    resumed_share = second_epoch - earlier["epoch_time_s"]
-    assert summary["wall_time_s"] > earlier["wall_time_s"] + resumed_share
-    # the last epoch's training loss over all its windows, both attempts' (windows of equal size)
-    windows = [loss for step, loss in read_scalars(killed.run_dir)["train/loss"] if step > 8]
-    assert summary["train_loss"] == pytest.approx(sum(windows) / len(windows), rel=1e-5)
-
-
-def test_a_run_trained_in_one_attempt_has_no_resumed_entry(tmp_path):
-    cfg = parse_config(Config, [*FLAGS, "--log_dir", str(tmp_path), "--run_name", "once"])
-    logger = RunLogger(tmp_path / "once", cfg, "single_gpu", world_size=1)
-    try:
-        logger.write_results(dict.fromkeys(SUMMARY_FIELDS), attempts=1)
-    finally:
-        logger.close()
-    assert read_results(tmp_path / "once")["resumed"] is None
-
-
-def test_each_kept_attempt_says_its_config_once_and_keeps_its_file(tmp_path):
-    """Three attempts in one second: the first logs to step 4 and checkpoints at step 2; the second
-    resumes from that checkpoint and is killed before its next one; the third resumes from the same
-    checkpoint. TensorBoard shows the config of the attempts whose work was kept, each at the first
-    step it trained (the killed attempt's config used to stay beside the third's, both at step 2),
-    and every attempt keeps its own event file (tensorboardX names one by the second, and an attempt
-    started in the same second emptied the earlier one's)."""
-    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
-
-    flags = [*FLAGS, "--log_dir", str(tmp_path), "--run_name", "run", "--resume", "auto"]
-    cfg = parse_config(Config, flags)
-    for resumed_step, steps in ((None, (2, 4)), (2, (4,)), (2, (4, 6))):
-        logger = RunLogger(tmp_path / "run", cfg, "single_gpu", world_size=1,
-                           resumed_step=resumed_step)
-        for step in steps:
-            logger.scalars(step, {"train/loss": float(step)})
-        logger.close()
-    assert len(list((tmp_path / "run").glob("events.out.tfevents.*"))) == 3
-    assert read_scalars(tmp_path / "run")["train/loss"] == [(2, 2.0), (4, 4.0), (6, 6.0)]
-    # the UI's reader
-    accumulator = EventAccumulator(str(tmp_path / "run"), size_guidance={"tensors": 0})
-    accumulator.Reload()  # (text is kept as tensors, which the scalars' reader never purges)
-    assert [event.step for event in accumulator.Tensors("config/text_summary")] == [0, 3]
+    assert (summary["step"], summary["epoch"], summary["tested_step"]) == (16, 2, 16)
+    assert summary["timed_steps"] == 16 - CHECKPOINT - 1  # this attempt's, less its warm-up
+    tests = read_scalars(killed.run_dir)["test/acc_pct"]
+    assert 100 * summary["test_acc"] == pytest.approx(tests[-1][1], rel=1e-6)
+    assert 100 * summary["best_acc"] == pytest.approx(max(acc for _, acc in tests), rel=1e-6)
+    assert "resumed" not in results and "attempts" not in summary
 
 
 # ---------------------------------------------------------------------------------- 5. tags
-# The console's window line and test line (common/logger.py window_line, Run.record_test)
 WINDOW = re.compile(r"^Epoch (\d+)/\d+ \[(\d+)/\d+\] loss ([\d.]+) acc ([\d.]+)% batch ([\d.]+)s "
                     r"data ([\d.]+)% (\d+) img/s$", re.MULTILINE)
 TEST = re.compile(r"^Epoch (\d+)/\d+ test loss ([\d.]+) acc ([\d.]+)%", re.MULTILINE)
 # each printed figure, its tag, and half the last digit printed
 PRINTED = {"train/loss": 0.0005, "train/acc_pct": 0.005, "time/step_s": 0.0005,
            "time/data_wait_pct": 0.05, "throughput/images_per_s": 0.5}
-RANK_TAGS = ("time/step_s", "time/data_wait_s", "time/data_wait_pct")
 
 
 def printed(output: str) -> dict[str, dict[int, float]]:
@@ -233,8 +150,8 @@ def printed(output: str) -> dict[str, dict[int, float]]:
 
 def test_every_tag_holds_what_the_console_printed_in_the_unit_its_name_says(killed):
     """Accuracy in % (0-100), as the log line prints it, not 0-1; the step and its data wait in
-    seconds, the wait also as % of the step (the console's `data 0.6%`), never a share beside
-    seconds. Up to the checkpoint the killed attempt's lines, after it the resumed one's."""
+    seconds, the wait also as % of the step (the console's `data 0.6%`). Up to the checkpoint the
+    killed attempt's lines, after it the resumed one's (its first window, step 14, untimed)."""
     scalars = read_scalars(killed.run_dir)
     before, after = printed(killed.killed_output), printed(killed.output)
     tolerance = {**PRINTED, "test/loss": 0.0005, "test/acc_pct": 0.005}
@@ -251,88 +168,60 @@ def test_every_tag_holds_what_the_console_printed_in_the_unit_its_name_says(kill
     assert dict(scalars["time/data_wait_pct"]) == pytest.approx(share, rel=1e-5)
 
 
-def test_each_rank_has_its_own_window_under_rank_r(killed):
-    """The attempt resumed on 2 processes logs each rank's own step and data wait under
-    rank/<r>/ (the run-wide time/step_s is their mean); the one-process attempt, none. No GPU
-    here: no gpu/<i>/ nor rank/<r>/gpu/ tags, and no MFU, whose peak is a GPU's."""
-    scalars = read_scalars(killed.run_dir)
-    resumed = [step for step in range(2, 17, 2) if step > CHECKPOINT]
-    per_rank = {tag for tag in scalars if tag.startswith("rank/")}
-    assert per_rank == {f"rank/{rank}/{name}" for rank in (0, 1) for name in RANK_TAGS}
-    for tag in per_rank:
-        assert [step for step, _ in scalars[tag]] == resumed, tag
-    ranks = [dict(scalars[f"rank/{rank}/time/step_s"]) for rank in (0, 1)]
-    mean = {step: (ranks[0][step] + ranks[1][step]) / 2 for step in resumed}
-    run_wide = {step: seconds for step, seconds in scalars["time/step_s"] if step in mean}
-    assert run_wide == pytest.approx(mean, rel=1e-5)
-    assert not [tag for tag in scalars if "gpu/" in tag or tag.startswith("perf/")]
-
-
-def test_the_docs_list_the_tags_a_run_writes(killed):
-    """docs/interruptions.md names every tag (`<i>`: a GPU's index, `<r>`: a rank), and every
-    tag it names that needs no GPU is one this run wrote."""
-    text = (REPO / "docs" / "interruptions.md").read_text()
-    listed = text[text.index("- TensorBoard scalars"):text.index("A run started before these")]
-    tag = r"`((?:train|test|time|throughput|perf|gpu|rank)/[\w/<>]*\w)`"
-    documented = set(re.findall(tag, listed))
-    pattern = {tag: re.sub(r"<[ir]>", r"\\d+", re.escape(tag)) for tag in documented}
+def test_the_run_writes_the_tags_the_docs_list(killed):
+    """Without a GPU a run writes these tags, and docs/interruptions.md names each (`<i>`: a GPU's
+    index)."""
     written = set(read_scalars(killed.run_dir))
-    for tag in written:
-        assert any(re.fullmatch(regex, tag) for regex in pattern.values()), f"{tag}: not in docs"
-    # top-5: for more than 10 classes (tests/test_imagefolder.py's run of 11 writes it)
-    without_gpu = {tag for tag in documented if "gpu/" not in tag and not tag.startswith("perf/")
-                   and tag != "test/acc_top5_pct"}
-    for tag in without_gpu:
-        assert any(re.fullmatch(pattern[tag], seen) for seen in written), f"{tag}: never written"
+    assert written == TAGS
+    text = (REPO / "docs" / "interruptions.md").read_text()
+    listed = text[text.index("- TensorBoard scalars"):text.index("- `results.json`, written")]
+    documented = set(re.findall(r"`((?:train|test|time|throughput|gpu)/[\w/<>]*\w)`", listed))
+    assert written <= documented, written - documented
 
 
-def test_mfu_is_the_windows_images_per_s_times_an_images_flops_over_the_peak(tmp_path, monkeypatch):
-    """Where a GPU's peak is known, each window's perf/mfu_pct is its images/s (per GPU) times the
-    FLOPs of one training image (forward and backward, results.json's flops_per_image) over the
-    peak, in %. The CPU has none (no perf/ tag above): a peak is stated here for it."""
-    import common.loop
-
-    peak = 1e-3  # TFLOP/s: of the order of this CPU's, so the figure is not vanishingly small
-    monkeypatch.setattr(common.loop, "peak_tflops", lambda device, amp: peak)
-    done = train_in_process(SINGLE, *TINY, "--log_dir", tmp_path, "--run_name", "run")
-    assert done.returncode == 0, done.stdout + done.stderr
-    scalars = read_scalars(tmp_path / "run")
-    flops = read_results(tmp_path / "run")["summary"]["flops_per_image"]
-    rates = dict(scalars["throughput/images_per_s"])
-    formula = {step: 100 * rate * flops / (peak * 1e12) for step, rate in rates.items()}
-    assert len(rates) == 2 and dict(scalars["perf/mfu_pct"]) == pytest.approx(formula, rel=1e-5)
+def killed_attempt(run_dir: Path, steps, tags, checkpoint_step=None) -> None:
+    """An attempt that logged `tags` at `steps` and was killed (every point flushed), resumed from
+    the checkpoint of `checkpoint_step`; its event file named as one of a second long past."""
+    log = runkit.RunLog(run_dir, {"attempt": len(list(run_dir.glob("events.*")))},
+                        checkpoint_step and {"progress": {"step": checkpoint_step}})
+    for step in steps:
+        log.scalars(step, dict.fromkeys(tags, float(step)))
+    log.close()
+    for number, path in enumerate(sorted(run_dir.glob("events.out.tfevents.*"))):
+        path.rename(path.with_name(f"events.out.tfevents.{1_000_000_000 + number}.host"))
 
 
-def test_window_mfu_shares_the_rate_over_the_gpus_of_the_batch():
-    """Two H100 SXM in bf16 training 40,000 images/s of 28.3 GFLOP each (PyramidNet-110 α=270):
-    20,000 images/s on each GPU; none without a rate or a peak."""
-    peak = GPU_PEAK_TFLOPS["H100"]["bf16"]
-    per_gpu = 20_000 * 28.3e9 / (peak * 1e12)
-    assert window_mfu(40_000.0, 2, 28_300_000_000, peak) == pytest.approx(per_gpu)
-    assert window_mfu(None, 2, 28_300_000_000, peak) is None
-    assert window_mfu(40_000.0, 2, None, None) is None
-    # 64 images in 2 timed steps of 0.5 s, 0.1 s of it waiting for data; 48 of them right
-    scalars = window_scalars(Sums([128.0, 48.0, 64.0, 2.0, 1.0, 0.1]), 32, 0.1, 0.25)
-    assert scalars == pytest.approx({
-        "train/loss": 2.0, "train/acc_pct": 75.0, "train/lr": 0.1, "time/step_s": 0.5,
-        "time/data_wait_s": 0.05, "time/data_wait_pct": 10.0, "throughput/images_per_s": 64.0,
-        "perf/mfu_pct": 25.0})
+def test_each_kept_attempt_says_its_config_once_at_the_first_step_it_trained(tmp_path):
+    """Three attempts: the first logs to step 4 and checkpoints at step 2; the second resumes from
+    that checkpoint and is killed before its next one; the third resumes from the same checkpoint.
+    TensorBoard shows the config of the attempts whose work was kept, each at the first step it
+    trained, and every attempt's points after the checkpoint only from the last."""
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+
+    for checkpoint_step, steps in ((None, (2, 4)), (2, (4,)), (2, (4, 6))):
+        killed_attempt(tmp_path, steps, ("train/loss",), checkpoint_step)
+    assert len(list(tmp_path.glob("events.out.tfevents.*"))) == 3
+    assert read_scalars(tmp_path)["train/loss"] == [(2, 2.0), (4, 4.0), (6, 6.0)]
+    accumulator = EventAccumulator(str(tmp_path), size_guidance={"tensors": 0})
+    accumulator.Reload()  # the config is text, kept as tensors
+    assert [event.step for event in accumulator.Tensors("config/text_summary")] == [0, 3]
 
 
-def test_a_run_logged_under_the_old_tags_and_resumed_keeps_both(tmp_path):
-    """A run started before the tags named their units (train/acc 0-1, time/batch, ...) and
-    resumed after: TensorBoard shows the old tags up to the checkpoint and the new ones from it, two
-    series of one figure. The purge on resume is by step for every tag, whatever its name: what the
-    killed attempt logged after the checkpoint is gone under the old names too."""
-    flags = [*FLAGS, "--log_dir", str(tmp_path), "--run_name", "run", "--resume", "auto"]
-    cfg = parse_config(Config, flags)
-    for resumed_step, steps, tags in ((None, (2, 4, 6), ("train/acc", "time/batch")),
-                                      (4, (6, 8), ("train/acc_pct", "time/step_s"))):
-        logger = RunLogger(tmp_path / "run", cfg, "single_gpu", 1, resumed_step=resumed_step)
-        for step in steps:
-            logger.scalars(step, dict.fromkeys(tags, 0.5))
-        logger.close()
-    scalars = read_scalars(tmp_path / "run")
-    steps = {tag: [step for step, _ in points] for tag, points in scalars.items()}
+def test_a_run_logged_under_other_tags_and_resumed_keeps_both(tmp_path):
+    """A run started under the earlier tag names (train/acc 0-1, time/batch) and resumed under the
+    new: TensorBoard shows the old tags up to the checkpoint and the new ones from it. The purge on
+    resume is by step for every tag, whatever its name: what the killed attempt logged after the
+    checkpoint is gone under the old names too."""
+    killed_attempt(tmp_path, (2, 4, 6), ("train/acc", "time/batch"))
+    killed_attempt(tmp_path, (6, 8), ("train/acc_pct", "time/step_s"), checkpoint_step=4)
+    steps = {tag: [step for step, _ in points] for tag, points in read_scalars(tmp_path).items()}
     assert steps == {"train/acc": [2, 4], "time/batch": [2, 4],
                      "train/acc_pct": [6, 8], "time/step_s": [6, 8]}
+
+
+def test_the_checkpoint_the_resume_read_is_the_killed_attempts(killed):
+    """The resumed attempt started from the step-12 checkpoint the killed attempt left, mid-epoch
+    (no later one: the kill came before step 16's)."""
+    state = torch.load(killed.left / "checkpoint.pt", weights_only=True)
+    assert (state["progress"]["step"], state["progress"]["epoch"], state["progress"]["batch"]) == \
+        (CHECKPOINT, 1, CHECKPOINT - STEPS_PER_EPOCH)

@@ -1,7 +1,7 @@
 """compare.py --verify on a GPU machine, as far as it can be shown without one: the runs it plans
-(their command lines, what each is for) and the tolerance each check takes, from the flags alone,
-in-process. The verification itself runs, passes and fails on purpose on the CPU in
-tests/test_parallel.py; whether the GPU tolerances hold needs GPUs."""
+(their command lines, each read by its train file's own parser, what each is for) and the tolerance
+each check takes, from the flags alone, in-process. The verification itself runs, passes and fails
+on purpose on the CPU in tests/test_verify_runs.py; whether the GPU tolerances hold needs GPUs."""
 from __future__ import annotations
 
 import sys
@@ -9,8 +9,9 @@ import sys
 import pytest
 
 import compare
+from comparison import train_files
 from comparison.verify_checks import BITWISE, ROUNDING
-from conftest import REPO
+from conftest import REPO, TINY
 
 
 @pytest.fixture
@@ -32,12 +33,22 @@ def command_lines(verification) -> dict[str, str]:
             for launch in verification.launches.values()}
 
 
+def read_as_run(verification, name: str):
+    """The command line of the launch `name`, its flags after the script as the run's train file's
+    own parser reads them."""
+    launch = next(launch for launch in verification.launches.values() if launch.name == name)
+    argv = verification.argv(launch)
+    script = argv.index(str(train_files.script(launch.run.mode)))
+    return train_files.parse(launch.run.mode, argv[script + 1:])
+
+
 def test_on_four_gpus_the_modes_run_on_gpu_0_and_dist_parallel_and_fsdp_on_all_four(gpus, tmp_path):
     """The default on 4 GPUs, SyncBatchNorm asked for too: the runs of each backend (NCCL, then
     Gloo), the one-device runs of single_gpu and data_parallel shared by both; for dist_parallel and
-    then fsdp, each mode's model.pt evaluated by 1 and 2 processes (4 is the run's own evaluation);
-    each mode's second half continuing the other's first half (fsdp without resharding);
-    SyncBatchNorm on 4. Synthetic data, 24 steps of the full model's global batch 128, one epoch."""
+    then fsdp, each mode's checkpoint evaluated by 1 and 2 processes (4 is the run's own
+    evaluation); each mode's second half continuing the other's first half (fsdp without
+    resharding); SyncBatchNorm on 4. Synthetic data, 24 steps of the full model's global batch 128,
+    one epoch. Each command line is read by its train file's own parser as the run will read it."""
     gpus(4)
     verification = planned(tmp_path, "--sync_bn", "off", "on")
     lines = command_lines(verification)
@@ -54,28 +65,32 @@ def test_on_four_gpus_the_modes_run_on_gpu_0_and_dist_parallel_and_fsdp_on_all_f
         for name in per_backend:
             expected.append(name.format(f"{len(expected) + 1:02d}", backend))
     assert list(lines) == expected
-    assert (verification.steps == 24 and verification.train["epochs"] == 1
+    assert (verification.steps == 24 and verification.epochs == 1
             and verification.processes == 4)
     for name in ("01-single_gpu-1gpu-train", "02-data_parallel-1gpu-train"):
         assert " --dataset synthetic " in lines[name] and " --max_steps 24 " in lines[name]
-        assert " --gpu_devices 0" in lines[name] and lines[name].endswith("--save_model")
+        assert lines[name].endswith(" --gpu_devices 0")
+        args = read_as_run(verification, name)
+        assert (args.gpu_devices, args.max_steps, args.epochs) == ([0], 24, 1)
     torchrun = f"{sys.executable} -m torch.distributed.run --standalone --nproc_per_node 4 "
     assert lines["04-dist_parallel-4gpu-nccl-train"].startswith(torchrun)
     assert " --backend nccl" in lines["04-dist_parallel-4gpu-nccl-train"]
     self_launch = f"{sys.executable} {REPO / 'dist_parallel' / 'train.py'} "
     assert lines["05-dist_parallel-4gpu-nccl-first_half"].startswith(self_launch)
     assert lines["05-dist_parallel-4gpu-nccl-first_half"].endswith(
-        "--nproc_per_node 4 --max_steps 12")
+        "--max_steps 12 --nproc_per_node 4")
+    assert read_as_run(verification, "05-dist_parallel-4gpu-nccl-first_half").max_steps == 12
     assert lines["14-dist_parallel-4gpu-nccl-resumed_from_fsdp"].startswith(self_launch)
     assert lines["14-dist_parallel-4gpu-nccl-resumed_from_fsdp"].endswith(
-        "--nproc_per_node 4 --run_name 10-fsdp-4gpu-nccl-first_half --resume auto --save_model")
-    assert lines["15-fsdp-4gpu-nccl-zero2-resumed_from_dist_parallel"].endswith(
-        "--backend nccl --no_reshard_after_forward --nproc_per_node 4 --run_name "
-        "05-dist_parallel-4gpu-nccl-first_half --resume auto --save_model")
-    model = tmp_path / "runs" / "04-dist_parallel-4gpu-nccl-train" / "model.pt"
-    assert lines["06-single_gpu-1gpu-evaluate"].endswith(f"--gpu_devices 0 --evaluate {model}")
-    assert lines["07-dist_parallel-2gpu-nccl-evaluate"].endswith(f"--evaluate {model}")
-    assert " --sync_bn" in lines["13-dist_parallel-4gpu-nccl-syncbn-train"]
+        "--run_name 10-fsdp-4gpu-nccl-first_half --resume auto --nproc_per_node 4")
+    resumed = read_as_run(verification, "15-fsdp-4gpu-nccl-zero2-resumed_from_dist_parallel")
+    assert (resumed.run_name, resumed.resume, resumed.reshard_after_forward,
+            resumed.nproc_per_node) == ("05-dist_parallel-4gpu-nccl-first_half", "auto", False, 4)
+    checkpoint = tmp_path / "runs" / "04-dist_parallel-4gpu-nccl-train" / "checkpoint.pt"
+    assert lines["06-single_gpu-1gpu-evaluate"].endswith(
+        f"--gpu_devices 0 --evaluate {checkpoint}")
+    assert lines["07-dist_parallel-2gpu-nccl-evaluate"].endswith(f"--evaluate {checkpoint}")
+    assert read_as_run(verification, "13-dist_parallel-4gpu-nccl-syncbn-train").sync_bn
 
 
 def test_the_tolerances_follow_determinism_precision_and_the_ranks(gpus, tmp_path):
@@ -116,7 +131,7 @@ def test_on_one_gpu_the_one_process_run_is_the_run_checks_2_to_5_start_from(gpus
 def test_any_model_is_verified_with_the_same_runs_and_verify_md_names_it(tmp_path):
     """--model resnet18 --image_size 32 on this CPU: the runs PyramidNet's verification plans,
     each given the model's flags, and verify.md titled with the model. The runs themselves are
-    PyramidNet's in tests/test_parallel.py: with a torchvision model they take minutes on 2
+    PyramidNet's in tests/test_verify_runs.py: with a torchvision model they take minutes on 2
     cores (run by hand: `python compare.py --verify --model resnet18 --image_size 32
     --max_steps 4`, every check passes)."""
     default = planned(tmp_path / "pyramidnet")
@@ -130,33 +145,22 @@ def test_any_model_is_verified_with_the_same_runs_and_verify_md_names_it(tmp_pat
 
 
 def sgd_forms(*flags) -> dict[str, tuple]:
-    """Each mode's SGD as its train.py builds it (its own get_model and get_optimizer) for a GPU:
-    the model built on the CPU (fsdp's and dist_parallel's in a one-rank gloo group), the device
-    said to be CUDA, which is what the choice of form reads. {mode: (fused, foreach)}."""
+    """Each mode's SGD as its train.py builds it (its own get_args, get_model and get_optimizer)
+    for a GPU: the model built on the CPU (fsdp's and dist_parallel's in a one-rank gloo group),
+    the device said to be CUDA, which is what the choice of form reads. {mode: (fused, foreach)}."""
     import torch
     import torch.distributed as dist
 
-    import data_parallel.train as data_parallel
-    import dist_parallel.train as dist_parallel
-    import fsdp.train as fsdp
-    import single_gpu.train as single_gpu
-    from common.config import Config, parse_config
-    from conftest import TINY
-
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
-    built = {"single_gpu": (single_gpu, Config, lambda cfg: single_gpu.get_model(cfg, cpu)),
-             "data_parallel": (data_parallel, Config,
-                               lambda cfg: data_parallel.get_model(cfg, cpu, gpus=[])),
-             "dist_parallel": (dist_parallel, dist_parallel.DistConfig,
-                               lambda cfg: dist_parallel.get_model(cfg, cpu)),
-             "fsdp": (fsdp, fsdp.FsdpConfig, lambda cfg: fsdp.get_model(cfg, cpu))}
     forms = {}
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        for mode, (module, config, get_model) in built.items():
-            cfg = parse_config(config, [*TINY, *flags])
-            _, raw_model = get_model(cfg)
-            optimizer, _, _ = module.get_optimizer(cfg, raw_model, cuda, steps_per_epoch=8)
+        for mode in train_files.MODES:
+            module = train_files.train_file(mode)
+            args = module.get_args([*train_files.without(TINY, "loader"), *flags])
+            args.image_size, args.amp, args.channels_last = 32, "off", False  # as setup leaves them
+            _, raw_model, _ = module.get_model(args, 10, cpu)
+            optimizer, _, _ = module.get_optimizer(args, raw_model, cuda, steps_per_epoch=8)
             forms[mode] = (optimizer.defaults["fused"], optimizer.defaults["foreach"])
     finally:
         dist.destroy_process_group()
@@ -169,8 +173,9 @@ def test_under_deterministic_every_mode_takes_the_same_sgd_form_on_gpus():
     take only the for-each form: with --deterministic every mode takes it, so that
     `--verify --deterministic` can hold fsdp to the other modes bit for bit on a GPU. Without it
     the fast form stays (fused where torch has it). On the CPU the two forms agree (the CPU's fused
-    kernel computes in fp32), which is why only a GPU run would have shown it."""
-    fused, foreach = (True, None), (False, True)
+    kernel computes in fp32), which is why only a GPU run would have shown it. (fused None,
+    foreach None: torch's default, the for-each form for tensors on a GPU.)"""
+    fused, foreach = (True, None), (None, None)
     assert sgd_forms() == {"single_gpu": fused, "data_parallel": fused, "dist_parallel": fused,
                            "fsdp": foreach}
     assert set(sgd_forms("--deterministic").values()) == {foreach}

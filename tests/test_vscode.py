@@ -1,5 +1,5 @@
 """.vscode/launch.json: every debug configuration names a script or module that exists, and its
-flags parse with that script's own config parser (so a renamed flag fails here, not in
+flags parse with that script's own parser, its get_args (so a renamed flag fails here, not in
 someone's debugger); the dist_parallel one, torchrun with one worker, is run once as VS Code
 would start it (less the debugger)."""
 from __future__ import annotations
@@ -57,8 +57,7 @@ def test_configurations_are_debugpy_launches_with_unique_names():
 def test_configuration_runs_an_existing_script_with_flags_it_accepts(configuration):
     launcher_args, script, flags = command(configuration)
     assert os.path.isfile(script), script
-    # the script's own parser: DistConfig for dist_parallel
-    cfg = script_module(script).get_config(flags)
+    cfg = script_module(script).get_args(flags)  # the script's own parser
     # tiny, re-runnable
     assert cfg.dataset == "synthetic" and cfg.depth == 8 and cfg.overwrite and cfg.run_name
     if "module" in configuration:
@@ -82,5 +81,5 @@ def test_the_dist_parallel_configuration_starts_and_finishes(tmp_path):
                           cwd=resolved(configuration["cwd"]), env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    results = read_results(tmp_path / script_module(script).get_config(flags).run_name)
+    results = read_results(tmp_path / script_module(script).get_args(flags).run_name)
     assert results["mode"] == "dist_parallel" and results["world_size"] == 1

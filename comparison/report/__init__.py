@@ -1,7 +1,8 @@
-"""From the runs' results.json files to the comparison: one CSV row per run (results.csv);
-report.md, answers first; projection.md beside it, the projections past this machine, labelled
-so. compare.py's write_report lays the pages out; each room here holds one section of them, or
-one idea the sections share. Import a name from its room: this file only maps them.
+"""From the runs' files (results.json, each rank's trace) to the comparison: one CSV row per run
+(results.csv); report.md, answers first; projection.md beside it, the projections past this
+machine, labelled so. compare.py's write_report lays the pages out; each room here holds one
+section of them, or one idea the sections share. Import a name from its room: this file only maps
+them.
 
 Read from the ground up: each of the first seven imports only rooms above it; the sections import
 those, and no section here another but recommendation.py (it names the model state as

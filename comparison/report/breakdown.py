@@ -1,5 +1,6 @@
 """report.md's "Where a step goes": the split of each configuration's step (`Split`), the mean
-over its ranks and runs of the profiled steps (results.json's `summary.breakdown`) into compute,
+over its ranks and runs of the profiled steps (each rank's trace_rank<r>.json, split by
+comparison/breakdown.py) into compute,
 communication exposed and hidden, data, the optimizer and the rest, and each rank's work. One
 function (`step_split`) computes what the split's table, its sentences and step_breakdown.png
 show."""
@@ -83,11 +84,10 @@ SPLIT_HEADER = ("| configuration | step, ms (mean of timed steps, as above) | pr
                 "hidden behind compute (not added) | slowest rank: work, ms (least) |")
 
 
-def breakdown_section(outcomes: list[Outcome], profiling: int | None) -> list[str]:
+def breakdown_section(outcomes: list[Outcome], profiling: int) -> list[str]:
     """report.md's "Where a step goes": each configuration's split (step_split) as a table, then a
     sentence per parallel configuration at its mode's most GPUs. `profiling`: the --profile_steps
-    the runs were given (None: the train scripts here take no such flag), which says why a split
-    is missing."""
+    the runs were given, which says why a split is missing."""
     timed = measured(outcomes)
     splits = [(m, step_split(m)) for m in timed]
     if not any(split for _, split in splits):
@@ -100,7 +100,8 @@ def breakdown_section(outcomes: list[Outcome], profiling: int | None) -> list[st
         "waiting for it), waiting for data, the optimizer and the rest: these add up to the "
         "profiled step. The communication hidden behind compute ran while other work did, so it "
         "is shown beside the parts, not added to them. **ms per step, the mean over ranks** (and "
-        "over a configuration's runs). The profiled steps are a few, with the profiler's own "
+        "over a configuration's runs). A step runs from the loop's call for its batch to the end "
+        "of its optimizer step. The profiled steps are a few, with the profiler's own "
         "overhead: the timed step of the results table stands beside them. The slowest rank is "
         "the one with the most work (its step less its exposed communication: the time it did "
         "not wait for the others). Each rank's trace is in its run folder, "
@@ -129,18 +130,15 @@ def breakdown_section(outcomes: list[Outcome], profiling: int | None) -> list[st
     return lines + ([""] + sentences if sentences else [])
 
 
-def not_recorded(profiling: int | None, timed: bool) -> str:
+def not_recorded(profiling: int, timed: bool) -> str:
     """Why no split of the step is there."""
     if not timed:
         return "Not recorded: no run timed a step, so none was profiled."
-    if profiling is None:
-        return ("Not recorded: the train scripts here take no `--profile_steps`, so no run "
-                "profiled its steps.")
     if profiling == 0:
         return ("Not recorded: `--profile_steps 0` left the profiler off; by default compare.py "
                 "profiles 3 steps of every run and splits them here.")
-    return ("Not recorded: no run's results.json has a split of its step (`summary.breakdown`): "
-            "they were written without the profiler.")
+    return ("Not recorded: no run left a trace of a whole step in its run folder "
+            "(`trace_rank<r>.json`).")
 
 
 def compared(timed: list[Measured]) -> list[Measured]:

@@ -2,16 +2,28 @@
 the pictures it may draw (comparison/plots.py draws them)."""
 from __future__ import annotations
 
+import contextlib
+import os
+import secrets
 from pathlib import Path
-
-from common.logger import write_atomically
 
 
 def write_file(path: Path, data: bytes) -> None:
-    """`data` into `path`, whole or not at all (common.logger.write_atomically): an
-    earlier file stays as it was whatever stops the write (a full disk, a signal, a
-    crash), and an OSError names the file."""
-    write_atomically(path, lambda f: f.write(data))
+    """`data` into `path`, whole or not at all: written to a temporary file beside it
+    (.<name>.<pid>.<random>.tmp), synced, then renamed over it. An earlier file stays as it was
+    whatever stops the write (a full disk, a signal, a crash), and an OSError names the file."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        with open(temporary, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except OSError as error:  # named by the file it is about, not by its stand-in
+        raise OSError(error.errno, error.strerror, str(path)) from None
+    finally:
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
 
 
 # The pictures compare.py may draw (comparison/plots.py draws those it has figures for)

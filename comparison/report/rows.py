@@ -1,7 +1,8 @@
-"""Each run's row: results.csv's columns (`COLUMNS`), filled from its results.json (`fill_rows`:
-the figures as they are, plus the mean step, the epoch, the speedup over single_gpu's images/s
-(`baseline`) and the step's split averaged over the ranks, `split_row`), and results.csv written
-from them. The table, the sentences and the pictures all read these rows."""
+"""Each run's row: results.csv's columns (`COLUMNS`), filled from its run folder (`fill_rows`:
+results.json's figures as they are, plus the mean step, the epoch, the speedup over single_gpu's
+images/s (`baseline`) and the step's split from its ranks' traces, averaged over the ranks,
+`split_row`), and results.csv written from them. The table, the sentences and the pictures all
+read these rows."""
 from __future__ import annotations
 
 import csv
@@ -9,12 +10,13 @@ import io
 import statistics
 from pathlib import Path
 
+from comparison.breakdown import run_breakdown
 from comparison.report.files import write_file
 from comparison.report.model import model_title, train_images
 from comparison.report.outcome import Outcome
 
 
-# the parts a step splits into (summary.breakdown's keys): they add up to the profiled step
+# the parts a step splits into (comparison/breakdown.py's): they add up to the profiled step
 SPLIT_PARTS = ("compute_ms", "comm_exposed_ms", "data_ms", "optimizer_ms", "other_ms")
 SPLIT_KEYS = ("step_ms", *SPLIT_PARTS, "comm_ms")
 SPLIT_COLUMNS = ("ranks", *(f"split_{key}" for key in SPLIT_KEYS), "split_comm_hidden_ms",
@@ -35,15 +37,19 @@ def fill_rows(outcomes: list[Outcome], out: Path) -> None:
     them: the mean step (global batch ÷ images/s, which is the mean of the timed steps), the epoch
     of the run's own training set at that step, speedup (over single_gpu's images/s: baseline)
     and scaling efficiency (speedup ÷ GPUs, one GPU's too), the run's time start to end as
-    compare.py timed it, and the step's split averaged over the ranks (split_row)."""
+    compare.py timed it, and the step's split from the traces in its run folder, averaged over the
+    ranks (split_row). Peak memory: results.json's {GPU or rank: [allocated, reserved]} in GB."""
     for o in outcomes:
+        if o.split is None and o.status == "ok":
+            o.split = run_breakdown(o.run_dir)
         r, res = o.run, o.results or {}
         summary, config = res.get("summary", {}), res.get("config", {})
         ips = summary.get("images_per_sec")
         batch = config.get("batch_size")
         images = train_images(config) if config else None
-        memory, reserved = (res.get("peak_mem_gb_per_gpu") or {},
-                            res.get("peak_mem_reserved_gb_per_gpu") or {})
+        peaks = res.get("peak_mem_gb_per_gpu") or {}
+        memory = {gpu: pair[0] for gpu, pair in peaks.items()}
+        reserved = {gpu: pair[1] for gpu, pair in peaks.items()}
         o.row = {
             "run": r.name, "mode": r.mode, "gpus": r.gpus, "backend": r.backend or "",
             "amp": config.get("amp", r.amp), "sync_bn": r.sync_bn,
@@ -69,7 +75,8 @@ def fill_rows(outcomes: list[Outcome], out: Path) -> None:
             "flops_per_image": summary.get("flops_per_image"),
             "wall_time_s": summary.get("wall_time_s"),
             "run_time_s": o.seconds if o.status != "not run" else None,
-            "profiled_steps": config.get("profile_steps"), **split_row(summary),
+            "profiled_steps": config.get("profile_steps"),
+            **split_row(o.split),
             "log": str(o.log.relative_to(out)) if o.log else "",
         }
     for o in outcomes:  # speedup against single_gpu with the same --amp
@@ -80,14 +87,13 @@ def fill_rows(outcomes: list[Outcome], out: Path) -> None:
             o.row["scaling_efficiency"] = o.row["speedup"] / o.run.gpus
 
 
-def split_row(summary: dict) -> dict:
-    """A run's step split for its CSV row (SPLIT_COLUMNS), from results.json's
-    `summary.breakdown` ({rank: {step_ms, compute_ms, ...}}): each part averaged over the ranks,
-    the communication hidden behind compute (comm_ms less comm_exposed_ms), each rank's work (its
-    step less its exposed communication: the time it was not waiting for the others) and the
-    slowest rank, the one with the most work. All None where the run recorded no breakdown
-    (profiling off, or a results.json written before it), or one that lacks a part."""
-    breakdown = summary.get("breakdown")
+def split_row(breakdown: dict | None) -> dict:
+    """A run's step split for its CSV row (SPLIT_COLUMNS), from its ranks' splits
+    ({rank: {step_ms, compute_ms, ...}}, breakdown.run_breakdown): each part averaged over the
+    ranks, the communication hidden behind compute (comm_ms less comm_exposed_ms), each rank's work
+    (its step less its exposed communication: the time it was not waiting for the others) and the
+    slowest rank, the one with the most work. All None where the run left no trace (profiling
+    off), or a split that lacks a part."""
     ranks = sorted(breakdown, key=int) if isinstance(breakdown, dict) else []
     whole = lambda split: isinstance(split, dict) and all(  # noqa: E731
         isinstance(split.get(key), (int, float)) for key in SPLIT_KEYS)

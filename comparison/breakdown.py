@@ -1,9 +1,7 @@
-"""Where each rank's training step goes, measured. `--profile_steps N` records the run's last N
-steps with torch's profiler, after the timed steps and never among them (the profiler's own host
-cost would land in images/s), and after the warm-up (--warmup_steps); under --benchmark they come
-after its --benchmark_steps. Each rank's trace is written beside the run as
-trace_rank<r>.json (Chrome trace JSON, as torch's export_chrome_trace writes it), and from that
-trace every recorded step is split into
+"""Where each rank's training step goes, from the trace the run left: `--profile_steps N` has
+each rank of a run record its last N steps with torch.profiler (after its timed steps, never among
+them) and write them to its run folder as trace_rank<r>.json (Chrome trace JSON, as torch's
+export_chrome_trace writes it). The report splits every recorded step of every rank's trace into
 
     compute       a kernel computing (GPU); the training thread inside an operator (CPU)
     comm          communication in total, hidden or not: NCCL kernels (GPU), gloo's collectives
@@ -17,10 +15,13 @@ it, else to other: compute + comm_exposed + data + optimizer + other is the step
 comm - comm_exposed is the communication hidden behind other work (DDP's all-reduce behind the
 backward pass).
 
-The step is the StepTimer's (common/metrics.py): from the moment it waits for its batch to the end
-of its work. The timer marks it in the trace as two ranges, "data wait <n>" then "train step <n>"
-(n: the step's number in the run, as results.json's `profiled_steps` gives them); a data wait
-that no train step follows is an epoch's end.
+A step is found by the ranges torch itself records: it begins as the training loop asks its
+DataLoader for the batch (torch's "enumerate(DataLoader)#..." range, the data wait) and ends with
+its optimizer's step (torch's "Optimizer.step#..." range), on the thread that trains. What the loop
+does after that (its learning-rate schedule, its sums of the loss, a log window's all-reduce) is
+in no step. A loader that records no range (one that is no DataLoader) leaves each step to begin
+where the one before ended, data 0, and its first step out. Evaluation and the checkpoint after the
+last step are in the trace too, and in no step.
 
 On a GPU the figures come from the device's timeline: the kernels, copies and memsets on their
 streams, each tied to the CUDA runtime or driver call that launched it (the trace's `correlation`,
@@ -32,9 +33,9 @@ the host and back (its collectives run on the host), and FSDP2's all-gather copy
 (fsdp::all_gather_copy_in), copy-out (fsdp::split_with_sizes_copy) and reduce-scatter copy-in
 (fsdp::chunk_cat; torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py). A kernel launched
 inside the data wait is data, one launched inside the optimizer's ranges is the optimizer's, any
-other is compute. The step runs on the device from its start on the host, or from
-the end of the work launched before it if that is later, to the end of the last work it launched,
-or its end on the host if that is later: what the StepTimer's CUDA events measure.
+other is compute. The step runs on the device from its start on the host, or from the end of the
+work launched before it if that is later, to the end of the last work it launched, or its end on
+the host if that is later.
 
 On the CPU everything runs on threads. The training thread computes while it is inside an
 operator: the innermost range it is in is an operator (its own time, a convolution's included),
@@ -50,17 +51,12 @@ from __future__ import annotations
 import bisect
 import json
 import math
-import os
 import re
-import tempfile
-import zlib
 from pathlib import Path
 
-import torch
-
-DATA = "data wait"  # the StepTimer's wait for step n's batch: "data wait <n>"
-STEP = "train step"  # the rest of step n, from its batch to its end: "train step <n>"
-OPTIMIZER = ("Optimizer.step#", "Optimizer.zero_grad#")  # torch's ranges around optimizer calls
+DATA = "enumerate(DataLoader)#"  # torch's range around a DataLoader's __next__: the data wait
+OPTIMIZER_STEP = "Optimizer.step#"  # torch's range around optimizer.step(): a step's end
+OPTIMIZER = (OPTIMIZER_STEP, "Optimizer.zero_grad#")  # torch's ranges around optimizer calls
 COMM = re.compile(r"^(c10d::|gloo:|nccl:|mpi:)|nccl|memcpy ptop", re.IGNORECASE)  # and GPU to GPU
 # FSDP2's copies into and out of its collectives' buffers: the all-gather's input, its output into
 # the parameters, the gradients into the reduce-scatter's input (torch.ops.fsdp)
@@ -70,7 +66,7 @@ DEVICE = ("kernel", "gpu_memcpy", "gpu_memset")  # the trace's categories of wor
 LAUNCH = ("cuda_runtime", "cuda_driver")  # the host's calls that launch it (cudaLaunchKernel ...)
 FIELDS = ("step_ms", "compute_ms", "comm_ms", "comm_exposed_ms", "data_ms", "optimizer_ms",
           "other_ms")
-TRACE_NAME = "trace_rank{rank}.json"  # in the run folder
+TRACE = re.compile(r"trace_rank(\d+)\.json")  # each rank's, in the run folder
 
 
 # --------------------------------------------------------------------------- interval arithmetic
@@ -143,33 +139,35 @@ def _thread(event) -> tuple:
     return event.get("pid"), event.get("tid")
 
 
-def _numbered(event, prefix: str) -> int | None:
-    """n of the StepTimer's range named "<prefix> <n>"; None for any other event."""
-    name = event.get("name", "")
-    if event.get("cat") != "user_annotation" or not name.startswith(prefix + " "):
-        return None
-    number = name[len(prefix) + 1:]
-    return int(number) if number.isdigit() else None
+def _named(event, prefix: str) -> bool:
+    return event.get("cat") == "user_annotation" and event.get("name", "").startswith(prefix)
 
 
 def recorded_steps(events: list) -> list[dict]:
-    """The whole steps among a trace's complete ("X") events, in order: each one's interval, its
-    data wait's, and its thread (pid, tid)."""
-    waits, steps = {}, {}
-    for event in events:
-        if (number := _numbered(event, DATA)) is not None:
-            waits.setdefault(number, []).append(event)
-        elif (number := _numbered(event, STEP)) is not None:
-            steps[number] = event
+    """The whole steps among a trace's complete ("X") events, in order: each one's interval (from
+    its data wait's start to its optimizer step's end), its data wait's, and its thread (pid, tid).
+    A step's data wait is the last DataLoader range on its thread between the step before it and
+    its optimizer step; without one, the step begins where the one before ended."""
+    by_thread = {}
+    for event in sorted(events, key=lambda event: event["ts"]):
+        if _named(event, OPTIMIZER_STEP) or _named(event, DATA):
+            by_thread.setdefault(_thread(event), []).append(event)
     found = []
-    for number, step in sorted(steps.items()):
-        before = [wait for wait in waits.get(number, []) if wait["ts"] <= step["ts"]]
-        if not before:  # its wait for data began before the recording did: not a whole step
-            continue
-        wait = max(before, key=lambda event: event["ts"])  # an earlier one was an epoch's end
-        found.append({"number": number, "window": (wait["ts"], _range(step)[1]),
-                      "data": _range(wait), "thread": _thread(step)})
-    return found
+    for thread, ranges in by_thread.items():
+        previous_end, wait = None, None
+        for event in ranges:
+            if _named(event, DATA):
+                wait = event if previous_end is None or event["ts"] >= previous_end else wait
+                continue
+            end = _range(event)[1]
+            if wait is not None:
+                found.append({"window": (wait["ts"], end), "data": _range(wait),
+                              "thread": thread})
+            elif previous_end is not None:
+                found.append({"window": (previous_end, end), "data": (previous_end, previous_end),
+                              "thread": thread})
+            previous_end, wait = end, None
+    return sorted(found, key=lambda step: step["window"])
 
 
 def _is_comm(event) -> bool:
@@ -303,151 +301,28 @@ def mean_breakdown(steps: list[dict]) -> dict | None:
     return {name: sum(step[name] for step in steps) / len(steps) for name in FIELDS}
 
 
-def slowest_rank(breakdown: dict | None) -> str | None:
-    """The rank whose mean step is the longest (a straggler: the others wait for it)."""
-    if not breakdown:
-        return None
-    return max(breakdown, key=lambda rank: breakdown[rank]["step_ms"])
+def trace_files(run_dir: Path) -> dict[int, Path]:
+    """{rank: its trace} in a run folder."""
+    found = {}
+    for path in run_dir.glob("trace_rank*.json") if run_dir else []:
+        match = TRACE.fullmatch(path.name)
+        if match:
+            found[int(match.group(1))] = path
+    return dict(sorted(found.items()))
 
 
-def breakdown_line(breakdown: dict, rank: str, steps: int) -> str:
-    """`profile of 3 steps, rank 1 (the slowest): step 45.1 ms = compute 30.2 + communication
-    exposed 3.1 (of 12.0) + data 0.4 + optimizer 2.0 + other 9.4`."""
-    ms = {name: f"{value:.1f}" for name, value in breakdown[rank].items()}
-    slowest = " (the slowest)" if len(breakdown) > 1 else ""
-    return (f"profile of {steps} step{'s' * (steps != 1)}, rank {rank}{slowest}: step "
-            f"{ms['step_ms']} ms = compute {ms['compute_ms']} + communication exposed "
-            f"{ms['comm_exposed_ms']} (of {ms['comm_ms']}) + data {ms['data_ms']} + optimizer "
-            f"{ms['optimizer_ms']} + other {ms['other_ms']}")
+def run_breakdown(run_dir: Path | None) -> dict[str, dict] | None:
+    """{rank: the mean split of its recorded steps} from the traces in a run folder; None where the
+    run left no trace, or a trace without a whole step (a rank's that cannot be read is left out:
+    the report then shows the ranks it could read)."""
+    split_by_rank = {}
+    for rank, path in trace_files(run_dir).items():
+        try:
+            trace = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        mean = mean_breakdown(step_breakdowns(trace))
+        if mean is not None:
+            split_by_rank[str(rank)] = mean
+    return split_by_rank or None
 
-
-# ---------------------------------------------------------------------------------- the recording
-class StepProfiler:
-    """Records the run's last `steps` steps with torch's profiler (those after the warm-up's
-    `warmup_steps` among them), as the StepTimer tells it: `starting(n)` before this attempt's step
-    n's first mark, `ready(n)` once its batch is there, `no_batch()` when the epoch had none left,
-    `done()` after its last mark. `plan()` says where the run stands and where it ends; `covers(n)`
-    whether step n is recorded, which the StepTimer then leaves out of its timed steps. The profiler
-    starts before the first recorded step's mark and stops after the last one's (or at `stop()`,
-    when the training ends first); its trace is then exported, split (step_breakdowns) and kept,
-    compressed, for `result()`. No shapes, stacks or memory are recorded: only what the split
-    needs, so that the recorded steps keep the pace of the others."""
-
-    def __init__(self, steps: int, warmup_steps: int, device: torch.device):
-        self.asked, self.warmup, self.device = steps, warmup_steps, device
-        self.before = 0  # the run's steps before this attempt
-        self.first = warmup_steps + 1  # this attempt's first recorded step (plan() sets it)
-        self.profile = None
-        self.open = []  # the ranges open now, the innermost last
-        self.recorded = 0  # steps done under the profiler
-        self.stopped = steps == 0
-        self.steps, self.trace = [], None  # the split steps; the trace's JSON, compressed
-
-    def plan(self, before: int, last: int) -> None:
-        """The run had made `before` steps before this attempt and ends with step `last`: record
-        its last `asked` steps, none of them a warm-up step of this attempt."""
-        self.before = before
-        self.first = max(self.warmup + 1, last - before - self.asked + 1)
-
-    def covers(self, step: int) -> bool:
-        """Whether this attempt's step `step` is (to be) recorded."""
-        return self.asked > 0 and self.first <= step < self.first + self.asked
-
-    def starting(self, step: int) -> None:
-        if self.stopped or step < self.first:
-            return
-        if self.profile is None:
-            self._start()
-        self._open(f"{DATA} {self.before + step}")
-
-    def ready(self, step: int) -> None:
-        if self.open:
-            self._close()
-            self._open(f"{STEP} {self.before + step}")
-
-    def no_batch(self) -> None:
-        while self.open:
-            self._close()
-
-    def done(self) -> None:
-        if not self.open:
-            return
-        self._close()
-        self.recorded += 1
-        if self.recorded == self.asked:
-            self.stop()
-
-    def _start(self) -> None:
-        from torch.autograd import profiler
-
-        if self.device.type == "cuda":  # the timed steps' work done before the profiler starts
-            torch.cuda.synchronize(self.device)
-        else:  # kineto's "gpuGetDeviceCount failed": there is no GPU
-            # above kineto's highest level (USDT, 5): its profiler_start/stop lines silenced too,
-            # here and in what this process starts (benchmarks/profile_step.py does the same)
-            os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-        # torch.autograd's profiler is the engine of torch.profiler.profile, which imports inductor
-        # (seconds) when it starts, to read a setting of CUDA graphs
-        self.profile = profiler.profile(use_cpu=True, use_kineto=True,
-                                        use_device="cuda" if self.device.type == "cuda" else None)
-        self.profile.__enter__()
-
-    def _open(self, name: str) -> None:
-        from torch.autograd import profiler
-
-        scope = profiler.record_function(name)
-        scope.__enter__()
-        self.open.append(scope)
-
-    def _close(self) -> None:
-        self.open.pop().__exit__(None, None, None)
-
-    def stop(self) -> None:
-        """Stop recording (if it is under way), export the trace, split its steps."""
-        self.stopped = True
-        if self.profile is None:
-            return
-        self.no_batch()
-        self.profile.__exit__(None, None, None)
-        with tempfile.TemporaryDirectory() as folder:
-            path = Path(folder) / "trace.json"
-            self.profile.export_chrome_trace(str(path))
-            text = path.read_bytes()
-        self.profile = None
-        self.steps = step_breakdowns(json.loads(text))
-        self.trace = zlib.compress(text, 6)
-
-    def result(self) -> dict:
-        """This rank's mean breakdown (None without a step), its trace (compressed; None without
-        one), the steps split, the first and last recorded (the run's numbers; None without one),
-        and what the figures are not when they are fewer than asked."""
-        self.stop()
-        first = self.before + self.first
-        span = [first, first + self.recorded - 1] if self.recorded else None
-        return {"breakdown": mean_breakdown(self.steps), "trace": self.trace,
-                "steps": len(self.steps), "span": span, "note": self.note()}
-
-    def note(self) -> str | None:
-        if not self.asked or len(self.steps) == self.asked:
-            return None
-        steps = f"{self.warmup} warm-up step{'s' * (self.warmup != 1)} (--warmup_steps)"
-        warmup = (f"after its {steps}" if not self.before
-                  else f"after the {steps} of its attempt that began after step {self.before}")
-        if not self.steps:
-            return (f"no step profiled: --profile_steps records the run's last steps {warmup}, "
-                    f"and the run had none after them")
-        return (f"{len(self.steps)} of the {self.asked} steps --profile_steps asked for were "
-                f"profiled: the run's last {len(self.steps)}, {warmup}")
-
-    def close(self) -> None:
-        """A run that ends with an error: the profiler stopped, nothing exported."""
-        while self.open:
-            self._close()
-        if self.profile is not None:
-            self.profile.__exit__(None, None, None)
-            self.profile = None
-
-
-def trace_text(result: dict) -> bytes | None:
-    """A rank's trace (result()'s), as the JSON text to write."""
-    return None if result["trace"] is None else zlib.decompress(result["trace"])
