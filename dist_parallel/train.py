@@ -149,12 +149,6 @@ def setup(args) -> torch.device:
                        "--bucket_cap_mb under compile: at least 1 (DDPOptimizer's first bucket)"),
                       (launched_by_hand(args), "--nproc_per_node and --max_restarts are the self-"
                        "launch's: under torchrun give its own --nproc-per-node, --max-restarts")])
-    timeout = datetime.timedelta(seconds=args.dist_timeout)  # a collective's wait for the others
-    with runkit.group_failure_in_one_line():  # robustness: a rendezvous that cannot succeed
-        store = store_of_this_attempt(rank, world_size, timeout)  # robustness: after a restart
-        dist.init_process_group(args.backend or ("nccl" if cuda else "gloo"), rank=rank,
-                                world_size=world_size, device_id=device if cuda else None,
-                                timeout=timeout, store=store)
     bf16 = cuda and torch.cuda.is_bf16_supported(including_emulation=False)
     args.amp = args.amp or ("bf16" if bf16 else "fp16" if cuda else "off")
     args.channels_last = cuda if args.channels_last is None else args.channels_last
@@ -166,6 +160,13 @@ def setup(args) -> torch.device:
         torch.use_deterministic_algorithms(True)
     runkit.refuse_if([(args.memory_snapshot and not cuda, "--memory_snapshot needs a GPU"),
                       (args.amp == "bf16" and cuda and not bf16, f"{device} has no bf16")])
+    # every refusal made: the group forms (a rank that refused after it broke the others' join)
+    timeout = datetime.timedelta(seconds=args.dist_timeout)  # a collective's wait for the others
+    with runkit.group_failure_in_one_line():  # robustness: a rendezvous that cannot succeed
+        store = store_of_this_attempt(rank, world_size, timeout)  # robustness: after a restart
+        dist.init_process_group(args.backend or ("nccl" if cuda else "gloo"), rank=rank,
+                                world_size=world_size, device_id=device if cuda else None,
+                                timeout=timeout, store=store)
     return device
 
 
