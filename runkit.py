@@ -292,7 +292,8 @@ def leave_stops_to_main(worker_id: int) -> None:
 # ------------------------------------------------------------------------------------------- data
 def check_image_folder(root: Path) -> None:
     """What ImageFolder takes in silence or with a traceback, refused in one line: an image
-    that cannot be read too, before anything is written."""
+    that cannot be read too, before anything is written (read by one rank a node: LOCAL_RANK 0,
+    which a group's train.py runs first)."""
     splits, files = [root / "train", root / "val"], []
     missing = next((split for split in splits if not split.is_dir()), None)
     if missing is not None:
@@ -326,6 +327,8 @@ def check_image_folder(root: Path) -> None:
     if empty is not None:
         raise UsageError(f"--dataset imagefolder: {empty} holds no image ({', '.join(IMAGES)}): "
                          "put images in it, or remove it")
+    if os.environ.get("LOCAL_RANK", "0") != "0":  # the node's first rank read every image, and
+        return  # its refusal ends the group: each other rank would read them all again
     with ThreadPoolExecutor(16) as pool:  # they wait on the disk, or decode in PIL (no GIL)
         bad = next(((path, why) for path, why in zip(files, pool.map(unreadable, files)) if why),
                    None)
