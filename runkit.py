@@ -1,26 +1,20 @@
 """runkit: what every train.py here needs and no lesson teaches, in one file that imports nothing
 of this repository: copy it beside a train.py. It takes numbers, dicts, tensors, modules and
-paths, never a train.py's flags. `progress` is a train.py's dict of epoch, batch, step,
-best_acc, best_epoch and tested_step: what a checkpoint keeps of the loop.
+paths, never a train.py's flags; `progress` is a train.py's dict of epoch, batch, step, best_acc,
+best_epoch and tested_step: what a checkpoint keeps of the loop.
 
-    ArgumentParser, count, number, refuse_if   mistakes in one line (UsageError: exit 2)
-    UsageError, RunError, one_line_errors      ... and a run that failed (RunError: exit 1)
-    StopSignals, stopped_line                  SIGTERM/INT/HUP/USR1: stop at the next window
-    cuda_device, workers                       the GPU or the CPU; DataLoader workers that fit
-    leave_stops_to_main                        ... which leave a stop signal to their run
-    check_image_folder, synthetic_images       an image folder refused in one line; offline data
-    downloaded(kind, root, train)              CIFAR-10 or MNIST, or what to put where
-    Augmented(dataset, transform, seed)        each image's crop drawn from (seed, epoch, index)
-    claim_run_folder(folder, resume, ...)      the run's folder, made or continued, locked
-    checkpoint_to_resume, has_ended            what --resume means, loaded and checked
-    save_checkpoint, rng_states, set_rng_state atomic, with the SHA-256 of its contents
-    optimizer_as_built(optimizer)              a resumed optimizer keeps this run's kernels
-    write_atomically, copy_atomically          never half a file
-    load_weights(model, path)                  --evaluate's weights
-    StepTimer, GpuMonitor, peak_memory_gb      step time on the device's clock; NVML; the peaks
-    RunLog(run_dir, config, checkpoint)        the console, TensorBoard, results.json
-    speed_summary, parameter_count            results.json's speed; the parameters as saved
-    flops_per_image, peak_tflops               FLOPs counted on the model itself; the GPU's peak
+    UsageError, RunError, one_line_errors       a mistake (exit 2), a failed run (exit 1): one line
+    ArgumentParser, count, number, refuse_if    flags, their ranges and checks, refused in one line
+    StopSignals, stopped_line                   SIGTERM/INT/HUP/USR1: stop at the next window
+    check_launch_environment, raise_group_failure, group_failure_in_one_line   process groups
+    cuda_device, workers, leave_stops_to_main   the GPU or the CPU; DataLoader workers
+    check_image_folder, downloaded, synthetic_images, folder_record, Augmented   the data
+    claim_run_folder, default_run_name          the run's folder, made or continued, locked
+    checkpoint_to_resume, has_ended, save_checkpoint, load_weights, copy_atomically   checkpoints
+    rng_states, set_rng_state, optimizer_as_built   what a resume puts back
+    StepTimer, GpuMonitor, peak_memory_gb       step time on the device's clock; NVML; the peaks
+    RunLog, speed_summary                       the console, TensorBoard, results.json
+    precise_batchnorm, parameter_count, flops_per_image, peak_tflops   measured on the model
 """
 from __future__ import annotations
 
@@ -52,8 +46,7 @@ import torch
 FORMAT = "pytorch-multigpu checkpoint v3"  # v3: each part's state dict, the progress a dict
 MARKER, LOCK = ".pytorch-multigpu-run", ".lock"  # what makes a folder a run's; its writer's lock
 WINDOW = ("loss_sum", "correct", "images", "timed_steps", "step_seconds", "data_seconds")
-# the image files ImageFolder reads
-IMAGES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+IMAGES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")  # it reads
 
 
 # ------------------------------------------------------------------------------- errors and flags
@@ -79,7 +72,7 @@ def one_line_errors():
         if error.rank_specific or once:  # torchrun's workers all meet it: said once a node
             print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
-    except (RunError, PermissionError) as error:
+    except RunError as error:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(1) from None
     except OSError as error:
@@ -93,31 +86,24 @@ def one_line_errors():
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """Mistakes in one line; --help: the docstring as written, the defaults; no abbreviations."""
+    """argparse's, with a mistake in one line, no abbreviations, and --help the docstring as
+    written with each default that says something (not None, not a switch's off)."""
 
-    class Help(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    class Help(argparse.RawDescriptionHelpFormatter):
         def _get_help_string(self, action) -> str:
-            """A default shown where it says something: not None, not a switch's off, not one
-            the help states; a --flag/--no-flag pair on by default says so."""
             text = (action.help or "").replace(" (default: %(default)s)", "")  # Python < 3.13's
             if isinstance(action, argparse.BooleanOptionalAction) and action.default:
                 return f"{text} (on by default)".lstrip()
-            if not ArgumentParser.shows_default(action) or "default" in text:
+            if action.default in (None, argparse.SUPPRESS, False, True) or "default" in text:
                 return text
             return f"{text} (default: %(default)s)".lstrip()
-
-    @staticmethod
-    def shows_default(action) -> bool:
-        return action.default not in (None, argparse.SUPPRESS) and \
-            not isinstance(action.default, bool)
 
     def __init__(self, **kwargs):
         super().__init__(formatter_class=self.Help, allow_abbrev=False, **kwargs)
 
     def add_argument(self, *args, **kwargs):
         action = super().add_argument(*args, **kwargs)
-        if action.help is None and self.shows_default(action):  # a flag without help: its default
-            action.help = "(default: %(default)s)"
+        action.help = action.help or " "  # a flag without help: its default, said by Help
         return action
 
     def error(self, message: str):
@@ -155,8 +141,8 @@ def refuse_if(checks) -> None:
 class StopSignals:
     """SIGTERM (SLURM, torchrun, kill), SIGINT (Ctrl-C), SIGHUP (a closed terminal), SIGUSR1
     (SLURM's warning before a time limit) set `received`: the loop stops at its next window.
-    With `at_once` set (a run with nothing to keep) they end the process there, with the line
-    "stopped by <signal>: <at_once>" (an empty one: no line) and 128 + the signal."""
+    With `at_once` set (nothing to keep) the process ends there, saying "stopped by <signal>:
+    <at_once>" (an empty one: nothing), with 128 + the signal."""
 
     NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "SIGINT", signal.SIGHUP: "SIGHUP",
              signal.SIGUSR1: "SIGUSR1"}
@@ -173,7 +159,7 @@ class StopSignals:
         if number == signal.SIGHUP:  # the terminal is gone: a line printed there would fail
             for fd in (1, 2):
                 os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
-        if self.at_once is not None:  # nothing to keep: the process ends here
+        if self.at_once is not None:
             if self.at_once:
                 print(f"stopped by {self.NAMES[number]}: {self.at_once}", flush=True)
             raise SystemExit(self.CODES[self.NAMES[number]])
@@ -195,17 +181,16 @@ def stopped_line(signal_name: str, progress: dict, batches: int, checkpoint: Pat
 
 
 def check_launch_environment() -> None:
-    """The variables a launcher sets (torchrun, srun, a Kubernetes operator, or by hand): one that
-    no process could run with is refused in one line naming it. A worker of torch's agent dies with
-    it (Linux's parent-death signal): a `kill -9` of torchrun leaves no orphan training on."""
+    """The variables a launcher sets (torchrun, srun, an operator, by hand): one no process could
+    run with is refused in one line naming it. A worker of torchrun's agent dies with it (Linux's
+    parent-death signal): a `kill -9` of torchrun leaves no orphan training on."""
     if "TORCHELASTIC_RESTART_COUNT" in os.environ and sys.platform.startswith("linux"):
         import ctypes
 
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     env = os.environ
-    numbers = [name for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-                                 "MASTER_PORT") if name in env]
-    bad = next((name for name in numbers if not env[name].isdigit()), None)
+    bad = next((name for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                  "MASTER_PORT") if not env.get(name, "0").isdigit()), None)
     unset = next((name for name in ("MASTER_ADDR", "MASTER_PORT") if not env.get(name)), None)
     refuse_if([(bad, f"{bad}={env.get(bad or '')!r}: a launcher sets it to a whole number; "
                 "mend it"),
@@ -227,16 +212,13 @@ def check_launch_environment() -> None:
                 "node's processes")])
 
 
-GROUP_WORDS = ("closed by peer", "connection reset", "broken pipe", "timed out", "timeout",
-               "nccl", "gloo", "watchdog", "process group")  # a collective whose peer is gone
-
-
 def raise_group_failure(error: BaseException, step: int) -> None:
     """A collective that failed because a peer died or stalled, as one line naming this rank and
     the step (a traceback would say nothing); any other error is left to its caller."""
     text = " ".join(str(error).split())[:200]
-    if isinstance(error, torch.distributed.DistError) or any(word in text.lower()
-                                                             for word in GROUP_WORDS):
+    words = ("closed by peer", "connection reset", "broken pipe", "timed out", "timeout", "nccl",
+             "gloo", "watchdog", "process group")  # a collective whose peer is gone
+    if isinstance(error, torch.distributed.DistError) or any(w in text.lower() for w in words):
         raise RunError(f"rank {os.environ.get('RANK')} stopped at step {step}: the process group "
                        f"failed ({text}); another rank died or stalled, and its own output says "
                        "why") from None
@@ -273,9 +255,9 @@ def workers(given: int | None) -> int:
 
 
 def leave_stops_to_main(worker_id: int) -> None:
-    """A DataLoader's worker_init_fn. Ctrl-C signals a terminal's whole group, SLURM and a
-    container's stop every process: a worker ignores the stop signals, and its main process stops
-    at its next window. It still ends on its main process's SIGTERM: how a DataLoader ends it."""
+    """A DataLoader's worker_init_fn: Ctrl-C signals a terminal's whole group, SLURM and a
+    container's stop every process; a worker ignores them and its main process stops at its next
+    window. It still ends on its main process's SIGTERM, as a DataLoader ends it."""
     for number in (signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
         signal.signal(number, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # waited for below, by sender
@@ -290,57 +272,54 @@ def leave_stops_to_main(worker_id: int) -> None:
 
 
 # ------------------------------------------------------------------------------------------- data
-def check_image_folder(root: Path) -> None:
-    """What ImageFolder takes in silence or with a traceback, refused in one line: an image
-    that cannot be read too, before anything is written (read by one rank a node: LOCAL_RANK 0,
-    which a group's train.py runs first)."""
-    splits, files = [root / "train", root / "val"], []
+def check_image_folder(root: Path) -> str:
+    """What ImageFolder takes in silence or with a traceback, refused in one line before anything
+    is written; returned, the training images in a line a resume compares (their classes, and a
+    digest of each file's name and size). Every image is read by one rank a node, LOCAL_RANK 0."""
+    splits, files, filled = [root / "train", root / "val"], [], set()
     missing = next((split for split in splits if not split.is_dir()), None)
-    if missing is not None:
-        raise UsageError(f"--dataset imagefolder: {missing} is not a folder: put the images in "
-                         f"{root}/train/<class>/ and {root}/val/<class>/")
+    refuse_if([(missing, f"--dataset imagefolder: {missing} is not a folder: put the images in "
+                f"{root}/train/<class>/ and {root}/val/<class>/")])
     for split in splits:
-        dangling = [path for path in split.iterdir() if path.is_symlink() and not path.exists()]
-        if dangling:
-            raise UsageError(f"{dangling[0]} is a link to {os.readlink(dangling[0])}, which is "
-                             "not there: mend or remove it")
         for top, folders, names in os.walk(split, followlinks=True):  # as ImageFolder walks it
-            here = Path(top)
-            files += [here / name for name in names if here != split and
-                      Path(name).suffix.lower() in IMAGES]
-            above = {path.resolve() for path in [here, *here.parents[:len(
-                here.relative_to(split).parts)]]}  # the folders it is in, up to the split
-            loop = next((here / name for name in folders if (here / name).is_symlink() and
-                         (here / name).resolve() in above), None)
-            if loop is not None:  # ImageFolder would go round it until the path is too long
-                raise UsageError(f"--dataset imagefolder: {loop} is a link to "
-                                 f"{os.readlink(loop)}, a folder it is in (a loop): remove it")
+            here, depth = Path(top), len(Path(top).relative_to(split).parts)
+            above = {path.resolve() for path in [here, *here.parents[:depth]]}  # up to the split
+            loop = next((here / name for name in folders if (here / name).resolve() in above), None)
+            refuse_if([(loop, f"--dataset imagefolder: {loop} is a link to "
+                        f"{loop and os.readlink(loop)}, a folder it is in (a loop): remove it")])
+            images = [here / name for name in names if Path(name).suffix.lower() in IMAGES]
+            files += [(split, path) for path in images if depth]
+            filled |= {(split, here.relative_to(split).parts[0])} if images and depth else set()
+    dangling = next((path for split in splits for path in split.iterdir()
+                     if path.is_symlink() and not path.exists()), None)
     classes = [sorted(path.name for path in split.iterdir() if path.is_dir()) for split in splits]
     nfc = [sorted(unicodedata.normalize("NFC", name) for name in names) for names in classes]
-    refuse_if([(classes != nfc, f"--dataset imagefolder: a class folder of {root} is named in "
+    refuse_if([(dangling, f"{dangling} is a link to {dangling and os.readlink(dangling)}, which "
+                "is not there: mend or remove it"),
+               (classes != nfc, f"--dataset imagefolder: a class folder of {root} is named in "
                 "decomposed Unicode (another split, or a copy, may name it composed): rename it")])
-    if classes[0] != classes[1] or len(classes[0]) < 2:
-        raise UsageError(f"--dataset imagefolder: train/ has the classes {classes[0][:5]} and val/ "
-                         f"{classes[1][:5]}: give both the same class folders, two at least")
-    empty = next((split / name for split in splits for name in classes[0] if not any(
-        path.suffix.lower() in IMAGES for path in (split / name).rglob("*"))), None)
-    if empty is not None:
-        raise UsageError(f"--dataset imagefolder: {empty} holds no image ({', '.join(IMAGES)}): "
-                         "put images in it, or remove it")
-    if os.environ.get("LOCAL_RANK", "0") != "0":  # the node's first rank read every image, and
-        return  # its refusal ends the group: each other rank would read them all again
-    with ThreadPoolExecutor(16) as pool:  # they wait on the disk, or decode in PIL (no GIL)
-        bad = next(((path, why) for path, why in zip(files, pool.map(unreadable, files)) if why),
-                   None)
-    if bad is not None:
-        raise UsageError(f"--dataset imagefolder: {bad[0]} cannot be read as an image ({bad[1]}): "
-                         "replace it with a readable image, or delete it")
+    empty = next((split / name for split in splits for name in classes[0]
+                  if (split, name) not in filled), None)
+    refuse_if([(classes[0] != classes[1] or len(classes[0]) < 2, f"--dataset imagefolder: train/ "
+                f"has the classes {classes[0][:5]} and val/ {classes[1][:5]}: give both the same "
+                "class folders, two at least"),
+               (empty, f"--dataset imagefolder: {empty} holds no image ({', '.join(IMAGES)}): put "
+                "images in it, or remove it")])
+    if os.environ.get("LOCAL_RANK", "0") == "0":  # the others would read them all again
+        with ThreadPoolExecutor(16) as pool:  # they wait on the disk, or decode in PIL (no GIL)
+            why = list(pool.map(unreadable, [path for _, path in files]))
+        bad = next(((path, reason) for (_, path), reason in zip(files, why) if reason), None)
+        refuse_if([(bad, f"--dataset imagefolder: {bad and bad[0]} cannot be read as an image "
+                    f"({bad and bad[1]}): replace it with a readable image, or delete it")])
+    train = sorted((path.relative_to(root).as_posix(), path.stat().st_size)
+                   for split, path in files if split == splits[0])
+    digest = hashlib.sha256(repr(train).encode()).hexdigest()[:12]
+    return f"{len(train)} images in {len(classes[0])} classes, digest {digest}"
 
 
 def unreadable(path: Path) -> str | None:
     """Why PIL cannot read the image `path` to its end (None: it can): a PNG or a JPEG must end
-    with its end marker, which one cut short lacks; any other is decoded in full (a BMP has no
-    marker to look for)."""
+    with its end marker, which one cut short lacks; any other is decoded in full."""
     from PIL import Image
 
     try:
@@ -365,26 +344,15 @@ def downloaded(kind, root: Path, train: bool):
     except (OSError, RuntimeError, ValueError, EOFError, AssertionError, IndexError, KeyError,
             UsageError, pickle.UnpicklingError) as error:  # what a cut or foreign file raises
         lines = [line for line in str(error).splitlines() if line.strip()] or [repr(error)]
-        reason = " ".join(lines[-1].split())[:160]  # a failed download: the last mirror's
         if hasattr(kind, "tgz_md5"):  # CIFAR-10: its archive, extracted where it lies
             where, files, source = root, kind.filename, kind.url
         else:  # MNIST: its four files in <root>/MNIST/raw
             where, source = root / kind.__name__ / "raw", kind.mirrors[0]
             files = ", ".join(name for name, _ in kind.resources)
         raise UsageError(f"--data_dir {root}: {kind.__name__} could not be read there nor "
-                         f"downloaded ({reason}): put {files} from {source} into {where}/ (a "
-                         "damaged copy deleted first), or train offline with --dataset "
-                         "synthetic") from None
-
-
-def folder_record(root: Path) -> str:
-    """What an image folder's training split holds, in a line a resume compares: its classes and
-    images, and a digest of each file's class, name and size (images added, a class renamed)."""
-    files = sorted((path.relative_to(root).as_posix(), path.stat().st_size)
-                   for path in (root / "train").rglob("*") if path.suffix.lower() in IMAGES)
-    digest = hashlib.sha256(repr(files).encode()).hexdigest()[:12]
-    classes = len({name.split("/")[1] for name, _ in files})
-    return f"{len(files)} images in {classes} classes, digest {digest}"
+                         f"downloaded ({' '.join(lines[-1].split())[:160]}): put {files} from "
+                         f"{source} into {where}/ (a damaged copy deleted first), or train "
+                         "offline with --dataset synthetic") from None
 
 
 def synthetic_images(count: int, seed: int, split: str, classes: int = 10, side: int = 32):
@@ -403,8 +371,7 @@ def synthetic_images(count: int, seed: int, split: str, classes: int = 10, side:
 
 class Augmented(torch.utils.data.Dataset):
     """dataset[i] through `transform`, drawing from (seed, epoch, i): the same crop whichever
-    worker, rank or resumed run loads it. set_epoch before an epoch's iterator (its workers copy
-    it)."""
+    worker, rank or resumed run loads it. set_epoch before an epoch's iterator (workers copy it)."""
 
     def __init__(self, dataset, transform, seed: int):
         self.dataset, self.transform, self.seed, self.epoch = dataset, transform, seed, 0
@@ -430,27 +397,27 @@ _held = []  # the run folder's lock, open for as long as this process runs
 def claim_run_folder(folder: Path, resume, overwrite: bool) -> Path:
     """The run's `folder`, made anew (continued by `resume`; a run's emptied by `overwrite`) and
     locked: this process's alone."""
-    if folder.is_symlink() or folder.exists() and not folder.is_dir():
-        raise UsageError(f"{folder} is a link or a file, not a run folder: give another "
-                         "--run_name")
     own = Path(resume).absolute().parent if resume not in (None, "auto") else None
-    if folder.is_dir() and own is not None and own.resolve() != folder.resolve():
-        raise UsageError(f"run folder {folder} exists already, another run's than {resume}: give "
-                         f"a new --run_name, or --run_name {shlex.quote(own.name)} --log_dir "
-                         f"{shlex.quote(str(own.parent))} to continue in the checkpoint's folder")
-    if folder.is_dir() and not (resume or overwrite):
-        go_on = " (--resume auto continues its training)" * (folder / "checkpoint.pt").exists()
-        raise UsageError(f"run folder {folder} exists already: give another --run_name, or "
-                         f"--overwrite to empty it{go_on}")
-    if folder.is_dir() and any(folder.iterdir()) and not (folder / MARKER).is_file():
-        raise UsageError(f"{folder} is not a run folder (it has no {MARKER}): it is left as it "
-                         "is; give another --run_name")
+    go_on = " (--resume auto continues its training)" * (folder / "checkpoint.pt").exists()
+    refuse_if([
+        (folder.is_symlink() or folder.exists() and not folder.is_dir(), f"{folder} is a link or a "
+         "file, not a run folder: give another --run_name"),
+        (folder.is_dir() and own and own.resolve() != folder.resolve(), f"run folder {folder} "
+         f"exists already, another run's than {resume}: give a new --run_name, or --run_name "
+         f"{shlex.quote(own and own.name)} --log_dir {shlex.quote(str(own and own.parent))} to "
+         "continue in the checkpoint's folder"),
+        (folder.is_dir() and not (resume or overwrite), f"run folder {folder} exists already: give "
+         f"another --run_name, or --overwrite to empty it{go_on}"),
+        (folder.is_dir() and any(folder.iterdir()) and not (folder / MARKER).is_file(), f"{folder} "
+         f"is not a run folder (it has no {MARKER}): it is left as it is; give another "
+         "--run_name")])
     try:
         folder.mkdir(parents=True, exist_ok=bool(resume or overwrite))
     except FileExistsError as error:
-        if Path(error.filename).is_symlink() and not Path(error.filename).exists():
-            raise RunError(f"{error.filename} is a link to {os.readlink(error.filename)}, which "
-                           "is not there: mend or remove it, or give another --log_dir") from None
+        link = Path(error.filename)  # a link to nothing on the way, or a run's folder just made
+        if link.is_symlink() and not link.exists():
+            raise RunError(f"{link} is a link to {os.readlink(link)}, which is not there: mend "
+                           "or remove it, or give another --log_dir") from None
         raise UsageError(f"run folder {folder} was made by another run a moment ago: give "
                          "another --run_name") from None
     lock = open(folder / LOCK, "a+")
@@ -471,8 +438,8 @@ def claim_run_folder(folder: Path, resume, overwrite: bool) -> Path:
     for path in folder.iterdir():  # a killed writer's temporary files; --overwrite: all but these
         if path.name.endswith(".tmp") or overwrite and path.name not in (LOCK, MARKER):
             shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-    best = Path(resume).with_name("best.pt") if resume not in (None, "auto") else None
-    if best and best.is_file() and best.parent.resolve() != folder.resolve():
+    best = own and own / "best.pt"
+    if best and best.is_file() and own.resolve() != folder.resolve():
         shutil.copyfile(best, folder / "best.pt")  # a checkpoint continued elsewhere: its best too
     return folder
 
@@ -487,13 +454,12 @@ def checkpoint_to_resume(resume: str | None, folder: Path, config: dict, must_ma
     """The checkpoint --resume names, read with weights_only=True and checked (format, checksum,
     the flags in `must_match`); None: a fresh start. `auto`: `folder`'s, if any, never replacing
     an earlier run's results or weights."""
-    if resume is None:
-        return None
-    path = folder / "checkpoint.pt" if resume == "auto" else Path(resume)
+    path = folder / "checkpoint.pt" if resume == "auto" else Path(resume or "")
     earlier = [name for name in ("results.json", "best.pt", "model.pt") if (folder / name).exists()]
-    if resume == "auto" and not path.exists():
-        refuse_if([(earlier, f"--resume auto: {folder} has no checkpoint.pt but an earlier run's "
-                    f"{earlier[:1]}: give another --run_name, or --overwrite to start afresh")])
+    if resume is None or resume == "auto" and not path.exists():
+        refuse_if([(resume and earlier, f"--resume auto: {folder} has no checkpoint.pt but an "
+                    f"earlier run's {earlier[:1]}: give another --run_name, or --overwrite to "
+                    "start afresh")])
         return None
     try:
         state = read_weights_only(path)
@@ -501,17 +467,17 @@ def checkpoint_to_resume(resume: str | None, folder: Path, config: dict, must_ma
         raise UsageError(f"--resume: {path} is no intact checkpoint; give the checkpoint.pt a run "
                          "wrote (the last one stays until a new one is whole)") from None
     given = state.get("format") if isinstance(state, dict) else None
+    named = {name: "the images:" if name == "data" else f"--{name}" for name in must_match}
+    differ = given == FORMAT and [f"{named[name]} {state['config'].get(name)} (now "
+                                  f"{config.get(name)})" for name in must_match
+                                  if state["config"].get(name) != config.get(name)]
     refuse_if([
         (given != FORMAT, f"--resume: {path} is in the format {given!r}; this version reads "
          f"{FORMAT!r} only (a model.pt holds weights: give it to --evaluate); start afresh"),
-        (state.get("checksum") != checksum({k: v for k, v in state.items() if k != "checksum"}),
-         f"--resume: {path} is damaged: its contents do not match their checksum; resume from "
-         "another copy, or start afresh")])
-    named = {name: "the images:" if name == "data" else f"--{name}" for name in must_match}
-    differ = [f"{named[name]} {state['config'].get(name)} (now {config.get(name)})"
-              for name in must_match if state["config"].get(name) != config.get(name)]
-    refuse_if([(differ, f"--resume: {path} was written by another run: {', '.join(differ)}; "
-                "resume with the flags it was written with")])
+        (state.pop("checksum", None) != checksum(state), f"--resume: {path} is damaged: its "
+         "contents do not match their checksum; resume from another copy, or start afresh"),
+        (differ, f"--resume: {path} was written by another run: {', '.join(differ or [])}; resume "
+         "with the flags it was written with")])
     return {**state, "file": str(path)}
 
 
@@ -577,52 +543,11 @@ def save_checkpoint(path: Path, state: dict) -> Path:
     return write_atomically(path, lambda file: torch.save(sealed, file))
 
 
-def rng_states() -> dict:
-    """This process's torch and CUDA generators: the only ones training draws from."""
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
-    return {"torch": torch.get_rng_state(), "cuda": cuda}
-
-
-@contextlib.contextmanager
-def optimizer_as_built(optimizer: torch.optim.Optimizer):
-    """Around loading an optimizer's saved state: it keeps this run's implementation (fused,
-    foreach: a CPU run's checkpoint resumed on a GPU, or the reverse), and each buffer the
-    saved values in its parameter's strides (the other --channels_last: fused SGD refuses a
-    buffer laid out unlike its parameter)."""
-    built = [{key: group[key] for key in ("fused", "foreach") if key in group}
-             for group in optimizer.param_groups]
-    yield
-    for group, flags in zip(optimizer.param_groups, built):
-        group.update(flags)
-        for param in group["params"]:
-            state = optimizer.state[param]
-            for name, value in state.items():
-                if torch.is_tensor(value) and value.shape == param.shape and \
-                        value.stride() != param.stride():
-                    state[name] = torch.empty_like(param, dtype=value.dtype).copy_(value)
-
-
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"][:torch.cuda.device_count()])
-
-
 def read_weights_only(path) -> object:
-    """torch.load(weights_only=True), silent: a raw pickle's protocol warning would come before
-    the refusal's one line."""
+    """torch.load(weights_only=True), silent: a raw pickle's protocol warning would come first."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Detected pickle protocol")
         return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def plural(number: int, noun: str) -> str:
-    """"1 worker", "2 workers", "2 processes": a count as a sentence says it."""
-    return f"{number} {noun}{('es' if noun.endswith('s') else 's') * (number != 1)}"
-
-
-def images(count: int) -> str:
-    return plural(count, "image")
 
 
 def load_weights(path: str, load) -> None:
@@ -636,6 +561,45 @@ def load_weights(path: str, load) -> None:
         raise UsageError(f"--evaluate: {path} holds no weights of this model "
                          f"({(str(error) or repr(error)).splitlines()[0][:100]}): give a model.pt "
                          "or checkpoint.pt a run of these model flags wrote") from None
+
+
+def rng_states() -> dict:
+    """This process's torch and CUDA generators: the only ones training draws from."""
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+    return {"torch": torch.get_rng_state(), "cuda": cuda}
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"][:torch.cuda.device_count()])
+
+
+@contextlib.contextmanager
+def optimizer_as_built(optimizer: torch.optim.Optimizer):
+    """Around loading an optimizer's state: it keeps this run's kernels (fused, foreach: a CPU
+    run's checkpoint resumed on a GPU) and each buffer its parameter's strides (the other
+    --channels_last: fused SGD refuses a buffer laid out unlike its parameter)."""
+    built = [{key: group[key] for key in ("fused", "foreach") if key in group}
+             for group in optimizer.param_groups]
+    yield
+    for group, flags in zip(optimizer.param_groups, built):
+        group.update(flags)
+        for param in group["params"]:
+            state = optimizer.state[param]
+            for name, value in state.items():
+                if torch.is_tensor(value) and value.shape == param.shape and \
+                        value.stride() != param.stride():
+                    state[name] = torch.empty_like(param, dtype=value.dtype).copy_(value)
+
+
+def plural(number: int, noun: str) -> str:
+    """"1 worker", "2 workers", "2 processes": a count as a sentence says it."""
+    return f"{number} {noun}{('es' if noun.endswith('s') else 's') * (number != 1)}"
+
+
+def images(count: int) -> str:
+    return plural(count, "image")
 
 
 # ---------------------------------------------------------------------------- timing and telemetry
@@ -689,22 +653,13 @@ class StepTimer:
         if self.steps == self.warmup_steps and self.cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
         if self.snapshot and self.step == self.snapshot[0]:
-            self.dump_snapshot()
+            self.close()
         if self.profiler is None and self.steps > self.warmup_steps:
             self.pending.append((*self.marks, done))
         elif self.profiler is not None:
             self.range.__exit__(None, None, None)
             if self.step == self.profile[1]:  # the trace, for Perfetto and comparison/'s split
-                self.profiler.stop()
-                self.profiler.export_chrome_trace(str(self.profile[2]))
-                self.profile, self.profiler = (*self.profile[:2], None), None
-
-    def dump_snapshot(self) -> None:
-        torch.cuda.memory._dump_snapshot(str(self.snapshot[1]))
-        torch.cuda.memory._record_memory_history(enabled=None)
-        print(f"memory snapshot of {self.step} steps: {self.snapshot[1]} (open it in "
-              "pytorch.org/memory_viz)", flush=True)
-        self.snapshot = None
+                self.close()
 
     def window(self) -> list[float]:
         """[timed steps, their seconds, of which waiting for data] since the last call: one sync."""
@@ -717,13 +672,17 @@ class StepTimer:
         return [float(len(steps)), sum(steps), data]
 
     def close(self) -> None:
-        """A run that ended before its snapshot's or its profile's last step: what they hold."""
+        """The memory snapshot and the trace: at their last step, or what a shorter run holds."""
         if self.snapshot and self.steps:
-            self.dump_snapshot()
+            torch.cuda.memory._dump_snapshot(str(self.snapshot[1]))
+            torch.cuda.memory._record_memory_history(enabled=None)
+            print(f"memory snapshot of {self.step} steps: {self.snapshot[1]} (open it in "
+                  "pytorch.org/memory_viz)", flush=True)
+            self.snapshot = None
         if self.profiler is not None:
             self.profiler.stop()
             self.profiler.export_chrome_trace(str(self.profile[2]))
-            self.profile = (*self.profile[:2], None)
+            self.profile, self.profiler = (*self.profile[:2], None), None
 
 
 class GpuMonitor:
@@ -789,8 +748,8 @@ class RunLog:
             from tensorboardX.proto.event_pb2 import Event, SessionLog
             from tensorboardX.summary import text
 
-            # named by the second, and the nanosecond: an attempt resumed in the second of the
-            # one it follows opens a file of its own ("wb" would empty that one's)
+            # named by the nanosecond: an attempt resumed in the second of the one it follows
+            # opens a file of its own ("wb" would empty that one's)
             self.writer = EventsWriter(str(run_dir / "events"), f".{time.time_ns()}")
             purge = checkpoint["progress"]["step"] + 1 if checkpoint else None
             if purge is not None:  # TensorBoard drops the points from this step on
@@ -896,12 +855,12 @@ def speed_summary(log: RunLog, timer: StepTimer, global_batch: int, devices: int
             "profiled_steps": list(timer.profile[:2]) if timer.profile else None}
 
 
+# ------------------------------------------------------------------------------------- model facts
 @torch.no_grad()
 def precise_batchnorm(model: torch.nn.Module, batches, device, memory_format, images=8192):
     """Every BatchNorm's statistics made those of the weights as they are, over the first `images`
-    training images (PreciseBN: Wu & Johnson, 2021). The running ones average ten steps' batches,
-    each of its step's weights: on a small folder early on they are far from any (a ResNet-18's
-    first test loss: 259 with them, 2.26 with its weights' own; BENCHMARKS.md)."""
+    training images (PreciseBN: Wu & Johnson, 2021); the running ones average ten steps' batches,
+    each of its own weights: on a small folder early on, far from any (BENCHMARKS.md)."""
     norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
     kept = [(norm.momentum, norm.num_batches_tracked.clone()) for norm in norms]
     for norm in norms:
@@ -917,7 +876,6 @@ def precise_batchnorm(model: torch.nn.Module, batches, device, memory_format, im
         norm.num_batches_tracked.copy_(tracked)
 
 
-# ------------------------------------------------------------------------------------- model facts
 def parameter_count(model: torch.nn.Module) -> int:
     """The model's parameters as its state dict holds them (a fast path may store them padded)."""
     state = model.state_dict()

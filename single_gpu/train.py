@@ -152,7 +152,7 @@ def get_datasets(args):
         test = TensorDataset(*runkit.synthetic_images(args.synthetic_size // 5, args.seed, "test"))
         return train, test, 10
     if args.dataset == "imagefolder":
-        runkit.check_image_folder(root)  # what ImageFolder would take silently, in one line
+        args.data = runkit.check_image_folder(root)  # its refusals; what a resume compares
         train = torchvision.datasets.ImageFolder(root / "train")
         return train, torchvision.datasets.ImageFolder(root / "val"), len(train.classes)
     kind = torchvision.datasets.CIFAR10 if args.dataset == "cifar10" else torchvision.datasets.MNIST
@@ -198,7 +198,6 @@ def data_defaults(args, train_images: int) -> None:
         args.flip = args.dataset != "mnist" and (args.dataset != "imagefolder" or
                                                  args.augment == "resized")
     args.flip = args.flip and args.augment != "off"
-    args.data = runkit.folder_record(Path(args.data_dir)) if args.dataset == "imagefolder" else None
     args.num_workers = runkit.workers(args.num_workers)  # a share of this node's cores
     given, args.batch_size = args.batch_size, args.batch_size or 128
     while not given and args.dataset == "imagefolder" and train_images < 4 * args.batch_size > 4:

@@ -93,7 +93,7 @@ def test_the_folder_gives_its_classes_and_counts_and_imagenets_defaults(folder):
     assert image.mode == "RGB" and image.size == SIZES[0] and label == 1
     # 224 pixels, ImageNet's mirrored resized crop; the default batch halved to 4 steps an epoch
     assert (args.image_size, args.augment, args.flip, args.batch_size) == (224, "resized", True, 4)
-    assert args.data == runkit.folder_record(folder) == \
+    assert args.data == runkit.check_image_folder(folder) == \
         f"24 images in 3 classes, digest {args.data.rsplit(' ', 1)[1]}"
     args.image_size = 32
     _, raw_model, flops = SINGLE.get_model(args, classes, CPU)
@@ -346,7 +346,7 @@ def test_a_resume_on_a_folder_that_changed_is_refused_naming_the_change(small_fo
     shutil.copy(copy / "train" / "ant" / "0.png", copy / "train" / "ant" / "new.png")
     refused = in_process("single_gpu", *again)
     assert refused.returncode == 2 and refused.stderr.count("error: ") == 1, refused.stderr
-    assert (f"the images: {runkit.folder_record(folder)} (now 25 images in 3 classes, digest"
+    assert (f"the images: {runkit.check_image_folder(folder)} (now 25 images in 3 classes, digest"
             in refused.stderr), refused.stderr
     assert not (tmp_path / "again").exists()
 

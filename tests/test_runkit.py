@@ -59,7 +59,7 @@ def test_each_kind_of_error_is_one_line_and_its_exit_status(capsys, monkeypatch)
     assert said(capsys, runkit.UsageError("give --lr")) == (2, "error: give --lr\n")
     assert said(capsys, runkit.RunError("the loss is NaN")) == (1, "error: the loss is NaN\n")
     assert said(capsys, PermissionError(13, "Permission denied", "/runs/x")) == (
-        1, "error: [Errno 13] Permission denied: '/runs/x'\n")
+        1, "error: /runs/x: Permission denied\n")
     assert said(capsys, OSError(28, "No space left on device", "/runs/x/checkpoint.pt")) == (
         1, "error: /runs/x/checkpoint.pt: No space left on device\n")
     assert said(capsys, KeyboardInterrupt()) == (130, "interrupted\n")
