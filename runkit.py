@@ -10,8 +10,8 @@ best_epoch and tested_step: what a checkpoint keeps of the loop.
     cuda_device, workers, leave_stops_to_main   the GPU or the CPU; DataLoader workers
     check_image_folder, downloaded, synthetic_images, folder_record, Augmented   the data
     claim_run_folder, default_run_name          the run's folder, made or continued, locked
-    checkpoint_to_resume, has_ended, save_checkpoint, load_weights, copy_atomically   checkpoints
-    rng_states, set_rng_state, optimizer_as_built   what a resume puts back
+    checkpoint_to_resume, has_ended, resumed_line, save_checkpoint, load_weights   checkpoints
+    rng_states, set_rng_state, optimizer_as_built, copy_atomically   what a resume puts back
     StepTimer, GpuMonitor, peak_memory_gb       step time on the device's clock; NVML; the peaks
     RunLog, speed_summary                       the console, TensorBoard, results.json
     precise_batchnorm, parameter_count, flops_per_image, peak_tflops   measured on the model
@@ -482,14 +482,27 @@ def checkpoint_to_resume(resume: str | None, folder: Path, config: dict, must_ma
 
 
 def has_ended(checkpoint: dict | None, epochs: int, max_steps: int) -> bool:
-    """Whether `checkpoint` has all its steps trained and evaluated; said in one line."""
+    """Whether `checkpoint` has all its steps trained and evaluated, said in one line; if not, a
+    resume to fewer epochs than its run was to train is refused (more: the schedule stretches)."""
     progress = (checkpoint or {}).get("progress")
     ended = progress is not None and progress["tested_step"] == progress["step"] and (
         progress["epoch"] >= epochs or 0 < max_steps <= progress["step"])
     if ended:
         print(f"{checkpoint['file']}: this run has ended (step {progress['step']}): nothing left "
               "to train; a larger --epochs or --max_steps trains on", flush=True)
-    return ended
+        return True
+    trained = checkpoint["config"]["epochs"] if checkpoint else epochs
+    refuse_if([(epochs < trained, f"--epochs {epochs}: the run was to train {trained}; a resumed "
+                "run may train longer, never shorter")])
+    return False
+
+
+def resumed_line(checkpoint: dict, epochs: int) -> str:
+    """The first line of a resumed run: where it resumed, and a longer schedule's change."""
+    trained = checkpoint["config"]["epochs"]
+    longer = f"; --epochs {trained} made {epochs}, the rate's schedule with it" * (
+        trained != epochs)
+    return f"resumed at step {checkpoint['progress']['step']} from {checkpoint['file']}{longer}"
 
 
 def checksum(value, digest=None) -> str:

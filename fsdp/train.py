@@ -459,9 +459,6 @@ def main(argv=None) -> int:
                            MUST_MATCH)  # robustness: rank 0 reads it; its refusal ends every rank
     if runkit.has_ended(checkpoint, args.epochs, args.max_steps):  # run again after its end
         return 0
-    trained = checkpoint["config"]["epochs"] if checkpoint else args.epochs
-    runkit.refuse_if([(args.epochs < trained, f"--epochs {args.epochs}: the run was to train "
-                       f"{trained}; a resumed run may train longer, never shorter")])
     torch.manual_seed(args.seed)  # the same weights in every mode
     model, raw_model, flops = get_model(args, classes, device)
     optimizer, scheduler, scaler = get_optimizer(args, raw_model, device, len(train_loader))
@@ -487,10 +484,7 @@ def main(argv=None) -> int:
             run.log.warn("no CUDA GPU found: running on the CPU")
         if checkpoint is not None:
             restore(run, checkpoint)
-            longer = f"; --epochs {trained} made {args.epochs}, the rate's schedule with it" * (
-                trained != args.epochs)
-            run.log.line(f"resumed at step {run.progress['step']} from {checkpoint['file']}"
-                         f"{longer}")
+            run.log.line(runkit.resumed_line(checkpoint, args.epochs))
         if args.evaluate:  # saved weights, evaluated alone; a signal ends it: nothing to keep
             run.signals.at_once = ("the evaluation unfinished, no results; run it again with "
                                    "--overwrite") if is_main else ""
