@@ -527,23 +527,8 @@ def main(argv=None) -> int:
         run.log.close()
 
 
-@torch.no_grad()
-def in_sync(raw_model: torch.nn.Module) -> dict:
-    """telemetry: whether every rank holds rank 0's weights, DDP's promise, and how far the
-    BatchNorm statistics, which each rank keeps for its own batches, are from rank 0's."""
-    far = []
-    for tensors in (list(raw_model.parameters()), list(raw_model.buffers())):
-        mine = torch.cat([tensor.double().flatten() for tensor in tensors] or [torch.zeros(0)])
-        rank_0 = mine.clone()
-        dist.broadcast(rank_0, src=0)
-        far.append((mine - rank_0).abs().max() if len(mine) else mine.new_zeros(()))
-    far = torch.stack(far)
-    dist.all_reduce(far, op=dist.ReduceOp.MAX)
-    return {"params_in_sync": far[0].item() == 0, "buffers_max_abs_diff": far[1].item()}
-
-
 # ====================================================================================== robustness
-# What keeps a process group sane on bad days. Nothing here is DDP's lesson: skip it at first.
+# What keeps a process group sane on bad days, and checks it. Not DDP's lesson: skip it at first.
 def vote(signals: runkit.StopSignals) -> list[float]:  # 1 for the signal this rank received
     return [float(signals.received == name) for name in signals.NAMES.values()]
 
@@ -626,6 +611,20 @@ def launch_workers(args, command: list[str] | None = None) -> int:
     except errors.ChildFailedError as failed:  # torchrun's agent has said how each worker ended
         return max(failure.exitcode for failure in failed.failures.values())
     return 0
+
+
+@torch.no_grad()
+def in_sync(raw_model: torch.nn.Module) -> dict:
+    """telemetry: whether every rank holds rank 0's weights, DDP's promise, and how far the
+    BatchNorm statistics, which each rank keeps for its own batches, are from rank 0's."""
+    far = torch.zeros(2, dtype=torch.float64, device=next(raw_model.parameters()).device)
+    for i, tensors in enumerate((raw_model.parameters(), raw_model.buffers())):
+        mine = torch.cat([far.new_zeros(1), *(tensor.double().flatten() for tensor in tensors)])
+        rank_0 = mine.clone()
+        dist.broadcast(rank_0, src=0)
+        far[i] = (mine - rank_0).abs().max()
+    dist.all_reduce(far, op=dist.ReduceOp.MAX)
+    return {"params_in_sync": far[0].item() == 0, "buffers_max_abs_diff": far[1].item()}
 
 
 if __name__ == "__main__":
