@@ -555,14 +555,12 @@ def repeated_blocks(model: torch.nn.Module) -> list:
     """The blocks FSDP shards one at a time: the children of the model's Sequentials and
     ModuleLists that hold weights, inside no other such child, whose class another of them shares
     (PyramidNet's and ResNet's residual blocks, ViT's encoder layers, not its head)."""
-    children = [child for module in model.modules()
-                if isinstance(module, (torch.nn.Sequential, torch.nn.ModuleList))
-                for child in module.children() if next(child.parameters(), None) is not None
-                and not isinstance(child, (torch.nn.Sequential, torch.nn.ModuleList))]
-    inner = {id(sub) for child in children for sub in child.modules() if sub is not child}
-    outer = [child for child in children if id(child) not in inner]  # those inside no other
-    kinds = [type(child) for child in outer]  # a class repeated only inside blocks is no block
-    return [child for child in outer if kinds.count(type(child)) > 1]
+    lists = (torch.nn.Sequential, torch.nn.ModuleList)
+    children = [child for module in model.modules() if isinstance(module, lists) for child in
+                module.children() if not isinstance(child, lists) and list(child.parameters())]
+    inner = {sub for child in children for sub in list(child.modules())[1:]}  # inside a child
+    outer = [child for child in children if child not in inner]  # those inside no other
+    return [child for child in outer if [type(c) for c in outer].count(type(child)) > 1]
 
 
 def as_many_batches(loader: DataLoader, device: torch.device):
