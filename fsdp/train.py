@@ -568,8 +568,8 @@ def as_many_batches(loader: DataLoader, device: torch.device):
     rank with the most (the shards differ by an image): each pass gathers from every rank."""
     most = torch.tensor([len(loader)], device=device)
     dist.all_reduce(most, op=dist.ReduceOp.MAX)
-    yield from loader
-    images, labels = next(iter(loader))
+    for images, labels in loader:
+        yield images, labels
     for _ in range(int(most) - len(loader)):
         yield images[:0], labels[:0]
 
