@@ -576,20 +576,15 @@ def as_many_batches(loader: DataLoader, device: torch.device):
 
 def by_position(state: dict, model: torch.nn.Module) -> dict:
     """The optimizer's whole state keyed by each parameter's position, as optimizer.state_dict()
-    keys it: the checkpoint every mode writes (DCP keys it by the parameter's name)."""
+    keys it, the checkpoint every mode writes, from DCP's keys (the parameter's name); or back."""
     names = [name for name, _ in model.named_parameters()]
-    groups = [{**group, "params": [names.index(name) for name in group["params"]]}
-              for group in state["param_groups"]]
-    return {"state": {names.index(name): value for name, value in state["state"].items()},
-            "param_groups": groups}
+    other = {**dict(enumerate(names)), **{name: i for i, name in enumerate(names)}}
+    return {"state": {other[key]: value for key, value in state["state"].items()},
+            "param_groups": [{**group, "params": [other[key] for key in group["params"]]}
+                             for group in state["param_groups"]]}
 
 
-def by_name(state: dict, model: torch.nn.Module) -> dict:
-    names = [name for name, _ in model.named_parameters()]
-    groups = [{**group, "params": [names[i] for i in group["params"]]}
-              for group in state["param_groups"]]
-    return {"state": {names[i]: value for i, value in state["state"].items()},
-            "param_groups": groups}
+by_name = by_position  # the same swap: a checkpoint's positions back to DCP's names
 
 
 # ====================================================================================== robustness
