@@ -259,17 +259,17 @@ def get_model(args, classes: int, device: torch.device):
     """The model to call, the unwrapped one whose weights are saved and evaluated, and the FLOPs
     of one training image, counted on it."""
     channels, size = IMAGES[args.dataset][1], args.image_size
-    def build() -> torch.nn.Module:
-        if args.model != "pyramidnet":  # a torchvision model, no pretrained weights
+    with torch.device("cpu" if dist.get_rank() == 0 else "meta"):  # meta: shapes, no memory
+        if args.model == "pyramidnet":
+            try:
+                raw_model = PyramidNet(args.depth, args.alpha, args.block, classes, channels)
+            except ValueError as error:  # a depth neither block can have
+                raise runkit.UsageError(f"--depth {args.depth}: {error}") from None
+        else:  # a torchvision model, no pretrained weights: nothing is downloaded
             sized = {"image_size": size} if args.model.startswith("vit_") else {}
-            return torchvision.models.get_model(args.model, num_classes=classes, **sized)
-        try:
-            return PyramidNet(args.depth, args.alpha, args.block, classes, channels)
-        except ValueError as error:  # a depth neither block can have
-            raise runkit.UsageError(f"--depth {args.depth}: {error}") from None
-
-    with torch.device("meta"):  # shapes only: no memory, no random draws
-        raw_model = build()
+            raw_model = torchvision.models.get_model(args.model, num_classes=classes, **sized)
+    whole = raw_model.state_dict() if dist.get_rank() == 0 else {}  # rank 0: single_gpu's draws
+    raw_model = raw_model.to(torch.device("meta"))  # every rank: shapes only, until sharded
     example = torch.zeros(2, channels, size, size, device="meta")
     try:  # one forward and backward: a model the images are too small for fails here
         flops = runkit.flops_per_image(raw_model, example)
@@ -283,7 +283,6 @@ def get_model(args, classes: int, device: torch.device):
         fully_shard(block, reshard_after_forward=args.reshard_after_forward)
     fully_shard(raw_model, reshard_after_forward=args.reshard_after_forward)
     raw_model.to_empty(device=device)  # each rank allocates its own slices, not yet filled
-    whole = build().state_dict() if dist.get_rank() == 0 else {}  # rank 0: single_gpu's draws
     set_model_state_dict(raw_model, whole, options=StateDictOptions(  # each rank keeps its
         full_state_dict=True, broadcast_from_rank0=True))  # slice of rank 0's tensors
     model = raw_model  # sharded in place: the same module
