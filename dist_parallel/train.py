@@ -1,16 +1,15 @@
 r"""Train PyramidNet on CIFAR-10 with DistributedDataParallel: a process a GPU, one node or many.
 
-    torchrun --standalone --nproc_per_node 4 train.py -b 512   # 4 GPUs, 128 images each a step
-    python train.py --gpu_devices 0 1    # a worker a GPU, started as torchrun would
+    python train.py                      # CIFAR-10 (downloaded into ../data), PyramidNet-110 a=270
+    python train.py --gpu_devices 0 1    # a worker a GPU, started as torchrun --standalone would
     python train.py --dataset synthetic --synthetic_size 5000 --depth 20 --alpha 24 \
-                    --epochs 1 --nproc_per_node 2   # offline: 2 CPU workers
+                    --epochs 1           # offline: generated images, 1-3 minutes on a CPU
+    python train.py --evaluate ../runs/<run>/model.pt   # the test loss and accuracy of weights
     torchrun --nnodes 2 --nproc_per_node 8 --rdzv_id JOB --rdzv_backend c10d \
              --rdzv_endpoint HOST:29500 train.py -b 2048   # on each of two nodes
-    python train.py --evaluate ../runs/<run>/model.pt   # the test loss and accuracy of weights
 
-single_gpu/train.py plus DDP's lines, each commented; what keeps a group sane on bad days (the
-stop vote, rank 0's refusal, one download a node, `python train.py` starting its workers) is
-fenced at the end: skip it at first.
+single_gpu/train.py plus DDP's steps, each commented; what keeps a group sane on bad days (the stop
+vote, rank 0's refusal, one download a node, the self-launch) is fenced at the end.
 It runs from itself and two files, runkit.py (checkpoints, stop signals, the run log, the step
 timer) and models/pyramidnet.py: copied side by side into another project, the three run as
 they are; put your model in get_model and your data in get_datasets. Without a GPU it trains on

@@ -1,20 +1,17 @@
 r"""Train PyramidNet on CIFAR-10 fully sharded (FSDP2): a process a GPU, each holding 1/N of it.
 
-    torchrun --standalone --nproc_per_node 4 train.py -b 512   # 4 GPUs, 128 images each a step
-    python train.py --gpu_devices 0 1    # a worker a GPU, started as torchrun would
+    python train.py                      # CIFAR-10 (downloaded into ../data), PyramidNet-110 a=270
+    python train.py --gpu_devices 0 1    # a worker a GPU, started as torchrun --standalone would
     python train.py --dataset synthetic --synthetic_size 5000 --depth 20 --alpha 24 \
-                    --epochs 1 --nproc_per_node 2   # offline: 2 CPU workers
+                    --epochs 1           # offline: generated images, 1-3 minutes on a CPU
+    python train.py --evaluate ../runs/<run>/model.pt   # the test loss and accuracy of weights
     torchrun --nnodes 2 --nproc_per_node 8 --rdzv_id JOB --rdzv_backend c10d \
              --rdzv_endpoint HOST:29500 train.py -b 2048   # on each of two nodes
-    python train.py --evaluate ../runs/<run>/model.pt   # the test loss and accuracy of weights
 
-dist_parallel/train.py with FSDP2's fully_shard in place of DDP: the model built on the meta
-device and sharded before any rank fills its slices, every residual block a unit whose weights
-are all-gathered just before it runs and freed after, its gradients reduce-scattered, each rank
-updating its slice; per GPU 1/N of the weights, gradients and momentum for 1.5x DDP's traffic.
-What keeps a group sane on bad days (the
-stop vote, rank 0's refusal, one download a node, `python train.py` starting its workers) is
-fenced at the end: skip it at first.
+dist_parallel/train.py with FSDP2's fully_shard in place of DDP: the model sharded on the meta
+device, then filled from rank 0; each residual block's weights all-gathered just before it runs,
+freed after, its gradients reduce-scattered: per GPU 1/N of the weights, gradients and momentum,
+for 1.5x DDP's traffic. What keeps a group sane on bad days is fenced at the end, as there.
 It runs from itself and two files, runkit.py (checkpoints, stop signals, the run log, the step
 timer) and models/pyramidnet.py: copied side by side into another project, the three run as
 they are; put your model in get_model and your data in get_datasets. Without a GPU it trains on
@@ -587,7 +584,7 @@ by_name = by_position  # the same swap: a checkpoint's positions back to DCP's n
 
 
 # ====================================================================================== robustness
-# What keeps a process group sane on bad days, and checks it. Not DDP's lesson: skip it at first.
+# What keeps a process group sane on bad days, and checks it. Not FSDP's lesson: skip it at first.
 def vote(signals: runkit.StopSignals) -> list[float]:  # 1 for the signal this rank received
     return [float(signals.received == name) for name in signals.NAMES.values()]
 
