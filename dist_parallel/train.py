@@ -537,18 +537,16 @@ def agreed(votes) -> str | None:  # from the votes summed over the ranks: every 
 
 
 def store_of_this_attempt(rank: int, world_size: int, timeout) -> dist.Store | None:
-    """torchrun's store outlives a restart of the workers (--max-restarts), the dead group's keys
-    with it: each attempt's keys of its own. None outside torchrun (init_process_group's own)."""
+    """torchrun's store (its agent's, or rank 0's) outlives a restart of the workers, the dead
+    group's keys with it: each attempt's keys of its own. None outside torchrun."""
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    agents = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # the agent serves it
     return None if attempt is None else dist.PrefixStore(f"attempt_{attempt}", dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
-        is_master=rank == 0 and not agents, timeout=timeout))
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, timeout=timeout,
+        is_master=rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"))
 
 
 def on_rank_0(read, *args):
-    """read(*args) on rank 0 alone, its result sent to every rank; its refusal, said by rank 0,
-    ends every rank (rank 0 alone may see the file, it alone claims the folder)."""
+    """read(*args) on rank 0 alone, its result every rank's; its refusal, said once, ends all."""
     result = [None, None]  # what it read, or why it refused
     if dist.get_rank() == 0:
         try:
@@ -579,9 +577,8 @@ def launched_by_hand(args) -> bool:
 
 
 def launch_workers(args, command: list[str] | None = None) -> int:
-    """convenience: `python train.py` without torchrun starts a worker a GPU (--nproc_per_node
-    CPU workers without one) as `torchrun --standalone` would; its exit status theirs: a stop's
-    128 + the signal, a usage error's 2, a failure's as torchrun's agent reports it."""
+    """convenience: `python train.py` without torchrun starts a worker a GPU (--nproc_per_node CPU
+    workers without one) as `torchrun --standalone` would; their exit status is its own."""
     from torch.distributed.elastic.multiprocessing import SignalException, errors
     from torch.distributed.run import get_args_parser, run
 
@@ -614,8 +611,7 @@ def launch_workers(args, command: list[str] | None = None) -> int:
 
 @torch.no_grad()
 def in_sync(raw_model: torch.nn.Module) -> dict:
-    """telemetry: whether every rank holds rank 0's weights, DDP's promise, and how far the
-    BatchNorm statistics, which each rank keeps for its own batches, are from rank 0's."""
+    """telemetry: whether each rank holds rank 0's weights; how far its BatchNorm statistics are."""
     far = torch.zeros(2, dtype=torch.float64, device=next(raw_model.parameters()).device)
     for i, tensors in enumerate((raw_model.parameters(), raw_model.buffers())):
         mine = torch.cat([far.new_zeros(1), *(tensor.double().flatten() for tensor in tensors)])
