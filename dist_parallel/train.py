@@ -1,16 +1,15 @@
 r"""Train PyramidNet on CIFAR-10 with DistributedDataParallel: a process a GPU, one node or many.
 
-    torchrun --standalone --nproc_per_node 4 train.py -b 512   # 4 GPUs, 128 images each a step
-    python train.py --gpu_devices 0 1    # a worker a GPU, started as torchrun would
+    python train.py                      # CIFAR-10 (downloaded into ../data), PyramidNet-110 a=270
+    python train.py --gpu_devices 0 1    # a worker a GPU, started as torchrun --standalone would
     python train.py --dataset synthetic --synthetic_size 5000 --depth 20 --alpha 24 \
-                    --epochs 1 --nproc_per_node 2   # offline: 2 CPU workers
+                    --epochs 1           # offline: generated images, 1-3 minutes on a CPU
+    python train.py --evaluate ../runs/<run>/model.pt   # the test loss and accuracy of weights
     torchrun --nnodes 2 --nproc_per_node 8 --rdzv_id JOB --rdzv_backend c10d \
              --rdzv_endpoint HOST:29500 train.py -b 2048   # on each of two nodes
-    python train.py --evaluate ../runs/<run>/model.pt   # the test loss and accuracy of weights
 
-single_gpu/train.py plus DDP's lines, each commented; what keeps a group sane on bad days (the
-stop vote, rank 0's refusal, one download a node, `python train.py` starting its workers) is
-fenced at the end: skip it at first.
+single_gpu/train.py plus DDP's steps, each commented; what keeps a group sane on bad days (the stop
+vote, rank 0's refusal, one download a node, the self-launch) is fenced at the end.
 It runs from itself and two files, runkit.py (checkpoints, stop signals, the run log, the step
 timer) and models/pyramidnet.py: copied side by side into another project, the three run as
 they are; put your model in get_model and your data in get_datasets. Without a GPU it trains on
@@ -520,52 +519,29 @@ def main(argv=None) -> int:
         run.log.close()
 
 
-@torch.no_grad()
-def in_sync(raw_model: torch.nn.Module) -> dict:
-    """telemetry: whether every rank holds rank 0's weights, DDP's promise, and how far the
-    BatchNorm statistics, which each rank keeps for its own batches, are from rank 0's."""
-    far = []
-    for tensors in (list(raw_model.parameters()), list(raw_model.buffers())):
-        mine = torch.cat([tensor.double().flatten() for tensor in tensors] or [torch.zeros(0)])
-        rank_0 = mine.clone()
-        dist.broadcast(rank_0, src=0)
-        far.append((mine - rank_0).abs().max() if len(mine) else mine.new_zeros(()))
-    far = torch.stack(far)
-    dist.all_reduce(far, op=dist.ReduceOp.MAX)
-    return {"params_in_sync": far[0].item() == 0, "buffers_max_abs_diff": far[1].item()}
-
-
 # ====================================================================================== robustness
-# What keeps a process group sane on bad days. Nothing here is DDP's lesson: skip it at first.
-def vote(signals: runkit.StopSignals) -> list[float]:
-    """This rank's stop vote: one entry a signal, 1 for the one it received."""
+# What keeps a process group sane on bad days, and checks it. Not DDP's lesson: skip it at first.
+def vote(signals: runkit.StopSignals) -> list[float]:  # 1 for the signal this rank received
     return [float(signals.received == name) for name in signals.NAMES.values()]
 
 
-def agreed(votes) -> str | None:
-    """The signal every rank stops for, from the votes added up over the ranks."""
-    return next((name for name, vote in zip(runkit.StopSignals.NAMES.values(), votes) if vote),
-                None)
+def agreed(votes) -> str | None:  # from the votes summed over the ranks: every rank stops for it
+    return next((name for name, n in zip(runkit.StopSignals.NAMES.values(), votes) if n), None)
 
 
 def store_of_this_attempt(rank: int, world_size: int, timeout) -> dist.Store | None:
-    """Under torchrun the store outlives a restart of the workers (--max-restarts), and with it
-    the dead group's keys (gloo's peer addresses): a restarted rank could read a dead peer's.
-    Each attempt gets keys of its own; None outside torchrun (init_process_group makes its own)."""
+    """torchrun's store (its agent's, or rank 0's) outlives a restart of the workers, the dead
+    group's keys with it: each attempt's keys of its own. None outside torchrun."""
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    if attempt is None:
-        return None
-    agents = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # the agent serves it
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
-                          is_master=rank == 0 and not agents, timeout=timeout)
-    return dist.PrefixStore(f"attempt_{attempt}", store)
+    return None if attempt is None else dist.PrefixStore(f"attempt_{attempt}", dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, timeout=timeout,
+        is_master=rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"))
 
 
 def on_rank_0(read, *args):
-    """read(*args) on rank 0 alone (it alone may see the file, it alone claims the folder), its
-    result sent to every rank; its refusal ends every rank, said once, by rank 0."""
-    result = [None, None]
-    if dist.get_rank() == 0 and read is not None:
+    """read(*args) on rank 0 alone, its result every rank's; its refusal, said once, ends all."""
+    result = [None, None]  # what it read, or why it refused
+    if dist.get_rank() == 0:
         try:
             result[0] = read(*args)
         except runkit.UsageError as refusal:
@@ -578,71 +554,71 @@ def on_rank_0(read, *args):
 
 @contextlib.contextmanager
 def one_download_a_node():
-    """The body on each node's first rank (a download), then on the node's others, which find
-    its files: they wait at a barrier that the first reaches after it."""
+    """The body on each node's first rank (a download), then on its others, which find its files."""
     first = os.environ.get("LOCAL_RANK", "0") == "0"
     if not first:
         dist.barrier()
     yield
-    if first:
+    if first:  # the barrier the others wait at
         dist.barrier()
 
 
 def launched_by_hand(args) -> bool:
     """Whether --nproc_per_node or --max_restarts reached a worker the self-launch did not start."""
-    given = args.nproc_per_node is not None or args.max_restarts
-    return given and "RANK" in os.environ and "PYTORCH_MULTIGPU_SELF_LAUNCH" not in os.environ
+    given = args.nproc_per_node is not None or args.max_restarts > 0
+    return given and "PYTORCH_MULTIGPU_SELF_LAUNCH" not in os.environ
 
 
 def launch_workers(args, command: list[str] | None = None) -> int:
-    """convenience: `python train.py` without torchrun starts a worker a GPU (--nproc_per_node
-    CPU workers without one) on this node, each running this file as `torchrun --standalone`
-    would. A stop or a usage error its workers said is its exit status; any other failure,
-    torchrun's report."""
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    """convenience: `python train.py` without torchrun starts a worker a GPU (--nproc_per_node CPU
+    workers without one) as `torchrun --standalone` would; their exit status is its own."""
+    from torch.distributed.elastic.multiprocessing import SignalException, errors
     from torch.distributed.run import get_args_parser, run
 
     nodes = os.environ.get("PET_NNODES", "1")  # torchrun's --nnodes, from a cluster's operator
+    gpus = len(args.gpu_devices or range(torch.cuda.device_count()))
+    nproc = args.nproc_per_node or gpus or 1
     runkit.refuse_if([(nodes not in ("1", "1:1"), f"PET_NNODES={nodes}: `python train.py` starts "
                        "the workers of one node; on several, run torchrun on each node"),
                       ("WORLD_SIZE" in os.environ, "WORLD_SIZE is set and RANK is not: set both "
-                       "(a launcher's worker), or neither for `python train.py` to start its own")])
-    gpus = len(args.gpu_devices or range(torch.cuda.device_count()))
-    nproc = args.nproc_per_node or gpus or 1
-    if gpus and nproc > gpus:
-        raise runkit.UsageError(f"--nproc_per_node {nproc}: this node has {gpus} GPU"
-                                f"{'s' * (gpus != 1)}; one a process")
+                       "(a launcher's worker), or neither for `python train.py` to start its own"),
+                      (gpus and nproc > gpus, f"--nproc_per_node {nproc}: this node has {gpus} "
+                       f"GPU{'s' * (gpus != 1)}; one a process")])
     os.environ.setdefault("OMP_NUM_THREADS", str(max((os.cpu_count() or 1) // nproc, 1)))
     os.environ["PYTORCH_MULTIGPU_SELF_LAUNCH"] = "1"  # its workers may take these two flags
-    # a pod's PET_* (its operator's torchrun flags: PET_STANDALONE="") are not this node's
-    # standalone launch: out of the environment while torchrun's parser reads its defaults
+    # a pod's PET_* (its operator's torchrun flags, PET_STANDALONE="") out of torchrun's defaults
     pods = {name: os.environ.pop(name) for name in list(os.environ) if name.startswith("PET_")}
     launch = get_args_parser().parse_args([
         "--standalone", f"--nproc_per_node={nproc}", f"--max-restarts={args.max_restarts}",
         *(command or [__file__, *sys.argv[1:]])])
     os.environ.update(pods)  # the workers inherit them
-    if hasattr(launch, "signals_to_handle"):  # torch 2.10+: the stop signals passed on to workers
-        launch.signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+    launch.signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"  # passed on (torch 2.10+)
     try:
         run(launch)
     except SignalException as stop:  # passed on to the workers, which stopped with a checkpoint
         return 128 + stop.sigval
-    except ChildFailedError as failed:
-        codes = {failure.exitcode for failure in failed.failures.values()}
-        if len(codes) != 1 or codes - {2, *runkit.StopSignals.CODES.values()}:
-            print(failed.format_msg(), file=sys.stderr)
-        return max(codes)
+    except errors.ChildFailedError as failed:  # torchrun's agent has said how each worker ended
+        return max(failure.exitcode for failure in failed.failures.values())
     return 0
+
+
+@torch.no_grad()
+def in_sync(raw_model: torch.nn.Module) -> dict:
+    """telemetry: whether each rank holds rank 0's weights; how far its BatchNorm statistics are."""
+    far = torch.zeros(2, dtype=torch.float64, device=next(raw_model.parameters()).device)
+    for i, tensors in enumerate((raw_model.parameters(), raw_model.buffers())):
+        mine = torch.cat([far.new_zeros(1), *(tensor.double().flatten() for tensor in tensors)])
+        rank_0 = mine.clone()
+        dist.broadcast(rank_0, src=0)
+        far[i] = (mine - rank_0).abs().max()
+    dist.all_reduce(far, op=dist.ReduceOp.MAX)
+    return {"params_in_sync": far[0].item() == 0, "buffers_max_abs_diff": far[1].item()}
 
 
 if __name__ == "__main__":
     with runkit.one_line_errors():
-        try:
-            if "RANK" not in os.environ:  # convenience: `python train.py` starts its workers
-                sys.exit(launch_workers(get_args()))
-            sys.exit(main())
+        try:  # convenience: `python train.py` without torchrun starts its workers
+            sys.exit(main() if "RANK" in os.environ else launch_workers(get_args()))
         finally:  # always, even after an error: no rank is left holding the group
             if dist.is_initialized():
                 dist.destroy_process_group()
-

@@ -1,20 +1,17 @@
 r"""Train PyramidNet on CIFAR-10 fully sharded (FSDP2): a process a GPU, each holding 1/N of it.
 
-    torchrun --standalone --nproc_per_node 4 train.py -b 512   # 4 GPUs, 128 images each a step
-    python train.py --gpu_devices 0 1    # a worker a GPU, started as torchrun would
+    python train.py                      # CIFAR-10 (downloaded into ../data), PyramidNet-110 a=270
+    python train.py --gpu_devices 0 1    # a worker a GPU, started as torchrun --standalone would
     python train.py --dataset synthetic --synthetic_size 5000 --depth 20 --alpha 24 \
-                    --epochs 1 --nproc_per_node 2   # offline: 2 CPU workers
+                    --epochs 1           # offline: generated images, 1-3 minutes on a CPU
+    python train.py --evaluate ../runs/<run>/model.pt   # the test loss and accuracy of weights
     torchrun --nnodes 2 --nproc_per_node 8 --rdzv_id JOB --rdzv_backend c10d \
              --rdzv_endpoint HOST:29500 train.py -b 2048   # on each of two nodes
-    python train.py --evaluate ../runs/<run>/model.pt   # the test loss and accuracy of weights
 
-dist_parallel/train.py with FSDP2's fully_shard in place of DDP: the model built on the meta
-device and sharded before any rank fills its slices, every residual block a unit whose weights
-are all-gathered just before it runs and freed after, its gradients reduce-scattered, each rank
-updating its slice; per GPU 1/N of the weights, gradients and momentum for 1.5x DDP's traffic.
-What keeps a group sane on bad days (the
-stop vote, rank 0's refusal, one download a node, `python train.py` starting its workers) is
-fenced at the end: skip it at first.
+dist_parallel/train.py with FSDP2's fully_shard in place of DDP: the model sharded on the meta
+device, then filled from rank 0; each residual block's weights all-gathered just before it runs,
+freed after, its gradients reduce-scattered: per GPU 1/N of the weights, gradients and momentum,
+for 1.5x DDP's traffic. What keeps a group sane on bad days is fenced at the end, as there.
 It runs from itself and two files, runkit.py (checkpoints, stop signals, the run log, the step
 timer) and models/pyramidnet.py: copied side by side into another project, the three run as
 they are; put your model in get_model and your data in get_datasets. Without a GPU it trains on
@@ -258,17 +255,17 @@ def get_model(args, classes: int, device: torch.device):
     """The model to call, the unwrapped one whose weights are saved and evaluated, and the FLOPs
     of one training image, counted on it."""
     channels, size = IMAGES[args.dataset][1], args.image_size
-    def build() -> torch.nn.Module:
-        if args.model != "pyramidnet":  # a torchvision model, no pretrained weights
+    with torch.device("cpu" if dist.get_rank() == 0 else "meta"):  # meta: shapes, no memory
+        if args.model == "pyramidnet":
+            try:
+                raw_model = PyramidNet(args.depth, args.alpha, args.block, classes, channels)
+            except ValueError as error:  # a depth neither block can have
+                raise runkit.UsageError(f"--depth {args.depth}: {error}") from None
+        else:  # a torchvision model, no pretrained weights: nothing is downloaded
             sized = {"image_size": size} if args.model.startswith("vit_") else {}
-            return torchvision.models.get_model(args.model, num_classes=classes, **sized)
-        try:
-            return PyramidNet(args.depth, args.alpha, args.block, classes, channels)
-        except ValueError as error:  # a depth neither block can have
-            raise runkit.UsageError(f"--depth {args.depth}: {error}") from None
-
-    with torch.device("meta"):  # shapes only: no memory, no random draws
-        raw_model = build()
+            raw_model = torchvision.models.get_model(args.model, num_classes=classes, **sized)
+    whole = raw_model.state_dict() if dist.get_rank() == 0 else {}  # rank 0: single_gpu's draws
+    raw_model = raw_model.to(torch.device("meta"))  # every rank: shapes only, until sharded
     example = torch.zeros(2, channels, size, size, device="meta")
     try:  # one forward and backward: a model the images are too small for fails here
         flops = runkit.flops_per_image(raw_model, example)
@@ -282,7 +279,6 @@ def get_model(args, classes: int, device: torch.device):
         fully_shard(block, reshard_after_forward=args.reshard_after_forward)
     fully_shard(raw_model, reshard_after_forward=args.reshard_after_forward)
     raw_model.to_empty(device=device)  # each rank allocates its own slices, not yet filled
-    whole = build().state_dict() if dist.get_rank() == 0 else {}  # rank 0: single_gpu's draws
     set_model_state_dict(raw_model, whole, options=StateDictOptions(  # each rank keeps its
         full_state_dict=True, broadcast_from_rank0=True))  # slice of rank 0's tensors
     model = raw_model  # sharded in place: the same module
@@ -545,17 +541,14 @@ def main(argv=None) -> int:
 
 
 def repeated_blocks(model: torch.nn.Module) -> list:
-    """The blocks FSDP shards one at a time: the children of the model's Sequentials and
-    ModuleLists that hold weights, inside no other such child, whose class another of them shares
-    (PyramidNet's and ResNet's residual blocks, ViT's encoder layers, not its head)."""
-    children = [child for module in model.modules()
-                if isinstance(module, (torch.nn.Sequential, torch.nn.ModuleList))
-                for child in module.children() if next(child.parameters(), None) is not None
-                and not isinstance(child, (torch.nn.Sequential, torch.nn.ModuleList))]
-    inner = {id(sub) for child in children for sub in child.modules() if sub is not child}
-    outer = [child for child in children if id(child) not in inner]  # those inside no other
-    kinds = [type(child) for child in outer]  # a class repeated only inside blocks is no block
-    return [child for child in outer if kinds.count(type(child)) > 1]
+    """The blocks FSDP shards one at a time: the children of Sequentials and ModuleLists that hold
+    weights, inside no other such, whose class another shares (residual blocks, ViT's layers)."""
+    lists = (torch.nn.Sequential, torch.nn.ModuleList)
+    children = [child for module in model.modules() if isinstance(module, lists) for child in
+                module.children() if not isinstance(child, lists) and list(child.parameters())]
+    inner = {sub for child in children for sub in list(child.modules())[1:]}  # inside a child
+    outer = [child for child in children if child not in inner]  # those inside no other
+    return [child for child in outer if [type(c) for c in outer].count(type(child)) > 1]
 
 
 def as_many_batches(loader: DataLoader, device: torch.device):
@@ -563,77 +556,48 @@ def as_many_batches(loader: DataLoader, device: torch.device):
     rank with the most (the shards differ by an image): each pass gathers from every rank."""
     most = torch.tensor([len(loader)], device=device)
     dist.all_reduce(most, op=dist.ReduceOp.MAX)
-    yield from loader
-    images, labels = next(iter(loader))
+    for images, labels in loader:
+        yield images, labels
     for _ in range(int(most) - len(loader)):
         yield images[:0], labels[:0]
 
 
 def by_position(state: dict, model: torch.nn.Module) -> dict:
     """The optimizer's whole state keyed by each parameter's position, as optimizer.state_dict()
-    keys it: the checkpoint every mode writes (DCP keys it by the parameter's name)."""
+    keys it, the checkpoint every mode writes, from DCP's keys (the parameter's name); or back."""
     names = [name for name, _ in model.named_parameters()]
-    groups = [{**group, "params": [names.index(name) for name in group["params"]]}
-              for group in state["param_groups"]]
-    return {"state": {names.index(name): value for name, value in state["state"].items()},
-            "param_groups": groups}
+    other = {**dict(enumerate(names)), **{name: i for i, name in enumerate(names)}}
+    return {"state": {other[key]: value for key, value in state["state"].items()},
+            "param_groups": [{**group, "params": [other[key] for key in group["params"]]}
+                             for group in state["param_groups"]]}
 
 
-def by_name(state: dict, model: torch.nn.Module) -> dict:
-    names = [name for name, _ in model.named_parameters()]
-    groups = [{**group, "params": [names[i] for i in group["params"]]}
-              for group in state["param_groups"]]
-    return {"state": {names[i]: value for i, value in state["state"].items()},
-            "param_groups": groups}
-
-
-@torch.no_grad()
-def in_sync(raw_model: torch.nn.Module) -> dict:
-    """telemetry: whether every rank holds rank 0's weights (each its slice of the same
-    tensors: so by construction), and how far the BatchNorm statistics, which each rank keeps
-    for its own batches, are from rank 0's."""
-    far = []
-    for tensors in ([], list(raw_model.buffers())):
-        mine = torch.cat([tensor.double().flatten() for tensor in tensors] or [torch.zeros(0)])
-        rank_0 = mine.clone()
-        dist.broadcast(rank_0, src=0)
-        far.append((mine - rank_0).abs().max() if len(mine) else mine.new_zeros(()))
-    far = torch.stack(far)
-    dist.all_reduce(far, op=dist.ReduceOp.MAX)
-    return {"params_in_sync": far[0].item() == 0, "buffers_max_abs_diff": far[1].item()}
+by_name = by_position  # the same swap: a checkpoint's positions back to DCP's names
 
 
 # ====================================================================================== robustness
-# What keeps a process group sane on bad days. Nothing here is DDP's lesson: skip it at first.
-def vote(signals: runkit.StopSignals) -> list[float]:
-    """This rank's stop vote: one entry a signal, 1 for the one it received."""
+# What keeps a process group sane on bad days, and checks it. Not FSDP's lesson: skip it at first.
+def vote(signals: runkit.StopSignals) -> list[float]:  # 1 for the signal this rank received
     return [float(signals.received == name) for name in signals.NAMES.values()]
 
 
-def agreed(votes) -> str | None:
-    """The signal every rank stops for, from the votes added up over the ranks."""
-    return next((name for name, vote in zip(runkit.StopSignals.NAMES.values(), votes) if vote),
-                None)
+def agreed(votes) -> str | None:  # from the votes summed over the ranks: every rank stops for it
+    return next((name for name, n in zip(runkit.StopSignals.NAMES.values(), votes) if n), None)
 
 
 def store_of_this_attempt(rank: int, world_size: int, timeout) -> dist.Store | None:
-    """Under torchrun the store outlives a restart of the workers (--max-restarts), and with it
-    the dead group's keys (gloo's peer addresses): a restarted rank could read a dead peer's.
-    Each attempt gets keys of its own; None outside torchrun (init_process_group makes its own)."""
+    """torchrun's store (its agent's, or rank 0's) outlives a restart of the workers, the dead
+    group's keys with it: each attempt's keys of its own. None outside torchrun."""
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    if attempt is None:
-        return None
-    agents = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # the agent serves it
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
-                          is_master=rank == 0 and not agents, timeout=timeout)
-    return dist.PrefixStore(f"attempt_{attempt}", store)
+    return None if attempt is None else dist.PrefixStore(f"attempt_{attempt}", dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, timeout=timeout,
+        is_master=rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"))
 
 
 def on_rank_0(read, *args):
-    """read(*args) on rank 0 alone (it alone may see the file, it alone claims the folder), its
-    result sent to every rank; its refusal ends every rank, said once, by rank 0."""
-    result = [None, None]
-    if dist.get_rank() == 0 and read is not None:
+    """read(*args) on rank 0 alone, its result every rank's; its refusal, said once, ends all."""
+    result = [None, None]  # what it read, or why it refused
+    if dist.get_rank() == 0:
         try:
             result[0] = read(*args)
         except runkit.UsageError as refusal:
@@ -646,71 +610,71 @@ def on_rank_0(read, *args):
 
 @contextlib.contextmanager
 def one_download_a_node():
-    """The body on each node's first rank (a download), then on the node's others, which find
-    its files: they wait at a barrier that the first reaches after it."""
+    """The body on each node's first rank (a download), then on its others, which find its files."""
     first = os.environ.get("LOCAL_RANK", "0") == "0"
     if not first:
         dist.barrier()
     yield
-    if first:
+    if first:  # the barrier the others wait at
         dist.barrier()
 
 
 def launched_by_hand(args) -> bool:
     """Whether --nproc_per_node or --max_restarts reached a worker the self-launch did not start."""
-    given = args.nproc_per_node is not None or args.max_restarts
-    return given and "RANK" in os.environ and "PYTORCH_MULTIGPU_SELF_LAUNCH" not in os.environ
+    given = args.nproc_per_node is not None or args.max_restarts > 0
+    return given and "PYTORCH_MULTIGPU_SELF_LAUNCH" not in os.environ
 
 
 def launch_workers(args, command: list[str] | None = None) -> int:
-    """convenience: `python train.py` without torchrun starts a worker a GPU (--nproc_per_node
-    CPU workers without one) on this node, each running this file as `torchrun --standalone`
-    would. A stop or a usage error its workers said is its exit status; any other failure,
-    torchrun's report."""
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    """convenience: `python train.py` without torchrun starts a worker a GPU (--nproc_per_node CPU
+    workers without one) as `torchrun --standalone` would; their exit status is its own."""
+    from torch.distributed.elastic.multiprocessing import SignalException, errors
     from torch.distributed.run import get_args_parser, run
 
     nodes = os.environ.get("PET_NNODES", "1")  # torchrun's --nnodes, from a cluster's operator
+    gpus = len(args.gpu_devices or range(torch.cuda.device_count()))
+    nproc = args.nproc_per_node or gpus or 1
     runkit.refuse_if([(nodes not in ("1", "1:1"), f"PET_NNODES={nodes}: `python train.py` starts "
                        "the workers of one node; on several, run torchrun on each node"),
                       ("WORLD_SIZE" in os.environ, "WORLD_SIZE is set and RANK is not: set both "
-                       "(a launcher's worker), or neither for `python train.py` to start its own")])
-    gpus = len(args.gpu_devices or range(torch.cuda.device_count()))
-    nproc = args.nproc_per_node or gpus or 1
-    if gpus and nproc > gpus:
-        raise runkit.UsageError(f"--nproc_per_node {nproc}: this node has {gpus} GPU"
-                                f"{'s' * (gpus != 1)}; one a process")
+                       "(a launcher's worker), or neither for `python train.py` to start its own"),
+                      (gpus and nproc > gpus, f"--nproc_per_node {nproc}: this node has {gpus} "
+                       f"GPU{'s' * (gpus != 1)}; one a process")])
     os.environ.setdefault("OMP_NUM_THREADS", str(max((os.cpu_count() or 1) // nproc, 1)))
     os.environ["PYTORCH_MULTIGPU_SELF_LAUNCH"] = "1"  # its workers may take these two flags
-    # a pod's PET_* (its operator's torchrun flags: PET_STANDALONE="") are not this node's
-    # standalone launch: out of the environment while torchrun's parser reads its defaults
+    # a pod's PET_* (its operator's torchrun flags, PET_STANDALONE="") out of torchrun's defaults
     pods = {name: os.environ.pop(name) for name in list(os.environ) if name.startswith("PET_")}
     launch = get_args_parser().parse_args([
         "--standalone", f"--nproc_per_node={nproc}", f"--max-restarts={args.max_restarts}",
         *(command or [__file__, *sys.argv[1:]])])
     os.environ.update(pods)  # the workers inherit them
-    if hasattr(launch, "signals_to_handle"):  # torch 2.10+: the stop signals passed on to workers
-        launch.signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+    launch.signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"  # passed on (torch 2.10+)
     try:
         run(launch)
     except SignalException as stop:  # passed on to the workers, which stopped with a checkpoint
         return 128 + stop.sigval
-    except ChildFailedError as failed:
-        codes = {failure.exitcode for failure in failed.failures.values()}
-        if len(codes) != 1 or codes - {2, *runkit.StopSignals.CODES.values()}:
-            print(failed.format_msg(), file=sys.stderr)
-        return max(codes)
+    except errors.ChildFailedError as failed:  # torchrun's agent has said how each worker ended
+        return max(failure.exitcode for failure in failed.failures.values())
     return 0
+
+
+@torch.no_grad()
+def in_sync(raw_model: torch.nn.Module) -> dict:
+    """telemetry: the weights are rank 0's by construction; how far the BatchNorm statistics are."""
+    far = torch.zeros(2, dtype=torch.float64, device=next(raw_model.parameters()).device)
+    for i, tensors in enumerate(([], raw_model.buffers())):  # the weights: sliced, not compared
+        mine = torch.cat([far.new_zeros(1), *(tensor.double().flatten() for tensor in tensors)])
+        rank_0 = mine.clone()
+        dist.broadcast(rank_0, src=0)
+        far[i] = (mine - rank_0).abs().max()
+    dist.all_reduce(far, op=dist.ReduceOp.MAX)
+    return {"params_in_sync": far[0].item() == 0, "buffers_max_abs_diff": far[1].item()}
 
 
 if __name__ == "__main__":
     with runkit.one_line_errors():
-        try:
-            if "RANK" not in os.environ:  # convenience: `python train.py` starts its workers
-                sys.exit(launch_workers(get_args()))
-            sys.exit(main())
+        try:  # convenience: `python train.py` without torchrun starts its workers
+            sys.exit(main() if "RANK" in os.environ else launch_workers(get_args()))
         finally:  # always, even after an error: no rank is left holding the group
             if dist.is_initialized():
                 dist.destroy_process_group()
-

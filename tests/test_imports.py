@@ -115,11 +115,11 @@ def project_files(root: Path = REPO) -> list[Path]:
 
 
 # ---------------------------------------------------------------------------------- the closures
-CLOSURE_TODAY = {"single_gpu": 1532, "data_parallel": 1559, "dist_parallel": 1721, "fsdp": 1789}
+CLOSURE_TODAY = {"single_gpu": 1535, "data_parallel": 1562, "dist_parallel": 1701, "fsdp": 1757}
 
 
 @pytest.mark.parametrize("mode", [pytest.param(mode, marks=xfail(
-    f"{mode}/train.py + runkit.py + models/pyramidnet.py: {figure} lines (runkit.py 953)"))
+    f"{mode}/train.py + runkit.py + models/pyramidnet.py: {figure} lines (runkit.py 956)"))
     for mode, figure in CLOSURE_TODAY.items()])
 def test_each_train_py_runs_from_itself_and_two_files(mode):
     """What a user copies to take a mode away: at most 3 files, 1,200 lines."""
@@ -184,7 +184,7 @@ def test_nothing_on_the_training_path_is_imported_as_a_package_module(path):
 
 
 # ------------------------------------------------------------------------------------- the sizes
-SIZE_TODAY = {"dist_parallel/train.py": 654, "fsdp/train.py": 722, "runkit.py": 953}
+SIZE_TODAY = {"dist_parallel/train.py": 631, "fsdp/train.py": 687, "runkit.py": 956}
 
 
 @pytest.mark.parametrize("path", [
@@ -196,7 +196,7 @@ def test_no_file_on_the_training_path_is_over_500_lines(path):
     assert lines(path) <= 500
 
 
-@pytest.mark.xfail(strict=True, reason="3,400 lines: the four train.py 2,333, runkit.py 953, "
+@pytest.mark.xfail(strict=True, reason="3,345 lines: the four train.py 2,275, runkit.py 956, "
                    "models/pyramidnet.py 114")
 def test_the_training_path_is_at_most_3000_lines():
     """The four train.py, the library and models/ together."""
@@ -204,7 +204,7 @@ def test_the_training_path_is_at_most_3000_lines():
     assert sum(map(lines, files)) <= 3000, {relative([path])[0]: lines(path) for path in files}
 
 
-@pytest.mark.xfail(strict=True, reason="11,342 lines of Python outside tests/, with common/ "
+@pytest.mark.xfail(strict=True, reason="11,287 lines of Python outside tests/, with common/ "
                    "and the old models/ package gone")
 def test_the_projects_code_is_at_most_11000_lines():
     assert sum(map(lines, project_files())) <= 11000
