@@ -420,13 +420,19 @@ def test_resume_auto_starts_afresh_only_where_no_earlier_run_left_work(tmp_path)
 
 def test_an_ended_run_says_so(capsys):
     progress = {"epoch": 1, "batch": 0, "step": 8, "tested_step": 8}
-    ended = {"progress": progress, "file": "runs/a/checkpoint.pt"}
+    ended = {"progress": progress, "file": "runs/a/checkpoint.pt", "config": {"epochs": 1}}
     assert runkit.has_ended(ended, epochs=1, max_steps=0)
     assert "runs/a/checkpoint.pt: this run has ended (step 8)" in capsys.readouterr().out
     assert not runkit.has_ended(ended, epochs=2, max_steps=0)
     assert runkit.has_ended(ended, epochs=2, max_steps=8)
     owed = {**ended, "progress": {**progress, "tested_step": None}}  # stopped before its test
     assert not runkit.has_ended(owed, epochs=1, max_steps=0) and not runkit.has_ended(None, 1, 0)
+    with pytest.raises(runkit.UsageError) as refused:  # a run to 2 epochs resumed to train 1
+        runkit.has_ended({**owed, "config": {"epochs": 2}}, epochs=1, max_steps=0)
+    one_line(refused, "--epochs 1: the run was to train 2", "never shorter")
+    assert runkit.resumed_line({**owed, "config": {"epochs": 2}}, epochs=3) == (
+        "resumed at step 8 from runs/a/checkpoint.pt; --epochs 2 made 3, the rate's schedule "
+        "with it")
 
 
 def test_diverged_weights_never_replace_a_good_checkpoint(tmp_path):
