@@ -94,7 +94,8 @@ class ArgumentParser(argparse.ArgumentParser):
             text = (action.help or "").replace(" (default: %(default)s)", "")  # Python < 3.13's
             if isinstance(action, argparse.BooleanOptionalAction) and action.default:
                 return f"{text} (on by default)".lstrip()
-            if action.default in (None, argparse.SUPPRESS, False, True) or "default" in text:
+            said = isinstance(action.default, (bool, type(None))) or "default" in text
+            if said or action.default == argparse.SUPPRESS:  # nothing a default would add
                 return text
             return f"{text} (default: %(default)s)".lstrip()
 
@@ -103,7 +104,8 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def add_argument(self, *args, **kwargs):
         action = super().add_argument(*args, **kwargs)
-        action.help = action.help or " "  # a flag without help: its default, said by Help
+        if action.help is None and not isinstance(action.default, (bool, type(None))):
+            action.help = "(default: %(default)s)"  # a flag without help: its default
         return action
 
     def error(self, message: str):

@@ -147,7 +147,9 @@ def test_fsdps_checkpoint_holds_whole_weights_that_one_process_evaluates(runs, t
     ours, theirs = (read_results(folder)["summary"] for folder in (tmp_path / "evaluated",
                                                                    runs / "fsdp2"))
     assert ours["test_acc"] == theirs["test_acc"] and ours["test_images"] == 53
-    assert ours["test_loss"] == pytest.approx(theirs["test_loss"], rel=1e-9)
+    # float32 logits from batches of other sizes (two ranks' shards, padded to equal passes): the
+    # CPU's kernels may round them otherwise, by float32's epsilon (1.2e-7) at most
+    assert ours["test_loss"] == pytest.approx(theirs["test_loss"], rel=1e-6)
 
 
 @pytest.mark.second_tier  # a 3-process launch a mode
