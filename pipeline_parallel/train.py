@@ -132,6 +132,13 @@ def get_args(argv=None) -> argparse.Namespace:
         (args.augment == "off" and args.flip, "--flip mirrors training images and --augment off "
          "trains on them as they are: give one of them"),
         (args.compile_mode != "default" and not args.compile, "--compile_mode needs --compile"),
+        (args.compile, "--compile: not for a pipeline's stages in this version; leave it out"),
+        (args.sync_bn, "--sync_bn: each BatchNorm of a pipeline lives on one stage, with no "
+         "replica to share statistics with; leave it out"),
+        (args.channels_last, "--channels_last: a stage's activations cross to the next in the "
+         "contiguous layout only, in this version; leave it out"),
+        (args.amp == "fp16", "--amp fp16: each stage would skip steps on its own overflows (no "
+         "loss scale the stages share yet): give --amp bf16 or off"),
         (args.model != "pyramidnet" and args.model not in torchvision.models.list_models(
             module=torchvision.models), f"--model {args.model} is no torchvision classifier")])
     if args.benchmark:  # the same work every step: synthetic data, or the folder's own images
@@ -159,21 +166,13 @@ def setup(args) -> torch.device:
     # robustness: a launch that cannot work, refused in one line before the group forms
     runkit.refuse_if([(world_size < 2, f"WORLD_SIZE={world_size}: a pipeline needs 2 ranks or "
                        "more, a stage each: start 2 or more processes (--nproc_per_node 2)"),
-                      (args.compile, "--compile: not for a pipeline's stages in this version; "
-                       "leave it out"),
-                      (args.sync_bn, "--sync_bn: each BatchNorm of a pipeline lives on one stage, "
-                       "with no replica to share statistics with; leave it out"),
-                      (args.channels_last, "--channels_last: a stage's activations cross to the "
-                       "next in the contiguous layout only, in this version; leave it out"),
-                      (args.amp == "fp16", "--amp fp16: each stage would skip steps on its own "
-                       "overflows (no loss scale the stages share yet): give --amp bf16 or off"),
                       (args.backend == "nccl" and not cuda, "--backend nccl needs GPUs: give "
                        "--backend gloo"),
                       (launched_by_hand(args), "--nproc_per_node and --max_restarts are the self-"
                        "launch's: under torchrun give its own --nproc-per-node, --max-restarts")])
     bf16 = cuda and torch.cuda.is_bf16_supported(including_emulation=False)
     args.amp = args.amp or ("bf16" if bf16 else "off")  # fp16 needs one loss scale for all stages
-    args.channels_last = False  # refused above: activations cross between stages contiguous
+    args.channels_last = False  # refused if given: activations cross between stages contiguous
     torch.backends.cudnn.benchmark = cuda and not args.deterministic  # the fastest per shape
     if cuda:  # TF32 matrix products, as convolutions have (torch 2.9 warns of it on the CPU)
         torch.set_float32_matmul_precision("high")
