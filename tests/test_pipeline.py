@@ -122,7 +122,8 @@ def test_two_stages_train_ddps_weights_bit_for_bit_but_not_its_batchnorm_statist
     (single_gpu's) is. The BatchNorm statistics differ, and how: the pipeline updates each
     BatchNorm once a micro-batch, the two in turn (8 updates in 4 steps, their running averages
     over both micro-batches); DDP once a step on each rank, and saves rank 0's (4, over the first
-    micro-batch's images alone)."""
+    micro-batch's images alone). 8 and no more: the stages are given what crosses between them,
+    so torch 2.9's own inference of it, a forward on zeros in training mode, never runs."""
     pipe, ddp = checkpoint(runs["pipe"][1]), checkpoint(runs["ddp"][1])
     assert list(pipe["model"]) == list(ddp["model"])  # single_gpu's keys, in its order
     names = [name for name, _ in tiny_model().named_parameters()]
@@ -226,6 +227,16 @@ def test_the_pieces_in_sequence_are_the_model(depth):
                                                                    piece.buffers())]
     assert sorted(held) == sorted(id(t) for t in itertools.chain(model.parameters(),
                                                                   model.buffers()))
+
+
+def test_a_sequential_is_cut_at_its_children_and_any_other_model_refused():
+    layers = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(),
+                                 torch.nn.LazyLinear(10))
+    assert pipeline().model_pieces(layers) == list(layers.named_children())
+    resnet = pipeline().torchvision.models.resnet18(num_classes=10)
+    with pytest.raises(runkit.UsageError, match="^ResNet is no sequence of pieces to cut into "
+                                                "stages: give --model pyramidnet"):
+        pipeline().model_pieces(resnet)
 
 
 def costliest(costs: list[int], ends) -> int:
