@@ -1,0 +1,938 @@
+r"""Train PyramidNet on CIFAR-10 with pipeline parallelism: the model cut into stages, a rank each.
+
+    torchrun --standalone --nproc_per_node 4 train.py -b 512   # 4 GPUs, 16 micro-batches of 32
+    python train.py --gpu_devices 0 1    # 2 stages, their workers started as torchrun would
+    python train.py --dataset synthetic --synthetic_size 5000 --depth 20 --alpha 24 \
+                    --epochs 1 --nproc_per_node 2   # offline: 2 CPU workers, a stage each
+    python train.py --schedule gpipe --microbatches 8 --nproc_per_node 2   # the other schedule
+    python train.py --evaluate ../runs/<run>/model.pt --nproc_per_node 2   # weights, evaluated
+
+dist_parallel/train.py with torch.distributed.pipelining in place of DDP. Each rank holds one
+stage: a contiguous run of the model's pieces (PyramidNet's stem, each residual block, its head),
+cut where the work (FLOPs) is balanced. Each step's batch is split into M micro-batches; what
+crosses between ranks is a micro-batch's activations, forward, and their gradients, backward.
+The schedule orders the work: GPipe runs every micro-batch's forward, then every backward; 1F1B,
+after filling the pipeline, one forward and one backward in turn, and so holds at most S
+micro-batches' activations, not M. Rank 0 alone needs the images, the last rank alone the
+labels: it computes the loss and the metrics. What keeps a group sane on bad days (the stop
+vote, rank 0's refusal, one download a node, `python train.py` starting its workers) is fenced
+at the end, as in dist_parallel: skip it at first.
+It runs from itself and two files, runkit.py and models/pyramidnet.py: copied side by side into
+another project, the three run as they are; your model (an nn.Sequential: its children are the
+pieces) goes in get_model, your data in get_datasets. --batch_size is the global batch in every
+mode. Read it top to bottom.
+"""
+# ------------------------------------------------------------------------------------------ imports
+import argparse
+import contextlib
+import datetime
+import functools
+import itertools
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+# runkit.py and pyramidnet.py: in a copy, those beside this file (found first); else the repo's
+sys.path.extend(str(Path(__file__).resolve().parents[1] / folder) for folder in ("", "models"))
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import torchvision
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.utils.data import DataLoader, DistributedSampler, Sampler, TensorDataset
+from torchvision.transforms import v2 as T
+
+import runkit
+from pyramidnet import PyramidNet
+
+MODE = "pipeline_parallel"
+REPO = Path(__file__).resolve().parents[1]
+AMP = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": None}
+# the flags that decide what is trained: a checkpoint resumes only under the values it was made with
+# (not --epochs: a larger one trains an ended run on, at the rate of the longer schedule; not
+# --schedule: it orders the same work, each gradient summed over the micro-batches in their order)
+MUST_MATCH = ("model", "depth", "alpha", "block", "dataset", "image_size", "synthetic_size",
+              "batch_size", "lr", "lr_warmup_epochs", "momentum", "weight_decay", "nesterov",
+              "shuffle", "augment", "flip", "seed", "amp", "data", "microbatches")
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}  # both in torch 2.9's pipelining
+
+
+# ------------------------------------------------------------------------------------------- config
+def get_args(argv=None) -> argparse.Namespace:
+    """Every flag, with the spellings people type as aliases (hyphens, the ImageNet example's
+    short forms); a mistake is one line."""
+    parser = runkit.ArgumentParser(description=__doc__)
+    add, count, number = parser.add_argument, runkit.count, runkit.number
+    add("-b", "--batch_size", "--batch-size", type=count(1), help="GLOBAL batch (default: 128)")
+    add("--epochs", type=count(0), default=300)
+    add("--max_steps", "--max-steps", type=count(0), default=0, help="at most (0: no limit)")
+    add("--lr", type=number(above=0), default=0.1, help="per 128 images of the global batch")
+    add("--lr_warmup_epochs", "--lr-warmup-epochs", type=number(least=0), default=5.0)
+    add("--momentum", type=number(least=0, below=1), default=0.9)
+    add("--weight_decay", "--weight-decay", "--wd", type=number(least=0), default=1e-4)
+    add("--no_nesterov", "--no-nesterov", dest="nesterov", action="store_false")
+    add("-a", "--model", "--arch", default="pyramidnet", help="or torchvision's")
+    add("--depth", type=count(1), default=110, help="PyramidNet's: 6n+2 (9n+2: bottleneck)")
+    add("--alpha", type=number(above=0), default=270.0, help="PyramidNet's widening")
+    add("--block", choices=("basic", "bottleneck"), default="basic")
+    add("--dataset", choices=("cifar10", "mnist", "synthetic", "imagefolder"), default="cifar10")
+    add("--data_dir", "--data-dir", default=str(REPO / "data"), help="imagefolder: train/, val/")
+    add("--image_size", "--image-size", type=count(8, 4096), help="default: the dataset's")
+    add("--synthetic_size", "--synthetic-size", type=count(5), default=50_000)
+    add("-j", "--num_workers", "--num-workers", "--workers", type=count(0))
+    add("--no_shuffle", "--no-shuffle", dest="shuffle", action="store_false")
+    add("--augment", choices=("auto", "pad", "resized", "off"), default="auto")
+    add("--flip", action=argparse.BooleanOptionalAction, help="default: not for digits, icons")
+    add("--amp", choices=tuple(AMP), help="default: bf16 on a GPU, off on the CPU")
+    add("--channels_last", "--channels-last", action=argparse.BooleanOptionalAction)
+    add("--compile", action="store_true", help="torch.compile (its first steps: not timed)")
+    add("--compile_mode", "--compile-mode", default="default",
+        choices=("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune"))
+    add("--benchmark", action="store_true", help="speed only: --benchmark_steps timed steps")
+    add("--benchmark_steps", "--benchmark-steps", type=count(1), default=100)
+    add("--gpu_devices", "--gpu-devices", type=count(0), nargs="+", help="CUDA ids")
+    add("--seed", type=count(0, 2**32 - 1), default=0)
+    add("--deterministic", action="store_true", help="the same bits every run, slower")
+    add("--log_dir", "--log-dir", default=str(REPO / "runs"))
+    add("--run_name", "--run-name", help="default: <mode>-<n>gpu-<time>-<pid>")
+    add("--overwrite", action="store_true", help="empty the run folder of this name first")
+    add("-p", "--log_interval", "--log-interval", "--print-freq", type=count(1), default=50)
+    add("--warmup_steps", "--warmup-steps", type=count(0), default=10, help="not timed")
+    add("--profile_steps", "--profile-steps", type=count(0), default=0, help="torch.profiler's")
+    add("--memory_snapshot", "--memory-snapshot", type=count(0), default=0, help="steps; GPUs")
+    add("--save_model", "--save-model", action="store_true", help="<run folder>/model.pt")
+    add("--checkpoint_interval", "--checkpoint-interval", type=count(0), default=0)
+    add("--resume", help="a checkpoint.pt, or auto: this --run_name's, if any")
+    add("-e", "--evaluate", metavar="PATH", help="evaluate these weights, then exit")
+    add("--backend", choices=("nccl", "gloo"), default=None, help="default: nccl with CUDA")
+    add("--sync_bn", "--sync-bn", action="store_true", help="BatchNorm over the global batch")
+    add("--schedule", choices=tuple(SCHEDULES), default="1f1b",
+        help="gpipe: every micro-batch's forward, then every backward; 1f1b: one of each in turn")
+    add("--microbatches", type=count(1), default=None,
+        help="a step's batch split into this many (default: the fewest that keep the bubble "
+        "under a quarter of the step and split the batch evenly)")
+    add("--dist_timeout", "--dist-timeout", type=number(above=0), default=600.0,
+        help="seconds a collective waits for the other ranks before the run ends")
+    add("--nproc_per_node", "--nproc-per-node", type=count(1), default=None,
+        help="without torchrun: the workers to start (default: one a GPU)")
+    add("--max_restarts", "--max-restarts", type=count(0), default=0,
+        help="without torchrun: the times to restart the workers after a failure")
+    args = parser.parse_args(argv)
+    runkit.refuse_if([
+        (args.resume and args.overwrite, "--resume continues a run and --overwrite empties it"),
+        (args.resume == "auto" and not args.run_name, "--resume auto needs --run_name NAME"),
+        (args.evaluate and (args.resume or args.benchmark or args.memory_snapshot or
+                            args.profile_steps), "--evaluate trains nothing: leave out --resume, "
+         "--benchmark, --memory_snapshot and --profile_steps"),
+        (args.augment == "off" and args.flip, "--flip mirrors training images and --augment off "
+         "trains on them as they are: give one of them"),
+        (args.compile_mode != "default" and not args.compile, "--compile_mode needs --compile"),
+        (args.compile, "--compile: not for a pipeline's stages in this version; leave it out"),
+        (args.sync_bn, "--sync_bn: each BatchNorm of a pipeline lives on one stage, with no "
+         "replica to share statistics with; leave it out"),
+        (args.channels_last, "--channels_last: a stage's activations cross to the next in the "
+         "contiguous layout only, in this version; leave it out"),
+        (args.amp == "fp16", "--amp fp16: each stage would skip steps on its own overflows (no "
+         "loss scale the stages share yet): give --amp bf16 or off"),
+        (args.model != "pyramidnet" and args.model not in torchvision.models.list_models(
+            module=torchvision.models), f"--model {args.model} is no torchvision classifier")])
+    if args.benchmark:  # the same work every step: synthetic data, or the folder's own images
+        args.max_steps = args.warmup_steps + args.benchmark_steps + args.profile_steps
+        args.dataset = "imagefolder" if args.dataset == "imagefolder" else "synthetic"
+    return args
+
+
+# -------------------------------------------------------------------------------------------- setup
+def setup(args) -> torch.device:
+    """This process's place in the job (from the environment torchrun sets), its device (a GPU of
+    its own, or the CPU) and the process group it joins; the fast path's defaults for it."""
+    runkit.check_launch_environment()  # robustness: a launcher's variable that cannot be: a line
+    rank = int(os.environ["RANK"])  # this process's place among all the job's processes
+    world_size = int(os.environ["WORLD_SIZE"])  # how many processes the job has: a stage each
+    gpus = args.gpu_devices or list(range(torch.cuda.device_count()))  # this node's GPUs
+    local_rank = int(os.environ.get("LOCAL_RANK", rank % max(len(gpus), 1)))  # a pod: RANK % GPUs
+    if gpus and local_rank >= len(gpus):  # robustness: more processes than GPUs, in one line
+        raise runkit.UsageError(f"LOCAL_RANK={local_rank} has no GPU of its own ({len(gpus)} on "
+                                "this node): start at most one process a GPU", rank_specific=True)
+    device = runkit.cuda_device(gpus[local_rank] if gpus else 0)  # the CPU without CUDA
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.set_device(device)  # a GPU a process, before the group: NCCL binds to it
+    # robustness: a launch that cannot work, refused in one line before the group forms
+    runkit.refuse_if([(world_size < 2, f"WORLD_SIZE={world_size}: a pipeline needs 2 ranks or "
+                       "more, a stage each: start 2 or more processes (--nproc_per_node 2)"),
+                      (args.backend == "nccl" and not cuda, "--backend nccl needs GPUs: give "
+                       "--backend gloo"),
+                      (launched_by_hand(args), "--nproc_per_node and --max_restarts are the self-"
+                       "launch's: under torchrun give its own --nproc-per-node, --max-restarts")])
+    bf16 = cuda and torch.cuda.is_bf16_supported(including_emulation=False)
+    args.amp = args.amp or ("bf16" if bf16 else "off")  # fp16 needs one loss scale for all stages
+    args.channels_last = False  # refused if given: activations cross between stages contiguous
+    torch.backends.cudnn.benchmark = cuda and not args.deterministic  # the fastest per shape
+    if cuda:  # TF32 matrix products, as convolutions have (torch 2.9 warns of it on the CPU)
+        torch.set_float32_matmul_precision("high")
+    if args.deterministic:  # deterministic kernels only (an error where there is none)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+    runkit.refuse_if([(args.memory_snapshot and not cuda, "--memory_snapshot needs a GPU"),
+                      (args.amp == "bf16" and cuda and not bf16, f"{device} has no bf16")])
+    # every refusal made: the group forms (a rank that refused after it broke the others' join)
+    timeout = datetime.timedelta(seconds=args.dist_timeout)  # a collective's wait for the others
+    with runkit.group_failure_in_one_line():  # robustness: a rendezvous that cannot succeed
+        store = store_of_this_attempt(rank, world_size, timeout)  # robustness: after a restart
+        dist.init_process_group(args.backend or ("nccl" if cuda else "gloo"), rank=rank,
+                                world_size=world_size, device_id=device if cuda else None,
+                                timeout=timeout, store=store)
+    return device
+
+
+# --------------------------------------------------------------------------------------------- data
+# each dataset's images: their side, their channels, the mean and std that normalise them
+IMAGES = {"cifar10": (32, 3, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+          "synthetic": (32, 3, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+          "mnist": (28, 1, (0.1307,), (0.3081,)),
+          "imagefolder": (None, 3, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))}
+
+
+def get_datasets(args):
+    """(train, test) datasets of (image, label), untransformed, and the number of classes:
+    CIFAR-10 or MNIST (downloaded into --data_dir), your images, or generated ones."""
+    root = Path(args.data_dir)
+    if args.dataset == "synthetic":  # offline: each class a pattern, each image that pattern noisy
+        train = TensorDataset(*runkit.synthetic_images(args.synthetic_size, args.seed, "train"))
+        test = TensorDataset(*runkit.synthetic_images(args.synthetic_size // 5, args.seed, "test"))
+        return train, test, 10
+    if args.dataset == "imagefolder":
+        args.data = runkit.check_image_folder(root)  # its refusals; what a resume compares
+        train = torchvision.datasets.ImageFolder(root / "train")
+        return train, torchvision.datasets.ImageFolder(root / "val"), len(train.classes)
+    kind = torchvision.datasets.CIFAR10 if args.dataset == "cifar10" else torchvision.datasets.MNIST
+    # kind(root, train=..., download=True), or what to put where in one line (offline, damaged)
+    return runkit.downloaded(kind, root, True), runkit.downloaded(kind, root, False), 10
+
+
+def get_loaders(args, train_set, test_set, device: torch.device):
+    """DataLoaders of augmented, normalised batches: the training set reshuffled every epoch from
+    --seed, the last partial batch dropped so that every step has the whole batch; every test
+    image counted once."""
+    side, _, mean, std = IMAGES[args.dataset]
+    size, tensor = args.image_size, [T.ToImage(), T.ToDtype(torch.float32, scale=True),
+                                     T.Normalize(mean, std)]
+    if args.dataset == "imagefolder":  # as ImageNet is evaluated: resized, then its centre
+        test = [T.Resize(size * 256 // 224), T.CenterCrop(size)]
+        pad = [*test, T.RandomCrop(size, padding=size // 8)]  # small images: CIFAR's crop of it
+    else:  # CIFAR-10, MNIST, the synthetic set: cropped at their own side, then resized
+        test = [] if size == side else [T.Resize(size)]
+        pad = [T.RandomCrop(side, padding=side // 8), *test]
+    crop = {"pad": pad, "resized": [T.RandomResizedCrop(size)], "off": test}[args.augment]
+    flip = [T.RandomHorizontalFlip()] if args.flip else []
+    train_set = runkit.Augmented(train_set, T.Compose([*crop, *flip, *tensor]), args.seed)
+    test_set = runkit.Augmented(test_set, T.Compose([*test, *tensor]), args.seed)
+    per_microbatch = args.batch_size // args.microbatches
+    sampler = MicroBatchSampler(train_set, args.microbatches, per_microbatch, args.shuffle,
+                                args.seed)  # micro-batch m: DDP's rank m's share of the step
+    options = dict(num_workers=args.num_workers, pin_memory=device.type == "cuda",
+                   worker_init_fn=runkit.leave_stops_to_main)  # a stop signal: the run's to take
+    # every rank loads the same whole batches: rank 0 feeds the images to its stage, the last
+    # rank's loss takes the labels, the ranks between use neither (it keeps one loop for all)
+    batch = args.batch_size
+    train_loader = DataLoader(train_set, batch, sampler=sampler, drop_last=True, **options)
+    # every test image once, a micro-batch's worth at a time passed from stage to stage
+    test_loader = DataLoader(test_set, per_microbatch, **options)
+    return train_loader, test_loader
+
+
+class MicroBatchSampler(Sampler):
+    """The training set's order, a step's batch at a time, each batch M micro-batches of b images:
+    micro-batch m holds the images DDP's rank m would hold at that step with M ranks
+    (DistributedSampler's share m of the same shuffle). Each micro-batch's BatchNorm then sees its
+    share alone, as a DDP rank's does, and the pipeline computes DDP's step."""
+
+    def __init__(self, dataset, microbatches: int, per_microbatch: int, shuffle: bool, seed: int):
+        self.shares = [DistributedSampler(dataset, num_replicas=microbatches, rank=share,
+                                          shuffle=shuffle, seed=seed)
+                       for share in range(microbatches)]
+        self.per_microbatch = per_microbatch
+
+    def set_epoch(self, epoch: int) -> None:  # this epoch's shuffle, the same on every rank
+        for share in self.shares:
+            share.set_epoch(epoch)
+
+    def __iter__(self):
+        shares, b = [list(share) for share in self.shares], self.per_microbatch
+        for step in range(len(shares[0]) // b):  # the steps of b images a share: DDP's drop_last
+            for share in shares:
+                yield from share[step * b:(step + 1) * b]
+
+    def __len__(self) -> int:
+        return len(self.shares[0]) // self.per_microbatch * self.per_microbatch * len(self.shares)
+
+
+def fewest_microbatches(stages: int, batch: int) -> int:
+    """The default --microbatches: the fewest M that keep a step's bubble under a quarter and
+    split the batch evenly. A step idles each of S stages for S-1 of its M+S-1 micro-batch slots,
+    while the pipeline fills and drains (in GPipe and in 1F1B alike); (S-1)/(M+S-1) < 1/4 holds
+    for M > 3(S-1), so M = 3(S-1)+1 at least: 4 for 2 stages (a bubble of 1/5), 10 for 4 (3/13),
+    22 for 8 (7/29). The first such M that divides the batch; a smaller batch: an image each."""
+    fewest = 3 * (stages - 1) + 1
+    return next((m for m in range(fewest, batch + 1) if batch % m == 0), batch)
+
+
+def data_defaults(args, train_images: int) -> None:
+    """--image_size, --augment auto, --flip and --microbatches made what they stand for with
+    these images and this many stages."""
+    side = IMAGES[args.dataset][0]
+    native = args.model == "pyramidnet" and args.dataset != "imagefolder"  # 32 px, not 224
+    args.image_size = args.image_size or (side if native else 224)
+    if args.augment == "auto":  # a random resized crop of a small image keeps a few pixels
+        large = args.dataset == "imagefolder" and args.image_size > 64
+        args.augment = "resized" if large else "pad"
+    if args.flip is None:  # small images are digits and icons as often as photographs
+        args.flip = args.dataset != "mnist" and (args.dataset != "imagefolder" or
+                                                 args.augment == "resized")
+    args.flip = args.flip and args.augment != "off"
+    args.num_workers = runkit.workers(args.num_workers)  # a share of this node's cores
+    given, args.batch_size = args.batch_size, args.batch_size or 128
+    while not given and args.dataset == "imagefolder" and train_images < 4 * args.batch_size > 4:
+        args.batch_size //= 2  # a small folder: the default halved until an epoch has 4 steps
+    stages = dist.get_world_size()
+    args.microbatches = args.microbatches or fewest_microbatches(stages, args.batch_size)
+    runkit.refuse_if([(args.batch_size % args.microbatches, f"--batch_size {args.batch_size} "
+                       f"does not split into {args.microbatches} micro-batches: give a multiple "
+                       f"of {args.microbatches}"),
+                      (args.microbatches < stages, f"--microbatches {args.microbatches}: "
+                       f"{stages} stages need at least {stages} a step, one for each to work on"),
+                      (args.batch_size > train_images, f"--batch_size {args.batch_size} is more "
+                       f"than the {train_images} training images: give a smaller one")])
+
+
+# -------------------------------------------------------------------------------------------- model
+def get_model(args, classes: int, device: torch.device):
+    """The schedule that trains this rank's stage, the stage, the whole model (the other stages'
+    pieces on the meta device: their shapes, no storage), the FLOPs of one training image
+    counted on the whole model before the split, and each stage's pieces and share of them."""
+    channels, size = IMAGES[args.dataset][1], args.image_size
+    if args.model == "pyramidnet":
+        try:
+            raw_model = PyramidNet(args.depth, args.alpha, args.block, classes, channels)
+        except ValueError as error:  # a depth neither block can have
+            raise runkit.UsageError(f"--depth {args.depth}: {error}") from None
+    else:  # a torchvision model, no pretrained weights: nothing is downloaded
+        sized = {"image_size": size} if args.model.startswith("vit_") else {}
+        raw_model = torchvision.models.get_model(args.model, num_classes=classes, **sized)
+    # every rank built the whole model from the seed, on the CPU: the same weights as every other
+    # mode's; it is seen as a sequence of pieces, each one's output the next one's input
+    pieces = model_pieces(raw_model)
+    example = torch.zeros(2, channels, size, size)
+    try:  # one forward and backward: a model the images are too small for fails here
+        flops = runkit.flops_per_image(raw_model, example)
+        costs = piece_flops(pieces, example)  # each piece's work, to balance the stages by
+    except RuntimeError as error:  # vgg11's pooling, for one, leaves a 16-pixel image no pixel
+        raise runkit.UsageError(f"--model {args.model} cannot take these {size}-pixel images "
+                                f"({str(error).splitlines()[0][:120]}): give a larger "
+                                "--image_size, or --model pyramidnet") from None
+    stages, rank = dist.get_world_size(), dist.get_rank()
+    runkit.refuse_if([(len(pieces) < stages, f"the model has {len(pieces)} pieces to cut into "
+                       f"{stages} stages: start at most {len(pieces)} processes")])
+    # the cut: contiguous runs of pieces, the costliest run as cheap as can be. Balanced by FLOPs,
+    # not by blocks: PyramidNet widens with every block and halves its resolution twice (in
+    # PyramidNet-110 a=270 layer1's last block costs 24 times its first): 4 stages of 14 pieces
+    # would do 14, 33, 32 and 21 % of the work, 4 stages cut by FLOPs 24 to 26 % each
+    cuts = balanced_cuts(costs, stages)  # stage s holds pieces cuts[s] to cuts[s + 1] - 1
+    mine = range(cuts[rank], cuts[rank + 1])
+    for index, (_, piece) in enumerate(pieces):  # this rank's pieces on its device; the others'
+        piece.to(device if index in mine else "meta")  # shapes only (names kept, storage freed)
+    model = Stage([pieces[index][1] for index in mine], args.amp)
+    # what crosses between ranks a micro-batch (shape, dtype), measured once with a forward pass
+    # from stage to stage in eval mode (no statistic moves): PipelineStage allocates its buffers
+    # from it (left to infer it itself, torch 2.9 runs each stage in training mode on zeros, and
+    # the BatchNorm statistics move)
+    micro = torch.zeros(args.batch_size // args.microbatches, channels, size, size, device=device)
+    outputs = [None] * stages  # each stage's output, on every rank
+    with torch.no_grad():
+        dist.all_gather_object(outputs, StageToStage(model.eval())(micro).to("meta"))
+    model.train()
+    # stage s's input: crossing[s], its output crossing[s + 1]; in training, each with its gradient
+    crossing = [micro.to("meta"), *(output.requires_grad_() for output in outputs)]
+    # robustness: PipelineStage, with torch 2.9's first exchange mended on gloo (see its class)
+    stage = MendedPipelineStage(model, rank, stages, device, input_args=crossing[rank],
+                                output_args=crossing[rank + 1])
+    # the schedule: each step splits the batch into micro-batches (along the batch, in order),
+    # runs them through the stages, and on the last stage the loss of each; every parameter's
+    # gradient is the sum of the M micro-batches', divided by M (scale_grads, its default)
+    schedule = SCHEDULES[args.schedule](stage, args.microbatches, loss_fn=micro_batch_loss)
+    shares = [{"first": pieces[start][0], "last": pieces[end - 1][0],
+               "flops_share": sum(costs[start:end]) / sum(costs)}
+              for start, end in zip(cuts, cuts[1:])]
+    return schedule, model, raw_model, flops, shares
+
+
+def memory_format(args) -> torch.memory_format:
+    return torch.channels_last if args.channels_last else torch.contiguous_format
+
+
+def model_pieces(raw_model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The model as a sequence of (name, piece), each piece's output the next one's input: what
+    the pipeline cuts. PyramidNet: its stem, each residual block, its head, built around its own
+    modules (the same weights, under the same names in its state dict); an nn.Sequential: its
+    children. Any other model is refused."""
+    if isinstance(raw_model, PyramidNet):
+        blocks = [(f"{layer}.{index}", block) for layer in ("layer1", "layer2", "layer3")
+                  for index, block in enumerate(getattr(raw_model, layer))]
+        return [("stem", Stem(raw_model)), *blocks, ("head", Head(raw_model))]
+    if isinstance(raw_model, nn.Sequential):
+        return list(raw_model.named_children())
+    raise runkit.UsageError(f"{type(raw_model).__name__} is no sequence of pieces to cut into "
+                            "stages: give --model pyramidnet, or an nn.Sequential in get_model")
+
+
+class Stem(nn.Module):
+    """PyramidNet's first piece: its first convolution and BatchNorm, as its forward runs them."""
+
+    def __init__(self, net: PyramidNet):
+        super().__init__()
+        self.conv1, self.bn1 = net.conv1, net.bn1
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.bn1(self.conv1(images))
+
+
+class Head(nn.Module):
+    """PyramidNet's last piece: its last BatchNorm, ReLU, global average pooling and classifier,
+    as its forward runs them."""
+
+    def __init__(self, net: PyramidNet):
+        super().__init__()
+        self.bn_final, self.fc = net.bn_final, net.fc
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(F.relu(self.bn_final(x)).mean((2, 3)))
+
+
+def piece_flops(pieces: list[tuple[str, nn.Module]], example: torch.Tensor) -> list[int]:
+    """Each piece's FLOPs on `example`, forward and backward (its weights' gradients and, but for
+    the first piece, its input's, which its stage sends back), counted by FlopCounterMode in eval
+    mode (no statistic moves)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    costs, x = [], example
+    for index, (_, piece) in enumerate(pieces):
+        x = x.detach().requires_grad_(index > 0)
+        with FlopCounterMode(display=False) as counter:
+            y = piece.eval()(x)
+            y.float().sum().backward()
+        piece.train().zero_grad(set_to_none=True)
+        costs.append(counter.get_total_flops())
+        x = y
+    return costs
+
+
+def balanced_cuts(costs: list[int], stages: int) -> list[int]:
+    """Where to cut pieces of these costs into `stages` contiguous runs so that the costliest run
+    costs the least: [0, stage 1's first piece, ..., len(costs)], from every cut of the first run
+    and the best split of the rest (a few hundred pieces, a few stages: at once)."""
+    total = [0, *itertools.accumulate(costs)]  # total[i]: what pieces 0 to i - 1 cost
+
+    @functools.cache
+    def best(start: int, runs: int) -> tuple[int, tuple[int, ...]]:
+        """(the costliest run's cost, where each run ends) of pieces start.. in `runs` runs."""
+        if runs == 1:
+            return total[-1] - total[start], (len(costs),)
+        splits = []
+        for end in range(start + 1, len(costs) - runs + 2):  # each later run keeps a piece
+            rest, ends = best(end, runs - 1)
+            splits.append((max(total[end] - total[start], rest), (end, *ends)))
+        return min(splits)
+
+    return [0, *best(0, stages)[1]]
+
+
+class Stage(nn.Sequential):
+    """What one rank holds: a contiguous run of the model's pieces, called in order under the
+    run's autocast. The schedule calls it once a micro-batch; autograd runs its backward."""
+
+    def __init__(self, pieces: list[nn.Module], amp: str):
+        super().__init__(*pieces)
+        self.amp = amp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(x.device.type, AMP[self.amp], enabled=self.amp != "off"):
+            return super().forward(x)
+
+
+class StageToStage(nn.Module):
+    """The whole model's forward pass through the ranks, a batch at a time and no schedule: each
+    rank receives its stage's input from the rank before (rank 0: the images), calls its stage,
+    sends the output to the rank after. Every rank calls it with the same batch; the last rank's
+    result is the logits. Evaluation, PreciseBN and the measure of what crosses use it."""
+
+    def __init__(self, stage: Stage):
+        super().__init__()
+        self.stage = stage
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        rank, last = dist.get_rank(), dist.get_world_size() - 1
+        x = images if rank == 0 else receive_activation(rank - 1, images.device)
+        y = self.stage(x)
+        if rank < last:
+            send_activation(y, rank + 1)
+        return y
+
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # an activation's, by its number
+
+
+def send_activation(tensor: torch.Tensor, rank: int) -> None:
+    """`tensor` to `rank`: first its dtype and shape as 8 int64 (the receiver allocates from them:
+    the last test batch is smaller), then its values."""
+    header = [DTYPES.index(tensor.dtype), tensor.dim(), *tensor.shape]
+    dist.send(torch.tensor(header + [0] * (8 - len(header)), device=tensor.device), rank)
+    dist.send(tensor.contiguous(), rank)
+
+
+def receive_activation(rank: int, device: torch.device) -> torch.Tensor:
+    """What send_activation sent from `rank`."""
+    header = torch.zeros(8, dtype=torch.int64, device=device)
+    dist.recv(header, rank)
+    dtype, dims, *shape = header.tolist()
+    tensor = torch.empty(shape[:dims], dtype=DTYPES[dtype], device=device)
+    dist.recv(tensor, rank)
+    return tensor
+
+
+def micro_batch_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The last stage's loss of one micro-batch: its mean, as a DDP rank's of its share (the
+    schedule's division of the summed gradients by M then makes DDP's average over M ranks)."""
+    return F.cross_entropy(logits.float(), labels)
+
+
+def load_stage(raw_model: nn.Module, state: dict) -> None:
+    """The whole model's state dict loaded into this rank's stage: the keys its raw_model holds
+    here (the other stages' are on the meta device, and take nothing)."""
+    mine = [key for key, value in raw_model.state_dict().items() if not value.is_meta]
+    raw_model.load_state_dict({key: state[key] for key in mine}, strict=False)
+
+
+def places(raw_model: nn.Module) -> list[int]:
+    """Where this stage's parameters sit in the whole model's parameters(), in its order: the
+    index single_gpu's optimizer gives each."""
+    return [place for place, param in enumerate(raw_model.parameters()) if not param.is_meta]
+
+
+# ---------------------------------------------------------------------------------------- optimizer
+def get_optimizer(args, raw_model: torch.nn.Module, device: torch.device, steps_per_epoch: int):
+    """SGD at the rate of the global batch (linear scaling), fused into one kernel on a GPU, over
+    this stage's parameters; the rate a function of the step: a linear warm-up, then /10 at 50 %
+    and at 75 % of the epochs; fp16's loss scaler (refused here: a pass-through)."""
+    fused = device.type == "cuda" and not args.deterministic  # --deterministic: for-each, as FSDP
+    own = [param for param in raw_model.parameters() if not param.is_meta]  # this stage's
+    optimizer = torch.optim.SGD(own, lr=args.lr * args.batch_size / 128,
+                                momentum=args.momentum, weight_decay=args.weight_decay,
+                                nesterov=args.nesterov, fused=fused or None)
+    for param in own:  # the zeros SGD's first step makes, made now: fused SGD would skip them
+        optimizer.state[param]["momentum_buffer"] = torch.zeros_like(param)
+    warmup, run = round(args.lr_warmup_epochs * steps_per_epoch), args.epochs * steps_per_epoch
+    # the rate needs steps, not epochs: a small folder's at least 50, and at most a third of the run
+    folder = args.dataset == "imagefolder"
+    warmup = min(max(warmup, 50), run // 3) if folder else min(warmup, run // 10)
+
+    def rate(step: int) -> float:  # the base rate's factor at optimizer step `step` (from 0)
+        epoch = step // steps_per_epoch
+        warm = (step + 1) / warmup if step < warmup else 1.0
+        return warm * 0.1 ** ((epoch >= 0.5 * args.epochs) + (epoch >= 0.75 * args.epochs))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, rate)
+    return optimizer, scheduler, torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
+
+
+# --------------------------------------------------------------------------------- train / evaluate
+def train_one_epoch(run, epoch: int) -> None:
+    """One pass over the training set (what a resumed epoch has left of it), up to --max_steps, or
+    to the window where a stop signal is seen; the host syncs only at a window's end."""
+    args, progress = run.args, run.progress
+    if 0 < args.max_steps <= progress["step"]:  # resumed at --max_steps: only its evaluation left
+        return
+    if epoch != progress["epoch"]:  # a new epoch, from its first batch
+        progress.update(epoch=epoch, batch=0)
+    run.model.train()
+    first_stage = dist.get_rank() == 0
+    last_stage = dist.get_rank() == dist.get_world_size() - 1
+    for images, labels in run.timer.timed(epoch_batches(run.train_loader, epoch, progress)):
+        images = images.to(run.device, non_blocking=True, memory_format=memory_format(args))
+        labels = labels.to(run.device, non_blocking=True)
+        run.optimizer.zero_grad(set_to_none=True)
+        losses = []  # the last stage's: each micro-batch's loss
+        # one step of the schedule: every micro-batch forward through the stages and backward;
+        # rank 0 feeds the images, the last rank's loss takes the labels, the others receive
+        # their inputs from the rank before and their output's gradients from the rank after
+        inputs = (images,) if first_stage else ()
+        logits = run.schedule.step(*inputs, target=labels if last_stage else None, losses=losses)
+        run.scaler.step(run.optimizer)  # this stage's parameters, with their summed gradients
+        run.scaler.update()
+        if last_stage:  # the step's sums are the last stage's: its logits, its loss
+            loss = torch.stack(losses).mean()  # the micro-batches' mean: DDP's ranks' mean
+            run.sums += torch.stack([loss.detach() * len(labels), (logits.argmax(1) == labels)
+                                     .sum(), torch.tensor(len(labels), device=run.device)])
+        run.timer.step_done()
+        progress["step"] += 1
+        progress["batch"] += 1
+        last = progress["batch"] == len(run.train_loader) or 0 < args.max_steps <= progress["step"]
+        due = args.checkpoint_interval and progress["step"] % args.checkpoint_interval == 0
+        if progress["step"] % args.log_interval == 0 or last or due:  # a checkpoint ends a window
+            log_window(run, epoch)  # train/lr: the rate this step trained with
+        run.scheduler.step()  # the next step's rate
+        if last or run.stop:
+            return
+        if due:
+            save_checkpoint(run)
+
+
+def epoch_batches(loader: DataLoader, epoch: int, progress: dict):
+    """The epoch's batches in its order (from the seed and the epoch) and crops, less those that a
+    resumed epoch had trained on."""
+    loader.sampler.set_epoch(epoch)  # this epoch's shuffle, the same on every rank
+    loader.dataset.set_epoch(epoch)
+    if not progress["batch"]:
+        return loader
+    rest = list(loader.sampler)[progress["batch"] * loader.batch_size:]  # a sampler: any list
+    return DataLoader(loader.dataset, loader.batch_size, sampler=rest, drop_last=True,
+                      num_workers=loader.num_workers, pin_memory=loader.pin_memory,
+                      worker_init_fn=loader.worker_init_fn)
+
+
+def log_window(run, epoch: int) -> None:
+    """Read the window's sums (one host sync), report them, take note of a stop signal."""
+    # robustness: this rank's stop vote travels with the window's sums
+    sums = torch.cat([run.sums, run.sums.new_tensor(run.timer.window() + vote(run.signals))])
+    dist.all_reduce(sums)  # every rank's sums added up, and its stop vote (robustness)
+    sums[3:6] /= dist.get_world_size()  # every rank timed the same steps: their mean
+    run.sums.zero_()
+    gpus = {f"gpu/{i}/util_pct": util for i, (util, _) in run.monitor.window().items()}
+    where = f"Epoch {epoch + 1}/{run.args.epochs} [{run.progress['batch']}/{len(run.train_loader)}]"
+    run.log.window(run.progress["step"], epoch, sums.tolist(), run.args.batch_size, where,
+                   **{"train/lr": run.scheduler.get_last_lr()[0], **gpus})
+    run.stop = agreed(sums[6:].tolist())  # robustness: a signal to any rank stops every rank
+
+
+@torch.no_grad()
+def evaluate(args, model: Stage, loader: DataLoader, device: torch.device) -> dict:
+    """The test loss, accuracy and top-5 accuracy, every test image counted exactly once: each
+    test batch passed forward from stage to stage, the last stage's logits against the labels."""
+    model.eval()  # each stage's own BatchNorm statistics: the saved weights' own
+    whole, last = StageToStage(model), dist.get_rank() == dist.get_world_size() - 1
+    sums = torch.zeros(4, dtype=torch.float64, device=device)
+    for images, labels in loader:
+        images = images.to(device, non_blocking=True, memory_format=memory_format(args))
+        labels = labels.to(device, non_blocking=True)
+        output = whole(images)  # the last rank's: the logits; the others': their stage's output
+        if not last:
+            continue
+        logits = output.float()
+        top5 = logits.topk(min(5, logits.shape[1]), dim=1).indices == labels[:, None]
+        sums += torch.stack([F.cross_entropy(logits, labels, reduction="sum"), top5[:, 0].sum(),
+                             top5.any(dim=1).sum(), torch.tensor(len(labels), device=device)])
+    dist.all_reduce(sums)  # the last stage's sums (the others' are zeros), on every rank
+    loss, correct, top5_correct, images = sums.tolist()
+    return {"test_loss": loss / images, "test_acc": correct / images,
+            "test_acc_top5": top5_correct / images, "test_images": int(images)}
+
+
+def save_checkpoint(run, best: bool = False) -> Path | None:
+    """The loop's state as state dicts, the same file in every mode; best.pt beside it when the
+    test accuracy is the best so far."""
+    rng = [None] * dist.get_world_size()  # every rank's random generators, for a resume
+    dist.all_gather_object(rng, runkit.rng_states())
+    weights, optimizer = gathered_state(run)  # the whole model's, from every stage
+    if dist.get_rank() != 0:  # rank 0 writes it
+        return None
+    path = runkit.save_checkpoint(run.log.run_dir / "checkpoint.pt", {
+        "config": vars(run.args), "model": weights,
+        "optimizer": optimizer, "scheduler": run.scheduler.state_dict(),
+        "scaler": run.scaler.state_dict(), "progress": run.progress,
+        "rng": rng})
+    if best:
+        runkit.copy_atomically(path, path.with_name("best.pt"))  # a full disk: no half copy
+    return path
+
+
+def gathered_state(run) -> tuple[dict | None, dict | None]:
+    """The whole model's state dict and its SGD's, on rank 0 (None elsewhere), keyed and indexed
+    as single_gpu's: each rank sends its stage's tensors (those of its raw_model not on the meta
+    device) and its SGD state, each parameter's under its place in the whole model."""
+    own = places(run.raw_model)
+    weights = {key: value.cpu() for key, value in run.raw_model.state_dict().items()
+               if not value.is_meta}
+    sgd = run.optimizer.state_dict()  # its own numbering: 0, 1, ... over this stage's parameters
+    state = {own[index]: {name: value.cpu() if torch.is_tensor(value) else value
+                          for name, value in kept.items()} for index, kept in sgd["state"].items()}
+    parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object((weights, state), parts, dst=0)
+    if parts is None:
+        return None, None
+    weights = {key: value for stage_weights, _ in parts for key, value in stage_weights.items()}
+    state = {place: kept for _, stage_state in parts for place, kept in stage_state.items()}
+    every = list(range(len(list(run.raw_model.parameters()))))  # get_optimizer's one group
+    return ({key: weights[key] for key in run.raw_model.state_dict()},  # in single_gpu's order
+            {"state": dict(sorted(state.items())),
+             "param_groups": [{**sgd["param_groups"][0], "params": every}]})
+
+
+def restore(run, checkpoint: dict) -> None:
+    """Everything of `checkpoint` into the run, which goes on as if never stopped."""
+    load_stage(run.raw_model, checkpoint["model"])  # each rank its stage's keys
+    whole, own = checkpoint["optimizer"], places(run.raw_model)
+    stage_sgd = {"state": {index: whole["state"][place] for index, place in enumerate(own)
+                           if place in whole["state"]},  # renumbered as this stage's SGD has them
+                 "param_groups": [{**whole["param_groups"][0], "params": list(range(len(own)))}]}
+    with runkit.optimizer_as_built(run.optimizer):  # fused or not, its buffers' strides
+        run.optimizer.load_state_dict(stage_sgd)
+    run.scheduler.load_state_dict(checkpoint["scheduler"])
+    run.scaler.load_state_dict(checkpoint["scaler"])
+    run.progress.update(checkpoint["progress"])
+    runkit.set_rng_state(checkpoint["rng"][dist.get_rank() % len(checkpoint["rng"])])
+
+
+# ---------------------------------------------------------------------------------------- main loop
+def main(argv=None) -> int:
+    started = time.perf_counter()
+    args = get_args(argv)
+    device = setup(args)
+    is_main = dist.get_rank() == 0  # rank 0 prints and writes the files
+    with one_download_a_node():  # robustness: the node's other ranks wait, then read it
+        train_set, test_set, classes = get_datasets(args)
+    data_defaults(args, len(train_set))
+    train_loader, test_loader = get_loaders(args, train_set, test_set, device)
+    args.epochs = math.ceil(args.max_steps / len(train_loader)) if args.benchmark else args.epochs
+    gpus = dist.get_world_size() * (device.type == "cuda")
+    names = [args.run_name or runkit.default_run_name(MODE, gpus)]
+    dist.broadcast_object_list(names, src=0)  # rank 0's: each rank's default has its own pid
+    folder = Path(args.log_dir) / names[0]
+    checkpoint = on_rank_0(runkit.checkpoint_to_resume, args.resume, folder, vars(args),
+                           MUST_MATCH)  # robustness: rank 0 reads it; its refusal ends every rank
+    if runkit.has_ended(checkpoint, args.epochs, args.max_steps):  # run again after its end
+        return 0
+    trained = checkpoint["config"]["epochs"] if checkpoint else args.epochs
+    runkit.refuse_if([(args.epochs < trained, f"--epochs {args.epochs}: the run was to train "
+                       f"{trained}; a resumed run may train longer, never shorter")])
+    torch.manual_seed(args.seed)  # the same weights in every mode
+    schedule, model, raw_model, flops, stages = get_model(args, classes, device)
+    optimizer, scheduler, scaler = get_optimizer(args, raw_model, device, len(train_loader))
+    # robustness: rank 0 claims the folder; its refusal ends every rank
+    run_dir = on_rank_0(runkit.claim_run_folder, folder, args.resume, args.overwrite)
+    gpus = [device.index] if device.type == "cuda" else []
+    last = min(args.epochs * len(train_loader), args.max_steps or math.inf)  # the run's last step
+    # the run's last --profile_steps, after the timed ones
+    trace = folder / f"trace_rank{dist.get_rank()}.json"
+    profile = (last - args.profile_steps + 1, last, trace) if args.profile_steps else None
+    snapshot = (args.memory_snapshot, folder / "memory_snapshot.pickle") if is_main else None
+    run = SimpleNamespace(  # what the loop carries from step to step; a checkpoint keeps progress
+        args=args, device=device, model=model, raw_model=raw_model, train_loader=train_loader,
+        optimizer=optimizer, scheduler=scheduler, scaler=scaler, stop=None, schedule=schedule,
+        log=runkit.RunLog(run_dir if is_main else None, vars(args), checkpoint),
+        timer=runkit.StepTimer(device, args.warmup_steps, checkpoint and checkpoint["progress"][
+            "step"] or 0, profile, snapshot if args.memory_snapshot else None),
+        monitor=runkit.GpuMonitor(gpus), signals=runkit.StopSignals(),
+        sums=torch.zeros(3, dtype=torch.float64, device=device),  # the window's, on the device
+        progress=dict(epoch=0, batch=0, step=0, best_acc=None, best_epoch=None, tested_step=None))
+    try:
+        if device.type == "cpu":  # said once the refusals are behind: a refusal is its line alone
+            run.log.warn("no CUDA GPU found: running on the CPU")
+        if checkpoint is not None:
+            restore(run, checkpoint)
+            longer = f"; --epochs {trained} made {args.epochs}, the rate's schedule with it" * (
+                trained != args.epochs)
+            run.log.line(f"resumed at step {run.progress['step']} from {checkpoint['file']}"
+                         f"{longer}")
+        if args.evaluate:  # saved weights, evaluated alone; a signal ends it: nothing to keep
+            run.signals.at_once = ("the evaluation unfinished, no results; run it again with "
+                                   "--overwrite") if is_main else ""
+            runkit.load_weights(args.evaluate, functools.partial(load_stage, raw_model))
+            test = evaluate(args, model, test_loader, device)
+            run.log.line(f"{args.evaluate}: test loss {test['test_loss']:.4f} acc "
+                         f"{100 * test['test_acc']:.2f}% ({runkit.images(test['test_images'])})")
+            return run.log.results(test, mode=MODE, world_size=dist.get_world_size()) or 0
+        pyramidnet = isinstance(raw_model, PyramidNet)  # or yours, put in get_model
+        model_name = (f"PyramidNet-{args.depth} a={args.alpha:g}" if pyramidnet else
+                      type(raw_model).__name__ if args.model == "pyramidnet" else args.model)
+        cut = ", ".join(f"{s}: {part['first']}" + f"..{part['last']}" * (
+            part["first"] != part["last"]) + f" ({100 * part['flops_share']:.0f} %)"
+            for s, part in enumerate(stages))
+        run.log.line(f"{MODE} on {device}: {model_name} ({runkit.parameter_count(raw_model):,} "
+                     f"parameters) at {args.image_size} px, "
+                     f"{args.dataset}, {args.augment} crop{' and flip' * args.flip}, batch "
+                     f"{args.batch_size} ({len(train_loader)} steps an epoch), amp {args.amp}; "
+                     f"stages: {cut}; {args.schedule}, {args.microbatches} micro-batches of "
+                     f"{args.batch_size // args.microbatches}; logs in {run_dir}")
+        for epoch in range(run.progress["epoch"], args.epochs):
+            train_one_epoch(run, epoch)
+            if run.stop:  # SIGTERM, SIGINT, SIGHUP, SIGUSR1: a checkpoint, then a clean exit
+                path = save_checkpoint(run)
+                run.log.line(runkit.stopped_line(run.stop, run.progress, len(train_loader), path))
+                dist.barrier()  # no rank exits before rank 0 wrote it: a launcher ends the job
+                return runkit.StopSignals.CODES[run.stop]
+            if not args.benchmark:  # --benchmark measures speed only: no evaluation, no files
+                if args.dataset == "imagefolder":  # the statistics of the weights evaluated
+                    runkit.precise_batchnorm(StageToStage(model), epoch_batches(
+                        train_loader, epoch, {"batch": 0}), device, memory_format(args))
+                test = evaluate(args, model, test_loader, device)
+                best = run.log.tested(test, run.progress, len(train_loader), args.epochs)
+                save_checkpoint(run, best)
+            if 0 < args.max_steps <= run.progress["step"]:
+                break
+        if args.save_model:  # the weights alone, for --evaluate or your own code
+            weights, _ = gathered_state(run)  # the whole model's, from every stage
+            if is_main:
+                torch.save(weights, run_dir / "model.pt")
+        summary = runkit.speed_summary(run.log, run.timer, args.batch_size, dist.get_world_size(),
+                                       flops,
+                                       runkit.peak_tflops(device, args.amp), run.monitor, gpus)
+        summary.update(parameters=runkit.parameter_count(raw_model),
+                       wall_time_s=time.perf_counter() - started, **run.progress,
+                       **run.log.last_test)
+        peaks = [None] * dist.get_world_size()  # each rank's GPU's peak memory, by rank
+        dist.all_gather_object(peaks, runkit.peak_memory_gb(gpus))
+        # a step's idle share in theory, (S-1)/(M+S-1): measured, it is still to come
+        bubble = (len(stages) - 1) / (args.microbatches + len(stages) - 1)
+        run.log.results(summary, mode=MODE, world_size=dist.get_world_size(), stages=stages,
+                        bubble_fraction=bubble,
+                        peak_mem_gb_per_gpu={r: p for r, own in enumerate(peaks)
+                                             for p in own.values()})
+        return 0
+    # ------------------------------------------------------------------------------------- teardown
+    except (RuntimeError, dist.DistError) as error:  # robustness: a peer that died, in one line
+        runkit.raise_group_failure(error, run.progress["step"])
+        raise
+    finally:
+        run.signals.restore()
+        run.timer.close()
+        run.monitor.close()
+        run.log.close()
+
+
+# ====================================================================================== robustness
+# What keeps a process group sane on bad days. Nothing here is DDP's lesson: skip it at first.
+def vote(signals: runkit.StopSignals) -> list[float]:
+    """This rank's stop vote: one entry a signal, 1 for the one it received."""
+    return [float(signals.received == name) for name in signals.NAMES.values()]
+
+
+def agreed(votes) -> str | None:
+    """The signal every rank stops for, from the votes added up over the ranks."""
+    return next((name for name, vote in zip(runkit.StopSignals.NAMES.values(), votes) if vote),
+                None)
+
+
+def store_of_this_attempt(rank: int, world_size: int, timeout) -> dist.Store | None:
+    """Under torchrun the store outlives a restart of the workers (--max-restarts), and with it
+    the dead group's keys (gloo's peer addresses): a restarted rank could read a dead peer's.
+    Each attempt gets keys of its own; None outside torchrun (init_process_group makes its own)."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None:
+        return None
+    agents = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # the agent serves it
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                          is_master=rank == 0 and not agents, timeout=timeout)
+    return dist.PrefixStore(f"attempt_{attempt}", store)
+
+
+def on_rank_0(read, *args):
+    """read(*args) on rank 0 alone (it alone may see the file, it alone claims the folder), its
+    result sent to every rank; its refusal ends every rank, said once, by rank 0."""
+    result = [None, None]
+    if dist.get_rank() == 0 and read is not None:
+        try:
+            result[0] = read(*args)
+        except runkit.UsageError as refusal:
+            result[1] = str(refusal)
+    dist.broadcast_object_list(result, src=0)
+    if result[1] is not None:
+        raise runkit.UsageError(result[1]) if dist.get_rank() == 0 else SystemExit(2)
+    return result[0]
+
+
+@contextlib.contextmanager
+def one_download_a_node():
+    """The body on each node's first rank (a download), then on the node's others, which find
+    its files: they wait at a barrier that the first reaches after it."""
+    first = os.environ.get("LOCAL_RANK", "0") == "0"
+    if not first:
+        dist.barrier()
+    yield
+    if first:
+        dist.barrier()
+
+
+class MendedPipelineStage(PipelineStage):
+    """PipelineStage without the exchange torch 2.9 makes before a schedule's first step on gloo:
+    it sends an int64 scalar into a float32 buffer, which NCCL lets pass and gloo aborts the
+    process for (8 bytes where 4 were expected); the exchange wakes NCCL's communicators, and
+    gloo's need none. torch 2.13 sends a float32 (later versions never call it: a vote instead)."""
+
+    def _get_init_p2p_neighbors_ops(self) -> list[dist.P2POp]:
+        ops = super()._get_init_p2p_neighbors_ops()
+        return [] if dist.get_backend(self.group) == "gloo" else ops
+
+
+def launched_by_hand(args) -> bool:
+    """Whether --nproc_per_node or --max_restarts reached a worker the self-launch did not start."""
+    given = args.nproc_per_node is not None or args.max_restarts
+    return given and "RANK" in os.environ and "PYTORCH_MULTIGPU_SELF_LAUNCH" not in os.environ
+
+
+def launch_workers(args, command: list[str] | None = None) -> int:
+    """convenience: `python train.py` without torchrun starts a worker a GPU (--nproc_per_node
+    CPU workers without one) on this node, each running this file as `torchrun --standalone`
+    would. A stop or a usage error its workers said is its exit status; any other failure,
+    torchrun's report."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    nodes = os.environ.get("PET_NNODES", "1")  # torchrun's --nnodes, from a cluster's operator
+    runkit.refuse_if([(nodes not in ("1", "1:1"), f"PET_NNODES={nodes}: `python train.py` starts "
+                       "the workers of one node; on several, run torchrun on each node"),
+                      ("WORLD_SIZE" in os.environ, "WORLD_SIZE is set and RANK is not: set both "
+                       "(a launcher's worker), or neither for `python train.py` to start its own")])
+    gpus = len(args.gpu_devices or range(torch.cuda.device_count()))
+    nproc = args.nproc_per_node or gpus or 1
+    if gpus and nproc > gpus:
+        raise runkit.UsageError(f"--nproc_per_node {nproc}: this node has {gpus} GPU"
+                                f"{'s' * (gpus != 1)}; one a process")
+    os.environ.setdefault("OMP_NUM_THREADS", str(max((os.cpu_count() or 1) // nproc, 1)))
+    os.environ["PYTORCH_MULTIGPU_SELF_LAUNCH"] = "1"  # its workers may take these two flags
+    # a pod's PET_* (its operator's torchrun flags: PET_STANDALONE="") are not this node's
+    # standalone launch: out of the environment while torchrun's parser reads its defaults
+    pods = {name: os.environ.pop(name) for name in list(os.environ) if name.startswith("PET_")}
+    launch = get_args_parser().parse_args([
+        "--standalone", f"--nproc_per_node={nproc}", f"--max-restarts={args.max_restarts}",
+        *(command or [__file__, *sys.argv[1:]])])
+    os.environ.update(pods)  # the workers inherit them
+    if hasattr(launch, "signals_to_handle"):  # torch 2.10+: the stop signals passed on to workers
+        launch.signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+    try:
+        run(launch)
+    except SignalException as stop:  # passed on to the workers, which stopped with a checkpoint
+        return 128 + stop.sigval
+    except ChildFailedError as failed:
+        codes = {failure.exitcode for failure in failed.failures.values()}
+        if len(codes) != 1 or codes - {2, *runkit.StopSignals.CODES.values()}:
+            print(failed.format_msg(), file=sys.stderr)
+        return max(codes)
+    return 0
+
+
+if __name__ == "__main__":
+    with runkit.one_line_errors():
+        try:
+            if "RANK" not in os.environ:  # convenience: `python train.py` starts its workers
+                sys.exit(launch_workers(get_args()))
+            sys.exit(main())
+        finally:  # always, even after an error: no rank is left holding the group
+            if dist.is_initialized():
+                dist.destroy_process_group()
+

@@ -1,0 +1,293 @@
+"""pipeline_parallel/train.py, run as a user runs it: two processes under torchrun on gloo, each
+holding one stage of a tiny PyramidNet, and what it must show.
+
+- It trains and writes what every mode writes (results.json, the TensorBoard scalars, a
+  checkpoint, model.pt), and its first line says where the model was cut and each stage's share
+  of the work.
+- Two stages, two micro-batches: the weights after 4 steps are DDP's on two processes bit for bit
+  (micro-batch m holds DDP's rank m's images; each gradient is their sum / 2, which DDP's
+  all-reduce makes too), and so is SGD's momentum, indexed as single_gpu's optimizer indexes it.
+  The BatchNorm statistics are not: in the pipeline each BatchNorm is updated once a micro-batch,
+  in turn; in DDP once a rank, each rank its own, and rank 0's are saved.
+- Its evaluation counts every test image once, and single_gpu/train.py --evaluate of its
+  checkpoint (the whole model's state dict, single_gpu's keys) finds the same loss and accuracy.
+- A run cut short at step 2 (under GPipe) and resumed to step 4 (under 1F1B) ends with the
+  uninterrupted run's tensors, every one: the schedule orders the work, and changes no sum.
+- Bad input, in one line: one process, a batch that does not split into the micro-batches,
+  --compile.
+
+The launches share one module-scoped set of finished runs, two at a time on the two cores; the
+pieces, the cut, the default number of micro-batches and the sampler are checked in this process.
+"""
+from __future__ import annotations
+
+import itertools
+import random
+import re
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, DistributedSampler
+
+import runkit
+from conftest import (TINY, read_results, read_scalars, refuse_in_process, train_in_process,
+                      two_at_a_time)
+from processes import free_port, run, script, torchrun, train_file
+
+MODE, SCRIPT = "pipeline_parallel", "pipeline_parallel/train.py"
+# TINY's 8 steps an epoch, cut at 4 (and at 2 for the resume): two micro-batches of 16
+STEPS = ["--max_steps", "4", "--deterministic"]
+PIPELINE = [*TINY, *STEPS, "--microbatches", "2"]
+
+
+def pipeline():
+    return train_file(MODE)
+
+
+def errors(done) -> list[str]:
+    return [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("error: ")]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The finished launches: the pipeline and DDP, 4 steps each; the pipeline cut at step 2 and
+    resumed; a refused batch. Each (CompletedProcess, run folder)."""
+    logs = tmp_path_factory.mktemp("runs")
+
+    def launch(mode, *flags, name):
+        done = run(torchrun(2, mode), *flags, "--log_dir", logs, "--run_name", name)
+        return done, logs / name
+
+    def resumed():
+        first = launch(MODE, *PIPELINE, "--max_steps", "2", "--schedule", "gpipe", name="resumed")
+        return first, launch(MODE, *PIPELINE, "--resume", "auto", name="resumed")
+
+    def refused():  # `python train.py --nproc_per_node 2`: its two workers each refuse it
+        return run(script(MODE), *TINY, "--nproc_per_node", "2", "--batch_size", "30",
+                   "--microbatches", "4", "--log_dir", logs / "refused"), logs / "refused"
+
+    # the two resumed launches, one after the other, beside the three others (two cores)
+    halves, pipe, ddp, bad = two_at_a_time(
+        resumed, lambda: launch(MODE, *PIPELINE, "--save_model", name="pipe"),
+        lambda: launch("dist_parallel", *TINY, *STEPS, name="ddp"), refused)
+    for done, _ in (pipe, ddp, *halves):
+        assert done.returncode == 0, done.stdout + done.stderr
+    return {"pipe": pipe, "ddp": ddp, "halves": halves, "refused": bad}
+
+
+def checkpoint(run_dir):
+    return torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=True)
+
+
+def tiny_model():
+    torch.manual_seed(0)
+    return pipeline().PyramidNet(8, 12)
+
+
+# --------------------------------------------------------------------------- 1: it trains, it logs
+def test_a_pipeline_trains_and_writes_what_every_mode_writes(runs):
+    """4 steps on two stages: results.json as dist_parallel writes it (its parameters and FLOPs
+    counted on the whole model before the cut), TensorBoard's scalars, a checkpoint and model.pt;
+    the first line says where the model was cut and each stage's share of its FLOPs."""
+    done, run_dir = runs["pipe"]
+    shares = re.search(r"stages: 0: stem\.\.(\S+) \((\d+) %\), 1: (\S+)\.\.head \((\d+) %\); "
+                       r"1f1b, 2 micro-batches of 16;", done.stdout)
+    assert shares, done.stdout
+    # the cut the stages report is the one the train file's own functions make of these pieces
+    model = tiny_model()
+    pieces = pipeline().model_pieces(model)
+    costs = pipeline().piece_flops(pieces, torch.zeros(2, 3, 32, 32))
+    cut = pipeline().balanced_cuts(costs, 2)[1]
+    assert (shares[1], shares[3]) == (pieces[cut - 1][0], pieces[cut][0])
+    assert int(shares[2]) == round(100 * sum(costs[:cut]) / sum(costs))
+    results = read_results(run_dir)
+    assert results["mode"] == MODE and results["world_size"] == 2
+    assert [stage["first"] for stage in results["stages"]] == ["stem", pieces[cut][0]]
+    summary = results["summary"]
+    assert summary["step"] == 4 and summary["timed_steps"] == 3  # the first: warm-up, untimed
+    assert summary["parameters"] == runkit.parameter_count(model)
+    assert summary["flops_per_image"] == runkit.flops_per_image(model, torch.zeros(2, 3, 32, 32))
+    assert results["config"]["schedule"] == "1f1b" and results["config"]["microbatches"] == 2
+    scalars = read_scalars(run_dir)
+    for tag in ("train/loss", "train/acc_pct", "train/lr", "time/step_s",
+                "throughput/images_per_s", "test/loss", "test/acc_pct"):
+        assert [step for step, _ in scalars[tag]] == [4], tag
+    assert (run_dir / "checkpoint.pt").exists() and (run_dir / "model.pt").exists()
+
+
+# ------------------------------------------------------------------- 2: DDP's weights, bit for bit
+def test_two_stages_train_ddps_weights_bit_for_bit_but_not_its_batchnorm_statistics(runs):
+    """The same seed, data, batch and steps: every parameter and SGD momentum buffer of the
+    pipeline's checkpoint is DDP's, and its optimizer state dict is indexed as DDP's
+    (single_gpu's) is. The BatchNorm statistics differ, and how: the pipeline updates each
+    BatchNorm once a micro-batch, the two in turn (8 updates in 4 steps, their running averages
+    over both micro-batches); DDP once a step on each rank, and saves rank 0's (4, over the first
+    micro-batch's images alone). 8 and no more: the stages are given what crosses between them,
+    so torch 2.9's own inference of it, a forward on zeros in training mode, never runs."""
+    pipe, ddp = checkpoint(runs["pipe"][1]), checkpoint(runs["ddp"][1])
+    assert list(pipe["model"]) == list(ddp["model"])  # single_gpu's keys, in its order
+    names = [name for name, _ in tiny_model().named_parameters()]
+    differ = [name for name in names if not torch.equal(pipe["model"][name], ddp["model"][name])]
+    assert not differ, differ
+    assert pipe["optimizer"]["param_groups"] == ddp["optimizer"]["param_groups"]
+    assert list(pipe["optimizer"]["state"]) == list(range(len(names)))
+    for index, state in ddp["optimizer"]["state"].items():
+        assert torch.equal(pipe["optimizer"]["state"][index]["momentum_buffer"],
+                           state["momentum_buffer"]), names[index]
+    norms = [name.removesuffix(".num_batches_tracked") for name in pipe["model"]
+             if name.endswith(".num_batches_tracked")]
+    for norm in norms:
+        assert pipe["model"][f"{norm}.num_batches_tracked"] == 8
+        assert ddp["model"][f"{norm}.num_batches_tracked"] == 4
+        assert not torch.equal(pipe["model"][f"{norm}.running_mean"],
+                               ddp["model"][f"{norm}.running_mean"]), norm
+    trained = [read_results(runs[name][1])["summary"] for name in ("pipe", "ddp")]
+    assert trained[0]["train_acc"] == trained[1]["train_acc"]
+    assert trained[0]["train_loss"] == pytest.approx(trained[1]["train_loss"], rel=1e-6)
+
+
+# ------------------------------------------------------------------------------------ 3: evaluation
+def test_its_evaluation_counts_every_test_image_once_as_single_gpu_finds_it(runs, tmp_path):
+    """Every one of the 51 test images once, through the two stages; the checkpoint, the whole
+    model's state dict with single_gpu's keys and each stage's own BatchNorm statistics, loads
+    into single_gpu/train.py --evaluate, which finds the same loss and accuracy (on the same
+    batches of 16: the same sums). model.pt holds the checkpoint's weights."""
+    run_dir = runs["pipe"][1]
+    tested = read_results(run_dir)["summary"]
+    assert tested["test_images"] == 51  # TINY's 256 // 5
+    done = train_in_process("single_gpu/train.py", *TINY, "--batch_size", "16", "--evaluate",
+                            run_dir / "checkpoint.pt", "--log_dir", tmp_path, "--run_name", "e")
+    assert done.returncode == 0, done.stderr
+    evaluated = read_results(tmp_path / "e")["summary"]
+    assert evaluated["test_images"] == 51
+    assert evaluated["test_acc"] == tested["test_acc"]
+    assert evaluated["test_loss"] == pytest.approx(tested["test_loss"], rel=1e-9)
+    weights = torch.load(run_dir / "model.pt", weights_only=True)
+    model = checkpoint(run_dir)["model"]
+    assert list(weights) == list(model)
+    assert all(torch.equal(weights[key], model[key]) for key in model)
+
+
+# ---------------------------------------------------------------------------------------- 4: resume
+def test_a_run_resumed_mid_epoch_ends_with_the_uninterrupted_runs_tensors(runs):
+    """Stopped at step 2 of 8 (--max_steps 2, under GPipe), continued to step 4 (under 1F1B):
+    each rank takes its stage's weights, SGD state and random generators back, and the run ends
+    with every tensor of the uninterrupted run, BatchNorm statistics too."""
+    (first, _), (second, run_dir) = runs["halves"]
+    assert "gpipe, 2 micro-batches" in first.stdout, first.stdout
+    assert "resumed at step 2" in second.stdout, second.stdout
+    resumed, straight = checkpoint(run_dir), checkpoint(runs["pipe"][1])
+    assert resumed["progress"]["step"] == straight["progress"]["step"] == 4
+    assert resumed["progress"]["batch"] == straight["progress"]["batch"] == 4
+    differ = [key for key in straight["model"]
+              if not torch.equal(resumed["model"][key], straight["model"][key])]
+    assert not differ, differ
+    for index, state in straight["optimizer"]["state"].items():
+        assert torch.equal(resumed["optimizer"]["state"][index]["momentum_buffer"],
+                           state["momentum_buffer"])
+
+
+# ------------------------------------------------------------------------------------- 5: bad input
+def test_bad_input_is_refused_in_one_line(runs, monkeypatch, tmp_path):
+    """One process (a pipeline of one stage), a batch that does not split into the micro-batches
+    (said once for the two workers, after the group formed), --compile: one line each, no run
+    folder made."""
+    done, logs = runs["refused"]
+    assert done.returncode != 0 and errors(done) == [
+        "error: --batch_size 30 does not split into 4 micro-batches: give a multiple of 4"], (
+        done.stdout + done.stderr)
+    assert not logs.exists()
+    done = refuse_in_process(SCRIPT, *TINY, "--compile", "--log_dir", tmp_path)
+    assert done.returncode == 2 and errors(done) == [
+        "error: --compile: not for a pipeline's stages in this version; leave it out"], done.stderr
+    for name, value in {"RANK": 0, "WORLD_SIZE": 1, "LOCAL_RANK": 0, "LOCAL_WORLD_SIZE": 1,
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": free_port()}.items():
+        monkeypatch.setenv(name, str(value))
+    done = refuse_in_process(SCRIPT, *TINY, "--log_dir", tmp_path)
+    assert done.returncode == 2 and errors(done) == [
+        "error: WORLD_SIZE=1: a pipeline needs 2 ranks or more, a stage each: start 2 or more "
+        "processes (--nproc_per_node 2)"], done.stderr
+    assert not any(tmp_path.iterdir())
+
+
+# -------------------------------------------------------------------- the parts, in this process
+@pytest.mark.parametrize("depth", [8, 14])
+def test_the_pieces_in_sequence_are_the_model(depth):
+    """PyramidNet as stem, blocks, head: run one after the other they compute its forward bit for
+    bit, and every parameter and buffer belongs to exactly one piece."""
+    torch.manual_seed(0)
+    model = pipeline().PyramidNet(depth, 12)
+    pieces = pipeline().model_pieces(model)
+    images = torch.randn(4, 3, 32, 32)
+    x = images
+    for _, piece in pieces:
+        x = piece(x)
+    assert torch.equal(x, model(images))
+    held = [id(t) for _, piece in pieces for t in itertools.chain(piece.parameters(),
+                                                                   piece.buffers())]
+    assert sorted(held) == sorted(id(t) for t in itertools.chain(model.parameters(),
+                                                                  model.buffers()))
+
+
+def test_a_sequential_is_cut_at_its_children_and_any_other_model_refused():
+    layers = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(),
+                                 torch.nn.LazyLinear(10))
+    assert pipeline().model_pieces(layers) == list(layers.named_children())
+    resnet = pipeline().torchvision.models.resnet18(num_classes=10)
+    with pytest.raises(runkit.UsageError, match="^ResNet is no sequence of pieces to cut into "
+                                                "stages: give --model pyramidnet"):
+        pipeline().model_pieces(resnet)
+
+
+def costliest(costs: list[int], ends) -> int:
+    """The costliest run's cost when `costs` is cut after each of `ends`."""
+    bounds = [0, *ends, len(costs)]
+    return max(sum(costs[a:b]) for a, b in zip(bounds, bounds[1:]))
+
+
+def test_the_cut_makes_the_costliest_stage_as_cheap_as_any_cut_can():
+    """balanced_cuts against every contiguous cut, on random costs."""
+    draw = random.Random(0)
+    for _ in range(50):
+        costs = [draw.randint(1, 100) for _ in range(draw.randint(2, 9))]
+        stages = draw.randint(2, len(costs))
+        cuts = pipeline().balanced_cuts(costs, stages)
+        assert cuts[0] == 0 and cuts[-1] == len(costs) and len(cuts) == stages + 1
+        assert all(a < b for a, b in zip(cuts, cuts[1:]))  # each stage a piece at least
+        best = min(costliest(costs, ends)
+                   for ends in itertools.combinations(range(1, len(costs)), stages - 1))
+        assert costliest(costs, cuts[1:-1]) == best
+
+
+def test_the_default_microbatches_keep_the_bubble_under_a_quarter():
+    """The fewest M that keep (S-1)/(M+S-1) under 1/4 and divide the batch: 3S-2 where it
+    divides (4 for 2 stages), else the next divisor (16 for 4 stages and 512 images)."""
+    fewest = pipeline().fewest_microbatches
+    assert (fewest(2, 128), fewest(4, 512), fewest(8, 128), fewest(3, 30)) == (4, 16, 32, 10)
+    for stages, batch in itertools.product(range(2, 9), (32, 96, 128, 256, 1000)):
+        m = fewest(stages, batch)
+        assert batch % m == 0 and (stages - 1) / (m + stages - 1) < 1 / 4
+        assert not any(batch % smaller == 0 and (stages - 1) / (smaller + stages - 1) < 1 / 4
+                       for smaller in range(1, m))
+    assert fewest(4, 6) == 6  # a batch too small for a quarter: an image a micro-batch
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_micro_batch_m_holds_ddps_rank_ms_images(shuffle):
+    """Each step's batch, cut into M micro-batches of b, is the batch DDP's M ranks would each
+    load at that step (a DataLoader of b over DistributedSampler's share), in rank order; epoch
+    after epoch, and for a set whose size M does not divide (DistributedSampler pads it)."""
+    dataset = torch.utils.data.TensorDataset(torch.arange(203))
+    microbatches, b = 3, 8
+    sampler = pipeline().MicroBatchSampler(dataset, microbatches, b, shuffle, seed=7)
+    for epoch in (0, 1):
+        sampler.set_epoch(epoch)
+        steps = list(DataLoader(dataset, microbatches * b, sampler=sampler, drop_last=True))
+        ranks = []
+        for rank in range(microbatches):
+            share = DistributedSampler(dataset, microbatches, rank, shuffle=shuffle, seed=7)
+            share.set_epoch(epoch)
+            ranks.append(list(DataLoader(dataset, b, sampler=share, drop_last=True)))
+        assert len(steps) == len(ranks[0]) == 8  # ceil(203 / 3) // 8
+        for step, (batch,) in enumerate(steps):
+            assert torch.equal(batch, torch.cat([ranks[m][step][0] for m in range(microbatches)]))
