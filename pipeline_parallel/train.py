@@ -716,9 +716,6 @@ def main(argv=None) -> int:
                            MUST_MATCH)  # robustness: rank 0 reads it; its refusal ends every rank
     if runkit.has_ended(checkpoint, args.epochs, args.max_steps):  # run again after its end
         return 0
-    trained = checkpoint["config"]["epochs"] if checkpoint else args.epochs
-    runkit.refuse_if([(args.epochs < trained, f"--epochs {args.epochs}: the run was to train "
-                       f"{trained}; a resumed run may train longer, never shorter")])
     torch.manual_seed(args.seed)  # the same weights in every mode
     schedule, model, raw_model, flops, stages = get_model(args, classes, device)
     optimizer, scheduler, scaler = get_optimizer(args, raw_model, device, len(train_loader))
@@ -744,10 +741,7 @@ def main(argv=None) -> int:
             run.log.warn("no CUDA GPU found: running on the CPU")
         if checkpoint is not None:
             restore(run, checkpoint)
-            longer = f"; --epochs {trained} made {args.epochs}, the rate's schedule with it" * (
-                trained != args.epochs)
-            run.log.line(f"resumed at step {run.progress['step']} from {checkpoint['file']}"
-                         f"{longer}")
+            run.log.line(runkit.resumed_line(checkpoint, args.epochs))
         if args.evaluate:  # saved weights, evaluated alone; a signal ends it: nothing to keep
             run.signals.at_once = ("the evaluation unfinished, no results; run it again with "
                                    "--overwrite") if is_main else ""
@@ -815,36 +809,29 @@ def main(argv=None) -> int:
 
 
 # ====================================================================================== robustness
-# What keeps a process group sane on bad days. Nothing here is DDP's lesson: skip it at first.
-def vote(signals: runkit.StopSignals) -> list[float]:
-    """This rank's stop vote: one entry a signal, 1 for the one it received."""
+# What keeps a process group sane on bad days, and torch 2.9's pipelining on gloo. Not the
+# pipeline's lesson: skip it at first.
+def vote(signals: runkit.StopSignals) -> list[float]:  # 1 for the signal this rank received
     return [float(signals.received == name) for name in signals.NAMES.values()]
 
 
-def agreed(votes) -> str | None:
-    """The signal every rank stops for, from the votes added up over the ranks."""
-    return next((name for name, vote in zip(runkit.StopSignals.NAMES.values(), votes) if vote),
-                None)
+def agreed(votes) -> str | None:  # from the votes summed over the ranks: every rank stops for it
+    return next((name for name, n in zip(runkit.StopSignals.NAMES.values(), votes) if n), None)
 
 
 def store_of_this_attempt(rank: int, world_size: int, timeout) -> dist.Store | None:
-    """Under torchrun the store outlives a restart of the workers (--max-restarts), and with it
-    the dead group's keys (gloo's peer addresses): a restarted rank could read a dead peer's.
-    Each attempt gets keys of its own; None outside torchrun (init_process_group makes its own)."""
+    """torchrun's store (its agent's, or rank 0's) outlives a restart of the workers, the dead
+    group's keys with it: each attempt's keys of its own. None outside torchrun."""
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    if attempt is None:
-        return None
-    agents = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # the agent serves it
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
-                          is_master=rank == 0 and not agents, timeout=timeout)
-    return dist.PrefixStore(f"attempt_{attempt}", store)
+    return None if attempt is None else dist.PrefixStore(f"attempt_{attempt}", dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, timeout=timeout,
+        is_master=rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"))
 
 
 def on_rank_0(read, *args):
-    """read(*args) on rank 0 alone (it alone may see the file, it alone claims the folder), its
-    result sent to every rank; its refusal ends every rank, said once, by rank 0."""
-    result = [None, None]
-    if dist.get_rank() == 0 and read is not None:
+    """read(*args) on rank 0 alone, its result every rank's; its refusal, said once, ends all."""
+    result = [None, None]  # what it read, or why it refused
+    if dist.get_rank() == 0:
         try:
             result[0] = read(*args)
         except runkit.UsageError as refusal:
@@ -857,14 +844,52 @@ def on_rank_0(read, *args):
 
 @contextlib.contextmanager
 def one_download_a_node():
-    """The body on each node's first rank (a download), then on the node's others, which find
-    its files: they wait at a barrier that the first reaches after it."""
+    """The body on each node's first rank (a download), then on its others, which find its files."""
     first = os.environ.get("LOCAL_RANK", "0") == "0"
     if not first:
         dist.barrier()
     yield
-    if first:
+    if first:  # the barrier the others wait at
         dist.barrier()
+
+
+def launched_by_hand(args) -> bool:
+    """Whether --nproc_per_node or --max_restarts reached a worker the self-launch did not start."""
+    given = args.nproc_per_node is not None or args.max_restarts > 0
+    return given and "PYTORCH_MULTIGPU_SELF_LAUNCH" not in os.environ
+
+
+def launch_workers(args, command: list[str] | None = None) -> int:
+    """convenience: `python train.py` without torchrun starts a worker a GPU (--nproc_per_node CPU
+    workers without one) as `torchrun --standalone` would; their exit status is its own."""
+    from torch.distributed.elastic.multiprocessing import SignalException, errors
+    from torch.distributed.run import get_args_parser, run
+
+    nodes = os.environ.get("PET_NNODES", "1")  # torchrun's --nnodes, from a cluster's operator
+    gpus = len(args.gpu_devices or range(torch.cuda.device_count()))
+    nproc = args.nproc_per_node or gpus or 1
+    runkit.refuse_if([(nodes not in ("1", "1:1"), f"PET_NNODES={nodes}: `python train.py` starts "
+                       "the workers of one node; on several, run torchrun on each node"),
+                      ("WORLD_SIZE" in os.environ, "WORLD_SIZE is set and RANK is not: set both "
+                       "(a launcher's worker), or neither for `python train.py` to start its own"),
+                      (gpus and nproc > gpus, f"--nproc_per_node {nproc}: this node has {gpus} "
+                       f"GPU{'s' * (gpus != 1)}; one a process")])
+    os.environ.setdefault("OMP_NUM_THREADS", str(max((os.cpu_count() or 1) // nproc, 1)))
+    os.environ["PYTORCH_MULTIGPU_SELF_LAUNCH"] = "1"  # its workers may take these two flags
+    # a pod's PET_* (its operator's torchrun flags, PET_STANDALONE="") out of torchrun's defaults
+    pods = {name: os.environ.pop(name) for name in list(os.environ) if name.startswith("PET_")}
+    launch = get_args_parser().parse_args([
+        "--standalone", f"--nproc_per_node={nproc}", f"--max-restarts={args.max_restarts}",
+        *(command or [__file__, *sys.argv[1:]])])
+    os.environ.update(pods)  # the workers inherit them
+    launch.signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"  # passed on (torch 2.10+)
+    try:
+        run(launch)
+    except SignalException as stop:  # passed on to the workers, which stopped with a checkpoint
+        return 128 + stop.sigval
+    except errors.ChildFailedError as failed:  # torchrun's agent has said how each worker ended
+        return max(failure.exitcode for failure in failed.failures.values())
+    return 0
 
 
 class MendedPipelineStage(PipelineStage):
@@ -878,61 +903,10 @@ class MendedPipelineStage(PipelineStage):
         return [] if dist.get_backend(self.group) == "gloo" else ops
 
 
-def launched_by_hand(args) -> bool:
-    """Whether --nproc_per_node or --max_restarts reached a worker the self-launch did not start."""
-    given = args.nproc_per_node is not None or args.max_restarts
-    return given and "RANK" in os.environ and "PYTORCH_MULTIGPU_SELF_LAUNCH" not in os.environ
-
-
-def launch_workers(args, command: list[str] | None = None) -> int:
-    """convenience: `python train.py` without torchrun starts a worker a GPU (--nproc_per_node
-    CPU workers without one) on this node, each running this file as `torchrun --standalone`
-    would. A stop or a usage error its workers said is its exit status; any other failure,
-    torchrun's report."""
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import get_args_parser, run
-
-    nodes = os.environ.get("PET_NNODES", "1")  # torchrun's --nnodes, from a cluster's operator
-    runkit.refuse_if([(nodes not in ("1", "1:1"), f"PET_NNODES={nodes}: `python train.py` starts "
-                       "the workers of one node; on several, run torchrun on each node"),
-                      ("WORLD_SIZE" in os.environ, "WORLD_SIZE is set and RANK is not: set both "
-                       "(a launcher's worker), or neither for `python train.py` to start its own")])
-    gpus = len(args.gpu_devices or range(torch.cuda.device_count()))
-    nproc = args.nproc_per_node or gpus or 1
-    if gpus and nproc > gpus:
-        raise runkit.UsageError(f"--nproc_per_node {nproc}: this node has {gpus} GPU"
-                                f"{'s' * (gpus != 1)}; one a process")
-    os.environ.setdefault("OMP_NUM_THREADS", str(max((os.cpu_count() or 1) // nproc, 1)))
-    os.environ["PYTORCH_MULTIGPU_SELF_LAUNCH"] = "1"  # its workers may take these two flags
-    # a pod's PET_* (its operator's torchrun flags: PET_STANDALONE="") are not this node's
-    # standalone launch: out of the environment while torchrun's parser reads its defaults
-    pods = {name: os.environ.pop(name) for name in list(os.environ) if name.startswith("PET_")}
-    launch = get_args_parser().parse_args([
-        "--standalone", f"--nproc_per_node={nproc}", f"--max-restarts={args.max_restarts}",
-        *(command or [__file__, *sys.argv[1:]])])
-    os.environ.update(pods)  # the workers inherit them
-    if hasattr(launch, "signals_to_handle"):  # torch 2.10+: the stop signals passed on to workers
-        launch.signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
-    try:
-        run(launch)
-    except SignalException as stop:  # passed on to the workers, which stopped with a checkpoint
-        return 128 + stop.sigval
-    except ChildFailedError as failed:
-        codes = {failure.exitcode for failure in failed.failures.values()}
-        if len(codes) != 1 or codes - {2, *runkit.StopSignals.CODES.values()}:
-            print(failed.format_msg(), file=sys.stderr)
-        return max(codes)
-    return 0
-
-
 if __name__ == "__main__":
     with runkit.one_line_errors():
-        try:
-            if "RANK" not in os.environ:  # convenience: `python train.py` starts its workers
-                sys.exit(launch_workers(get_args()))
-            sys.exit(main())
+        try:  # convenience: `python train.py` without torchrun starts its workers
+            sys.exit(main() if "RANK" in os.environ else launch_workers(get_args()))
         finally:  # always, even after an error: no rank is left holding the group
             if dist.is_initialized():
                 dist.destroy_process_group()
-
