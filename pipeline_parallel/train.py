@@ -39,7 +39,7 @@ import torch.nn.functional as F
 import torchvision
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-from torch.utils.data import DataLoader, DistributedSampler, Sampler, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from torch.utils.flop_counter import FlopCounterMode
 from torchvision.transforms import v2 as T
 
@@ -226,39 +226,24 @@ def get_loaders(args, train_set, test_set, device: torch.device):
     flip = [T.RandomHorizontalFlip()] if args.flip else []
     train_set = runkit.Augmented(train_set, T.Compose([*crop, *flip, *tensor]), args.seed)
     test_set = runkit.Augmented(test_set, T.Compose([*test, *tensor]), args.seed)
-    batch = args.batch_size // args.microbatches  # a micro-batch: a DDP rank's share of the step
-    sampler = MicroBatchSampler(train_set, args.microbatches, batch, args.shuffle, args.seed)
+    # DistributedSampler's order of one replica, every rank the same; a step's batch is then
+    # dealt into micro-batches as the sampler deals the images to DDP's ranks (see dealt)
+    sampler = DistributedSampler(train_set, 1, 0, shuffle=args.shuffle, seed=args.seed)
     options = dict(num_workers=args.num_workers, pin_memory=device.type == "cuda",
                    worker_init_fn=runkit.leave_stops_to_main)  # a stop signal: the run's to take
     # every rank loads the whole step: rank 0 feeds its images, the last rank's loss its labels
     train_loader = DataLoader(train_set, args.batch_size, sampler=sampler, drop_last=True,
                               **options)
+    batch = args.batch_size // args.microbatches  # a micro-batch's images
     test_loader = DataLoader(test_set, batch, **options)  # every test image once, on every rank
     return train_loader, test_loader
 
 
-class MicroBatchSampler(Sampler):
-    """The training set a step at a time, each step M micro-batches of b images: micro-batch m
-    holds what DDP's rank m of M takes at that step (DistributedSampler's share m of the same
-    shuffle). Each micro-batch's BatchNorm then sees that share alone, as the rank's does, and
-    the pipeline computes DDP's step."""
-
-    def __init__(self, dataset, microbatches: int, b: int, shuffle: bool, seed: int):
-        self.shares = [DistributedSampler(dataset, microbatches, m, shuffle=shuffle, seed=seed)
-                       for m in range(microbatches)]
-        self.b = b
-
-    def set_epoch(self, epoch: int) -> None:  # this epoch's shuffle, the same on every rank
-        for share in self.shares:
-            share.set_epoch(epoch)
-
-    def __iter__(self):  # step by step, each share's next b images in turn (DDP's drop_last)
-        shares, b = [list(share) for share in self.shares], self.b
-        return iter([index for step in range(len(shares[0]) // b) for share in shares
-                     for index in share[step * b:(step + 1) * b]])
-
-    def __len__(self) -> int:
-        return len(self.shares[0]) // self.b * self.b * len(self.shares)
+def dealt(batch: torch.Tensor, microbatches: int) -> torch.Tensor:
+    """A step's images (or labels) in M micro-batches as DistributedSampler deals them to M ranks,
+    the i-th to rank i % M: micro-batch m holds what DDP's rank m of M takes at that step. Each
+    micro-batch's BatchNorm then sees that share alone, as the rank's does: DDP's step."""
+    return batch.unflatten(0, (-1, microbatches)).transpose(0, 1).flatten(0, 1)
 
 
 def fewest_microbatches(stages: int, batch: int) -> int:
@@ -486,6 +471,7 @@ def train_one_epoch(run, epoch: int) -> None:
     for images, labels in run.timer.timed(epoch_batches(run.train_loader, epoch, progress)):
         images = images.to(run.device, non_blocking=True, memory_format=memory_format(args))
         labels = labels.to(run.device, non_blocking=True)
+        images, labels = dealt(images, args.microbatches), dealt(labels, args.microbatches)
         run.optimizer.zero_grad(set_to_none=True)
         losses = []  # the last stage's: each micro-batch's loss
         # every micro-batch forward through the stages and backward: rank 0 feeds the images, the

@@ -274,12 +274,13 @@ def test_the_default_microbatches_keep_the_bubble_under_a_quarter():
 
 @pytest.mark.parametrize("shuffle", [True, False])
 def test_micro_batch_m_holds_ddps_rank_ms_images(shuffle):
-    """Each step's batch, cut into M micro-batches of b, is the batch DDP's M ranks would each
-    load at that step (a DataLoader of b over DistributedSampler's share), in rank order; epoch
-    after epoch, and for a set whose size M does not divide (DistributedSampler pads it)."""
+    """Each step's batch in DistributedSampler's order of one replica (get_loaders'), dealt into
+    M micro-batches of b, is the batch DDP's M ranks would each load at that step (a DataLoader
+    of b over DistributedSampler's share), in rank order; epoch after epoch, for a set whose size
+    M does not divide (DDP's sampler pads it; a step of b images a rank drops the rest)."""
     dataset = torch.utils.data.TensorDataset(torch.arange(203))
     microbatches, b = 3, 8
-    sampler = pipeline().MicroBatchSampler(dataset, microbatches, b, shuffle, seed=7)
+    sampler = DistributedSampler(dataset, 1, 0, shuffle=shuffle, seed=7)
     for epoch in (0, 1):
         sampler.set_epoch(epoch)
         steps = list(DataLoader(dataset, microbatches * b, sampler=sampler, drop_last=True))
@@ -288,6 +289,7 @@ def test_micro_batch_m_holds_ddps_rank_ms_images(shuffle):
             share = DistributedSampler(dataset, microbatches, rank, shuffle=shuffle, seed=7)
             share.set_epoch(epoch)
             ranks.append(list(DataLoader(dataset, b, sampler=share, drop_last=True)))
-        assert len(steps) == len(ranks[0]) == 8  # ceil(203 / 3) // 8
+        assert len(steps) == len(ranks[0]) == 8  # 203 // 24; ceil(203 / 3) // 8
         for step, (batch,) in enumerate(steps):
-            assert torch.equal(batch, torch.cat([ranks[m][step][0] for m in range(microbatches)]))
+            assert torch.equal(pipeline().dealt(batch, microbatches),
+                               torch.cat([ranks[m][step][0] for m in range(microbatches)]))
