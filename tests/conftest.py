@@ -23,13 +23,13 @@ REPO = Path(__file__).resolve().parents[1]
 TINY = ["--dataset", "synthetic", "--synthetic_size", "256", "--depth", "8", "--alpha", "12",
         "--batch_size", "32", "--epochs", "1", "--log_interval", "4", "--warmup_steps", "1",
         "--num_workers", "0"]
-MODES = ("single_gpu", "data_parallel", "dist_parallel", "fsdp")
+MODES = ("single_gpu", "data_parallel", "dist_parallel", "fsdp", "pipeline_parallel")
 
 
 @functools.cache
 def train_file(mode: str):
     """`<mode>/train.py` imported by its path as a module of its own name (`<mode>_train`: the
-    four files do not shadow one another), once: importing it runs nothing but its imports and
+    files do not shadow one another), once: importing it runs nothing but its imports and
     definitions; it puts the repository and models/ on sys.path itself."""
     spec = importlib.util.spec_from_file_location(f"{mode}_train", REPO / mode / "train.py")
     module = importlib.util.module_from_spec(spec)
@@ -84,7 +84,7 @@ def refuse_in_process(script: str, *args) -> subprocess.CompletedProcess:
     """`python <script> args...` for a launch that is refused before anything starts, run
     inside this process as the script's `__main__` block runs it (under runkit.one_line_errors(),
     stdout and stderr captured): the user's path without the ~3 s of starting Python and
-    importing torch. dist_parallel and fsdp without RANK in the environment take the self-launch's
+    importing torch. The process-group modes without RANK in the environment take the self-launch's
     path (get_args, then launch_workers), where starting a worker fails the test; with RANK, main(),
     the group destroyed after it. Only for launches that stop before training; a few of every kind
     are also run as real subprocesses."""
