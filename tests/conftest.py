@@ -173,8 +173,8 @@ HEAVIEST_FIRST = ("test_parallel.py", "test_reliability.py", "test_compare.py",
                   "test_compare_front_door.py", "test_tensorboard.py", "test_breakdown.py",
                   "test_fast_path.py", "test_signals.py", "test_models.py",
                   "test_compile.py", "test_bad_input.py", "test_single_gpu.py", "test_slurm.py",
-                  "test_aligned_channels.py", "test_imagefolder.py", "test_mnist.py",
-                  "test_vscode.py")
+                  "test_aligned_channels.py", "test_imagefolder.py", "test_pipeline.py",
+                  "test_mnist.py", "test_vscode.py")
 
 
 def pytest_collection_modifyitems(items):
