@@ -149,8 +149,8 @@ def broken_links(page: Path, root: Path = REPO) -> list[str]:
 
 # -------------------------------------------------------------------------------------------- flags
 SCRIPTS = ("single_gpu/train.py", "data_parallel/train.py", "dist_parallel/train.py",
-           "fsdp/train.py", "pipeline_parallel/train.py", "compare.py", "benchmarks/fast.py", "benchmarks/profile_step.py",
-           "benchmarks/roofline.py")
+           "fsdp/train.py", "pipeline_parallel/train.py", "compare.py", "benchmarks/fast.py",
+           "benchmarks/profile_step.py", "benchmarks/roofline.py")
 # A line that names a script checks its flags against that script's (several named: any of theirs).
 MENTIONS = {
     "single_gpu/train.py": re.compile(r"(?<![\w-])single_gpu/"),
