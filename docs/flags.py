@@ -25,8 +25,8 @@ sys.path.insert(0, str(REPO))
 PAGE = REPO / "docs" / "flags.md"
 COLUMNS = 100  # the terminal width the help is formatted for
 SCRIPTS = ("single_gpu/train.py", "data_parallel/train.py", "dist_parallel/train.py",
-           "fsdp/train.py", "compare.py", "benchmarks/fast.py", "benchmarks/profile_step.py",
-           "benchmarks/roofline.py")
+           "fsdp/train.py", "pipeline_parallel/train.py", "compare.py", "benchmarks/fast.py",
+           "benchmarks/profile_step.py", "benchmarks/roofline.py")
 # the flags with a short form of PyTorch's ImageNet example, in the order HEADER names them
 SHORT = ("batch_size", "num_workers", "model", "log_interval", "evaluate")
 HEADER = """# Every flag of every script

@@ -7,20 +7,15 @@ r"""Train PyramidNet on CIFAR-10 with pipeline parallelism: the model cut into s
     python train.py --schedule gpipe --microbatches 8 --nproc_per_node 2   # the other schedule
     python train.py --evaluate ../runs/<run>/model.pt --nproc_per_node 2   # weights, evaluated
 
-dist_parallel/train.py with torch.distributed.pipelining in place of DDP. Each rank holds one
-stage: a contiguous run of the model's pieces (PyramidNet's stem, each residual block, its head),
-cut where the work (FLOPs) is balanced. Each step's batch is split into M micro-batches; what
-crosses between ranks is a micro-batch's activations, forward, and their gradients, backward.
-The schedule orders the work: GPipe runs every micro-batch's forward, then every backward; 1F1B,
-after filling the pipeline, one forward and one backward in turn, and so holds at most S
-micro-batches' activations, not M. Rank 0 alone needs the images, the last rank alone the
-labels: it computes the loss and the metrics. What keeps a group sane on bad days (the stop
-vote, rank 0's refusal, one download a node, `python train.py` starting its workers) is fenced
-at the end, as in dist_parallel: skip it at first.
-It runs from itself and two files, runkit.py and models/pyramidnet.py: copied side by side into
-another project, the three run as they are; your model (an nn.Sequential: its children are the
-pieces) goes in get_model, your data in get_datasets. --batch_size is the global batch in every
-mode. Read it top to bottom.
+dist_parallel/train.py with torch.distributed.pipelining in place of DDP: each rank holds a stage,
+a contiguous run of the model's pieces (PyramidNet's stem, each block, its head) cut where their
+FLOPs balance. A step's batch is split into M micro-batches; between ranks cross a micro-batch's
+activations, forward, and their gradients, backward. GPipe runs every micro-batch's forward, then
+every backward; 1F1B, once the pipeline is full, one of each in turn (so it holds S micro-batches'
+activations at most, not M). Rank 0 alone needs the images, the last rank the labels. The fenced
+robustness at the end is dist_parallel's. It runs from itself, runkit.py and models/pyramidnet.py;
+your model (an nn.Sequential: its children are the pieces) goes in get_model, your data in
+get_datasets. --batch_size is the global batch in every mode. Read it top to bottom.
 """
 # ------------------------------------------------------------------------------------------ imports
 import argparse
@@ -44,7 +39,8 @@ import torch.nn.functional as F
 import torchvision
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-from torch.utils.data import DataLoader, DistributedSampler, Sampler, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.flop_counter import FlopCounterMode
 from torchvision.transforms import v2 as T
 
 import runkit
@@ -110,7 +106,6 @@ def get_args(argv=None) -> argparse.Namespace:
     add("--resume", help="a checkpoint.pt, or auto: this --run_name's, if any")
     add("-e", "--evaluate", metavar="PATH", help="evaluate these weights, then exit")
     add("--backend", choices=("nccl", "gloo"), default=None, help="default: nccl with CUDA")
-    add("--sync_bn", "--sync-bn", action="store_true", help="BatchNorm over the global batch")
     add("--schedule", choices=tuple(SCHEDULES), default="1f1b",
         help="gpipe: every micro-batch's forward, then every backward; 1f1b: one of each in turn")
     add("--microbatches", type=count(1), default=None,
@@ -133,12 +128,10 @@ def get_args(argv=None) -> argparse.Namespace:
          "trains on them as they are: give one of them"),
         (args.compile_mode != "default" and not args.compile, "--compile_mode needs --compile"),
         (args.compile, "--compile: not for a pipeline's stages in this version; leave it out"),
-        (args.sync_bn, "--sync_bn: each BatchNorm of a pipeline lives on one stage, with no "
-         "replica to share statistics with; leave it out"),
-        (args.channels_last, "--channels_last: a stage's activations cross to the next in the "
-         "contiguous layout only, in this version; leave it out"),
-        (args.amp == "fp16", "--amp fp16: each stage would skip steps on its own overflows (no "
-         "loss scale the stages share yet): give --amp bf16 or off"),
+        (args.channels_last, "--channels_last: activations cross between stages contiguous "
+         "only, in this version; leave it out"),
+        (args.amp == "fp16", "--amp fp16: no loss scale the stages share yet (each would skip its "
+         "own overflows): give --amp bf16 or off"),
         (args.model != "pyramidnet" and args.model not in torchvision.models.list_models(
             module=torchvision.models), f"--model {args.model} is no torchvision classifier")])
     if args.benchmark:  # the same work every step: synthetic data, or the folder's own images
@@ -233,54 +226,32 @@ def get_loaders(args, train_set, test_set, device: torch.device):
     flip = [T.RandomHorizontalFlip()] if args.flip else []
     train_set = runkit.Augmented(train_set, T.Compose([*crop, *flip, *tensor]), args.seed)
     test_set = runkit.Augmented(test_set, T.Compose([*test, *tensor]), args.seed)
-    per_microbatch = args.batch_size // args.microbatches
-    sampler = MicroBatchSampler(train_set, args.microbatches, per_microbatch, args.shuffle,
-                                args.seed)  # micro-batch m: DDP's rank m's share of the step
+    # DistributedSampler's order of one replica, every rank the same; a step's batch is then
+    # dealt into micro-batches as the sampler deals the images to DDP's ranks (see dealt)
+    sampler = DistributedSampler(train_set, 1, 0, shuffle=args.shuffle, seed=args.seed)
     options = dict(num_workers=args.num_workers, pin_memory=device.type == "cuda",
                    worker_init_fn=runkit.leave_stops_to_main)  # a stop signal: the run's to take
-    # every rank loads the same whole batches: rank 0 feeds the images to its stage, the last
-    # rank's loss takes the labels, the ranks between use neither (it keeps one loop for all)
-    batch = args.batch_size
-    train_loader = DataLoader(train_set, batch, sampler=sampler, drop_last=True, **options)
-    # every test image once, a micro-batch's worth at a time passed from stage to stage
-    test_loader = DataLoader(test_set, per_microbatch, **options)
+    # every rank loads the whole step: rank 0 feeds its images, the last rank's loss its labels
+    train_loader = DataLoader(train_set, args.batch_size, sampler=sampler, drop_last=True,
+                              **options)
+    batch = args.batch_size // args.microbatches  # a micro-batch's images
+    test_loader = DataLoader(test_set, batch, **options)  # every test image once, on every rank
     return train_loader, test_loader
 
 
-class MicroBatchSampler(Sampler):
-    """The training set's order, a step's batch at a time, each batch M micro-batches of b images:
-    micro-batch m holds the images DDP's rank m would hold at that step with M ranks
-    (DistributedSampler's share m of the same shuffle). Each micro-batch's BatchNorm then sees its
-    share alone, as a DDP rank's does, and the pipeline computes DDP's step."""
-
-    def __init__(self, dataset, microbatches: int, per_microbatch: int, shuffle: bool, seed: int):
-        self.shares = [DistributedSampler(dataset, num_replicas=microbatches, rank=share,
-                                          shuffle=shuffle, seed=seed)
-                       for share in range(microbatches)]
-        self.per_microbatch = per_microbatch
-
-    def set_epoch(self, epoch: int) -> None:  # this epoch's shuffle, the same on every rank
-        for share in self.shares:
-            share.set_epoch(epoch)
-
-    def __iter__(self):
-        shares, b = [list(share) for share in self.shares], self.per_microbatch
-        for step in range(len(shares[0]) // b):  # the steps of b images a share: DDP's drop_last
-            for share in shares:
-                yield from share[step * b:(step + 1) * b]
-
-    def __len__(self) -> int:
-        return len(self.shares[0]) // self.per_microbatch * self.per_microbatch * len(self.shares)
+def dealt(batch: torch.Tensor, microbatches: int) -> torch.Tensor:
+    """A step's images (or labels) in M micro-batches as DistributedSampler deals them to M ranks,
+    the i-th to rank i % M: micro-batch m holds what DDP's rank m of M takes at that step. Each
+    micro-batch's BatchNorm then sees that share alone, as the rank's does: DDP's step."""
+    return batch.unflatten(0, (-1, microbatches)).transpose(0, 1).flatten(0, 1)
 
 
 def fewest_microbatches(stages: int, batch: int) -> int:
-    """The default --microbatches: the fewest M that keep a step's bubble under a quarter and
-    split the batch evenly. A step idles each of S stages for S-1 of its M+S-1 micro-batch slots,
-    while the pipeline fills and drains (in GPipe and in 1F1B alike); (S-1)/(M+S-1) < 1/4 holds
-    for M > 3(S-1), so M = 3(S-1)+1 at least: 4 for 2 stages (a bubble of 1/5), 10 for 4 (3/13),
-    22 for 8 (7/29). The first such M that divides the batch; a smaller batch: an image each."""
-    fewest = 3 * (stages - 1) + 1
-    return next((m for m in range(fewest, batch + 1) if batch % m == 0), batch)
+    """The default --microbatches: the fewest M that divide the batch and keep the bubble under a
+    quarter. Each of S stages idles S-1 of a step's M+S-1 micro-batch slots, while the pipeline
+    fills and drains (GPipe and 1F1B alike): under 1/4 for M > 3(S-1), so 4 for 2 stages, 10 for
+    4 (a smaller batch: an image each)."""
+    return next((m for m in range(3 * stages - 2, batch + 1) if batch % m == 0), batch)
 
 
 def data_defaults(args, train_images: int) -> None:
@@ -313,9 +284,9 @@ def data_defaults(args, train_images: int) -> None:
 
 # -------------------------------------------------------------------------------------------- model
 def get_model(args, classes: int, device: torch.device):
-    """The schedule that trains this rank's stage, the stage, the whole model (the other stages'
-    pieces on the meta device: their shapes, no storage), the FLOPs of one training image
-    counted on the whole model before the split, and each stage's pieces and share of them."""
+    """The schedule that trains this rank's stage, the whole model's forward through the ranks,
+    the whole model (the other stages' pieces on the meta device: shapes, no storage), the FLOPs
+    of one training image counted on it before the cut, and each stage's pieces and share."""
     channels, size = IMAGES[args.dataset][1], args.image_size
     if args.model == "pyramidnet":
         try:
@@ -325,9 +296,7 @@ def get_model(args, classes: int, device: torch.device):
     else:  # a torchvision model, no pretrained weights: nothing is downloaded
         sized = {"image_size": size} if args.model.startswith("vit_") else {}
         raw_model = torchvision.models.get_model(args.model, num_classes=classes, **sized)
-    # every rank built the whole model from the seed, on the CPU: the same weights as every other
-    # mode's; it is seen as a sequence of pieces, each one's output the next one's input
-    pieces = model_pieces(raw_model)
+    pieces = model_pieces(raw_model)  # every rank built it whole, on the CPU, from the seed
     example = torch.zeros(2, channels, size, size)
     try:  # one forward and backward: a model the images are too small for fails here
         flops = runkit.flops_per_image(raw_model, example)
@@ -339,33 +308,32 @@ def get_model(args, classes: int, device: torch.device):
     stages, rank = dist.get_world_size(), dist.get_rank()
     runkit.refuse_if([(len(pieces) < stages, f"the model has {len(pieces)} pieces to cut into "
                        f"{stages} stages: start at most {len(pieces)} processes")])
-    # the cut: contiguous runs of pieces, the costliest run as cheap as can be. Balanced by FLOPs,
-    # not by blocks: PyramidNet widens with every block and halves its resolution twice (in
-    # PyramidNet-110 a=270 layer1's last block costs 24 times its first): 4 stages of 14 pieces
-    # would do 14, 33, 32 and 21 % of the work, 4 stages cut by FLOPs 24 to 26 % each
+    # by FLOPs, not by blocks: PyramidNet widens block by block and halves its resolution twice
+    # (PyramidNet-110 a=270 in 4 stages of 14 pieces: 14 to 33 % of the work; by FLOPs 24 to 26 %)
     cuts = balanced_cuts(costs, stages)  # stage s holds pieces cuts[s] to cuts[s + 1] - 1
     mine = range(cuts[rank], cuts[rank + 1])
     for index, (_, piece) in enumerate(pieces):  # this rank's pieces on its device; the others'
         piece.to(device if index in mine else "meta")  # shapes only (names kept, storage freed)
-    model = Stage([pieces[index][1] for index in mine], args.amp)
-    # what crosses between ranks a micro-batch (shape, dtype), measured once with a forward pass
-    # from stage to stage in eval mode (no statistic moves): PipelineStage allocates its buffers
-    # from it (left to infer it itself, torch 2.9 runs each stage in training mode on zeros, and
-    # the BatchNorm statistics move)
-    micro = torch.zeros(args.batch_size // args.microbatches, channels, size, size, device=device)
-    outputs = [None] * stages  # each stage's output, on every rank
-    with torch.no_grad():
-        dist.all_gather_object(outputs, StageToStage(model.eval())(micro).to("meta"))
-    model.train()
-    # stage s's input: crossing[s], its output crossing[s + 1]; in training, each with its gradient
-    crossing = [micro.to("meta"), *(output.requires_grad_() for output in outputs)]
+    stage = nn.Sequential(*(pieces[index][1] for index in mine))  # what this rank holds
+    # what crosses a micro-batch (shape, dtype), measured stage by stage in eval mode (no
+    # statistic moves), for PipelineStage's buffers: left to it, torch 2.9 runs each stage on
+    # zeros in training mode, and the BatchNorm statistics move
+    crossing = [torch.empty(args.batch_size // args.microbatches, channels, size, size,
+                            device="meta")]  # stage s's input: crossing[s]; output: crossing[s+1]
+    with torch.no_grad(), torch.autocast(device.type, AMP[args.amp], enabled=args.amp != "off"):
+        for s in range(stages):  # on stage s's rank, then sent to every rank
+            output = [stage.eval()(torch.zeros_like(crossing[s], device=device)).to("meta")
+                      if s == rank else None]
+            dist.broadcast_object_list(output, src=s)
+            crossing.append(output[0].requires_grad_())  # in training, with its gradient
+    model = StageToStage(stage.train(), crossing[rank], args.amp)
     # robustness: PipelineStage, with torch 2.9's first exchange mended on gloo (see its class)
-    stage = MendedPipelineStage(model, rank, stages, device, input_args=crossing[rank],
-                                output_args=crossing[rank + 1])
-    # the schedule: each step splits the batch into micro-batches (along the batch, in order),
-    # runs them through the stages, and on the last stage the loss of each; every parameter's
-    # gradient is the sum of the M micro-batches', divided by M (scale_grads, its default)
-    schedule = SCHEDULES[args.schedule](stage, args.microbatches, loss_fn=micro_batch_loss)
+    pipe = MendedPipelineStage(stage, rank, stages, device, input_args=crossing[rank],
+                               output_args=crossing[rank + 1])
+    # the schedule: each step splits the batch into M micro-batches (along the batch, in order)
+    # and runs them through the stages; each one's loss is its mean, as a DDP rank's, and every
+    # gradient the sum of the M micro-batches' divided by M (scale_grads): DDP's average
+    schedule = SCHEDULES[args.schedule](pipe, args.microbatches, loss_fn=F.cross_entropy)
     shares = [{"first": pieces[start][0], "last": pieces[end - 1][0],
                "flops_share": sum(costs[start:end]) / sum(costs)}
               for start, end in zip(cuts, cuts[1:])]
@@ -378,33 +346,21 @@ def memory_format(args) -> torch.memory_format:
 
 def model_pieces(raw_model: nn.Module) -> list[tuple[str, nn.Module]]:
     """The model as a sequence of (name, piece), each piece's output the next one's input: what
-    the pipeline cuts. PyramidNet: its stem, each residual block, its head, built around its own
-    modules (the same weights, under the same names in its state dict); an nn.Sequential: its
-    children. Any other model is refused."""
+    the pipeline cuts. PyramidNet: its stem, each residual block, its head, its own modules (its
+    state dict's names); an nn.Sequential: its children. Any other model is refused."""
     if isinstance(raw_model, PyramidNet):
         blocks = [(f"{layer}.{index}", block) for layer in ("layer1", "layer2", "layer3")
                   for index, block in enumerate(getattr(raw_model, layer))]
-        return [("stem", Stem(raw_model)), *blocks, ("head", Head(raw_model))]
+        stem = nn.Sequential(raw_model.conv1, raw_model.bn1)
+        return [("stem", stem), *blocks, ("head", Head(raw_model))]
     if isinstance(raw_model, nn.Sequential):
         return list(raw_model.named_children())
     raise runkit.UsageError(f"{type(raw_model).__name__} is no sequence of pieces to cut into "
                             "stages: give --model pyramidnet, or an nn.Sequential in get_model")
 
 
-class Stem(nn.Module):
-    """PyramidNet's first piece: its first convolution and BatchNorm, as its forward runs them."""
-
-    def __init__(self, net: PyramidNet):
-        super().__init__()
-        self.conv1, self.bn1 = net.conv1, net.bn1
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.bn1(self.conv1(images))
-
-
 class Head(nn.Module):
-    """PyramidNet's last piece: its last BatchNorm, ReLU, global average pooling and classifier,
-    as its forward runs them."""
+    """PyramidNet's last piece, as its forward ends: BatchNorm, ReLU, global average pool, fc."""
 
     def __init__(self, net: PyramidNet):
         super().__init__()
@@ -415,127 +371,77 @@ class Head(nn.Module):
 
 
 def piece_flops(pieces: list[tuple[str, nn.Module]], example: torch.Tensor) -> list[int]:
-    """Each piece's FLOPs on `example`, forward and backward (its weights' gradients and, but for
-    the first piece, its input's, which its stage sends back), counted by FlopCounterMode in eval
-    mode (no statistic moves)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
+    """Each piece's FLOPs on `example` in turn, forward and backward (the gradient of its input
+    too, which its stage sends back, but for the first), in eval mode (no statistic moves)."""
     costs, x = [], example
     for index, (_, piece) in enumerate(pieces):
-        x = x.detach().requires_grad_(index > 0)
         with FlopCounterMode(display=False) as counter:
-            y = piece.eval()(x)
-            y.float().sum().backward()
+            x = piece.eval()(x.detach().requires_grad_(index > 0))
+            x.float().sum().backward()
         piece.train().zero_grad(set_to_none=True)
         costs.append(counter.get_total_flops())
-        x = y
     return costs
 
 
 def balanced_cuts(costs: list[int], stages: int) -> list[int]:
     """Where to cut pieces of these costs into `stages` contiguous runs so that the costliest run
-    costs the least: [0, stage 1's first piece, ..., len(costs)], from every cut of the first run
-    and the best split of the rest (a few hundred pieces, a few stages: at once)."""
+    costs the least: [0, stage 1's first piece, ..., len(costs)], each first run tried against
+    the best cut of the rest (a few hundred pieces, a few stages: at once)."""
     total = [0, *itertools.accumulate(costs)]  # total[i]: what pieces 0 to i - 1 cost
 
     @functools.cache
-    def best(start: int, runs: int) -> tuple[int, tuple[int, ...]]:
-        """(the costliest run's cost, where each run ends) of pieces start.. in `runs` runs."""
+    def best(start: int, runs: int) -> tuple[int, tuple[int, ...]]:  # (costliest, runs' ends)
         if runs == 1:
             return total[-1] - total[start], (len(costs),)
-        splits = []
-        for end in range(start + 1, len(costs) - runs + 2):  # each later run keeps a piece
-            rest, ends = best(end, runs - 1)
-            splits.append((max(total[end] - total[start], rest), (end, *ends)))
-        return min(splits)
+        rests = ((end, *best(end, runs - 1)) for end in range(start + 1, len(costs) - runs + 2))
+        return min((max(total[end] - total[start], rest), (end, *ends))
+                   for end, rest, ends in rests)  # each later run keeps a piece at least
 
     return [0, *best(0, stages)[1]]
 
 
-class Stage(nn.Sequential):
-    """What one rank holds: a contiguous run of the model's pieces, called in order under the
-    run's autocast. The schedule calls it once a micro-batch; autograd runs its backward."""
-
-    def __init__(self, pieces: list[nn.Module], amp: str):
-        super().__init__(*pieces)
-        self.amp = amp
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(x.device.type, AMP[self.amp], enabled=self.amp != "off"):
-            return super().forward(x)
-
-
 class StageToStage(nn.Module):
-    """The whole model's forward pass through the ranks, a batch at a time and no schedule: each
-    rank receives its stage's input from the rank before (rank 0: the images), calls its stage,
-    sends the output to the rank after. Every rank calls it with the same batch; the last rank's
-    result is the logits. Evaluation, PreciseBN and the measure of what crosses use it."""
+    """The whole model's forward through the ranks, a batch at a time, no schedule: each rank
+    receives its stage's input from the rank before (rank 0: the images), calls its stage under
+    the run's autocast, sends its output on. The evaluation and PreciseBN call it."""
 
-    def __init__(self, stage: Stage):
+    def __init__(self, stage: nn.Module, crossing: torch.Tensor, amp: str):
         super().__init__()
-        self.stage = stage
+        self.stage, self.crossing, self.amp = stage, crossing, amp  # crossing: its input's kind
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         rank, last = dist.get_rank(), dist.get_world_size() - 1
-        x = images if rank == 0 else receive_activation(rank - 1, images.device)
-        y = self.stage(x)
+        x = images
+        if rank > 0:  # every rank loads the batch: it knows the size of what it receives
+            x = images.new_empty(len(images), *self.crossing.shape[1:], dtype=self.crossing.dtype)
+            dist.recv(x, rank - 1)
+        with torch.autocast(images.device.type, AMP[self.amp], enabled=self.amp != "off"):
+            y = self.stage(x)
         if rank < last:
-            send_activation(y, rank + 1)
+            dist.send(y.contiguous(), rank + 1)
         return y
 
 
-DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # an activation's, by its number
-
-
-def send_activation(tensor: torch.Tensor, rank: int) -> None:
-    """`tensor` to `rank`: first its dtype and shape as 8 int64 (the receiver allocates from them:
-    the last test batch is smaller), then its values."""
-    header = [DTYPES.index(tensor.dtype), tensor.dim(), *tensor.shape]
-    dist.send(torch.tensor(header + [0] * (8 - len(header)), device=tensor.device), rank)
-    dist.send(tensor.contiguous(), rank)
-
-
-def receive_activation(rank: int, device: torch.device) -> torch.Tensor:
-    """What send_activation sent from `rank`."""
-    header = torch.zeros(8, dtype=torch.int64, device=device)
-    dist.recv(header, rank)
-    dtype, dims, *shape = header.tolist()
-    tensor = torch.empty(shape[:dims], dtype=DTYPES[dtype], device=device)
-    dist.recv(tensor, rank)
-    return tensor
-
-
-def micro_batch_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """The last stage's loss of one micro-batch: its mean, as a DDP rank's of its share (the
-    schedule's division of the summed gradients by M then makes DDP's average over M ranks)."""
-    return F.cross_entropy(logits.float(), labels)
-
-
 def load_stage(raw_model: nn.Module, state: dict) -> None:
-    """The whole model's state dict loaded into this rank's stage: the keys its raw_model holds
-    here (the other stages' are on the meta device, and take nothing)."""
-    mine = [key for key, value in raw_model.state_dict().items() if not value.is_meta]
-    raw_model.load_state_dict({key: state[key] for key in mine}, strict=False)
-
-
-def places(raw_model: nn.Module) -> list[int]:
-    """Where this stage's parameters sit in the whole model's parameters(), in its order: the
-    index single_gpu's optimizer gives each."""
-    return [place for place, param in enumerate(raw_model.parameters()) if not param.is_meta]
+    """The whole model's state dict into this rank's stage; the others' stay on the meta device."""
+    own = raw_model.state_dict()  # every key: BatchNorm would fill a missing one in, a real 0
+    raw_model.load_state_dict({key: value if value.is_meta else state[key]
+                               for key, value in own.items()})
 
 
 # ---------------------------------------------------------------------------------------- optimizer
+# SGD over the whole model: the other stages' parameters, on the meta device, get no gradient and
+# SGD skips them; its state dict then numbers every parameter as single_gpu's does
 def get_optimizer(args, raw_model: torch.nn.Module, device: torch.device, steps_per_epoch: int):
-    """SGD at the rate of the global batch (linear scaling), fused into one kernel on a GPU, over
-    this stage's parameters; the rate a function of the step: a linear warm-up, then /10 at 50 %
-    and at 75 % of the epochs; fp16's loss scaler (refused here: a pass-through)."""
+    """SGD at the rate of the global batch (linear scaling), fused into one kernel on a GPU; the
+    rate a function of the step: a linear warm-up, then /10 at 50 % and at 75 % of the epochs;
+    fp16's loss scaler (a pass-through in bf16 and fp32)."""
     fused = device.type == "cuda" and not args.deterministic  # --deterministic: for-each, as FSDP
-    own = [param for param in raw_model.parameters() if not param.is_meta]  # this stage's
-    optimizer = torch.optim.SGD(own, lr=args.lr * args.batch_size / 128,
+    optimizer = torch.optim.SGD(raw_model.parameters(), lr=args.lr * args.batch_size / 128,
                                 momentum=args.momentum, weight_decay=args.weight_decay,
                                 nesterov=args.nesterov, fused=fused or None)
-    for param in own:  # the zeros SGD's first step makes, made now: fused SGD would skip them
-        optimizer.state[param]["momentum_buffer"] = torch.zeros_like(param)
+    for param in raw_model.parameters():  # the zeros SGD's first step makes, made now: fused SGD
+        optimizer.state[param]["momentum_buffer"] = torch.zeros_like(param)  # would skip them
     warmup, run = round(args.lr_warmup_epochs * steps_per_epoch), args.epochs * steps_per_epoch
     # the rate needs steps, not epochs: a small folder's at least 50, and at most a third of the run
     folder = args.dataset == "imagefolder"
@@ -565,13 +471,16 @@ def train_one_epoch(run, epoch: int) -> None:
     for images, labels in run.timer.timed(epoch_batches(run.train_loader, epoch, progress)):
         images = images.to(run.device, non_blocking=True, memory_format=memory_format(args))
         labels = labels.to(run.device, non_blocking=True)
+        images, labels = dealt(images, args.microbatches), dealt(labels, args.microbatches)
         run.optimizer.zero_grad(set_to_none=True)
         losses = []  # the last stage's: each micro-batch's loss
-        # one step of the schedule: every micro-batch forward through the stages and backward;
-        # rank 0 feeds the images, the last rank's loss takes the labels, the others receive
-        # their inputs from the rank before and their output's gradients from the rank after
+        # every micro-batch forward through the stages and backward: rank 0 feeds the images, the
+        # last rank's loss takes the labels; each rank receives its input from the rank before
+        # and its output's gradient from the rank after
         inputs = (images,) if first_stage else ()
-        logits = run.schedule.step(*inputs, target=labels if last_stage else None, losses=losses)
+        with torch.autocast(run.device.type, AMP[args.amp], enabled=args.amp != "off"):
+            logits = run.schedule.step(*inputs, target=labels if last_stage else None,
+                                       losses=losses)
         run.scaler.step(run.optimizer)  # this stage's parameters, with their summed gradients
         run.scaler.update()
         if last_stage:  # the step's sums are the last stage's: its logits, its loss
@@ -620,19 +529,18 @@ def log_window(run, epoch: int) -> None:
 
 
 @torch.no_grad()
-def evaluate(args, model: Stage, loader: DataLoader, device: torch.device) -> dict:
+def evaluate(args, model: StageToStage, loader: DataLoader, device: torch.device) -> dict:
     """The test loss, accuracy and top-5 accuracy, every test image counted exactly once: each
-    test batch passed forward from stage to stage, the last stage's logits against the labels."""
-    model.eval()  # each stage's own BatchNorm statistics: the saved weights' own
-    whole, last = StageToStage(model), dist.get_rank() == dist.get_world_size() - 1
+    test batch through the stages, the last stage's logits against the labels."""
+    model.eval()  # each stage its own BatchNorm statistics: the saved weights' own
+    last = dist.get_rank() == dist.get_world_size() - 1
     sums = torch.zeros(4, dtype=torch.float64, device=device)
     for images, labels in loader:
         images = images.to(device, non_blocking=True, memory_format=memory_format(args))
         labels = labels.to(device, non_blocking=True)
-        output = whole(images)  # the last rank's: the logits; the others': their stage's output
+        logits = model(images).float()  # the last rank's: the logits; the others', their output
         if not last:
             continue
-        logits = output.float()
         top5 = logits.topk(min(5, logits.shape[1]), dim=1).indices == labels[:, None]
         sums += torch.stack([F.cross_entropy(logits, labels, reduction="sum"), top5[:, 0].sum(),
                              top5.any(dim=1).sum(), torch.tensor(len(labels), device=device)])
@@ -647,11 +555,11 @@ def save_checkpoint(run, best: bool = False) -> Path | None:
     test accuracy is the best so far."""
     rng = [None] * dist.get_world_size()  # every rank's random generators, for a resume
     dist.all_gather_object(rng, runkit.rng_states())
-    weights, optimizer = gathered_state(run)  # the whole model's, from every stage
+    model, optimizer = gathered_state(run)  # the whole model's, from every stage
     if dist.get_rank() != 0:  # rank 0 writes it
         return None
     path = runkit.save_checkpoint(run.log.run_dir / "checkpoint.pt", {
-        "config": vars(run.args), "model": weights,
+        "config": vars(run.args), "model": model,
         "optimizer": optimizer, "scheduler": run.scheduler.state_dict(),
         "scaler": run.scaler.state_dict(), "progress": run.progress,
         "rng": rng})
@@ -661,36 +569,27 @@ def save_checkpoint(run, best: bool = False) -> Path | None:
 
 
 def gathered_state(run) -> tuple[dict | None, dict | None]:
-    """The whole model's state dict and its SGD's, on rank 0 (None elsewhere), keyed and indexed
-    as single_gpu's: each rank sends its stage's tensors (those of its raw_model not on the meta
-    device) and its SGD state, each parameter's under its place in the whole model."""
-    own = places(run.raw_model)
-    weights = {key: value.cpu() for key, value in run.raw_model.state_dict().items()
-               if not value.is_meta}
-    sgd = run.optimizer.state_dict()  # its own numbering: 0, 1, ... over this stage's parameters
-    state = {own[index]: {name: value.cpu() if torch.is_tensor(value) else value
-                          for name, value in kept.items()} for index, kept in sgd["state"].items()}
+    """The whole model's state dict and its SGD's on rank 0 (None elsewhere), single_gpu's keys
+    and numbers in its order: each rank sends its stage's tensors, those not on the meta device."""
+    sgd = run.optimizer.state_dict()  # SGD's state: a momentum buffer a parameter
+    momentum = {index: state["momentum_buffer"] for index, state in sgd["state"].items()}
+    mine = [{key: value.cpu() for key, value in tensors.items() if not value.is_meta}
+            for tensors in (run.raw_model.state_dict(), momentum)]
     parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object((weights, state), parts, dst=0)
+    dist.gather_object(mine, parts, dst=0)  # the stages in order: the model's pieces in order
     if parts is None:
         return None, None
-    weights = {key: value for stage_weights, _ in parts for key, value in stage_weights.items()}
-    state = {place: kept for _, stage_state in parts for place, kept in stage_state.items()}
-    every = list(range(len(list(run.raw_model.parameters()))))  # get_optimizer's one group
-    return ({key: weights[key] for key in run.raw_model.state_dict()},  # in single_gpu's order
-            {"state": dict(sorted(state.items())),
-             "param_groups": [{**sgd["param_groups"][0], "params": every}]})
+    weights, momentum = ({key: value for part in parts for key, value in part[i].items()}
+                         for i in (0, 1))
+    return weights, {"state": {index: {"momentum_buffer": buffer} for index, buffer in
+                               momentum.items()}, "param_groups": sgd["param_groups"]}
 
 
 def restore(run, checkpoint: dict) -> None:
     """Everything of `checkpoint` into the run, which goes on as if never stopped."""
-    load_stage(run.raw_model, checkpoint["model"])  # each rank its stage's keys
-    whole, own = checkpoint["optimizer"], places(run.raw_model)
-    stage_sgd = {"state": {index: whole["state"][place] for index, place in enumerate(own)
-                           if place in whole["state"]},  # renumbered as this stage's SGD has them
-                 "param_groups": [{**whole["param_groups"][0], "params": list(range(len(own)))}]}
+    load_stage(run.raw_model, checkpoint["model"])  # this rank's stage's keys
     with runkit.optimizer_as_built(run.optimizer):  # fused or not, its buffers' strides
-        run.optimizer.load_state_dict(stage_sgd)
+        run.optimizer.load_state_dict(checkpoint["optimizer"])  # the others' stay on meta
     run.scheduler.load_state_dict(checkpoint["scheduler"])
     run.scaler.load_state_dict(checkpoint["scaler"])
     run.progress.update(checkpoint["progress"])
@@ -716,9 +615,6 @@ def main(argv=None) -> int:
                            MUST_MATCH)  # robustness: rank 0 reads it; its refusal ends every rank
     if runkit.has_ended(checkpoint, args.epochs, args.max_steps):  # run again after its end
         return 0
-    trained = checkpoint["config"]["epochs"] if checkpoint else args.epochs
-    runkit.refuse_if([(args.epochs < trained, f"--epochs {args.epochs}: the run was to train "
-                       f"{trained}; a resumed run may train longer, never shorter")])
     torch.manual_seed(args.seed)  # the same weights in every mode
     schedule, model, raw_model, flops, stages = get_model(args, classes, device)
     optimizer, scheduler, scaler = get_optimizer(args, raw_model, device, len(train_loader))
@@ -744,10 +640,7 @@ def main(argv=None) -> int:
             run.log.warn("no CUDA GPU found: running on the CPU")
         if checkpoint is not None:
             restore(run, checkpoint)
-            longer = f"; --epochs {trained} made {args.epochs}, the rate's schedule with it" * (
-                trained != args.epochs)
-            run.log.line(f"resumed at step {run.progress['step']} from {checkpoint['file']}"
-                         f"{longer}")
+            run.log.line(runkit.resumed_line(checkpoint, args.epochs))
         if args.evaluate:  # saved weights, evaluated alone; a signal ends it: nothing to keep
             run.signals.at_once = ("the evaluation unfinished, no results; run it again with "
                                    "--overwrite") if is_main else ""
@@ -777,8 +670,8 @@ def main(argv=None) -> int:
                 return runkit.StopSignals.CODES[run.stop]
             if not args.benchmark:  # --benchmark measures speed only: no evaluation, no files
                 if args.dataset == "imagefolder":  # the statistics of the weights evaluated
-                    runkit.precise_batchnorm(StageToStage(model), epoch_batches(
-                        train_loader, epoch, {"batch": 0}), device, memory_format(args))
+                    runkit.precise_batchnorm(model, epoch_batches(train_loader, epoch, {
+                        "batch": 0}), device, memory_format(args))
                 test = evaluate(args, model, test_loader, device)
                 best = run.log.tested(test, run.progress, len(train_loader), args.epochs)
                 save_checkpoint(run, best)
@@ -815,36 +708,29 @@ def main(argv=None) -> int:
 
 
 # ====================================================================================== robustness
-# What keeps a process group sane on bad days. Nothing here is DDP's lesson: skip it at first.
-def vote(signals: runkit.StopSignals) -> list[float]:
-    """This rank's stop vote: one entry a signal, 1 for the one it received."""
+# What keeps a process group sane on bad days, and torch 2.9's pipelining on gloo. Not the
+# pipeline's lesson: skip it at first.
+def vote(signals: runkit.StopSignals) -> list[float]:  # 1 for the signal this rank received
     return [float(signals.received == name) for name in signals.NAMES.values()]
 
 
-def agreed(votes) -> str | None:
-    """The signal every rank stops for, from the votes added up over the ranks."""
-    return next((name for name, vote in zip(runkit.StopSignals.NAMES.values(), votes) if vote),
-                None)
+def agreed(votes) -> str | None:  # from the votes summed over the ranks: every rank stops for it
+    return next((name for name, n in zip(runkit.StopSignals.NAMES.values(), votes) if n), None)
 
 
 def store_of_this_attempt(rank: int, world_size: int, timeout) -> dist.Store | None:
-    """Under torchrun the store outlives a restart of the workers (--max-restarts), and with it
-    the dead group's keys (gloo's peer addresses): a restarted rank could read a dead peer's.
-    Each attempt gets keys of its own; None outside torchrun (init_process_group makes its own)."""
+    """torchrun's store (its agent's, or rank 0's) outlives a restart of the workers, the dead
+    group's keys with it: each attempt's keys of its own. None outside torchrun."""
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    if attempt is None:
-        return None
-    agents = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # the agent serves it
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
-                          is_master=rank == 0 and not agents, timeout=timeout)
-    return dist.PrefixStore(f"attempt_{attempt}", store)
+    return None if attempt is None else dist.PrefixStore(f"attempt_{attempt}", dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, timeout=timeout,
+        is_master=rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"))
 
 
 def on_rank_0(read, *args):
-    """read(*args) on rank 0 alone (it alone may see the file, it alone claims the folder), its
-    result sent to every rank; its refusal ends every rank, said once, by rank 0."""
-    result = [None, None]
-    if dist.get_rank() == 0 and read is not None:
+    """read(*args) on rank 0 alone, its result every rank's; its refusal, said once, ends all."""
+    result = [None, None]  # what it read, or why it refused
+    if dist.get_rank() == 0:
         try:
             result[0] = read(*args)
         except runkit.UsageError as refusal:
@@ -857,14 +743,52 @@ def on_rank_0(read, *args):
 
 @contextlib.contextmanager
 def one_download_a_node():
-    """The body on each node's first rank (a download), then on the node's others, which find
-    its files: they wait at a barrier that the first reaches after it."""
+    """The body on each node's first rank (a download), then on its others, which find its files."""
     first = os.environ.get("LOCAL_RANK", "0") == "0"
     if not first:
         dist.barrier()
     yield
-    if first:
+    if first:  # the barrier the others wait at
         dist.barrier()
+
+
+def launched_by_hand(args) -> bool:
+    """Whether --nproc_per_node or --max_restarts reached a worker the self-launch did not start."""
+    given = args.nproc_per_node is not None or args.max_restarts > 0
+    return given and "PYTORCH_MULTIGPU_SELF_LAUNCH" not in os.environ
+
+
+def launch_workers(args, command: list[str] | None = None) -> int:
+    """convenience: `python train.py` without torchrun starts a worker a GPU (--nproc_per_node CPU
+    workers without one) as `torchrun --standalone` would; their exit status is its own."""
+    from torch.distributed.elastic.multiprocessing import SignalException, errors
+    from torch.distributed.run import get_args_parser, run
+
+    nodes = os.environ.get("PET_NNODES", "1")  # torchrun's --nnodes, from a cluster's operator
+    gpus = len(args.gpu_devices or range(torch.cuda.device_count()))
+    nproc = args.nproc_per_node or gpus or 1
+    runkit.refuse_if([(nodes not in ("1", "1:1"), f"PET_NNODES={nodes}: `python train.py` starts "
+                       "the workers of one node; on several, run torchrun on each node"),
+                      ("WORLD_SIZE" in os.environ, "WORLD_SIZE is set and RANK is not: set both "
+                       "(a launcher's worker), or neither for `python train.py` to start its own"),
+                      (gpus and nproc > gpus, f"--nproc_per_node {nproc}: this node has {gpus} "
+                       f"GPU{'s' * (gpus != 1)}; one a process")])
+    os.environ.setdefault("OMP_NUM_THREADS", str(max((os.cpu_count() or 1) // nproc, 1)))
+    os.environ["PYTORCH_MULTIGPU_SELF_LAUNCH"] = "1"  # its workers may take these two flags
+    # a pod's PET_* (its operator's torchrun flags, PET_STANDALONE="") out of torchrun's defaults
+    pods = {name: os.environ.pop(name) for name in list(os.environ) if name.startswith("PET_")}
+    launch = get_args_parser().parse_args([
+        "--standalone", f"--nproc_per_node={nproc}", f"--max-restarts={args.max_restarts}",
+        *(command or [__file__, *sys.argv[1:]])])
+    os.environ.update(pods)  # the workers inherit them
+    launch.signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"  # passed on (torch 2.10+)
+    try:
+        run(launch)
+    except SignalException as stop:  # passed on to the workers, which stopped with a checkpoint
+        return 128 + stop.sigval
+    except errors.ChildFailedError as failed:  # torchrun's agent has said how each worker ended
+        return max(failure.exitcode for failure in failed.failures.values())
+    return 0
 
 
 class MendedPipelineStage(PipelineStage):
@@ -878,61 +802,10 @@ class MendedPipelineStage(PipelineStage):
         return [] if dist.get_backend(self.group) == "gloo" else ops
 
 
-def launched_by_hand(args) -> bool:
-    """Whether --nproc_per_node or --max_restarts reached a worker the self-launch did not start."""
-    given = args.nproc_per_node is not None or args.max_restarts
-    return given and "RANK" in os.environ and "PYTORCH_MULTIGPU_SELF_LAUNCH" not in os.environ
-
-
-def launch_workers(args, command: list[str] | None = None) -> int:
-    """convenience: `python train.py` without torchrun starts a worker a GPU (--nproc_per_node
-    CPU workers without one) on this node, each running this file as `torchrun --standalone`
-    would. A stop or a usage error its workers said is its exit status; any other failure,
-    torchrun's report."""
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import get_args_parser, run
-
-    nodes = os.environ.get("PET_NNODES", "1")  # torchrun's --nnodes, from a cluster's operator
-    runkit.refuse_if([(nodes not in ("1", "1:1"), f"PET_NNODES={nodes}: `python train.py` starts "
-                       "the workers of one node; on several, run torchrun on each node"),
-                      ("WORLD_SIZE" in os.environ, "WORLD_SIZE is set and RANK is not: set both "
-                       "(a launcher's worker), or neither for `python train.py` to start its own")])
-    gpus = len(args.gpu_devices or range(torch.cuda.device_count()))
-    nproc = args.nproc_per_node or gpus or 1
-    if gpus and nproc > gpus:
-        raise runkit.UsageError(f"--nproc_per_node {nproc}: this node has {gpus} GPU"
-                                f"{'s' * (gpus != 1)}; one a process")
-    os.environ.setdefault("OMP_NUM_THREADS", str(max((os.cpu_count() or 1) // nproc, 1)))
-    os.environ["PYTORCH_MULTIGPU_SELF_LAUNCH"] = "1"  # its workers may take these two flags
-    # a pod's PET_* (its operator's torchrun flags: PET_STANDALONE="") are not this node's
-    # standalone launch: out of the environment while torchrun's parser reads its defaults
-    pods = {name: os.environ.pop(name) for name in list(os.environ) if name.startswith("PET_")}
-    launch = get_args_parser().parse_args([
-        "--standalone", f"--nproc_per_node={nproc}", f"--max-restarts={args.max_restarts}",
-        *(command or [__file__, *sys.argv[1:]])])
-    os.environ.update(pods)  # the workers inherit them
-    if hasattr(launch, "signals_to_handle"):  # torch 2.10+: the stop signals passed on to workers
-        launch.signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
-    try:
-        run(launch)
-    except SignalException as stop:  # passed on to the workers, which stopped with a checkpoint
-        return 128 + stop.sigval
-    except ChildFailedError as failed:
-        codes = {failure.exitcode for failure in failed.failures.values()}
-        if len(codes) != 1 or codes - {2, *runkit.StopSignals.CODES.values()}:
-            print(failed.format_msg(), file=sys.stderr)
-        return max(codes)
-    return 0
-
-
 if __name__ == "__main__":
     with runkit.one_line_errors():
-        try:
-            if "RANK" not in os.environ:  # convenience: `python train.py` starts its workers
-                sys.exit(launch_workers(get_args()))
-            sys.exit(main())
+        try:  # convenience: `python train.py` without torchrun starts its workers
+            sys.exit(main() if "RANK" in os.environ else launch_workers(get_args()))
         finally:  # always, even after an error: no rank is left holding the group
             if dist.is_initialized():
                 dist.destroy_process_group()
-

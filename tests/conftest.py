@@ -23,13 +23,13 @@ REPO = Path(__file__).resolve().parents[1]
 TINY = ["--dataset", "synthetic", "--synthetic_size", "256", "--depth", "8", "--alpha", "12",
         "--batch_size", "32", "--epochs", "1", "--log_interval", "4", "--warmup_steps", "1",
         "--num_workers", "0"]
-MODES = ("single_gpu", "data_parallel", "dist_parallel", "fsdp")
+MODES = ("single_gpu", "data_parallel", "dist_parallel", "fsdp", "pipeline_parallel")
 
 
 @functools.cache
 def train_file(mode: str):
     """`<mode>/train.py` imported by its path as a module of its own name (`<mode>_train`: the
-    four files do not shadow one another), once: importing it runs nothing but its imports and
+    files do not shadow one another), once: importing it runs nothing but its imports and
     definitions; it puts the repository and models/ on sys.path itself."""
     spec = importlib.util.spec_from_file_location(f"{mode}_train", REPO / mode / "train.py")
     module = importlib.util.module_from_spec(spec)
@@ -84,7 +84,7 @@ def refuse_in_process(script: str, *args) -> subprocess.CompletedProcess:
     """`python <script> args...` for a launch that is refused before anything starts, run
     inside this process as the script's `__main__` block runs it (under runkit.one_line_errors(),
     stdout and stderr captured): the user's path without the ~3 s of starting Python and
-    importing torch. dist_parallel and fsdp without RANK in the environment take the self-launch's
+    importing torch. The process-group modes without RANK in the environment take the self-launch's
     path (get_args, then launch_workers), where starting a worker fails the test; with RANK, main(),
     the group destroyed after it. Only for launches that stop before training; a few of every kind
     are also run as real subprocesses."""
@@ -173,8 +173,8 @@ HEAVIEST_FIRST = ("test_parallel.py", "test_reliability.py", "test_compare.py",
                   "test_compare_front_door.py", "test_tensorboard.py", "test_breakdown.py",
                   "test_fast_path.py", "test_signals.py", "test_models.py",
                   "test_compile.py", "test_bad_input.py", "test_single_gpu.py", "test_slurm.py",
-                  "test_aligned_channels.py", "test_imagefolder.py", "test_mnist.py",
-                  "test_vscode.py")
+                  "test_aligned_channels.py", "test_imagefolder.py", "test_pipeline.py",
+                  "test_mnist.py", "test_vscode.py")
 
 
 def pytest_collection_modifyitems(items):

@@ -9,8 +9,8 @@ way the imports point, and how much code the project holds.
   the training path reaches comparison/, benchmarks/ or common/; runkit.py imports nothing of the
   project; models/pyramidnet.py imports torch and the standard library only; nothing on it is
   imported as a `models.` or `common.` module (a user's own models/ package would shadow it).
-- No file on the training path is over 500 lines; the four train.py, runkit.py and models/ are at
-  most 3,000 lines together; the project's code (its Python outside tests/) at most 11,000.
+- No file on the training path is over 500 lines; the train.py files, runkit.py and models/ are
+  at most 3,000 lines together; the project's code (its Python outside tests/) at most 11,000.
 - No import circle anywhere in the project: each module can be read after the ones it imports.
 
 Every import counts, wherever it stands: at the top, inside a function (an import deferred to
@@ -115,11 +115,12 @@ def project_files(root: Path = REPO) -> list[Path]:
 
 
 # ---------------------------------------------------------------------------------- the closures
-CLOSURE_TODAY = {"single_gpu": 1535, "data_parallel": 1562, "dist_parallel": 1701, "fsdp": 1757}
+CLOSURE_TODAY = {"single_gpu": 1501, "data_parallel": 1528, "dist_parallel": 1667, "fsdp": 1723,
+                 "pipeline_parallel": 1854}
 
 
 @pytest.mark.parametrize("mode", [pytest.param(mode, marks=xfail(
-    f"{mode}/train.py + runkit.py + models/pyramidnet.py: {figure} lines (runkit.py 956)"))
+    f"{mode}/train.py + runkit.py + models/pyramidnet.py: {figure} lines (runkit.py 929)"))
     for mode, figure in CLOSURE_TODAY.items()])
 def test_each_train_py_runs_from_itself_and_two_files(mode):
     """What a user copies to take a mode away: at most 3 files, 1,200 lines."""
@@ -184,7 +185,8 @@ def test_nothing_on_the_training_path_is_imported_as_a_package_module(path):
 
 
 # ------------------------------------------------------------------------------------- the sizes
-SIZE_TODAY = {"dist_parallel/train.py": 631, "fsdp/train.py": 687, "runkit.py": 956}
+SIZE_TODAY = {"dist_parallel/train.py": 624, "fsdp/train.py": 680,
+              "pipeline_parallel/train.py": 811, "runkit.py": 929}
 
 
 @pytest.mark.parametrize("path", [
@@ -196,15 +198,15 @@ def test_no_file_on_the_training_path_is_over_500_lines(path):
     assert lines(path) <= 500
 
 
-@pytest.mark.xfail(strict=True, reason="3,345 lines: the four train.py 2,275, runkit.py 956, "
+@pytest.mark.xfail(strict=True, reason="4,101 lines: the five train.py 3,058, runkit.py 929, "
                    "models/pyramidnet.py 114")
 def test_the_training_path_is_at_most_3000_lines():
-    """The four train.py, the library and models/ together."""
+    """The train.py files, the library and models/ together."""
     files = [*TRAIN_FILES, LIBRARY, *sorted((REPO / "models").glob("*.py"))]
     assert sum(map(lines, files)) <= 3000, {relative([path])[0]: lines(path) for path in files}
 
 
-@pytest.mark.xfail(strict=True, reason="11,287 lines of Python outside tests/, with common/ "
+@pytest.mark.xfail(strict=True, reason="12,043 lines of Python outside tests/, with common/ "
                    "and the old models/ package gone")
 def test_the_projects_code_is_at_most_11000_lines():
     assert sum(map(lines, project_files())) <= 11000

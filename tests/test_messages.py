@@ -129,7 +129,7 @@ def test_a_test_set_of_one_image_is_said_so(tmp_path):
     assert epoch.endswith("(1 image)"), epoch
 
 
-@pytest.mark.parametrize("mode", ["dist_parallel", "fsdp"])
+@pytest.mark.parametrize("mode", ["dist_parallel", "fsdp", "pipeline_parallel"])
 def test_the_self_launch_past_a_nodes_one_gpu_says_one_gpu(monkeypatch, mode):
     module = train_file(mode)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)

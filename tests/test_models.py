@@ -11,7 +11,7 @@ import torch
 import torchvision
 
 import runkit
-from conftest import read_results
+from conftest import MODES, read_results
 from processes import in_process, train_file
 
 SMALL = ["--dataset", "synthetic", "--synthetic_size", "64", "--image_size", "32",
@@ -42,7 +42,7 @@ def test_the_repeated_blocks_are_the_units_fsdp_shards():
         {"Conv2d": 8, "Linear": 3}
 
 
-@pytest.mark.parametrize("mode", ["single_gpu", "data_parallel", "dist_parallel", "fsdp"])
+@pytest.mark.parametrize("mode", MODES)
 def test_a_bad_model_name_is_one_line(mode):
     with pytest.raises(runkit.UsageError) as refused:
         train_file(mode).get_args([*SMALL, "--model", "resnt18"])

@@ -1,8 +1,9 @@
-"""The four train.py files stay in step, and each teaches its mode: the same sections in the
+"""The five train.py files stay in step, and each teaches its mode: the same sections in the
 same order, the process-group modes' robustness fenced at the end, every torch.distributed call a
-process-group mode makes written in its own file (fsdp repeats dist_parallel's rather than
-importing them), the training loop the same code in every mode, lines a reader can hold. A budget
-of changed lines stays only as a guard against drift."""
+process-group mode makes written in its own file (fsdp and pipeline_parallel repeat
+dist_parallel's rather than importing them), the training loop the same code in every mode but
+the pipeline (whose step is the schedule's), lines a reader can hold. A budget of changed lines
+stays only as a guard against drift."""
 from __future__ import annotations
 
 import ast
@@ -15,7 +16,9 @@ import pytest
 
 from conftest import REPO
 
-MODES = ["single_gpu/train.py", "data_parallel/train.py", "dist_parallel/train.py", "fsdp/train.py"]
+MODES = ["single_gpu/train.py", "data_parallel/train.py", "dist_parallel/train.py", "fsdp/train.py",
+         "pipeline_parallel/train.py"]
+GROUPS = ("dist_parallel/train.py", "fsdp/train.py", "pipeline_parallel/train.py")
 SECTIONS = ["imports", "config", "setup", "data", "model", "optimizer", "train / evaluate",
             "main loop", "teardown"]
 
@@ -39,6 +42,10 @@ GROUP_CALLS = [
     "dist.barrier()",  # no rank exits before rank 0 has written the stop checkpoint
     "dist.destroy_process_group()",
 ]
+# The pipeline's, but two: its batch is split into micro-batches (not over the ranks), and each
+# BatchNorm lives on one stage (no rank's statistics to broadcast to the others)
+PIPELINE_CALLS = [call for call in GROUP_CALLS if call not in (
+    "args.batch_size // dist.get_world_size()", "dist.broadcast(buffer, src=0)")]
 MUST_SHOW = {
     "data_parallel/train.py": ["nn.DataParallel(AutocastForward(raw_model, args)"],
     "dist_parallel/train.py": [*GROUP_CALLS, "DDP(raw_model",
@@ -47,6 +54,16 @@ MUST_SHOW = {
                       'torch.device("meta")', "raw_model.to_empty(device=device)",
                       "set_model_state_dict(", "get_model_state_dict(", "module.reshard()",
                       "dist.all_reduce(most, op=dist.ReduceOp.MAX)"],
+    "pipeline_parallel/train.py": [
+        *PIPELINE_CALLS, "args.batch_size // args.microbatches",  # a micro-batch's images
+        "balanced_cuts(costs, stages)",  # the cut, by FLOPs
+        'piece.to(device if index in mine else "meta")',  # a stage a rank, the rest shapes only
+        "MendedPipelineStage(stage, rank, stages, device",  # PipelineStage
+        "SCHEDULES[args.schedule](pipe, args.microbatches",  # GPipe or 1F1B
+        "run.schedule.step(*inputs",  # a step: every micro-batch forward and backward
+        "dealt(images, args.microbatches)",  # micro-batch m: DDP's rank m's images
+        "dist.send(", "dist.recv(",  # the evaluation's activations, stage to stage
+        "dist.gather_object("],  # the whole model's state dicts, on rank 0
 }
 # What every mode defines itself, where its parallel calls are made (they once lived in common/,
 # hiding them): the sections' functions, as a reader copies them.
@@ -57,6 +74,14 @@ OWN = ["get_args", "setup", "get_datasets", "get_loaders", "get_model", "get_opt
 SAME_IN_GROUPS = ["get_datasets", "get_loaders", "data_defaults", "train_one_epoch",
                   "epoch_batches", "log_window", "vote", "agreed", "on_rank_0",
                   "one_download_a_node", "launched_by_hand", "launch_workers"]
+# ... and in dist_parallel and pipeline_parallel: the group, its data, its optimizer (SGD over the
+# whole model, the other stages' parameters on the meta device) and the fence are the same
+SAME_IN_PIPELINE = ["get_datasets", "memory_format", "get_optimizer", "epoch_batches",
+                    "log_window", "vote", "agreed", "store_of_this_attempt", "on_rank_0",
+                    "one_download_a_node", "launched_by_hand", "launch_workers"]
+# What the pipeline changes of dist_parallel's: the functions its stages touch, and nothing else
+PIPELINE_CHANGES = {"get_args", "setup", "get_loaders", "data_defaults", "get_model",
+                    "train_one_epoch", "evaluate", "save_checkpoint", "restore", "main"}
 # ... and in single_gpu and data_parallel, whose only change is the wrapper and its GPUs
 SAME_IN_ONE_PROCESS = ["get_args", "get_datasets", "get_loaders", "get_optimizer",
                        "train_one_epoch", "epoch_batches", "log_window", "evaluate",
@@ -68,8 +93,14 @@ SAME_IN_ONE_PROCESS = ["get_args", "get_datasets", "get_loaders", "get_optimizer
 # fully_shard in place of DDP, its evaluation's equal number of forward passes, the gathered
 # state dicts and the FSDP2 construction: built on the meta device, sharded, materialised, filled
 # from rank 0.
-BUDGETS = {"data_parallel/train.py": 48, "dist_parallel/train.py": 237, "fsdp/train.py": 329}
+# pipeline_parallel's are dist_parallel's group and fence with stages in place of DDP: the pieces,
+# the cut by FLOPs, the meta device, what crosses, PipelineStage and its schedule, the dealt
+# micro-batches, the evaluation from stage to stage and the gathered state dicts.
+BUDGETS = {"data_parallel/train.py": 48, "dist_parallel/train.py": 237, "fsdp/train.py": 329,
+           "pipeline_parallel/train.py": 505}
 FSDP_AGAINST_DIST = 132
+PIPELINE_AGAINST_DIST = 350
+PIPELINE_STEP = 22  # changed lines of its train_one_epoch against every other mode's
 
 
 def source(path: str) -> str:
@@ -117,7 +148,7 @@ def test_the_process_group_modes_fence_their_robustness_at_the_end(path):
     """After the lesson's sections (teardown is main's `finally`), what keeps a group sane sits in
     one fenced section, which no one-process mode has."""
     fences = list(FENCE.finditer(source(path)))
-    assert len(fences) == (path in ("dist_parallel/train.py", "fsdp/train.py"))
+    assert len(fences) == (path in GROUPS)
     if fences:
         assert fences[0].start() > re.search(r"^# -{20,} main loop$", source(path), re.M).start()
         after = {node.name for node in ast.parse(source(path)).body
@@ -140,8 +171,9 @@ def test_every_mode_defines_its_own_steps(path):
 
 @pytest.mark.parametrize(("names", "paths"), [
     (SAME_IN_GROUPS, ("dist_parallel/train.py", "fsdp/train.py")),
+    (SAME_IN_PIPELINE, ("dist_parallel/train.py", "pipeline_parallel/train.py")),
     (SAME_IN_ONE_PROCESS, ("single_gpu/train.py", "data_parallel/train.py"))],
-    ids=["process groups", "one process"])
+    ids=["process groups", "pipeline", "one process"])
 def test_the_modes_of_a_kind_repeat_the_same_code(names, paths):
     one, other = (functions(path) for path in paths)
     differing = [name for name in names if ast.dump(one[name]) != ast.dump(other[name])]
@@ -149,9 +181,26 @@ def test_the_modes_of_a_kind_repeat_the_same_code(names, paths):
 
 
 def test_the_training_loop_is_the_same_code_in_every_mode():
-    for name in ("train_one_epoch", "get_datasets"):
-        code = {path: ast.dump(functions(path)[name]) for path in MODES}
+    """Every mode's data; every mode's loop but the pipeline's, whose step is the schedule's
+    (below)."""
+    for name, paths in (("get_datasets", MODES), ("train_one_epoch", MODES[:-1])):
+        code = {path: ast.dump(functions(path)[name]) for path in paths}
         assert len(set(code.values())) == 1, f"{name} differs between the modes"
+
+
+def test_the_pipelines_loop_is_ddps_with_the_schedules_step_in_place_of_the_forward():
+    """Its train_one_epoch differs from every other mode's in the lines of the step alone: the
+    batch dealt into micro-batches, the schedule's step (every micro-batch forward and backward)
+    in place of the model's call, its loss and backward, and the sums taken on the last stage."""
+    ours, theirs = ([line for line in ast.get_source_segment(source(path), functions(path)[
+        "train_one_epoch"]).splitlines() if not line.lstrip().startswith("#")]
+                    for path in ("dist_parallel/train.py", "pipeline_parallel/train.py"))
+    changed = [line for line in difflib.unified_diff(ours, theirs, lineterm="", n=0)
+               if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    assert len(changed) <= PIPELINE_STEP, "\n".join(changed)
+    added = "\n".join(line for line in changed if line.startswith("+"))
+    assert "run.schedule.step(" in added and "dealt(images" in added
+    assert "backward()" in "\n".join(changed) and "backward()" not in added
 
 
 @pytest.mark.parametrize("path", MODES)
@@ -193,7 +242,7 @@ GUARDED = ["check_launch_environment(", "group_failure_in_one_line(", "launched_
 # marked, measured when set, with a little room. dist_parallel's are DDP's steps as its tutorial
 # shows them, its flags and its refusals; fsdp's are those with FSDP2's construction, its
 # evaluation's equal forward passes and its gathered state dicts.
-LESSON = {"dist_parallel/train.py": 62, "fsdp/train.py": 121}
+LESSON = {"dist_parallel/train.py": 62, "fsdp/train.py": 121, "pipeline_parallel/train.py": 245}
 
 
 def line_of(path: str, match: re.Match) -> int:
@@ -297,6 +346,22 @@ def test_fsdp_is_dist_parallel_with_fully_shard_in_place_of_ddp():
         assert unrelated not in added, unrelated
     # FSDP2's lesson: the optimizer's state dict gathered and set through DCP's functions
     assert "get_optimizer_state_dict(" in added and "set_optimizer_state_dict(" in added
+
+
+def test_the_pipeline_is_dist_parallel_with_stages_in_place_of_ddp():
+    """`diff dist_parallel/train.py pipeline_parallel/train.py` is the pipeline's lesson: the
+    functions that differ are those its stages touch, every other one the same code, dist's
+    in_sync (whether replicas agree) the only one left out; no DDP, no new group."""
+    dist_, pipe = functions("dist_parallel/train.py"), functions("pipeline_parallel/train.py")
+    differ = {name for name in dist_.keys() & pipe.keys()
+              if ast.dump(dist_[name]) != ast.dump(pipe[name])}
+    assert differ == PIPELINE_CHANGES and set(dist_) - set(pipe) == {"in_sync"}
+    changed = changed_lines("pipeline_parallel/train.py", base="dist_parallel/train.py")
+    assert len(changed) <= PIPELINE_AGAINST_DIST, "\n".join(changed)
+    added = "\n".join(line for line in changed if line.startswith("+"))
+    assert "MendedPipelineStage(" in added and "DDP(" not in added
+    for unrelated in ("init_process_group", "set_epoch", "SyncBatchNorm"):
+        assert unrelated not in added, unrelated
 
 
 def test_no_mode_flags_in_the_shared_code():

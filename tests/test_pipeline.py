@@ -11,13 +11,16 @@ holding one stage of a tiny PyramidNet, and what it must show.
   in turn; in DDP once a rank, each rank its own, and rank 0's are saved.
 - Its evaluation counts every test image once, and single_gpu/train.py --evaluate of its
   checkpoint (the whole model's state dict, single_gpu's keys) finds the same loss and accuracy.
+- Bad input, in one line: one process, --compile (in this process); a batch that does not split
+  into the micro-batches, said once for two workers (second tier).
 - A run cut short at step 2 (under GPipe) and resumed to step 4 (under 1F1B) ends with the
-  uninterrupted run's tensors, every one: the schedule orders the work, and changes no sum.
-- Bad input, in one line: one process, a batch that does not split into the micro-batches,
-  --compile.
+  uninterrupted run's tensors, every one: the schedule orders the work, and changes no sum
+  (second tier).
 
-The launches share one module-scoped set of finished runs, two at a time on the two cores; the
-pieces, the cut, the default number of micro-batches and the sampler are checked in this process.
+The fast tier launches two runs, the pipeline's and DDP's, side by side on the two cores, and the
+first three tests read them; the second tier's three launches are a fixture of their own. The
+pieces, the cut, the default number of micro-batches and the dealt micro-batches are checked in
+this process.
 """
 from __future__ import annotations
 
@@ -48,31 +51,42 @@ def errors(done) -> list[str]:
     return [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("error: ")]
 
 
+def launch(logs, mode, *flags, name):
+    """`torchrun --nproc_per_node 2 <mode>/train.py flags`: (CompletedProcess, run folder)."""
+    done = run(torchrun(2, mode), *flags, "--log_dir", logs, "--run_name", name)
+    return done, logs / name
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The finished launches: the pipeline and DDP, 4 steps each; the pipeline cut at step 2 and
-    resumed; a refused batch. Each (CompletedProcess, run folder)."""
+    """The pipeline's run and DDP's, 4 steps each, side by side."""
     logs = tmp_path_factory.mktemp("runs")
+    pipe, ddp = two_at_a_time(lambda: launch(logs, MODE, *PIPELINE, "--save_model", name="pipe"),
+                              lambda: launch(logs, "dist_parallel", *TINY, *STEPS, name="ddp"))
+    for done, _ in (pipe, ddp):
+        assert done.returncode == 0, done.stdout + done.stderr
+    return {"pipe": pipe, "ddp": ddp}
 
-    def launch(mode, *flags, name):
-        done = run(torchrun(2, mode), *flags, "--log_dir", logs, "--run_name", name)
-        return done, logs / name
+
+@pytest.fixture(scope="module")
+def second_tier_runs(tmp_path_factory):
+    """The pipeline cut at step 2 and resumed, one launch after the other; beside them, a batch
+    refused by the two workers of `python train.py --nproc_per_node 2`."""
+    logs = tmp_path_factory.mktemp("second_tier_runs")
 
     def resumed():
-        first = launch(MODE, *PIPELINE, "--max_steps", "2", "--schedule", "gpipe", name="resumed")
-        return first, launch(MODE, *PIPELINE, "--resume", "auto", name="resumed")
+        first = launch(logs, MODE, *PIPELINE, "--max_steps", "2", "--schedule", "gpipe",
+                       name="resumed")
+        return first, launch(logs, MODE, *PIPELINE, "--resume", "auto", name="resumed")
 
-    def refused():  # `python train.py --nproc_per_node 2`: its two workers each refuse it
+    def refused():
         return run(script(MODE), *TINY, "--nproc_per_node", "2", "--batch_size", "30",
                    "--microbatches", "4", "--log_dir", logs / "refused"), logs / "refused"
 
-    # the two resumed launches, one after the other, beside the three others (two cores)
-    halves, pipe, ddp, bad = two_at_a_time(
-        resumed, lambda: launch(MODE, *PIPELINE, "--save_model", name="pipe"),
-        lambda: launch("dist_parallel", *TINY, *STEPS, name="ddp"), refused)
-    for done, _ in (pipe, ddp, *halves):
+    halves, bad = two_at_a_time(resumed, refused)
+    for done, _ in halves:
         assert done.returncode == 0, done.stdout + done.stderr
-    return {"pipe": pipe, "ddp": ddp, "halves": halves, "refused": bad}
+    return {"halves": halves, "refused": bad}
 
 
 def checkpoint(run_dir):
@@ -169,11 +183,12 @@ def test_its_evaluation_counts_every_test_image_once_as_single_gpu_finds_it(runs
 
 
 # ---------------------------------------------------------------------------------------- 4: resume
-def test_a_run_resumed_mid_epoch_ends_with_the_uninterrupted_runs_tensors(runs):
+@pytest.mark.second_tier  # two launches, one after the other
+def test_a_run_resumed_mid_epoch_ends_with_the_uninterrupted_runs_tensors(runs, second_tier_runs):
     """Stopped at step 2 of 8 (--max_steps 2, under GPipe), continued to step 4 (under 1F1B):
     each rank takes its stage's weights, SGD state and random generators back, and the run ends
     with every tensor of the uninterrupted run, BatchNorm statistics too."""
-    (first, _), (second, run_dir) = runs["halves"]
+    (first, _), (second, run_dir) = second_tier_runs["halves"]
     assert "gpipe, 2 micro-batches" in first.stdout, first.stdout
     assert "resumed at step 2" in second.stdout, second.stdout
     resumed, straight = checkpoint(run_dir), checkpoint(runs["pipe"][1])
@@ -188,15 +203,19 @@ def test_a_run_resumed_mid_epoch_ends_with_the_uninterrupted_runs_tensors(runs):
 
 
 # ------------------------------------------------------------------------------------- 5: bad input
-def test_bad_input_is_refused_in_one_line(runs, monkeypatch, tmp_path):
-    """One process (a pipeline of one stage), a batch that does not split into the micro-batches
-    (said once for the two workers, after the group formed), --compile: one line each, no run
-    folder made."""
-    done, logs = runs["refused"]
+@pytest.mark.second_tier  # a launch of two workers of its own
+def test_a_batch_the_micro_batches_do_not_split_is_refused_once_for_every_worker(
+        second_tier_runs):
+    """Said once for the two workers (each refuses it, after the group formed), no run folder."""
+    done, logs = second_tier_runs["refused"]
     assert done.returncode != 0 and errors(done) == [
         "error: --batch_size 30 does not split into 4 micro-batches: give a multiple of 4"], (
         done.stdout + done.stderr)
     assert not logs.exists()
+
+
+def test_bad_input_is_refused_in_one_line(monkeypatch, tmp_path):
+    """One process (a pipeline of one stage), --compile: one line each, no run folder made."""
     done = refuse_in_process(SCRIPT, *TINY, "--compile", "--log_dir", tmp_path)
     assert done.returncode == 2 and errors(done) == [
         "error: --compile: not for a pipeline's stages in this version; leave it out"], done.stderr
@@ -274,12 +293,13 @@ def test_the_default_microbatches_keep_the_bubble_under_a_quarter():
 
 @pytest.mark.parametrize("shuffle", [True, False])
 def test_micro_batch_m_holds_ddps_rank_ms_images(shuffle):
-    """Each step's batch, cut into M micro-batches of b, is the batch DDP's M ranks would each
-    load at that step (a DataLoader of b over DistributedSampler's share), in rank order; epoch
-    after epoch, and for a set whose size M does not divide (DistributedSampler pads it)."""
+    """Each step's batch in DistributedSampler's order of one replica (get_loaders'), dealt into
+    M micro-batches of b, is the batch DDP's M ranks would each load at that step (a DataLoader
+    of b over DistributedSampler's share), in rank order; epoch after epoch, for a set whose size
+    M does not divide (DDP's sampler pads it; a step of b images a rank drops the rest)."""
     dataset = torch.utils.data.TensorDataset(torch.arange(203))
     microbatches, b = 3, 8
-    sampler = pipeline().MicroBatchSampler(dataset, microbatches, b, shuffle, seed=7)
+    sampler = DistributedSampler(dataset, 1, 0, shuffle=shuffle, seed=7)
     for epoch in (0, 1):
         sampler.set_epoch(epoch)
         steps = list(DataLoader(dataset, microbatches * b, sampler=sampler, drop_last=True))
@@ -288,6 +308,7 @@ def test_micro_batch_m_holds_ddps_rank_ms_images(shuffle):
             share = DistributedSampler(dataset, microbatches, rank, shuffle=shuffle, seed=7)
             share.set_epoch(epoch)
             ranks.append(list(DataLoader(dataset, b, sampler=share, drop_last=True)))
-        assert len(steps) == len(ranks[0]) == 8  # ceil(203 / 3) // 8
+        assert len(steps) == len(ranks[0]) == 8  # 203 // 24; ceil(203 / 3) // 8
         for step, (batch,) in enumerate(steps):
-            assert torch.equal(batch, torch.cat([ranks[m][step][0] for m in range(microbatches)]))
+            assert torch.equal(pipeline().dealt(batch, microbatches),
+                               torch.cat([ranks[m][step][0] for m in range(microbatches)]))
