@@ -476,8 +476,9 @@ def checkpoint_to_resume(resume: str | None, folder: Path, config: dict, must_ma
     refuse_if([
         (given != FORMAT, f"--resume: {path} is in the format {given!r}; this version reads "
          f"{FORMAT!r} only (a model.pt holds weights: give it to --evaluate); start afresh"),
-        (state.pop("checksum", None) != checksum(state), f"--resume: {path} is damaged: its "
-         "contents do not match their checksum; resume from another copy, or start afresh"),
+        (given == FORMAT and state.pop("checksum", None) != checksum(state), f"--resume: {path} is "
+         "damaged: its contents do not match their checksum; resume from another copy, or start "
+         "afresh"),
         (differ, f"--resume: {path} was written by another run: {', '.join(differ or [])}; resume "
          "with the flags it was written with")])
     return {**state, "file": str(path)}

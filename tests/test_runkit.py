@@ -395,6 +395,8 @@ def test_each_checkpoint_that_cannot_be_resumed_is_refused_in_one_line(tmp_path)
     assert "is no intact checkpoint" in refused(tmp_path / "missing.pt")
     torch.save({"model": {}, "epoch": 3}, tmp_path / "old.pt")  # an earlier version's
     assert "in the format None; this version reads" in refused(tmp_path / "old.pt")
+    torch.save(torch.ones(2), tmp_path / "tensor.pt")  # no dict at all
+    assert "in the format None; this version reads" in refused(tmp_path / "tensor.pt")
     torch.save({"w": torch.ones(2)}, tmp_path / "model.pt")
     assert "a model.pt holds weights: give it to --evaluate" in refused(tmp_path / "model.pt")
     sealed = torch.load(path, weights_only=True)
