@@ -1,9 +1,9 @@
 r"""Train PyramidNet on CIFAR-10 with DistributedDataParallel: a process a GPU, one node or many.
 
-    python train.py                      # CIFAR-10 (downloaded into ../data), PyramidNet-110 a=270
+    torchrun --standalone --nproc_per_node 4 train.py -b 512   # 4 GPUs, 128 images each a step
     python train.py --gpu_devices 0 1    # a worker a GPU, started as torchrun --standalone would
     python train.py --dataset synthetic --synthetic_size 5000 --depth 20 --alpha 24 \
-                    --epochs 1           # offline: generated images, 1-3 minutes on a CPU
+                    --epochs 1 --nproc_per_node 2   # offline: 2 CPU workers
     python train.py --evaluate ../runs/<run>/model.pt   # the test loss and accuracy of weights
     torchrun --nnodes 2 --nproc_per_node 8 --rdzv_id JOB --rdzv_backend c10d \
              --rdzv_endpoint HOST:29500 train.py -b 2048   # on each of two nodes
@@ -533,9 +533,12 @@ def store_of_this_attempt(rank: int, world_size: int, timeout) -> dist.Store | N
     """torchrun's store (its agent's, or rank 0's) outlives a restart of the workers, the dead
     group's keys with it: each attempt's keys of its own. None outside torchrun."""
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    return None if attempt is None else dist.PrefixStore(f"attempt_{attempt}", dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, timeout=timeout,
-        is_master=rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"))
+    if attempt is None:
+        return None
+    agents = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # the agent serves it
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                          is_master=rank == 0 and not agents, timeout=timeout)
+    return dist.PrefixStore(f"attempt_{attempt}", store)
 
 
 def on_rank_0(read, *args):

@@ -722,9 +722,12 @@ def store_of_this_attempt(rank: int, world_size: int, timeout) -> dist.Store | N
     """torchrun's store (its agent's, or rank 0's) outlives a restart of the workers, the dead
     group's keys with it: each attempt's keys of its own. None outside torchrun."""
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    return None if attempt is None else dist.PrefixStore(f"attempt_{attempt}", dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, timeout=timeout,
-        is_master=rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"))
+    if attempt is None:
+        return None
+    agents = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # the agent serves it
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                          is_master=rank == 0 and not agents, timeout=timeout)
+    return dist.PrefixStore(f"attempt_{attempt}", store)
 
 
 def on_rank_0(read, *args):

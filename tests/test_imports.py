@@ -115,12 +115,12 @@ def project_files(root: Path = REPO) -> list[Path]:
 
 
 # ---------------------------------------------------------------------------------- the closures
-CLOSURE_TODAY = {"single_gpu": 1501, "data_parallel": 1528, "dist_parallel": 1667, "fsdp": 1723,
-                 "pipeline_parallel": 1854}
+CLOSURE_TODAY = {"single_gpu": 1502, "data_parallel": 1529, "dist_parallel": 1671, "fsdp": 1727,
+                 "pipeline_parallel": 1858}
 
 
 @pytest.mark.parametrize("mode", [pytest.param(mode, marks=xfail(
-    f"{mode}/train.py + runkit.py + models/pyramidnet.py: {figure} lines (runkit.py 929)"))
+    f"{mode}/train.py + runkit.py + models/pyramidnet.py: {figure} lines (runkit.py 930)"))
     for mode, figure in CLOSURE_TODAY.items()])
 def test_each_train_py_runs_from_itself_and_two_files(mode):
     """What a user copies to take a mode away: at most 3 files, 1,200 lines."""
@@ -185,8 +185,8 @@ def test_nothing_on_the_training_path_is_imported_as_a_package_module(path):
 
 
 # ------------------------------------------------------------------------------------- the sizes
-SIZE_TODAY = {"dist_parallel/train.py": 624, "fsdp/train.py": 680,
-              "pipeline_parallel/train.py": 811, "runkit.py": 929}
+SIZE_TODAY = {"dist_parallel/train.py": 627, "fsdp/train.py": 683,
+              "pipeline_parallel/train.py": 814, "runkit.py": 930}
 
 
 @pytest.mark.parametrize("path", [
@@ -198,7 +198,7 @@ def test_no_file_on_the_training_path_is_over_500_lines(path):
     assert lines(path) <= 500
 
 
-@pytest.mark.xfail(strict=True, reason="4,101 lines: the five train.py 3,058, runkit.py 929, "
+@pytest.mark.xfail(strict=True, reason="4,111 lines: the five train.py 3,067, runkit.py 930, "
                    "models/pyramidnet.py 114")
 def test_the_training_path_is_at_most_3000_lines():
     """The train.py files, the library and models/ together."""
@@ -206,7 +206,7 @@ def test_the_training_path_is_at_most_3000_lines():
     assert sum(map(lines, files)) <= 3000, {relative([path])[0]: lines(path) for path in files}
 
 
-@pytest.mark.xfail(strict=True, reason="12,043 lines of Python outside tests/, with common/ "
+@pytest.mark.xfail(strict=True, reason="12,053 lines of Python outside tests/, with common/ "
                    "and the old models/ package gone")
 def test_the_projects_code_is_at_most_11000_lines():
     assert sum(map(lines, project_files())) <= 11000
