@@ -19,6 +19,7 @@ the CPU. --batch_size is the global batch in every mode. Read it top to bottom.
 import argparse
 import contextlib
 import datetime
+import gc
 import math
 import os
 import sys
@@ -623,5 +624,6 @@ if __name__ == "__main__":
         try:  # convenience: `python train.py` without torchrun starts its workers
             sys.exit(main() if "RANK" in os.environ else launch_workers(get_args()))
         finally:  # always, even after an error: no rank is left holding the group
+            gc.collect()  # the model's cycles hold the group: it ends while Python still runs
             if dist.is_initialized():
                 dist.destroy_process_group()
