@@ -312,3 +312,24 @@ def test_micro_batch_m_holds_ddps_rank_ms_images(shuffle):
         for step, (batch,) in enumerate(steps):
             assert torch.equal(pipeline().dealt(batch, microbatches),
                                torch.cat([ranks[m][step][0] for m in range(microbatches)]))
+
+
+def _complete(name: str, cat: str, start: float, end: float) -> dict:
+    return {"ph": "X", "name": name, "cat": cat, "pid": 1, "tid": 1, "ts": start,
+            "dur": end - start}
+
+
+def test_the_bubble_benchmark_counts_a_stages_wait_with_no_operator_running():
+    """benchmarks/pipeline_bubble.py: a stage idles while a transfer is open and its thread runs
+    no operator; the data wait and the optimizer are out of the schedule's time."""
+    from benchmarks.pipeline_bubble import idle_share, theory
+    trace = {"traceEvents": [
+        _complete("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+                  "user_annotation", 0, 10),
+        _complete("aten::convolution", "cpu_op", 10, 50),
+        _complete("gloo:send", "user_annotation", 40, 60),  # 10 of its 20 behind compute
+        _complete("gloo:recv", "user_annotation", 55, 80),  # idle from 50 to 80
+        _complete("aten::convolution_backward", "cpu_op", 80, 100),
+        _complete("Optimizer.step#SGD.step", "user_annotation", 100, 110)]}
+    assert idle_share(trace) == 30 / 90
+    assert theory(2, 4) == 1 / 5
