@@ -4,18 +4,18 @@ against GPipe's (S - 1) / (M + S - 1) for S stages and M micro-batches.
     python benchmarks/pipeline_bubble.py                        # 2 CPU processes, M = 2, 4, 8
     python benchmarks/pipeline_bubble.py --microbatches 4 16 --schedule gpipe
 
-For each M it runs pipeline_parallel/train.py as a user does (`--nproc_per_node 2`, synthetic
-data, --benchmark) with --profile_steps, and reads each rank's trace with comparison/breakdown.py's
-steps and interval arithmetic. On gloo a stage's sends and receives are recorded on its training
-thread as ranges (gloo:send, gloo:recv) from the schedule's start of them to their end, around the
-compute they overlap; a stage idles while one of them is open and its thread runs no operator:
-it waits for its neighbour (the transfer itself, a copy between two processes of one machine, is a
-small part of that wait). The schedule's time is the step less the data wait and the optimizer,
-which no schedule overlaps; the idle share is the wait over it. The formula assumes stages of
-equal time: the busier stage waits only while the pipeline fills and drains, the lighter one waits
-for it besides, so the table shows both ranks, and the busier stage's share (the smaller) is the
-one the formula predicts. compare's split of the step does not show this part yet: there the wait
-is in "other".
+For each M it runs pipeline_parallel/train.py as a user does (`--nproc_per_node 2`, synthetic data,
+--benchmark) with --profile_steps, and reads each rank's trace with comparison/breakdown.py's steps
+and interval arithmetic. On gloo a stage's sends and receives are recorded on its training thread as
+ranges (gloo:send, gloo:recv: host_parts' "transfers") from the schedule's start of them to their
+end, around the compute they overlap; a stage idles while one of them is open and its thread runs no
+operator: it waits for its neighbour (the transfer itself, a copy between two processes of one
+machine, is a small part of that wait). The schedule's time is the step less the data wait and the
+optimizer, which no schedule overlaps; the idle share is the wait over it. The formula assumes
+stages of equal time: the busier stage waits only while the pipeline fills and drains, the lighter
+one waits for it besides, so the table shows both ranks, and the busier stage's share (the smaller)
+is the one the formula predicts. compare's split of the step does not show this part yet: there the
+wait is in "other".
 """
 from __future__ import annotations
 
@@ -32,8 +32,6 @@ sys.path.insert(0, str(REPO))
 from comparison.breakdown import (host_parts, intersect, length, merged,  # noqa: E402
                                   recorded_steps, subtract, trace_files)
 
-P2P = ("gloo:send", "gloo:recv")  # a stage's transfers, as its training thread records them
-
 
 def theory(stages: int, microbatches: int) -> float:
     """GPipe's bubble: the share of a step a stage idles, stages of equal time."""
@@ -44,17 +42,14 @@ def idle_share(trace: dict) -> float:
     """The mean over a rank's traced steps of its wait for its neighbour, over the schedule."""
     events = [event for event in trace.get("traceEvents", [])
               if event.get("ph") == "X" and isinstance(event.get("dur"), (int, float))]
-    # the transfers' ranges overlap the operators they do not enclose: left out of the nesting
-    nested = [event for event in events if event.get("name") not in P2P]
-    shares = []
+    threads, shares = {}, []  # threads: each training thread's host_parts, found once
     for step in recorded_steps(events):
-        host = host_parts(nested, step["thread"])
-        mine = [event for event in events if (event.get("pid"), event.get("tid")) == step["thread"]]
-        transfers = merged((event["ts"], event["ts"] + event["dur"]) for event in mine
-                           if event.get("name") in P2P)
+        if step["thread"] not in threads:
+            threads[step["thread"]] = host_parts(events, step["thread"])
+        host = threads[step["thread"]]
         busy = merged(host["compute"] + host["optimizer"] + [step["data"]])
         window = [step["window"]]
-        waits = length(intersect(window, subtract(transfers, busy)))
+        waits = length(intersect(window, subtract(host["transfers"], busy)))
         schedule = length(subtract(window, merged(host["optimizer"] + [step["data"]])))
         shares.append(waits / schedule)
     return sum(shares) / len(shares) if shares else math.nan

@@ -62,6 +62,7 @@ COMM = re.compile(r"^(c10d::|gloo:|nccl:|mpi:)|nccl|memcpy ptop", re.IGNORECASE)
 # the parameters, the gradients into the reduce-scatter's input (torch.ops.fsdp)
 FSDP_COPIES = ("fsdp::all_gather_copy_in", "fsdp::split_with_sizes_copy", "fsdp::chunk_cat")
 GLOO = "gloo:"  # gloo's own threads doing a collective: gloo:all_reduce, gloo:all_gather
+TRANSFERS = ("gloo:send", "gloo:recv")  # point to point, recorded on the thread that asked
 DEVICE = ("kernel", "gpu_memcpy", "gpu_memset")  # the trace's categories of work on a GPU
 LAUNCH = ("cuda_runtime", "cuda_driver")  # the host's calls that launch it (cudaLaunchKernel ...)
 FIELDS = ("step_ms", "compute_ms", "comm_ms", "comm_exposed_ms", "data_ms", "optimizer_ms",
@@ -199,9 +200,14 @@ def innermost(events: list) -> list[tuple[float, float, dict]]:
 def host_parts(events: list, thread: tuple) -> dict:
     """The host's share of the split, for the training thread `thread`: its optimizer ranges; its
     time inside an operator (compute: the innermost range is an operator, not a collective's call);
-    the communication, on it (a collective's call) and on gloo's threads; and gloo's alone."""
+    the communication, on it (a collective's call) and on gloo's threads; and gloo's alone; and
+    its point-to-point transfers (a pipeline stage's), each open from its send or receive to its
+    wait, across the operators between, so left out of the nesting."""
     own = [event for event in events if _thread(event) == thread
-           and event.get("cat") in ("cpu_op", "user_annotation")]
+           and event.get("cat") in ("cpu_op", "user_annotation")
+           and event.get("name") not in TRANSFERS]
+    transfers = merged(_range(event) for event in events
+                       if _thread(event) == thread and event.get("name") in TRANSFERS)
     calls = merged(_range(event) for event in own
                    if event.get("cat") == "cpu_op" and _is_comm(event))
     gloo = merged(_range(event) for event in events
@@ -211,7 +217,7 @@ def host_parts(events: list, thread: tuple) -> dict:
     optimizer = merged(_range(event) for event in own if event.get("cat") == "user_annotation"
                        and event.get("name", "").startswith(OPTIMIZER))
     return {"optimizer": optimizer, "compute": subtract(operators, calls),
-            "comm": merged(calls + gloo), "gloo": gloo}
+            "comm": merged(calls + gloo), "gloo": gloo, "transfers": transfers}
 
 
 def inside(intervals: list, at: float) -> bool:
