@@ -17,9 +17,11 @@ from types import ModuleType
 from comparison.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[1]
-MODES = ("single_gpu", "data_parallel", "dist_parallel", "fsdp")
+MODES = ("single_gpu", "data_parallel", "dist_parallel", "fsdp", "pipeline_parallel")
 # a process group of one process per GPU, started under torchrun
-GROUP_MODES = ("dist_parallel", "fsdp")
+GROUP_MODES = ("dist_parallel", "fsdp", "pipeline_parallel")
+# the process-group modes that split the batch and keep the whole model's step on every rank
+DATA_GROUP_MODES = ("dist_parallel", "fsdp")
 
 
 def script(mode: str) -> Path:
@@ -28,7 +30,7 @@ def script(mode: str) -> Path:
 
 @functools.cache
 def train_file(mode: str) -> ModuleType:
-    """`<mode>/train.py` as a module of its own name (`<mode>_train`: the four files do not
+    """`<mode>/train.py` as a module of its own name (`<mode>_train`: the five files do not
     shadow one another), imported once. Importing it runs nothing but its imports and definitions
     (the files' rule: `main()` runs only under `__main__`)."""
     spec = importlib.util.spec_from_file_location(f"{mode}_train", script(mode))

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from comparison.report.outcome import Outcome
-from comparison.train_files import GROUP_MODES
+from comparison.train_files import DATA_GROUP_MODES
 from comparison.verify_plan import (Group, Launch, Plan, Setting, evaluation_counts,
                                     images_in_test_set)
 
@@ -104,7 +104,7 @@ class Checks(Plan):
         for setting in self.settings:
             ours = [self.one_device(setting, outcomes), self.modes_agree(setting, outcomes),
                     self.sync_batchnorm(setting, outcomes)]
-            for mode in GROUP_MODES:
+            for mode in DATA_GROUP_MODES:
                 ours += [self.evaluation(setting, mode, outcomes),
                          self.ranks_in_sync(setting, mode, outcomes),
                          self.resumed(setting, mode, outcomes)]
@@ -184,9 +184,9 @@ class Checks(Plan):
         """DDP's N processes (each rank the whole model, its gradients all-reduced in buckets while
         backward goes on) against FSDP2's (each rank a slice, its gradients reduce-scattered):
         two mechanisms of the same average, held to each other's checkpoint."""
-        groups = [setting.groups.get(mode) for mode in GROUP_MODES]
+        groups = [setting.groups.get(mode) for mode in DATA_GROUP_MODES]
         if None in groups:
-            missing = GROUP_MODES[groups.index(None)]
+            missing = DATA_GROUP_MODES[groups.index(None)]
             return Row(self.check_2(), "—", "—", "—", "not run",
                        f"--modes leaves out {missing}: the check holds the two to each other")
         runs = [group.trained for group in groups]

@@ -11,7 +11,7 @@ from pathlib import Path
 from comparison import model_shapes
 from comparison.errors import UsageError
 from comparison.matrix import PlannedRun, check_run, run_flags
-from comparison.train_files import GROUP_MODES, parse
+from comparison.train_files import DATA_GROUP_MODES, parse
 
 DEFAULT_STEPS = 24
 
@@ -47,7 +47,7 @@ class Launch:
 
 @dataclass
 class Group:
-    """The runs of one mode with a process group (GROUP_MODES: checks 3 to 5 run
+    """The runs of one mode with a process group (DATA_GROUP_MODES: checks 3 to 5 run
     for each), by what each is for."""
     trained: Launch                   # on N processes: checks 2 to 5 start from it
     first_half: Launch
@@ -97,7 +97,7 @@ class Plan:
         # can make fewer than --max_steps
         steps = min(self.steps, epochs * steps_per_epoch(images, batch, self.processes))
         self.halfway = steps // 2
-        if self.halfway < 1 and any(mode in cc.modes for mode in GROUP_MODES):
+        if self.halfway < 1 and any(mode in cc.modes for mode in DATA_GROUP_MODES):
             raise UsageError(f"--verify stops a run halfway and resumes it, but {epochs} "
                              f"epoch(s) of {images} images, global batch {batch} over "
                              f"{self.processes} processes, is {steps} step: it has no halfway "
@@ -106,7 +106,7 @@ class Plan:
         self.group_flags, self.batch, self.values = group_flags, batch, values
         self.deterministic, self.compiled = bool(values["deterministic"]), bool(values["compile"])
         self.launches: dict[tuple, Launch] = {}
-        backends = cc.backends if any(mode in cc.modes for mode in GROUP_MODES) else (None,)
+        backends = cc.backends if any(mode in cc.modes for mode in DATA_GROUP_MODES) else (None,)
         self.settings = [self._plan(amp, backend, "on" in cc.sync_bn) for amp in cc.amp
                          for backend in backends]
         for index, launch in enumerate(self.launches.values()):  # each as it will run
@@ -141,7 +141,7 @@ class Plan:
         for mode in ("single_gpu", "data_parallel"):
             if mode in self.modes:  # on GPUs, command() gives them --gpu_devices 0
                 setting.one_device[mode] = self._add(mode, 1, None, amp, "train")
-        for mode in (mode for mode in GROUP_MODES if mode in self.modes):
+        for mode in (mode for mode in DATA_GROUP_MODES if mode in self.modes):
             setting.groups[mode] = self._plan_group(mode, amp, backend, setting)
         if "dist_parallel" not in self.modes:
             setting.sync_bn_not_run = "--modes leaves out dist_parallel"

@@ -7,7 +7,8 @@ from __future__ import annotations
 import statistics
 
 from comparison import environment as machine
-from comparison.matrix import GROUP_MODES, PlannedRun
+from comparison.matrix import PlannedRun
+from comparison.train_files import DATA_GROUP_MODES
 from comparison.projection import (FABRICS, PROJECTED_GPU_COUNTS, SYNC_ALLOWANCE,
                                    bytes_sent_per_gpu, fsdp_projected_efficiency,
                                    projected_efficiency)
@@ -52,7 +53,7 @@ def fabric_of_runs(outcomes: list[Outcome], topology: str | None) -> str | None:
     """The fabric under the measured DDP and FSDP runs: of the GPUs the runs with the
     most GPUs used (the first N visible), not of every GPU in the node. None when
     unknown (see environment.fabric)."""
-    counts = [o.run.gpus for o in outcomes if o.status == "ok" and o.run.mode in GROUP_MODES
+    counts = [o.run.gpus for o in outcomes if o.status == "ok" and o.run.mode in DATA_GROUP_MODES
               and o.run.unit == "gpu" and modelled_backend(o.run)]
     return machine.fabric(topology, max(counts)) if counts else None
 
@@ -98,7 +99,7 @@ def projection_section(outcomes: list[Outcome], inputs: dict | None, cuda: bool,
     lines += [f"- {fabric.name}: {fabric.source}" for fabric in FABRICS]
     if inputs.get("units"):
         lines += ["", *fsdp_projection(inputs, cuda)]
-    measured = [o for o in outcomes if o.status == "ok" and o.run.mode in GROUP_MODES
+    measured = [o for o in outcomes if o.status == "ok" and o.run.mode in DATA_GROUP_MODES
                 and o.run.gpus > 1 and o.row["amp"] == amp
                 and o.row["scaling_efficiency"] is not None and modelled_backend(o.run)
                 and (o.run.mode == "dist_parallel" or inputs.get("units"))]
