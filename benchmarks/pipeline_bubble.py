@@ -5,17 +5,16 @@ against GPipe's (S - 1) / (M + S - 1) for S stages and M micro-batches.
     python benchmarks/pipeline_bubble.py --microbatches 4 16 --schedule gpipe
 
 For each M it runs pipeline_parallel/train.py as a user does (`--nproc_per_node 2`, synthetic data,
---benchmark) with --profile_steps, and reads each rank's trace with comparison/breakdown.py's steps
-and interval arithmetic. On gloo a stage's sends and receives are recorded on its training thread as
-ranges (gloo:send, gloo:recv: host_parts' "transfers") from the schedule's start of them to their
-end, around the compute they overlap; a stage idles while one of them is open and its thread runs no
-operator: it waits for its neighbour (the transfer itself, a copy between two processes of one
-machine, is a small part of that wait). The schedule's time is the step less the data wait and the
-optimizer, which no schedule overlaps; the idle share is the wait over it. The formula assumes
-stages of equal time: the busier stage waits only while the pipeline fills and drains, the lighter
-one waits for it besides, so the table shows both ranks, and the busier stage's share (the smaller)
-is the one the formula predicts. compare's split of the step does not show this part yet: there the
-wait is in "other".
+--benchmark) with --profile_steps, and splits each rank's trace as compare.py's report does
+(comparison/breakdown.py). On gloo a stage's sends and receives are recorded on its training thread
+as ranges (gloo:send, gloo:recv) from the schedule's start of them to their end, around the compute
+they overlap; the split's bubble is the time one of them is open and the stage runs nothing else:
+it waits for its neighbour (the transfer itself, a copy between two processes of one machine, is a
+small part of that wait). The schedule's time is the step less the data wait and the optimizer,
+which no schedule overlaps; the idle share is the bubble over it, the figure compare's report and
+results.csv give (split_bubble_share). The formula assumes stages of equal time: the busier stage
+waits only while the pipeline fills and drains, the lighter one waits for it besides, so the table
+shows both ranks, and the busier stage's share (the smaller) is the one the formula predicts.
 """
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from comparison.breakdown import (host_parts, intersect, length, merged,  # noqa: E402
-                                  recorded_steps, subtract, trace_files)
+from comparison.breakdown import step_breakdowns, trace_files  # noqa: E402
 
 
 def theory(stages: int, microbatches: int) -> float:
@@ -39,19 +37,10 @@ def theory(stages: int, microbatches: int) -> float:
 
 
 def idle_share(trace: dict) -> float:
-    """The mean over a rank's traced steps of its wait for its neighbour, over the schedule."""
-    events = [event for event in trace.get("traceEvents", [])
-              if event.get("ph") == "X" and isinstance(event.get("dur"), (int, float))]
-    threads, shares = {}, []  # threads: each training thread's host_parts, found once
-    for step in recorded_steps(events):
-        if step["thread"] not in threads:
-            threads[step["thread"]] = host_parts(events, step["thread"])
-        host = threads[step["thread"]]
-        busy = merged(host["compute"] + host["optimizer"] + [step["data"]])
-        window = [step["window"]]
-        waits = length(intersect(window, subtract(host["transfers"], busy)))
-        schedule = length(subtract(window, merged(host["optimizer"] + [step["data"]])))
-        shares.append(waits / schedule)
+    """The mean over a rank's traced steps of its bubble (the wait for its neighbour) over its
+    schedule (the step less its data wait and optimizer)."""
+    shares = [step["bubble_ms"] / (step["step_ms"] - step["data_ms"] - step["optimizer_ms"])
+              for step in step_breakdowns(trace)]
     return sum(shares) / len(shares) if shares else math.nan
 
 

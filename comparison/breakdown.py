@@ -6,14 +6,17 @@ export_chrome_trace writes it). The report splits every recorded step of every r
     compute       a kernel computing (GPU); the training thread inside an operator (CPU)
     comm          communication in total, hidden or not: NCCL kernels (GPU), gloo's collectives
     comm_exposed  the part of comm during which nothing else of the step runs: the step waits
+    bubble        a pipeline stage waiting for its neighbour: a transfer between stages open
+                  (gloo's send or receive; NCCL's send/receive kernel on a GPU) and nothing else
+                  of the step running; 0 in the modes that send nothing point to point
     data          the wait for the next batch, and the kernels the loader launches in it
     optimizer     Optimizer.step and Optimizer.zero_grad (on a GPU: the kernels they launch)
     other         the rest: kernel launches, Python, waits on nothing recorded
 
-Every instant of a step goes to the first of data, optimizer, compute and communication that holds
-it, else to other: compute + comm_exposed + data + optimizer + other is the step exactly, and
-comm - comm_exposed is the communication hidden behind other work (DDP's all-reduce behind the
-backward pass).
+Every instant of a step goes to the first of data, optimizer, compute, communication and the bubble
+that holds it, else to other: compute + comm_exposed + bubble + data + optimizer + other is the
+step exactly, and comm - comm_exposed is the communication hidden behind other work (DDP's
+all-reduce behind the backward pass).
 
 A step is found by the ranges torch itself records: it begins as the training loop asks its
 DataLoader for the batch (torch's "enumerate(DataLoader)#..." range, the data wait) and ends with
@@ -63,10 +66,13 @@ COMM = re.compile(r"^(c10d::|gloo:|nccl:|mpi:)|nccl|memcpy ptop", re.IGNORECASE)
 FSDP_COPIES = ("fsdp::all_gather_copy_in", "fsdp::split_with_sizes_copy", "fsdp::chunk_cat")
 GLOO = "gloo:"  # gloo's own threads doing a collective: gloo:all_reduce, gloo:all_gather
 TRANSFERS = ("gloo:send", "gloo:recv")  # point to point, recorded on the thread that asked
+# NCCL's point-to-point kernel on a GPU (ncclDevKernel_SendRecv; ncclKernel_SendRecv_... before
+# NCCL 2.19), which spins on the device until its peer's side of the transfer is there
+DEVICE_TRANSFER = re.compile(r"SendRecv|nccl\w*Kernel_(Send|Recv)", re.IGNORECASE)
 DEVICE = ("kernel", "gpu_memcpy", "gpu_memset")  # the trace's categories of work on a GPU
 LAUNCH = ("cuda_runtime", "cuda_driver")  # the host's calls that launch it (cudaLaunchKernel ...)
-FIELDS = ("step_ms", "compute_ms", "comm_ms", "comm_exposed_ms", "data_ms", "optimizer_ms",
-          "other_ms")
+FIELDS = ("step_ms", "compute_ms", "comm_ms", "comm_exposed_ms", "bubble_ms", "data_ms",
+          "optimizer_ms", "other_ms")
 TRACE = re.compile(r"trace_rank(\d+)\.json")  # each rank's, in the run folder
 
 
@@ -246,23 +252,28 @@ def device_ops(events: list) -> list[dict]:
         for_comm = launch is not None and inside(comm.get(_thread(launch), []), launch["ts"])
         ops.append({"start": event["ts"], "end": event["ts"] + event["dur"],
                     "comm": _is_comm(event) or for_comm,
+                    "transfer": DEVICE_TRANSFER.search(event.get("name", "")) is not None,
                     "launched": None if launch is None else launch["ts"]})
     return ops
 
 
 def device_step(step: dict, ops: list, host: dict) -> tuple:
-    """On a GPU: the step's interval on the device, and its data, optimizer, compute and comm
-    intervals there (gloo's collectives on the host are communication too: gloo over CUDA)."""
+    """On a GPU: the step's interval on the device, and its data, optimizer, compute, comm and
+    point-to-point transfer intervals there (gloo's collectives on the host are communication
+    too: gloo over CUDA; its transfers, the host's)."""
     start, end = step["window"]
     earlier = [op["end"] for op in ops if op["launched"] is None or op["launched"] < start]
     own = [op["end"] for op in ops if op["launched"] is not None and start <= op["launched"] <= end]
     window = (max([start, *earlier]), max([end, *own]))
-    kinds = {"data": [step["data"]], "optimizer": [], "compute": [], "comm": list(host["gloo"])}
+    kinds = {"data": [step["data"]], "optimizer": [], "compute": [], "comm": list(host["gloo"]),
+             "transfers": list(host["transfers"])}
     for op in ops:
         if op["end"] <= window[0] or op["start"] >= window[1]:
             continue
         launched = op["launched"]
-        if op["comm"]:
+        if op["transfer"]:
+            kind = "transfers"
+        elif op["comm"]:
             kind = "comm"
         elif launched is not None and step["data"][0] <= launched <= step["data"][1]:
             kind = "data"
@@ -276,8 +287,9 @@ def device_step(step: dict, ops: list, host: dict) -> tuple:
 
 def step_breakdowns(trace: dict) -> list[dict]:
     """Each whole step of a Chrome trace (as export_chrome_trace writes it), split in milliseconds
-    (the trace's times are microseconds): {step_ms, compute_ms, comm_ms, comm_exposed_ms, data_ms,
-    optimizer_ms, other_ms}. From the GPUs' work where the trace has any, else from the threads."""
+    (the trace's times are microseconds): {step_ms, compute_ms, comm_ms, comm_exposed_ms,
+    bubble_ms, data_ms, optimizer_ms, other_ms}. From the GPUs' work where the trace has any, else
+    from the threads."""
     events = [event for event in trace.get("traceEvents", [])
               if event.get("ph") == "X" and isinstance(event.get("dur"), (int, float))]
     ops = device_ops(events)
@@ -290,11 +302,13 @@ def step_breakdowns(trace: dict) -> list[dict]:
             window, parts = device_step(step, ops, host)
         else:
             window, parts = step["window"], {**host, "data": [step["data"]]}
-        order = ("data", "optimizer", "compute", "comm")  # who holds an instant two parts share
+        # who holds an instant two parts share: a transfer open while its stage computes is no wait
+        order = ("data", "optimizer", "compute", "comm", "transfers")
         shares = split(window, {name: parts[name] for name in order})
         milliseconds = {"step": window[1] - window[0], "compute": shares["compute"],
                         "comm": length(intersect([window], parts["comm"])),
-                        "comm_exposed": shares["comm"], "data": shares["data"],
+                        "comm_exposed": shares["comm"], "bubble": shares["transfers"],
+                        "data": shares["data"],
                         "optimizer": shares["optimizer"], "other": shares["other"]}
         result.append({f"{name}_ms": value / 1e3 for name, value in milliseconds.items()})
     return result

@@ -42,8 +42,8 @@ from comparison.report.measured import groups, measured
 from comparison.report.results_table import memory_per_gpu_gb
 from comparison.report.rows import SPLIT_PARTS
 
-PART_COLOURS = {"compute_ms": "#4c72b0", "comm_exposed_ms": "#dd5555", "data_ms": "#9a9a9a",
-                "optimizer_ms": "#55a868", "other_ms": "#e0c060"}
+PART_COLOURS = {"compute_ms": "#4c72b0", "comm_exposed_ms": "#dd5555", "bubble_ms": "#8c61b5",
+                "data_ms": "#9a9a9a", "optimizer_ms": "#55a868", "other_ms": "#e0c060"}
 HIDDEN = "communication hidden behind compute (overlaps it, not added)"
 FABRIC_LINES = ("--", ":", "-.")  # one dash per projected curve
 
@@ -229,6 +229,8 @@ def breakdown_figure(outcomes, device: str) -> Figure | None:
         left = 0.0
         for part in SPLIT_PARTS:
             value = split.parts[part]
+            if value <= 0:  # nothing to draw or name (no bubble but a pipeline's)
+                continue
             ax.barh(y, value, left=left, height=0.6, color=PART_COLOURS[part],
                     label=PART_NAMES[part])
             if value >= 0.07 * widest:  # wide enough for its figure
@@ -251,7 +253,7 @@ def breakdown_figure(outcomes, device: str) -> Figure | None:
     handles = dict(zip(*reversed(ax.get_legend_handles_labels())))  # one entry per part drawn
     order = [PART_NAMES[part] for part in SPLIT_PARTS] + [HIDDEN]
     shown = [name for name in order if name in handles]
-    fig.legend([handles[name] for name in shown], shown, fontsize=8, ncol=3, loc="lower center",
+    fig.legend([handles[name] for name in shown], shown, fontsize=8, ncol=4, loc="lower center",
                frameon=False)
     ax.set_xlabel("ms per step (mean over ranks of the profiled steps)")
     ax.grid(True, axis="x", alpha=0.3)
@@ -310,10 +312,11 @@ def pictures_section(outcomes, pictures: list[Path]) -> list[str]:
              "table has them (made from the mean of the timed steps)."]
     if any(p.name == "step_breakdown.png" for p in pictures):
         lines[-1] += (" *step breakdown* draws the split of \"Where a step goes\" (the mean "
-                      "over ranks of the profiled steps): compute, exposed communication, data, "
-                      "optimizer and the rest, stacked; the communication hidden behind compute "
-                      "hatched over the compute it overlapped, not added; at each bar's end its "
-                      "profiled step, as the split's table has it.")
+                      "over ranks of the profiled steps): compute, exposed communication, a "
+                      "pipeline's bubble, data, optimizer and the rest, stacked; the "
+                      "communication hidden behind compute hatched over the compute it "
+                      "overlapped, not added; at each bar's end its profiled step, as the split's "
+                      "table has it.")
     else:
         lines[-1] += (" There is no step breakdown picture: no run recorded the split of its step "
                       "(above).")

@@ -27,7 +27,8 @@ from comparison.breakdown import (FIELDS, mean_breakdown, merged, recorded_steps
 from comparison.train_files import without
 from conftest import TINY, read_results, run_script
 
-PARTS = ("compute_ms", "comm_exposed_ms", "data_ms", "optimizer_ms", "other_ms")  # sum: step_ms
+PARTS = ("compute_ms", "comm_exposed_ms", "bubble_ms", "data_ms", "optimizer_ms",
+         "other_ms")  # sum: step_ms
 MAIN = dict(pid=100, tid=100)  # the training thread
 GLOO = dict(pid=100, tid=101)  # one of gloo's threads
 NEXT = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"  # torch's: the data wait
@@ -71,7 +72,8 @@ def assert_adds_up(figures: dict) -> None:
 
 
 def in_ms(**microseconds) -> dict:
-    return {name: value / 1e3 for name, value in microseconds.items()}
+    """The figures in ms; a bubble of 0 unless given (only a pipeline stage waits for one)."""
+    return {name: value / 1e3 for name, value in {"bubble_ms": 0, **microseconds}.items()}
 
 
 # ------------------------------------------------------------------------------ the split, by hand
@@ -95,6 +97,33 @@ def test_a_gpu_step_is_split_from_its_kernels_on_their_streams():
     (step,) = step_breakdowns(events)
     assert step == pytest.approx(in_ms(step_ms=90, compute_ms=50, comm_ms=40, comm_exposed_ms=10,
                                        data_ms=3, optimizer_ms=20, other_ms=7))
+    assert_adds_up(step)
+
+
+def test_a_pipeline_stage_waiting_for_its_neighbour_is_the_bubble_on_a_gpu_and_on_the_cpu():
+    """A stage's point-to-point transfer, open while nothing else of its step runs, is the bubble:
+    on a GPU NCCL's send/receive kernel, which spins until the neighbour's side is there; on the
+    CPU gloo's send and receive ranges on the training thread, open across the operators they
+    overlap (its c10d::send call, the enqueue, is communication). Behind compute it is no wait."""
+    gpu = trace(
+        range_(NEXT, 0, 10), range_(STEP, 90, 10),
+        launch(1, 11), kernel("sm90_xmma_fprop_implicit_gemm_bf16", 1, 10, 30),
+        launch(2, 12), kernel("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", 2, 30,
+                              40, stream=20),  # 10 us behind compute, 30 waiting
+        launch(3, 13), kernel("sm90_xmma_dgrad_implicit_gemm_bf16", 3, 70, 20),
+        launch(4, 90), kernel("void at::native::multi_tensor_apply_kernel<>", 4, 90, 10),
+    )
+    (step,) = step_breakdowns(gpu)
+    assert step == pytest.approx(in_ms(step_ms=100, compute_ms=50, comm_ms=0, comm_exposed_ms=0,
+                                       bubble_ms=30, data_ms=10, optimizer_ms=10, other_ms=0))
+    cpu = trace(
+        range_(NEXT, 0, 10), op("aten::convolution", 10, 40), op("c10d::send", 50, 2),
+        range_("gloo:send", 50, 20), range_("gloo:recv", 55, 25),  # open 50 to 80
+        op("aten::convolution_backward", 80, 20), range_(STEP, 100, 10),
+    )
+    (step,) = step_breakdowns(cpu)
+    assert step == pytest.approx(in_ms(step_ms=110, compute_ms=60, comm_ms=2, comm_exposed_ms=2,
+                                       bubble_ms=28, data_ms=10, optimizer_ms=10, other_ms=0))
     assert_adds_up(step)
 
 

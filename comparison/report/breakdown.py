@@ -1,7 +1,8 @@
 """report.md's "Where a step goes": the split of each configuration's step (`Split`), the mean
 over its ranks and runs of the profiled steps (each rank's trace_rank<r>.json, split by
 comparison/breakdown.py) into compute,
-communication exposed and hidden, data, the optimizer and the rest, and each rank's work. One
+communication exposed and hidden, a pipeline's bubble, data, the optimizer and the rest, and each
+rank's work. One
 function (`step_split`) computes what the split's table, its sentences and step_breakdown.png
 show."""
 from __future__ import annotations
@@ -17,13 +18,15 @@ from comparison.report.rows import SPLIT_PARTS
 
 
 PART_NAMES = {"compute_ms": "compute", "comm_exposed_ms": "exposed communication",
-              "data_ms": "data", "optimizer_ms": "optimizer", "other_ms": "other"}
+              "bubble_ms": "bubble", "data_ms": "data", "optimizer_ms": "optimizer",
+              "other_ms": "other"}
 # what each parallel mode communicates
 COLLECTIVES = {"dist_parallel": "gradient all-reduce", "fsdp": "all-gathers and reduce-scatters",
-               "data_parallel": "scatter, replication and gather"}
+               "data_parallel": "scatter, replication and gather",
+               "pipeline_parallel": "activations and their gradients between stages"}
 STRAGGLER_SHARE = 0.10  # ranks whose work differs by more than this share of the step: named
 
-PARALLEL_MODES = ("data_parallel", "dist_parallel", "fsdp")
+PARALLEL_MODES = ("data_parallel", "dist_parallel", "fsdp", "pipeline_parallel")
 
 
 @dataclass
@@ -37,8 +40,12 @@ class Split:
     step_ms: float
     step_std_ms: float       # over the runs (0 with one)
     runs: int                # the runs that recorded a split
-    work: dict[int, float]   # rank -> its step less its exposed communication (time not waiting)
+    work: dict[int, float]   # rank -> its step less its exposed communication and bubble
     profiled_steps: int | None
+    # a pipeline's: its busiest stage's bubble over its schedule (rows.split_row), the mean over
+    # the runs, and (S-1)/(M+S-1) for its stages and micro-batches; None in the other modes
+    bubble_share: float | None = None
+    bubble_theory: float | None = None
 
     def step_cell(self) -> str:
         """The profiled step as the split's table shows it, and step_breakdown.png at its bar's
@@ -70,18 +77,22 @@ def step_split(m: Measured) -> Split | None:
     per_rank = [[float(w) for w in row["split_work_ms_per_rank"].split()] for row in rows]
     ranks = min(len(work) for work in per_rank)
     steps = [row["split_step_ms"] for row in rows]
+    theory = rows[0].get("bubble_share_theory")  # a pipeline's, the same in each of its runs
     return Split(parts={part: mean(f"split_{part}") for part in SPLIT_PARTS},
                  comm_ms=mean("split_comm_ms"), hidden_ms=mean("split_comm_hidden_ms"),
                  step_ms=mean("split_step_ms"),
                  step_std_ms=statistics.stdev(steps) if len(steps) > 1 else 0.0, runs=len(rows),
                  work={r: statistics.fmean(work[r] for work in per_rank) for r in range(ranks)},
-                 profiled_steps=rows[0].get("profiled_steps"))
+                 profiled_steps=rows[0].get("profiled_steps"),
+                 bubble_share=mean("split_bubble_share") if theory is not None else None,
+                 bubble_theory=theory)
 
 
 SPLIT_HEADER = ("| configuration | step, ms (mean of timed steps, as above) | profiled step, ms "
                 "(mean ± std over the runs) | "
-                "compute | communication exposed | data | optimizer | other | communication "
-                "hidden behind compute (not added) | slowest rank: work, ms (least) |")
+                "compute | communication exposed | bubble | data | optimizer | other | "
+                "communication hidden behind compute (not added) | "
+                "slowest rank: work, ms (least) |")
 
 
 def breakdown_section(outcomes: list[Outcome], profiling: int) -> list[str]:
@@ -97,14 +108,15 @@ def breakdown_section(outcomes: list[Outcome], profiling: int) -> list[str]:
     lines = [
         f"Each rank's step over {counted} recorded by torch.profiler after the timed steps "
         "(`--profile_steps`, never timed), split into compute, exposed communication (the step "
-        "waiting for it), waiting for data, the optimizer and the rest: these add up to the "
+        "waiting for it), the bubble (a pipeline stage waiting for its neighbour's activations or "
+        "gradients), waiting for data, the optimizer and the rest: these add up to the "
         "profiled step. The communication hidden behind compute ran while other work did, so it "
         "is shown beside the parts, not added to them. **ms per step, the mean over ranks** (and "
         "over a configuration's runs). A step runs from the loop's call for its batch to the end "
         "of its optimizer step. The profiled steps are a few, with the profiler's own "
         "overhead: the timed step of the results table stands beside them. The slowest rank is "
-        "the one with the most work (its step less its exposed communication: the time it did "
-        "not wait for the others). Each rank's trace is in its run folder, "
+        "the one with the most work (its step less its exposed communication and bubble: the time "
+        "it did not wait for the others). Each rank's trace is in its run folder, "
         "`runs/<run>/trace_rank<r>.json` (Perfetto, chrome://tracing, TensorBoard's profile "
         "plugin).",
         "",
@@ -114,7 +126,7 @@ def breakdown_section(outcomes: list[Outcome], profiling: int) -> list[str]:
     for m, split in splits:
         timed_step = m.step_cell()
         if split is None:
-            lines.append(f"| {m.name()} | {timed_step} | not recorded | | | | | | | |")
+            lines.append(f"| {m.name()} | {timed_step} | not recorded | | | | | | | | |")
             continue
         parts = [f"{split.parts[part]:.1f}" for part in SPLIT_PARTS]
         slowest = (f"rank {split.slowest}: {split.work[split.slowest]:.1f} (rank {split.least}: "
@@ -179,8 +191,17 @@ def split_line(m: Measured, split: Split, timed: list[Measured]) -> str:
                 + ("" if compute_grew_most else change("compute_ms") + "; "))
         clauses.append(text + (f"the part that grew most, {change(most)}" if grown[most] > 0 else
                                "no part grew"))
+    if split.bubble_share is not None:
+        clauses.append(f"its busiest stage waited for its neighbour {100 * split.bubble_share:.1f} "
+                       f"% of its schedule (the step less its data wait and optimizer), against "
+                       f"(S−1)/(M+S−1) = {100 * split.bubble_theory:.1f} % for "
+                       f"{m.rows[0]['stages']} stages and {m.rows[0]['microbatches']} "
+                       f"micro-batches ({m.rows[0]['schedule']}): the bubble, "
+                       f"{split.parts['bubble_ms']:.1f} ms a step over its ranks")
     if split.straggler:
         clauses.append(f"rank {split.slowest} is the slowest, {split.work[split.slowest]:.1f} ms "
                        f"of work per step against {split.work[split.least]:.1f} ms on rank "
-                       f"{split.least}, which waits for it in exposed communication")
+                       f"{split.least}, which waits for it in "
+                       + ("the bubble" if split.bubble_share is not None else
+                          "exposed communication"))
     return f"- **{m.name()}:** " + "; ".join(clauses) + "."

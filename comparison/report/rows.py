@@ -17,10 +17,11 @@ from comparison.report.outcome import Outcome
 
 
 # the parts a step splits into (comparison/breakdown.py's): they add up to the profiled step
-SPLIT_PARTS = ("compute_ms", "comm_exposed_ms", "data_ms", "optimizer_ms", "other_ms")
+SPLIT_PARTS = ("compute_ms", "comm_exposed_ms", "bubble_ms", "data_ms", "optimizer_ms",
+               "other_ms")
 SPLIT_KEYS = ("step_ms", *SPLIT_PARTS, "comm_ms")
 SPLIT_COLUMNS = ("ranks", *(f"split_{key}" for key in SPLIT_KEYS), "split_comm_hidden_ms",
-                 "split_work_ms_per_rank", "split_slowest_rank")
+                 "split_work_ms_per_rank", "split_slowest_rank", "split_bubble_share")
 COLUMNS = ("run", "mode", "gpus", "backend", "amp", "sync_bn", "reshard_after_forward", "repeat",
            "status", "error", "global_batch", "per_gpu_batch", "step_time_mean_s",
            "batch_time_p50_s", "batch_time_p90_s", "train_images", "epoch_time_s",
@@ -28,8 +29,8 @@ COLUMNS = ("run", "mode", "gpus", "backend", "amp", "sync_bn", "reshard_after_fo
            "images_per_sec_per_gpu", "speedup", "scaling_efficiency", "data_wait_frac",
            "gpu_util_mean", "peak_mem_gb_per_gpu", "peak_mem_reserved_gb_per_gpu", "mfu",
            "test_acc", "train_loss", "model", "parameters", "flops_per_image", "wall_time_s",
-           "run_time_s", "profiled_steps",
-           *SPLIT_COLUMNS, "log")
+           "run_time_s", "profiled_steps", "stages", "microbatches", "schedule",
+           "bubble_share_theory", *SPLIT_COLUMNS, "log")
 
 
 def fill_rows(outcomes: list[Outcome], out: Path) -> None:
@@ -55,7 +56,8 @@ def fill_rows(outcomes: list[Outcome], out: Path) -> None:
             "amp": config.get("amp", r.amp), "sync_bn": r.sync_bn,
             "reshard_after_forward": r.reshard_after_forward, "repeat": r.repeat,
             "status": o.status, "error": o.error or "", "global_batch": config.get("batch_size"),
-            "per_gpu_batch": config["batch_size"] // r.gpus if config else None,
+            # a pipeline's stages each take every image of their replica's share
+            "per_gpu_batch": config["batch_size"] // replicas(r.gpus, res) if config else None,
             "step_time_mean_s": batch / ips if ips and batch else None,
             "batch_time_p50_s": summary.get("batch_time_p50"),
             "batch_time_p90_s": summary.get("batch_time_p90"),
@@ -76,6 +78,10 @@ def fill_rows(outcomes: list[Outcome], out: Path) -> None:
             "wall_time_s": summary.get("wall_time_s"),
             "run_time_s": o.seconds if o.status != "not run" else None,
             "profiled_steps": config.get("profile_steps"),
+            # pipeline_parallel's: its stages, micro-batches, schedule, (S-1)/(M+S-1)
+            "stages": len(res["stages"]) if isinstance(res.get("stages"), list) else None,
+            "microbatches": config.get("microbatches"), "schedule": config.get("schedule"),
+            "bubble_share_theory": res.get("bubble_fraction"),
             **split_row(o.split),
             "log": str(o.log.relative_to(out)) if o.log else "",
         }
@@ -91,20 +97,35 @@ def split_row(breakdown: dict | None) -> dict:
     """A run's step split for its CSV row (SPLIT_COLUMNS), from its ranks' splits
     ({rank: {step_ms, compute_ms, ...}}, breakdown.run_breakdown): each part averaged over the
     ranks, the communication hidden behind compute (comm_ms less comm_exposed_ms), each rank's work
-    (its step less its exposed communication: the time it was not waiting for the others) and the
-    slowest rank, the one with the most work. All None where the run left no trace (profiling
-    off), or a split that lacks a part."""
+    (its step less its exposed communication and bubble: the time it was not waiting for the
+    others) and the slowest rank, the one with the most work; and the bubble's share of the
+    schedule (the step less its data wait and optimizer, which no schedule overlaps) on the rank
+    where it is least: a pipeline's busiest stage, whose share (S-1)/(M+S-1) predicts (a lighter
+    stage also waits for it). All None where the run left no trace (profiling off), or a split
+    that lacks a part."""
     ranks = sorted(breakdown, key=int) if isinstance(breakdown, dict) else []
     whole = lambda split: isinstance(split, dict) and all(  # noqa: E731
         isinstance(split.get(key), (int, float)) for key in SPLIT_KEYS)
     if not ranks or not all(whole(breakdown[r]) for r in ranks):
         return dict.fromkeys(SPLIT_COLUMNS)
     mean = {key: statistics.fmean(breakdown[r][key] for r in ranks) for key in SPLIT_KEYS}
-    work = {r: breakdown[r]["step_ms"] - breakdown[r]["comm_exposed_ms"] for r in ranks}
+    work = {r: breakdown[r]["step_ms"] - breakdown[r]["comm_exposed_ms"]
+            - breakdown[r]["bubble_ms"] for r in ranks}
+    schedule = {r: breakdown[r]["step_ms"] - breakdown[r]["data_ms"] - breakdown[r]["optimizer_ms"]
+                for r in ranks}
     return {"ranks": len(ranks), **{f"split_{key}": mean[key] for key in SPLIT_KEYS},
             "split_comm_hidden_ms": mean["comm_ms"] - mean["comm_exposed_ms"],
             "split_work_ms_per_rank": " ".join(f"{work[r]:.3f}" for r in ranks),
-            "split_slowest_rank": int(max(ranks, key=lambda r: work[r]))}
+            "split_slowest_rank": int(max(ranks, key=lambda r: work[r])),
+            "split_bubble_share": min(breakdown[r]["bubble_ms"] / schedule[r] if schedule[r] > 0
+                                      else 0.0 for r in ranks)}
+
+
+def replicas(gpus: int, results: dict) -> int:
+    """The copies of the model a run's batch is split over: its GPUs, a pipeline's divided by its
+    stages (results.json's `stages`, one entry a stage)."""
+    stages = results.get("stages")
+    return gpus // len(stages) if isinstance(stages, list) and stages else gpus
 
 
 def baseline(outcomes: list[Outcome], amp) -> float | None:
