@@ -21,10 +21,13 @@
 
 Each configuration runs as its own subprocess, started as a user would start it (`python
 single_gpu/train.py`, `python data_parallel/train.py`, `torchrun dist_parallel/train.py`, `torchrun
-fsdp/train.py`), with the same model, data, global batch, learning rate and seed; by default in
-`--benchmark` mode (speed only, on synthetic data; with --dataset imagefolder on the folder's own
-images, read as a training run reads them). fsdp is in the default --modes where there are two
-GPUs or more (one GPU has nothing to shard over); `--modes fsdp` runs it anywhere. Every run's
+fsdp/train.py`, `torchrun pipeline_parallel/train.py`), with the same model, data, global batch,
+learning rate and seed; by default in `--benchmark` mode (speed only, on synthetic data; with
+--dataset imagefolder on the folder's own images, read as a training run reads them). fsdp is in
+the default --modes where there are two GPUs or more (one GPU has nothing to shard over); `--modes
+fsdp` runs it anywhere. pipeline_parallel, a stage a GPU, runs on two GPUs or more, or two CPU
+processes, where it takes the model and the flags (PyramidNet; not --compile, --channels_last or
+--amp fp16); its step's split shows its bubble, the wait for its neighbour. Every run's
 command line is read by its own train file's parser before any run starts (comparison/
 train_files.py): a refusal there, or of the matrix's rules (comparison/rules.py), is one line and
 nothing runs. Each run is read back from its run folder (results.json, each rank's profiler trace)
@@ -74,7 +77,8 @@ from comparison import model_shapes, train_files
 from comparison.errors import UsageError, file_system_problem, plural, user_errors
 from comparison.matrix import (BACKENDS, RUN_NAME, Cores, check_runs, command, cores_here, plan,
                                run_flags)
-from comparison.projection import fsdp_units, gradient_bytes, memory_projection
+from comparison.projection import (fsdp_units, gradient_bytes, memory_per_gpu, memory_projection,
+                                   model_size, pipeline_pieces, pipeline_projection)
 from comparison.report.breakdown import breakdown_section
 from comparison.report.environment import environment_section
 from comparison.report.files import EARLIER_PICTURES, PICTURES, write_file
@@ -84,6 +88,7 @@ from comparison.report.measured import groups
 from comparison.report.model import model_line, model_title, run_config
 from comparison.report.outcome import Outcome
 from comparison.report.projection_memory import memory_section
+from comparison.report.projection_pipeline import pipeline_section
 from comparison.report.projection_scaling import (fabric_of_runs, projection_inputs,
                                                   projection_section)
 from comparison.report.recommendation import recommendation
@@ -229,8 +234,9 @@ def build_compare_parser() -> Parser:
         help="instead of the comparison: check that the modes agree (weights, evaluation, ranks "
              "in sync, resume), each check a verdict in verify.md; --max_steps default 24")
     add("--modes", nargs="+", choices=MODES, metavar="MODE",
-        help=f"which modes to run, of {', '.join(MODES)} (default: all four with two GPUs or "
-             "more, and with --verify; without fsdp on one GPU or none)")
+        help=f"which modes to run, of {', '.join(MODES)} (default: all five with two GPUs or "
+             "more; on one GPU, without fsdp and pipeline_parallel; without GPUs, without fsdp "
+             "but with --verify; pipeline_parallel where it takes the model and flags)")
     add("--gpu_counts", "--gpu-counts", nargs="+", type=count(1),
         help="GPU counts for data_parallel, dist_parallel and fsdp (default: every GPU here; "
              "without GPUs, 2 CPU processes)")
@@ -265,7 +271,7 @@ def build_compare_parser() -> Parser:
         help="replace the comparison an --out folder holds: what compare.py wrote there, nothing "
              "else")
     group = parser.add_argument_group("passed to dist_parallel/train.py (--dist_timeout to "
-                                      "fsdp/train.py too)")
+                                      "fsdp/train.py and pipeline_parallel/train.py too)")
     group.add_argument("--bucket_cap_mb", "--bucket-cap-mb", type=positive,
                        help="DDP's gradient buckets, MiB (default: dist_parallel's)")
     group.add_argument("--dist_timeout", "--dist-timeout", type=positive,
@@ -319,16 +325,18 @@ def resolve(cc: CompareConfig, train: list[str], cuda: bool, gpus_here: int,
     would only repeat dist_parallel's point. --verify checks every mode wherever it runs."""
     counts = cc.gpu_counts or ((gpus_here,) if cuda else (2,))
     backends = cc.backends or (BACKENDS if cuda else ("gloo",))
-    modes = cc.modes or tuple(m for m in MODES
-                              if m != "fsdp" or cc.verify or (cuda and gpus_here >= 2))
+    modes = cc.modes or tuple(m for m in MODES if m not in ("fsdp", "pipeline_parallel")
+                              or m == "fsdp" and (cc.verify or cuda and gpus_here >= 2)
+                              or m == "pipeline_parallel" and not cc.verify
+                              and pipeline_takes(cc, train, max(counts)))
     checks = [
         (not cuda or max(counts) <= gpus_here,
          f"--gpu_counts {max(counts)} is more GPUs than the {gpus_here} visible here"),
         ("off" not in cc.reshard_after_forward or "fsdp" in modes,
          "--reshard_after_forward off is fsdp's setting: add fsdp to --modes"),
         *[(any(mode in modes for mode in GROUP_PASSED[name]),
-           f"--{name} is passed to {' and '.join(GROUP_PASSED[name])} only: add "
-           f"{' or '.join(GROUP_PASSED[name])} to --modes, or leave --{name} out")
+           f"--{name} is passed to {listed(list(GROUP_PASSED[name]))} only: add "
+           f"{listed(list(GROUP_PASSED[name]), 'or')} to --modes, or leave --{name} out")
           for name in group_only],
         (cc.batch_per_gpu is None or not given(train, "batch_size", "b"),
          "--batch_size fixes the global batch and --batch_per_gpu each GPU's: give one of them"),
@@ -349,6 +357,19 @@ def resolve(cc: CompareConfig, train: list[str], cuda: bool, gpus_here: int,
         raise UsageError(refusal)
     return dataclasses.replace(cc, modes=modes, gpu_counts=counts, backends=backends,
                                amp=cc.amp or (None,))
+
+
+def pipeline_takes(cc: CompareConfig, train: list[str], processes: int) -> bool:
+    """Whether pipeline_parallel is a default mode here: with two GPUs or more (or CPU processes),
+    PyramidNet, and the flags its parser and its rules take (not --compile, --channels_last or
+    --amp fp16 in this version). Named in --modes, it refuses them in one line instead."""
+    if processes < 2 or "fp16" in (cc.amp or ()):
+        return False
+    try:
+        args = train_files.parse("pipeline_parallel", train)
+    except UsageError:
+        return False
+    return args.model == "pyramidnet" and not args.microbatches
 
 
 MARKER = ".pytorch-multigpu-comparison"  # written first into every --out; --overwrite looks for it
@@ -480,6 +501,11 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
                                config["alpha"] if sweep else None, amp, config["momentum"] != 0,
                                gpu_memory_bytes(cuda))
     memory["name"] = model_name
+    pieces = memory["pieces"] = pipeline_pieces(model, channels, size)  # PyramidNet's; else None
+    pipeline = pipeline_projection(pieces, config["batch_size"], amp, config["momentum"] != 0) \
+        if pieces else []
+    whole_state = sum(memory_per_gpu(model_size(model), 1, "dist_parallel", amp=amp,
+                                     momentum=config["momentum"] != 0).values())
     differs = model_shapes.projected_model_differs(model, [o.results for o in ok])
     # matplotlib: a second's import, for pictures only
     from comparison.plots import pictures_section, write_plots
@@ -514,6 +540,10 @@ def write_report(cc: CompareConfig, outcomes: list[Outcome], out: Path, cuda: bo
         "## Memory per GPU: what fits",
         "",
         *memory_section(memory, outcomes, device if cuda else None),
+        "",
+        "## Pipeline: more stages and micro-batches",
+        "",
+        *pipeline_section(pipeline, whole_state, memory["gpu_bytes"], outcomes),
     ]
     write_file(out / "projection.md", ("\n".join(projection_page) + "\n").encode())
     report_page = [

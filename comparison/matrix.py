@@ -5,7 +5,7 @@ Every run gets the same model, data, global batch, learning rate and seed; only 
 (mode, GPU count, backend) and the settings being compared (--amp, --sync_bn,
 --reshard_after_forward) differ. Each is started the way a user would start it: `python
 single_gpu/train.py`, `python data_parallel/train.py`, `torchrun dist_parallel/train.py`, `torchrun
-fsdp/train.py`.
+fsdp/train.py`, `torchrun pipeline_parallel/train.py`.
 """
 from __future__ import annotations
 
@@ -74,8 +74,9 @@ def plan(modes, gpu_counts, backends, amps, sync_bns, repeat: int, cuda: bool,
     """Every configuration asked for, each `repeat` times in a row. single_gpu runs on one GPU; on
     the CPU, data_parallel has nothing to split over and runs as one process. dist_parallel runs on
     each GPU count over each backend (with and without SyncBatchNorm, as asked), fsdp likewise with
-    each `reshards` setting (SyncBatchNorm is dist_parallel's). The global batch is `batch_size` in
-    every run, or `batch_per_gpu` times the run's GPUs."""
+    each `reshards` setting (SyncBatchNorm is dist_parallel's), pipeline_parallel on each GPU count
+    of two or more (a stage a GPU) over each backend. The global batch is `batch_size` in every run,
+    or `batch_per_gpu` times the run's GPUs."""
     batch = (lambda gpus: batch_per_gpu * gpus) if batch_per_gpu else (lambda gpus: batch_size)
     runs = []
     for amp in amps:
@@ -91,6 +92,9 @@ def plan(modes, gpu_counts, backends, amps, sync_bns, repeat: int, cuda: bool,
             if "fsdp" in modes:
                 runs += [("fsdp", gpus, backend, amp, False, batch(gpus), reshard)
                          for backend in backends for reshard in reshards]
+            if "pipeline_parallel" in modes and gpus > 1:  # one stage has nothing to pipeline
+                runs += [("pipeline_parallel", gpus, backend, amp, False, batch(gpus), None)
+                         for backend in backends]
     planned = [PlannedRun(*setting[:6], repeat=k, reshard_after_forward=setting[6])
                for setting in dict.fromkeys(runs) for k in range(1, repeat + 1)]
     unit = "gpu" if cuda else "cpu"

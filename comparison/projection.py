@@ -399,3 +399,125 @@ def memory_projection(build: Callable[[float | None], nn.Module], alpha: float |
     return {**found, "models": [size_of(alpha * k) for k in WIDER],
             "crossover": size_of(crossover) if crossover else None, "fsdp_gpus": fsdp_gpus,
             "fsdp_limit": fsdp_limit}
+
+
+# --- pipeline parallelism
+# --------------------------------------------------------------------------------------------------
+# What the pipeline model (pipeline_parallel/train.py: the model cut into S contiguous stages, a GPU
+# each, each step's batch in M micro-batches) assumes:
+#
+# - The cut is by FLOPs, as the train file cuts: the pieces (PyramidNet's stem, each residual
+#   block, its head) in S contiguous runs whose costliest costs the least. A step takes M + S - 1
+#   micro-batch slots of the costliest stage (the pipeline fills and drains: GPipe's bubble,
+#   (S-1)/(M+S-1) of the step idle, 1F1B's alike), each slot that stage's share of one
+#   micro-batch's compute. Step against one GPU's: costliest share x (M + S - 1) / M.
+# - Left out: the transfers between stages (a micro-batch's activations forward, their gradients
+#   backward: small next to the compute on one node's links), each micro-batch's kernels being
+#   smaller than the batch's (on a GPU, fewer images a kernel run less efficiently), and the
+#   schedules' own overhead.
+# - Memory per GPU, of the model state: the stage with the most parameters keeps its fp32 weights,
+#   gradients and SGD's momentum (12 bytes a parameter; and autocast's 2-byte copies of its
+#   convolutions' and linear layers' weights). Activations are counted as micro-batches held: GPipe
+#   keeps all M micro-batches' from forward to backward, 1F1B on its first stage S of them at most.
+
+PIPELINE_STAGES = (2, 4, 8)  # the stage counts projected, as many as the model has pieces
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One piece of the model a pipeline stage holds whole: PyramidNet's stem, a block, its head."""
+    name: str
+    parameters: int     # elements, fp32
+    autocast_cast: int  # of those, the weights autocast casts to 2 bytes (convolutions, linear)
+    flops: int          # forward FLOPs of one image
+
+
+def pipeline_pieces(model: nn.Module, channels: int, size: int) -> list[Piece] | None:
+    """PyramidNet's pieces as pipeline_parallel/train.py cuts it, in forward order (the stem, its
+    conv1 and bn1; each residual block of layer1 to layer3; the head, bn_final and fc), with their
+    forward FLOPs per image counted on `model` as it is (the meta device: nothing computed). None
+    for a model without those parts (the pipeline cuts PyramidNet, or a user's Sequential)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    parts = ("conv1", "bn1", "layer1", "layer2", "layer3", "bn_final", "fc")
+    if not all(hasattr(model, part) for part in parts):
+        return None
+    pieces = [("stem", [model.conv1, model.bn1])]
+    pieces += [(f"{layer}.{i}", [block]) for layer in parts[2:5]
+               for i, block in enumerate(getattr(model, layer))]
+    pieces.append(("head", [model.bn_final, model.fc]))
+    names = {id(module): name for name, module in model.named_modules()}
+    images = torch.empty(2, channels, size, size, device=next(model.parameters()).device)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(images)
+    counts = {name: sum(ops.values()) // 2 for name, ops in counter.get_flop_counts().items()}
+    prefix = type(model).__name__
+    count = lambda modules: sum(p.numel() for m in modules for p in m.parameters())  # noqa: E731
+    cast = lambda modules: sum(p.numel() for m in modules for sub in m.modules()  # noqa: E731
+                               if isinstance(sub, CAST_BY_AUTOCAST)
+                               for p in sub.parameters(recurse=False))
+    return [Piece(name, count(modules), cast(modules),
+                  sum(counts.get(f"{prefix}.{names[id(m)]}", 0) for m in modules))
+            for name, modules in pieces]
+
+
+def costliest_cut(costs: list[int], stages: int) -> list[int]:
+    """Where to cut pieces of these costs into `stages` contiguous runs so that the costliest run
+    costs the least (the rule pipeline_parallel/train.py cuts by): each run's first piece, and
+    len(costs) last. The least costliest run found by bisection on it, each run filled greedily."""
+    def runs_within(limit: int) -> list[int] | None:
+        starts, total = [0], 0
+        for index, cost in enumerate(costs):
+            if cost > limit:
+                return None
+            if total + cost > limit:
+                starts.append(index)
+                total = 0
+            total += cost
+        return starts if len(starts) <= stages else None
+
+    low, high = max(costs), sum(costs)
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if runs_within(middle) else (middle + 1, high)
+    starts = runs_within(low)
+    while len(starts) < stages:  # fewer runs did: cut one more, which costs no run more
+        index = next(i for i in range(1, len(costs)) if i not in starts)
+        starts = sorted({*starts, index})
+    return [*starts, len(costs)]
+
+
+@dataclass(frozen=True)
+class PipelinePoint:
+    """One (stages, micro-batches) of the pipeline projection."""
+    stages: int
+    microbatches: int
+    bubble: float            # (S-1)/(M+S-1): the share of the step each stage idles
+    costliest_share: float   # the costliest stage's share of the model's FLOPs (1/S: balanced)
+    step_vs_one_gpu: float   # costliest share x (M+S-1)/M
+    state_bytes: float       # the model state of the stage with the most parameters
+    held_microbatches: dict  # schedule -> micro-batches whose activations the first stage holds
+
+
+def pipeline_point(pieces: list[Piece], stages: int, microbatches: int, amp: str = "off",
+                   momentum: bool = True) -> PipelinePoint:
+    """The pipeline model (above) at S `stages` and M `microbatches`."""
+    cuts = costliest_cut([piece.flops for piece in pieces], stages)
+    runs = [pieces[start:end] for start, end in zip(cuts, cuts[1:])]
+    share = max(sum(p.flops for p in run) for run in runs) / sum(p.flops for p in pieces)
+    per_parameter = 4 * (3 if momentum else 2)
+    state = max(sum(per_parameter * p.parameters
+                    + (2 * p.autocast_cast if amp in AUTOCAST else 0) for p in run)
+                for run in runs)
+    return PipelinePoint(stages, microbatches, (stages - 1) / (microbatches + stages - 1), share,
+                         share * (microbatches + stages - 1) / microbatches, state,
+                         {"gpipe": microbatches, "1f1b": min(stages, microbatches)})
+
+
+def pipeline_projection(pieces: list[Piece], batch: int, amp: str = "off",
+                        momentum: bool = True) -> list[PipelinePoint]:
+    """The pipeline model for each stage count of PIPELINE_STAGES the pieces allow (a piece a
+    stage at least), each with M = S, 2S, 4S and 8S micro-batches that split `batch` evenly."""
+    return [pipeline_point(pieces, stages, m, amp, momentum) for stages in PIPELINE_STAGES
+            if stages <= len(pieces)
+            for m in (stages, 2 * stages, 4 * stages, 8 * stages) if m <= batch and not batch % m]

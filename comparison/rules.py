@@ -52,8 +52,31 @@ def launch_refusal(mode: str, processes: int, args, cuda: bool) -> str | None:
         return (f"--bucket_cap_mb {bucket:g} with --compile: compiled DDP needs buckets at least "
                 f"as large as its first one (1 MiB; torch's DDPOptimizer asserts otherwise): give "
                 "--bucket_cap_mb 1 or more")
+    if mode == "pipeline_parallel":
+        return pipeline_refusal(processes, args)
     if mode != "single_gpu" and args.batch_size % devices and not args.evaluate:
         unit = "GPUs" if mode == "data_parallel" else "processes"
         return (f"--batch_size {args.batch_size} does not divide over {devices} {unit}: the global "
                 f"batch is split evenly, so give a multiple of {devices}")
+    return None
+
+
+def pipeline_refusal(processes: int, args) -> str | None:
+    """Why pipeline_parallel cannot cut this model into `processes` stages, or split this batch
+    into its micro-batches (its own refusals, as it would meet them once its workers started);
+    None when it can. It cuts PyramidNet, or an nn.Sequential put in its get_model: no
+    torchvision classifier is one."""
+    if args.model != "pyramidnet":
+        return (f"pipeline_parallel cuts PyramidNet into stages (or your nn.Sequential, in its "
+                f"get_model); --model {args.model} is no sequence of pieces: leave "
+                "pipeline_parallel out of --modes")
+    if processes < 2:
+        return "pipeline_parallel on 1 process has nothing to pipeline: give 2 or more"
+    microbatches = args.microbatches
+    if microbatches and not args.evaluate and args.batch_size % microbatches:
+        return (f"--batch_size {args.batch_size} does not split into {microbatches} "
+                f"micro-batches: give a multiple of {microbatches}")
+    if microbatches and microbatches < processes:
+        return (f"--microbatches {microbatches}: {processes} stages need at least {processes} a "
+                "step, one for each to work on")
     return None

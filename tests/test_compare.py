@@ -81,18 +81,19 @@ def test_every_mode_runs_and_one_failure_is_reported_not_dropped(comparison):
     assert done.returncode == 1, done.stdout + done.stderr  # a run failed: the exit status says so
     rows = {row["run"]: row for row in csv_rows(out)}
     assert [(r["mode"], r["gpus"], r["status"]) for r in rows.values()] == [
-        ("single_gpu", "1", "ok"), ("data_parallel", "1", "failed"), ("dist_parallel", "2", "ok")]
+        ("single_gpu", "1", "ok"), ("data_parallel", "1", "failed"), ("dist_parallel", "2", "ok"),
+        ("pipeline_parallel", "2", "ok")]
     failed = rows["02-data_parallel-1cpu-r1"]
     assert failed["error"].startswith("exit status") and failed["images_per_sec"] == ""
     report = (out / "report.md").read_text()
-    assert ("**1 of 3 runs did not succeed:**" in report
+    assert ("**1 of 4 runs did not succeed:**" in report
             and "`02-data_parallel-1cpu-r1`: failed" in report)
     assert "| data_parallel | 1 | — |" in report and "**1 failed**" in report
     lines = done.stdout.splitlines()
     assert lines[0].endswith("; each stopped after 3600 s (--run_timeout)")  # without GPUs
     assert [line.split("]")[0] for line in lines if line.startswith("[")] == \
-        ["[1/3", "[2/3", "[3/3"]
-    assert "2 left after it" in lines[1] and "FAILED: exit status" in done.stdout
+        ["[1/4", "[2/4", "[3/4", "[4/4"]
+    assert "3 left after it" in lines[1] and "FAILED: exit status" in done.stdout
     assert (out / "logs" / "02-data_parallel-1cpu-r1.log").read_text().count("injected failure")
 
 
@@ -129,7 +130,9 @@ def test_the_report_numbers_are_the_runs_own(comparison):
         assert row["model"] == "PyramidNet-8 α=12 (basic)"
         assert int(row["parameters"]) == summary["parameters"]
         assert int(row["flops_per_image"]) == summary["flops_per_image"]
-        assert int(row["per_gpu_batch"]) == 32 // gpus
+        # a pipeline's stages each take the whole batch, in micro-batches
+        replicas = 1 if row["mode"] == "pipeline_parallel" else gpus
+        assert int(row["per_gpu_batch"]) == 32 // replicas
         assert float(row["run_time_s"]) > float(row["wall_time_s"]) > 0
         # the same figures, rounded, in the report's row for this configuration
         line = next(text for text in report.splitlines()
@@ -156,7 +159,7 @@ def test_the_report_numbers_are_the_runs_own(comparison):
 def test_the_report_names_what_ran_where_and_links_the_guide_and_the_projection(comparison):
     _, out = comparison
     report = (out / "report.md").read_text()
-    assert report.startswith("# single_gpu, data_parallel and dist_parallel: "
+    assert report.startswith("# single_gpu, data_parallel, dist_parallel and pipeline_parallel: "
                              "PyramidNet-8 α=12 (basic) on CPU (")
     assert f"torch {torch.__version__}" in report and "cores" in report
     assert "`nvidia-smi topo -m`" in report
@@ -189,13 +192,14 @@ def table_figures(report: str) -> dict[str, list[str]]:
 def test_the_first_screen_holds_the_title_the_table_and_the_sentences(comparison):
     _, out = comparison
     first_screen = (out / "report.md").read_text().splitlines()[:40]
-    assert first_screen[0].startswith("# single_gpu, data_parallel and dist_parallel: PyramidNet-8")
+    assert first_screen[0].startswith("# single_gpu, data_parallel, dist_parallel and "
+                                      "pipeline_parallel: PyramidNet-8")
     assert any(line.startswith("| mode | GPUs |") for line in first_screen)
-    # the header and the three configurations
-    assert len(results_table("\n".join(first_screen))) == 4
+    # the header and the four configurations
+    assert len(results_table("\n".join(first_screen))) == 5
     for lead in ("- **The configurations cannot be told apart: one run each**",
                  "- **Scaling at 2 CPU processes**, the most run",
-                 "- **1 of 3 runs did not succeed:**", "Model: PyramidNet-8 α=12 (basic): ",
+                 "- **1 of 4 runs did not succeed:**", "Model: PyramidNet-8 α=12 (basic): ",
                  "Recommendation: ", "## Where a step goes"):
         assert any(line.startswith(lead) for line in first_screen), lead
     assert not any("Fastest" in line or "parallelism costs" in line for line in first_screen)
@@ -240,14 +244,17 @@ def test_the_sentences_are_computed_from_the_tables_figures(comparison):
                                  if line.startswith(lead))
     speeds = {mode: float(cells[7].replace(",", "")) for mode, cells in table.items()
               if cells[7] != "—"}
-    assert set(speeds) == {"single_gpu", "dist_parallel"}  # data_parallel failed
+    # data_parallel failed
+    assert set(speeds) == {"single_gpu", "dist_parallel", "pipeline_parallel"}
     verdict = sentence("- **The configurations cannot be told apart: one run each**")
-    quoted = re.findall(r"(single_gpu|dist_parallel on 2 CPU processes \(gloo\)) ([\d,]+)", verdict)
+    quoted = re.findall(r"(single_gpu|(?:dist|pipeline)_parallel on 2 CPU processes \(gloo\)) "
+                        r"([\d,]+)", verdict)
     assert [(name.split()[0], float(speed.replace(",", ""))) for name, speed in quoted] == sorted(
         speeds.items(), key=lambda item: -item[1])
     efficiency = table["dist_parallel"][9]  # the scaling efficiency column
     scaling = sentence("- **Scaling at 2 CPU processes**")
     assert f"{efficiency} for dist_parallel (gloo)" in scaling
+    assert f"{table['pipeline_parallel'][9]} for pipeline_parallel (gloo)" in scaling
     assert "each CPU process with 16 of the 32 images single_gpu takes alone" in scaling
     assert table["single_gpu"][9] == "100 %"  # one process: by definition
     # and why the failed run failed, from its outcome
@@ -281,6 +288,19 @@ def test_every_run_profiles_its_steps_and_the_report_splits_them(comparison):
         assert float(cells[3]) == pytest.approx(float(row["split_compute_ms"]), abs=0.05)
     assert "- **dist_parallel on 2 CPU processes (gloo):**" in section
     assert "of gradient all-reduce" in section
+    # the pipeline's bubble: its column, and its busiest stage's share beside (S-1)/(M+S-1)
+    pipeline = next(row for row in rows if row["mode"] == "pipeline_parallel")
+    header = next(text for text in section.splitlines() if text.startswith("| configuration"))
+    column = header.strip("| ").split(" | ").index("bubble")
+    line = next(text for text in section.splitlines() if text.startswith("| pipeline_parallel"))
+    assert float(line.strip("| ").split(" | ")[column]) == pytest.approx(
+        float(pipeline["split_bubble_ms"]), abs=0.05) and float(pipeline["split_bubble_ms"]) > 0
+    assert float(pipeline["bubble_share_theory"]) == 1 / 5  # 2 stages, 4 micro-batches
+    share = 100 * float(pipeline["split_bubble_share"])
+    assert (f"its busiest stage waited for its neighbour {share:.1f} % of its schedule (the step "
+            "less its data wait and optimizer), against (S−1)/(M+S−1) = 20.0 % for 2 stages and "
+            "4 micro-batches (1f1b)") in section
+    assert all(float(row["split_bubble_ms"]) == 0 for row in rows if row is not pipeline)
 
 
 def test_projection_md_is_a_projection_and_on_the_cpu_says_it_needs_a_gpu_step(comparison):
@@ -297,6 +317,15 @@ def test_projection_md_is_a_projection_and_on_the_cpu_says_it_needs_a_gpu_step(c
     assert "| fabric |" not in projection and not re.search(r"\| \d+ ?% \|", projection)
     assert ("## Memory per GPU: what fits" in projection
             and "**Activations are left out**" in projection)
+    # the pipeline's bubble for more stages and micro-batches, its measured run beside its own
+    pipeline = projection.split("## Pipeline: more stages and micro-batches")[1]
+    run = next(row for row in csv_rows(out) if row["mode"] == "pipeline_parallel")
+    line = next(text for text in pipeline.splitlines() if text.startswith("| 2 | 4 | 20.0 % |"))
+    share = 100 * float(run["split_bubble_share"])
+    assert line.endswith(f"| {run['run']}, busiest stage's bubble {share:.1f} %, step ÷ "
+                         f"single_gpu's {1 / float(run['speedup']):.2f}× |")
+    assert "| 4 | 16 | 15.8 % |" in pipeline  # PyramidNet-8's 5 pieces: 4 stages at most
+    assert not any(text.startswith("| 8 |") for text in pipeline.splitlines())
 
 
 def test_the_memory_projection_writes_units_that_fit(comparison):
@@ -367,7 +396,8 @@ def test_sizes_and_counts_are_written_in_units_that_fit():
     (["--modes", "fsdp", "--bucket_cap_mb", "5"],
      "--bucket_cap_mb is passed to dist_parallel only"),
     (["--modes", "single_gpu", "--dist_timeout", "5"],
-     "--dist_timeout is passed to dist_parallel and fsdp only"),
+     "--dist_timeout is passed to dist_parallel, fsdp and pipeline_parallel only: add "
+     "dist_parallel, fsdp or pipeline_parallel to --modes"),
     (["--verify", "--repeat", "2"], "--repeat is for the comparison"),
     (["--verify", "--batch_per_gpu", "16"], "--verify compares runs of one global batch"),
     (["--verify", "--max_steps", "1"], "give --max_steps 2 or more"),
@@ -395,6 +425,12 @@ def test_sizes_and_counts_are_written_in_units_that_fit():
     (["--model", "vit_b_16", "--image_size", "40"], "--model vit_b_16 cannot take 40x40 images"),
     (["--verify", "--model", "vit_b_16", "--image_size", "40"],
      "--model vit_b_16 cannot take 40x40 images"),
+    # what pipeline_parallel cannot take, named in --modes
+    (["--modes", "pipeline_parallel", "--model", "resnet18", "--image_size", "32"],
+     "pipeline_parallel cuts PyramidNet into stages (or your nn.Sequential, in its get_model); "
+     "--model resnet18 is no sequence of pieces"),
+    (["--modes", "pipeline_parallel", "--compile"], "--compile: not for a pipeline's stages"),
+    (["--modes", "pipeline_parallel", "--amp", "fp16"], "--amp fp16: no loss scale the stages"),
 ])
 def test_a_matrix_that_cannot_run_is_refused_before_anything_starts(argv, message, tmp_path,
                                                                     capsys):
@@ -404,6 +440,20 @@ def test_a_matrix_that_cannot_run_is_refused_before_anything_starts(argv, messag
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("argv, pipeline", [
+    ([], True), (["--compile"], False), (["--channels_last"], False),
+    (["--model", "resnet18", "--image_size", "32"], False), (["--amp", "bf16", "fp16"], False),
+    (["--gpu_counts", "1"], False), (["--gpu_counts", "1", "4"], True)])
+def test_pipeline_is_a_default_mode_where_it_takes_the_model_and_the_flags(argv, pipeline):
+    """Without --modes, pipeline_parallel runs on 2 CPU processes or more where its parser and
+    rules take the flags; with what it cannot take (--compile, --channels_last, --amp fp16, a
+    torchvision model) or on one process only, the other modes run without it."""
+    cc, train, group_only = compare.parse(argv)
+    modes = compare.resolve(cc, train, cuda=False, gpus_here=0, group_only=group_only).modes
+    assert ("pipeline_parallel" in modes) is pipeline
+    assert modes[:3] == ("single_gpu", "data_parallel", "dist_parallel")
 
 
 def test_a_mistake_is_said_once_inside_a_job_too(tmp_path, capsys, monkeypatch):
@@ -563,7 +613,7 @@ def fill(folder: Path) -> None:
 class RunThatFillsTheDisk:
     """Stands in for a run's process (subprocess.Popen, as the runner calls it). The module's
     comparison ran it already: its run folder of the same name is copied into place. After the last
-    run (03-) the disk is full."""
+    run (04-) the disk is full."""
 
     def __init__(self, earlier: Path, argv: list[str]):
         log_dir = Path(argv[argv.index("--log_dir") + 1])
@@ -572,7 +622,7 @@ class RunThatFillsTheDisk:
         # fills it
         shutil.copytree(earlier / "runs" / name, log_dir / name,
                         ignore=shutil.ignore_patterns("trace_rank*.json"))
-        if name.startswith("03-"):
+        if name.startswith("04-"):
             fill(log_dir.parent)
         self.pid = -1
         self.returncode = 0 if (log_dir / name / "results.json").is_file() else 1
@@ -631,11 +681,12 @@ class RunAtSpeed:
 
 def report_at_speeds(earlier: Path, out: Path, speeds: dict[str, float], monkeypatch,
                      *flags: str) -> str:
-    """report.md of `python compare.py --out OUT --benchmark_steps 8 FLAGS`, each run at `speeds`
-    (RunAtSpeed)."""
+    """report.md of `python compare.py --out OUT --benchmark_steps 8 --modes <those of speeds>
+    FLAGS`, each run at `speeds` (RunAtSpeed)."""
     monkeypatch.setattr(runner.subprocess, "Popen",
                         lambda argv, **kwargs: RunAtSpeed(earlier, argv, speeds))
-    assert compare.main(["--out", str(out), "--benchmark_steps", "8", *flags]) == 0
+    modes = [] if "--modes" in flags else ["--modes", *speeds]
+    assert compare.main(["--out", str(out), "--benchmark_steps", "8", *modes, *flags]) == 0
     return (out / "report.md").read_text()
 
 

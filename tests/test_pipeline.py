@@ -265,17 +265,19 @@ def costliest(costs: list[int], ends) -> int:
 
 
 def test_the_cut_makes_the_costliest_stage_as_cheap_as_any_cut_can():
-    """balanced_cuts against every contiguous cut, on random costs."""
+    """balanced_cuts against every contiguous cut, on random costs; and the comparison's own cut
+    for its projection (comparison/projection.py's costliest_cut, which reads no train file)."""
+    from comparison.projection import costliest_cut
     draw = random.Random(0)
     for _ in range(50):
         costs = [draw.randint(1, 100) for _ in range(draw.randint(2, 9))]
         stages = draw.randint(2, len(costs))
-        cuts = pipeline().balanced_cuts(costs, stages)
-        assert cuts[0] == 0 and cuts[-1] == len(costs) and len(cuts) == stages + 1
-        assert all(a < b for a, b in zip(cuts, cuts[1:]))  # each stage a piece at least
         best = min(costliest(costs, ends)
                    for ends in itertools.combinations(range(1, len(costs)), stages - 1))
-        assert costliest(costs, cuts[1:-1]) == best
+        for cuts in (pipeline().balanced_cuts(costs, stages), costliest_cut(costs, stages)):
+            assert cuts[0] == 0 and cuts[-1] == len(costs) and len(cuts) == stages + 1
+            assert all(a < b for a, b in zip(cuts, cuts[1:]))  # each stage a piece at least
+            assert costliest(costs, cuts[1:-1]) == best
 
 
 def test_the_default_microbatches_keep_the_bubble_under_a_quarter():

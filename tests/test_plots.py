@@ -43,13 +43,13 @@ def outcome(mode, gpus, step_ms, *, backend=None, batch=32, repeat=1, data_frac=
     return Outcome(run, "ok", results=results, split=breakdown)
 
 
-def split(compute, comm, exposed, data=1.0, optimizer=2.0, other=0.5) -> dict:
+def split(compute, comm, exposed, data=1.0, optimizer=2.0, other=0.5, bubble=0.0) -> dict:
     """One rank's split, as comparison/breakdown.py makes it from the rank's trace: the parts add up
     to the step; `comm` is all communication, `exposed` the part of it not overlapped with
-    compute."""
-    return {"step_ms": compute + exposed + data + optimizer + other, "compute_ms": compute,
-            "comm_ms": comm, "comm_exposed_ms": exposed, "data_ms": data, "optimizer_ms": optimizer,
-            "other_ms": other}
+    compute; `bubble` a pipeline stage's wait for its neighbour (0 in the other modes)."""
+    return {"step_ms": compute + exposed + bubble + data + optimizer + other,
+            "compute_ms": compute, "comm_ms": comm, "comm_exposed_ms": exposed,
+            "bubble_ms": bubble, "data_ms": data, "optimizer_ms": optimizer, "other_ms": other}
 
 
 def filled(outcomes):
@@ -182,7 +182,7 @@ def bars(ax) -> dict[tuple[float, str], float]:
 
 
 def test_the_step_breakdown_draws_the_numbers_the_sentences_say():
-    """Each configuration a bar of the five parts, in ms per step, their widths the split the
+    """Each configuration a bar of the six parts, in ms per step, their widths the split the
     report's table and sentences quote (one function computes them); the hidden communication
     hatched over the compute, not added; the profiled step at the bar's end."""
     outcomes = split_matrix()
@@ -192,8 +192,9 @@ def test_the_step_breakdown_draws_the_numbers_the_sentences_say():
     splits = [step_split(m) for m in measured(outcomes)]
     assert len(ax.get_yticks()) == 3 and ax.get_ylim()[0] > ax.get_ylim()[1]  # first on top
     for row, each in enumerate(splits):
-        for part in SPLIT_PARTS:
-            assert drawn[(row, PART_COLOURS[part])] == pytest.approx(each.parts[part])
+        for part in SPLIT_PARTS:  # a part of 0 ms (no bubble but a pipeline's) not drawn
+            assert drawn.get((row, PART_COLOURS[part]), 0.0) == pytest.approx(each.parts[part])
+            assert ((row, PART_COLOURS[part]) in drawn) is (each.parts[part] > 0)
         if each.hidden_ms:
             assert drawn[(row, "hatched")] == pytest.approx(each.hidden_ms)
     assert (0, "hatched") not in drawn  # single_gpu communicates nothing
@@ -208,7 +209,7 @@ def test_the_step_breakdown_draws_the_numbers_the_sentences_say():
     before, after = re.search(r"its profiled step ([\d.]+) → ([\d.]+) ms", ddp).groups()
     # the bars' ends say the same steps, with their spread over the runs where there is one
     assert f"{before} ms" in texts and any(text.startswith(f"{after} ± ") for text in texts)
-    ddp_bar = sum(drawn[(1, PART_COLOURS[part])] for part in SPLIT_PARTS)
+    ddp_bar = sum(drawn.get((1, PART_COLOURS[part]), 0.0) for part in SPLIT_PARTS)
     assert ddp_bar == pytest.approx(float(after), abs=0.05)
     compute, exposed_bar = PART_COLOURS["compute_ms"], PART_COLOURS["comm_exposed_ms"]
     assert (f"compute {drawn[(0, compute)]:.1f} → {drawn[(1, compute)]:.1f} ms; the part that grew "

@@ -49,7 +49,11 @@ def gpus(monkeypatch):
 # --- the matrix
 # ------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("count, modes", [(0, FOUR[:3]), (1, FOUR[:3]), (2, FOUR), (8, FOUR)])
+PIPE = ("pipeline_parallel",)  # on two GPUs or more, or two CPU processes
+
+
+@pytest.mark.parametrize("count, modes", [(0, FOUR[:3] + PIPE), (1, FOUR[:3]), (2, FOUR + PIPE),
+                                          (8, FOUR + PIPE)])
 def test_fsdp_is_a_default_mode_from_two_gpus_on(gpus, count, modes):
     gpus(count)
     assert compare.configure([])[0].modes == modes
@@ -86,8 +90,9 @@ def test_fsdp_on_the_cpu_when_asked_for(gpus):
 
 
 def test_an_fsdp_run_is_launched_under_torchrun_with_its_own_flags(gpus, tmp_path):
-    """--dist_timeout goes to dist_parallel and fsdp, --bucket_cap_mb to dist_parallel only (FSDP
-    has no buckets); fsdp's flags are read by fsdp/train.py's own parser before anything starts."""
+    """--dist_timeout goes to dist_parallel, fsdp and pipeline_parallel, --bucket_cap_mb to
+    dist_parallel only (FSDP has no buckets); fsdp's flags are read by fsdp/train.py's own parser
+    before anything starts."""
     gpus(4)
     cc, train, group_flags, cuda = compare.configure(["--modes", "dist_parallel", "fsdp",
                                                       "--gpu_counts", "4", "--backends", "nccl",
@@ -95,7 +100,8 @@ def test_an_fsdp_run_is_launched_under_torchrun_with_its_own_flags(gpus, tmp_pat
                                                       "--bucket_cap_mb", "50", "--dist_timeout",
                                                       "30"])
     assert group_flags == {"dist_parallel": ["--bucket_cap_mb", "50", "--dist_timeout", "30"],
-                           "fsdp": ["--dist_timeout", "30"]}
+                           "fsdp": ["--dist_timeout", "30"],
+                           "pipeline_parallel": ["--dist_timeout", "30"]}
     runs = plan(cc.modes, cc.gpu_counts, cc.backends, cc.amp, [False], 1, cuda, 64, None,
                 [True, False])
     check_runs(runs, ["--benchmark"], group_flags, tmp_path, cuda)

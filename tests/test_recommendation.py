@@ -153,7 +153,57 @@ def test_fsdp_where_ddps_model_state_outgrows_the_gpu_whatever_the_speed():
     none = line(speeds, state(1_000_000))
     assert none.startswith("Recommendation: none of these modes: under DDP each "
                            "GPU would need 11.6 MiB")
-    assert "FSDP on 64 GPUs still" in none and "(tensor, pipeline)" in none
+    assert "FSDP on 64 GPUs still" in none and "(tensor, pipeline stages with FSDP" in none
+
+
+PIPE = ("pipeline_parallel", 2, "nccl")
+
+
+def split(step: float, exposed: float = 0.0, bubble: float = 0.0) -> dict:
+    """Two ranks' split of the step (comparison/breakdown.py's figures, ms): the rest compute."""
+    parts = dict(step_ms=step, compute_ms=step - exposed - bubble, comm_ms=exposed,
+                 comm_exposed_ms=exposed, bubble_ms=bubble, data_ms=0.0, optimizer_ms=0.0,
+                 other_ms=0.0)
+    return {"0": parts, "1": parts}
+
+
+def with_splits(speeds: dict, splits: dict) -> list[Outcome]:
+    """made()'s outcomes, each configuration's runs given `splits`' split, the pipeline's runs its
+    2 stages and 4 micro-batches as its results.json has them."""
+    outcomes = made(speeds)
+    for o in outcomes:
+        o.split = splits.get((o.run.mode, o.run.gpus, o.run.backend))
+        if o.run.mode == "pipeline_parallel":
+            o.results["stages"] = [{"first": "stem", "last": "blocks.4"},
+                                   {"first": "blocks.5", "last": "blocks.9"}]
+            o.results["config"] |= {"microbatches": 4, "schedule": "1f1b"}
+            o.results["bubble_fraction"] = 1 / 5
+    fill_rows(outcomes, REPO)
+    return outcomes
+
+
+def test_pipeline_where_the_state_outgrows_a_gpu_and_fsdps_traffic_costs_more_than_the_bubble():
+    """12.1 MB under DDP against a 10 MB GPU, pipeline_parallel and fsdp both on 2 GPUs: the
+    pipeline where its largest stage (5 blocks, 6 MB) fits and its step waits less in its bubble
+    than fsdp's in its exposed communication; fsdp where it waits more, with the pipeline named as
+    the other way to hold the state."""
+    from comparison.projection import Piece
+    memory = state(10_000_000)
+    memory["pieces"] = [Piece("stem", 10_100, 10_000, 10_000)] + [
+        Piece(f"blocks.{i}", 100_000, 100_000, 100_000) for i in range(10)]
+    speeds = {SINGLE: [600, 640, 620], FSDP: [1000, 1010, 1020], PIPE: [900, 910, 920]}
+    cheap = line(with_splits(speeds, {FSDP: split(120, exposed=30), PIPE: split(140, 8, 12)}),
+                 memory)
+    assert cheap.startswith("Recommendation: pipeline_parallel (torch.distributed.pipelining): "
+                            "under DDP each GPU would need 11.6 MiB")
+    assert ("holds it in 2 stages of 5.8 MiB at most, and its step waits 20.0 ms in its bubble "
+            "and transfers against 30.0 ms of exposed all-gathers and reduce-scatters for fsdp on "
+            "2 GPUs (nccl)") in cheap
+    costly = line(with_splits(speeds, {FSDP: split(120, exposed=10), PIPE: split(140, 8, 12)}),
+                  memory)
+    assert costly.startswith("Recommendation: fsdp (FSDP2): under DDP each GPU would need")
+    assert ("pipeline_parallel would hold it too, on 2 stages (5.8 MiB on the largest): "
+            "`--modes fsdp pipeline_parallel` on as many GPUs weighs") in costly
 
 
 def test_fsdp_where_a_ddp_run_ran_out_of_memory_and_fsdp_ran():

@@ -91,6 +91,7 @@ def fmt_seconds(seconds: float) -> str:
     return f"{minutes}m{secs:02d}s" if minutes else f"{seconds:.1f} s"
 
 
-def listed(parts: list[str]) -> str:
-    """'a', 'a and b', 'a, b and c'."""
-    return ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
+def listed(parts: list[str], conjunction: str = "and") -> str:
+    """'a', 'a and b', 'a, b and c' (or 'a, b or c')."""
+    return (", ".join(parts[:-1]) + f" {conjunction} " + parts[-1] if len(parts) > 1
+            else parts[0])

@@ -5,7 +5,8 @@ state each mode needs per GPU (the memory projection's arithmetic). `recommendat
 rules, in order: memory first (`memory_choice`), then speed (`speed_rules`)."""
 from __future__ import annotations
 
-from comparison.projection import MEMORY_GPU_COUNTS, memory_per_gpu
+from comparison.projection import MEMORY_GPU_COUNTS, PIPELINE_STAGES, memory_per_gpu, pipeline_point
+from comparison.report.breakdown import step_split
 from comparison.report.formatting import fmt_bytes, fmt_percent, listed
 from comparison.report.measured import UNITS, Measured, measured
 from comparison.report.noise import (against_one, apart_why, contenders, noise_floor, outrun,
@@ -15,10 +16,11 @@ from comparison.report.projection_memory import STATE_PARTS
 
 
 MODE_NAMES = {"single_gpu": "single_gpu", "data_parallel": "data_parallel (nn.DataParallel)",
-              "dist_parallel": "dist_parallel (DDP)", "fsdp": "fsdp (FSDP2)"}
+              "dist_parallel": "dist_parallel (DDP)", "fsdp": "fsdp (FSDP2)",
+              "pipeline_parallel": "pipeline_parallel (torch.distributed.pipelining)"}
 # among modes whose speeds cannot be told apart: DDP first (WHY_DDP);
 # DataParallel last, PyTorch's own advice
-PREFERENCE = ("dist_parallel", "fsdp", "single_gpu", "data_parallel")
+PREFERENCE = ("dist_parallel", "fsdp", "single_gpu", "pipeline_parallel", "data_parallel")
 WHY_DDP = ("DDP is the default where modes tie: PyTorch recommends it over DataParallel even on "
            "one machine, it scales past one node, and FSDP spends traffic to save memory this "
            "model does not need saved (docs/guide.md)")
@@ -35,8 +37,11 @@ def recommendation(outcomes: list[Outcome], memory: dict) -> str:
     for what happened to it. The rules, in order:
 
     1. Memory: where DDP's model state outgrows one GPU (the projection), or a dist_parallel run
-       ran out of memory, fsdp, on the fewest GPUs that hold the state; none of these modes where
-       FSDP does not hold it on 64 GPUs, or where fsdp was run and failed.
+       ran out of memory, fsdp, on the fewest GPUs that hold the state; pipeline_parallel instead
+       where it ran beside fsdp on as many GPUs, its largest stage holds its part of the state,
+       and its step waits less in its bubble and transfers than fsdp's in its exposed all-gathers
+       and reduce-scatters (the split of the step); none of these modes where FSDP does not hold
+       it on 64 GPUs, or where fsdp was run and failed.
     2. No configuration timed a step: nothing to choose by.
     3. A configuration with one run and no noise floor measured: nothing measured the noise, so
        no mode is shown faster: dist_parallel, the default (WHY_DDP).
@@ -128,14 +133,67 @@ def memory_choice(outcomes: list[Outcome], memory: dict,
         most = MEMORY_GPU_COUNTS[-1]
         return (f"none of these modes: {need}, and FSDP on {most} GPUs still "
                 f"{fmt_bytes(state_per_gpu(memory, most, 'fsdp'))} each (projection.md); a smaller "
-                "model, or a parallelism this suite does not have (tensor, pipeline).", None)
+                "model, or a parallelism this suite does not have (tensor, pipeline stages with "
+                "FSDP inside them).", None)
     each = fmt_bytes(state_per_gpu(memory, gpus, "fsdp"))
     if lost:
         return (f"none of the modes run here: {need}; FSDP would hold it on {gpus} GPUs or more "
                 f"({each} each), but {lost}: see what stopped it in its log, and run compare.py "
                 "again.", None)
+    split_wins = pipeline_over_fsdp(outcomes, memory)
+    if split_wins:
+        return f"pipeline_parallel (torch.distributed.pipelining): {need}; {split_wins}", \
+            "pipeline_parallel"
     return (f"fsdp (FSDP2): {need}; FSDP holds it on {gpus} GPUs or more ({each} each, resharding "
-            "after forward), activations on top (projection.md).", "fsdp")
+            "after forward), activations on top (projection.md)." + pipeline_note(memory),
+            "fsdp")
+
+
+def largest_stage(memory: dict, stages: int, microbatches: int) -> float | None:
+    """Bytes of model state on a pipeline's largest stage (projection.pipeline_point), for
+    PyramidNet, whose pieces the memory projection holds; None for another model."""
+    pieces = memory.get("pieces")
+    if not pieces or stages > len(pieces):
+        return None
+    return pipeline_point(pieces, stages, microbatches, memory["amp"],
+                          memory["momentum"]).state_bytes
+
+
+def pipeline_over_fsdp(outcomes: list[Outcome], memory: dict) -> str | None:
+    """Why pipeline_parallel beats fsdp where the state outgrows one GPU: both ran on as many GPUs
+    and recorded their step's split, the pipeline's largest stage holds its part of the state, and
+    its wait (bubble and exposed transfers) is less than fsdp's exposed communication; None
+    otherwise."""
+    timed = measured(outcomes)
+    for pipe in (m for m in timed if m.run.mode == "pipeline_parallel"):
+        fsdp = next((m for m in timed if m.run.mode == "fsdp" and m.run.gpus == pipe.run.gpus
+                     and m.amp == pipe.amp), None)
+        splits = (step_split(pipe), step_split(fsdp) if fsdp else None)
+        stage = largest_stage(memory, pipe.run.gpus, int(pipe.rows[0]["microbatches"]))
+        if None in splits or stage is None or stage > memory["gpu_bytes"]:
+            continue
+        waits = splits[0].parts["bubble_ms"] + splits[0].parts["comm_exposed_ms"]
+        fsdp_waits = splits[1].parts["comm_exposed_ms"]
+        if waits < fsdp_waits:
+            return (f"{pipe.name()} holds it in {pipe.run.gpus} stages of {fmt_bytes(stage)} at "
+                    f"most, and its step waits {waits:.1f} ms in its bubble and transfers against "
+                    f"{fsdp_waits:.1f} ms of exposed all-gathers and reduce-scatters for "
+                    f"{fsdp.name()} (Where a step goes): splitting the model costs less here than "
+                    "FSDP's traffic, activations on top (projection.md).")
+    return None
+
+
+def pipeline_note(memory: dict) -> str:
+    """Where a pipeline's stages would hold the state too: the fewest of PIPELINE_STAGES whose
+    largest stage fits, as a sentence after fsdp's; empty where none does or for another model."""
+    fits = next(((stages, stage) for stages in PIPELINE_STAGES
+                 if (stage := largest_stage(memory, stages, stages)) is not None
+                 and stage <= memory["gpu_bytes"]), None)
+    if fits is None:
+        return ""
+    return (f" pipeline_parallel would hold it too, on {fits[0]} stages ({fmt_bytes(fits[1])} on "
+            "the largest): `--modes fsdp pipeline_parallel` on as many GPUs weighs FSDP's traffic "
+            "against the pipeline's bubble.")
 
 
 def speed_text(m: Measured, unit: tuple[str, str]) -> str:
