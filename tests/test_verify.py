@@ -146,8 +146,9 @@ def test_any_model_is_verified_with_the_same_runs_and_verify_md_names_it(tmp_pat
 
 def sgd_forms(*flags) -> dict[str, tuple]:
     """Each mode's SGD as its train.py builds it (its own get_args, get_model and get_optimizer)
-    for a GPU: the model built on the CPU (fsdp's and dist_parallel's in a one-rank gloo group),
-    the device said to be CUDA, which is what the choice of form reads. {mode: (fused, foreach)}."""
+    for a GPU: the model built on the CPU (fsdp's, dist_parallel's and pipeline_parallel's in a
+    one-rank gloo group, the pipeline's one stage the whole model), the device said to be CUDA,
+    which is what the choice of form reads. {mode: (fused, foreach)}."""
     import torch
     import torch.distributed as dist
 
@@ -159,7 +160,10 @@ def sgd_forms(*flags) -> dict[str, tuple]:
             module = train_files.train_file(mode)
             args = module.get_args([*train_files.without(TINY, "loader"), *flags])
             args.image_size, args.amp, args.channels_last = 32, "off", False  # as setup leaves them
-            _, raw_model, _ = module.get_model(args, 10, cpu)
+            if mode == "pipeline_parallel":  # as its data_defaults leaves it
+                args.microbatches = 2
+            built = module.get_model(args, 10, cpu)  # the pipeline's: its schedule and stage first
+            raw_model = built[2] if mode == "pipeline_parallel" else built[1]
             optimizer, _, _ = module.get_optimizer(args, raw_model, cuda, steps_per_epoch=8)
             forms[mode] = (optimizer.defaults["fused"], optimizer.defaults["foreach"])
     finally:
@@ -177,5 +181,5 @@ def test_under_deterministic_every_mode_takes_the_same_sgd_form_on_gpus():
     foreach None: torch's default, the for-each form for tensors on a GPU.)"""
     fused, foreach = (True, None), (None, None)
     assert sgd_forms() == {"single_gpu": fused, "data_parallel": fused, "dist_parallel": fused,
-                           "fsdp": foreach}
+                           "fsdp": foreach, "pipeline_parallel": fused}
     assert set(sgd_forms("--deterministic").values()) == {foreach}
