@@ -229,8 +229,9 @@ def build_compare_parser() -> Parser:
         help="instead of the comparison: check that the modes agree (weights, evaluation, ranks "
              "in sync, resume), each check a verdict in verify.md; --max_steps default 24")
     add("--modes", nargs="+", choices=MODES, metavar="MODE",
-        help=f"which modes to run, of {', '.join(MODES)} (default: all four with two GPUs or "
-             "more, and with --verify; without fsdp on one GPU or none)")
+        help=f"which modes to run, of {', '.join(MODES)} (default: the first four with two GPUs "
+             "or more, without fsdp on one GPU or none; with --verify, fsdp anywhere and "
+             "pipeline_parallel from 2 processes on)")
     add("--gpu_counts", "--gpu-counts", nargs="+", type=count(1),
         help="GPU counts for data_parallel, dist_parallel and fsdp (default: every GPU here; "
              "without GPUs, 2 CPU processes)")
@@ -316,11 +317,14 @@ def resolve(cc: CompareConfig, train: list[str], cuda: bool, gpus_here: int,
     starts (each flag's own domain was checked when it was parsed); `train`: the train.py flags
     given, `group_only`: the process-group flags given. fsdp is a default mode of the comparison
     from two GPUs on: with one there is nothing to shard over, and on the CPU its gloo processes
-    would only repeat dist_parallel's point. --verify checks every mode wherever it runs."""
+    would only repeat dist_parallel's point. pipeline_parallel is no default mode of the comparison,
+    whose matrix does not run it yet. --verify checks every mode wherever it runs: pipeline_parallel
+    from two processes on (two GPUs; without GPUs, 2 CPU processes), a stage each."""
     counts = cc.gpu_counts or ((gpus_here,) if cuda else (2,))
     backends = cc.backends or (BACKENDS if cuda else ("gloo",))
-    modes = cc.modes or tuple(m for m in MODES
-                              if m != "fsdp" or cc.verify or (cuda and gpus_here >= 2))
+    runs_here = {"fsdp": cc.verify or (cuda and gpus_here >= 2),
+                 "pipeline_parallel": cc.verify and max(counts) >= 2}
+    modes = cc.modes or tuple(m for m in MODES if runs_here.get(m, True))
     checks = [
         (not cuda or max(counts) <= gpus_here,
          f"--gpu_counts {max(counts)} is more GPUs than the {gpus_here} visible here"),
