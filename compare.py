@@ -45,8 +45,8 @@ as such; a kill -9 of compare.py kills its runs too (comparison/runner.py).
 `--verify` runs, instead of the comparison, the checks the tests run on the CPU
 (comparison/verify.py), comparing the runs' checkpoints with one another: the modes end with the
 same weights and momentum on one device, DDP and FSDP on N processes end alike, the evaluation is
-exact for any number of processes, the ranks stay in sync, and a resumed run ends where an
-uninterrupted one ends. Each check's figure,
+exact for any number of processes, the ranks stay in sync, a resumed run ends where an
+uninterrupted one ends, and the pipeline on N stages ends with DDP's weights. Each check's figure,
 tolerance and verdict go to verify.md (and verify.json); a failed check makes the exit status
 non-zero and is named in the last line.
 """
@@ -227,7 +227,8 @@ def build_compare_parser() -> Parser:
     add("--out", help="folder for everything compare.py writes (default: results/<timestamp>)")
     add("--verify", action="store_true",
         help="instead of the comparison: check that the modes agree (weights, evaluation, ranks "
-             "in sync, resume), each check a verdict in verify.md; --max_steps default 24")
+             "in sync, resume, the pipeline's weights against DDP's), each check a verdict in "
+             "verify.md; --max_steps default 24")
     add("--modes", nargs="+", choices=MODES, metavar="MODE",
         help=f"which modes to run, of {', '.join(MODES)} (default: the first four with two GPUs "
              "or more, without fsdp on one GPU or none; with --verify, fsdp anywhere and "

@@ -190,6 +190,17 @@ def uninitialised():
             setattr(torch.nn.init, name, function)
 
 
+def pipeline_pieces(config: dict) -> int | None:
+    """The pieces pipeline_parallel/train.py cuts the runs' model into, at most a stage each
+    (its model_pieces): PyramidNet's stem, each of its blocks and its head; an nn.Sequential's
+    children. None for any other model, which it refuses. (A PyramidNet depth neither block can
+    have: model_refusal's to say.)"""
+    if config["model"] == PYRAMIDNET:
+        return 3 * ((config["depth"] - 2) // BLOCKS[config["block"]]) + 2
+    model = model_on_meta(config)
+    return len(list(model.children())) if isinstance(model, nn.Sequential) else None
+
+
 def model_refusal(config: dict) -> str | None:
     """Why the runs' model cannot train on their images, in one line that says what to give (None:
     it can): a PyramidNet depth neither block has, a torchvision model that takes 3-channel images
