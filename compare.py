@@ -48,8 +48,8 @@ as such; a kill -9 of compare.py kills its runs too (comparison/runner.py).
 `--verify` runs, instead of the comparison, the checks the tests run on the CPU
 (comparison/verify.py), comparing the runs' checkpoints with one another: the modes end with the
 same weights and momentum on one device, DDP and FSDP on N processes end alike, the evaluation is
-exact for any number of processes, the ranks stay in sync, and a resumed run ends where an
-uninterrupted one ends. Each check's figure,
+exact for any number of processes, the ranks stay in sync, a resumed run ends where an
+uninterrupted one ends, and the pipeline on N stages ends with DDP's weights. Each check's figure,
 tolerance and verdict go to verify.md (and verify.json); a failed check makes the exit status
 non-zero and is named in the last line.
 """
@@ -232,11 +232,13 @@ def build_compare_parser() -> Parser:
     add("--out", help="folder for everything compare.py writes (default: results/<timestamp>)")
     add("--verify", action="store_true",
         help="instead of the comparison: check that the modes agree (weights, evaluation, ranks "
-             "in sync, resume), each check a verdict in verify.md; --max_steps default 24")
+             "in sync, resume, the pipeline's weights against DDP's), each check a verdict in "
+             "verify.md; --max_steps default 24")
     add("--modes", nargs="+", choices=MODES, metavar="MODE",
         help=f"which modes to run, of {', '.join(MODES)} (default: all five with two GPUs or "
-             "more; on one GPU, without fsdp and pipeline_parallel; without GPUs, without fsdp "
-             "but with --verify; pipeline_parallel where it takes the model and flags)")
+             "more, and with --verify; on one GPU without fsdp and pipeline_parallel; without "
+             "GPUs without fsdp; in the comparison, pipeline_parallel where it takes the model "
+             "and flags)")
     add("--gpu_counts", "--gpu-counts", nargs="+", type=count(1),
         help="GPU counts for data_parallel, dist_parallel and fsdp (default: every GPU here; "
              "without GPUs, 2 CPU processes)")
@@ -322,13 +324,16 @@ def resolve(cc: CompareConfig, train: list[str], cuda: bool, gpus_here: int,
     starts (each flag's own domain was checked when it was parsed); `train`: the train.py flags
     given, `group_only`: the process-group flags given. fsdp is a default mode of the comparison
     from two GPUs on: with one there is nothing to shard over, and on the CPU its gloo processes
-    would only repeat dist_parallel's point. --verify checks every mode wherever it runs."""
+    would only repeat dist_parallel's point. pipeline_parallel is one from two processes on (two
+    GPUs; without GPUs, 2 CPU processes), a stage each, where it takes the model and the flags
+    (pipeline_takes). --verify checks every mode wherever it runs: pipeline_parallel from two
+    processes on."""
     counts = cc.gpu_counts or ((gpus_here,) if cuda else (2,))
     backends = cc.backends or (BACKENDS if cuda else ("gloo",))
-    modes = cc.modes or tuple(m for m in MODES if m not in ("fsdp", "pipeline_parallel")
-                              or m == "fsdp" and (cc.verify or cuda and gpus_here >= 2)
-                              or m == "pipeline_parallel" and not cc.verify
-                              and pipeline_takes(cc, train, max(counts)))
+    runs_here = {"fsdp": cc.verify or (cuda and gpus_here >= 2),
+                 "pipeline_parallel": cc.verify and max(counts) >= 2
+                 or not cc.verify and pipeline_takes(cc, train, max(counts))}
+    modes = cc.modes or tuple(m for m in MODES if runs_here.get(m, True))
     checks = [
         (not cuda or max(counts) <= gpus_here,
          f"--gpu_counts {max(counts)} is more GPUs than the {gpus_here} visible here"),

@@ -190,6 +190,17 @@ def uninitialised():
             setattr(torch.nn.init, name, function)
 
 
+def pipeline_pieces(config: dict) -> int | None:
+    """The pieces pipeline_parallel/train.py cuts the runs' model into, at most a stage each
+    (its model_pieces): PyramidNet's stem, each of its blocks and its head. None for a --model of
+    torchvision's, none of which is an nn.Sequential, which it refuses (a Sequential of the user's
+    goes in its get_model, where no flag names it); nothing is built, so a model the images do not
+    suit is model_refusal's to say, as is a PyramidNet depth neither block can have."""
+    if config["model"] == PYRAMIDNET:
+        return 3 * ((config["depth"] - 2) // BLOCKS[config["block"]]) + 2
+    return None
+
+
 def model_refusal(config: dict) -> str | None:
     """Why the runs' model cannot train on their images, in one line that says what to give (None:
     it can): a PyramidNet depth neither block has, a torchvision model that takes 3-channel images

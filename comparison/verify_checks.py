@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from comparison.errors import plural
 from comparison.report.outcome import Outcome
 from comparison.train_files import DATA_GROUP_MODES
 from comparison.verify_plan import (Group, Launch, Plan, Setting, evaluation_counts,
@@ -99,7 +100,7 @@ class Checks(Plan):
     def judge(self, outcomes: dict[str, Outcome]) -> list[Row]:
         """A row per check of every setting, from the runs' outcomes and the files in their run
         folders: check 1, check 2 (and SyncBatchNorm's beside it), then checks 3 to 5 of each mode
-        with a process group."""
+        with a process group, then check 6 (the pipeline)."""
         rows = []
         for setting in self.settings:
             ours = [self.one_device(setting, outcomes), self.modes_agree(setting, outcomes),
@@ -108,6 +109,7 @@ class Checks(Plan):
                 ours += [self.evaluation(setting, mode, outcomes),
                          self.ranks_in_sync(setting, mode, outcomes),
                          self.resumed(setting, mode, outcomes)]
+            ours.append(self.pipeline_trains_ddp(setting, outcomes))
             if len(self.settings) > 1:
                 for row in ours:
                     row.check = f"[{setting.label()}] {row.check}"
@@ -134,6 +136,19 @@ class Checks(Plan):
         reduce-scatter) is exact (measured on the CPU: 0; on GPUs, with --deterministic,
         reasoned). More ranks: rounding."""
         return BITWISE if self.exact() and self.processes <= 2 else self.rounding(setting)
+
+    def pipeline_order(self, setting: Setting) -> Tolerance:
+        """Check 6's tolerance. Each micro-batch's gradient is a DDP rank's (the same images,
+        normalised by their own BatchNorm statistics); the pipeline adds the M = N micro-batches'
+        in order and divides the sum by N, DDP divides each by N and its all-reduce adds them. Two
+        ranks: the same bits, as in check 2 (halving is exact, and two values add alike in either
+        order; measured on the CPU: 0, fp32 and bf16). More: another order, and a third not
+        exact: rounding (4 CPU processes, 24 fp32 steps: 1.4e-5). On GPUs, besides, dist_parallel
+        lays its images out channels_last unless --no-channels_last is given, and the pipeline
+        never does: other kernels, rounding even with --deterministic."""
+        tolerance = self.all_reduce_order(setting)
+        ddp_channels_last = self.values["channels_last"] is not False and self.cuda
+        return self.rounding(setting) if ddp_channels_last else tolerance
 
     def amp_of(self, setting: Setting) -> str:
         return setting.amp or ("off" if not self.cuda else "bf16")
@@ -323,6 +338,61 @@ class Checks(Plan):
                    verdict(measured <= tolerance.value),
                    figures={"max_abs_difference": measured, "tolerance": tolerance.value,
                             "continued_from_step": first})
+
+    def check_6(self) -> str:
+        n = self.processes
+        return (f"6. pipeline_parallel on {plural(n, 'process')} ({plural(n, 'stage')}, "
+                f"{plural(n, 'micro-batch')} a step) ends with dist_parallel's weights and "
+                "momentum")
+
+    def pipeline_trains_ddp(self, setting: Setting, outcomes: dict[str, Outcome]) -> Row:
+        """pipeline_parallel's N stages (each rank a contiguous run of the model's pieces, a step's
+        batch in N micro-batches, micro-batch m DDP's rank m's images) against dist_parallel's N
+        processes: every weight and momentum buffer held to the tolerance. The BatchNorm running
+        statistics differ, and the row says by how much: the pipeline updates each BatchNorm once
+        a micro-batch, N times a step; DDP once a step on each rank, and saves rank 0's."""
+        title = self.check_6()
+        if setting.pipeline is None:
+            return Row(title, "—", "—", "—", "not run", setting.pipeline_not_run)
+        runs = [setting.groups["dist_parallel"].trained, setting.pipeline]
+        tolerance = self.pipeline_order(setting)
+        failure = failed(outcomes, runs)
+        if failure:
+            return fail(title, runs, tolerance, failure)
+        amps = [outcomes[launch.name].results["config"]["amp"] for launch in runs]
+        if amps[0] != amps[1]:  # a GPU without bf16: DDP's default is fp16, the pipeline's off
+            return Row(title, names(runs), "—", tolerance.text, "not run",
+                       f"dist_parallel trained under --amp {amps[0]}, the pipeline under "
+                       f"{amps[1]} (each its default here; the pipeline refuses fp16): give "
+                       "--amp off or bf16")
+        ddp, pipe = (self.state(launch) for launch in runs)
+        trained = max_difference(*(batchnorm(s, None) for s in (pipe, ddp)))
+        statistics = max_difference(*(batchnorm(s, STATISTICS) for s in (pipe, ddp)))
+        updates = [sorted({int(v) for v in batchnorm(s, TRACKED).values()}) for s in (pipe, ddp)]
+        figure = f"max abs difference of every weight and momentum: {trained:.3g}"
+        if updates[1]:
+            figure += (f"; BatchNorm running statistics not compared: they differ by up to "
+                       f"{statistics:.3g}, as each BatchNorm was updated "
+                       f"{' or '.join(map(str, updates[0]))} times in the pipeline (once a "
+                       f"micro-batch) and {' or '.join(map(str, updates[1]))} in DDP (once a step "
+                       "on each rank; rank 0's saved)")
+        return Row(title, names(runs), figure, tolerance.text, verdict(trained <= tolerance.value),
+                   figures={"max_abs_difference": trained, "tolerance": tolerance.value,
+                            "batchnorm_statistics_max_abs_difference": statistics,
+                            "batchnorm_updates": dict(zip(("pipeline_parallel", "dist_parallel"),
+                                                          updates))})
+
+
+STATISTICS, TRACKED = (".running_mean", ".running_var"), (".num_batches_tracked",)  # BatchNorm's
+
+
+def batchnorm(state: dict[str, torch.Tensor], endings: tuple | None) -> dict[str, torch.Tensor]:
+    """The tensors of a training_state whose names end in one of `endings`; None: every tensor but
+    BatchNorm's running statistics and counts of updates."""
+    if endings is None:
+        return {name: value for name, value in state.items()
+                if not name.endswith((*STATISTICS, *TRACKED))}
+    return {name: value for name, value in state.items() if name.endswith(endings)}
 
 
 def training_state(checkpoint: Path) -> dict[str, torch.Tensor]:

@@ -1,8 +1,9 @@
 """What compare.py --verify runs, planned from compare.py's flags before anything starts: the runs
 (`Launch`), grouped by what each is for: each --amp and backend's `Setting`, its one-device runs
-(check 1), its N-process runs of both process-group modes (check 2), and each process-group mode's
+(check 1), its N-process runs of both process-group modes (check 2), each process-group mode's
 `Group` (checks 3 to 5: the N-process run, its first half, that half continued, the --evaluate runs
-of its checkpoint), and how many steps, epochs and images they take."""
+of its checkpoint), pipeline_parallel's N-stage run (check 6, beside dist_parallel's N-process run),
+and how many steps, epochs and images they take."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -12,6 +13,8 @@ from comparison import model_shapes
 from comparison.errors import UsageError
 from comparison.matrix import PlannedRun, check_run, run_flags
 from comparison.train_files import DATA_GROUP_MODES, parse
+
+PIPELINE = "pipeline_parallel"
 
 DEFAULT_STEPS = 24
 
@@ -68,6 +71,8 @@ class Setting:
     groups: dict[str, Group] = field(default_factory=dict)
     sync_bn: Launch | None = None
     sync_bn_not_run: str | None = None  # why there is no SyncBatchNorm run
+    pipeline: Launch | None = None  # pipeline_parallel on N stages, N micro-batches (check 6)
+    pipeline_not_run: str | None = None  # why there is no pipeline run
 
     def label(self) -> str:
         return ", ".join(part for part in (self.backend, f"amp {self.amp or 'default'}") if part)
@@ -111,11 +116,12 @@ class Plan:
                          for backend in backends]
         for index, launch in enumerate(self.launches.values()):  # each as it will run
             check_run(launch.run, self.flags(launch), cuda, model=index == 0)
+        # check 6 runs only beside dist_parallel's group: no setting without a group has a check
         if not any(s.groups or len(s.one_device) > 1 for s in self.settings):
             modes = " ".join(cc.modes)
             raise UsageError(f"--verify --modes {modes} leaves no check to run: check 1 compares "
-                             f"two modes or more, checks 2 to 5 need dist_parallel or fsdp; add a "
-                             f"mode to --modes")
+                             f"two modes or more, checks 2 to 5 need dist_parallel or fsdp, check "
+                             f"6 dist_parallel and pipeline_parallel; add a mode to --modes")
 
     def flags(self, launch: Launch) -> list[str]:
         """The launch's train.py flags: its matrix run's, then its own."""
@@ -164,7 +170,46 @@ class Plan:
                                       needs=(first_half.name,), folder=first_half.name,
                                       # fsdp: ZeRO-2, where every other fsdp run is ZeRO-3
                                       self_launch=True, reshard=False)
+        self._plan_pipeline(amp, backend, setting)
         return setting
+
+    def _plan_pipeline(self, amp: str | None, backend: str | None, setting: Setting) -> None:
+        """Check 6's run: pipeline_parallel on N processes, a stage each, N micro-batches a step
+        (micro-batch m holds the images DDP's rank m holds: the pipeline's `dealt`). Not planned,
+        with the reason, where it cannot run: --modes without it or dist_parallel, one process, a
+        model it cannot cut into N stages, or a flag its own parser refuses (--compile,
+        --channels_last, --amp fp16). The other checks run all the same, whether --modes named
+        pipeline_parallel or not."""
+        setting.pipeline_not_run = self.pipeline_not_run()
+        if setting.pipeline_not_run is not None:
+            return
+        n = self.processes
+        launch = self._add(PIPELINE, n, backend, amp, "train", ("--microbatches", str(n)))
+        try:
+            parse(PIPELINE, self.flags(launch))
+        except UsageError as refusal:  # its refusal of --compile, --channels_last, --amp fp16
+            self.launches.popitem()  # the launch just planned, the last: not to run
+            setting.pipeline_not_run = f"{PIPELINE}/train.py refuses these flags: {refusal}"
+            return
+        setting.pipeline = launch
+
+    def pipeline_not_run(self) -> str | None:
+        """Why check 6 cannot run whatever the setting, or None: the modes, N, the model."""
+        n = self.processes
+        if n < 2:  # and --verify's default --modes leaves it out
+            return "N is 1: a pipeline needs two stages or more"
+        if PIPELINE not in self.modes:
+            return f"--modes leaves out {PIPELINE}"
+        if "dist_parallel" not in self.modes:
+            return "--modes leaves out dist_parallel: the check holds the pipeline to its run"
+        pieces = model_shapes.pipeline_pieces(self.values)
+        if pieces is None:
+            return (f"{PIPELINE}/train.py cuts PyramidNet or an nn.Sequential into stages, and "
+                    f"--model {self.values['model']} is neither")
+        if pieces < n:
+            return (f"the model has {pieces} pieces to cut into {n} stages: give a smaller "
+                    "--gpu_counts, or a deeper model")
+        return None
 
     def _plan_group(self, mode: str, amp: str | None, backend: str | None,
                     setting: Setting) -> Group:

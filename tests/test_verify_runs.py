@@ -15,6 +15,9 @@ judged (the train files' own equalities, run without compare.py, are in tests/te
   continuing the other's checkpoint, and the self-launch (`python dist_parallel/train.py
   --nproc_per_node 2`, which ran the two halves) is `torchrun --standalone` (which ran the
   uninterrupted run);
+- pipeline_parallel on two stages, two micro-batches a step, ends with the weights and momentum of
+  DDP's two processes bit for bit, and its BatchNorm statistics, updated once a micro-batch, apart
+  from DDP's rank 0's, by the figure its row gives;
 - each check fails on purpose when what it checks is broken (judged again in-process on the run's
   own files, perturbed: a weight one float32 ulp off fails check 1), and when a run it needs failed,
   naming the run's log; then compare.py exits non-zero and names the check in its last line.
@@ -59,10 +62,10 @@ pytestmark = pytest.mark.second_tier  # the longest scenarios: `python -m pytest
 
 DIST = "dist_parallel/train.py"
 SEED = 0  # the scripts' default --seed
-# 8 steps per epoch on the CPU: resumed at step 6, crossing epoch 1. The batches NHWC, as a GPU's
-# defaults have them: every mode's storage, fsdp's slices and the checkpoints that cross between
-# them are held to the checks' bit-for-bit tolerances.
-VERIFY = ["--verify", "--max_steps", "12", "--channels_last"]
+# 8 steps per epoch on the CPU: resumed at step 6, crossing epoch 1. The batches NCHW, the CPU's
+# default: the pipeline refuses --channels_last (its check would say "not run"), and its run is
+# among these.
+VERIFY = ["--verify", "--max_steps", "12"]
 # the verification's runs, as its plan numbers them (their names are
 # those of their logs and folders)
 RUNS = {
@@ -77,10 +80,11 @@ RUNS = {
     "resumed": "13-dist_parallel-2cpu-gloo-resumed_from_fsdp",
     # and the other way, without resharding
     "fsdp_resumed": "14-fsdp-2cpu-gloo-zero2-resumed_from_dist_parallel",
+    "pipeline": "15-pipeline_parallel-2cpu-gloo-train",  # 2 stages, 2 micro-batches a step
 }
 # The rows of verify.json: check 1, check 2 (SyncBatchNorm's beside it), then dist_parallel's
-# checks 3 to 5, then fsdp's.
-ROWS = ["1.", "2.", "2.", "3.", "4.", "5.", "3.", "4.", "5."]
+# checks 3 to 5, then fsdp's, then the pipeline's check 6.
+ROWS = ["1.", "2.", "2.", "3.", "4.", "5.", "3.", "4.", "5.", "6."]
 # Every process of every launch computes on one intra-op thread: the thread count changes the order
 # of float sums in a convolution, so bit-identical comparisons must not depend on the cores.
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
@@ -128,11 +132,11 @@ def test_the_verification_passes_on_the_cpu(verified):
     table is in verify.md and verify.json, the verdict in the exit status and the last line."""
     done, out = verified
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.splitlines()[-1] == "verify: passed: all 8 checks (1 not run)"
+    assert done.stdout.splitlines()[-1] == "verify: passed: all 9 checks (1 not run)"
     rows = checks(out)
     assert [row["check"][:2] for row in rows] == ROWS
-    assert [row["verdict"] for row in rows] == ["pass", "pass", "not run", *["pass"] * 6]
-    assert all("fsdp" in row["check"] for row in rows[6:])
+    assert [row["verdict"] for row in rows] == ["pass", "pass", "not run", *["pass"] * 7]
+    assert all("fsdp" in row["check"] for row in rows[6:9])
     assert "SyncBatchNorm" in rows[2]["check"] and "GPUs" in rows[2]["why"]
     record = json.loads((out / "verify.json").read_text())
     assert record["passed"] and [run["name"] for run in record["runs"]] == list(RUNS.values())
@@ -142,7 +146,7 @@ def test_the_verification_passes_on_the_cpu(verified):
             and "## Why these tolerances" in report)
     for row in rows:
         assert f"| {row['check']} |" in report
-    assert sum(f"| {row['tolerance']} | pass |" in report for row in rows) == 8
+    assert sum(f"| {row['tolerance']} | pass |" in report for row in rows) == 9
 
 
 # ----------------------------------------------------------------------------------- 1. one process
@@ -306,7 +310,39 @@ def test_a_resumed_self_launch_ends_bit_identical_to_torchrun(verified):
     assert checks(out)[5]["verdict"] == "pass"
 
 
-# -------------------------------------------------------------------------------- 6. failing checks
+# -------------------------------------------------------------------------------------- 6. pipeline
+def test_the_pipeline_ends_with_ddps_weights_and_momentum_bit_for_bit(verified):
+    """pipeline_parallel on two stages under torchrun, `--microbatches 2` (micro-batch m DDP's rank
+    m's images), 12 steps: every weight and momentum buffer of its checkpoint is DDP's 2-process
+    run's, bit for bit (check 6). Its BatchNorm statistics are not, and the row says by how much
+    and why: each BatchNorm of the pipeline was updated once a micro-batch, twice a step; DDP's
+    once a step, rank 0's saved."""
+    _, out = verified
+    command = log(out, "pipeline").splitlines()[0]
+    assert "-m torch.distributed.run --standalone --nproc_per_node 2 " in command
+    assert f"{REPO / 'pipeline_parallel' / 'train.py'} " in command
+    assert command.endswith(" --microbatches 2")
+    pipe, ddp = state(run_dir(out, "pipeline")), state(run_dir(out, "ddp2"))
+    statistics = [name for name in ddp if name.endswith((".running_mean", ".running_var",
+                                                         ".num_batches_tracked"))]
+    assert statistics and pipe.keys() == ddp.keys()
+    assert_bit_identical({n: v for n, v in pipe.items() if n not in statistics},
+                         {n: v for n, v in ddp.items() if n not in statistics}, "pipeline vs DDP")
+    tracked = [name for name in statistics if name.endswith(".num_batches_tracked")]
+    updates = {run: {int(tensors[name]) for name in tracked}
+               for run, tensors in (("pipeline", pipe), ("ddp", ddp))}
+    assert updates == {"pipeline": {24}, "ddp": {12}}  # 12 steps, of 2 micro-batches each
+    apart = max((pipe[n] - ddp[n]).abs().max().item() for n in statistics if n not in tracked)
+    row = checks(out)[9]
+    assert row["verdict"] == "pass" and row["runs"] == f"`{RUNS['ddp2']}`, `{RUNS['pipeline']}`"
+    assert row["figures"]["max_abs_difference"] == 0.0 and row["tolerance"] == "0 (bitwise)"
+    assert 0 < apart == row["figures"]["batchnorm_statistics_max_abs_difference"]
+    assert (f"differ by up to {apart:.3g}, as each BatchNorm was updated 24 times in the "
+            "pipeline (once a micro-batch) and 12 in DDP") in row["measured"]
+    assert "- Check 6: " in (out / "verify.md").read_text()
+
+
+# -------------------------------------------------------------------------------- 7. failing checks
 def verification_of(out: Path) -> tuple[Verification, dict[str, Outcome]]:
     """The fixture's verification planned again in this process, over `out`, with each run's outcome
     read back from its run folder and log: what compare.py judged, to judge again."""
@@ -332,8 +368,9 @@ def nudge(checkpoint: Path, name: str, by: float | None = None) -> None:
 def test_each_check_fails_when_what_it_checks_is_broken(verified, tmp_path):
     """The verdicts judged again in-process on a copy of the run's files, each check broken on
     purpose: one weight of data_parallel's checkpoint one ulp off (check 1); one parameter of each
-    2-process checkpoint off by 1e-4 (check 5 of both modes, against the resumed run; check 2,
-    which holds the two to each other, only once one of them alone is off);
+    2-process checkpoint off by 1e-4 (check 5 of both modes, against the resumed run; check 6,
+    the pipeline against DDP's; check 2, which holds the two to each other, only once one of them
+    alone is off);
     each 3-process evaluation one image better (check 3); a run of each mode that reported its
     ranks out of sync (check 4); a resumed run whose event file shows it began afresh (check 5).
     Each row fails with the figure that broke it."""
@@ -348,11 +385,11 @@ def test_each_check_fails_when_what_it_checks_is_broken(verified, tmp_path):
     for apart in ("resumed", "fsdp_resumed"):
         outcomes[RUNS[apart]].results["params_in_sync"] = False
     rows = verification.judge(outcomes)
-    assert [row.verdict for row in rows] == ["FAIL", "pass", "not run", *["FAIL"] * 6]
+    assert [row.verdict for row in rows] == ["FAIL", "pass", "not run", *["FAIL"] * 7]
     one_ulp = rows[0].figures["max_abs_difference"]["data_parallel"]
     assert 0 < one_ulp < 1e-6 and rows[0].figures["max_abs_difference"]["dist_parallel"] == 0
     assert rows[1].figures["max_abs_difference"] == 0  # both 2-process runs moved alike
-    for check in (5, 8):  # check 5 of dist_parallel and of fsdp
+    for check in (5, 8, 9):  # check 5 of dist_parallel and of fsdp, check 6
         assert rows[check].figures["max_abs_difference"] == \
             pytest.approx(1e-4, rel=1e-2), rows[check].check
     for check in (3, 6):
@@ -374,8 +411,8 @@ def test_each_check_fails_when_what_it_checks_is_broken(verified, tmp_path):
 
 def test_a_failed_run_fails_the_checks_that_need_it_naming_its_log(verified):
     """dist_parallel's 2-process run failed (the runs that read its checkpoint then do not start):
-    check 2 and dist_parallel's checks 3 to 5 fail with its error and its log; check 1 and fsdp's
-    checks still pass; the summary names every failed check."""
+    check 2, dist_parallel's checks 3 to 5 and check 6 fail with its error and its log; check 1
+    and fsdp's checks still pass; the summary names every failed check."""
     _, out = verified
     verification, outcomes = verification_of(out)
     error = "exit status 1: error: the process group failed"
@@ -386,12 +423,12 @@ def test_a_failed_run_fails_the_checks_that_need_it_naming_its_log(verified):
                                        error=f"needs {RUNS['ddp2']}")
     rows = verification.judge(outcomes)
     assert [row.verdict for row in rows] == \
-        ["pass", "FAIL", "not run", "FAIL", "FAIL", "FAIL", *["pass"] * 3]
-    for row in (rows[1], rows[4], rows[5]):
+        ["pass", "FAIL", "not run", "FAIL", "FAIL", "FAIL", *["pass"] * 3, "FAIL"]
+    for row in (rows[1], rows[4], rows[5], rows[9]):
         assert row.why == f"`{RUNS['ddp2']}` failed: {error} (log: `logs/{RUNS['ddp2']}.log`)"
     assert rows[3].why.startswith(f"`{RUNS['evaluate1']}` not run")
-    assert summary_line(rows) == ("FAILED: 4 of 8 checks (1 not run): " + "; ".join(
-        rows[i].check for i in (1, 3, 4, 5)))
+    assert summary_line(rows) == ("FAILED: 5 of 9 checks (1 not run): " + "; ".join(
+        rows[i].check for i in (1, 3, 4, 5, 9)))
 
 
 # Runs that fail, from outside (a sitecustomize module every Python process on
@@ -419,7 +456,7 @@ def test_the_verification_fails_naming_the_check_and_the_log_when_its_runs_fail(
     code = compare.main([*VERIFY, "--modes", "single_gpu", "data_parallel", "--out", str(out)])
     printed = capsys.readouterr().out.splitlines()
     assert code == 1, printed
-    assert printed[-1] == ("verify: FAILED: 1 of 1 checks (8 not run): 1. one device: every mode "
+    assert printed[-1] == ("verify: FAILED: 1 of 1 checks (9 not run): 1. one device: every mode "
                            "ends with the same weights and momentum")
     row = checks(out)[0]
     log = "logs/01-single_gpu-1cpu-train.log"
@@ -427,11 +464,11 @@ def test_the_verification_fails_naming_the_check_and_the_log_when_its_runs_fail(
         f"`01-single_gpu-1cpu-train` failed: exit status 3: error: injected failure (log: `{log}`)")
     assert (out / log).read_text().startswith(f"$ {sys.executable} "
                                               f"{REPO / 'single_gpu' / 'train.py'} ")
-    assert [r["verdict"] for r in checks(out)[1:]] == ["not run"] * 8
+    assert [r["verdict"] for r in checks(out)[1:]] == ["not run"] * 9
     assert f"**FAIL**: {row['why']}" in (out / "verify.md").read_text()
 
 
-# ---------------------------------------------------------------------------------- 7. bad launches
+# ---------------------------------------------------------------------------------- 8. bad launches
 needs_no_gpu = pytest.mark.skipif(torch.cuda.is_available(),
                                   reason="refused only on a machine without CUDA")
 
