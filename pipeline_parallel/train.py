@@ -1,6 +1,7 @@
 r"""Train PyramidNet on CIFAR-10 with pipeline parallelism: the model cut into stages, a rank each.
 
     torchrun --standalone --nproc_per_node 4 train.py -b 512   # 4 GPUs, 16 micro-batches of 32
+    torchrun --standalone --nproc_per_node 4 train.py -b 512 --stages 2   # 2 stages x 2 replicas
     python train.py --gpu_devices 0 1    # 2 stages, their workers started as torchrun would
     python train.py --dataset synthetic --synthetic_size 5000 --depth 20 --alpha 24 \
                     --epochs 1 --nproc_per_node 2   # offline: 2 CPU workers, a stage each
@@ -12,10 +13,13 @@ a contiguous run of the model's pieces (PyramidNet's stem, each block, its head)
 FLOPs balance. A step's batch is split into M micro-batches; between ranks cross a micro-batch's
 activations, forward, and their gradients, backward. GPipe runs every micro-batch's forward, then
 every backward; 1F1B, once the pipeline is full, one of each in turn (so it holds S micro-batches'
-activations at most, not M). Rank 0 alone needs the images, the last rank the labels. The fenced
-robustness at the end is dist_parallel's. It runs from itself, runkit.py and models/pyramidnet.py;
-your model (an nn.Sequential: its children are the pieces) goes in get_model, your data in
-get_datasets. --batch_size is the global batch in every mode. Read it top to bottom.
+activations at most, not M). A replica's first stage alone needs the images, its last the labels.
+With more processes than --stages, the pipeline is replicated (a 2-D DeviceMesh, replicas x
+stages): each replica takes its share of the batch, as a DDP rank does, and each stage's replicas
+average its gradients with DDP. The fenced robustness at the end is dist_parallel's. It runs from
+itself, runkit.py and models/pyramidnet.py; your model (an nn.Sequential: its children are the
+pieces) goes in get_model, your data in get_datasets. --batch_size is the global batch in every
+mode. Read it top to bottom.
 """
 # ------------------------------------------------------------------------------------------ imports
 import argparse
@@ -39,7 +43,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 import torchvision
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from torch.utils.flop_counter import FlopCounterMode
 from torchvision.transforms import v2 as T
@@ -109,6 +115,8 @@ def get_args(argv=None) -> argparse.Namespace:
     add("--backend", choices=("nccl", "gloo"), default=None, help="default: nccl with CUDA")
     add("--schedule", choices=tuple(SCHEDULES), default="1f1b",
         help="gpipe: every micro-batch's forward, then every backward; 1f1b: one of each in turn")
+    add("--stages", type=count(2), default=None, help="the pipeline's, a process each (default: "
+        "every process): WORLD_SIZE / stages replicas of it, each a share of the batch")
     add("--microbatches", type=count(1), default=None,
         help="a step's batch split into this many (default: the fewest that keep the bubble "
         "under a quarter of the step and split the batch evenly)")
@@ -142,12 +150,12 @@ def get_args(argv=None) -> argparse.Namespace:
 
 
 # -------------------------------------------------------------------------------------------- setup
-def setup(args) -> torch.device:
+def setup(args):
     """This process's place in the job (from the environment torchrun sets), its device (a GPU of
-    its own, or the CPU) and the process group it joins; the fast path's defaults for it."""
+    its own, or the CPU) and the process group it joins (a mesh); the fast path's defaults."""
     runkit.check_launch_environment()  # robustness: a launcher's variable that cannot be: a line
     rank = int(os.environ["RANK"])  # this process's place among all the job's processes
-    world_size = int(os.environ["WORLD_SIZE"])  # how many processes the job has: a stage each
+    world_size = int(os.environ["WORLD_SIZE"])  # how many processes the job has: stages x replicas
     gpus = args.gpu_devices or list(range(torch.cuda.device_count()))  # this node's GPUs
     local_rank = int(os.environ.get("LOCAL_RANK", rank % max(len(gpus), 1)))  # a pod: RANK % GPUs
     if gpus and local_rank >= len(gpus):  # robustness: more processes than GPUs, in one line
@@ -160,6 +168,8 @@ def setup(args) -> torch.device:
     # robustness: a launch that cannot work, refused in one line before the group forms
     runkit.refuse_if([(world_size < 2, f"WORLD_SIZE={world_size}: a pipeline needs 2 ranks or "
                        "more, a stage each: start 2 or more processes (--nproc_per_node 2)"),
+                      (world_size % (args.stages or world_size), f"WORLD_SIZE={world_size} is no "
+                       f"multiple of --stages {args.stages}: give a --stages that divides it"),
                       (args.backend == "nccl" and not cuda, "--backend nccl needs GPUs: give "
                        "--backend gloo"),
                       (launched_by_hand(args), "--nproc_per_node and --max_restarts are the self-"
@@ -167,6 +177,7 @@ def setup(args) -> torch.device:
     bf16 = cuda and torch.cuda.is_bf16_supported(including_emulation=False)
     args.amp = args.amp or ("bf16" if bf16 else "off")  # fp16 needs one loss scale for all stages
     args.channels_last = False  # refused if given: activations cross between stages contiguous
+    args.stages = args.stages or world_size  # one replica of the pipeline: a stage a process
     torch.backends.cudnn.benchmark = cuda and not args.deterministic  # the fastest per shape
     if cuda:  # TF32 matrix products, as convolutions have (torch 2.9 warns of it on the CPU)
         torch.set_float32_matmul_precision("high")
@@ -182,7 +193,11 @@ def setup(args) -> torch.device:
         dist.init_process_group(args.backend or ("nccl" if cuda else "gloo"), rank=rank,
                                 world_size=world_size, device_id=device if cuda else None,
                                 timeout=timeout, store=store)
-    return device
+        # the processes as R replicas of S stages, rank r * S + s: a replica's stages pass the
+        # activations along (pp), a stage's replicas average its gradients (dp)
+        mesh = init_device_mesh(device.type, (world_size // args.stages, args.stages),
+                                mesh_dim_names=("dp", "pp"))
+    return device, mesh
 
 
 # --------------------------------------------------------------------------------------------- data
@@ -210,7 +225,7 @@ def get_datasets(args):
     return runkit.downloaded(kind, root, True), runkit.downloaded(kind, root, False), 10
 
 
-def get_loaders(args, train_set, test_set, device: torch.device):
+def get_loaders(args, train_set, test_set, device: torch.device, mesh):
     """DataLoaders of augmented, normalised batches: the training set reshuffled every epoch from
     --seed, the last partial batch dropped so that every step has the whole batch; every test
     image counted once."""
@@ -227,23 +242,27 @@ def get_loaders(args, train_set, test_set, device: torch.device):
     flip = [T.RandomHorizontalFlip()] if args.flip else []
     train_set = runkit.Augmented(train_set, T.Compose([*crop, *flip, *tensor]), args.seed)
     test_set = runkit.Augmented(test_set, T.Compose([*test, *tensor]), args.seed)
-    # DistributedSampler's order of one replica, every rank the same; a step's batch is then
-    # dealt into micro-batches as the sampler deals the images to DDP's ranks (see dealt)
-    sampler = DistributedSampler(train_set, 1, 0, shuffle=args.shuffle, seed=args.seed)
+    # each replica of the pipeline its DistributedSampler's share, the same on each of its stages;
+    # a step's share is then dealt into micro-batches as the sampler deals DDP's ranks (see dealt)
+    replica, replicas = mesh["dp"].get_local_rank(), mesh["dp"].size()
+    sampler = DistributedSampler(train_set, replicas, replica, shuffle=args.shuffle, seed=args.seed)
     options = dict(num_workers=args.num_workers, pin_memory=device.type == "cuda",
                    worker_init_fn=runkit.leave_stops_to_main)  # a stop signal: the run's to take
-    # every rank loads the whole step: rank 0 feeds its images, the last rank's loss its labels
-    train_loader = DataLoader(train_set, args.batch_size, sampler=sampler, drop_last=True,
-                              **options)
-    batch = args.batch_size // args.microbatches  # a micro-batch's images
-    test_loader = DataLoader(test_set, batch, **options)  # every test image once, on every rank
+    # each stage loads its replica's step: the first feeds its images, the last's loss its labels
+    train_loader = DataLoader(train_set, args.batch_size // replicas, sampler=sampler,
+                              drop_last=True, **options)
+    batch = args.batch_size // args.microbatches // replicas  # a micro-batch's images
+    shard = range(replica, len(test_set), replicas)  # a replica's test images: no image twice
+    test_loader = DataLoader(test_set, batch, sampler=shard, **options)
     return train_loader, test_loader
 
 
 def dealt(batch: torch.Tensor, microbatches: int) -> torch.Tensor:
-    """A step's images (or labels) in M micro-batches as DistributedSampler deals them to M ranks,
-    the i-th to rank i % M: micro-batch m holds what DDP's rank m of M takes at that step. Each
-    micro-batch's BatchNorm then sees that share alone, as the rank's does: DDP's step."""
+    """A replica's step (images or labels) in M micro-batches as DistributedSampler deals images to
+    ranks, the i-th to micro-batch i % M. Replica r of R holds every R-th image of the epoch's
+    order from the r-th, so its micro-batch m holds what DDP's rank m * R + r of M * R takes at
+    that step (one replica: rank m of M). Each micro-batch's BatchNorm then sees that share alone,
+    as the rank's does: DDP's step."""
     return batch.unflatten(0, (-1, microbatches)).transpose(0, 1).flatten(0, 1)
 
 
@@ -272,11 +291,13 @@ def data_defaults(args, train_images: int) -> None:
     given, args.batch_size = args.batch_size, args.batch_size or 128
     while not given and args.dataset == "imagefolder" and train_images < 4 * args.batch_size > 4:
         args.batch_size //= 2  # a small folder: the default halved until an epoch has 4 steps
-    stages = dist.get_world_size()
-    args.microbatches = args.microbatches or fewest_microbatches(stages, args.batch_size)
-    runkit.refuse_if([(args.batch_size % args.microbatches, f"--batch_size {args.batch_size} "
-                       f"does not split into {args.microbatches} micro-batches: give a multiple "
-                       f"of {args.microbatches}"),
+    stages, replicas = args.stages, dist.get_world_size() // args.stages
+    share = args.batch_size // replicas or 1  # a replica's images a step (none: refused below)
+    args.microbatches = args.microbatches or fewest_microbatches(stages, share)
+    split = replicas * args.microbatches  # every replica's micro-batches: DDP's ranks
+    runkit.refuse_if([(args.batch_size % split, f"--batch_size {args.batch_size} does not split "
+                       f"into {args.microbatches} micro-batches{' a replica' * (replicas > 1)}: "
+                       f"give a multiple of {split}"),
                       (args.microbatches < stages, f"--microbatches {args.microbatches}: "
                        f"{stages} stages need at least {stages} a step, one for each to work on"),
                       (args.batch_size > train_images, f"--batch_size {args.batch_size} is more "
@@ -284,7 +305,7 @@ def data_defaults(args, train_images: int) -> None:
 
 
 # -------------------------------------------------------------------------------------------- model
-def get_model(args, classes: int, device: torch.device):
+def get_model(args, classes: int, device: torch.device, mesh):
     """The schedule that trains this rank's stage, the whole model's forward through the ranks,
     the whole model (the other stages' pieces on the meta device: shapes, no storage), the FLOPs
     of one training image counted on it before the cut, and each stage's pieces and share."""
@@ -306,9 +327,9 @@ def get_model(args, classes: int, device: torch.device):
         raise runkit.UsageError(f"--model {args.model} cannot take these {size}-pixel images "
                                 f"({str(error).splitlines()[0][:120]}): give a larger "
                                 "--image_size, or --model pyramidnet") from None
-    stages, rank = dist.get_world_size(), dist.get_rank()
+    stages, rank = args.stages, mesh["pp"].get_local_rank()  # rank: its stage in its replica
     runkit.refuse_if([(len(pieces) < stages, f"the model has {len(pieces)} pieces to cut into "
-                       f"{stages} stages: start at most {len(pieces)} processes")])
+                       f"{stages} stages: give at most --stages {len(pieces)}")])
     # by FLOPs, not by blocks: PyramidNet widens block by block and halves its resolution twice
     # (PyramidNet-110 a=270 in 4 stages of 14 pieces: 14 to 33 % of the work; by FLOPs 24 to 26 %)
     cuts = balanced_cuts(costs, stages)  # stage s holds pieces cuts[s] to cuts[s + 1] - 1
@@ -319,21 +340,26 @@ def get_model(args, classes: int, device: torch.device):
     # what crosses a micro-batch (shape, dtype), measured stage by stage in eval mode (no
     # statistic moves), for PipelineStage's buffers: left to it, torch 2.9 runs each stage on
     # zeros in training mode, and the BatchNorm statistics move
-    crossing = [torch.empty(args.batch_size // args.microbatches, channels, size, size,
-                            device="meta")]  # stage s's input: crossing[s]; output: crossing[s+1]
+    micro = args.batch_size // args.microbatches // mesh["dp"].size()  # a micro-batch's images
+    crossing = [torch.empty(micro, channels, size, size, device="meta")]  # stage s's: crossing[s]
     with torch.no_grad(), torch.autocast(device.type, AMP[args.amp], enabled=args.amp != "off"):
         for s in range(stages):  # on stage s's rank, then sent to every rank
             output = [stage.eval()(torch.zeros_like(crossing[s], device=device)).to("meta")
                       if s == rank else None]
-            dist.broadcast_object_list(output, src=s)
+            dist.broadcast_object_list(output, group=mesh["pp"].get_group(), group_src=s)
             crossing.append(output[0].requires_grad_())  # in training, with its gradient
-    model = StageToStage(stage.train(), crossing[rank], args.amp)
+    model = StageToStage(stage.train(), crossing[rank], args.amp, mesh)
+    # the stage's replicas average its gradients as DDP's ranks do, over the mesh's dp dimension:
+    # the schedule runs each micro-batch under DDP's no_sync, and the last one's backward
+    # all-reduces their sum (one replica: a group of one, nothing to average)
+    stage = DistributedDataParallel(stage, process_group=mesh["dp"].get_group())
     # robustness: PipelineStage, with torch 2.9's first exchange mended on gloo (see its class)
     pipe = MendedPipelineStage(stage, rank, stages, device, input_args=crossing[rank],
-                               output_args=crossing[rank + 1])
-    # the schedule: each step splits the batch into M micro-batches (along the batch, in order)
-    # and runs them through the stages; each one's loss is its mean, as a DDP rank's, and every
-    # gradient the sum of the M micro-batches' divided by M (scale_grads): DDP's average
+                               output_args=crossing[rank + 1], group=mesh["pp"].get_group())
+    # the schedule: each step splits the replica's batch into M micro-batches (along the batch, in
+    # order) and runs them through the stages; each one's loss is its mean, as a DDP rank's, and
+    # every gradient the R replicas' mean of their M micro-batches' sum, divided by M
+    # (scale_grads): DDP's average over M * R ranks
     schedule = SCHEDULES[args.schedule](pipe, args.microbatches, loss_fn=F.cross_entropy)
     shares = [{"first": pieces[start][0], "last": pieces[end - 1][0],
                "flops_share": sum(costs[start:end]) / sum(costs)}
@@ -402,24 +428,26 @@ def balanced_cuts(costs: list[int], stages: int) -> list[int]:
 
 
 class StageToStage(nn.Module):
-    """The whole model's forward through the ranks, a batch at a time, no schedule: each rank
-    receives its stage's input from the rank before (rank 0: the images), calls its stage under
-    the run's autocast, sends its output on. The evaluation and PreciseBN call it."""
+    """The whole model's forward through a replica's stages, a batch at a time, no schedule: each
+    stage receives its input from the stage before (the first: the images), calls its pieces
+    under the run's autocast, sends its output on. The evaluation and PreciseBN call it: the stage
+    itself, not DDP's wrapper, so no replica waits on the others' (their shares' batches)."""
 
-    def __init__(self, stage: nn.Module, crossing: torch.Tensor, amp: str):
+    def __init__(self, stage: nn.Module, crossing: torch.Tensor, amp: str, mesh):
         super().__init__()
         self.stage, self.crossing, self.amp = stage, crossing, amp  # crossing: its input's kind
+        self.mesh = mesh  # its place: a stage (pp) of a replica (dp)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        rank, last = dist.get_rank(), dist.get_world_size() - 1
+        rank, last = self.mesh["pp"].get_local_rank(), self.mesh["pp"].size() - 1
         x = images
-        if rank > 0:  # every rank loads the batch: it knows the size of what it receives
+        if rank > 0:  # every stage loads the batch: it knows the size of what it receives
             x = images.new_empty(len(images), *self.crossing.shape[1:], dtype=self.crossing.dtype)
-            dist.recv(x, rank - 1)
+            dist.recv(x, group=self.mesh["pp"].get_group(), group_src=rank - 1)
         with torch.autocast(images.device.type, AMP[self.amp], enabled=self.amp != "off"):
             y = self.stage(x)
         if rank < last:
-            dist.send(y.contiguous(), rank + 1)
+            dist.send(y.contiguous(), group=self.mesh["pp"].get_group(), group_dst=rank + 1)
         return y
 
 
@@ -467,17 +495,17 @@ def train_one_epoch(run, epoch: int) -> None:
     if epoch != progress["epoch"]:  # a new epoch, from its first batch
         progress.update(epoch=epoch, batch=0)
     run.model.train()
-    first_stage = dist.get_rank() == 0
-    last_stage = dist.get_rank() == dist.get_world_size() - 1
+    first_stage = run.model.mesh["pp"].get_local_rank() == 0  # of this replica's stages
+    last_stage = run.model.mesh["pp"].get_local_rank() == args.stages - 1
     for images, labels in run.timer.timed(epoch_batches(run.train_loader, epoch, progress)):
         images = images.to(run.device, non_blocking=True, memory_format=memory_format(args))
         labels = labels.to(run.device, non_blocking=True)
         images, labels = dealt(images, args.microbatches), dealt(labels, args.microbatches)
         run.optimizer.zero_grad(set_to_none=True)
         losses = []  # the last stage's: each micro-batch's loss
-        # every micro-batch forward through the stages and backward: rank 0 feeds the images, the
-        # last rank's loss takes the labels; each rank receives its input from the rank before
-        # and its output's gradient from the rank after
+        # every micro-batch forward through the stages and backward: the first stage feeds the
+        # images, the last one's loss takes the labels; each stage receives its input from the
+        # one before and its output's gradient from the one after
         inputs = (images,) if first_stage else ()
         with torch.autocast(run.device.type, AMP[args.amp], enabled=args.amp != "off"):
             logits = run.schedule.step(*inputs, target=labels if last_stage else None,
@@ -532,9 +560,11 @@ def log_window(run, epoch: int) -> None:
 @torch.no_grad()
 def evaluate(args, model: StageToStage, loader: DataLoader, device: torch.device) -> dict:
     """The test loss, accuracy and top-5 accuracy, every test image counted exactly once: each
-    test batch through the stages, the last stage's logits against the labels."""
-    model.eval()  # each stage its own BatchNorm statistics: the saved weights' own
-    last = dist.get_rank() == dist.get_world_size() - 1
+    replica's test batches through its stages, the last stage's logits against the labels."""
+    model.eval()  # each stage its own BatchNorm statistics
+    for buffer in model.stage.buffers():  # replica 0's: the saved weights' own
+        dist.broadcast(buffer, group=model.mesh["dp"].get_group(), group_src=0)
+    last = model.mesh["pp"].get_local_rank() == args.stages - 1
     sums = torch.zeros(4, dtype=torch.float64, device=device)
     for images, labels in loader:
         images = images.to(device, non_blocking=True, memory_format=memory_format(args))
@@ -545,7 +575,7 @@ def evaluate(args, model: StageToStage, loader: DataLoader, device: torch.device
         top5 = logits.topk(min(5, logits.shape[1]), dim=1).indices == labels[:, None]
         sums += torch.stack([F.cross_entropy(logits, labels, reduction="sum"), top5[:, 0].sum(),
                              top5.any(dim=1).sum(), torch.tensor(len(labels), device=device)])
-    dist.all_reduce(sums)  # the last stage's sums (the others' are zeros), on every rank
+    dist.all_reduce(sums)  # the last stages' sums (the others' are zeros): every replica's
     loss, correct, top5_correct, images = sums.tolist()
     return {"test_loss": loss / images, "test_acc": correct / images,
             "test_acc_top5": top5_correct / images, "test_images": int(images)}
@@ -571,13 +601,15 @@ def save_checkpoint(run, best: bool = False) -> Path | None:
 
 def gathered_state(run) -> tuple[dict | None, dict | None]:
     """The whole model's state dict and its SGD's on rank 0 (None elsewhere), single_gpu's keys
-    and numbers in its order: each rank sends its stage's tensors, those not on the meta device."""
+    and numbers in its order: each stage of replica 0 sends its tensors, those not on the meta
+    device (the other replicas hold the same weights and momentum; their BatchNorms' own)."""
     sgd = run.optimizer.state_dict()  # SGD's state: a momentum buffer a parameter
     momentum = {index: state["momentum_buffer"] for index, state in sgd["state"].items()}
     mine = [{key: value.cpu() for key, value in tensors.items() if not value.is_meta}
             for tensors in (run.raw_model.state_dict(), momentum)]
-    parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(mine, parts, dst=0)  # the stages in order: the model's pieces in order
+    parts = [None] * run.args.stages if dist.get_rank() == 0 else None
+    if run.model.mesh["dp"].get_local_rank() == 0:  # replica 0's, stage by stage: the pieces
+        dist.gather_object(mine, parts, group=run.model.mesh["pp"].get_group(), group_dst=0)
     if parts is None:
         return None, None
     weights, momentum = ({key: value for part in parts for key, value in part[i].items()}
@@ -601,12 +633,12 @@ def restore(run, checkpoint: dict) -> None:
 def main(argv=None) -> int:
     started = time.perf_counter()
     args = get_args(argv)
-    device = setup(args)
+    device, mesh = setup(args)
     is_main = dist.get_rank() == 0  # rank 0 prints and writes the files
     with one_download_a_node():  # robustness: the node's other ranks wait, then read it
         train_set, test_set, classes = get_datasets(args)
     data_defaults(args, len(train_set))
-    train_loader, test_loader = get_loaders(args, train_set, test_set, device)
+    train_loader, test_loader = get_loaders(args, train_set, test_set, device, mesh)
     args.epochs = math.ceil(args.max_steps / len(train_loader)) if args.benchmark else args.epochs
     gpus = dist.get_world_size() * (device.type == "cuda")
     names = [args.run_name or runkit.default_run_name(MODE, gpus)]
@@ -617,7 +649,7 @@ def main(argv=None) -> int:
     if runkit.has_ended(checkpoint, args.epochs, args.max_steps):  # run again after its end
         return 0
     torch.manual_seed(args.seed)  # the same weights in every mode
-    schedule, model, raw_model, flops, stages = get_model(args, classes, device)
+    schedule, model, raw_model, flops, stages = get_model(args, classes, device, mesh)
     optimizer, scheduler, scaler = get_optimizer(args, raw_model, device, len(train_loader))
     # robustness: rank 0 claims the folder; its refusal ends every rank
     run_dir = on_rank_0(runkit.claim_run_folder, folder, args.resume, args.overwrite)
@@ -653,6 +685,8 @@ def main(argv=None) -> int:
         pyramidnet = isinstance(raw_model, PyramidNet)  # or yours, put in get_model
         model_name = (f"PyramidNet-{args.depth} a={args.alpha:g}" if pyramidnet else
                       type(raw_model).__name__ if args.model == "pyramidnet" else args.model)
+        replicas = mesh["dp"].size()  # of the pipeline, each a share of the batch
+        grid = f" a replica: {args.stages} stages x {replicas} replicas" * (replicas > 1)
         cut = ", ".join(f"{s}: {part['first']}" + f"..{part['last']}" * (
             part["first"] != part["last"]) + f" ({100 * part['flops_share']:.0f} %)"
             for s, part in enumerate(stages))
@@ -661,7 +695,8 @@ def main(argv=None) -> int:
                      f"{args.dataset}, {args.augment} crop{' and flip' * args.flip}, batch "
                      f"{args.batch_size} ({len(train_loader)} steps an epoch), amp {args.amp}; "
                      f"stages: {cut}; {args.schedule}, {args.microbatches} micro-batches of "
-                     f"{args.batch_size // args.microbatches}; logs in {run_dir}")
+                     f"{args.batch_size // args.microbatches // replicas}{grid}; logs in "
+                     f"{run_dir}")
         for epoch in range(run.progress["epoch"], args.epochs):
             train_one_epoch(run, epoch)
             if run.stop:  # SIGTERM, SIGINT, SIGHUP, SIGUSR1: a checkpoint, then a clean exit
@@ -693,7 +728,7 @@ def main(argv=None) -> int:
         # a step's idle share in theory, (S-1)/(M+S-1): measured, it is still to come
         bubble = (len(stages) - 1) / (args.microbatches + len(stages) - 1)
         run.log.results(summary, mode=MODE, world_size=dist.get_world_size(), stages=stages,
-                        bubble_fraction=bubble,
+                        replicas=replicas, bubble_fraction=bubble,
                         peak_mem_gb_per_gpu={r: p for r, own in enumerate(peaks)
                                              for p in own.values()})
         return 0

@@ -73,7 +73,7 @@ def test_the_defaults_are_the_seeds(mode):
 def test_a_flag_means_the_same_in_every_mode():
     """Every single_gpu flag is in every mode, with its default; the process group's flags are
     dist_parallel's, fsdp's and pipeline_parallel's, DDP's own, FSDP's own and the pipeline's
-    own (its schedule, its micro-batches) each in its file."""
+    own (its schedule, its micro-batches, its stages) each in its file."""
     shared = DEFAULTS["single_gpu"]
     for mode in MODES:
         assert {name: DEFAULTS[mode][name] for name in shared} == shared, mode
@@ -82,7 +82,7 @@ def test_a_flag_means_the_same_in_every_mode():
     assert set(DEFAULTS["dist_parallel"]) == set(shared) | group | {"sync_bn", "bucket_cap_mb"}
     assert set(DEFAULTS["fsdp"]) == set(shared) | group | {"reshard_after_forward"}
     assert set(DEFAULTS["pipeline_parallel"]) == set(shared) | group | {"schedule",
-                                                                         "microbatches"}
+                                                                         "microbatches", "stages"}
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -157,6 +157,7 @@ DOMAINS = {
     "bucket_cap_mb": (["1e-3"], ["0", "nan", "inf"]),
     "schedule": (["gpipe", "1f1b"], ["GPipe", "zb"]),
     "microbatches": (["1"], ["0", "-2"]),  # more than the batch, fewer than the stages: later
+    "stages": (["2"], ["1", "0"]),  # one that does not divide the processes: in setup
 }
 
 

@@ -16,21 +16,28 @@ holding one stage of a tiny PyramidNet, and what it must show.
 - A run cut short at step 2 (under GPipe) and resumed to step 4 (under 1F1B) ends with the
   uninterrupted run's tensors, every one: the schedule orders the work, and changes no sum
   (second tier).
+- Two dimensions: 4 processes with --stages 2 are 2 stages x 2 replicas (a 2-D DeviceMesh), each
+  replica its share of the batch in 2 micro-batches; their weights after 4 steps are DDP's on 4
+  processes within float32 rounding, their evaluation counts each test image once over the
+  replicas, single_gpu evaluates their model.pt alike, and a resumed run ends with the
+  uninterrupted one's tensors (second tier: four launches of 4 processes). 3 processes do not
+  split into replicas of 2 stages: one line (and once for 3 workers, second tier).
 
 The fast tier launches two runs, the pipeline's and DDP's, side by side on the two cores, and the
-first three tests read them; the second tier's three launches are a fixture of their own. The
-pieces, the cut, the default number of micro-batches and the dealt micro-batches are checked in
-this process.
+first three tests read them; the second tier's launches are fixtures of their own. The pieces,
+the cut, the default number of micro-batches and which images each replica's micro-batches hold
+are checked in this process.
 """
 from __future__ import annotations
 
 import itertools
 import random
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import runkit
 from conftest import (TINY, read_results, read_scalars, refuse_in_process, train_in_process,
@@ -51,9 +58,9 @@ def errors(done) -> list[str]:
     return [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("error: ")]
 
 
-def launch(logs, mode, *flags, name):
-    """`torchrun --nproc_per_node 2 <mode>/train.py flags`: (CompletedProcess, run folder)."""
-    done = run(torchrun(2, mode), *flags, "--log_dir", logs, "--run_name", name)
+def launch(logs, mode, *flags, name, processes=2):
+    """`torchrun --nproc_per_node N <mode>/train.py flags`: (CompletedProcess, run folder)."""
+    done = run(torchrun(processes, mode), *flags, "--log_dir", logs, "--run_name", name)
     return done, logs / name
 
 
@@ -87,6 +94,31 @@ def second_tier_runs(tmp_path_factory):
     for done, _ in halves:
         assert done.returncode == 0, done.stdout + done.stderr
     return {"halves": halves, "refused": bad}
+
+
+@pytest.fixture(scope="module")
+def mesh_runs(tmp_path_factory):
+    """On 4 processes: the pipeline of 2 stages x 2 replicas, then the same cut at step 2 (under
+    GPipe) and resumed; beside them DDP's run, then 3 workers refused for --stages 2."""
+    logs = tmp_path_factory.mktemp("mesh_runs")
+    grid = [*PIPELINE, "--stages", "2"]
+
+    def pipelines():
+        straight = launch(logs, MODE, *grid, "--save_model", name="mesh", processes=4)
+        first = launch(logs, MODE, *grid, "--max_steps", "2", "--schedule", "gpipe",
+                       name="resumed", processes=4)
+        return straight, first, launch(logs, MODE, *grid, "--resume", "auto", name="resumed",
+                                       processes=4)
+
+    def ddp_then_refused():
+        ddp = launch(logs, "dist_parallel", *TINY, *STEPS, name="ddp", processes=4)
+        return ddp, run(script(MODE), *grid, "--nproc_per_node", "3", "--log_dir",
+                        logs / "refused")
+
+    (straight, *halves), (ddp, refused) = two_at_a_time(pipelines, ddp_then_refused)
+    for done, _ in (straight, *halves, ddp):
+        assert done.returncode == 0, done.stdout + done.stderr
+    return {"mesh": straight, "halves": halves, "ddp": ddp, "refused": (refused, logs / "refused")}
 
 
 def checkpoint(run_dir):
@@ -229,6 +261,115 @@ def test_bad_input_is_refused_in_one_line(monkeypatch, tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+# ---------------------------------------------------------------- 6: stages x replicas, 2-D mesh
+# float32 rounding, not bit for bit: a replica adds its two micro-batches' gradients and the two
+# replicas' sums are added, (g0 + g2) + (g1 + g3), where DDP's all-reduce adds the four ranks' in
+# gloo's order; so a tensor's differences scale with its largest element, not each element's
+# own. Measured after 4 steps: the weights at most 3e-8 apart (1e-7 of their largest), SGD's
+# momentum 6e-8 (1.2e-6 of its largest), and the BatchNorm biases whose gradient is 0 but for
+# rounding (each feeds another BatchNorm), and their momentum, at most 9e-9. The bounds leave ten
+# times that room; micro-batches of other images than DDP's ranks' (a replica's step split in
+# order, not dealt) moved a weight 2e-3.
+MESH_RTOL, MESH_ATOL = 1e-5, 1e-7
+
+
+def within_rounding(ours: torch.Tensor, theirs: torch.Tensor) -> bool:
+    """No element of `ours` further from `theirs` than MESH_RTOL of its largest, and MESH_ATOL."""
+    return bool((ours - theirs).abs().max() <= MESH_RTOL * theirs.abs().max() + MESH_ATOL)
+
+
+@pytest.mark.second_tier  # four launches of 4 processes, 2 at a time
+def test_two_stages_by_two_replicas_train_ddps_weights_on_four_processes(mesh_runs):
+    """--stages 2 on 4 processes: 2 stages x 2 replicas, each replica's step in 2 micro-batches of
+    8, replica r's micro-batch m holding DDP's rank 2m + r's images (dealt). Every parameter and
+    SGD momentum buffer after 4 steps is DDP's on 4 processes within rounding (MESH_RTOL, above),
+    with single_gpu's keys and indices. The BatchNorm statistics differ, as with one replica:
+    replica 0's, saved, updated once a micro-batch (8 in 4 steps, over its share alone); DDP's
+    rank 0's once a step (4)."""
+    done, run_dir = mesh_runs["mesh"]
+    assert "1f1b, 2 micro-batches of 8 a replica: 2 stages x 2 replicas;" in done.stdout
+    results = read_results(run_dir)
+    assert (results["world_size"], results["replicas"], len(results["stages"])) == (4, 2, 2)
+    assert results["config"]["stages"] == 2
+    pipe, ddp = checkpoint(run_dir), checkpoint(mesh_runs["ddp"][1])
+    assert list(pipe["model"]) == list(ddp["model"])
+    names = [name for name, _ in tiny_model().named_parameters()]
+    far = [name for name in names if not within_rounding(pipe["model"][name], ddp["model"][name])]
+    assert not far, far
+    assert list(pipe["optimizer"]["state"]) == list(range(len(names)))
+    far = [names[index] for index, state in ddp["optimizer"]["state"].items() if not
+           within_rounding(pipe["optimizer"]["state"][index]["momentum_buffer"],
+                           state["momentum_buffer"])]
+    assert not far, far
+    norms = [name.removesuffix(".num_batches_tracked") for name in pipe["model"]
+             if name.endswith(".num_batches_tracked")]
+    for norm in norms:
+        assert pipe["model"][f"{norm}.num_batches_tracked"] == 8
+        assert ddp["model"][f"{norm}.num_batches_tracked"] == 4
+        assert not torch.equal(pipe["model"][f"{norm}.running_mean"],
+                               ddp["model"][f"{norm}.running_mean"]), norm
+    trained = [read_results(runs[1])["summary"] for runs in (mesh_runs["mesh"], mesh_runs["ddp"])]
+    assert trained[0]["train_acc"] == trained[1]["train_acc"]
+    assert trained[0]["train_loss"] == pytest.approx(trained[1]["train_loss"], rel=1e-6)
+
+
+@pytest.mark.second_tier  # reads the launches above
+def test_replicas_evaluate_each_test_image_once_as_single_gpu_finds_their_model(mesh_runs,
+                                                                                 tmp_path):
+    """Each replica evaluates its share of the 51 test images (26 and 25) with replica 0's
+    BatchNorm statistics, the saved ones: single_gpu/train.py --evaluate of model.pt finds the
+    same accuracy, and the loss within float32 rounding (its batches are not the replicas')."""
+    run_dir = mesh_runs["mesh"][1]
+    tested = read_results(run_dir)["summary"]
+    assert tested["test_images"] == 51
+    done = train_in_process("single_gpu/train.py", *TINY, "--evaluate", run_dir / "model.pt",
+                            "--log_dir", tmp_path, "--run_name", "e")
+    assert done.returncode == 0, done.stderr
+    evaluated = read_results(tmp_path / "e")["summary"]
+    assert evaluated["test_images"] == 51
+    assert evaluated["test_acc"] == tested["test_acc"]
+    assert evaluated["test_loss"] == pytest.approx(tested["test_loss"], rel=1e-6)
+
+
+@pytest.mark.second_tier  # reads the launches above
+def test_a_resumed_mesh_run_ends_with_the_uninterrupted_runs_tensors(mesh_runs):
+    """2 x 2, stopped at step 2 under GPipe, resumed to step 4 under 1F1B: every tensor of the
+    uninterrupted run's checkpoint, BatchNorm statistics too (replica 0's, which every replica
+    takes back; the others' are never saved, and evaluated with replica 0's)."""
+    (first, _), (second, run_dir) = mesh_runs["halves"]
+    assert "gpipe, 2 micro-batches of 8 a replica" in first.stdout, first.stdout
+    assert "resumed at step 2" in second.stdout, second.stdout
+    resumed, straight = checkpoint(run_dir), checkpoint(mesh_runs["mesh"][1])
+    assert resumed["progress"]["step"] == straight["progress"]["step"] == 4
+    differ = [key for key in straight["model"]
+              if not torch.equal(resumed["model"][key], straight["model"][key])]
+    assert not differ, differ
+    for index, state in straight["optimizer"]["state"].items():
+        assert torch.equal(resumed["optimizer"]["state"][index]["momentum_buffer"],
+                           state["momentum_buffer"])
+
+
+@pytest.mark.second_tier  # a launch of three workers
+def test_processes_the_stages_do_not_divide_are_refused_once_for_every_worker(mesh_runs):
+    done, logs = mesh_runs["refused"]
+    assert done.returncode != 0 and errors(done) == [REFUSED_3_BY_2], done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr and not logs.exists()
+
+
+REFUSED_3_BY_2 = ("error: WORLD_SIZE=3 is no multiple of --stages 2: give a --stages that "
+                  "divides it")
+
+
+def test_processes_the_stages_do_not_divide_are_refused_in_one_line(monkeypatch, tmp_path):
+    """3 processes for --stages 2, before the group forms: one line, exit 2, no traceback."""
+    for name, value in {"RANK": 0, "WORLD_SIZE": 3, "LOCAL_RANK": 0, "LOCAL_WORLD_SIZE": 3,
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": free_port()}.items():
+        monkeypatch.setenv(name, str(value))
+    done = refuse_in_process(SCRIPT, *TINY, "--stages", "2", "--log_dir", tmp_path)
+    assert done.returncode == 2 and errors(done) == [REFUSED_3_BY_2], done.stderr
+    assert "Traceback" not in done.stderr and not any(tmp_path.iterdir())
+
+
 # -------------------------------------------------------------------- the parts, in this process
 @pytest.mark.parametrize("depth", [8, 14])
 def test_the_pieces_in_sequence_are_the_model(depth):
@@ -293,27 +434,43 @@ def test_the_default_microbatches_keep_the_bubble_under_a_quarter():
     assert fewest(4, 6) == 6  # a batch too small for a quarter: an image a micro-batch
 
 
+def replica(rank: int, replicas: int) -> dict:
+    """What get_loaders reads of the mesh: its dp dimension, this process's place along it."""
+    return {"dp": SimpleNamespace(get_local_rank=lambda: rank, size=lambda: replicas)}
+
+
 @pytest.mark.parametrize("shuffle", [True, False])
-def test_micro_batch_m_holds_ddps_rank_ms_images(shuffle):
-    """Each step's batch in DistributedSampler's order of one replica (get_loaders'), dealt into
-    M micro-batches of b, is the batch DDP's M ranks would each load at that step (a DataLoader
-    of b over DistributedSampler's share), in rank order; epoch after epoch, for a set whose size
-    M does not divide (DDP's sampler pads it; a step of b images a rank drops the rest)."""
-    dataset = torch.utils.data.TensorDataset(torch.arange(203))
-    microbatches, b = 3, 8
-    sampler = DistributedSampler(dataset, 1, 0, shuffle=shuffle, seed=7)
+@pytest.mark.parametrize(("replicas", "microbatches"), [(1, 3), (2, 2), (2, 3), (3, 2)])
+def test_replica_rs_micro_batch_m_holds_ddps_rank_m_r_images(replicas, microbatches, shuffle):
+    """get_loaders' share of replica r of R, each step dealt into M micro-batches of b, holds in
+    micro-batch m the batch DDP's rank m * R + r of M * R would load at that step (a DataLoader of
+    b over DistributedSampler's share), epoch after epoch, for a set whose size R * M does not
+    divide (each sampler pads it; a step of b images a rank drops the rest). Each image is known
+    by its label. The replicas' test shards hold every test image once."""
+    ranks, b = replicas * microbatches, 8
+    dataset = TensorDataset(runkit.synthetic_images(203, 0, "train")[0], torch.arange(203))
+    args = SimpleNamespace(dataset="synthetic", image_size=32, augment="off", flip=False, seed=7,
+                           shuffle=shuffle, num_workers=0, batch_size=ranks * b,
+                           microbatches=microbatches)
+    loaders = [pipeline().get_loaders(args, dataset, dataset, torch.device("cpu"),
+                                      replica(r, replicas)) for r in range(replicas)]
     for epoch in (0, 1):
-        sampler.set_epoch(epoch)
-        steps = list(DataLoader(dataset, microbatches * b, sampler=sampler, drop_last=True))
-        ranks = []
-        for rank in range(microbatches):
-            share = DistributedSampler(dataset, microbatches, rank, shuffle=shuffle, seed=7)
+        ddp = []  # each rank's batches: DistributedSampler's share, as dist_parallel loads it
+        for rank in range(ranks):
+            share = DistributedSampler(dataset, ranks, rank, shuffle=shuffle, seed=7)
             share.set_epoch(epoch)
-            ranks.append(list(DataLoader(dataset, b, sampler=share, drop_last=True)))
-        assert len(steps) == len(ranks[0]) == 8  # 203 // 24; ceil(203 / 3) // 8
-        for step, (batch,) in enumerate(steps):
-            assert torch.equal(pipeline().dealt(batch, microbatches),
-                               torch.cat([ranks[m][step][0] for m in range(microbatches)]))
+            ddp.append([labels for _, labels in DataLoader(dataset, b, sampler=share,
+                                                           drop_last=True)])
+        for r, (train, _) in enumerate(loaders):
+            steps = [labels for _, labels in pipeline().epoch_batches(train, epoch, {"batch": 0})]
+            assert len(steps) == len(ddp[0]) > 3
+            for step, labels in enumerate(steps):
+                held = pipeline().dealt(labels, microbatches).split(b)
+                for m in range(microbatches):
+                    assert torch.equal(held[m], ddp[m * replicas + r][step]), (epoch, r, m)
+    shards = sorted(index for _, test in loaders for index in test.sampler)
+    assert shards == list(range(203)) and {len(test.sampler) for _, test in loaders} <= {
+        203 // replicas, 203 // replicas + 1}
 
 
 def _complete(name: str, cat: str, start: float, end: float) -> dict:
