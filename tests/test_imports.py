@@ -116,7 +116,7 @@ def project_files(root: Path = REPO) -> list[Path]:
 
 # ---------------------------------------------------------------------------------- the closures
 CLOSURE_TODAY = {"single_gpu": 1502, "data_parallel": 1529, "dist_parallel": 1673, "fsdp": 1729,
-                 "pipeline_parallel": 1860}
+                 "pipeline_parallel": 1895}
 
 
 @pytest.mark.parametrize("mode", [pytest.param(mode, marks=xfail(
@@ -186,7 +186,7 @@ def test_nothing_on_the_training_path_is_imported_as_a_package_module(path):
 
 # ------------------------------------------------------------------------------------- the sizes
 SIZE_TODAY = {"dist_parallel/train.py": 629, "fsdp/train.py": 685,
-              "pipeline_parallel/train.py": 816, "runkit.py": 930}
+              "pipeline_parallel/train.py": 851, "runkit.py": 930}
 
 
 @pytest.mark.parametrize("path", [
@@ -198,7 +198,7 @@ def test_no_file_on_the_training_path_is_over_500_lines(path):
     assert lines(path) <= 500
 
 
-@pytest.mark.xfail(strict=True, reason="4,117 lines: the five train.py 3,073, runkit.py 930, "
+@pytest.mark.xfail(strict=True, reason="4,152 lines: the five train.py 3,108, runkit.py 930, "
                    "models/pyramidnet.py 114")
 def test_the_training_path_is_at_most_3000_lines():
     """The train.py files, the library and models/ together."""
@@ -206,7 +206,7 @@ def test_the_training_path_is_at_most_3000_lines():
     assert sum(map(lines, files)) <= 3000, {relative([path])[0]: lines(path) for path in files}
 
 
-@pytest.mark.xfail(strict=True, reason="12,059 lines of Python outside tests/, with common/ "
+@pytest.mark.xfail(strict=True, reason="12,725 lines of Python outside tests/, with common/ "
                    "and the old models/ package gone")
 def test_the_projects_code_is_at_most_11000_lines():
     assert sum(map(lines, project_files())) <= 11000

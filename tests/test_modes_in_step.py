@@ -95,11 +95,12 @@ SAME_IN_ONE_PROCESS = ["get_args", "get_datasets", "get_loaders", "get_optimizer
 # from rank 0.
 # pipeline_parallel's are dist_parallel's group and fence with stages in place of DDP: the pieces,
 # the cut by FLOPs, the meta device, what crosses, PipelineStage and its schedule, the dealt
-# micro-batches, the evaluation from stage to stage and the gathered state dicts.
+# micro-batches, the evaluation from stage to stage and the gathered state dicts; and the 2-D mesh
+# of stages x replicas (--stages: the mesh, each stage's DDP over its replicas, its share).
 BUDGETS = {"data_parallel/train.py": 48, "dist_parallel/train.py": 237, "fsdp/train.py": 329,
-           "pipeline_parallel/train.py": 505}
+           "pipeline_parallel/train.py": 550}
 FSDP_AGAINST_DIST = 132
-PIPELINE_AGAINST_DIST = 350
+PIPELINE_AGAINST_DIST = 390
 PIPELINE_STEP = 22  # changed lines of its train_one_epoch against every other mode's
 
 
@@ -242,7 +243,7 @@ GUARDED = ["check_launch_environment(", "group_failure_in_one_line(", "launched_
 # marked, measured when set, with a little room. dist_parallel's are DDP's steps as its tutorial
 # shows them, its flags and its refusals; fsdp's are those with FSDP2's construction, its
 # evaluation's equal forward passes and its gathered state dicts.
-LESSON = {"dist_parallel/train.py": 62, "fsdp/train.py": 121, "pipeline_parallel/train.py": 245}
+LESSON = {"dist_parallel/train.py": 62, "fsdp/train.py": 121, "pipeline_parallel/train.py": 270}
 
 
 def line_of(path: str, match: re.Match) -> int:
@@ -351,7 +352,8 @@ def test_fsdp_is_dist_parallel_with_fully_shard_in_place_of_ddp():
 def test_the_pipeline_is_dist_parallel_with_stages_in_place_of_ddp():
     """`diff dist_parallel/train.py pipeline_parallel/train.py` is the pipeline's lesson: the
     functions that differ are those its stages touch, every other one the same code, dist's
-    in_sync (whether replicas agree) the only one left out; no DDP, no new group."""
+    in_sync (whether replicas agree) the only one left out; no DDP of the whole model: a stage's
+    over its replicas, on the 2-D mesh's dp group."""
     dist_, pipe = functions("dist_parallel/train.py"), functions("pipeline_parallel/train.py")
     differ = {name for name in dist_.keys() & pipe.keys()
               if ast.dump(dist_[name]) != ast.dump(pipe[name])}
@@ -359,7 +361,8 @@ def test_the_pipeline_is_dist_parallel_with_stages_in_place_of_ddp():
     changed = changed_lines("pipeline_parallel/train.py", base="dist_parallel/train.py")
     assert len(changed) <= PIPELINE_AGAINST_DIST, "\n".join(changed)
     added = "\n".join(line for line in changed if line.startswith("+"))
-    assert "MendedPipelineStage(" in added and "DDP(" not in added
+    assert "MendedPipelineStage(" in added and "DDP(" not in added and "init_device_mesh(" in added
+    assert "DistributedDataParallel(stage, process_group=mesh[\"dp\"].get_group())" in added
     for unrelated in ("init_process_group", "set_epoch", "SyncBatchNorm"):
         assert unrelated not in added, unrelated
 
