@@ -332,7 +332,7 @@ def resolve(cc: CompareConfig, train: list[str], cuda: bool, gpus_here: int,
     backends = cc.backends or (BACKENDS if cuda else ("gloo",))
     runs_here = {"fsdp": cc.verify or (cuda and gpus_here >= 2),
                  "pipeline_parallel": cc.verify and max(counts) >= 2
-                 or not cc.verify and pipeline_takes(cc, train, max(counts))}
+                 or not cc.verify and pipeline_takes(cc, train, max(counts), cuda)}
     modes = cc.modes or tuple(m for m in MODES if runs_here.get(m, True))
     checks = [
         (not cuda or max(counts) <= gpus_here,
@@ -364,17 +364,20 @@ def resolve(cc: CompareConfig, train: list[str], cuda: bool, gpus_here: int,
                                amp=cc.amp or (None,))
 
 
-def pipeline_takes(cc: CompareConfig, train: list[str], processes: int) -> bool:
+def pipeline_takes(cc: CompareConfig, train: list[str], processes: int, cuda: bool) -> bool:
     """Whether pipeline_parallel is a default mode here: with two GPUs or more (or CPU processes),
-    PyramidNet, and the flags its parser and its rules take (not --compile, --channels_last or
-    --amp fp16 in this version). Named in --modes, it refuses them in one line instead."""
+    PyramidNet with a piece for each stage of the most GPUs run, and the flags its parser and its
+    rules take (not --compile, --channels_last or --amp fp16 in this version). Named in --modes, it
+    refuses them in one line instead. `train`: the train.py flags given (after CPU_DEFAULTS'
+    model on the CPU, as the runs get them)."""
     if processes < 2 or "fp16" in (cc.amp or ()):
         return False
     try:
-        args = train_files.parse("pipeline_parallel", train)
+        args = train_files.parse("pipeline_parallel", [*([] if cuda else CPU_DEFAULTS), *train])
     except UsageError:
         return False
-    return args.model == "pyramidnet" and not args.microbatches
+    pieces = model_shapes.pipeline_pieces(vars(args))  # None: no PyramidNet
+    return pieces is not None and pieces >= processes
 
 
 MARKER = ".pytorch-multigpu-comparison"  # written first into every --out; --overwrite looks for it

@@ -430,6 +430,8 @@ def test_sizes_and_counts_are_written_in_units_that_fit():
      "pipeline_parallel cuts PyramidNet into stages (or your nn.Sequential, in its get_model); "
      "--model resnet18 is no sequence of pieces"),
     (["--modes", "pipeline_parallel", "--compile"], "--compile: not for a pipeline's stages"),
+    (["--modes", "pipeline_parallel", "--gpu_counts", "8"],
+     "the model has 5 pieces to cut into 8 pipeline stages: give --gpu_counts of 5 or fewer"),
     (["--modes", "pipeline_parallel", "--amp", "fp16"], "--amp fp16: no loss scale the stages"),
 ])
 def test_a_matrix_that_cannot_run_is_refused_before_anything_starts(argv, message, tmp_path,
@@ -445,11 +447,13 @@ def test_a_matrix_that_cannot_run_is_refused_before_anything_starts(argv, messag
 @pytest.mark.parametrize("argv, pipeline", [
     ([], True), (["--compile"], False), (["--channels_last"], False),
     (["--model", "resnet18", "--image_size", "32"], False), (["--amp", "bf16", "fp16"], False),
-    (["--gpu_counts", "1"], False), (["--gpu_counts", "1", "4"], True)])
+    (["--gpu_counts", "1"], False), (["--gpu_counts", "1", "4"], True),
+    (["--gpu_counts", "8"], False), (["--gpu_counts", "8", "--depth", "20"], True)])
 def test_pipeline_is_a_default_mode_where_it_takes_the_model_and_the_flags(argv, pipeline):
     """Without --modes, pipeline_parallel runs on 2 CPU processes or more where its parser and
     rules take the flags; with what it cannot take (--compile, --channels_last, --amp fp16, a
-    torchvision model) or on one process only, the other modes run without it."""
+    torchvision model, more stages than PyramidNet-8's 5 pieces) or on one process only, the other
+    modes run without it."""
     cc, train, group_only = compare.parse(argv)
     modes = compare.resolve(cc, train, cuda=False, gpus_here=0, group_only=group_only).modes
     assert ("pipeline_parallel" in modes) is pipeline
