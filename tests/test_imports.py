@@ -206,7 +206,7 @@ def test_the_training_path_is_at_most_3000_lines():
     assert sum(map(lines, files)) <= 3000, {relative([path])[0]: lines(path) for path in files}
 
 
-@pytest.mark.xfail(strict=True, reason="12,725 lines of Python outside tests/, with common/ "
+@pytest.mark.xfail(strict=True, reason="12,734 lines of Python outside tests/, with common/ "
                    "and the old models/ package gone")
 def test_the_projects_code_is_at_most_11000_lines():
     assert sum(map(lines, project_files())) <= 11000

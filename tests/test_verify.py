@@ -189,9 +189,12 @@ def sgd_forms(*flags) -> dict[str, tuple]:
             module = train_files.train_file(mode)
             args = module.get_args([*train_files.without(TINY, "loader"), *flags])
             args.image_size, args.amp, args.channels_last = 32, "off", False  # as setup leaves them
-            if mode == "pipeline_parallel":  # as its data_defaults leaves it
-                args.microbatches = 2
-            built = module.get_model(args, 10, cpu)  # the pipeline's: its schedule and stage first
+            mesh = ()
+            if mode == "pipeline_parallel":  # as setup and data_defaults leave it: one stage here
+                args.microbatches, args.stages = 2, 1
+                mesh = (module.init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "pp")),)
+            # the pipeline's: its schedule and stage first
+            built = module.get_model(args, 10, cpu, *mesh)
             raw_model = built[2] if mode == "pipeline_parallel" else built[1]
             optimizer, _, _ = module.get_optimizer(args, raw_model, cuda, steps_per_epoch=8)
             forms[mode] = (optimizer.defaults["fused"], optimizer.defaults["foreach"])
