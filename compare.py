@@ -376,7 +376,7 @@ def pipeline_takes(cc: CompareConfig, train: list[str], processes: int, cuda: bo
         args = train_files.parse("pipeline_parallel", [*([] if cuda else CPU_DEFAULTS), *train])
     except UsageError:
         return False
-    pieces = model_shapes.pipeline_pieces(vars(args))  # None: no PyramidNet
+    pieces = model_shapes.pipeline_piece_count(vars(args))  # None: no PyramidNet
     return pieces is not None and pieces >= processes
 
 

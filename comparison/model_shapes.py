@@ -190,7 +190,7 @@ def uninitialised():
             setattr(torch.nn.init, name, function)
 
 
-def pipeline_pieces(config: dict) -> int | None:
+def pipeline_piece_count(config: dict) -> int | None:
     """The pieces pipeline_parallel/train.py cuts the runs' model into, at most a stage each
     (its model_pieces): PyramidNet's stem, each of its blocks and its head. None for a --model of
     torchvision's, none of which is an nn.Sequential, which it refuses (a Sequential of the user's

@@ -72,9 +72,9 @@ def pipeline_refusal(processes: int, args) -> str | None:
                 "pipeline_parallel out of --modes")
     if processes < 2:
         return "pipeline_parallel on 1 process has nothing to pipeline: give 2 or more"
-    from comparison.model_shapes import pipeline_pieces
+    from comparison.model_shapes import pipeline_piece_count
 
-    pieces = pipeline_pieces(vars(args))
+    pieces = pipeline_piece_count(vars(args))
     if pieces is not None and pieces < processes:
         return (f"the model has {pieces} pieces to cut into {processes} pipeline stages: give "
                 f"--gpu_counts of {pieces} or fewer, or a deeper model")

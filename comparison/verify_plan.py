@@ -202,7 +202,7 @@ class Plan:
             return f"--modes leaves out {PIPELINE}"
         if "dist_parallel" not in self.modes:
             return "--modes leaves out dist_parallel: the check holds the pipeline to its run"
-        pieces = model_shapes.pipeline_pieces(self.values)
+        pieces = model_shapes.pipeline_piece_count(self.values)
         if pieces is None:
             return (f"{PIPELINE}/train.py cuts PyramidNet or an nn.Sequential into stages, and "
                     f"--model {self.values['model']} is neither")

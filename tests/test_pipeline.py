@@ -161,6 +161,18 @@ def test_a_pipeline_trains_and_writes_what_every_mode_writes(runs):
     assert (run_dir / "checkpoint.pt").exists() and (run_dir / "model.pt").exists()
 
 
+def assert_batchnorm_statistics_differ(pipe: dict, ddp: dict) -> None:
+    """The running BatchNorm statistics are not DDP's, and the checkpoints say why: each stage's
+    BatchNorm updated once a micro-batch (8 in 4 steps of 2), DDP's rank 0's once a step (4)."""
+    norms = [name.removesuffix(".num_batches_tracked") for name in pipe["model"]
+             if name.endswith(".num_batches_tracked")]
+    for norm in norms:
+        assert pipe["model"][f"{norm}.num_batches_tracked"] == 8
+        assert ddp["model"][f"{norm}.num_batches_tracked"] == 4
+        assert not torch.equal(pipe["model"][f"{norm}.running_mean"],
+                               ddp["model"][f"{norm}.running_mean"]), norm
+
+
 # ------------------------------------------------------------------- 2: DDP's weights, bit for bit
 def test_two_stages_train_ddps_weights_bit_for_bit_but_not_its_batchnorm_statistics(runs):
     """The same seed, data, batch and steps: every parameter and SGD momentum buffer of the
@@ -180,13 +192,7 @@ def test_two_stages_train_ddps_weights_bit_for_bit_but_not_its_batchnorm_statist
     for index, state in ddp["optimizer"]["state"].items():
         assert torch.equal(pipe["optimizer"]["state"][index]["momentum_buffer"],
                            state["momentum_buffer"]), names[index]
-    norms = [name.removesuffix(".num_batches_tracked") for name in pipe["model"]
-             if name.endswith(".num_batches_tracked")]
-    for norm in norms:
-        assert pipe["model"][f"{norm}.num_batches_tracked"] == 8
-        assert ddp["model"][f"{norm}.num_batches_tracked"] == 4
-        assert not torch.equal(pipe["model"][f"{norm}.running_mean"],
-                               ddp["model"][f"{norm}.running_mean"]), norm
+    assert_batchnorm_statistics_differ(pipe, ddp)
     trained = [read_results(runs[name][1])["summary"] for name in ("pipe", "ddp")]
     assert trained[0]["train_acc"] == trained[1]["train_acc"]
     assert trained[0]["train_loss"] == pytest.approx(trained[1]["train_loss"], rel=1e-6)
@@ -301,13 +307,7 @@ def test_two_stages_by_two_replicas_train_ddps_weights_on_four_processes(mesh_ru
            within_rounding(pipe["optimizer"]["state"][index]["momentum_buffer"],
                            state["momentum_buffer"])]
     assert not far, far
-    norms = [name.removesuffix(".num_batches_tracked") for name in pipe["model"]
-             if name.endswith(".num_batches_tracked")]
-    for norm in norms:
-        assert pipe["model"][f"{norm}.num_batches_tracked"] == 8
-        assert ddp["model"][f"{norm}.num_batches_tracked"] == 4
-        assert not torch.equal(pipe["model"][f"{norm}.running_mean"],
-                               ddp["model"][f"{norm}.running_mean"]), norm
+    assert_batchnorm_statistics_differ(pipe, ddp)
     trained = [read_results(runs[1])["summary"] for runs in (mesh_runs["mesh"], mesh_runs["ddp"])]
     assert trained[0]["train_acc"] == trained[1]["train_acc"]
     assert trained[0]["train_loss"] == pytest.approx(trained[1]["train_loss"], rel=1e-6)

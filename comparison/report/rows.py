@@ -57,7 +57,8 @@ def fill_rows(outcomes: list[Outcome], out: Path) -> None:
             "reshard_after_forward": r.reshard_after_forward, "repeat": r.repeat,
             "status": o.status, "error": o.error or "", "global_batch": config.get("batch_size"),
             # a pipeline's stages each take every image of their replica's share
-            "per_gpu_batch": config["batch_size"] // replicas(r.gpus, res) if config else None,
+            "per_gpu_batch": config["batch_size"] // (res.get("replicas") or r.gpus)
+                             if config else None,
             "step_time_mean_s": batch / ips if ips and batch else None,
             "batch_time_p50_s": summary.get("batch_time_p50"),
             "batch_time_p90_s": summary.get("batch_time_p90"),
@@ -119,13 +120,6 @@ def split_row(breakdown: dict | None) -> dict:
             "split_slowest_rank": int(max(ranks, key=lambda r: work[r])),
             "split_bubble_share": min(breakdown[r]["bubble_ms"] / schedule[r] if schedule[r] > 0
                                       else 0.0 for r in ranks)}
-
-
-def replicas(gpus: int, results: dict) -> int:
-    """The copies of the model a run's batch is split over: its GPUs, a pipeline's divided by its
-    stages (results.json's `stages`, one entry a stage)."""
-    stages = results.get("stages")
-    return gpus // len(stages) if isinstance(stages, list) and stages else gpus
 
 
 def baseline(outcomes: list[Outcome], amp) -> float | None:
